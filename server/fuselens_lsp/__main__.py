@@ -1,0 +1,30 @@
+import argparse
+import sys
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m fuselens_lsp", description="fuselens language server (stdio)")
+    p.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default)")
+    p.add_argument("--version", action="store_true")
+    a = p.parse_args()
+    from . import __version__
+    if a.version:
+        print(__version__)
+        return 0
+    missing = []
+    for mod in ("pygls", "lsprotocol", "libcst", "torch", "fuselens"):
+        try:
+            __import__(mod)
+        except ImportError:
+            missing.append(mod)
+    if missing:
+        print(f"fuselens_lsp: {sys.executable} lacks {', '.join(missing)}; install them "
+              "(pip install 'pygls>=2,<3' lsprotocol libcst torch, and fuselens) or point the "
+              "fuselens.pythonPath setting at an interpreter that has them.", file=sys.stderr)
+        return 3
+    from .server import start
+    start()
+    return 0
+
+
+sys.exit(main())

@@ -1,0 +1,557 @@
+"""The fuselens language server (pygls 2).
+
+- Diagnostics: graph breaks from the compiler's abstract-domain analysis, on open and on every
+  edit (debounced), computed in a thread so the server keeps answering; results for an older
+  document version are dropped, never published.
+- Code lens: graph/break counts and "Compile & benchmark" above each analysed function.
+- Code actions: verified libcst rewrites (see fixes.py) and a suppression comment.
+- Command `fuselens.compileAndBenchmark`: runs a worker process (see jobs.py), only in a trusted
+  workspace, with work-done progress, a time limit and cancel.
+- Custom requests for the side panel: `fuselens/functions`, `fuselens/kernel`,
+  `fuselens/transformedSource`; notification `fuselens/didChange` when they change.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import re
+import time
+import traceback
+import uuid
+
+from lsprotocol import types as lsp
+from pygls.lsp.server import LanguageServer
+from pygls.uris import from_fs_path, to_fs_path
+
+from . import __version__
+from .analysis import PositionCodec, Result, Settings, analyze, break_json, function_at
+from .fixes import fixes_for_break, minimal_edit
+from .jobs import run_worker
+
+log = logging.getLogger("fuselens_lsp")
+
+CMD_COMPILE = "fuselens.server.compileAndBenchmark"
+REQ_FUNCTIONS = "fuselens/functions"
+REQ_KERNEL = "fuselens/kernel"
+REQ_TRANSFORMED = "fuselens/transformedSource"
+REQ_GRAPH = "fuselens/graph"
+NOTIFY_CHANGED = "fuselens/didChange"
+NOTIFY_TRUST = "fuselens/setTrusted"
+
+DEBOUNCE_S = 0.05
+SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", ".tox", "build", "dist", ".mypy_cache"}
+
+
+def _get(obj, key, default=None):
+    if obj is None:
+        return default
+    if isinstance(obj, dict):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+class FuselensServer(LanguageServer):
+    def __init__(self):
+        super().__init__("fuselens", __version__, max_workers=2)
+        self.settings = Settings()
+        self.trusted = False
+        self.results: dict[str, Result] = {}
+        self.pending: dict[str, asyncio.Task] = {}
+        self.runs: dict[tuple[str, str], dict] = {}       # (uri, qualname) -> worker result / error
+        self.running: dict[tuple[str, str], asyncio.Event] = {}
+        self.analysis_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fl-analysis")
+        self.fix_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fl-fixes")
+        self.fix_cache: dict[tuple, list] = {}
+        self.last_latency_ms: float | None = None
+
+    # ------------------------------------------------------------ analysis
+
+    def filename(self, uri: str) -> str:
+        return to_fs_path(uri) or uri
+
+    def schedule(self, uri: str, delay: float) -> None:
+        old = self.pending.get(uri)
+        if old is not None and not old.done():
+            old.cancel()
+        self.pending[uri] = asyncio.ensure_future(self._analyze_later(uri, delay, time.perf_counter()))
+
+    async def _analyze_later(self, uri: str, delay: float, t_edit: float) -> Result | None:
+        if delay:
+            await asyncio.sleep(delay)
+        doc = self.workspace.get_text_document(uri)
+        version, text = doc.version, doc.source
+        loop = asyncio.get_running_loop()
+        try:
+            res = await loop.run_in_executor(self.analysis_pool, analyze, text, uri, self.filename(uri),
+                                             version, self.settings)
+        except Exception as e:
+            log.exception("analysis failed")
+            self.window_log_message(lsp.LogMessageParams(
+                type=lsp.MessageType.Error,
+                message=f"fuselens: analysis of {uri} failed: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
+            res = Result(version, [], [], None, False, text)
+        current = self.workspace.text_documents.get(uri)
+        if current is None or current.version != version:
+            return None  # stale: a newer edit has its own analysis scheduled
+        self.results[uri] = res
+        self.text_document_publish_diagnostics(
+            lsp.PublishDiagnosticsParams(uri=uri, version=version, diagnostics=res.diagnostics))
+        self.last_latency_ms = (time.perf_counter() - t_edit) * 1000
+        self.protocol.notify(NOTIFY_CHANGED, {"uri": uri})
+        return res
+
+    async def current(self, uri: str) -> Result | None:
+        """The analysis of the document's current version, waiting for a pending one."""
+        task = self.pending.get(uri)
+        if task is not None and not task.done():
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                pass
+            task = self.pending.get(uri)
+            if task is not None and not task.done():
+                try:
+                    await asyncio.wait_for(asyncio.shield(task), 5)
+                except (asyncio.CancelledError, asyncio.TimeoutError):
+                    pass
+        res = self.results.get(uri)
+        doc = self.workspace.text_documents.get(uri)
+        if res is None or doc is None or res.version != doc.version:
+            return None
+        return res
+
+    def reanalyze_all(self) -> None:
+        for uri in list(self.workspace.text_documents):
+            if uri in self.results or uri in self.pending:
+                self.schedule(uri, 0)
+
+    # ------------------------------------------------------------ benchmark runs
+
+    def workspace_roots(self) -> list[str]:
+        roots = []
+        for f in (self.workspace.folders or {}).values():
+            p = to_fs_path(f.uri)
+            if p:
+                roots.append(p)
+        if not roots and self.workspace.root_path:
+            roots.append(self.workspace.root_path)
+        return roots
+
+    def find_tests(self, name: str, limit_files: int = 2000) -> list[tuple[str, list[str]]]:
+        """Test files in the workspace with test functions that mention `name(` (read, not run)."""
+        pat = re.compile(r"\b" + re.escape(name) + r"\s*\(")
+        out, seen = [], 0
+        for root in self.workspace_roots():
+            for dirpath, dirnames, filenames in os.walk(root):
+                dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".")]
+                for fn in filenames:
+                    if not (fn.endswith(".py") and (fn.startswith("test_") or fn.endswith("_test.py"))):
+                        continue
+                    seen += 1
+                    if seen > limit_files:
+                        return out
+                    path = os.path.join(dirpath, fn)
+                    try:
+                        text = open(path, encoding="utf-8").read()
+                    except OSError:
+                        continue
+                    if not pat.search(text):
+                        continue
+                    tests = []
+                    for m in re.finditer(r"^def (test\w*)\s*\(\s*\)\s*(?:->[^:]*)?:(.*?)(?=^\S|\Z)", text, re.M | re.S):
+                        if pat.search(m.group(2)):
+                            tests.append(m.group(1))
+                    if tests:
+                        out.append((path, tests))
+        return out
+
+    def run_key_for(self, uri, qualname):
+        return (uri, qualname)
+
+
+server = FuselensServer()
+
+
+# ---------------------------------------------------------------- lifecycle
+
+@server.feature(lsp.INITIALIZE)
+def on_initialize(ls: FuselensServer, params: lsp.InitializeParams):
+    opts = params.initialization_options or {}
+    ls.settings = Settings.from_dict(_get(opts, "settings"))
+    ls.trusted = bool(_get(opts, "trusted", False))
+
+
+@server.feature(NOTIFY_TRUST)
+def on_set_trusted(ls: FuselensServer, params):
+    ls.trusted = bool(_get(params, "trusted", False))
+
+
+@server.feature(lsp.WORKSPACE_DID_CHANGE_CONFIGURATION)
+def on_config(ls: FuselensServer, params: lsp.DidChangeConfigurationParams):
+    settings = params.settings
+    fl = _get(settings, "fuselens", settings)
+    if fl:
+        ls.settings = Settings.from_dict(fl if isinstance(fl, dict) else None)
+        ls.reanalyze_all()
+
+
+# ---------------------------------------------------------------- documents
+
+@server.feature(lsp.TEXT_DOCUMENT_DID_OPEN)
+def did_open(ls: FuselensServer, params: lsp.DidOpenTextDocumentParams):
+    if params.text_document.language_id in ("python", "") or params.text_document.uri.endswith(".py"):
+        ls.schedule(params.text_document.uri, 0)
+
+
+@server.feature(lsp.TEXT_DOCUMENT_DID_CHANGE)
+def did_change(ls: FuselensServer, params: lsp.DidChangeTextDocumentParams):
+    uri = params.text_document.uri
+    if uri in ls.results or uri in ls.pending:
+        ls.schedule(uri, DEBOUNCE_S)
+
+
+@server.feature(lsp.TEXT_DOCUMENT_DID_CLOSE)
+def did_close(ls: FuselensServer, params: lsp.DidCloseTextDocumentParams):
+    uri = params.text_document.uri
+    task = ls.pending.pop(uri, None)
+    if task is not None:
+        task.cancel()
+    ls.results.pop(uri, None)
+    ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri=uri, diagnostics=[]))
+    ls.protocol.notify(NOTIFY_CHANGED, {"uri": uri})
+
+
+# ---------------------------------------------------------------- code lens
+
+def _plural(n, word):
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+@server.feature(lsp.TEXT_DOCUMENT_CODE_LENS)
+async def code_lens(ls: FuselensServer, params: lsp.CodeLensParams):
+    uri = params.text_document.uri
+    res = await ls.current(uri)
+    if res is None:
+        return []
+    codec = PositionCodec(res.source)
+    lenses = []
+    for f in res.functions:
+        rng = codec.range(f.line, f.col, f.line, f.col)
+        kind = "compiled" if f.compiled else "not compiled"
+        title = f"fuselens: {_plural(f.graph_count, 'graph')}, {_plural(len(f.breaks), 'graph break')} ({kind})"
+        lenses.append(lsp.CodeLens(range=rng, command=lsp.Command(
+            title=title, command="fuselens.revealFunction", arguments=[uri, f.qualname])))
+        lenses.append(lsp.CodeLens(range=rng, command=lsp.Command(
+            title="Compile & benchmark", command="fuselens.compileAndBenchmark", arguments=[uri, f.qualname])))
+    return lenses
+
+
+# ---------------------------------------------------------------- code actions
+
+def _overlaps(a: lsp.Range, b: lsp.Range) -> bool:
+    return not ((a.end.line, a.end.character) < (b.start.line, b.start.character)
+                or (b.end.line, b.end.character) < (a.start.line, a.start.character))
+
+
+@server.feature(lsp.TEXT_DOCUMENT_CODE_ACTION,
+                lsp.CodeActionOptions(code_action_kinds=[lsp.CodeActionKind.QuickFix], resolve_provider=False))
+async def code_action(ls: FuselensServer, params: lsp.CodeActionParams):
+    uri = params.text_document.uri
+    res = await ls.current(uri)
+    if res is None:
+        return []
+    only = params.context.only
+    if only and not any(k == lsp.CodeActionKind.QuickFix or str(k).startswith("quickfix") for k in only):
+        return []
+    # the diagnostics we published that overlap the range (the client sends them in context;
+    # we use our own, which are current)
+    targets = [d for d in res.diagnostics if _overlaps(d.range, params.range)]
+    if not targets:
+        return []
+    filename = ls.filename(uri)
+    doc = ls.workspace.get_text_document(uri)
+    before = None
+    if res.raw is not None and res.syntax_error is None:
+        before = {f.qualname: len(f.breaks) for f in res.raw.functions}
+    actions = []
+    loop = asyncio.get_running_loop()
+    for d in targets:
+        data = d.data or {}
+        qualname = _get(data, "qualname")
+        brk = next((b for f in res.functions if f.qualname == qualname for b in f.breaks
+                    if b.code == d.code and _same_start(b, d, res)), None)
+        if brk is None:
+            continue
+        bj = break_json(brk)
+        key = (uri, res.version, d.code, bj["line"], bj["col"], bj["endLine"], bj["endCol"])
+        fixes = ls.fix_cache.get(key)
+        if fixes is None:
+            if res.repaired:
+                before_counts = None  # the file does not parse: only the suppression is offered
+                fixes = await loop.run_in_executor(ls.fix_pool, _suppression_only, res.source, filename, bj, qualname)
+            else:
+                before_counts = before
+                fixes = await loop.run_in_executor(ls.fix_pool, fixes_for_break, res.source, filename, bj,
+                                                   qualname, before_counts)
+            if len(ls.fix_cache) > 256:
+                ls.fix_cache.clear()
+            ls.fix_cache[key] = fixes
+        if doc.version != res.version:
+            return []
+        for fx in fixes:
+            if fx.new_source is not None:
+                a, b, text = minimal_edit(res.source, fx.new_source)
+                edit = lsp.TextEdit(range=lsp.Range(start=lsp.Position(line=a, character=0),
+                                                    end=lsp.Position(line=b, character=0)), new_text=text)
+                title = f"{fx.title} ({fx.breaks_before} → {fx.breaks_after} breaks in `{qualname}`)"
+            else:
+                l0, c0, l1, c1, text = fx.edit
+                codec = PositionCodec(res.source)
+                s = codec.to_lsp(l0 + 1, len(res.source.split("\n")[l0][:c0].encode()))
+                e = codec.to_lsp(l1 + 1, len(res.source.split("\n")[l1][:c1].encode()))
+                edit = lsp.TextEdit(range=lsp.Range(start=s, end=e), new_text=text)
+                title = fx.title
+            actions.append(lsp.CodeAction(
+                title=title, kind=lsp.CodeActionKind.QuickFix, diagnostics=[d],
+                is_preferred=fx.preferred,
+                edit=lsp.WorkspaceEdit(document_changes=[lsp.TextDocumentEdit(
+                    text_document=lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=res.version),
+                    edits=[edit])])))
+    return actions
+
+
+def _suppression_only(source, filename, bj, qualname):
+    from .fixes import Fix, NoFix, suppression_edit
+    try:
+        edit = suppression_edit(source.split("\n"), bj["line"] + 1, bj["code"])
+    except NoFix:
+        return []
+    return [Fix(f"fuselens: Suppress {bj['code']} on this line (`# fuselens: ignore[{bj['code']}]`)",
+                bj["code"], None, False, edit=edit)]
+
+
+def _same_start(b, d: lsp.Diagnostic, res: Result) -> bool:
+    codec = PositionCodec(res.source)
+    p = codec.to_lsp(b.line, b.col)
+    return (p.line, p.character) == (d.range.start.line, d.range.start.character)
+
+
+# ---------------------------------------------------------------- compile & benchmark
+
+def _function_for(res: Result, target):
+    if isinstance(target, str):
+        return next((f for f in res.functions if f.qualname == target), None)
+    line = _get(target, "line")
+    if line is None:
+        return None
+    return function_at(res.functions, int(line))
+
+
+@server.command(CMD_COMPILE)
+async def compile_and_benchmark(ls: FuselensServer, *args):
+    """Arguments: uri, then a qualname or a position {line, character} (0-based)."""
+    if len(args) == 1 and isinstance(args[0], (list, tuple)):
+        args = tuple(args[0])
+    if len(args) < 2:
+        return {"ok": False, "error": "Compile & benchmark needs a file and a function."}
+    uri, target = args[0], args[1]
+    if not ls.trusted:
+        msg = ("Compile & benchmark runs your code, so it needs a trusted workspace. "
+               "Diagnostics and fixes work in restricted mode.")
+        ls.window_show_message(lsp.ShowMessageParams(type=lsp.MessageType.Warning, message=msg))
+        return {"ok": False, "error": msg, "status": "untrusted"}
+    if uri not in ls.workspace.text_documents:
+        return {"ok": False, "error": f"{uri} is not open."}
+    res = await ls.current(uri)
+    if res is None:
+        return {"ok": False, "error": "The file is still being analysed; try again."}
+    fn = _function_for(res, target)
+    if fn is None:
+        msg = ("No analysed function here: put the cursor inside a function that uses torch."
+               if not isinstance(target, str) else f"No function `{target}` that uses torch in this file.")
+        ls.window_show_message(lsp.ShowMessageParams(type=lsp.MessageType.Warning, message=msg))
+        return {"ok": False, "error": msg}
+    key = (uri, fn.qualname)
+    if key in ls.running:
+        return {"ok": False, "error": f"`{fn.qualname}` is already being compiled."}
+    path = ls.filename(uri)
+    job = {"path": path, "source": res.source, "qualname": fn.qualname, "def_line": fn.line,
+           "discovery": list(ls.settings.discovery), "roots": ls.workspace_roots(),
+           "tests": ls.find_tests(fn.name) if "pytest" in ls.settings.discovery else []}
+    cancel = asyncio.Event()
+    ls.running[key] = cancel
+    token = str(uuid.uuid4())
+    progress_ok = False
+    loop = asyncio.get_running_loop()
+    caps = ls.client_capabilities
+    if caps and caps.window and caps.window.work_done_progress:
+        try:
+            await asyncio.wait_for(ls.work_done_progress.create_async(token), 5)
+            progress_ok = True
+            fut = ls.work_done_progress.tokens.get(token)
+            if fut is not None:
+                fut.add_done_callback(lambda f: loop.call_soon_threadsafe(cancel.set) if f.cancelled() else None)
+        except Exception:
+            progress_ok = False
+    if progress_ok:
+        ls.work_done_progress.begin(token, lsp.WorkDoneProgressBegin(
+            title=f"fuselens: Compile & benchmark `{fn.qualname}`", cancellable=True,
+            message="starting the worker", percentage=0))
+
+    def on_progress(message, percentage):
+        if progress_ok:
+            ls.work_done_progress.report(token, lsp.WorkDoneProgressReport(message=message, percentage=percentage))
+
+    ls.protocol.notify(NOTIFY_CHANGED, {"uri": uri})
+    try:
+        outcome = await run_worker(job, time_limit=ls.settings.time_limit_s, cancel=cancel,
+                                   on_progress=on_progress, cwd=(ls.workspace_roots() or [os.path.dirname(path)])[0])
+    except asyncio.CancelledError:
+        cancel.set()
+        raise
+    finally:
+        ls.running.pop(key, None)
+        if progress_ok:
+            ls.work_done_progress.end(token, lsp.WorkDoneProgressEnd(message="done"))
+            ls.work_done_progress.tokens.pop(token, None)
+    summary = {"ok": outcome.status == "ok", "status": outcome.status, "qualname": fn.qualname,
+               "uri": uri, "message": outcome.message, "stderr": outcome.stderr_tail[-4000:]}
+    if outcome.result is not None:
+        summary["result"] = outcome.result
+    if outcome.status == "ok":
+        summary["message"] = _summary_message(fn.qualname, outcome.result)
+        ls.runs[key] = summary
+        ls.window_show_message(lsp.ShowMessageParams(type=lsp.MessageType.Info, message=summary["message"]))
+    else:
+        ls.runs[key] = summary
+        prefix = f"fuselens: Compile & benchmark `{fn.qualname}`: "
+        mtype = lsp.MessageType.Warning if outcome.status in ("cancelled",) or (outcome.result or {}).get("userError") \
+            else lsp.MessageType.Error
+        ls.window_show_message(lsp.ShowMessageParams(type=mtype, message=prefix + outcome.message))
+        ls.window_log_message(lsp.LogMessageParams(type=lsp.MessageType.Log, message=prefix + outcome.message
+                                                   + "\n" + outcome.stderr_tail[-4000:]))
+    ls.protocol.notify(NOTIFY_CHANGED, {"uri": uri})
+    return _jsonable(summary)
+
+
+def _summary_message(qualname, r: dict) -> str:
+    kernels = sum(len(g["kernels"]) for g in r.get("graphs", []))
+    check = r.get("check", {})
+    parts = [f"fuselens: `{qualname}`: {_plural(r.get('graphCount', len(r.get('graphs', []))), 'graph')}, "
+             f"{_plural(kernels, 'kernel')}; output {check.get('message', 'not checked')}" if check.get("ok")
+             else f"fuselens: `{qualname}`: OUTPUT DIFFERS FROM EAGER: {check.get('message')}"]
+    t = r.get("timings") or {}
+    if t.get("eager") and t.get("fuselens"):
+        s = f"eager {t['eager']:.3f} ms, fuselens {t['fuselens']:.3f} ms ({t['eager'] / t['fuselens']:.2f}×)"
+        if t.get("torchCompile"):
+            s += f", torch.compile {t['torchCompile']:.3f} ms ({t['eager'] / t['torchCompile']:.2f}×)"
+        elif t.get("torchCompileError"):
+            s += f", torch.compile failed ({t['torchCompileError']})"
+        parts.append(s)
+    elif r.get("timingNote"):
+        parts.append(r["timingNote"])
+    parts.append(f"inputs: {r.get('inputs')}")
+    return ". ".join(parts)
+
+
+def _jsonable(v):
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return None
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    return str(v)
+
+
+# ---------------------------------------------------------------- side panel requests
+
+def _run_view(run: dict | None) -> dict | None:
+    if run is None:
+        return None
+    r = run.get("result") or {}
+    graphs = []
+    for g in r.get("graphs", []):
+        graphs.append({"index": g["index"], "nodeCount": g.get("nodeCount"),
+                       "kernels": [{"name": k["name"], "timeMs": k.get("timeMs"), "share": k.get("share"),
+                                    "bandwidthGBs": k.get("bandwidthGBs"), "lines": len(k["source"].split("\n"))}
+                                   for k in g["kernels"]]})
+    return {"status": run["status"], "message": run["message"], "graphs": graphs,
+            "timings": r.get("timings"), "speedup": r.get("speedup"), "timingNote": r.get("timingNote"),
+            "check": r.get("check"), "inputs": r.get("inputs"), "device": r.get("device"), "gpu": r.get("gpu"),
+            "hasTransformedSource": bool(r.get("transformedSource"))}
+
+
+@server.feature(REQ_FUNCTIONS)
+async def req_functions(ls: FuselensServer, params):
+    """{uri?} → {documents: [{uri, functions: [... + run, running]}]}"""
+    want = _get(params, "uri")
+    docs = []
+    for uri in list(ls.workspace.text_documents):
+        if want and uri != want:
+            continue
+        res = ls.results.get(uri)
+        if res is None:
+            continue
+        fns = []
+        for f in res.functions:
+            j = f.to_json()
+            j["run"] = _run_view(ls.runs.get((uri, f.qualname)))
+            j["running"] = (uri, f.qualname) in ls.running
+            fns.append(j)
+        docs.append({"uri": uri, "version": res.version, "syntaxError": list(res.syntax_error) if res.syntax_error else None,
+                     "functions": fns})
+    return {"documents": docs, "trusted": ls.trusted}
+
+
+def _run_result(ls, params):
+    uri, qualname = _get(params, "uri"), _get(params, "qualname")
+    run = ls.runs.get((uri, qualname))
+    if run is None or run.get("result") is None:
+        return None
+    return run["result"]
+
+
+@server.feature(REQ_KERNEL)
+def req_kernel(ls: FuselensServer, params):
+    """{uri, qualname, graph, kernel (name or index)} → {name, source, provenance, ...}"""
+    r = _run_result(ls, params)
+    if r is None:
+        return None
+    gi, kid = _get(params, "graph", 0), _get(params, "kernel")
+    graphs = r.get("graphs", [])
+    if not (0 <= int(gi) < len(graphs)):
+        return None
+    for i, k in enumerate(graphs[int(gi)]["kernels"]):
+        if k["name"] == kid or i == kid:
+            return _jsonable({**k, "uri": _get(params, "uri"), "qualname": _get(params, "qualname"), "graph": gi})
+    return None
+
+
+@server.feature(REQ_GRAPH)
+def req_graph(ls: FuselensServer, params):
+    r = _run_result(ls, params)
+    if r is None:
+        return None
+    gi = int(_get(params, "graph", 0))
+    graphs = r.get("graphs", [])
+    if not (0 <= gi < len(graphs)):
+        return None
+    return {"ir": graphs[gi].get("ir", ""), "wrapper": graphs[gi].get("wrapper")}
+
+
+@server.feature(REQ_TRANSFORMED)
+def req_transformed(ls: FuselensServer, params):
+    r = _run_result(ls, params)
+    if r is None:
+        return None
+    return {"source": r.get("transformedSource", ""), "explanation": r.get("explanation", "")}
+
+
+def start() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    server.start_io()
