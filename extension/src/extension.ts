@@ -1,0 +1,412 @@
+// fuselens VS Code client. Thin by design: it starts the Python language server, routes
+// commands to it, and renders what it sends (diagnostics, code lens and code actions come
+// straight from the server through vscode-languageclient; the side panel and the virtual
+// kernel / transformed-code documents come from the custom requests fuselens/*).
+import * as path from 'path';
+import * as fs from 'fs';
+import * as vscode from 'vscode';
+import {
+  CloseAction, ErrorAction, ExecuteCommandRequest, LanguageClient, LanguageClientOptions,
+  ServerOptions, State, TransportKind,
+} from 'vscode-languageclient/node';
+
+const SCHEME = 'fuselens';
+let client: LanguageClient | undefined;
+let output: vscode.LogOutputChannel;
+let tree: FunctionsProvider;
+let treeView: vscode.TreeView<Node>;
+let kernelDocs: KernelDocs;
+const restarts: number[] = [];
+
+// ------------------------------------------------------------------ server process
+
+async function pythonCommand(): Promise<string> {
+  const configured = vscode.workspace.getConfiguration('fuselens').get<string>('pythonPath', '').trim();
+  if (configured) { return configured; }
+  const py = vscode.extensions.getExtension('ms-python.python');
+  if (py) {
+    try {
+      const api: any = py.isActive ? py.exports : await py.activate();
+      const envPath = api?.environments?.getActiveEnvironmentPath?.(vscode.workspace.workspaceFolders?.[0]?.uri);
+      if (envPath) {
+        const env = await api.environments.resolveEnvironment(envPath);
+        const exe = env?.executable?.uri?.fsPath ?? envPath.path;
+        if (exe) { return exe; }
+      }
+    } catch (e) {
+      output.appendLine(`fuselens: could not ask the Python extension for its interpreter: ${e}`);
+    }
+  }
+  return 'python3';
+}
+
+function settingsObject(): any {
+  // a plain JSON copy of the fuselens.* settings, for the server
+  const c = vscode.workspace.getConfiguration('fuselens');
+  return {
+    informationSeverity: c.get('informationSeverity'),
+    worker: { timeLimitSeconds: c.get('worker.timeLimitSeconds') },
+    exampleInputs: { discovery: c.get('exampleInputs.discovery') },
+  };
+}
+
+async function startClient(ctx: vscode.ExtensionContext): Promise<void> {
+  const python = await pythonCommand();
+  // The .vsix bundles the server and the compiler; in a development checkout they are the
+  // repository's own folders. Either way they go first on PYTHONPATH.
+  const bundled = [path.join(ctx.extensionPath, 'server'), path.join(ctx.extensionPath, 'compiler')]
+    .filter(p => fs.existsSync(p));
+  const env: NodeJS.ProcessEnv = { ...process.env };
+  env.PYTHONPATH = [...bundled, env.PYTHONPATH].filter(Boolean).join(path.delimiter);
+  output.appendLine(`fuselens: starting the language server: ${python} -m fuselens_lsp`);
+  const serverOptions: ServerOptions = {
+    command: python, args: ['-m', 'fuselens_lsp'], transport: TransportKind.stdio,
+    options: { env, cwd: vscode.workspace.workspaceFolders?.[0]?.uri.fsPath },
+  };
+  const clientOptions: LanguageClientOptions = {
+    documentSelector: [{ language: 'python', scheme: 'file' }, { language: 'python', scheme: 'untitled' }],
+    outputChannel: output,
+    synchronize: { configurationSection: 'fuselens' },
+    initializationOptions: { settings: settingsObject(), trusted: vscode.workspace.isTrusted },
+    errorHandler: {
+      error: () => ({ action: ErrorAction.Continue }),
+      closed: () => {
+        const now = Date.now();
+        restarts.push(now);
+        while (restarts.length && now - restarts[0] > 180_000) { restarts.shift(); }
+        if (restarts.length <= 5) {
+          return { action: CloseAction.Restart, message: 'The fuselens language server stopped; restarting it.' };
+        }
+        return {
+          action: CloseAction.DoNotRestart,
+          message: 'The fuselens language server stopped 5 times in 3 minutes and is not restarted. ' +
+            'See the "fuselens" output, then run "fuselens: Restart language server".',
+        };
+      },
+    },
+  };
+  client = new LanguageClient('fuselens', 'fuselens', serverOptions, clientOptions);
+  client.onDidChangeState(e => {
+    if (e.newState === State.Running) {
+      client!.onNotification('fuselens/didChange', () => tree.refreshSoon());
+      void client!.sendNotification('fuselens/setTrusted', { trusted: vscode.workspace.isTrusted });
+      tree.refreshSoon();
+    }
+  });
+  try {
+    await client.start();
+  } catch (e) {
+    void vscode.window.showErrorMessage(
+      `fuselens: the language server did not start with "${python}" (${e}). It needs torch, pygls 2, ` +
+      `lsprotocol and libcst; set "fuselens.pythonPath" to an interpreter that has them.`);
+  }
+}
+
+// ------------------------------------------------------------------ side panel
+
+type Fn = {
+  name: string; qualname: string; line: number; col: number; compiled: boolean; graphCount: number;
+  breakCount: number; breaks: any[]; run: any | null; running: boolean;
+};
+type Node =
+  | { kind: 'file'; uri: string; fns: Fn[] }
+  | { kind: 'fn'; uri: string; fn: Fn }
+  | { kind: 'info'; label: string; tooltip?: string; icon?: string; command?: vscode.Command; description?: string }
+  | { kind: 'break'; uri: string; brk: any }
+  | { kind: 'graph'; uri: string; fn: Fn; graph: any }
+  | { kind: 'kernel'; uri: string; fn: Fn; graph: any; kernel: any; index: number };
+
+function ms(v: number | null | undefined): string {
+  if (v === null || v === undefined) { return '–'; }
+  return v >= 1 ? `${v.toFixed(2)} ms` : `${(v * 1000).toFixed(1)} µs`;
+}
+
+class FunctionsProvider implements vscode.TreeDataProvider<Node> {
+  private emitter = new vscode.EventEmitter<Node | undefined>();
+  readonly onDidChangeTreeData = this.emitter.event;
+  private docs: { uri: string; functions: Fn[] }[] = [];
+  private timer: NodeJS.Timeout | undefined;
+  fnNodes = new Map<string, Node>();
+
+  refreshSoon(): void {
+    if (this.timer) { clearTimeout(this.timer); }
+    this.timer = setTimeout(() => void this.refresh(), 150);
+  }
+
+  async refresh(): Promise<void> {
+    if (!client || client.state !== State.Running) { return; }
+    try {
+      const r: any = await client.sendRequest('fuselens/functions', {});
+      this.docs = (r?.documents ?? []).filter((d: any) => d.functions.length > 0);
+    } catch (e) {
+      output.appendLine(`fuselens/functions failed: ${e}`);
+    }
+    this.emitter.fire(undefined);
+  }
+
+  getChildren(node?: Node): Node[] {
+    if (!node) {
+      this.fnNodes.clear();
+      if (this.docs.length === 1) { return this.fnChildren(this.docs[0].uri, this.docs[0].functions); }
+      return this.docs.map(d => ({ kind: 'file', uri: d.uri, fns: d.functions }) as Node);
+    }
+    if (node.kind === 'file') { return this.fnChildren(node.uri, node.fns); }
+    if (node.kind === 'fn') {
+      const out: Node[] = [];
+      const run = node.fn.run;
+      if (node.fn.running) {
+        out.push({ kind: 'info', label: 'Compiling and benchmarking…', icon: 'loading~spin' });
+      }
+      if (run) {
+        if (run.status === 'ok') {
+          const t = run.timings ?? {};
+          if (t.eager && t.fuselens) {
+            let d = `eager ${ms(t.eager)} · fuselens ${ms(t.fuselens)} (${(t.eager / t.fuselens).toFixed(2)}×)`;
+            if (t.torchCompile) { d += ` · torch.compile ${ms(t.torchCompile)} (${(t.eager / t.torchCompile).toFixed(2)}×)`; }
+            out.push({ kind: 'info', label: 'Timings', description: d, icon: 'dashboard', tooltip: `${d}\non ${run.gpu}` });
+          } else if (run.timingNote) {
+            out.push({ kind: 'info', label: 'No GPU: kernels checked in the interpreter, not timed', tooltip: run.timingNote, icon: 'info' });
+          }
+          if (run.check) {
+            out.push({ kind: 'info', label: run.check.ok ? 'Output matches eager' : 'Output differs from eager',
+              description: run.check.ok ? '' : run.check.message, tooltip: run.check.message,
+              icon: run.check.ok ? 'pass' : 'error' });
+          }
+          if (run.hasTransformedSource) {
+            out.push({ kind: 'info', label: 'Show transformed code', icon: 'go-to-file', command: {
+              command: 'fuselens.showTransformedCode', title: 'Show transformed code', arguments: [node.uri, node.fn.qualname] } });
+          }
+          for (const g of run.graphs) { out.push({ kind: 'graph', uri: node.uri, fn: node.fn, graph: g }); }
+        } else {
+          out.push({ kind: 'info', label: run.status === 'cancelled' ? 'Cancelled' : 'Compile & benchmark failed',
+            description: run.message.split('\n')[0], tooltip: run.message, icon: 'warning' });
+        }
+      } else if (!node.fn.running) {
+        out.push({ kind: 'info', label: 'Compile & benchmark to see kernels', icon: 'play', command: {
+          command: 'fuselens.compileAndBenchmark', title: 'Compile & benchmark', arguments: [node.uri, node.fn.qualname] } });
+      }
+      for (const b of node.fn.breaks) { out.push({ kind: 'break', uri: node.uri, brk: b }); }
+      return out;
+    }
+    if (node.kind === 'graph') {
+      return node.graph.kernels.map((k: any, i: number) => ({ kind: 'kernel', uri: node.uri, fn: node.fn, graph: node.graph, kernel: k, index: i }) as Node);
+    }
+    return [];
+  }
+
+  private fnChildren(uri: string, fns: Fn[]): Node[] {
+    return fns.map(fn => {
+      const n: Node = { kind: 'fn', uri, fn };
+      this.fnNodes.set(`${uri}#${fn.qualname}`, n);
+      return n;
+    });
+  }
+
+  getParent(): Node | undefined { return undefined; }
+
+  getTreeItem(node: Node): vscode.TreeItem {
+    const C = vscode.TreeItemCollapsibleState;
+    switch (node.kind) {
+      case 'file': {
+        const it = new vscode.TreeItem(vscode.Uri.parse(node.uri), C.Expanded);
+        it.iconPath = vscode.ThemeIcon.File;
+        return it;
+      }
+      case 'fn': {
+        const f = node.fn;
+        const it = new vscode.TreeItem(f.qualname, f.run || f.breakCount || f.running ? C.Expanded : C.Collapsed);
+        const parts = [`${f.graphCount} graph${f.graphCount === 1 ? '' : 's'}`, `${f.breakCount} break${f.breakCount === 1 ? '' : 's'}`];
+        if (f.run?.speedup) { parts.push(`${f.run.speedup.toFixed(2)}× vs eager`); }
+        it.description = parts.join(' · ') + (f.compiled ? '' : ' · not compiled');
+        it.iconPath = new vscode.ThemeIcon(f.breakCount ? 'debug-breakpoint-unverified' : 'symbol-function');
+        it.contextValue = f.run?.hasTransformedSource ? 'function-compiled-run' : 'function';
+        it.id = `${node.uri}#${f.qualname}`;
+        it.command = { command: 'vscode.open', title: 'Go to function', arguments: [vscode.Uri.parse(node.uri),
+          { selection: new vscode.Range(f.line, f.col, f.line, f.col) }] };
+        return it;
+      }
+      case 'info': {
+        const it = new vscode.TreeItem(node.label, C.None);
+        it.description = node.description;
+        it.tooltip = node.tooltip;
+        if (node.icon) { it.iconPath = new vscode.ThemeIcon(node.icon); }
+        it.command = node.command;
+        return it;
+      }
+      case 'break': {
+        const b = node.brk;
+        const it = new vscode.TreeItem(`${b.code} ${b.title}`, C.None);
+        it.description = `line ${b.line + 1}`;
+        it.tooltip = new vscode.MarkdownString(`**${b.code}** ${b.title}\n\n${b.explanation}\n\n*Hint:* ${b.hint}\n\n[docs](${b.docUrl})`);
+        it.iconPath = new vscode.ThemeIcon('warning');
+        it.command = { command: 'vscode.open', title: 'Go to break', arguments: [vscode.Uri.parse(node.uri),
+          { selection: new vscode.Range(b.line, b.col, b.endLine, b.endCol) }] };
+        return it;
+      }
+      case 'graph': {
+        const g = node.graph;
+        const it = new vscode.TreeItem(`graph ${g.index}`, C.Expanded);
+        it.description = `${g.kernels.length} kernel${g.kernels.length === 1 ? '' : 's'}` + (g.nodeCount != null ? ` · ${g.nodeCount} ops` : '');
+        it.iconPath = new vscode.ThemeIcon('type-hierarchy');
+        it.command = { command: 'fuselens.openGraph', title: 'Open graph IR', arguments: [node.uri, node.fn.qualname, g.index] };
+        return it;
+      }
+      case 'kernel': {
+        const k = node.kernel;
+        const it = new vscode.TreeItem(k.name, C.None);
+        const d: string[] = [];
+        if (k.timeMs != null) { d.push(ms(k.timeMs)); }
+        if (k.share != null) { d.push(`${(k.share * 100).toFixed(0)}%`); }
+        if (k.bandwidthGBs != null) { d.push(`${k.bandwidthGBs.toFixed(0)} GB/s`); }
+        it.description = d.join(' · ');
+        it.tooltip = `${k.name}\n${k.lines} lines of Triton` + (d.length ? `\n${d.join(' · ')}` : '\n(not timed: no GPU)');
+        it.iconPath = new vscode.ThemeIcon('zap');
+        it.contextValue = 'kernel';
+        it.command = { command: 'fuselens.openKernel', title: 'Open kernel source',
+          arguments: [node.uri, node.fn.qualname, node.graph.index, k.name] };
+        return it;
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------ virtual documents
+
+class KernelDocs implements vscode.TextDocumentContentProvider, vscode.DefinitionProvider, vscode.HoverProvider {
+  private cache = new Map<string, any>();
+  private emitter = new vscode.EventEmitter<vscode.Uri>();
+  readonly onDidChange = this.emitter.event;
+
+  static kernelUri(uri: string, qualname: string, graph: number, kernel: string): vscode.Uri {
+    const q = new URLSearchParams({ uri, qualname, graph: String(graph), kernel }).toString();
+    return vscode.Uri.from({ scheme: SCHEME, path: `/${qualname}/${kernel}.fl-triton`, query: q });
+  }
+
+  async provideTextDocumentContent(u: vscode.Uri): Promise<string> {
+    const q = new URLSearchParams(u.query);
+    const params = { uri: q.get('uri'), qualname: q.get('qualname'), graph: Number(q.get('graph') ?? 0), kernel: q.get('kernel') };
+    if (!client) { return '# the fuselens language server is not running'; }
+    if (u.path.endsWith('.fl-triton')) {
+      const k: any = await client.sendRequest('fuselens/kernel', params);
+      if (!k) { return '# this kernel is no longer available: run Compile & benchmark again'; }
+      this.cache.set(u.toString(), k);
+      return k.source;
+    }
+    if (u.path.endsWith('.fl-graph')) {
+      const g: any = await client.sendRequest('fuselens/graph', params);
+      return g ? g.ir + (g.wrapper ? `\n\n# ---- wrapper ----\n${g.wrapper}` : '') : '# graph not available';
+    }
+    const t: any = await client.sendRequest('fuselens/transformedSource', params);
+    return t ? t.source : '# transformed code not available: run Compile & benchmark first';
+  }
+
+  private provenanceAt(doc: vscode.TextDocument, line: number): { k: any; p: any[] } | undefined {
+    const k = this.cache.get(doc.uri.toString());
+    if (!k) { return undefined; }
+    const p = (k.provenance ?? []).filter((x: any) => x.kernelLine === line);
+    return p.length ? { k, p } : undefined;
+  }
+
+  provideDefinition(doc: vscode.TextDocument, pos: vscode.Position): vscode.Location[] | undefined {
+    const hit = this.provenanceAt(doc, pos.line);
+    if (!hit) { return undefined; }
+    const src = vscode.Uri.parse(hit.k.uri);
+    return hit.p.map((x: any) => new vscode.Location(src, new vscode.Range(x.line, x.col, x.endLine, x.endCol)));
+  }
+
+  provideHover(doc: vscode.TextDocument, pos: vscode.Position): vscode.Hover | undefined {
+    const hit = this.provenanceAt(doc, pos.line);
+    if (!hit) { return undefined; }
+    const src = vscode.Uri.parse(hit.k.uri);
+    const lines = hit.p.map((x: any) => `[${path.basename(src.fsPath)}:${x.line + 1}](${src.with({ fragment: `L${x.line + 1}` })})`);
+    return new vscode.Hover(new vscode.MarkdownString(`From source ${lines.join(', ')} (F12 goes there)`));
+  }
+}
+
+// ------------------------------------------------------------------ commands
+
+async function compileAndBenchmark(arg?: any, qualname?: string): Promise<void> {
+  if (!client) { return; }
+  let uri: string | undefined;
+  let target: any;
+  if (typeof arg === 'string') { uri = arg; target = qualname; }
+  else if (arg && typeof arg === 'object' && arg.kind === 'fn') { uri = arg.uri; target = arg.fn.qualname; }
+  else {
+    const ed = vscode.window.activeTextEditor;
+    if (!ed || ed.document.languageId !== 'python') {
+      void vscode.window.showWarningMessage('fuselens: open a Python file and put the cursor in a function.');
+      return;
+    }
+    uri = ed.document.uri.toString();
+    target = { line: ed.selection.active.line, character: ed.selection.active.character };
+  }
+  tree.refreshSoon();
+  const r: any = await client.sendRequest(ExecuteCommandRequest.type,
+    { command: 'fuselens.server.compileAndBenchmark', arguments: [uri, target] });
+  await tree.refresh();
+  if (r?.qualname) { await revealFunction(uri!, r.qualname); }
+}
+
+async function revealFunction(uri: string, qualname: string): Promise<void> {
+  await vscode.commands.executeCommand('fuselens.functions.focus');
+  await tree.refresh();
+  const n = tree.fnNodes.get(`${uri}#${qualname}`);
+  if (n) { await treeView.reveal(n, { select: true, focus: false, expand: 2 }).then(undefined, () => undefined); }
+}
+
+export async function activate(ctx: vscode.ExtensionContext): Promise<void> {
+  output = vscode.window.createOutputChannel('fuselens', { log: true });
+  tree = new FunctionsProvider();
+  kernelDocs = new KernelDocs();
+  treeView = vscode.window.createTreeView('fuselens.functions', { treeDataProvider: tree, showCollapseAll: true });
+  ctx.subscriptions.push(
+    output, treeView,
+    vscode.workspace.registerTextDocumentContentProvider(SCHEME, kernelDocs),
+    vscode.languages.registerDefinitionProvider({ scheme: SCHEME, language: 'fuselens-triton' }, kernelDocs),
+    vscode.languages.registerHoverProvider({ scheme: SCHEME, language: 'fuselens-triton' }, kernelDocs),
+    vscode.commands.registerCommand('fuselens.compileAndBenchmark', compileAndBenchmark),
+    vscode.commands.registerCommand('fuselens.revealFunction', revealFunction),
+    vscode.commands.registerCommand('fuselens.refresh', () => tree.refresh()),
+    vscode.commands.registerCommand('fuselens.openKernel', async (uri: string, qualname: string, graph: number, kernel: string) => {
+      const doc = await vscode.workspace.openTextDocument(KernelDocs.kernelUri(uri, qualname, graph, kernel));
+      await vscode.languages.setTextDocumentLanguage(doc, 'fuselens-triton');
+      await vscode.window.showTextDocument(doc, { preview: true, viewColumn: vscode.ViewColumn.Beside });
+    }),
+    vscode.commands.registerCommand('fuselens.openGraph', async (uri: string, qualname: string, graph: number) => {
+      const q = new URLSearchParams({ uri, qualname, graph: String(graph) }).toString();
+      const doc = await vscode.workspace.openTextDocument(vscode.Uri.from({ scheme: SCHEME, path: `/${qualname}/graph${graph}.fl-graph`, query: q }));
+      await vscode.languages.setTextDocumentLanguage(doc, 'fuselens-graph');
+      await vscode.window.showTextDocument(doc, { preview: true, viewColumn: vscode.ViewColumn.Beside });
+    }),
+    vscode.commands.registerCommand('fuselens.showTransformedCode', async (arg?: any, qn?: string) => {
+      let uri = typeof arg === 'string' ? arg : arg?.uri;
+      let qualname = typeof arg === 'string' ? qn : arg?.fn?.qualname;
+      if (!uri || !qualname) {
+        const sel = treeView.selection[0];
+        if (sel && sel.kind === 'fn') { uri = sel.uri; qualname = sel.fn.qualname; }
+      }
+      if (!uri || !qualname) { void vscode.window.showWarningMessage('fuselens: select a function in the fuselens panel.'); return; }
+      const q = new URLSearchParams({ uri, qualname }).toString();
+      const doc = await vscode.workspace.openTextDocument(vscode.Uri.from({ scheme: SCHEME, path: `/${qualname}.transformed.py`, query: q }));
+      await vscode.window.showTextDocument(doc, { preview: true, viewColumn: vscode.ViewColumn.Beside });
+    }),
+    vscode.commands.registerCommand('fuselens.restartServer', async () => {
+      restarts.length = 0;
+      if (client) { await client.stop().catch(() => undefined); client = undefined; }
+      await startClient(ctx);
+    }),
+    vscode.workspace.onDidGrantWorkspaceTrust(() => {
+      void client?.sendNotification('fuselens/setTrusted', { trusted: true });
+    }),
+    vscode.workspace.onDidChangeConfiguration(e => {
+      if (e.affectsConfiguration('fuselens.pythonPath')) {
+        void vscode.commands.executeCommand('fuselens.restartServer');
+      }
+    }),
+  );
+  await startClient(ctx);
+}
+
+export async function deactivate(): Promise<void> {
+  if (client) { await client.stop(); }
+}
