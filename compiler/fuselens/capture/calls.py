@@ -1,0 +1,123 @@
+"""What the evaluator knows about callables: which are tensor ops, which break the graph,
+which are pure Python functions it may fold on constants."""
+from __future__ import annotations
+
+import builtins
+import logging
+import math
+import operator
+import types
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from . import breaks as B
+
+# Tensor methods / torch functions whose output shape depends on the data.
+DYNAMIC_SHAPE_OPS = {
+    "nonzero", "masked_select", "unique", "unique_consecutive", "argwhere", "bincount",
+    "repeat_interleave",
+}
+
+# Tensor methods that read data into Python: method name -> break kind.
+DATA_READS = {"item": B.ITEM, "tolist": B.TOLIST, "numpy": B.NUMPY}
+
+# Tensor attributes/methods that return Python values about the tensor's metadata.
+META_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride", "is_contiguous",
+                "element_size", "get_device", "is_floating_point", "is_complex", "data_ptr"}
+META_ATTRS = {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "layout",
+              "is_leaf", "is_sparse", "is_quantized", "is_meta"}
+
+# Methods that mutate self in place but are not named with a trailing underscore.
+INPLACE_EXTRA = {"__setitem__"}
+
+# Autocast: ops that run in the lower-precision dtype / in float32 (CUDA lists, abridged).
+AUTOCAST_LOWER = {F.linear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm,
+                  torch.addbmm, F.conv1d, F.conv2d, F.conv3d, torch.einsum, operator.matmul,
+                  torch.Tensor.matmul, torch.Tensor.mm, torch.Tensor.bmm,
+                  F.scaled_dot_product_attention}
+AUTOCAST_FP32 = {torch.exp, torch.log, torch.pow, torch.softmax, F.softmax, F.log_softmax,
+                 torch.log_softmax, F.layer_norm, F.group_norm, torch.sum, torch.cumsum,
+                 F.cross_entropy, F.nll_loss, F.mse_loss, torch.Tensor.exp, torch.Tensor.log,
+                 torch.Tensor.pow, torch.Tensor.softmax, torch.Tensor.log_softmax,
+                 torch.Tensor.sum, torch.rsqrt, torch.Tensor.rsqrt, torch.norm, torch.Tensor.norm,
+                 F.normalize, torch.prod, torch.Tensor.prod, torch.log1p, torch.expm1}
+
+# Pure functions folded when every argument is a known constant.
+_PURE_BUILTINS = {
+    abs, all, any, bool, callable, chr, divmod, enumerate, float, format, frozenset, hash, int,
+    isinstance, issubclass, len, list, max, min, ord, pow, range, repr, reversed, round, set,
+    slice, sorted, str, sum, tuple, type, zip, dict, getattr, hasattr, iter, next, map, filter,
+    id,
+}
+_PURE_MODULES = {"math", "operator", "_operator", "functools", "itertools", "builtins", "string"}
+
+
+def is_pure_foldable(fn) -> bool:
+    if fn in _PURE_BUILTINS:
+        return True
+    mod = getattr(fn, "__module__", None)
+    if mod in _PURE_MODULES:
+        return True
+    return isinstance(fn, types.BuiltinFunctionType) and getattr(fn, "__self__", None) in (math, operator)
+
+
+def is_torch_callable(fn) -> bool:
+    """A function or builtin of the torch namespace (an op for the graph), not a Module."""
+    if isinstance(fn, type):
+        return False
+    if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return True
+    mod = getattr(fn, "__module__", None) or ""
+    if mod == "torch" or mod.startswith("torch.") or mod.startswith("torch._C"):
+        return True
+    self_ = getattr(fn, "__self__", None)
+    if isinstance(self_, types.ModuleType) and self_.__name__.startswith("torch"):
+        return True
+    qual = getattr(fn, "__qualname__", "")
+    return qual.startswith("TensorBase.") or qual.startswith("Tensor.")
+
+
+def is_logging_call(fn) -> bool:
+    if fn is warnings.warn or fn is warnings.warn_explicit:
+        return True
+    self_ = getattr(fn, "__self__", None)
+    if isinstance(self_, (logging.Logger, logging.LoggerAdapter)):
+        return True
+    return getattr(fn, "__module__", None) == "logging" and not isinstance(fn, type)
+
+
+def is_compiling_fn(fn) -> bool:
+    return fn in _IS_COMPILING
+
+
+_IS_COMPILING = {torch.compiler.is_compiling}
+try:  # older spellings users still write
+    _IS_COMPILING.add(torch._dynamo.is_compiling)
+except AttributeError:
+    pass
+try:
+    _IS_COMPILING.add(torch.compiler.is_dynamo_compiling)
+except AttributeError:
+    pass
+
+# Operators of the `ast` nodes, as Python functions (on tensors they become graph ops).
+BINOPS = {
+    "Add": operator.add, "Sub": operator.sub, "Mult": operator.mul, "Div": operator.truediv,
+    "FloorDiv": operator.floordiv, "Mod": operator.mod, "Pow": operator.pow,
+    "MatMult": operator.matmul, "BitAnd": operator.and_, "BitOr": operator.or_,
+    "BitXor": operator.xor, "LShift": operator.lshift, "RShift": operator.rshift,
+}
+INPLACE_BINOPS = {
+    "Add": "add_", "Sub": "sub_", "Mult": "mul_", "Div": "div_", "Pow": "pow_",
+    "BitAnd": "bitwise_and_", "BitOr": "bitwise_or_", "BitXor": "bitwise_xor_",
+    "FloorDiv": "floor_divide_", "Mod": "remainder_",
+}
+UNARYOPS = {"USub": operator.neg, "UAdd": operator.pos, "Invert": operator.invert,
+            "Not": operator.not_}
+CMPOPS = {"Eq": operator.eq, "NotEq": operator.ne, "Lt": operator.lt, "LtE": operator.le,
+          "Gt": operator.gt, "GtE": operator.ge, "Is": operator.is_, "IsNot": operator.is_not,
+          "In": lambda a, b: a in b, "NotIn": lambda a, b: a not in b}
+
+BUILTINS = builtins

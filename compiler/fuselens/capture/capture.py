@@ -1,0 +1,157 @@
+"""Capture in the concrete domain: one call of a function with real arguments → one cache
+entry's worth of data (graphs, guards, the transformed function's source, resumes)."""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from . import breaks as B
+from .evaluator import BreakSignal, Evaluator, Guard
+from .graph import GraphBuilder
+from .guards import Sources
+from .resume import CannotResume, Materializer, Resume, Writer, signature
+from .source import FunctionSource
+
+
+@dataclass
+class GraphInfo:
+    """One captured graph. `inputs`: source expressions of its placeholders; the last
+    `n_writeback` outputs are new values of mutated inputs `writeback` (sources)."""
+    gm: fx.GraphModule
+    inputs: list[str]
+    writeback: list[str]
+    function: str
+    lines: list[tuple[str, int]]
+    op_count: int
+    name: str = "__fl_graph_0"
+
+    @property
+    def graph(self) -> fx.Graph:
+        return self.gm.graph
+
+    def line_range(self) -> str:
+        if not self.lines:
+            return "-"
+        ls = sorted({l for _, l in self.lines})
+        return f"{ls[0]}-{ls[-1]}" if ls[0] != ls[-1] else str(ls[0])
+
+
+@dataclass
+class Capture:
+    fs: FunctionSource
+    source: str                       # the transformed function (and break helpers)
+    namespace: dict                   # constants the source refers to
+    guards: list[Guard]
+    guard_source: str
+    graph: GraphInfo | None
+    graph_break: B.GraphBreak | None
+    resumes: list[Resume] = field(default_factory=list)
+    tensor_shapes: dict = field(default_factory=dict)  # source -> shape, for dynamic dims
+
+
+def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
+            prefix="") -> Capture:
+    dynamic = dynamic or {}
+    builder = GraphBuilder()
+    probe = Evaluator(builder)
+    bound = probe.bind(fs, args, kwargs)
+    sources = Sources(bound)
+    sources.global_state()
+    ev = Evaluator(builder, sources=sources, dynamic=dynamic)
+    frame = {name: _wrap_argument(ev, sources, name, v) for name, v in bound.items()}
+    for name, v in fs.closure.items():
+        cell = fs.cells.get(name)
+        src = f"{sources.constant(cell, 'cell_' + name)}.cell_contents" if cell is not None \
+            else sources.constant(v, name)
+        if not isinstance(v, torch.Tensor):
+            sources.guard_value(src, v)
+        frame[name] = ev.wrap_external(v, src)
+    graph_name = f"__fl_graph_{prefix}0"
+    brk = None
+    writer = Writer(fs, sources, ev.mutated_inputs, prefix)
+    try:
+        ret = ev.run(fs, frame)
+        sig_text, consts = signature(fs.node.args, fs.defaults)
+        sources.constants.update(consts)
+        ret_expr = writer.mat.expr(ret)
+        body = [f"return {ret_expr}"]
+        text_head = f"def {fs.name}({sig_text}):"
+        call = _graph_call(graph_name, builder)
+        text = "\n".join([text_head] + (["    " + call] if _needs_graph(builder, writer) else [])
+                         + ["    " + b for b in body])
+    except BreakSignal as sig:
+        if fullgraph:
+            raise B.GraphBreakError(sig.brk) from None
+        brk = sig.brk
+        call = _graph_call(graph_name, builder)
+        text = writer.write(sig, call if builder.n_ops else None)
+        if not builder.n_ops:
+            text = text.replace(call + "\n", "")
+    graph = None
+    if builder.n_ops:
+        writeback = [src for src, v in ev.mutated_inputs.items()]
+        gm = builder.output(list(writer.mat.outputs) + [ev.mutated_inputs[s] for s in writeback])
+        graph = GraphInfo(gm, [s for s, _ in builder.inputs], writeback, fs.qualname,
+                          sorted(builder.lines), builder.n_ops, graph_name)
+        if not _uses_graph(text, graph_name):
+            text = _insert_graph_call(text, call)
+    helpers = "\n\n".join(src for _, src, _ in writer.helper_sources())
+    source = text + ("\n\n\n" + helpers if helpers else "")
+    guard_src = _guard_source(fs, sources)
+    shapes = {s: tuple(o.shape) for s, o in builder.inputs if isinstance(o, torch.Tensor)}
+    return Capture(fs, source, dict(sources.constants), list(sources.guards), guard_src, graph,
+                   brk, writer.resumes, shapes)
+
+
+def _needs_graph(builder, writer) -> bool:
+    return builder.n_ops > 0
+
+
+def _uses_graph(text, name) -> bool:
+    return f"{name}(" in text
+
+
+def _insert_graph_call(text, call) -> str:
+    head, _, rest = text.partition("\n")
+    return f"{head}\n    {call}\n{rest}"
+
+
+def _graph_call(name, builder) -> str:
+    return f"__fl_o = {name}({', '.join(s for s, _ in builder.inputs)})"
+
+
+def _wrap_argument(ev: Evaluator, sources: Sources, src: str, v):
+    if isinstance(v, torch.Tensor):
+        return ev.input(v, src)
+    sources.guard_argument(src, v, ev.dynamic)
+    if isinstance(v, (list, tuple)) and type(v) in (list, tuple):
+        items = [_wrap_argument_inner(ev, f"{src}[{i}]", x) for i, x in enumerate(v)]
+        return type(v)(items)
+    if isinstance(v, dict) and type(v) is dict:
+        return {k: _wrap_argument_inner(ev, f"{src}[{k!r}]", x) for k, x in v.items()}
+    if not isinstance(v, (int, float, str, bool, type(None))):
+        ev.value_sources[id(v)] = src
+    return v
+
+
+def _wrap_argument_inner(ev, src, v):
+    if isinstance(v, torch.Tensor):
+        return ev.input(v, src)
+    if isinstance(v, (list, tuple)) and type(v) in (list, tuple):
+        return type(v)(_wrap_argument_inner(ev, f"{src}[{i}]", x) for i, x in enumerate(v))
+    if isinstance(v, dict) and type(v) is dict:
+        return {k: _wrap_argument_inner(ev, f"{src}[{k!r}]", x) for k, x in v.items()}
+    if not isinstance(v, (int, float, str, bool, type(None))):
+        ev.value_sources[id(v)] = src
+    return v
+
+
+def _guard_source(fs: FunctionSource, sources: Sources) -> str:
+    sig_text, consts = signature(fs.node.args, fs.defaults)
+    sources.constants.update(consts)
+    body = "\n        and ".join(f"({g.expr})" for g in sources.guards) or "True"
+    return f"def __fl_guard({sig_text}):\n    return ({body})"

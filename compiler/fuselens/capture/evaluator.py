@@ -1,0 +1,1419 @@
+"""The symbolic evaluator: walks a function's AST with a frame of values and records tensor
+operations into an FX graph.
+
+It runs in two domains. **Concrete**: real example inputs; the first graph break stops the
+walk and raises `BreakSignal`, which collects, frame by frame as it unwinds, what
+`resume.py` needs to write the transformed function. **Abstract**: nothing is executed,
+tensors have unknown shapes; a break is recorded and the walk goes on, so the editor sees
+every break of a function in one pass. Both domains raise breaks from the same places."""
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import copy
+import dataclasses
+import inspect
+import math
+import operator
+import types
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from . import breaks as B
+from . import calls as C
+from .graph import GraphBuilder, MetaEvalError
+from .source import FunctionSource, NoSourceError, function_source
+from .values import (UNKNOWN, BoundUserMethod, LocalFunction, SymInt, TensorVar, Unknown,
+                     contains_tensor)
+
+MAX_INLINE_DEPTH = 12
+MAX_UNROLL = 512
+
+
+# -- control-flow signals -------------------------------------------------------------------
+class _Return(Exception):
+    def __init__(self, value):
+        self.value = value
+
+
+class _LoopBreak(Exception):
+    pass
+
+
+class _LoopContinue(Exception):
+    pass
+
+
+@dataclass
+class FrameAtBreak:
+    """One frame's state where a graph break stopped the walk (see resume.py)."""
+    scope: "Scope"
+    stmt: ast.stmt               # the statement that was executing in this frame
+    levels: list                 # block positions, outermost first: (owner, node, stmts, idx, extra)
+    completed: dict              # id(expr) -> (expr, value): sub-expressions already evaluated
+    vars: dict                   # variables at the break
+    call: ast.Call | None = None  # in outer frames: the call that led to the inner frame
+
+
+class BreakSignal(Exception):
+    """A graph break in the concrete domain. `whole_stmt`: the statement runs entirely in
+    Python (graph work of the statement rolled back); `cond`: data-dependent `if`."""
+
+    def __init__(self, brk: B.GraphBreak, whole_stmt=False, cond=None):
+        super().__init__(brk.title)
+        self.brk = brk
+        self.whole_stmt = whole_stmt
+        self.cond = cond
+        self.frames: list[FrameAtBreak] = []   # innermost first
+        self.pending_call = None
+
+
+class Scope:
+    """A frame: the variables of one (inlined) function call."""
+
+    def __init__(self, fs: FunctionSource, parent: "Scope | None", depth: int, vars=None,
+                 enclosing: "Scope | None" = None):
+        self.fs = fs
+        self.parent = parent          # the caller (for the inlined-call stack)
+        self.enclosing = enclosing    # for closures of local functions
+        self.depth = depth
+        self.vars: dict = vars if vars is not None else {}
+        self.levels: list = []
+        self.completed: dict = {}
+        self.call_node: ast.Call | None = None  # the call in the parent that made this frame
+
+    def lookup(self, name):
+        if name in self.vars:
+            return self.vars[name]
+        s = self.enclosing
+        while s is not None:
+            if name in s.vars:
+                return s.vars[name]
+            s = s.enclosing
+        raise KeyError(name)
+
+
+@dataclass
+class Guard:
+    """One condition the inputs must meet for a cache entry to be reused. `expr` is Python
+    over the guard function's parameters and constants."""
+    expr: str
+    reason: str  # what it checks, in words
+
+
+class Evaluator:
+    def __init__(self, builder: GraphBuilder, *, abstract=False, sources=None, on_break=None,
+                 dynamic: dict | None = None):
+        self.g = builder
+        self.abstract = abstract
+        self.sources = sources          # capture.Sources (concrete): guards and constants
+        self.on_break = on_break        # abstract domain: called with each GraphBreak
+        self.dynamic = dynamic or {}    # source expr -> set of dynamic dims
+        self.autocast: list = []        # stack of (device_type, dtype) of active autocast
+        self.grad_enabled = torch.is_grad_enabled()
+        self.value_sources: dict[int, str] = {}   # id(object) -> source expression
+        self.mutated_inputs: dict[str, TensorVar] = {}  # input source -> its latest value
+
+    # ===================================================================== functions
+    def run(self, fs: FunctionSource, bound: dict) -> object:
+        scope = Scope(fs, None, 0, dict(bound))
+        return self._run_body(fs, scope)
+
+    def _run_body(self, fs, scope):
+        node = fs.node
+        try:
+            if isinstance(node, ast.Lambda):
+                return self.eval(node.body, scope)
+            self.exec_block(node.body, scope, ("body", node))
+        except _Return as r:
+            return r.value
+        return None
+
+    def inline(self, fn, args, kwargs, call: ast.Call, caller: Scope, self_value=None):
+        if caller.depth + 1 > MAX_INLINE_DEPTH:
+            self.brk(B.INLINE_DEPTH, call, caller, detail=f"depth limit {MAX_INLINE_DEPTH}")
+        if isinstance(fn, LocalFunction):
+            fs = dataclasses.replace(caller.fs if fn.env is None else fn.env.fs, node=fn.node,
+                                     name=fn.name, qualname=fn.name, defaults=fn.defaults)
+            enclosing = fn.env
+        elif isinstance(fn, FunctionSource):
+            fs, enclosing = fn, None
+        else:
+            try:
+                fs = function_source(fn)
+            except NoSourceError as e:
+                self.brk(B.UNKNOWN_CALL, call, caller, detail=str(e))
+            enclosing = None
+            if self.sources is not None and not self.abstract:
+                self.sources.guard_function(fn, fs)
+        if self_value is not None:
+            args = [self_value] + list(args)
+        try:
+            bound = self.bind(fs, args, kwargs)
+        except TypeError as e:
+            self.brk(B.UNSUPPORTED_EXPR, call, caller, detail=f"cannot bind arguments: {e}")
+        if isinstance(fn, FunctionSource) or not isinstance(fn, LocalFunction):
+            for k, v in fs.closure.items():
+                bound.setdefault(k, v)
+        scope = Scope(fs, caller, caller.depth + 1, bound, enclosing)
+        scope.call_node = call
+        try:
+            return self._run_body(fs, scope)
+        except BreakSignal as b:
+            b.pending_call = call
+            raise
+
+    def bind(self, fs: FunctionSource, args, kwargs) -> dict:
+        a = fs.params
+        pos = [p.arg for p in a.posonlyargs + a.args]
+        out = {}
+        args = list(args)
+        for name, v in zip(pos, args):
+            out[name] = v
+        extra = args[len(pos):]
+        if extra:
+            if a.vararg is None:
+                raise TypeError(f"{fs.name}() takes {len(pos)} positional arguments but {len(args)} were given")
+        if a.vararg is not None:
+            out[a.vararg.arg] = tuple(extra)
+        kw = {}
+        for k, v in kwargs.items():
+            if k in pos[:len(a.posonlyargs)]:
+                raise TypeError(f"{k} is positional-only")
+            if k in pos or k in [p.arg for p in a.kwonlyargs]:
+                if k in out:
+                    raise TypeError(f"{fs.name}() got multiple values for argument '{k}'")
+                out[k] = v
+            elif a.kwarg is not None:
+                kw[k] = v
+            else:
+                raise TypeError(f"{fs.name}() got an unexpected keyword argument '{k}'")
+        if a.kwarg is not None:
+            out[a.kwarg.arg] = kw
+        for name in pos + [p.arg for p in a.kwonlyargs]:
+            if name not in out:
+                if name in fs.defaults:
+                    out[name] = fs.defaults[name]
+                else:
+                    raise TypeError(f"{fs.name}() missing required argument '{name}'")
+        return out
+
+    # ===================================================================== breaks
+    def loc(self, node, scope) -> tuple:
+        return (scope.fs.filename, node.lineno, node.col_offset,
+                node.end_lineno or node.lineno, node.end_col_offset or node.col_offset)
+
+    def stack(self, scope) -> tuple:
+        frames = []
+        s = scope
+        while s.parent is not None:
+            c = s.call_node
+            frames.append(B.Frame(s.parent.fs.qualname, s.parent.fs.filename, c.lineno,
+                                  c.col_offset, c.end_lineno, c.end_col_offset))
+            s = s.parent
+        return tuple(reversed(frames))
+
+    def brk(self, kind, node, scope, *, detail="", whole_stmt=False, cond=None):
+        """Stop here with a graph break (concrete) / report it (abstract: raises _Abstract)."""
+        gb = B.make_break(kind, self.loc(node, scope), detail=detail, stack=self.stack(scope),
+                          function=scope.fs.qualname)
+        raise BreakSignal(gb, whole_stmt=whole_stmt, cond=cond)
+
+    # ===================================================================== statements
+    def exec_block(self, stmts, scope, owner, extra=None):
+        level = [owner[0], owner[1], stmts, 0, extra]
+        scope.levels.append(level)
+        try:
+            for i, s in enumerate(stmts):
+                level[3] = i
+                self.exec_stmt(s, scope)
+        finally:
+            scope.levels.pop()
+
+    def exec_stmt(self, s, scope):
+        scope.completed = {}
+        mark = self._mark(scope)
+        try:
+            self._exec(s, scope)
+        except BreakSignal as b:
+            if self.abstract:
+                self._abstract_continue(b, s, scope)
+                return
+            if not b.frames or b.frames[-1].scope is not scope:
+                if b.whole_stmt and not b.frames:
+                    self._rollback(scope, mark)
+                b.frames.append(FrameAtBreak(scope, s, [list(l) for l in scope.levels],
+                                             dict(scope.completed), dict(scope.vars),
+                                             call=b.pending_call))
+                b.pending_call = None
+            raise
+
+    def _abstract_continue(self, b: BreakSignal, s, scope):
+        """Abstract domain: report the break; names the statement assigns become unknown."""
+        self.on_break(b.brk)
+        for name in _assigned_names(s):
+            scope.vars[name] = UNKNOWN
+        if isinstance(s, (ast.If, ast.While)) and b.cond is not None:
+            # both arms (and the loop body) are analysed like any code
+            saved = dict(scope.vars)
+            self._exec_abstract_arms(s, scope, saved)
+
+    def _exec_abstract_arms(self, s, scope, saved):
+        arms = [s.body, s.orelse] if isinstance(s, ast.If) else [s.body]
+        results = []
+        for arm in arms:
+            scope.vars = dict(saved)
+            try:
+                self.exec_block(arm, scope, ("if", s))
+            except (_Return, _LoopBreak, _LoopContinue):
+                pass
+            results.append(scope.vars)
+        scope.vars = _join(results)
+
+    def _mark(self, scope):
+        nodes = list(self.g.graph.nodes)
+        return (nodes[-1] if nodes else None, {k: v for k, v in scope.vars.items()}, self.g.n_ops)
+
+    def _rollback(self, scope, mark):
+        last, vars_, n_ops = mark
+        for n in reversed(list(self.g.graph.nodes)):
+            if n is last:
+                break
+            if n.op == "placeholder":
+                continue
+            if not n.users:
+                self.g.graph.erase_node(n)
+        scope.vars.clear()
+        scope.vars.update(vars_)
+        self.g.n_ops = n_ops
+
+    def _exec(self, s, scope):
+        m = getattr(self, "_stmt_" + type(s).__name__, None)
+        if m is None:
+            self.brk(B.UNSUPPORTED_STMT, s, scope, detail=f"`{type(s).__name__}` statement",
+                     whole_stmt=True)
+        m(s, scope)
+
+    def _stmt_Expr(self, s, scope):
+        self.eval(s.value, scope)
+
+    def _stmt_Pass(self, s, scope):
+        pass
+
+    def _stmt_Return(self, s, scope):
+        raise _Return(None if s.value is None else self.eval(s.value, scope))
+
+    def _stmt_Break(self, s, scope):
+        raise _LoopBreak()
+
+    def _stmt_Continue(self, s, scope):
+        raise _LoopContinue()
+
+    def _stmt_Assign(self, s, scope):
+        v = self.eval(s.value, scope)
+        for t in s.targets:
+            self.assign(t, v, scope)
+
+    def _stmt_AnnAssign(self, s, scope):
+        if s.value is not None:
+            self.assign(s.target, self.eval(s.value, scope), scope)
+
+    def _stmt_AugAssign(self, s, scope):
+        op = type(s.op).__name__
+        cur = self.eval(_as_load(s.target), scope)
+        rhs = self.eval(s.value, scope)
+        if isinstance(cur, TensorVar) and op in C.INPLACE_BINOPS:
+            v = self.tensor_method(cur, C.INPLACE_BINOPS[op], [rhs], {}, s, scope)
+        elif isinstance(cur, list) and op == "Add":
+            cur.extend(self.iterate(rhs, s, scope))
+            v = cur
+        else:
+            v = self.binop(op, cur, rhs, s, scope)
+        self.assign(s.target, v, scope)
+
+    def _stmt_Delete(self, s, scope):
+        for t in s.targets:
+            if isinstance(t, ast.Name):
+                scope.vars.pop(t.id, None)
+            else:
+                self.brk(B.UNSUPPORTED_STMT, s, scope, detail="`del` of an item or attribute",
+                         whole_stmt=True)
+
+    def _stmt_Assert(self, s, scope):
+        v = self.eval(s.test, scope)
+        if isinstance(v, TensorVar):
+            self.brk(B.DATA_ASSERT, s.test, scope)
+        if isinstance(v, (Unknown, SymInt)):
+            return
+        if not v:
+            msg = self.eval(s.msg, scope) if s.msg is not None else None
+            raise AssertionError(msg) if msg is not None else AssertionError()
+
+    def _stmt_If(self, s, scope):
+        test = self.eval(s.test, scope)
+        t = self.truth(test, s.test, scope, kind=B.DATA_IF)
+        if t is UNKNOWN:
+            saved = dict(scope.vars)
+            self._exec_abstract_arms(s, scope, saved)
+            return
+        body = s.body if t else s.orelse
+        self.exec_block(body, scope, ("if", s))
+
+    def _stmt_While(self, s, scope):
+        for _ in range(MAX_UNROLL):
+            test = self.eval(s.test, scope)
+            t = self.truth(test, s.test, scope, kind=B.DATA_WHILE, whole_stmt=True)
+            if t is UNKNOWN:
+                self._abstract_loop_body(s, scope)
+                return
+            if not t:
+                self.exec_block(s.orelse, scope, ("if", s))
+                return
+            try:
+                self.exec_block(s.body, scope, ("while", s))
+            except _LoopBreak:
+                return
+            except _LoopContinue:
+                continue
+        self.brk(B.UNROLLABLE_LOOP, s, scope, detail=f"more than {MAX_UNROLL} iterations",
+                 whole_stmt=True)
+
+    def _stmt_For(self, s, scope):
+        it = self.eval(s.iter, scope)
+        if isinstance(it, Unknown) or (self.abstract and isinstance(it, TensorVar)):
+            self._abstract_loop_body(s, scope)
+            return
+        items = self.iterate(it, s.iter, scope, whole_stmt=True)
+        if len(items) > MAX_UNROLL:
+            self.brk(B.UNROLLABLE_LOOP, s.iter, scope,
+                     detail=f"{len(items)} iterations (limit {MAX_UNROLL})", whole_stmt=True)
+        has_jump = _has_loop_jump(s.body)
+        for i, item in enumerate(items):
+            self.assign(s.target, item, scope)
+            try:
+                self.exec_block(s.body, scope, ("for", s), extra=items[i + 1:])
+            except _LoopBreak:
+                return
+            except _LoopContinue:
+                continue
+            except BreakSignal as b:
+                if has_jump and not self.abstract:
+                    # resuming mid-iteration would need break/continue outside a loop
+                    raise BreakSignal(b.brk.replace(code=B.UNROLLABLE_LOOP.code,
+                                                    title=B.UNROLLABLE_LOOP.title,
+                                                    explanation=B.UNROLLABLE_LOOP.explanation
+                                                    + f" (inside: {b.brk.title})"),
+                                      whole_stmt=True) from None
+                raise
+        self.exec_block(s.orelse, scope, ("if", s))
+
+    def _abstract_loop_body(self, s, scope):
+        if not isinstance(s, ast.While):
+            self.assign(s.target, UNKNOWN if not isinstance(self._peek_iter(s, scope), TensorVar)
+                        else TensorVar(None, None, None), scope)
+        saved = dict(scope.vars)
+        try:
+            self.exec_block(s.body, scope, ("while" if isinstance(s, ast.While) else "for", s))
+        except (_LoopBreak, _LoopContinue):
+            pass
+        scope.vars = _join([saved, scope.vars])
+
+    def _peek_iter(self, s, scope):
+        try:
+            return self.eval(s.iter, scope)
+        except BreakSignal:
+            return UNKNOWN
+
+    def _stmt_With(self, s, scope):
+        with contextlib.ExitStack() as stack:
+            for item in s.items:
+                cm = self.eval(item.context_expr, scope)
+                self.enter_context(cm, item, scope, stack)
+                if item.optional_vars is not None:
+                    self.assign(item.optional_vars, None, scope)
+            self.exec_block(s.body, scope, ("with", s))
+
+    def enter_context(self, cm, item, scope, stack):
+        if isinstance(cm, Unknown):
+            return
+        if isinstance(cm, (torch.no_grad, torch.enable_grad)) or type(cm).__name__ == "set_grad_enabled":
+            prev = self.grad_enabled
+            self.grad_enabled = not isinstance(cm, torch.no_grad) if not hasattr(cm, "mode") else cm.mode
+            stack.enter_context(torch.set_grad_enabled(self.grad_enabled))
+            stack.callback(lambda: setattr(self, "grad_enabled", prev))
+            return
+        if isinstance(cm, torch.autocast):
+            dtype = cm.fast_dtype if cm._enabled else None
+            self.autocast.append((cm.device, dtype))
+            stack.callback(self.autocast.pop)
+            return
+        self.brk(B.UNSUPPORTED_STMT, item.context_expr, scope,
+                 detail=f"context manager {type(cm).__name__}", whole_stmt=True)
+
+    def _stmt_FunctionDef(self, s, scope):
+        if s.decorator_list:
+            self.brk(B.UNSUPPORTED_STMT, s, scope, detail="decorated local function", whole_stmt=True)
+        scope.vars[s.name] = LocalFunction(s, scope, self._local_defaults(s.args, scope), s.name)
+
+    def _local_defaults(self, args, scope):
+        d = {}
+        pos = [p.arg for p in args.posonlyargs + args.args]
+        for name, e in zip(pos[len(pos) - len(args.defaults):], args.defaults):
+            d[name] = self.eval(e, scope)
+        for p, e in zip(args.kwonlyargs, args.kw_defaults):
+            if e is not None:
+                d[p.arg] = self.eval(e, scope)
+        return d
+
+    # ===================================================================== assignment
+    def assign(self, target, v, scope):
+        if isinstance(target, ast.Name):
+            scope.vars[target.id] = v
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            items = self.iterate(v, target, scope)
+            star = [i for i, e in enumerate(target.elts) if isinstance(e, ast.Starred)]
+            if star:
+                k = star[0]
+                n_after = len(target.elts) - k - 1
+                if len(items) < len(target.elts) - 1:
+                    raise ValueError("not enough values to unpack")
+                parts = items[:k] + [list(items[k:len(items) - n_after])] + items[len(items) - n_after:]
+                for e, x in zip(target.elts, parts):
+                    self.assign(e.value if isinstance(e, ast.Starred) else e, x, scope)
+            else:
+                if len(items) != len(target.elts) and not isinstance(v, _AbstractSeq):
+                    raise ValueError(f"cannot unpack {len(items)} values into {len(target.elts)}")
+                for e, x in zip(target.elts, items):
+                    self.assign(e, x, scope)
+        elif isinstance(target, ast.Subscript):
+            obj = self.eval(target.value, scope)
+            idx = self.eval(target.slice, scope)
+            if isinstance(obj, TensorVar):
+                new = self.op(_setitem, [obj, idx, v], {}, target, scope)
+                self.rebind(obj, new, scope, target)
+            elif isinstance(obj, (list, dict)):
+                obj[idx] = v
+            elif isinstance(obj, Unknown):
+                pass
+            else:
+                self.brk(B.UNSUPPORTED_STMT, target, scope,
+                         detail=f"item assignment on {type(obj).__name__}", whole_stmt=True)
+        elif isinstance(target, ast.Attribute):
+            obj = self.eval(target.value, scope)
+            if isinstance(obj, Unknown):
+                return
+            self.brk(B.UNSUPPORTED_STMT, target, scope,
+                     detail=f"attribute assignment `.{target.attr} = ...`", whole_stmt=True)
+        elif isinstance(target, ast.Starred):
+            self.assign(target.value, v, scope)
+        else:
+            self.brk(B.UNSUPPORTED_STMT, target, scope, whole_stmt=True)
+
+    def rebind(self, old: TensorVar, new: TensorVar, scope, node):
+        """An in-place op on `old`: every variable holding `old` (in any live frame) now holds
+        `new`; graph inputs mutated this way are written back by the runtime."""
+        if old.base is not None or (old.source is None and _is_view_of_input(old)):
+            self.brk(B.INPLACE_VIEW, node, scope, whole_stmt=True)
+        new.source = None
+        if old.source is not None:
+            self.mutated_inputs[old.source] = new
+        s = scope
+        while s is not None:
+            _replace_in(s.vars, old, new)
+            s = s.parent if s.parent is not None else s.enclosing
+        for k, v in list(self.mutated_inputs.items()):
+            if v is old:
+                self.mutated_inputs[k] = new
+
+    # ===================================================================== expressions
+    def eval(self, e, scope):
+        m = getattr(self, "_ex_" + type(e).__name__, None)
+        if m is None:
+            self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"`{type(e).__name__}` expression")
+        v = m(e, scope)
+        scope.completed[id(e)] = (e, v)
+        return v
+
+    def _ex_Constant(self, e, scope):
+        return e.value
+
+    def _ex_Name(self, e, scope):
+        name = e.id
+        try:
+            return scope.lookup(name)
+        except KeyError:
+            pass
+        g = scope.fs.globals
+        if name in g:
+            v = g[name]
+            return self.global_value(name, v, scope)
+        if hasattr(builtins, name):
+            return getattr(builtins, name)
+        raise NameError(f"name '{name}' is not defined")
+
+    def global_value(self, name, v, scope):
+        if self.abstract:
+            return v
+        src = self.sources.global_source(scope.fs.globals, name, v)
+        return self.wrap_external(v, src)
+
+    def wrap_external(self, v, src):
+        """A value from outside the frame (global, attribute of a module, closure): tensors
+        become graph inputs; containers are wrapped item by item."""
+        if isinstance(v, torch.Tensor):
+            return self.input(v, src)
+        if isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
+            out = [self.wrap_external(x, f"{src}[{i}]") for i, x in enumerate(v)]
+            return tuple(out) if isinstance(v, tuple) else out
+        if src is not None and not isinstance(v, (int, float, str, bool, type(None))):
+            self.value_sources[id(v)] = src
+        return v
+
+    def input(self, t: torch.Tensor, src: str) -> TensorVar:
+        """A tensor from outside the graph: a graph input, guarded on its metadata."""
+        if self.abstract:
+            return self.g.abstract_input(src)
+        tv = self.g.input(t, src)
+        if tv.source == src:
+            self.sources.guard_tensor(src, t, self.dynamic.get(src, ()))
+        else:  # the same tensor reached by two names: guard the aliasing
+            self.sources.guard(f"{src} is {tv.source}", f"{src} is the same tensor as {tv.source}")
+        return tv
+
+    def _ex_Attribute(self, e, scope):
+        obj = self.eval(e.value, scope)
+        return self.getattr(obj, e.attr, e, scope)
+
+    def getattr(self, obj, attr, e, scope):
+        if isinstance(obj, Unknown):
+            return UNKNOWN
+        if isinstance(obj, TensorVar):
+            return self.tensor_attr(obj, attr, e, scope)
+        if isinstance(obj, _AbstractSeq):
+            return UNKNOWN
+        if isinstance(obj, nn.Module):
+            return self.module_attr(obj, attr, e, scope)
+        try:
+            v = getattr(obj, attr)
+        except AttributeError:
+            raise
+        if isinstance(obj, types.ModuleType):
+            if self.abstract:
+                return v
+            if isinstance(v, (torch.Tensor, list, dict)):
+                src = self.sources.attr_source(obj, attr)
+                return self.wrap_external(v, src)
+            return v
+        src = self.value_sources.get(id(obj))
+        if isinstance(v, torch.Tensor):
+            if src is None:
+                if self.abstract:
+                    return TensorVar(None, None, None)
+                src = self.sources.constant(v, f"{type(obj).__name__}_{attr}")
+                return self.input(v, src)
+            return self.input(v, f"{src}.{attr}")
+        if src is not None and not isinstance(v, (int, float, str, bool, type(None))):
+            self.value_sources[id(v)] = f"{src}.{attr}"
+        return v
+
+    def module_attr(self, mod, attr, e, scope):
+        if self.abstract:
+            return getattr(mod, attr)
+        src = self.value_sources.get(id(mod)) or self.sources.constant(mod, type(mod).__name__)
+        self.value_sources[id(mod)] = src
+        v = getattr(mod, attr)
+        if attr == "training":
+            self.sources.guard(f"{src}.training is {v}", f"{src}.training (train/eval mode)")
+        elif isinstance(v, torch.Tensor):
+            return self.input(v, f"{src}.{attr}")
+        elif isinstance(v, (int, float, bool, str, type(None))):
+            # hyper-parameters such as Dropout.p: constants, guarded by value
+            self.sources.guard(f"{src}.{attr} == {v!r}", f"{src}.{attr} (module attribute)")
+        elif isinstance(v, nn.Module):
+            self.value_sources[id(v)] = f"{src}.{attr}"
+            self.sources.guard_module(v, f"{src}.{attr}")
+        elif isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
+            return self.wrap_external(v, f"{src}.{attr}")
+        return v
+
+    def tensor_attr(self, t: TensorVar, attr, e, scope):
+        if attr in C.META_ATTRS:
+            if t.meta is None:
+                return UNKNOWN
+            if attr == "shape":
+                return self.sizes(t)
+            if attr == "ndim":
+                return t.meta.dim()
+            if attr == "device":
+                return t.device
+            if attr == "is_cuda":
+                return t.device.type == "cuda"
+            return getattr(t.meta, attr)
+        if attr == "T":
+            return self.op(torch.Tensor.permute, [t, list(range(t.meta.dim()))[::-1]] if t.meta is not None
+                           else [t, 1, 0], {}, e, scope)
+        if attr == "mT":
+            return self.op(torch.Tensor.transpose, [t, -2, -1], {}, e, scope)
+        if attr in ("real", "imag", "data", "grad"):
+            if attr == "data":
+                return self.op(torch.Tensor.detach, [t], {}, e, scope)
+            self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"Tensor.{attr}")
+        # a method: bound lazily
+        return _TensorMethod(t, attr)
+
+    def sizes(self, t: TensorVar):
+        """`t.shape` as a tuple of ints, with SymInts for dynamic dims of graph inputs."""
+        shape = tuple(t.meta.shape)
+        src = t.source
+        dyn = self.dynamic.get(src, ()) if src is not None else ()
+        if not dyn:
+            return torch.Size(shape)
+        out = []
+        for d, n in enumerate(shape):
+            if d in dyn:
+                out.append(SymInt(n, f"{src}.shape[{d}]",
+                                  lambda d=d: self.g.sym_node(torch.ops.aten.sym_size.int, (t, d), shape[d])))
+            else:
+                out.append(n)
+        return tuple(out)
+
+    def _ex_Subscript(self, e, scope):
+        obj = self.eval(e.value, scope)
+        idx = self.eval(e.slice, scope)
+        return self.getitem(obj, idx, e, scope)
+
+    def getitem(self, obj, idx, e, scope):
+        if isinstance(obj, TensorVar):
+            if isinstance(idx, TensorVar) and idx.meta is not None and idx.meta.dtype == torch.bool:
+                self.brk(B.DYNAMIC_SHAPE, e, scope, detail="boolean-mask indexing")
+            if isinstance(idx, tuple) and any(isinstance(i, TensorVar) and i.meta is not None
+                                              and i.meta.dtype == torch.bool for i in idx):
+                self.brk(B.DYNAMIC_SHAPE, e, scope, detail="boolean-mask indexing")
+            return self.op(operator.getitem, [obj, idx], {}, e, scope)
+        if isinstance(obj, (Unknown, _AbstractSeq)) or isinstance(idx, Unknown):
+            return obj.item() if isinstance(obj, _AbstractSeq) else UNKNOWN
+        if isinstance(idx, SymInt):
+            idx = self.specialize(idx, e, scope)
+        if isinstance(obj, nn.Module):  # ModuleList / Sequential / ModuleDict
+            v = obj[idx]
+            if isinstance(v, nn.Module) and not self.abstract:
+                src = self.value_sources.get(id(obj))
+                if src is not None:
+                    self.value_sources[id(v)] = f"{src}[{idx!r}]"
+            return v
+        if isinstance(idx, TensorVar):
+            self.brk(B.TENSOR_TO_PY, e, scope, detail="indexing a Python container with a tensor")
+        return obj[idx]
+
+    def _ex_Slice(self, e, scope):
+        f = lambda x: None if x is None else self.eval(x, scope)
+        return slice(f(e.lower), f(e.upper), f(e.step))
+
+    def _ex_Tuple(self, e, scope):
+        return tuple(self._elts(e.elts, scope))
+
+    def _ex_List(self, e, scope):
+        return list(self._elts(e.elts, scope))
+
+    def _ex_Set(self, e, scope):
+        return set(self._elts(e.elts, scope))
+
+    def _elts(self, elts, scope):
+        out = []
+        for x in elts:
+            if isinstance(x, ast.Starred):
+                out.extend(self.iterate(self.eval(x.value, scope), x, scope))
+            else:
+                out.append(self.eval(x, scope))
+        return out
+
+    def _ex_Dict(self, e, scope):
+        d = {}
+        for k, v in zip(e.keys, e.values):
+            if k is None:
+                d.update(self.eval(v, scope))
+            else:
+                d[self.eval(k, scope)] = self.eval(v, scope)
+        return d
+
+    def _ex_JoinedStr(self, e, scope):
+        parts = []
+        for v in e.values:
+            x = self.eval(v, scope)
+            if isinstance(x, Unknown):
+                return UNKNOWN
+            parts.append(x)
+        return "".join(parts)
+
+    def _ex_FormattedValue(self, e, scope):
+        v = self.eval(e.value, scope)
+        if isinstance(v, TensorVar):
+            self.brk(B.TENSOR_TO_PY, e, scope, detail="formatting a tensor into a string")
+        if isinstance(v, Unknown):
+            return UNKNOWN
+        if isinstance(v, SymInt):
+            v = self.specialize(v, e, scope)
+        conv = {115: str, 114: repr, 97: ascii}.get(e.conversion, lambda x: x)
+        spec = self.eval(e.format_spec, scope) if e.format_spec is not None else ""
+        return format(conv(v), spec)
+
+    def _ex_NamedExpr(self, e, scope):
+        v = self.eval(e.value, scope)
+        self.assign(e.target, v, scope)
+        return v
+
+    def _ex_IfExp(self, e, scope):
+        t = self.truth(self.eval(e.test, scope), e.test, scope, kind=B.DATA_IF)
+        if t is UNKNOWN:
+            a, b = self.eval(e.body, scope), self.eval(e.orelse, scope)
+            return a if isinstance(a, TensorVar) else b if isinstance(b, TensorVar) else UNKNOWN
+        return self.eval(e.body if t else e.orelse, scope)
+
+    def _ex_BoolOp(self, e, scope):
+        is_and = isinstance(e.op, ast.And)
+        v = None
+        for x in e.values:
+            v = self.eval(x, scope)
+            t = self.truth(v, x, scope, kind=B.DATA_IF)
+            if t is UNKNOWN:
+                return UNKNOWN
+            if is_and and not t or not is_and and t:
+                return v
+        return v
+
+    def _ex_UnaryOp(self, e, scope):
+        v = self.eval(e.operand, scope)
+        op = type(e.op).__name__
+        if op == "Not":
+            t = self.truth(v, e.operand, scope, kind=B.DATA_IF)
+            return UNKNOWN if t is UNKNOWN else not t
+        if isinstance(v, TensorVar):
+            return self.op(C.UNARYOPS[op], [v], {}, e, scope)
+        if isinstance(v, Unknown):
+            return UNKNOWN
+        if isinstance(v, SymInt):
+            return self.sym_arith(C.UNARYOPS[op], [v], e, scope)
+        return C.UNARYOPS[op](v)
+
+    def _ex_BinOp(self, e, scope):
+        a = self.eval(e.left, scope)
+        b = self.eval(e.right, scope)
+        return self.binop(type(e.op).__name__, a, b, e, scope)
+
+    def binop(self, op, a, b, e, scope):
+        fn = C.BINOPS[op]
+        if isinstance(a, TensorVar) or isinstance(b, TensorVar):
+            return self.op(fn, [a, b], {}, e, scope)
+        if isinstance(a, Unknown) or isinstance(b, Unknown):
+            return UNKNOWN
+        if isinstance(a, SymInt) or isinstance(b, SymInt):
+            return self.sym_arith(fn, [a, b], e, scope)
+        if isinstance(a, (list, tuple)) and contains_tensor(a) and op == "Mult":
+            return a * b
+        return fn(a, b)
+
+    def _ex_Compare(self, e, scope):
+        left = self.eval(e.left, scope)
+        result = True
+        for opnode, right_e in zip(e.ops, e.comparators):
+            right = self.eval(right_e, scope)
+            op = type(opnode).__name__
+            fn = C.CMPOPS[op]
+            if op in ("Is", "IsNot"):
+                r = fn(left, right) if not isinstance(left, Unknown) and not isinstance(right, Unknown) \
+                    or left is None and right is None else UNKNOWN
+                if isinstance(left, TensorVar) or isinstance(right, TensorVar):
+                    r = fn(left, right)
+            elif isinstance(left, TensorVar) or isinstance(right, TensorVar):
+                if op in ("In", "NotIn"):
+                    self.brk(B.TENSOR_TO_PY, e, scope, detail="`in` on a tensor")
+                r = self.op(fn, [left, right], {}, e, scope)
+            elif isinstance(left, Unknown) or isinstance(right, Unknown):
+                r = UNKNOWN
+            elif isinstance(left, SymInt) or isinstance(right, SymInt):
+                r = self.sym_compare(fn, left, right, e, scope)
+            else:
+                r = fn(left, right)
+            if len(e.ops) == 1:
+                return r
+            t = self.truth(r, e, scope, kind=B.DATA_IF)
+            if t is UNKNOWN:
+                return UNKNOWN
+            if not t:
+                return r
+            result = r
+            left = right
+        return result
+
+    def _ex_Lambda(self, e, scope):
+        return LocalFunction(e, scope, self._local_defaults(e.args, scope))
+
+    def _comprehension(self, e, scope, make):
+        inner = Scope(scope.fs, scope.parent, scope.depth, dict(scope.vars), scope.enclosing)
+        inner.call_node = scope.call_node
+        out = []
+
+        def loop(gens):
+            if not gens:
+                out.append(make(inner))
+                return
+            g = gens[0]
+            it = self.eval(g.iter, inner)
+            if isinstance(it, Unknown) or (self.abstract and isinstance(it, TensorVar)):
+                self.assign(g.target, UNKNOWN, inner)
+                make(inner)
+                raise _Opaque()
+            for item in self.iterate(it, g.iter, inner):
+                self.assign(g.target, item, inner)
+                ok = True
+                for cond in g.ifs:
+                    t = self.truth(self.eval(cond, inner), cond, inner, kind=B.DATA_IF)
+                    if t is UNKNOWN or not t:
+                        ok = False
+                        break
+                if ok:
+                    loop(gens[1:])
+        try:
+            loop(e.generators)
+        except _Opaque:
+            return UNKNOWN
+        return out
+
+    def _ex_ListComp(self, e, scope):
+        return self._comprehension(e, scope, lambda s: self.eval(e.elt, s))
+
+    def _ex_GeneratorExp(self, e, scope):
+        r = self._comprehension(e, scope, lambda s: self.eval(e.elt, s))
+        return r if isinstance(r, Unknown) else tuple(r)
+
+    def _ex_SetComp(self, e, scope):
+        r = self._comprehension(e, scope, lambda s: self.eval(e.elt, s))
+        return r if isinstance(r, Unknown) else set(r)
+
+    def _ex_DictComp(self, e, scope):
+        r = self._comprehension(e, scope, lambda s: (self.eval(e.key, s), self.eval(e.value, s)))
+        return r if isinstance(r, Unknown) else dict(r)
+
+    def _ex_Starred(self, e, scope):
+        return self.eval(e.value, scope)
+
+    # ===================================================================== truth, iteration
+    def truth(self, v, node, scope, *, kind, whole_stmt=False):
+        if isinstance(v, TensorVar):
+            self.brk(kind, node, scope, detail="the condition is a tensor", whole_stmt=whole_stmt
+                     or kind is B.DATA_WHILE, cond=v)
+        if isinstance(v, Unknown) or isinstance(v, _AbstractSeq):
+            return UNKNOWN
+        if isinstance(v, SymInt):
+            return bool(self.specialize(v, node, scope))
+        return bool(v)
+
+    def iterate(self, v, node, scope, whole_stmt=False) -> list:
+        if isinstance(v, (list, tuple)):
+            return list(v)
+        if isinstance(v, _AbstractSeq):
+            return v
+        if isinstance(v, TensorVar):
+            if v.meta is None:
+                return _AbstractSeq()
+            if v.meta.dim() == 0:
+                raise TypeError("iteration over a 0-d tensor")
+            n = v.meta.shape[0]
+            return [self.op(operator.getitem, [v, i], {}, node, scope) for i in range(n)]
+        if isinstance(v, dict):
+            return list(v)
+        if isinstance(v, (range, str, set, frozenset, zip, enumerate, map, filter, type({}.items()),
+                          type({}.keys()), type({}.values()), reversed)):
+            out = list(v)
+            return [self.wrap_items(x) for x in out]
+        if isinstance(v, (nn.ModuleList, nn.Sequential)):
+            src = self.value_sources.get(id(v))
+            items = list(v)
+            if src is not None and not self.abstract:
+                self.sources.guard(f"len({src}) == {len(items)}", f"len({src})")
+                for i, m in enumerate(items):
+                    self.value_sources[id(m)] = f"{src}[{i}]"
+            return items
+        if isinstance(v, nn.ModuleDict):
+            return list(v.keys())
+        if isinstance(v, Unknown):
+            return _AbstractSeq()
+        self.brk(B.UNROLLABLE_LOOP, node, scope, detail=f"iteration over {type(v).__name__}",
+                 whole_stmt=True)
+
+    def wrap_items(self, x):
+        return x
+
+    # ===================================================================== symbolic ints
+    def specialize(self, s: SymInt, node, scope):
+        """A dynamic size used as a Python value: guard on its exact value."""
+        if not self.abstract:
+            self.sources.guard(f"{s.expr} == {s.hint}", f"{s.expr} (used as a Python value)")
+        return s.hint
+
+    def sym_arith(self, fn, args, e, scope):
+        hints = [a.hint if isinstance(a, SymInt) else a for a in args]
+        if not all(isinstance(h, int) for h in hints) or fn is operator.truediv:
+            return fn(*[self.specialize(a, e, scope) if isinstance(a, SymInt) else a for a in args])
+        hint = fn(*hints)
+        sym = _SYM_TEXT.get(fn)
+        exprs = [a.expr if isinstance(a, SymInt) else repr(a) for a in args]
+        expr = f"({sym.join(exprs)})" if len(args) == 2 else f"({sym}{exprs[0]})"
+        return SymInt(hint, expr, lambda: self.g.sym_node(fn, args, hint))
+
+    def sym_compare(self, fn, a, b, e, scope):
+        ha = a.hint if isinstance(a, SymInt) else a
+        hb = b.hint if isinstance(b, SymInt) else b
+        r = fn(ha, hb)
+        if not self.abstract:
+            ea = a.expr if isinstance(a, SymInt) else repr(a)
+            eb = b.expr if isinstance(b, SymInt) else repr(b)
+            text = {operator.eq: "==", operator.ne: "!=", operator.lt: "<", operator.le: "<=",
+                    operator.gt: ">", operator.ge: ">="}.get(fn)
+            if text is None:
+                return fn(self.specialize(a, e, scope) if isinstance(a, SymInt) else a,
+                          self.specialize(b, e, scope) if isinstance(b, SymInt) else b)
+            self.sources.guard(f"({ea} {text} {eb}) is {r}", f"{ea} {text} {eb}")
+        return r
+
+    # ===================================================================== calls
+    def _ex_Call(self, e, scope):
+        fn = self.eval(e.func, scope)
+        args = []
+        for a in e.args:
+            if isinstance(a, ast.Starred):
+                args.extend(self.iterate(self.eval(a.value, scope), a, scope))
+            else:
+                args.append(self.eval(a, scope))
+        kwargs = {}
+        for k in e.keywords:
+            v = self.eval(k.value, scope)
+            if k.arg is None:
+                if isinstance(v, Unknown):
+                    return UNKNOWN
+                kwargs.update(v)
+            else:
+                kwargs[k.arg] = v
+        return self.call(fn, args, kwargs, e, scope)
+
+    def call(self, fn, args, kwargs, e, scope):
+        if isinstance(fn, _TensorMethod):
+            return self.tensor_method(fn.t, fn.name, args, kwargs, e, scope)
+        if isinstance(fn, Unknown):
+            if any(isinstance(a, TensorVar) for a in args):
+                return TensorVar(None, None, None)  # abstract: probably a tensor function
+            return UNKNOWN
+        if isinstance(fn, LocalFunction):
+            return self.inline(fn, args, kwargs, e, scope)
+        if isinstance(fn, BoundUserMethod):
+            return self.inline(fn.fn, args, kwargs, e, scope, self_value=fn.self_value)
+        if C.is_compiling_fn(fn):
+            return True
+        if fn is print:
+            self.brk(B.PRINT, e, scope)
+        if C.is_logging_call(fn):
+            self.brk(B.LOGGING, e, scope, detail=f"call to {getattr(fn, '__qualname__', fn)}")
+        if isinstance(fn, nn.Module):
+            return self.call_module(fn, args, kwargs, e, scope)
+        if fn is isinstance:
+            return self.isinstance_(args, e, scope)
+        if fn in (torch.no_grad, torch.enable_grad, torch.set_grad_enabled, torch.autocast) \
+                or fn is getattr(torch, "inference_mode", None) and False:
+            return fn(*args, **kwargs)
+        if fn in _BUILTIN_HANDLERS:
+            return _BUILTIN_HANDLERS[fn](self, args, kwargs, e, scope)
+        if C.is_torch_callable(fn):
+            return self.torch_call(fn, args, kwargs, e, scope)
+        if isinstance(fn, types.MethodType) and isinstance(fn.__self__, nn.Module):
+            return self.inline(fn.__func__, args, kwargs, e, scope, self_value=fn.__self__)
+        if isinstance(fn, types.MethodType) and not isinstance(fn.__func__, types.BuiltinFunctionType):
+            return self.inline(fn.__func__, args, kwargs, e, scope, self_value=fn.__self__)
+        if isinstance(fn, types.BuiltinMethodType) and isinstance(fn.__self__, (list, dict, set)):
+            return self.container_method(fn, args, kwargs, e, scope)
+        if isinstance(fn, (types.FunctionType,)):
+            return self.inline(fn, args, kwargs, e, scope)
+        if isinstance(fn, type) and issubclass(fn, (int, float, bool, str, tuple, list, dict, set,
+                                                   range, slice, enumerate, zip, reversed)):
+            return self.fold(fn, args, kwargs, e, scope)
+        if isinstance(fn, (torch.dtype, torch.device)):
+            self.brk(B.UNSUPPORTED_EXPR, e, scope)
+        if isinstance(fn, functools_partial):
+            return self.call(fn.func, list(fn.args) + list(args), {**fn.keywords, **kwargs}, e, scope)
+        if C.is_pure_foldable(fn):
+            return self.fold(fn, args, kwargs, e, scope)
+        if isinstance(fn, type) and fn.__module__.startswith("torch"):
+            # constructing torch objects (Size, dtype, device...) with constant args
+            if not any(contains_tensor(a) for a in args):
+                return fn(*args, **kwargs)
+        self.brk(B.UNKNOWN_CALL, e, scope,
+                 detail=f"call to {getattr(fn, '__qualname__', type(fn).__name__)}")
+
+    def fold(self, fn, args, kwargs, e, scope):
+        """A pure Python function: evaluated now if its arguments are known."""
+        vals = list(args) + list(kwargs.values())
+        if any(isinstance(a, Unknown) for a in vals):
+            return UNKNOWN
+        if any(isinstance(a, TensorVar) for a in vals):
+            if fn in (int, float, bool, complex):
+                self.brk(B.TENSOR_TO_PY, e, scope, detail=f"{fn.__name__}() of a tensor")
+            if fn in (tuple, list) and len(args) == 1:
+                return fn(self.iterate(args[0], e, scope))
+            if fn is len and len(args) == 1 and isinstance(args[0], TensorVar):
+                if args[0].meta is None:
+                    return UNKNOWN
+                return self.sizes(args[0])[0]
+            if fn in (enumerate, zip, reversed, sorted) and not any(isinstance(a, TensorVar) for a in args):
+                return list(fn(*args, **kwargs))
+            if fn in (enumerate, zip, reversed):
+                return list(fn(*[self.iterate(a, e, scope) if isinstance(a, TensorVar) else a for a in args]))
+            if fn is math.sqrt or fn in (abs, pow, max, min, round):
+                m = {abs: torch.abs, pow: torch.pow}.get(fn)
+                if m is not None:
+                    return self.op(m, args, kwargs, e, scope)
+            if fn in (tuple, list) or fn in (enumerate, zip):
+                return fn(*args)
+            if fn is sum:
+                acc = args[1] if len(args) > 1 else 0
+                for x in self.iterate(args[0], e, scope):
+                    acc = self.binop("Add", acc, x, e, scope)
+                return acc
+            self.brk(B.TENSOR_TO_PY, e, scope, detail=f"{getattr(fn, '__name__', fn)}() of a tensor")
+        args = [self.specialize(a, e, scope) if isinstance(a, SymInt) else a for a in args]
+        r = fn(*args, **kwargs)
+        if isinstance(r, (zip, map, filter, enumerate, reversed)) or type(r).__name__.endswith("iterator"):
+            return list(r)
+        return r
+
+    def isinstance_(self, args, e, scope):
+        obj, cls = args
+        if isinstance(obj, TensorVar):
+            types_ = cls if isinstance(cls, tuple) else (cls,)
+            if any(isinstance(c, type) and issubclass(torch.Tensor, c) for c in types_):
+                return True
+            if nn.Parameter in types_ and obj.source is not None and not self.abstract:
+                return isinstance(self.sources.resolve(obj.source), nn.Parameter)
+            return False
+        if isinstance(obj, (Unknown, _AbstractSeq)):
+            return UNKNOWN
+        return isinstance(obj, cls)
+
+    def container_method(self, fn, args, kwargs, e, scope):
+        return fn(*args, **kwargs)
+
+    def call_module(self, mod, args, kwargs, e, scope):
+        if mod._forward_hooks or mod._forward_pre_hooks or getattr(mod, "_backward_hooks", None):
+            self.brk(B.UNKNOWN_CALL, e, scope, detail=f"{type(mod).__name__} has hooks")
+        if not self.abstract and id(mod) not in self.value_sources:
+            src = self.sources.constant(mod, type(mod).__name__)
+            self.value_sources[id(mod)] = src
+            self.sources.guard_module(mod, src)
+        fwd = type(mod).forward
+        return self.inline(fwd, args, kwargs, e, scope, self_value=mod)
+
+    # ----------------------------------------------------------------- tensor ops
+    def torch_call(self, fn, args, kwargs, e, scope):
+        name = getattr(fn, "__name__", "")
+        if name in C.DYNAMIC_SHAPE_OPS and any(isinstance(a, TensorVar) for a in args):
+            if not (name == "repeat_interleave" and not isinstance(args[1] if len(args) > 1 else kwargs.get("repeats"), TensorVar)):
+                self.brk(B.DYNAMIC_SHAPE, e, scope, detail=f"torch.{name}")
+        tensors = [a for a in list(args) + list(kwargs.values()) if contains_tensor(a)]
+        if fn in (torch.is_tensor,):
+            return isinstance(args[0], TensorVar)
+        if fn in (torch.get_default_dtype, torch.is_grad_enabled, torch.is_autocast_enabled):
+            return fn(*args)
+        if fn is torch.Size:
+            return torch.Size(args[0])
+        return self.op(fn, args, kwargs, e, scope)
+
+    def tensor_method(self, t: TensorVar, name, args, kwargs, e, scope):
+        if name in C.DATA_READS:
+            self.brk(C.DATA_READS[name], e, scope, detail=f"Tensor.{name}()")
+        if name in C.DYNAMIC_SHAPE_OPS:
+            if not (name == "repeat_interleave" and not isinstance(args[0] if args else kwargs.get("repeats"), TensorVar)):
+                self.brk(B.DYNAMIC_SHAPE, e, scope, detail=f"Tensor.{name}()")
+        if name in C.META_METHODS:
+            if t.meta is None:
+                return UNKNOWN
+            if name == "size":
+                s = self.sizes(t)
+                return s if not args and "dim" not in kwargs else s[args[0] if args else kwargs["dim"]]
+            if name == "dim" or name == "ndimension":
+                return t.meta.dim()
+            if name in ("numel", "nelement"):
+                s = self.sizes(t)
+                n = 1
+                for d in s:
+                    n = self.sym_arith(operator.mul, [n, d], e, scope) if isinstance(d, SymInt) \
+                        or isinstance(n, SymInt) else n * d
+                return n
+            if name == "get_device":
+                return -1 if t.device.type == "cpu" else t.device.index
+            return getattr(t.meta, name)(*args, **kwargs)
+        if name in ("backward", "register_hook", "retain_grad", "requires_grad_", "share_memory_",
+                    "resize_", "set_", "storage", "untyped_storage", "__array__", "data_ptr"):
+            self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"Tensor.{name}()", whole_stmt=True)
+        if name in ("__bool__", "__int__", "__float__", "__index__"):
+            self.brk(B.TENSOR_TO_PY, e, scope, detail=f"Tensor.{name}()")
+        method = getattr(torch.Tensor, name, None)
+        if method is None:
+            raise AttributeError(f"'Tensor' object has no attribute '{name}'")
+        if name.endswith("_") and not name.endswith("__") or name in C.INPLACE_EXTRA:
+            if t.meta is not None and t.meta.requires_grad and t.source is not None and self.grad_enabled:
+                raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+            out_name = name[:-1] if name.endswith("_") else name
+            functional = getattr(torch.Tensor, out_name, None)
+            if functional is None or out_name in ("copy", "fill", "zero", "uniform", "normal",
+                                                  "bernoulli", "random", "exponential", "clamp",
+                                                  "index_put", "masked_fill", "scatter",
+                                                  "index_fill", "index_copy", "index_add",
+                                                  "scatter_add", "masked_scatter"):
+                functional = getattr(_Functional, out_name, None) or _inplace_as_clone(method)
+            new = self.op(functional, [t] + list(args), kwargs, e, scope)
+            if t.meta is not None and new.meta is not None and new.meta.dtype != t.meta.dtype:
+                new = self.op(torch.Tensor.to, [new, t.meta.dtype], {}, e, scope)
+            self.rebind(t, new, scope, e)
+            return new
+        return self.op(method, [t] + list(args), kwargs, e, scope)
+
+    def op(self, fn, args, kwargs, e, scope):
+        """Record `fn(*args, **kwargs)` on tensors into the graph."""
+        if self.autocast and not self.abstract:
+            args, kwargs = self.autocast_args(fn, args, kwargs, e, scope)
+        n_out = _TUPLE_OUTPUTS.get(getattr(fn, "__name__", ""))
+        try:
+            r = self.g.call(fn, args, kwargs, self.loc(e, scope), n_outputs=n_out)
+        except MetaEvalError as err:
+            self.brk(B.UNSUPPORTED_OP, e, scope, detail=str(err)[:300])
+        if self.abstract and n_out is None and getattr(fn, "__name__", "") in _SEQ_OUTPUTS:
+            return _AbstractSeq()
+        if fn is operator.getitem or fn in _VIEW_OPS:
+            base = args[0] if isinstance(args[0], TensorVar) else None
+            if isinstance(r, TensorVar) and base is not None and (base.source is not None or base.base is not None):
+                r.base = base.base or base
+        return r
+
+    def autocast_args(self, fn, args, kwargs, e, scope):
+        device_type, dtype = self.autocast[-1]
+        if dtype is None:
+            return args, kwargs
+        target = dtype if fn in C.AUTOCAST_LOWER else torch.float32 if fn in C.AUTOCAST_FP32 else None
+        if target is None:
+            return args, kwargs
+
+        def cast(a):
+            if isinstance(a, TensorVar) and a.meta is not None and a.meta.is_floating_point() \
+                    and a.meta.dtype != target and a.device.type == device_type:
+                return self.g.call(torch.Tensor.to, [a, target], {}, self.loc(e, scope))
+            return a
+        return [cast(a) for a in args], {k: cast(v) for k, v in kwargs.items()}
+
+
+# -- helpers --------------------------------------------------------------------------------------
+from functools import partial as functools_partial  # noqa: E402
+
+_SYM_TEXT = {operator.add: " + ", operator.sub: " - ", operator.mul: " * ",
+             operator.floordiv: " // ", operator.mod: " % ", operator.neg: "-", operator.pos: "+"}
+_TUPLE_OUTPUTS: dict = {}
+_SEQ_OUTPUTS = {"split", "chunk", "unbind", "topk", "sort", "max", "min", "std_mean", "var_mean",
+                "aminmax", "kthvalue", "mode", "median", "meshgrid", "tensor_split", "hsplit",
+                "vsplit", "split_with_sizes", "broadcast_tensors", "cummax", "cummin"}
+_VIEW_OPS = {torch.Tensor.view, torch.Tensor.reshape, torch.Tensor.transpose, torch.Tensor.permute,
+             torch.Tensor.expand, torch.Tensor.squeeze, torch.Tensor.unsqueeze, torch.Tensor.flatten,
+             torch.Tensor.narrow, torch.Tensor.select, torch.Tensor.t, torch.Tensor.unflatten,
+             torch.reshape, torch.transpose, torch.permute, torch.squeeze, torch.unsqueeze,
+             torch.flatten, torch.narrow, torch.select, torch.t, torch.Tensor.view_as,
+             torch.Tensor.expand_as, torch.Tensor.movedim, torch.movedim, torch.Tensor.diagonal}
+
+
+class _Opaque(Exception):
+    pass
+
+
+class _AbstractSeq(list):
+    """Abstract domain: a sequence of tensors of unknown length (e.g. `x.split(n)`)."""
+
+    def __iter__(self):
+        return iter([TensorVar(None, None, None) for _ in range(8)])
+
+    def item(self):
+        return TensorVar(None, None, None)
+
+
+class _TensorMethod:
+    __slots__ = ("t", "name")
+
+    def __init__(self, t, name):
+        self.t, self.name = t, name
+
+
+def _setitem(x, idx, v):
+    """Functional `x[idx] = v` (capture functionalizes in-place writes)."""
+    out = x.clone()
+    out[idx] = v
+    return out
+
+
+class _Functional:
+    """Out-of-place forms of in-place methods that have no out-of-place Tensor method."""
+
+    @staticmethod
+    def copy(x, src, non_blocking=False):
+        return src.to(dtype=x.dtype, device=x.device).expand_as(x).clone()
+
+    @staticmethod
+    def fill(x, v):
+        return torch.full_like(x, v) if not isinstance(v, torch.Tensor) else v.expand_as(x).to(x.dtype).clone()
+
+    @staticmethod
+    def zero(x):
+        return torch.zeros_like(x)
+
+
+def _inplace_as_clone(method):
+    def functional(x, *args, **kwargs):
+        out = x.clone()
+        return method(out, *args, **kwargs)
+    functional.__name__ = method.__name__.rstrip("_") + "_functional"
+    functional.__qualname__ = functional.__name__
+    return functional
+
+
+def _replace_in(d, old, new):
+    for k, v in list(d.items()):
+        if v is old:
+            d[k] = new
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                if x is old:
+                    v[i] = new
+        elif isinstance(v, tuple) and any(x is old for x in v):
+            d[k] = tuple(new if x is old else x for x in v)
+        elif isinstance(v, dict):
+            _replace_in(v, old, new)
+
+
+def _is_view_of_input(t):
+    return False
+
+
+def _join(frames):
+    """Abstract domain: variables after two arms of a branch."""
+    out = {}
+    keys = set().union(*[f.keys() for f in frames])
+    for k in keys:
+        vals = [f.get(k, UNKNOWN) for f in frames]
+        if all(v is vals[0] for v in vals):
+            out[k] = vals[0]
+        elif any(isinstance(v, TensorVar) for v in vals):
+            out[k] = next(v for v in vals if isinstance(v, TensorVar))
+        else:
+            out[k] = UNKNOWN
+    return out
+
+
+def _as_load(target):
+    t = copy.copy(target)
+    t.ctx = ast.Load()
+    return t
+
+
+def _assigned_names(s) -> set:
+    names = set()
+    for n in ast.walk(s):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            names.add(n.id)
+    return names
+
+
+def _has_loop_jump(body) -> bool:
+    for s in body:
+        for n in _walk_no_loops(s):
+            if isinstance(n, (ast.Break, ast.Continue)):
+                return True
+    return False
+
+
+def _walk_no_loops(node):
+    yield node
+    for c in ast.iter_child_nodes(node):
+        if isinstance(c, (ast.For, ast.While, ast.FunctionDef, ast.Lambda)):
+            continue
+        yield from _walk_no_loops(c)
+
+
+# builtins with tensor-aware behaviour
+def _b_len(ev, args, kwargs, e, scope):
+    (v,) = args
+    if isinstance(v, TensorVar):
+        if v.meta is None:
+            return UNKNOWN
+        return ev.sizes(v)[0]
+    if isinstance(v, (Unknown, _AbstractSeq)):
+        return UNKNOWN
+    return len(v)
+
+
+def _b_range(ev, args, kwargs, e, scope):
+    if any(isinstance(a, Unknown) for a in args):
+        return UNKNOWN
+    if any(isinstance(a, TensorVar) for a in args):
+        ev.brk(B.TENSOR_TO_PY, e, scope, detail="range() of a tensor")
+    return range(*[ev.specialize(a, e, scope) if isinstance(a, SymInt) else a for a in args])
+
+
+def _b_getattr(ev, args, kwargs, e, scope):
+    obj, name = args[0], args[1]
+    try:
+        return ev.getattr(obj, name, e, scope)
+    except AttributeError:
+        if len(args) > 2:
+            return args[2]
+        raise
+
+
+def _b_hasattr(ev, args, kwargs, e, scope):
+    obj, name = args
+    if isinstance(obj, Unknown):
+        return UNKNOWN
+    if isinstance(obj, TensorVar):
+        return hasattr(torch.Tensor, name) or name in C.META_ATTRS
+    return hasattr(obj, name)
+
+
+def _b_minmax(fn):
+    def h(ev, args, kwargs, e, scope):
+        items = ev.iterate(args[0], e, scope) if len(args) == 1 else list(args)
+        if any(isinstance(a, TensorVar) for a in items):
+            ev.brk(B.TENSOR_TO_PY, e, scope, detail=f"{fn.__name__}() compares tensors in Python")
+        if any(isinstance(a, Unknown) for a in items):
+            return UNKNOWN
+        items = [ev.specialize(a, e, scope) if isinstance(a, SymInt) else a for a in items]
+        return fn(items, **kwargs)
+    return h
+
+
+def _b_type(ev, args, kwargs, e, scope):
+    (v,) = args
+    if isinstance(v, TensorVar):
+        if v.source is not None and not ev.abstract:
+            return type(ev.sources.resolve(v.source))
+        return torch.Tensor
+    if isinstance(v, Unknown):
+        return UNKNOWN
+    return type(v)
+
+
+def _b_super(ev, args, kwargs, e, scope):
+    ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="super()")
+
+
+def _b_iter_next(ev, args, kwargs, e, scope):
+    ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="iter()/next()")
+
+
+_BUILTIN_HANDLERS = {len: _b_len, range: _b_range, getattr: _b_getattr, hasattr: _b_hasattr,
+                     min: _b_minmax(min), max: _b_minmax(max), type: _b_type, super: _b_super,
+                     next: _b_iter_next}

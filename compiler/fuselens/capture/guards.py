@@ -1,0 +1,132 @@
+"""Guards and constants of one capture.
+
+A source is a Python expression that finds a value at run time, in the scope of the
+transformed function (and of its guard function, which has the same signature): a parameter
+name (`x`), an attribute or item of one (`self.fc.weight`, `xs[0]`), or a constant the
+capture embeds (`__fl_c3`, e.g. a module reached through a global). Guards are conditions
+over sources; the runtime compiles them into one function per cache entry."""
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn as nn
+
+from .evaluator import Guard
+
+
+class Sources:
+    def __init__(self, example: dict):
+        self.guards: list[Guard] = []
+        self.constants: dict[str, object] = {}
+        self._const_names: dict[int, str] = {}
+        self._seen: set[str] = set()
+        self.example = example  # parameter name -> example value, to resolve sources
+
+    # -- constants ---------------------------------------------------------------------------
+    def constant(self, obj, hint: str = "c") -> str:
+        name = self._const_names.get(id(obj))
+        if name is None:
+            import re
+            base = re.sub(r"[^0-9a-zA-Z_]", "_", hint)[:24] or "c"
+            name = f"__fl_{base}_{len(self.constants)}"
+            self.constants[name] = obj
+            self._const_names[id(obj)] = name
+        return name
+
+    def resolve(self, src: str):
+        return eval(src, {"torch": torch, **self.constants}, dict(self.example))
+
+    # -- guards ----------------------------------------------------------------------------
+    def guard(self, expr: str, reason: str) -> None:
+        if expr not in self._seen:
+            self._seen.add(expr)
+            self.guards.append(Guard(expr, reason))
+
+    def guard_value(self, src: str, v) -> None:
+        if isinstance(v, (bool, type(None))):
+            self.guard(f"{src} is {v!r}", f"{src} == {v!r}")
+        elif isinstance(v, float) and v != v:
+            self.guard(f"{src} != {src}", f"{src} is nan")
+        elif _is_literal(v):
+            self.guard(f"type({src}) is {type(v).__name__} and {src} == {v!r}", f"{src} == {v!r}")
+        else:
+            self.guard(f"{src} is {self.constant(v, type(v).__name__)}", f"{src} is the same object")
+
+    def guard_tensor(self, src: str, t: torch.Tensor, dynamic=()) -> None:
+        parts = [f"type({src}) is {self.constant(type(t), type(t).__name__)}",
+                 f"{src}.dtype is {self.constant(t.dtype, str(t.dtype).replace('torch.', ''))}",
+                 f"{src}.device == {self.constant(t.device, 'dev_' + t.device.type)}"]
+        if dynamic:
+            parts.append(f"{src}.dim() == {t.dim()}")
+            parts += [f"{src}.shape[{d}] == {n}" for d, n in enumerate(t.shape) if d not in dynamic]
+            parts.append(f"{src}.is_contiguous() is {t.is_contiguous()}")
+        else:
+            parts.append(f"{src}.shape == {tuple(t.shape)}")
+            parts.append(f"{src}.stride() == {tuple(t.stride())}")
+        parts.append(f"{src}.requires_grad is {t.requires_grad}")
+        shape = "x".join("?" if d in dynamic else str(n) for d, n in enumerate(t.shape))
+        self.guard(" and ".join(parts),
+                   f"{src}: {str(t.dtype).replace('torch.', '')}[{shape}] on {t.device}"
+                   f"{' requiring grad' if t.requires_grad else ''}")
+
+    def guard_module(self, mod: nn.Module, src: str) -> None:
+        c = self.constant(mod, type(mod).__name__)
+        if c != src:
+            self.guard(f"{src} is {c}", f"{src} is the same {type(mod).__name__}")
+        self.guard(f"{src}.training is {mod.training}", f"{src}.training is {mod.training}")
+
+    def global_source(self, gdict: dict, name: str, v) -> str:
+        g = self.constant(gdict, "G")
+        src = f"{g}[{name!r}]"
+        if isinstance(v, types.ModuleType):
+            return src
+        if isinstance(v, torch.Tensor):
+            return src  # guarded as a graph input (tensor guard)
+        self.guard_value(src, v)
+        return src
+
+    def attr_source(self, module: types.ModuleType, attr: str) -> str:
+        return f"{self.constant(module, module.__name__.split('.')[-1])}.{attr}"
+
+    def guard_function(self, fn, fs) -> None:
+        """An inlined function: its code may change (monkey-patching) only through the
+        binding that reached it, which is guarded where it was read."""
+
+    def guard_argument(self, src: str, v, dynamic: dict) -> None:
+        """Guards for a value passed in as an argument (recursively for containers)."""
+        if isinstance(v, torch.Tensor):
+            return  # guarded when it becomes a graph input
+        if isinstance(v, (list, tuple)):
+            self.guard(f"type({src}) is {type(v).__name__} and len({src}) == {len(v)}",
+                       f"{src}: {type(v).__name__} of length {len(v)}")
+            for i, x in enumerate(v):
+                self.guard_argument(f"{src}[{i}]", x, dynamic)
+        elif isinstance(v, dict):
+            keys = tuple(v.keys())
+            self.guard(f"type({src}) is dict and tuple({src}.keys()) == {keys!r}",
+                       f"{src}: dict with keys {keys!r}")
+            for k, x in v.items():
+                self.guard_argument(f"{src}[{k!r}]", x, dynamic)
+        elif isinstance(v, nn.Module):
+            self.guard_module(v, src)
+        else:
+            self.guard_value(src, v)
+
+    def global_state(self) -> None:
+        self.guard(f"torch.is_grad_enabled() is {torch.is_grad_enabled()}",
+                   f"grad mode is {'on' if torch.is_grad_enabled() else 'off'}")
+        self.guard(f"torch.get_default_dtype() is {self.constant(torch.get_default_dtype(), 'default_dtype')}",
+                   f"default dtype is {torch.get_default_dtype()}")
+        for dev in ("cpu", "cuda"):
+            on = torch.is_autocast_enabled(dev)
+            self.guard(f"torch.is_autocast_enabled({dev!r}) is {on}",
+                       f"autocast on {dev} is {'on' if on else 'off'}")
+
+
+def _is_literal(v) -> bool:
+    if isinstance(v, (int, float, str, bytes)):
+        return True
+    if isinstance(v, tuple):
+        return all(_is_literal(x) for x in v)
+    return False

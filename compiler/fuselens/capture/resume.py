@@ -1,0 +1,432 @@
+"""Writing the transformed function: graph calls, the breaking statement in plain Python, and
+resume functions for the rest.
+
+At a graph break the evaluator has unwound with one `FrameAtBreak` per inlined frame. The
+transformed function calls the graph (which outputs every live tensor), then:
+
+- break in the function itself (one frame): it binds the live variables, runs the breaking
+  statement (sub-expressions already computed by the graph replaced by their values), and
+  returns `__fl_resume_N(live...)`, whose body is the rest of the function;
+- break inside an inlined call (k+1 frames): the innermost frame's break runs in a small
+  plain function `__fl_break_k`, and each enclosing frame continues in a resume function
+  that receives the inner call's result as `__fl_ret`.
+- data-dependent `if`: the graph computes the condition, Python branches, and each branch
+  continues in its own resume function.
+
+Resume functions are captured lazily on their first call, like the user's function."""
+from __future__ import annotations
+
+import ast
+import copy
+from dataclasses import dataclass, field
+
+import torch
+
+from .evaluator import BreakSignal, FrameAtBreak, LocalFunction, TensorVar
+from .source import FunctionSource
+from .values import SymInt
+
+
+class CannotResume(Exception):
+    """A live value has no Python form (e.g. a local function): the whole function must run
+    eagerly."""
+
+
+@dataclass
+class Resume:
+    """A generated function whose body continues the user's code; captured on first call."""
+    name: str
+    fs: FunctionSource
+
+
+@dataclass
+class Transformed:
+    source: str                              # Python source of the transformed function
+    namespace: dict                          # constants it refers to (closure)
+    resumes: list[Resume] = field(default_factory=list)
+
+
+class Materializer:
+    """Python expressions for values in the transformed function's scope; tensors that are
+    not graph inputs become graph outputs."""
+
+    def __init__(self, sources, mutated: dict):
+        self.sources = sources
+        self.outputs: list[TensorVar] = []
+        self._out_index: dict[int, int] = {}
+        self.input_src = {id(v): k for k, v in mutated.items()}
+
+    def expr(self, v) -> str:
+        if isinstance(v, TensorVar):
+            if id(v) in self.input_src:  # a mutated input: written back, read it from there
+                return self.input_src[id(v)]
+            if v.source is not None:
+                return v.source
+            i = self._out_index.get(id(v))
+            if i is None:
+                i = self._out_index[id(v)] = len(self.outputs)
+                self.outputs.append(v)
+            return f"__fl_o[{i}]"
+        if isinstance(v, SymInt):
+            return v.expr
+        if isinstance(v, LocalFunction):
+            raise CannotResume(f"local function {v.name!r} is live across a graph break")
+        if isinstance(v, tuple) and type(v) is tuple:
+            inner = ", ".join(self.expr(x) for x in v)
+            return f"({inner},)" if len(v) == 1 else f"({inner})"
+        if isinstance(v, list) and type(v) is list:
+            return "[" + ", ".join(self.expr(x) for x in v) + "]"
+        if isinstance(v, dict) and type(v) is dict and all(_is_simple_key(k) for k in v):
+            return "{" + ", ".join(f"{k!r}: {self.expr(x)}" for k, x in v.items()) + "}"
+        if isinstance(v, torch.Size):
+            return f"torch.Size({list(v)!r})" if "torch" in () else self.sources.constant(v, "size")
+        if _is_literal(v):
+            return repr(v)
+        return self.sources.constant(v, getattr(v, "__name__", type(v).__name__))
+
+
+def _is_simple_key(k):
+    return isinstance(k, (str, int, bool)) and not isinstance(k, float)
+
+
+def _is_literal(v):
+    if v is None or isinstance(v, (bool, int, str)):
+        return True
+    if isinstance(v, float):
+        return v == v and v not in (float("inf"), float("-inf"))
+    return False
+
+
+# ------------------------------------------------------------------------------------ names
+def loaded_names(nodes) -> set:
+    out = set()
+    for n in nodes:
+        for x in ast.walk(n):
+            if isinstance(x, ast.Name):
+                out.add(x.id)
+    return out
+
+
+def stored_names(nodes) -> set:
+    out = set()
+    for n in nodes:
+        for x in ast.walk(n):
+            if isinstance(x, ast.Name) and isinstance(x.ctx, (ast.Store, ast.Del)):
+                out.add(x.id)
+            elif isinstance(x, (ast.FunctionDef, ast.ClassDef)):
+                out.add(x.name)
+    return out
+
+
+# ------------------------------------------------------------------------------ continuations
+def continuation(levels, include_current: bool, current=None) -> list:
+    """The statements that follow the statement at the innermost level (or start with
+    `current` in its place), re-entering the enclosing `with` blocks and the rest of static
+    `for`/`while` loops. `levels`: (owner, node, stmts, idx, extra), outermost first."""
+    tail = None
+    for depth in range(len(levels) - 1, -1, -1):
+        owner, node, stmts, idx, extra = levels[depth]
+        if tail is None:
+            head = [current] if current is not None else ([stmts[idx]] if include_current else [])
+            inner = head + list(stmts[idx + 1:])
+        else:
+            inner = tail + list(stmts[idx + 1:])
+        tail = _wrap(owner, node, inner, extra)
+    return tail or []
+
+
+def _wrap(owner, node, inner, extra):
+    if owner == "with":
+        return [ast.copy_location(ast.With(items=node.items, body=inner or [ast.Pass()],
+                                           type_comment=None), node)] if inner else []
+    if owner == "for":
+        rest = list(extra or [])
+        if rest:
+            it = _RestItems(rest)
+            loop = ast.copy_location(ast.For(target=node.target, iter=it.name_node(node),
+                                             body=node.body, orelse=node.orelse,
+                                             type_comment=None), node)
+            loop._fl_items = rest
+            return inner + [loop]
+        return inner + list(node.orelse)
+    if owner == "while":
+        return inner + [node]
+    return inner  # function body, static if
+
+
+class _RestItems:
+    """The iterations of an unrolled `for` loop left after a break, passed as a constant."""
+    counter = 0
+
+    def __init__(self, items):
+        self.items = items
+        _RestItems.counter += 1
+        self.name = f"__fl_rest_{_RestItems.counter}"
+
+    def name_node(self, at):
+        n = ast.Name(id=self.name, ctx=ast.Load())
+        n._fl_value = self.items
+        return ast.copy_location(n, at)
+
+
+def with_wrappers(levels, stmts) -> list:
+    """`stmts` inside every `with` block that encloses the innermost level."""
+    for owner, node, *_ in reversed(levels):
+        if owner == "with":
+            stmts = [ast.copy_location(ast.With(items=node.items, body=stmts, type_comment=None), node)]
+    return stmts
+
+
+# ------------------------------------------------------------------------------ substitution
+class _Substitute(ast.NodeTransformer):
+    """Replace sub-expressions the graph already computed by temporaries."""
+
+    def __init__(self, completed, mat: Materializer, temps: dict, replace_call=None):
+        self.completed = completed
+        self.mat = mat
+        self.temps = temps       # temp name -> value expression
+        self.replace_call = replace_call
+
+    def visit(self, node):
+        if self.replace_call is not None and node is self.replace_call:
+            return ast.copy_location(ast.Name(id="__fl_ret", ctx=ast.Load()), node)
+        if isinstance(node, ast.expr) and id(node) in self.completed and \
+                not isinstance(node, (ast.Name, ast.Constant, ast.Lambda)) and \
+                isinstance(getattr(node, "ctx", ast.Load()), ast.Load):
+            _, v = self.completed[id(node)]
+            try:
+                e = self.mat.expr(v)
+            except CannotResume:
+                return self.generic_visit(node)
+            if isinstance(v, (TensorVar, SymInt)) or not _is_literal(v):
+                name = f"__fl_t{len(self.temps)}"
+                self.temps[name] = e
+                return ast.copy_location(ast.Name(id=name, ctx=ast.Load()), node)
+            return ast.copy_location(ast.Constant(value=v), node)
+        return self.generic_visit(node)
+
+
+def substitute(stmt, completed, mat, temps, replace_call=None):
+    s = copy.deepcopy(stmt)
+    # deepcopy breaks identity: map copied nodes back to the originals' entries
+    orig = list(ast.walk(stmt))
+    new = list(ast.walk(s))
+    comp = {}
+    call = None
+    for o, n in zip(orig, new):
+        if id(o) in completed:
+            comp[id(n)] = completed[id(o)]
+        if replace_call is not None and o is replace_call:
+            call = n
+    _copy_private(stmt, s)
+    return _Substitute(comp, mat, temps, call).visit(s)
+
+
+def _copy_private(a, b):
+    for o, n in zip(ast.walk(a), ast.walk(b)):
+        for k in ("_fl_value", "_fl_items"):
+            if hasattr(o, k):
+                setattr(n, k, getattr(o, k))
+
+
+# ------------------------------------------------------------------------------ generation
+class Writer:
+    """Generates the transformed function for one break."""
+
+    def __init__(self, fs0: FunctionSource, sources, mutated, resume_prefix: str):
+        self.fs0 = fs0
+        self.sources = sources
+        self.mat = Materializer(sources, mutated)
+        self.resumes: list[Resume] = []
+        self.helpers: list[str] = []   # plain generated functions (break handlers)
+        self.prefix = resume_prefix
+
+    def new_resume(self, frame: FrameAtBreak, params: list[str], body: list, tag: str) -> str:
+        name = f"__fl_resume_{self.prefix}{len(self.resumes)}"
+        fs = frame.scope.fs
+        node = ast.FunctionDef(name=name, args=_args(params), body=body or [ast.Pass()],
+                               decorator_list=[], returns=None, type_comment=None, type_params=[])
+        at = body[0] if body else frame.stmt
+        ast.copy_location(node, at)
+        node.end_lineno = max((getattr(b, "end_lineno", 0) or 0) for b in body) if body else at.lineno
+        for n in ast.walk(node):
+            if not hasattr(n, "lineno") and isinstance(n, (ast.expr, ast.stmt, ast.arg)):
+                ast.copy_location(n, at)
+        consts = _rest_items(body)
+        gen = FunctionSource(name=name, qualname=f"{fs.qualname} ({tag})", filename=fs.filename,
+                             node=node, globals=fs.globals, closure=consts, generated=True,
+                             source_text=_unparse_fn(node))
+        self.resumes.append(Resume(name, gen))
+        return name
+
+    def live(self, frame: FrameAtBreak, after: list, extra_defined=()) -> list[str]:
+        names = loaded_names(after)
+        defined = set(frame.vars) | set(extra_defined)
+        return sorted(n for n in names & defined if not n.startswith("__fl_rest_"))
+
+    def frame_resume(self, frame: FrameAtBreak, current, tag, extra_params=()) -> tuple[str, list]:
+        """A resume function continuing `frame` from `current` (a statement or None)."""
+        body = continuation(frame.levels, include_current=False, current=current)
+        if not body:
+            return None, []
+        params = list(extra_params) + [n for n in self.live(frame, body, extra_params)
+                                       if n not in extra_params]
+        return self.new_resume(frame, params, body, tag), params
+
+    def handler(self, frame: FrameAtBreak, sig: BreakSignal) -> tuple[list, list[str]]:
+        """Statements that run the innermost frame's breaking statement and continue it.
+        Returns (statements, names they read from the frame or temps)."""
+        temps: dict[str, str] = {}
+        s = frame.stmt
+        if sig.whole_stmt:
+            stmt = s
+        else:
+            stmt = substitute(s, frame.completed, self.mat, temps)
+        if sig.cond is not None and isinstance(s, ast.If):
+            test = stmt.test
+            then_name, then_params = self._branch_resume(frame, s.body, "then branch")
+            else_name, else_params = self._branch_resume(frame, s.orelse, "else branch")
+            stmts = [ast.If(test=test, body=[_return_call(then_name, then_params)],
+                            orelse=[_return_call(else_name, else_params)])]
+            reads = loaded_names([test]) | set(then_params) | set(else_params)
+            return with_wrappers(frame.levels, stmts), temps, reads
+        stmts = [stmt]
+        if not isinstance(s, (ast.Return, ast.Raise)):
+            name, params = self.frame_resume(frame, None, "after the graph break",
+                                             extra_params=())
+            after_defined = stored_names([s])
+            if name is not None:
+                body = continuation(frame.levels, False)
+                params = sorted(n for n in loaded_names(body) & (set(frame.vars) | after_defined)
+                                if not n.startswith("__fl_rest_"))
+                self.resumes.pop()
+                name = self.new_resume(frame, params, body, "after the graph break")
+                tail = [_return_call(name, params)]
+            else:
+                tail = [ast.Return(value=ast.Constant(value=None))]
+        else:
+            tail = []
+        reads = loaded_names([stmt]) | (set(params) - stored_names([s]) if tail and name else set())
+        return with_wrappers(frame.levels, stmts) + tail, temps, reads
+
+    def _branch_resume(self, frame, branch, tag):
+        levels = [list(l) for l in frame.levels] + [["if", frame.stmt, branch, -1, None]]
+        body = continuation(levels, include_current=False)
+        if not body:
+            return None, []
+        params = self.live(frame, body)
+        return self.new_resume(frame, params, body, tag), params
+
+    def write(self, sig: BreakSignal, graph_call: str | None) -> str:
+        frames = sig.frames  # innermost first
+        lines: list[str] = []
+        sig_text, consts = signature(self.fs0.node.args, self.fs0.defaults)
+        for k, v in consts.items():
+            self.sources.constants[k] = v
+        lines.append(f"def {self.fs0.name}({sig_text}):")
+        body: list[str] = []
+        inner = frames[0]
+        stmts, temps, reads = self.handler(inner, sig)
+        if len(frames) == 1:
+            bind = [f"{n} = {self.mat.expr(inner.vars[n])}" for n in sorted(reads)
+                    if n in inner.vars and self.mat.expr(inner.vars[n]) != n]
+            bind += [f"{t} = {e}" for t, e in temps.items()]
+            code = [ast.unparse(s) for s in stmts]
+            call_line = graph_call
+            body = ([call_line] if call_line else []) + bind + code
+        else:
+            # the innermost frame's break runs in a plain helper function
+            hname = f"__fl_break_{self.prefix}{len(self.helpers)}"
+            params = sorted(n for n in reads if n in inner.vars) + list(temps)
+            helper = ast.FunctionDef(name=hname, args=_args(params), body=stmts, decorator_list=[],
+                                     returns=None, type_comment=None, type_params=[])
+            ast.fix_missing_locations(helper)
+            self.helpers.append((hname, helper, inner.scope.fs))
+            args = [self.mat.expr(inner.vars[n]) for n in params if n in inner.vars] + \
+                [temps[t] for t in temps]
+            calls = [(f"__fl_r0 = {hname}({', '.join(args)})", frames[1:])]
+            prev = "__fl_r0"
+            for j, fr in enumerate(frames[1:], start=1):
+                ftemps: dict[str, str] = {}
+                cur = substitute(fr.stmt, fr.completed, self.mat, ftemps, replace_call=fr.call)
+                # temps of this frame become parameters of its resume function
+                rest = continuation(fr.levels, include_current=False, current=cur)
+                outer_levels = len(frames) - 1 - j
+                params_ = ["__fl_ret"] + list(ftemps) + sorted(
+                    n for n in loaded_names(rest) & set(fr.vars) if not n.startswith("__fl_rest_"))
+                rname = self.new_resume(fr, params_, rest, f"after the call at line {fr.call.lineno}")
+                args = [prev] + [ftemps[t] for t in ftemps] + [self.mat.expr(fr.vars[n]) for n in params_[1 + len(ftemps):]]
+                calls.append((f"__fl_r{j} = {rname}({', '.join(args)})", frames[j + 1:]))
+                prev = f"__fl_r{j}"
+            body = [graph_call] if graph_call else []
+            for text, outer in calls:
+                body += _with_lines(text, [f for f in outer])
+            body.append(f"return {prev}")
+        lines += ["    " + l for b in body for l in b.splitlines()]
+        return "\n".join(lines)
+
+    def helper_sources(self) -> list[tuple[str, str, FunctionSource]]:
+        return [(n, ast.unparse(h), fs) for n, h, fs in self.helpers]
+
+
+def _with_lines(text, outer_frames):
+    """`text` inside the `with` blocks of the enclosing frames (outermost first)."""
+    withs = []
+    for fr in reversed(outer_frames):
+        for owner, node, *_ in fr.levels:
+            if owner == "with":
+                withs.append(node)
+    if not withs:
+        return [text]
+    src = text
+    for node in reversed(withs):
+        items = ", ".join(ast.unparse(i) for i in node.items)
+        src = f"with {items}:\n" + "\n".join("    " + l for l in src.splitlines())
+    return [src]
+
+
+def _args(params):
+    return ast.arguments(posonlyargs=[], args=[ast.arg(arg=p) for p in params], vararg=None,
+                         kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[])
+
+
+def _return_call(name, params):
+    if name is None:
+        return ast.Return(value=ast.Constant(value=None))
+    return ast.Return(value=ast.Call(func=ast.Name(id=name, ctx=ast.Load()),
+                                     args=[ast.Name(id=p, ctx=ast.Load()) for p in params],
+                                     keywords=[]))
+
+
+def _rest_items(body) -> dict:
+    out = {}
+    for s in body:
+        for n in ast.walk(s):
+            if isinstance(n, ast.Name) and hasattr(n, "_fl_value"):
+                out[n.id] = n._fl_value
+    return out
+
+
+def signature(args: ast.arguments, defaults: dict) -> tuple[str, dict]:
+    """The original parameter list, defaults referring to constants `__fl_default_<name>`."""
+    a = copy.deepcopy(args)
+    consts = {}
+
+    def dflt(name):
+        if name not in defaults:
+            return None
+        consts[f"__fl_default_{name}"] = defaults[name]
+        return ast.Name(id=f"__fl_default_{name}", ctx=ast.Load())
+    pos = a.posonlyargs + a.args
+    a.defaults = [d for d in (dflt(p.arg) for p in pos) if d is not None]
+    a.kw_defaults = [dflt(p.arg) for p in a.kwonlyargs]
+    for p in pos + a.kwonlyargs + [x for x in (a.vararg, a.kwarg) if x]:
+        p.annotation = None
+    return ast.unparse(a), consts
+
+
+def _unparse_fn(node) -> str:
+    try:
+        return ast.unparse(node)
+    except Exception:  # generated AST with a construct unparse dislikes: still usable
+        return f"def {node.name}(...): ..."

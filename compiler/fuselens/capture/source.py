@@ -1,0 +1,121 @@
+"""Where the evaluator's code comes from: a user function's source, or a generated resume
+function. Locations always refer to the real file: `ast` nodes are shifted to the file's
+line numbers and the columns of the (possibly indented) original text."""
+from __future__ import annotations
+
+import ast
+import inspect
+import linecache
+import textwrap
+import types
+from dataclasses import dataclass, field
+
+
+class NoSourceError(ValueError):
+    """The function has no Python source that fuselens can read."""
+
+
+@dataclass
+class FunctionSource:
+    name: str
+    qualname: str
+    filename: str
+    node: ast.FunctionDef | ast.Lambda  # locations are the file's real lines/cols
+    globals: dict
+    closure: dict = field(default_factory=dict)   # free variable name -> value
+    defaults: dict = field(default_factory=dict)  # parameter name -> default value
+    cells: dict = field(default_factory=dict)     # free variable name -> cell (guards read it)
+    generated: bool = False  # a resume function fuselens wrote
+    source_text: str = ""    # for `inspect`: the function's (transformed) source
+
+    @property
+    def params(self) -> ast.arguments:
+        return self.node.args
+
+
+def _shift(tree: ast.AST, line_offset: int, col_offset: int) -> None:
+    for n in ast.walk(tree):
+        if hasattr(n, "lineno"):
+            n.lineno += line_offset
+            n.end_lineno = (n.end_lineno or n.lineno - line_offset) + line_offset
+            n.col_offset += col_offset
+            if n.end_col_offset is not None:
+                n.end_col_offset += col_offset
+
+
+_AST_CACHE: dict[tuple, ast.AST] = {}
+
+
+def _find_def(tree: ast.AST, code: types.CodeType):
+    best = None
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == code.co_name:
+            first = n.decorator_list[0].lineno if n.decorator_list else n.lineno
+            if first <= code.co_firstlineno <= n.lineno or n.lineno == code.co_firstlineno:
+                return n
+            best = best or n
+        elif isinstance(n, ast.Lambda) and code.co_name == "<lambda>" and n.lineno == code.co_firstlineno:
+            return n
+    return best
+
+
+def function_source(fn) -> FunctionSource:
+    """Source and AST of a Python function, with locations in its file. Raises NoSourceError."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        raise NoSourceError(f"{fn!r} is not a Python function (no __code__)")
+    gen = getattr(fn, "__fl_source__", None)  # resume functions carry their own AST
+    if isinstance(gen, FunctionSource):
+        return gen
+    filename = code.co_filename
+    try:
+        lines, start = inspect.getsourcelines(fn)
+    except (OSError, TypeError) as e:
+        raise NoSourceError(f"no source for {getattr(fn, '__qualname__', fn)!r}: {e}") from None
+    text = "".join(lines)
+    dedented = textwrap.dedent(text)
+    indent = 0
+    for a, b in zip(lines, dedented.splitlines(True)):
+        if a.strip():
+            indent = len(a) - len(b)
+            break
+    key = (filename, start, text)
+    tree = _AST_CACHE.get(key)
+    if tree is None:
+        try:
+            tree = ast.parse(dedented)
+        except SyntaxError:
+            # a lambda in the middle of an expression: parse the whole file instead
+            all_lines = linecache.getlines(filename)
+            try:
+                tree = ast.parse("".join(all_lines))
+            except SyntaxError as e:
+                raise NoSourceError(f"cannot parse the source of {fn.__qualname__}: {e}") from None
+            indent, start = 0, 1
+        _shift(tree, start - 1, indent)
+        _AST_CACHE[key] = tree
+    node = _find_def(tree, code)
+    if node is None:
+        raise NoSourceError(f"cannot find the definition of {fn.__qualname__} in its source")
+    closure, cells = {}, {}
+    if fn.__closure__:
+        for name, cell in zip(code.co_freevars, fn.__closure__):
+            try:
+                closure[name] = cell.cell_contents
+                cells[name] = cell
+            except ValueError:  # empty cell: not yet assigned
+                pass
+    defaults = _defaults(node.args, fn)
+    return FunctionSource(fn.__name__, fn.__qualname__, filename, node, fn.__globals__, closure,
+                          defaults, cells, source_text=dedented)
+
+
+def _defaults(args: ast.arguments, fn) -> dict:
+    out = {}
+    pos = [a.arg for a in args.posonlyargs + args.args]
+    if fn.__defaults__:
+        for name, v in zip(pos[len(pos) - len(fn.__defaults__):], fn.__defaults__):
+            out[name] = v
+    if fn.__kwdefaults__:
+        out.update(fn.__kwdefaults__)
+    return out

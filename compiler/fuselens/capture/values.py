@@ -1,0 +1,98 @@
+"""The values the evaluator computes with.
+
+Constants are plain Python values (ints, modules, dtypes, functions, ...). Only what is not
+known at capture time is wrapped: a `TensorVar` (an FX node plus its meta tensor), a `SymInt`
+(a size of a dynamic dimension), and, in the abstract domain, `Unknown`."""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+import torch
+
+
+class TensorVar:
+    """A tensor inside the graph being built. `meta` is a tensor on device 'meta' with the
+    shape, stride and dtype (None in the abstract domain: shape unknown). `version` counts the
+    in-place updates of the storage it belongs to; `base` is the TensorVar it is a view of."""
+    __slots__ = ("node", "meta", "device", "base", "source")
+
+    def __init__(self, node, meta, device, base=None, source=None):
+        self.node = node
+        self.meta = meta
+        self.device = device
+        self.base = base      # for views of graph inputs: the input TensorVar
+        self.source = source  # guard/source expression if this is a graph input
+
+    @property
+    def shape(self):
+        return None if self.meta is None else self.meta.shape
+
+    def __repr__(self):
+        return f"TensorVar({self.node}, {tuple(self.shape) if self.meta is not None else '?'})"
+
+
+@dataclass(eq=False)
+class SymInt:
+    """A size that may change between calls (a dynamic dimension) or derived from one.
+    `hint` is its value for the example inputs; `expr` a Python expression over the guard
+    function's parameters; `build` makes (and caches) the graph node that computes it."""
+    hint: int
+    expr: str
+    build: object  # () -> fx.Node
+    _node: object = None
+
+    def node(self):
+        if self._node is None:
+            self._node = self.build()
+        return self._node
+
+
+class Unknown:
+    """A non-tensor value not known in the abstract domain (e.g. an int argument)."""
+    __slots__ = ("what",)
+
+    def __init__(self, what="value"):
+        self.what = what
+
+    def __repr__(self):
+        return f"Unknown({self.what})"
+
+
+UNKNOWN = Unknown()
+
+
+@dataclass(eq=False)
+class LocalFunction:
+    """A `def` or `lambda` evaluated inside captured code: inlined when called."""
+    node: ast.AST
+    env: object          # the Scope it closes over
+    defaults: dict = field(default_factory=dict)
+    name: str = "<lambda>"
+
+
+@dataclass(eq=False)
+class BoundUserMethod:
+    fn: object
+    self_value: object
+
+
+def is_tensor_like(v) -> bool:
+    return isinstance(v, TensorVar)
+
+
+def contains_tensor(v) -> bool:
+    if isinstance(v, TensorVar):
+        return True
+    if isinstance(v, (list, tuple)):
+        return any(contains_tensor(x) for x in v)
+    if isinstance(v, dict):
+        return any(contains_tensor(x) for x in v.values())
+    return False
+
+
+def is_unknown(v) -> bool:
+    return isinstance(v, Unknown)
+
+
+TENSOR_TYPES = (torch.Tensor,)

@@ -1,0 +1,1 @@
+"""Runtime: cache per function, guards, recompiles, eager fallback."""

@@ -1,0 +1,316 @@
+"""The runtime: a cache of captured entries per function, guard checks, recompiles, dynamic
+dims after a size change, and the eager fallback that keeps a user's program correct."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+import threading
+import types
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from ..capture import breaks as B
+from ..capture.capture import Capture, GraphInfo, capture
+from ..capture.source import FunctionSource, NoSourceError, function_source
+
+RECOMPILE_LIMIT = 8
+
+
+class FuselensWarning(UserWarning):
+    pass
+
+
+def warn(msg: str) -> None:
+    warnings.warn(f"fuselens: {msg}", FuselensWarning, stacklevel=3)
+
+
+# -- graphs ------------------------------------------------------------------------------------
+class GraphCall:
+    """Runs one captured graph: compiled by the backend on first call, mutated inputs
+    written back after it."""
+
+    def __init__(self, info: GraphInfo, mode: str, dynamic_dims):
+        self.info = info
+        self.mode = mode
+        self.dynamic_dims = dynamic_dims
+        self.compiled = None
+        self.n_wb = len(info.writeback)
+
+    def __call__(self, *inputs):
+        fn = self.compiled
+        if fn is None:
+            fn = self.compiled = self._compile(inputs)
+        if torch.is_autocast_enabled():  # capture already inserted autocast's casts
+            with torch.autocast("cuda", enabled=False), torch.autocast("cpu", enabled=False):
+                outs = fn(*inputs)
+        else:
+            outs = fn(*inputs)
+        if self.n_wb:
+            srcs = self.info.inputs
+            for k, src in enumerate(self.info.writeback):
+                target = inputs[srcs.index(src)]
+                with torch.no_grad():
+                    target.copy_(outs[len(outs) - self.n_wb + k])
+        return outs
+
+    def _compile(self, inputs):
+        from . import backend
+        try:
+            return backend.compile_graph(self.info.gm, list(inputs), mode=self.mode,
+                                         dynamic_dims=self.dynamic_dims)
+        except Exception as e:  # the backend must never cost correctness
+            warn(f"backend failed on {self.info.function} ({type(e).__name__}: {e}); "
+                 "running this graph eagerly")
+            return _EagerGraph(self.info.gm)
+
+    @property
+    def kernels(self):
+        return list(getattr(self.compiled, "kernels", []) or [])
+
+    @property
+    def wrapper_source(self):
+        return getattr(self.compiled, "wrapper_source", None)
+
+
+class _EagerGraph:
+    def __init__(self, gm):
+        self.gm = gm
+        self.kernels = []
+        self.wrapper_source = None
+
+    def __call__(self, *inputs):
+        return self.gm(*inputs)
+
+
+# -- cache entries ---------------------------------------------------------------------------------
+@dataclass
+class CacheEntry:
+    function: str
+    guards: list
+    source: str
+    graphs: list[GraphInfo]
+    graph_break: B.GraphBreak | None
+    fn: object = None
+    guard_fn: object = None
+    graph_calls: list[GraphCall] = field(default_factory=list)
+    tensor_shapes: dict = field(default_factory=dict)
+    guard_namespace: dict = field(default_factory=dict)
+
+    @property
+    def kernels(self):
+        out = []
+        for g in self.graph_calls:
+            out += g.kernels
+        return out
+
+    @property
+    def wrappers(self):
+        return [g.wrapper_source for g in self.graph_calls if g.wrapper_source]
+
+    def failing_guard(self, args, kwargs) -> str | None:
+        """The first guard that fails for these arguments, in words."""
+        for g in self.guards:
+            try:
+                fn = _make_guard_fn(self._sig, [g], self.guard_namespace)
+                if not fn(*args, **kwargs):
+                    return g.reason
+            except Exception:
+                return g.reason
+        return None
+
+
+_COLLECT = threading.local()
+
+
+@contextlib.contextmanager
+def collecting():
+    """Records every cache entry created (including resume functions') while active."""
+    prev = getattr(_COLLECT, "log", None)
+    _COLLECT.log = []
+    try:
+        yield _COLLECT.log
+    finally:
+        _COLLECT.log = prev
+
+
+def _log(entry):
+    log = getattr(_COLLECT, "log", None)
+    if log is not None:
+        log.append(entry)
+
+
+# -- compiled functions --------------------------------------------------------------------------------
+class CompiledFunction:
+    """What `fuselens.compile(fn)` returns: call it as the function."""
+
+    def __init__(self, fn, *, mode="default", fullgraph=False, dynamic=None, fs=None):
+        self._fn = fn
+        self._fs = fs
+        self.mode = mode
+        self.fullgraph = fullgraph
+        self.dynamic_setting = dynamic
+        self.entries: list[CacheEntry] = []
+        self.children: list[CompiledFunction] = []
+        self.dynamic: dict[str, set] = {}
+        self.disabled: str | None = None
+        self._last_failure = None
+        functools.update_wrapper(self, fn) if fn is not None else None
+        if fs is not None:
+            self.__name__ = fs.name
+            self.__qualname__ = fs.qualname
+
+    def __get__(self, obj, objtype=None):  # decorated methods
+        if obj is None:
+            return self
+        return types.MethodType(self, obj)
+
+    def __call__(self, *args, **kwargs):
+        for e in self.entries:
+            try:
+                ok = e.guard_fn(*args, **kwargs)
+            except Exception:
+                ok = False
+            if ok:
+                return e.fn(*args, **kwargs)
+        return self._miss(args, kwargs)
+
+    @property
+    def original(self):
+        return self._fn
+
+    def _eager(self, args, kwargs):
+        if self._fn is not None:
+            return self._fn(*args, **kwargs)
+        return self._eager_generated(*args, **kwargs)
+
+    @functools.cached_property
+    def _eager_generated(self):
+        """A resume function run as plain Python (its eager form)."""
+        return _build_function(self._fs.source_text, self._fs.name, self._fs.globals,
+                               dict(self._fs.closure))
+
+    def _source(self) -> FunctionSource:
+        if self._fs is None:
+            self._fs = function_source(self._fn)
+        return self._fs
+
+    def _miss(self, args, kwargs):
+        if self.disabled:
+            return self._eager(args, kwargs)
+        if len(self.entries) >= RECOMPILE_LIMIT:
+            reason = self.entries[-1].failing_guard(args, kwargs) or "unknown guard"
+            self.disabled = f"recompile limit ({RECOMPILE_LIMIT}) reached; guard that kept failing: {reason}"
+            warn(f"{self._name()}: {self.disabled}. Running it eagerly from now on.")
+            return self._eager(args, kwargs)
+        try:
+            fs = self._source()
+        except NoSourceError as e:
+            self.disabled = str(e)
+            warn(f"cannot compile {self._name()}: {e}. Running it eagerly.")
+            return self._eager(args, kwargs)
+        self._mark_dynamic(args, kwargs)
+        try:
+            entry = self._build(fs, args, kwargs)
+        except B.GraphBreakError:
+            raise
+        except Exception as e:
+            return self._internal_error("capture", e, args, kwargs)
+        self.entries.append(entry)
+        _log(entry)
+        try:
+            return entry.fn(*args, **kwargs)
+        except Exception as e:
+            # Was it the user's error (eager raises too) or ours?
+            try:
+                out = self._eager(args, kwargs)
+            except Exception:
+                raise e from None
+            self.entries.remove(entry)
+            return self._internal_error("running the compiled code", e, None, None, out=out)
+
+    def _internal_error(self, stage, e, args, kwargs, out=None):
+        self.disabled = f"internal error in {stage}: {type(e).__name__}: {e}"
+        warn(f"{self._name()}: {self.disabled}. Running it eagerly.")
+        if args is None:
+            return out
+        return self._eager(args, kwargs)
+
+    def _name(self):
+        return getattr(self, "__qualname__", None) or repr(self._fn)
+
+    def _mark_dynamic(self, args, kwargs):
+        """After a size change, the dims that changed become dynamic (no more recompiles)."""
+        if self.dynamic_setting is False or not self.entries:
+            return
+        last = self.entries[-1]
+        for src, shape in last.tensor_shapes.items():
+            try:
+                now = _resolve(src, last, args, kwargs)
+            except Exception:
+                continue
+            if isinstance(now, torch.Tensor) and now.dim() == len(shape):
+                changed = {d for d, (a, b) in enumerate(zip(shape, now.shape)) if a != b}
+                if changed:
+                    self.dynamic.setdefault(src, set()).update(changed)
+
+    def _build(self, fs, args, kwargs) -> CacheEntry:
+        prefix = f"{len(self.entries)}_" if self.entries else ""
+        cap: Capture = capture(fs, args, kwargs, dynamic=self.dynamic, fullgraph=self.fullgraph,
+                               prefix=prefix)
+        ns = dict(cap.namespace)
+        ns["torch"] = torch
+        graph_calls = []
+        if cap.graph is not None:
+            dyn = [self.dynamic.get(s, set()) for s in cap.graph.inputs]
+            gc = GraphCall(cap.graph, self.mode, dyn)
+            ns[cap.graph.name] = gc
+            graph_calls.append(gc)
+        for r in cap.resumes:
+            child = CompiledFunction(None, mode=self.mode, fullgraph=False, fs=r.fs)
+            self.children.append(child)
+            ns[r.name] = child
+        fn = _build_function(cap.source, fs.name, fs.globals, ns)
+        guard_ns = {"torch": torch, **cap.namespace}
+        guard_fn = _build_function(cap.guard_source, "__fl_guard", guard_ns, {})
+        entry = CacheEntry(fs.qualname, cap.guards, cap.source,
+                           [cap.graph] if cap.graph is not None else [], cap.graph_break, fn,
+                           guard_fn, graph_calls, cap.tensor_shapes, guard_ns)
+        entry._sig = cap.guard_source.split("\n")[0]
+        return entry
+
+    def all_entries(self) -> list[CacheEntry]:
+        out = list(self.entries)
+        for c in self.children:
+            out += c.all_entries()
+        return out
+
+
+def _resolve(src, entry, args, kwargs):
+    sig = entry._sig  # "def __fl_guard(x, y=...):"
+    ns = dict(entry.guard_namespace)
+    code = f"{sig}\n    return {src}"
+    exec(compile(code, "<fuselens-guard>", "exec"), ns)
+    return ns["__fl_guard"](*args, **kwargs)
+
+
+def _make_guard_fn(sig, guards, ns):
+    body = " and ".join(f"({g.expr})" for g in guards) or "True"
+    g = dict(ns)
+    exec(compile(f"{sig}\n    return {body}", "<fuselens-guard>", "exec"), g)
+    return g["__fl_guard"]
+
+
+def _build_function(source: str, name: str, globals_: dict, consts: dict):
+    """Compile generated source into a function whose globals are `globals_` (the user's
+    module, untouched) and whose extra names come from `consts` through a closure."""
+    names = sorted(consts)
+    inner = "\n".join("    " + l for l in source.splitlines())
+    factory = f"def __fl_factory({', '.join(names)}):\n{inner}\n    return {name}"
+    code = compile(factory, f"<fuselens transformed {name}>", "exec")
+    fcode = next(c for c in code.co_consts if isinstance(c, types.CodeType))
+    factory_fn = types.FunctionType(fcode, globals_)
+    return factory_fn(*[consts[n] for n in names])
