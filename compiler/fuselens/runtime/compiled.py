@@ -259,6 +259,8 @@ class CompiledFunction:
 
     def _build(self, fs, args, kwargs) -> CacheEntry:
         prefix = f"{len(self.entries)}_" if self.entries else ""
+        if fs.generated:  # a resume's own resumes must not reuse its name (self-recursion)
+            prefix = fs.name[len("__fl_resume_"):] + "_" + prefix
         cap: Capture = capture(fs, args, kwargs, dynamic=self.dynamic, fullgraph=self.fullgraph,
                                prefix=prefix)
         ns = dict(cap.namespace)
