@@ -197,6 +197,8 @@ class Evaluator:
             if name not in out:
                 if name in fs.defaults:
                     out[name] = fs.defaults[name]
+                elif self.abstract:  # defaults of abstract functions are not evaluated
+                    out[name] = UNKNOWN
                 else:
                     raise TypeError(f"{fs.name}() missing required argument '{name}'")
         return out
@@ -1006,8 +1008,10 @@ class Evaluator:
             if any(isinstance(a, TensorVar) for a in args):
                 return TensorVar(None, None, None)  # abstract: probably a tensor function
             return UNKNOWN
-        if isinstance(fn, LocalFunction):
+        if isinstance(fn, (LocalFunction, FunctionSource)):
             return self.inline(fn, args, kwargs, e, scope)
+        if hasattr(type(fn), "__fl_abstract_call__"):  # the editor's stand-ins (analyze.py)
+            return fn.__fl_abstract_call__(self, args, kwargs, e, scope)
         if isinstance(fn, BoundUserMethod):
             return self.inline(fn.fn, args, kwargs, e, scope, self_value=fn.self_value)
         if C.is_compiling_fn(fn):
