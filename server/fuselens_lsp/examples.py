@@ -51,7 +51,10 @@ def _spec(node: ast.AST):
         dims = sl.elts if isinstance(sl, ast.Tuple) else [sl]
         shape = []
         for d in dims:
-            v = _literal(d)
+            try:
+                v = _literal(d)
+            except ExampleSyntaxError:
+                v = None
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ExampleSyntaxError(f"tensor sizes must be non-negative ints, got `{ast.unparse(d)}`")
             shape.append(v)

@@ -284,12 +284,11 @@ def rewrite_where(tree: _Tree, start, end) -> str:
         missing = [v for v in then_vars if v not in before]
         if missing:
             raise NoFix(f"`{missing[0]}` has no value when the condition is false")
-    assigned = set(then_vars)
     module, torch_name = _ensure_torch_import(tree.module)
     cond = _bool_cond(node.test)
     stmts: list = []
     lead = list(node.leading_lines)
-    if len(then) > 1 or (_names_in(node.test) & assigned):
+    if len(then) > 1:
         taken = _names_in(tree.module)
         cname, i = "cond", 1
         while cname in taken:

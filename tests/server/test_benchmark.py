@@ -1,0 +1,225 @@
+"""Compile & benchmark end to end: the server starts a worker process that finds example
+inputs, compiles with fuselens, checks against eager and (on CPU) reports kernels checked in
+the Triton interpreter; hangs, crashes, cancels and untrusted workspaces are survived."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from lsprotocol import types as lsp
+
+from fl_lsp_testing import as_dict
+
+pytestmark = pytest.mark.asyncio
+
+SINCOS = '''\
+import torch
+
+
+# fuselens: example(x=float32[64, 32])
+@torch.compile
+def sincos(x):
+    return torch.sin(x) + torch.cos(x) * 2
+'''
+
+
+async def still_alive(session, uri):
+    lenses = await session.client.text_document_code_lens_async(
+        lsp.CodeLensParams(text_document=lsp.TextDocumentIdentifier(uri=uri)))
+    assert lenses
+
+
+async def test_compile_and_benchmark_with_example_comment(session):
+    await session.init()
+    uri = await session.open("sc.py", SINCOS)
+    r = as_dict(await session.command(uri, "sincos"))
+    assert r["ok"], r
+    res = r["result"]
+    assert res["check"]["ok"], res["check"]
+    assert res["inputs"].startswith("comment on line 4")
+    assert res["device"] == "cpu"
+    assert "Timings need a GPU" in res["timingNote"]
+    kernels = [k for g in res["graphs"] for k in g["kernels"]]
+    assert kernels and all("@triton.jit" in k["source"] for k in kernels)
+    # progress was reported and ended
+    reports = [v for vs in session.client.progress_reports.values() for v in vs]
+    assert any(isinstance(v, lsp.WorkDoneProgressBegin) for v in reports)
+    assert any(isinstance(v, lsp.WorkDoneProgressEnd) for v in reports)
+    assert any("Timings need a GPU" in m.message for m in session.client.messages)
+
+    # the side panel's requests
+    fns = as_dict(await session.request("fuselens/functions", {"uri": uri}))
+    fn = fns["documents"][0]["functions"][0]
+    assert fn["run"]["status"] == "ok"
+    g0 = fn["run"]["graphs"][0]
+    k = as_dict(await session.request("fuselens/kernel", {"uri": uri, "qualname": "sincos", "graph": g0["index"],
+                                                         "kernel": g0["kernels"][0]["name"]}))
+    assert "@triton.jit" in k["source"]
+    t = as_dict(await session.request("fuselens/transformedSource", {"uri": uri, "qualname": "sincos"}))
+    assert "def " in t["source"]
+
+
+async def test_cursor_position_picks_the_function(session):
+    await session.init()
+    uri = await session.open("sc2.py", SINCOS)
+    r = as_dict(await session.command(uri, {"line": 6, "character": 8}))
+    assert r["ok"] and r["qualname"] == "sincos"
+
+
+async def test_inputs_recorded_from_main_block(session):
+    src = '''\
+    import torch
+
+
+    @torch.compile
+    def gelu(x):
+        return 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x ** 3)))
+
+
+    if __name__ == "__main__":
+        t = torch.randn(8, 16)
+        print(gelu(t).shape)
+        raise SystemExit("the rest of the block never runs")
+    '''
+    await session.init()
+    uri = await session.open("gl.py", src)
+    r = as_dict(await session.command(uri, "gelu"))
+    assert r["ok"], r
+    assert r["result"]["inputs"] == "recorded from the __main__ block"
+    assert r["result"]["check"]["ok"]
+
+
+async def test_inputs_recorded_from_a_pytest_test(session):
+    lib = '''\
+    import torch
+
+
+    def softmax(x):
+        e = torch.exp(x - x.amax(dim=-1, keepdim=True))
+        return e / e.sum(dim=-1, keepdim=True)
+    '''
+    test = '''\
+    import torch
+    from mylib import softmax
+
+
+    def test_rows_sum_to_one():
+        y = softmax(torch.randn(4, 10))
+        assert torch.allclose(y.sum(-1), torch.ones(4))
+    '''
+    await session.init()
+    (session.root / "tests").mkdir()
+    (session.root / "tests" / "test_mylib.py").write_text(__import__("textwrap").dedent(test))
+    uri = await session.open("mylib.py", lib)
+    r = as_dict(await session.command(uri, "softmax"))
+    assert r["ok"], r
+    assert r["result"]["inputs"] == "recorded from test_mylib.py::test_rows_sum_to_one"
+
+
+async def test_no_example_inputs_says_how_to_give_them(session):
+    src = '''\
+    import torch
+
+
+    @torch.compile
+    def f(x):
+        return x * 2
+    '''
+    await session.init()
+    uri = await session.open("noin.py", src)
+    r = as_dict(await session.command(uri, "f"))
+    assert not r["ok"] and r["status"] == "error"
+    assert "# fuselens: example(" in r["message"]
+    assert "__main__" in r["message"] and "pytest" in r["message"]
+
+
+async def test_bad_example_comment_is_reported_with_its_line(session):
+    src = SINCOS.replace("float32[64, 32]", "floaty[64]")
+    await session.init()
+    uri = await session.open("bad.py", src)
+    r = as_dict(await session.command(uri, "sincos"))
+    assert not r["ok"]
+    assert "line 4" in r["message"] and "unknown dtype `floaty`" in r["message"]
+
+
+async def test_untrusted_workspace_never_runs_code(session):
+    marker = session.root / "ran.txt"
+    src = SINCOS + f"\nopen({str(marker)!r}, 'w').write('ran')\n"
+    await session.init(trusted=False)
+    uri = await session.open("ut.py", src)
+    r = as_dict(await session.command(uri, "sincos"))
+    assert not r["ok"] and r["status"] == "untrusted"
+    assert "trusted workspace" in r["error"]
+    assert not marker.exists()
+    # trust granted later (the client forwards it)
+    session.client.protocol.notify("fuselens/setTrusted", {"trusted": True})
+    r = as_dict(await session.command(uri, "sincos"))
+    assert r["ok"], r
+    assert marker.exists()
+
+
+async def test_worker_that_hangs_is_stopped_at_the_time_limit(session):
+    src = '''\
+    import torch
+
+
+    # fuselens: example(x=float32[4])
+    @torch.compile
+    def spin(x):
+        while True:
+            x = x + 1
+    '''
+    await session.init(settings={"worker": {"timeLimitSeconds": 8}})
+    uri = await session.open("hang.py", src)
+    r = as_dict(await session.command(uri, "spin"))
+    assert r["status"] == "timeout"
+    assert "time limit of 8 s" in r["message"]
+    await still_alive(session, uri)
+
+
+async def test_worker_that_crashes_is_reported(session):
+    src = '''\
+    import os
+    import torch
+
+
+    # fuselens: example(x=float32[4])
+    @torch.compile
+    def boom(x):
+        y = x + 1
+        print("about to crash")
+        os.abort()
+        return y
+    '''
+    await session.init()
+    uri = await session.open("crash.py", src)
+    r = as_dict(await session.command(uri, "boom"))
+    assert r["status"] == "crashed"
+    assert "SIGABRT" in r["message"] and "about to crash" in r["message"]
+    await still_alive(session, uri)
+
+
+async def test_cancel_stops_the_worker(session):
+    src = '''\
+    import time
+    import torch
+
+
+    # fuselens: example(x=float32[4])
+    def slow(x):
+        time.sleep(600)
+        return x + 1
+    '''
+    await session.init()
+    uri = await session.open("slow.py", src)
+    task = asyncio.ensure_future(session.command(uri, "slow"))
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 30
+    while not session.client.progress_reports and loop.time() < end:
+        await asyncio.sleep(0.05)
+    (token,) = session.client.progress_reports
+    await asyncio.sleep(1.0)
+    session.client.window_work_done_progress_cancel(lsp.WorkDoneProgressCancelParams(token=token))
+    r = as_dict(await asyncio.wait_for(task, 30))
+    assert r["status"] == "cancelled"
+    await still_alive(session, uri)
