@@ -38,7 +38,9 @@ def _graph_lines(g: GraphInfo) -> list[str]:
             t = n.target
             name = getattr(t, "__qualname__", None) or getattr(t, "__name__", str(t))
             mod = getattr(t, "__module__", "") or ""
-            if mod.startswith("torch.nn.functional"):
+            if name.startswith("_VariableFunctionsClass."):
+                name = "torch." + t.__name__
+            elif mod.startswith("torch.nn.functional"):
                 name = "F." + name
             elif mod.startswith("torch") and not name.startswith(("Tensor", "TensorBase")):
                 name = "torch." + name

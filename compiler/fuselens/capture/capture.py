@@ -96,7 +96,8 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
         writeback = [src for src, v in ev.mutated_inputs.items()]
         gm = builder.output(list(writer.mat.outputs) + [ev.mutated_inputs[s] for s in writeback])
         graph = GraphInfo(gm, [s for s, _ in builder.inputs], writeback, fs.qualname,
-                          sorted(builder.lines), builder.n_ops, graph_name)
+                          sorted(l for l in builder.lines if l[0] == fs.filename) or sorted(builder.lines),
+                          builder.n_ops, graph_name)
         if not _uses_graph(text, graph_name):
             text = _insert_graph_call(text, call)
     helpers = "\n\n".join(src for _, src, _ in writer.helper_sources())

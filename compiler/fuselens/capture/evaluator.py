@@ -30,6 +30,7 @@ from .values import (UNKNOWN, BoundUserMethod, LocalFunction, SymInt, TensorVar,
                      contains_tensor)
 
 MAX_INLINE_DEPTH = 12
+_TORCH_DIR = __import__("os").path.dirname(torch.__file__)
 MAX_UNROLL = 512
 
 
@@ -207,6 +208,13 @@ class Evaluator:
     def loc(self, node, scope) -> tuple:
         return (scope.fs.filename, node.lineno, node.col_offset,
                 node.end_lineno or node.lineno, node.end_col_offset or node.col_offset)
+
+    def user_loc(self, node, scope) -> tuple:
+        """Where an op comes from in the user's code: inside torch's own modules (an inlined
+        nn.Linear.forward, say) that is the call site in the user's file."""
+        while scope.parent is not None and scope.fs.filename.startswith(_TORCH_DIR):
+            node, scope = scope.call_node, scope.parent
+        return self.loc(node, scope)
 
     def stack(self, scope) -> tuple:
         frames = []
@@ -1188,7 +1196,7 @@ class Evaluator:
             args, kwargs = self.autocast_args(fn, args, kwargs, e, scope)
         n_out = _TUPLE_OUTPUTS.get(getattr(fn, "__name__", ""))
         try:
-            r = self.g.call(fn, args, kwargs, self.loc(e, scope), n_outputs=n_out)
+            r = self.g.call(fn, args, kwargs, self.user_loc(e, scope), n_outputs=n_out)
         except MetaEvalError as err:
             self.brk(B.UNSUPPORTED_OP, e, scope, detail=str(err)[:300])
         if self.abstract and n_out is None and getattr(fn, "__name__", "") in _SEQ_OUTPUTS:

@@ -194,6 +194,8 @@ class _Substitute(ast.NodeTransformer):
                 not isinstance(node, (ast.Name, ast.Constant, ast.Lambda)) and \
                 isinstance(getattr(node, "ctx", ast.Load()), ast.Load):
             _, v = self.completed[id(node)]
+            if not _materializable(v):  # e.g. a bound method: re-evaluate its parts instead
+                return self.generic_visit(node)
             try:
                 e = self.mat.expr(v)
             except CannotResume:
@@ -204,6 +206,18 @@ class _Substitute(ast.NodeTransformer):
                 return ast.copy_location(ast.Name(id=name, ctx=ast.Load()), node)
             return ast.copy_location(ast.Constant(value=v), node)
         return self.generic_visit(node)
+
+
+def _materializable(v) -> bool:
+    """Values worth passing from the graph to Python: tensors, sizes, literals, and
+    containers of them (anything else is cheaper and safer to evaluate again)."""
+    if isinstance(v, (TensorVar, SymInt)) or _is_literal(v):
+        return True
+    if type(v) in (list, tuple):
+        return all(_materializable(x) for x in v)
+    if type(v) is dict:
+        return all(_materializable(x) for x in v.values())
+    return False
 
 
 def substitute(stmt, completed, mat, temps, replace_call=None):
@@ -253,7 +267,8 @@ class Writer:
             if not hasattr(n, "lineno") and isinstance(n, (ast.expr, ast.stmt, ast.arg)):
                 ast.copy_location(n, at)
         consts = _rest_items(body)
-        gen = FunctionSource(name=name, qualname=f"{fs.qualname} ({tag})", filename=fs.filename,
+        base = fs.qualname.split(" (")[0]
+        gen = FunctionSource(name=name, qualname=f"{base} ({tag})", filename=fs.filename,
                              node=node, globals=fs.globals, closure=consts, generated=True,
                              source_text=_unparse_fn(node))
         self.resumes.append(Resume(name, gen))
