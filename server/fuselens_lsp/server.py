@@ -553,5 +553,5 @@ def req_transformed(ls: FuselensServer, params):
 
 
 def start() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     server.start_io()

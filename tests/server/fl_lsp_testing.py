@@ -29,10 +29,10 @@ def as_dict(v):
     """Custom-request results as plain dicts, whatever object type the client decoded them to."""
     if isinstance(v, dict):
         return {k: as_dict(x) for k, x in v.items()}
+    if hasattr(v, "_asdict"):  # pygls decodes custom results to namedtuples
+        return as_dict(v._asdict())
     if isinstance(v, (list, tuple)):
         return [as_dict(x) for x in v]
-    if hasattr(v, "_asdict"):
-        return as_dict(v._asdict())
     if hasattr(v, "__dict__") and not isinstance(v, type):
         return as_dict(vars(v))
     return v

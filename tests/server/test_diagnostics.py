@@ -43,7 +43,7 @@ async def test_function_that_uses_torch_but_is_not_compiled_gets_information(ses
 
     def g(x):
         n = x.sum().item()
-        return x * n
+        return torch.relu(x) * n
     '''
     await session.init()
     uri = await session.open("b.py", src)
@@ -59,7 +59,7 @@ async def test_information_severity_is_a_setting(session):
 
     def g(x):
         print(x)
-        return x + 1
+        return torch.relu(x)
     '''
     await session.init(settings={"informationSeverity": "off"})
     uri = await session.open("c.py", src)
@@ -180,7 +180,7 @@ async def test_code_lens_shows_counts_and_compile_and_benchmark(session):
 
 
     def g(x):
-        return x.cos()
+        return torch.cos(x)
 
 
     def plain(a):
@@ -197,7 +197,7 @@ async def test_code_lens_shows_counts_and_compile_and_benchmark(session):
     assert not any(line == 14 for line, _ in titles)  # no torch, no lens
     bench = next(l for l in lenses if l.command.title == "Compile & benchmark")
     assert bench.command.command == "fuselens.compileAndBenchmark"
-    assert bench.command.arguments == [uri, "f"]
+    assert list(bench.command.arguments) == [uri, "f"]
 
 
 async def test_side_panel_functions_request(session):
