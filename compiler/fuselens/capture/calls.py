@@ -43,6 +43,8 @@ AUTOCAST_FP32 = {torch.exp, torch.log, torch.pow, torch.softmax, F.softmax, F.lo
                  torch.Tensor.pow, torch.Tensor.softmax, torch.Tensor.log_softmax,
                  torch.Tensor.sum, torch.rsqrt, torch.Tensor.rsqrt, torch.norm, torch.Tensor.norm,
                  F.normalize, torch.prod, torch.Tensor.prod, torch.log1p, torch.expm1}
+# CPU autocast keeps far fewer ops in float32 (softmax, exp, layer_norm... stay low precision)
+AUTOCAST_FP32_CPU = {F.mse_loss, F.nll_loss, F.cross_entropy, torch.prod, torch.Tensor.prod}
 
 # Pure functions folded when every argument is a known constant.
 _PURE_BUILTINS = {
@@ -67,6 +69,8 @@ def is_torch_callable(fn) -> bool:
     """A function or builtin of the torch namespace (an op for the graph), not a Module."""
     if isinstance(fn, type):
         return False
+    if isinstance(getattr(fn, "__self__", None), torch.nn.Module):
+        return False  # a module's own method (ModuleDict.items, ...): inlined, not an op
     if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return True
     mod = getattr(fn, "__module__", None) or ""

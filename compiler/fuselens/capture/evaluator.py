@@ -591,7 +591,8 @@ class Evaluator:
             self.sources.guard_tensor(src, t, self.dynamic.get(src, ()))
         else:  # the same tensor reached by two names: guard the aliasing
             self.sources.guard(f"{src} is {tv.source}", f"{src} is the same tensor as {tv.source}")
-        return tv
+        # read again after an in-place op on it (e.g. `self.buf.add_(1)`): the new value
+        return self.mutated_inputs.get(tv.source, tv)
 
     def _ex_Attribute(self, e, scope):
         obj = self.eval(e.value, scope)
@@ -1068,7 +1069,7 @@ class Evaluator:
         vals = list(args) + list(kwargs.values())
         if any(isinstance(a, Unknown) for a in vals):
             return UNKNOWN
-        if any(isinstance(a, TensorVar) for a in vals):
+        if any(isinstance(a, TensorVar) for a in vals) or fn is sum and contains_tensor(vals):
             if fn in (int, float, bool, complex):
                 self.brk(B.TENSOR_TO_PY, e, scope, detail=f"{fn.__name__}() of a tensor")
             if fn in (tuple, list) and len(args) == 1:
@@ -1211,7 +1212,8 @@ class Evaluator:
         device_type, dtype = self.autocast[-1]
         if dtype is None:
             return args, kwargs
-        target = dtype if fn in C.AUTOCAST_LOWER else torch.float32 if fn in C.AUTOCAST_FP32 else None
+        fp32 = C.AUTOCAST_FP32_CPU if device_type == "cpu" else C.AUTOCAST_FP32
+        target = dtype if fn in C.AUTOCAST_LOWER else torch.float32 if fn in fp32 else None
         if target is None:
             return args, kwargs
 
@@ -1226,6 +1228,12 @@ class Evaluator:
 # -- helpers --------------------------------------------------------------------------------------
 from functools import partial as functools_partial  # noqa: E402
 
+        if not self.grad_enabled and not self.abstract and isinstance(r, TensorVar) and any(
+                isinstance(a, TensorVar) and a.meta.requires_grad for a in list(args) + list(kwargs.values())):
+            # the graph runs with grad mode on: results computed under no_grad are detached
+            d = self.g.call(torch.Tensor.detach, [r], {}, self.user_loc(e, scope))
+            d.base = r.base
+            r = d
 _SYM_TEXT = {operator.add: " + ", operator.sub: " - ", operator.mul: " * ",
              operator.floordiv: " // ", operator.mod: " % ", operator.neg: "-", operator.pos: "+"}
 _TUPLE_OUTPUTS: dict = {}

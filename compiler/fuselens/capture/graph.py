@@ -121,6 +121,8 @@ class GraphBuilder:
                 device = torch.device("cpu")
             if device is None:
                 device = torch.device("cpu")
+                if "device" not in mkwargs:  # a factory (torch.zeros, torch.tensor): meta, not cpu
+                    mkwargs["device"] = "meta"
             fn = target if target not in (torch.Tensor.cuda, torch.Tensor.cpu) else torch.Tensor.clone
             try:
                 out_meta = fn(*margs, **mkwargs)

@@ -218,7 +218,11 @@ class CompiledFunction:
         except B.GraphBreakError:
             raise
         except Exception as e:
-            return self._internal_error("capture", e, args, kwargs)
+            try:  # eager raises too (a failing assert, a shape error): the user's error
+                out = self._eager(args, kwargs)
+            except Exception:
+                raise
+            return self._internal_error("capture", e, None, None, out=out)
         self.entries.append(entry)
         _log(entry)
         try:
