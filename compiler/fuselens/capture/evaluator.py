@@ -16,6 +16,7 @@ import dataclasses
 import inspect
 import math
 import operator
+import sys
 import types
 from dataclasses import dataclass, field
 
@@ -462,6 +463,26 @@ class Evaluator:
             return
         self.brk(B.UNSUPPORTED_STMT, item.context_expr, scope,
                  detail=f"context manager {type(cm).__name__}", whole_stmt=True)
+
+    def _stmt_Import(self, s, scope):
+        # only modules already imported: importing anew would run module code at capture time
+        for a in s.names:
+            root = a.name if a.asname else a.name.split(".")[0]
+            mod = sys.modules.get(a.name if a.asname else root)
+            if mod is None:
+                self.brk(B.UNSUPPORTED_STMT, s, scope, detail=f"import of {a.name} (not imported yet)",
+                         whole_stmt=True)
+            scope.vars[a.asname or root] = mod
+
+    def _stmt_ImportFrom(self, s, scope):
+        mod = sys.modules.get(s.module or "") if s.level == 0 else None
+        if mod is None:
+            self.brk(B.UNSUPPORTED_STMT, s, scope, detail=f"import from {s.module}", whole_stmt=True)
+        for a in s.names:
+            if not hasattr(mod, a.name):
+                self.brk(B.UNSUPPORTED_STMT, s, scope, detail=f"from {s.module} import {a.name}",
+                         whole_stmt=True)
+            scope.vars[a.asname or a.name] = getattr(mod, a.name)
 
     def _stmt_FunctionDef(self, s, scope):
         if s.decorator_list:
@@ -1206,6 +1227,12 @@ class Evaluator:
             base = args[0] if isinstance(args[0], TensorVar) else None
             if isinstance(r, TensorVar) and base is not None and (base.source is not None or base.base is not None):
                 r.base = base.base or base
+        if not self.grad_enabled and not self.abstract and isinstance(r, TensorVar) and any(
+                isinstance(a, TensorVar) and a.meta.requires_grad for a in list(args) + list(kwargs.values())):
+            # the graph runs with grad mode on: results computed under no_grad are detached
+            d = self.g.call(torch.Tensor.detach, [r], {}, self.user_loc(e, scope))
+            d.base = r.base
+            r = d
         return r
 
     def autocast_args(self, fn, args, kwargs, e, scope):
@@ -1228,12 +1255,6 @@ class Evaluator:
 # -- helpers --------------------------------------------------------------------------------------
 from functools import partial as functools_partial  # noqa: E402
 
-        if not self.grad_enabled and not self.abstract and isinstance(r, TensorVar) and any(
-                isinstance(a, TensorVar) and a.meta.requires_grad for a in list(args) + list(kwargs.values())):
-            # the graph runs with grad mode on: results computed under no_grad are detached
-            d = self.g.call(torch.Tensor.detach, [r], {}, self.user_loc(e, scope))
-            d.base = r.base
-            r = d
 _SYM_TEXT = {operator.add: " + ", operator.sub: " - ", operator.mul: " * ",
              operator.floordiv: " // ", operator.mod: " % ", operator.neg: "-", operator.pos: "+"}
 _TUPLE_OUTPUTS: dict = {}

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .evaluator import BreakSignal, FrameAtBreak, LocalFunction, TensorVar
-from .source import FunctionSource
+from .source import FunctionSource, build_function
 from .values import SymInt
 
 
@@ -115,6 +115,8 @@ def stored_names(nodes) -> set:
                 out.add(x.id)
             elif isinstance(x, (ast.FunctionDef, ast.ClassDef)):
                 out.add(x.name)
+            elif isinstance(x, (ast.Import, ast.ImportFrom)):
+                out.update((a.asname or a.name).split(".")[0] for a in x.names)
     return out
 
 
@@ -127,7 +129,10 @@ def continuation(levels, include_current: bool, current=None) -> list:
     for depth in range(len(levels) - 1, -1, -1):
         owner, node, stmts, idx, extra = levels[depth]
         if tail is None:
-            head = [current] if current is not None else ([stmts[idx]] if include_current else [])
+            if isinstance(current, list):
+                head = current
+            else:
+                head = [current] if current is not None else ([stmts[idx]] if include_current else [])
             inner = head + list(stmts[idx + 1:])
         else:
             inner = tail + list(stmts[idx + 1:])
@@ -255,7 +260,8 @@ class Writer:
         self.helpers: list[str] = []   # plain generated functions (break handlers)
         self.prefix = resume_prefix
 
-    def new_resume(self, frame: FrameAtBreak, params: list[str], body: list, tag: str) -> str:
+    def new_resume(self, frame: FrameAtBreak, params: list[str], body: list, tag: str,
+                   consts=None) -> str:
         name = f"__fl_resume_{self.prefix}{len(self.resumes)}"
         fs = frame.scope.fs
         node = ast.FunctionDef(name=name, args=_args(params), body=body or [ast.Pass()],
@@ -266,7 +272,7 @@ class Writer:
         for n in ast.walk(node):
             if not hasattr(n, "lineno") and isinstance(n, (ast.expr, ast.stmt, ast.arg)):
                 ast.copy_location(n, at)
-        consts = _rest_items(body)
+        consts = {**_rest_items(body), **(consts or {})}
         base = fs.qualname.split(" (")[0]
         gen = FunctionSource(name=name, qualname=f"{base} ({tag})", filename=fs.filename,
                              node=node, globals=fs.globals, closure=consts, generated=True,
@@ -341,8 +347,8 @@ class Writer:
         lines.append(f"def {self.fs0.name}({sig_text}):")
         body: list[str] = []
         inner = frames[0]
-        stmts, temps, reads = self.handler(inner, sig)
         if len(frames) == 1:
+            stmts, temps, reads = self.handler(inner, sig)
             bind = [f"{n} = {self.mat.expr(inner.vars[n])}" for n in sorted(reads)
                     if n in inner.vars and self.mat.expr(inner.vars[n]) != n]
             bind += [f"{t} = {e}" for t, e in temps.items()]
@@ -350,35 +356,100 @@ class Writer:
             call_line = graph_call
             body = ([call_line] if call_line else []) + bind + code
         else:
-            # the innermost frame's break runs in a plain helper function
-            hname = f"__fl_break_{self.prefix}{len(self.helpers)}"
-            params = sorted(n for n in reads if n in inner.vars) + list(temps)
-            helper = ast.FunctionDef(name=hname, args=_args(params), body=stmts, decorator_list=[],
-                                     returns=None, type_comment=None, type_params=[])
-            ast.fix_missing_locations(helper)
-            self.helpers.append((hname, helper, inner.scope.fs))
-            args = [self.mat.expr(inner.vars[n]) for n in params if n in inner.vars] + \
-                [temps[t] for t in temps]
-            calls = [(f"__fl_r0 = {hname}({', '.join(args)})", frames[1:])]
-            prev = "__fl_r0"
-            for j, fr in enumerate(frames[1:], start=1):
-                ftemps: dict[str, str] = {}
-                cur = substitute(fr.stmt, fr.completed, self.mat, ftemps, replace_call=fr.call)
-                # temps of this frame become parameters of its resume function
-                rest = continuation(fr.levels, include_current=False, current=cur)
-                outer_levels = len(frames) - 1 - j
-                params_ = ["__fl_ret"] + list(ftemps) + sorted(
-                    n for n in loaded_names(rest) & set(fr.vars) if not n.startswith("__fl_rest_"))
-                rname = self.new_resume(fr, params_, rest, f"after the call at line {fr.call.lineno}")
-                args = [prev] + [ftemps[t] for t in ftemps] + [self.mat.expr(fr.vars[n]) for n in params_[1 + len(ftemps):]]
-                calls.append((f"__fl_r{j} = {rname}({', '.join(args)})", frames[j + 1:]))
-                prev = f"__fl_r{j}"
-            body = [graph_call] if graph_call else []
-            for text, outer in calls:
-                body += _with_lines(text, [f for f in outer])
-            body.append(f"return {prev}")
+            body = self.write_inlined(frames, sig, graph_call)
         lines += ["    " + l for b in body for l in b.splitlines()]
         return "\n".join(lines)
+
+    def write_inlined(self, frames, sig: BreakSignal, graph_call) -> list[str]:
+        """A break inside an inlined call. The breaking statement runs in a plain helper with
+        the callee's variables; then ONE resume function continues: it calls a generated
+        continuation of each inner frame (inlined when the resume is captured) and goes on
+        with the outer frame's code, so the rest of the callee and of the caller share a
+        graph."""
+        inner = frames[0]
+        s = inner.stmt
+        temps: dict[str, str] = {}
+        stmt = s if sig.whole_stmt else substitute(s, inner.completed, self.mat, temps)
+        # -- the innermost frame: the helper that runs the break, and its continuation
+        if sig.cond is not None and isinstance(s, ast.If):
+            cur = ast.copy_location(ast.If(test=ast.Name(id="__fl_cond", ctx=ast.Load()),
+                                           body=s.body, orelse=s.orelse), s)
+            cont_body = continuation(inner.levels, False, current=cur)
+            live = self.live(inner, cont_body)
+            ret = ast.Tuple(elts=[ast.Call(func=ast.Name(id="bool", ctx=ast.Load()),
+                                           args=[stmt.test], keywords=[])] +
+                            [ast.Name(id=n, ctx=ast.Load()) for n in live], ctx=ast.Load())
+            h_body = with_wrappers(inner.levels, [ast.Return(value=ret)])
+            cont_params = ["__fl_cond"] + live
+        elif isinstance(s, ast.Return):
+            cont_body, h_body, cont_params = [], with_wrappers(inner.levels, [stmt]), None
+        else:
+            cont_body = continuation(inner.levels, False)
+            live = self.live(inner, cont_body, stored_names([s])) if cont_body else []
+            ret = ast.Tuple(elts=[ast.Name(id=n, ctx=ast.Load()) for n in live], ctx=ast.Load())
+            h_body = with_wrappers(inner.levels, [stmt]) + [
+                ast.Return(value=ret if cont_body else ast.Constant(value=None))]
+            cont_params = live if cont_body else None
+        h_params = sorted(loaded_names(h_body) & set(inner.vars)) + list(temps)
+        hname = f"__fl_break_{self.prefix}{len(self.helpers)}"
+        helper = ast.FunctionDef(name=hname, args=_args(h_params), body=h_body, decorator_list=[],
+                                 returns=None, type_comment=None, type_params=[])
+        ast.fix_missing_locations(ast.copy_location(helper, s))
+        self.helpers.append((hname, helper, inner.scope.fs))
+        h_args = [self.mat.expr(inner.vars[n]) for n in h_params if n in inner.vars] + list(temps.values())
+
+        consts = {}
+        if cont_params is not None:
+            inner_call = f"__fl_cont_0(*__fl_state)"
+            consts["__fl_cont_0"] = self.generated(inner, "__fl_cont_0", cont_params, cont_body)
+        else:
+            inner_call = "__fl_state"
+        # -- each enclosing frame: continue after the call, with its result in __fl_ret
+        lives: list[list[str]] = []  # per frame 1..k: expressions of its live values
+        for i, fr in enumerate(frames[1:], start=1):
+            ftemps: dict[str, str] = {}
+            cur = substitute(fr.stmt, fr.completed, self.mat, ftemps, replace_call=fr.call)
+            first = ast.parse(f"__fl_ret = {inner_call}").body[0]
+            ast.fix_missing_locations(ast.copy_location(first, fr.call))
+            for n in ast.walk(first):
+                ast.copy_location(n, fr.call)
+            body = continuation(fr.levels, False, current=[first, cur])
+            own = list(ftemps) + [n for n in self.live(fr, body) if n not in ftemps]
+            params = ["__fl_state", "__fl_inner"] + own
+            lives.append([ftemps[n] if n in ftemps else self.mat.expr(fr.vars[n]) for n in own])
+            if i == len(frames) - 1:
+                rname = self.new_resume(fr, params, body, "after the graph break", consts=consts)
+                break
+            name = f"__fl_cont_{i}"
+            fn = self.generated(fr, name, params, body, consts=consts)
+            consts = {name: fn}
+            inner_call = f"{name}(__fl_state, __fl_inner[:-1], *__fl_inner[-1])"
+        inner_lives = ", ".join("(" + "".join(e + ", " for e in l) + ")" for l in lives[:-1])
+        call_break = f"__fl_state = {hname}({', '.join(h_args)})"
+        out = [graph_call] if graph_call else []
+        out += _with_lines(call_break, frames[1:])
+        args = ["__fl_state", f"({inner_lives}{',' if len(lives) == 2 else ''})"] + lives[-1]
+        out.append(f"return {rname}({', '.join(args)})")
+        return out
+
+    def generated(self, frame, name, params, body, consts=None):
+        """A generated function (a frame's continuation) that capture inlines: a real Python
+        function (for eager fallback) carrying its FunctionSource."""
+        fs = frame.scope.fs
+        node = ast.FunctionDef(name=name, args=_args(params), body=body or [ast.Pass()],
+                               decorator_list=[], returns=None, type_comment=None, type_params=[])
+        at = body[0] if body else frame.stmt
+        ast.copy_location(node, at)
+        for n in ast.walk(node):
+            if not hasattr(n, "lineno") and isinstance(n, (ast.expr, ast.stmt, ast.arg)):
+                ast.copy_location(n, at)
+        closure = {**_rest_items(body), **(consts or {})}
+        gen = FunctionSource(name=name, qualname=f"{fs.qualname.split(' (')[0]}", filename=fs.filename,
+                             node=node, globals=fs.globals, closure=closure, generated=True,
+                             source_text=_unparse_fn(node))
+        fn = build_function(gen.source_text, name, fs.globals, closure)
+        fn.__fl_source__ = gen
+        return fn
 
     def helper_sources(self) -> list[tuple[str, str, FunctionSource]]:
         return [(n, ast.unparse(h), fs) for n, h, fs in self.helpers]

@@ -119,3 +119,15 @@ def _defaults(args: ast.arguments, fn) -> dict:
     if fn.__kwdefaults__:
         out.update(fn.__kwdefaults__)
     return out
+
+
+def build_function(source: str, name: str, globals_: dict, consts: dict):
+    """Compile generated source into a function whose globals are `globals_` (the user's
+    module, untouched) and whose extra names come from `consts` through a closure."""
+    names = sorted(consts)
+    inner = "\n".join("    " + l for l in source.splitlines())
+    factory = f"def __fl_factory({', '.join(names)}):\n{inner}\n    return {name}"
+    code = compile(factory, f"<fuselens transformed {name}>", "exec")
+    fcode = next(c for c in code.co_consts if isinstance(c, types.CodeType))
+    factory_fn = types.FunctionType(fcode, globals_)
+    return factory_fn(*[consts[n] for n in names])

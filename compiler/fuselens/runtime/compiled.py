@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from ..capture import breaks as B
 from ..capture.capture import Capture, GraphInfo, capture
-from ..capture.source import FunctionSource, NoSourceError, function_source
+from ..capture.source import FunctionSource, NoSourceError, build_function, function_source
 
 RECOMPILE_LIMIT = 8
 
@@ -190,7 +190,7 @@ class CompiledFunction:
     @functools.cached_property
     def _eager_generated(self):
         """A resume function run as plain Python (its eager form)."""
-        return _build_function(self._fs.source_text, self._fs.name, self._fs.globals,
+        return build_function(self._fs.source_text, self._fs.name, self._fs.globals,
                                dict(self._fs.closure))
 
     def _source(self) -> FunctionSource:
@@ -279,9 +279,9 @@ class CompiledFunction:
             child = CompiledFunction(None, mode=self.mode, fullgraph=False, fs=r.fs)
             self.children.append(child)
             ns[r.name] = child
-        fn = _build_function(cap.source, fs.name, fs.globals, ns)
+        fn = build_function(cap.source, fs.name, fs.globals, ns)
         guard_ns = {"torch": torch, **cap.namespace}
-        guard_fn = _build_function(cap.guard_source, "__fl_guard", guard_ns, {})
+        guard_fn = build_function(cap.guard_source, "__fl_guard", guard_ns, {})
         entry = CacheEntry(fs.qualname, cap.guards, cap.source,
                            [cap.graph] if cap.graph is not None else [], cap.graph_break, fn,
                            guard_fn, graph_calls, cap.tensor_shapes, guard_ns)
@@ -308,15 +308,3 @@ def _make_guard_fn(sig, guards, ns):
     g = dict(ns)
     exec(compile(f"{sig}\n    return {body}", "<fuselens-guard>", "exec"), g)
     return g["__fl_guard"]
-
-
-def _build_function(source: str, name: str, globals_: dict, consts: dict):
-    """Compile generated source into a function whose globals are `globals_` (the user's
-    module, untouched) and whose extra names come from `consts` through a closure."""
-    names = sorted(consts)
-    inner = "\n".join("    " + l for l in source.splitlines())
-    factory = f"def __fl_factory({', '.join(names)}):\n{inner}\n    return {name}"
-    code = compile(factory, f"<fuselens transformed {name}>", "exec")
-    fcode = next(c for c in code.co_consts if isinstance(c, types.CodeType))
-    factory_fn = types.FunctionType(fcode, globals_)
-    return factory_fn(*[consts[n] for n in names])
