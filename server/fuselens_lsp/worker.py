@@ -450,25 +450,25 @@ def describe_compiled(compiled, path) -> dict:
         if src:
             transformed.append(src)
         guards.extend(str(g) for g in (getattr(entry, "guards", None) or []))
-        entry_kernels = list(getattr(entry, "kernels", None) or [])
         egraphs = list(getattr(entry, "graphs", None) or [])
+        calls = list(getattr(entry, "graph_calls", None) or [])
         claimed = set()
         for gi, g in enumerate(egraphs):
-            ks = getattr(g, "kernels", None)
-            if ks is None:
-                ks = entry_kernels if len(egraphs) == 1 else []
-            ks = list(ks)
+            call = calls[gi] if gi < len(calls) else None
+            ks = getattr(call, "kernels", None) if call is not None else getattr(g, "kernels", None)
+            ks = list(ks or [])
             claimed |= {id(k) for k in ks}
+            wrapper = getattr(call, "wrapper_source", None) if call is not None else getattr(g, "wrapper_source", None)
             graphs.append({"index": len(graphs), "ir": graph_ir(g), "nodeCount": graph_node_count(g),
-                           "kernels": [kernel_json(k, path) for k in ks],
-                           "wrapper": getattr(g, "wrapper_source", None)})
-        rest = [k for k in entry_kernels if id(k) not in claimed]
+                           "kernels": [kernel_json(k, path) for k in ks], "wrapper": wrapper,
+                           "function": getattr(entry, "function", "")})
+        rest = [k for k in (getattr(entry, "kernels", None) or []) if id(k) not in claimed]
         if rest:
             if graphs:
                 graphs[-1]["kernels"].extend(kernel_json(k, path) for k in rest)
             else:
-                graphs.append({"index": 0, "ir": "", "nodeCount": None,
-                               "kernels": [kernel_json(k, path) for k in rest], "wrapper": None})
+                graphs.append({"index": 0, "ir": "", "nodeCount": None, "wrapper": None,
+                               "kernels": [kernel_json(k, path) for k in rest]})
     return {"graphs": graphs, "transformedSource": "\n\n".join(transformed), "guards": guards,
             "entries": len(entries)}
 
