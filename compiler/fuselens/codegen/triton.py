@@ -1,0 +1,439 @@
+"""Triton source for one FusedKernel.
+
+The kernel writer is the ops handler that loop bodies run against: each op call appends one
+line (`tmp7 = tmp3 * tmp5  # model.py:12 ...`), with common subexpressions reused. Kernel shapes:
+
+  pointwise   1-D blocks of XBLOCK elements.
+  persistent  reductions with rows of up to PERSISTENT_RNUMEL_MAX elements: a block holds
+              XBLOCK whole rows (RBLOCK >= rnumel), every reduction and epilogue is straight-line.
+  looped      longer rows: each reduction loops over the row in RBLOCK chunks; values that must
+              be stored are computed in a final loop.
+Half-precision values are computed in fp32 (loads upcast, stores round). Sizes, strides and
+offsets are kernel arguments (`ks0, ks1, ...`).
+"""
+from __future__ import annotations
+
+import contextlib
+import linecache
+import math
+import os
+
+import sympy
+import torch
+
+from ..lower.ir import FloorDiv, ModIndex, use_handler
+from ..schedule.fusion import FusedKernel, keep_shape, loop_vars, store_index
+
+PERSISTENT_RNUMEL_MAX = 4096
+# blocks never exceed this many elements, so a size divisible by it needs no mask
+MAX_XBLOCK = 1024
+
+TL_DTYPES = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
+             torch.float64: "tl.float64", torch.int8: "tl.int8", torch.int16: "tl.int16", torch.int32: "tl.int32",
+             torch.int64: "tl.int64", torch.uint8: "tl.uint8", torch.bool: "tl.int1"}
+
+REDUCE_FINAL = {"sum": "tl.sum({0}, 1)", "max": "tl.max({0}, 1)", "min": "tl.min({0}, 1)",
+                "prod": "tl.reduce({0}, 1, _prod_combine)"}
+REDUCE_COMBINE = {"sum": "{0} + {1}", "max": "tl.maximum({0}, {1})", "min": "tl.minimum({0}, {1})",
+                  "prod": "{0} * {1}"}
+
+
+def compute_dtype(dtype):
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def neutral(reduce, dtype):
+    if reduce in ("sum", "prod"):
+        v = 0 if reduce == "sum" else 1
+        return repr(float(v)) if dtype.is_floating_point else str(v)
+    if dtype.is_floating_point:
+        return 'float("-inf")' if reduce == "max" else 'float("inf")'
+    info = torch.iinfo(dtype) if dtype != torch.bool else None
+    if info is None:
+        return "0" if reduce == "max" else "1"
+    return str(info.min if reduce == "max" else info.max)
+
+
+def next_power_of_2(n):
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+class CV:
+    """A value in the kernel: a variable name or a literal, with its (compute) dtype."""
+    __slots__ = ("expr", "dtype", "value")
+
+    def __init__(self, expr, dtype, value=None):
+        self.expr, self.dtype, self.value = expr, dtype, value  # value: the Python value of a literal
+
+    @property
+    def literal(self):
+        return self.value is not None
+
+    def __str__(self):
+        return self.expr
+
+
+def literal(value, dtype):
+    if dtype == torch.bool:
+        return "True" if value else "False"
+    if dtype.is_floating_point:
+        value = float(value)
+        if math.isinf(value):
+            return 'float("inf")' if value > 0 else 'float("-inf")'
+        if math.isnan(value):
+            return 'float("nan")'
+        return repr(value)
+    return str(int(value))
+
+
+def loc_comment(loc):
+    if not loc:
+        return ""
+    filename, line = loc[0], loc[1]
+    text = linecache.getline(filename, line).strip()
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"  # {os.path.basename(filename)}:{line}" + (f"  {text}" if text else "")
+
+
+class KernelWriter:
+    def __init__(self, kernel: FusedKernel, name_index: int, sizevars, dynamic_values=frozenset()):
+        self.kernel = kernel
+        self.sizevars = sizevars
+        self.index_in_graph = name_index
+        self.red = kernel.red_dims or ()
+        shape = kernel.shape
+        self.x_dims = [d for d, s in enumerate(shape) if s != 1 and d not in self.red]
+        self.r_dims = [d for d, s in enumerate(shape) if s != 1 and d in self.red]
+        self.xnumel = math.prod(s for d, s in enumerate(shape) if d not in self.red)
+        self.rnumel = math.prod(shape[d] for d in self.red) if kernel.is_reduction else 1
+        self.mode = "pointwise" if not kernel.is_reduction else \
+            ("persistent" if self.rnumel <= PERSISTENT_RNUMEL_MAX else "looped")
+        numel_limit = max([self.xnumel * self.rnumel] + [n.numel() for n in kernel.nodes])
+        self.int64 = numel_limit >= 2 ** 31
+        dynamic = any(s in dynamic_values for s in shape)
+        self.need_xmask = dynamic or self.xnumel % MAX_XBLOCK != 0
+        self.need_rmask = self.mode == "looped" or dynamic or next_power_of_2(self.rnumel) != self.rnumel
+        self.group = {n.name: n for n in kernel.nodes}
+        self.values: dict[str, CV] = {}  # reduction results and per-row values, by buffer name
+        self.lines: list[tuple[int, str]] = []
+        self.indent = 1
+        self.scopes: list[dict] = [{}]
+        self.tmp = 0
+        self.loc = None
+        self.mask_stack: list[str] = []
+        self.in_args: dict[str, str] = {}
+        self.out_args: dict[str, str] = {}
+        self.size_args: dict = {}  # size symbol -> kernel argument name
+        self.buffers: dict[str, object] = {}
+        self.uses_seed = False
+        self.uses_prod = False
+        self.op_names: set[str] = set()
+        self.source_lines: set = set()
+
+    # --- emission helpers -------------------------------------------------------------------------
+    def emit(self, text, loc=None):
+        loc = loc if loc is not None else self.loc
+        if loc:
+            self.source_lines.add((loc[0], loc[1]))
+        self.lines.append((self.indent, text + loc_comment(loc)))
+
+    def cse(self, text, dtype):
+        for scope in reversed(self.scopes):
+            if text in scope:
+                return CV(scope[text], dtype)
+        name = f"tmp{self.tmp}"
+        self.tmp += 1
+        self.emit(f"{name} = {text}")
+        self.scopes[-1][text] = name
+        return CV(name, dtype)
+
+    @contextlib.contextmanager
+    def scope(self):
+        self.scopes.append({})
+        self.indent += 1
+        try:
+            yield
+        finally:
+            self.indent -= 1
+            self.scopes.pop()
+
+    def at(self, loc):
+        @contextlib.contextmanager
+        def ctx():
+            saved, self.loc = self.loc, loc if loc else self.loc
+            try:
+                yield
+            finally:
+                self.loc = saved
+        return ctx()
+
+    def expr(self, e) -> str:
+        """Print an index expression; size symbols become kernel arguments."""
+        e = sympy.sympify(e)
+        if e.is_Integer:
+            return str(int(e))
+        if e.is_Symbol:
+            if e.name[0] in "xr":
+                return e.name
+            if e not in self.size_args:
+                self.size_args[e] = f"ks{len(self.size_args)}"
+            return self.size_args[e]
+        if isinstance(e, FloorDiv):
+            return f"({self.expr(e.args[0])} // {self.expr(e.args[1])})"
+        if isinstance(e, ModIndex):
+            return f"({self.expr(e.args[0])} % {self.expr(e.args[1])})"
+        if e.is_Add:
+            terms = sorted(e.args, key=lambda t: (t.is_Integer, str(t)))
+            out = self.expr(terms[0])
+            for t in terms[1:]:
+                c, rest = t.as_coeff_Mul()
+                out += f" - {self.expr(-t)}" if c < 0 else f" + {self.expr(t)}"
+            return f"({out})"
+        if e.is_Mul:
+            c, rest = e.as_coeff_Mul()
+            if c == -1:
+                return f"-{self.expr(rest)}"
+            return " * ".join(self.expr(a) for a in e.args)
+        if isinstance(e, sympy.Rel):
+            op = {sympy.Ge: ">=", sympy.Gt: ">", sympy.Le: "<=", sympy.Lt: "<", sympy.Eq: "=="}[type(e)]
+            return f"({self.expr(e.lhs)} {op} {self.expr(e.rhs)})"
+        raise NotImplementedError(f"index expression {e}")
+
+    def mask_for(self, index) -> str | None:
+        names = {s.name[0] for s in sympy.sympify(index).free_symbols if s.name[0] in "xr"}
+        parts = []
+        if "x" in names and self.need_xmask:
+            parts.append("xmask")
+        if "r" in names and self.need_rmask:
+            parts.append("rmask")
+        parts += self.mask_stack
+        return " & ".join(parts) if parts else None
+
+    def arg_for(self, buf, table, prefix):
+        if buf.name not in table:
+            table[buf.name] = f"{prefix}{len(table)}"
+            self.buffers[buf.name] = buf
+        return table[buf.name]
+
+    def vars_for(self, buf):
+        shape = buf.in_shape if buf.kind == "reduction" else buf.shape
+        return loop_vars(shape, self.red)
+
+    # --- the ops handler --------------------------------------------------------------------------
+    def load(self, buf, index):
+        if buf.name in self.group:
+            if buf.name in self.values:
+                return self.values[buf.name]
+            return self.inline(self.group[buf.name])
+        ptr = self.arg_for(buf, self.in_args, "in_ptr")
+        mask = self.mask_for(index)
+        text = f"tl.load({ptr} + {self.expr(index)}" + (f", {mask}, other=0)" if mask else ")")
+        if compute_dtype(buf.dtype) != buf.dtype:
+            text += ".to(tl.float32)"
+        return self.cse(text, compute_dtype(buf.dtype))
+
+    def inline(self, buf):
+        """The value of a pointwise buffer of this kernel at the current loop variables."""
+        key = f"<inline {buf.name}>"
+        for scope in reversed(self.scopes):
+            if key in scope:
+                return scope[key]
+        value = buf.body(self.vars_for(buf))
+        self.scopes[-1][key] = value
+        return value
+
+    def constant(self, value, dtype):
+        return CV(literal(value, dtype), compute_dtype(dtype), value=value)
+
+    def pointwise(self, p, vals, out_dtype):
+        self.op_names.add(p.name)
+        return self.cse(p.triton.format(*[v.expr for v in vals]), compute_dtype(out_dtype))
+
+    def to_dtype(self, v, dtype):
+        if v.literal:
+            return self.constant(v.value, dtype)
+        if dtype == v.dtype:
+            return v
+        if dtype == torch.bool:
+            return self.cse(f"{v} != 0", torch.bool)
+        text = f"{v}.to({TL_DTYPES[dtype]})"
+        if compute_dtype(dtype) != dtype:  # round to half precision, keep computing in fp32
+            text += ".to(tl.float32)"
+        return self.cse(text, compute_dtype(dtype))
+
+    def masked(self, conds, body, other):
+        cond = self.cse(" & ".join(self.expr(c) for c in conds), torch.bool)
+        self.mask_stack.append(cond.expr)
+        try:
+            value = body()
+        finally:
+            self.mask_stack.pop()
+        other = other if isinstance(other, CV) else self.constant(other, value.dtype)
+        return self.cse(f"tl.where({cond}, {value}, {other})", value.dtype)
+
+    def index_value(self, e, dtype):
+        e = sympy.sympify(e)
+        if e.is_Integer:
+            return self.constant(int(e), dtype)
+        return self.cse(f"({self.expr(e)}).to({TL_DTYPES[dtype]})", compute_dtype(dtype))
+
+    def random(self, kind, stream, flat):
+        self.uses_seed = True
+        self.op_names.add(kind)
+        offset = self.expr(flat)
+        if not sympy.sympify(flat).free_symbols:
+            offset = f"tl.full([1], {offset}, tl.int32)"
+        return self.cse(f"tl.{kind}(seed + {stream}, {offset})", torch.float32)
+
+    # --- kernel structure -------------------------------------------------------------------------
+    def block_shape(self):
+        return "[XBLOCK, RBLOCK]" if self.kernel.is_reduction else "[XBLOCK]"
+
+    def emit_index_vars(self, dims, index_name, shape):
+        inner = 1
+        for pos, d in enumerate(reversed(dims)):
+            v = sympy.Symbol(index_name)
+            size = self.sizevars(shape[d])
+            e = FloorDiv(v, self.sizevars(inner)) if inner != 1 else v
+            text = self.expr(e) if pos == len(dims) - 1 else f"{self.expr(e)} % {self.expr(size)}"
+            self.emit(f"{'r' if index_name == 'rindex' else 'x'}{d} = {text}")
+            inner *= shape[d]
+
+    def store(self, buf, value):
+        ptr = self.arg_for(buf, self.out_args, "out_ptr")
+        index = store_index(buf, self.red, self.sizevars)
+        if not index.free_symbols:  # a single element: let lane 0 of block 0 write it
+            index_text, mask = "xindex", "xmask"
+        else:
+            index_text, mask = self.expr(index), self.mask_for(index)
+        if value.literal:
+            value = CV(f"tl.full({self.block_shape()}, {value}, {TL_DTYPES[value.dtype]})", value.dtype)
+        self.emit(f"tl.store({ptr} + {index_text}, {value}" + (f", {mask})" if mask else ")"), loc=buf.loc or self.loc)
+
+    def reduction(self, buf, looped):
+        value = self.inline_reduction_body(buf)
+        dtype = compute_dtype(buf.dtype)
+        shape = self.block_shape()
+        with self.at(buf.loc):
+            self.op_names.add({"max": "amax", "min": "amin"}.get(buf.reduce, buf.reduce))
+            self.uses_prod |= buf.reduce == "prod"
+            if value.literal:
+                value = CV(f"tl.full({shape}, {value}, {TL_DTYPES[dtype]})", dtype)
+            else:
+                value = self.cse(f"tl.broadcast_to({value}, {shape})", dtype)
+            if looped:
+                return value
+            if self.need_rmask:
+                value = self.cse(f"tl.where(rmask, {value}, {neutral(buf.reduce, dtype)})", dtype)
+            return self.cse(REDUCE_FINAL[buf.reduce].format(value) + "[:, None]", dtype)
+
+    def inline_reduction_body(self, buf):
+        return buf.body(self.vars_for(buf))
+
+    def row_setup(self, looped):
+        k = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
+        if not self.kernel.is_reduction:
+            self.emit(f"xoffset = {k} * XBLOCK")
+            self.emit("xindex = xoffset + tl.arange(0, XBLOCK)")
+            self.emit("xmask = xindex < xnumel")
+            self.emit_index_vars(self.x_dims, "xindex", self.kernel.shape)
+            return
+        self.emit(f"xoffset = {k} * XBLOCK")
+        self.emit("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
+        self.emit("xmask = xindex < xnumel")
+        self.emit_index_vars(self.x_dims, "xindex", self.kernel.shape)
+        if not looped:
+            self.emit("rindex = tl.arange(0, RBLOCK)[None, :]")
+            self.emit("rmask = rindex < rnumel")
+            self.emit_index_vars(self.r_dims, "rindex", self.kernel.shape)
+
+    @contextlib.contextmanager
+    def row_loop(self):
+        self.emit("for roffset in range(0, rnumel, RBLOCK):")
+        with self.scope():
+            self.emit("rindex = roffset + tl.arange(0, RBLOCK)[None, :]")
+            self.emit("rmask = rindex < rnumel")
+            self.emit_index_vars(self.r_dims, "rindex", self.kernel.shape)
+            yield
+
+    def is_row_value(self, buf):
+        """A per-row value (reduction result, or a pointwise buffer over the kept dims only)."""
+        return self.kernel.is_reduction and (buf.kind == "reduction" or
+                                             buf.shape == keep_shape(self.kernel.shape, self.red) != self.kernel.shape)
+
+    def body(self):
+        looped = self.mode == "looped"
+        self.row_setup(looped)
+        stores = self.kernel.stores
+        epilogue_open = None
+        for buf in self.kernel.nodes:
+            if buf.kind == "reduction":
+                epilogue_open = self.close(epilogue_open)
+                if looped:
+                    self.values[buf.name] = self.looped_reduction(buf)
+                else:
+                    self.values[buf.name] = self.reduction(buf, looped=False)
+                if buf.name in stores:
+                    self.store(buf, self.values[buf.name])
+            elif self.is_row_value(buf):
+                epilogue_open = self.close(epilogue_open)
+                with self.at(buf.loc):
+                    self.values[buf.name] = buf.body(self.vars_for(buf))
+                if buf.name in stores:
+                    self.store(buf, self.values[buf.name])
+            elif buf.name in stores:
+                if looped and epilogue_open is None:
+                    epilogue_open = self.row_loop()
+                    epilogue_open.__enter__()
+                self.store(buf, self.inline(buf))
+        self.close(epilogue_open)
+
+    def close(self, loop):
+        if loop is not None:
+            loop.__exit__(None, None, None)
+        return None
+
+    def looped_reduction(self, buf):
+        dtype = compute_dtype(buf.dtype)
+        acc = f"tmp{self.tmp}"
+        self.tmp += 1
+        with self.at(buf.loc):
+            self.emit(f"{acc} = tl.full([XBLOCK, RBLOCK], {neutral(buf.reduce, dtype)}, {TL_DTYPES[dtype]})")
+            with self.row_loop():
+                value = self.reduction(buf, looped=True)
+                combined = REDUCE_COMBINE[buf.reduce].format(acc, value)
+                self.emit(f"{acc} = tl.where(rmask, {combined}, {acc})")
+            return self.cse(REDUCE_FINAL[buf.reduce].format(acc) + "[:, None]", dtype)
+
+    # --- the whole kernel -------------------------------------------------------------------------
+    def kernel_name(self):
+        kind = "red" if self.kernel.is_reduction else "poi"
+        names = sorted(self.op_names - {"convert", "copy", "stop_gradient"}) or sorted(self.op_names) or ["copy"]
+        if len(names) > 6:
+            names = names[:6] + ["etc"]
+        return f"fl_{kind}_fused_{'_'.join(names)}_{self.index_in_graph}"
+
+    def generate(self):
+        with use_handler(self):
+            self.body()
+        name = self.kernel_name()
+        params = list(self.in_args.values()) + list(self.out_args.values())
+        if self.uses_seed:
+            params.append("seed")
+        params += list(self.size_args.values()) + ["xnumel"]
+        if self.kernel.is_reduction:
+            params += ["rnumel"]
+        params += ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if self.kernel.is_reduction else [])
+        header = ["import triton", "import triton.language as tl", "from triton.language.extra import libdevice", ""]
+        if self.uses_prod:
+            header += ["", "@triton.jit", "def _prod_combine(a, b):", "    return a * b", ""]
+        header += ["", "@triton.jit", f"def {name}({', '.join(params)}):"]
+        body = ["    " * indent + text for indent, text in self.lines]
+        return name, "\n".join(header + body) + "\n"
+
+
+def generate_kernel(kernel: FusedKernel, index: int, sizevars, dynamic_values=frozenset()):
+    writer = KernelWriter(kernel, index, sizevars, dynamic_values)
+    name, source = writer.generate()
+    return name, source, writer

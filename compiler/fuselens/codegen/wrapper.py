@@ -1,0 +1,165 @@
+"""The Python wrapper of one graph: allocates buffers, launches kernels, calls externs, returns outputs.
+
+It is generated as source (shown to users next to the kernels) and exec'd. Buffers are freed
+after their last use, and a later buffer of the same size, stride and dtype takes over the
+memory of a dead one instead of allocating.
+"""
+from __future__ import annotations
+
+import math
+import operator
+import types
+
+import torch
+import torch.nn.functional as F
+
+from ..lower.ir import ComputedBuffer, ExternCall, LoweredGraph, View
+from ..ops.primitives import PRIMITIVES
+from ..schedule.fusion import FusedKernel, Schedule
+
+
+def reinterpret(t, size, stride, offset):
+    """A strided view of `t` (offset relative to t's first element)."""
+    return torch.as_strided(t, size, stride, t.storage_offset() + offset)
+
+
+def ensure_layout(t, size, stride):
+    """Extern results are read by kernels with the strides meta execution predicted; copy if they differ."""
+    if tuple(t.shape) == tuple(size) and (t.stride() == tuple(stride) or t.numel() <= 1):
+        return t
+    out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
+
+
+def torch_name(fn):
+    name = getattr(fn, "__name__", None)
+    for prefix, owner in (("torch", torch), ("torch.nn.functional", F), ("torch.Tensor", torch.Tensor),
+                          ("operator", operator), ("math", math)):
+        if name and getattr(owner, name, None) is fn:
+            return f"{prefix}.{name}"
+    return None
+
+
+class WrapperWriter:
+    def __init__(self, graph: LoweredGraph, sched: Schedule, kernels: dict):
+        self.graph, self.sched, self.kernels = graph, sched, kernels  # kernels: id(FusedKernel) -> (TritonKernel, writer)
+        self.lines: list[str] = []
+        self.consts: list = []
+        self.namespace = {"torch": torch, "prims": types.SimpleNamespace(**PRIMITIVES), "reinterpret": reinterpret,
+                          "ensure_layout": ensure_layout, "consts": self.consts, "operator": operator, "math": math}
+
+    def value(self, v) -> str:
+        if isinstance(v, View):
+            return v.buf.name if v.is_whole() else \
+                f"reinterpret({v.buf.name}, {tuple(v.shape)}, {tuple(v.stride)}, {v.offset})"
+        if isinstance(v, (bool, int, str)) or v is None:
+            return repr(v)
+        if isinstance(v, float):
+            return repr(v) if math.isfinite(v) else f"float('{v}')"
+        if isinstance(v, torch.dtype):
+            return str(v)
+        if isinstance(v, torch.device):
+            return f"torch.device('{v}')"
+        if isinstance(v, tuple):
+            return "(" + "".join(self.value(x) + ", " for x in v).rstrip(" ") + ")" if len(v) == 1 else \
+                "(" + ", ".join(self.value(x) for x in v) + ")"
+        if isinstance(v, list):
+            return "[" + ", ".join(self.value(x) for x in v) + "]"
+        if isinstance(v, slice):
+            return f"slice({self.value(v.start)}, {self.value(v.stop)}, {self.value(v.step)})"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k!r}: {self.value(x)}" for k, x in v.items()) + "}"
+        name = torch_name(v)
+        if name:
+            return name
+        self.consts.append(v)
+        return f"consts[{len(self.consts) - 1}]"
+
+    def extern_line(self, call: ExternCall) -> str:
+        if call.prim.name == "call_torch":
+            fn, args, kwargs = call.args
+            parts = [self.value(a) for a in args] + [f"{k}={self.value(v)}" for k, v in kwargs.items()]
+            return f"{self.value(fn)}({', '.join(parts)})"
+        parts = [self.value(a) for a in call.args] + [f"{k}={self.value(v)}" for k, v in call.kwargs.items()]
+        return f"prims.{call.prim.name}({', '.join(parts)})"
+
+    def step_reads(self, step):
+        if isinstance(step, ExternCall):
+            names = []
+            torch.fx.node.map_aggregate((step.args, step.kwargs),
+                                        lambda a: names.append(a.buf.name) if isinstance(a, View) else None)
+            return names
+        return list(self.kernels[id(step)][1].in_args)
+
+    def generate(self):
+        g = self.graph
+        params = ["seed" if b is None else b.name for b in g.inputs]
+        keep = {o.buf.name for o in g.outputs if isinstance(o, View)} | {b.name for b in g.inputs if b is not None}
+        last_use = {}
+        for i, step in enumerate(self.sched.steps):
+            for name in self.step_reads(step):
+                last_use[name] = i
+        pool: dict = {}  # (shape, stride, dtype) -> names of dead buffers
+        out = self.lines
+        out.append(f"def call({', '.join(params)}):")
+        for i, step in enumerate(self.sched.steps):
+            if isinstance(step, ExternCall):
+                out.append(f"    {step.name} = {self.extern_line(step)}")
+                results = [step.result] if step.result is not None else []
+                for buf in results:
+                    out.append(f"    {buf.name} = ensure_layout({buf.name}, {buf.shape}, {buf.stride})")
+                for buf in step.items:
+                    out.append(f"    {buf.name} = ensure_layout({step.name}[{buf.item}], {buf.shape}, {buf.stride})")
+                if step.result is None:
+                    out.append(f"    del {step.name}")
+            else:
+                kernel, writer = self.kernels[id(step)]
+                for name in writer.out_args:
+                    buf = writer.buffers[name]
+                    key = (buf.shape, buf.stride, buf.dtype)
+                    if pool.get(key):
+                        old = pool[key].pop()
+                        out.append(f"    {name} = {old}; del {old}  # reuse")
+                    else:
+                        out.append(f"    {name} = torch.empty_strided({buf.shape}, {buf.stride}, dtype={buf.dtype}, "
+                                   f"device=device)")
+                args = list(writer.in_args) + list(writer.out_args) + (["seed"] if writer.uses_seed else [])
+                args += [str(g.sizevars.values[sym]) for sym in writer.size_args]
+                sizes = f"xnumel={writer.xnumel}" + (f", rnumel={writer.rnumel}" if step.is_reduction else "")
+                if writer.xnumel == 0:
+                    out.append(f"    # {kernel.name}: empty, nothing to compute")
+                else:
+                    out.append(f"    {kernel.name}.run({', '.join(args)}, {sizes})")
+                self.namespace[kernel.name] = kernel
+            for name in [n for n, last in last_use.items() if last == i and n not in keep]:
+                buf = self.buffer(name)
+                if isinstance(buf, ComputedBuffer):
+                    pool.setdefault((buf.shape, buf.stride, buf.dtype), []).append(name)
+                else:
+                    out.append(f"    del {name}")
+        outs = [self.value(o) for o in g.outputs]
+        out.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+        return "\n".join(out) + "\n"
+
+    def buffer(self, name):
+        for step in self.sched.steps:
+            if isinstance(step, FusedKernel):
+                for n in step.nodes:
+                    if n.name == name:
+                        return n
+            elif step.result is not None and step.result.name == name:
+                return step.result
+            elif any(b.name == name for b in step.items):
+                return next(b for b in step.items if b.name == name)
+        return None
+
+
+def generate_wrapper(graph: LoweredGraph, sched: Schedule, kernels: dict, device):
+    """Source of `call(*inputs)` and the function itself."""
+    writer = WrapperWriter(graph, sched, kernels)
+    source = writer.generate()
+    namespace = dict(writer.namespace, device=torch.device(device))
+    code = compile(source, "<fuselens wrapper>", "exec")
+    exec(code, namespace)
+    return source, namespace["call"]

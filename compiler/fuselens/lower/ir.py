@@ -1,0 +1,194 @@
+"""Loop-level IR: buffers, and the computations that fill them.
+
+A tensor during lowering is a `View` (a strided window onto a buffer: no kernel, no copy) or a
+`Lazy` pointwise value (a function from an index to a value, not yet stored anywhere). Lazy
+values are inlined into whatever consumes them; they become buffers ("are realized") only when
+something needs memory: a graph output, an extern call, or an expression grown too large.
+
+Index expressions are sympy expressions over per-dimension loop variables (`x0`, `r1`, ...) and
+size symbols (`SizeVars`), so kernels take sizes as arguments. Loop bodies call the *ops handler*
+(`ops()`), which is the analysis recorder in schedule/ and the Triton emitter in codegen/.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+
+
+class FloorDiv(sympy.Function):
+    is_integer = True
+
+    @classmethod
+    def eval(cls, a, b):
+        if b == 1:
+            return a
+        if a == 0:
+            return sympy.Integer(0)
+        if a.is_Integer and b.is_Integer:
+            return sympy.Integer(int(a) // int(b))
+        return None
+
+
+class ModIndex(sympy.Function):
+    is_integer = True
+
+    @classmethod
+    def eval(cls, a, b):
+        if b == 1 or a == 0:
+            return sympy.Integer(0)
+        if a.is_Integer and b.is_Integer:
+            return sympy.Integer(int(a) % int(b))
+        return None
+
+
+class SizeVars:
+    """Sizes, strides and offsets appear in index expressions as symbols `s0, s1, ...`, one per
+    distinct value (0 and 1 stay literal: they decide broadcasting). Kernels take the symbols as
+    arguments, so the same kernel source serves every shape with the same equalities."""
+
+    def __init__(self):
+        self.symbols: dict[int, sympy.Symbol] = {}
+        self.values: dict[sympy.Symbol, int] = {}
+
+    def __call__(self, value: int):
+        value = int(value)
+        if value in (0, 1) or value < 0:
+            return sympy.Integer(value)
+        if value not in self.symbols:
+            sym = sympy.Symbol(f"s{len(self.symbols)}", integer=True, positive=True)
+            self.symbols[value] = sym
+            self.values[sym] = value
+        return self.symbols[value]
+
+    def evaluate(self, expr) -> int:
+        return int(sympy.sympify(expr).subs(self.values))
+
+
+def contiguous_strides(shape):
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+# --- the ops handler ------------------------------------------------------------------------------
+_handlers: list = []
+
+
+def ops():
+    return _handlers[-1]
+
+
+@contextlib.contextmanager
+def use_handler(handler):
+    _handlers.append(handler)
+    try:
+        yield handler
+    finally:
+        _handlers.pop()
+
+
+# --- buffers --------------------------------------------------------------------------------------
+@dataclass(eq=False)
+class Buffer:
+    name: str
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+
+    def numel(self):
+        return math.prod(self.shape)
+
+
+@dataclass(eq=False)
+class InputBuffer(Buffer):
+    index: int = 0  # position among the graph's inputs
+
+
+@dataclass(eq=False)
+class ComputedBuffer(Buffer):
+    """Filled by a kernel. Pointwise: `body(idx)` gives the element at idx (over `shape`).
+    Reduction: `body(idx)` gives the input element at idx over `in_shape`; the dims in `red_dims`
+    are reduced with `reduce` ("sum", "prod", "max", "min"); `shape` keeps them as 1s."""
+    body: object = None
+    kind: str = "pointwise"
+    in_shape: tuple = ()
+    red_dims: tuple = ()
+    reduce: str | None = None
+    loc: tuple | None = None
+
+
+@dataclass(eq=False)
+class ExternCall:
+    """A call of a primitive's `impl` from the wrapper (matmul, conv, any torch function)."""
+    name: str
+    prim: object
+    args: tuple
+    kwargs: dict
+    result: object  # ExternBuffer for a tensor result; None for a tuple (read through `items`)
+    items: list = field(default_factory=list)  # ExternBuffers for the tensors of a tuple result
+    loc: tuple | None = None
+
+
+@dataclass(eq=False)
+class ExternBuffer(Buffer):
+    call: ExternCall | None = None
+    item: int | None = None  # index into the call's tuple result
+
+
+# --- tensor values during lowering ----------------------------------------------------------------
+class TensorValue:
+    shape: tuple
+    dtype: torch.dtype
+
+
+@dataclass(eq=False)
+class View(TensorValue):
+    buf: Buffer
+    shape: tuple
+    stride: tuple
+    offset: int
+
+    @property
+    def dtype(self):
+        return self.buf.dtype
+
+    def index(self, idx, sv: SizeVars):
+        return sv(self.offset) + sum((i * sv(s) for i, s in zip(idx, self.stride) if s), sympy.Integer(0))
+
+    def load(self, idx):
+        return ops().load(self.buf, self.index(idx, ops().sizevars))
+
+    def is_whole(self):
+        return self.shape == self.buf.shape and self.stride == self.buf.stride and self.offset == 0
+
+
+@dataclass(eq=False)
+class Lazy(TensorValue):
+    shape: tuple
+    dtype: torch.dtype
+    fn: object
+    cost: int = 1  # number of operations inlined into it
+    loc: tuple | None = None  # source location of the op that produced it
+
+    def load(self, idx):
+        return self.fn(idx)
+
+
+def buffer_view(buf: Buffer) -> View:
+    return View(buf, tuple(buf.shape), tuple(buf.stride), 0)
+
+
+@dataclass
+class LoweredGraph:
+    inputs: list  # InputBuffer, or None for the int seed input
+    steps: list  # ComputedBuffer | ExternCall in execution order
+    outputs: list  # View | python value
+    sizevars: SizeVars
+    device: torch.device
+    has_seed: bool = False

@@ -1,0 +1,293 @@
+"""Primitive FX graph -> LoweredGraph (buffers and the loop bodies that fill them)."""
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+import torch.fx as fx
+from torch.fx.node import map_aggregate
+
+from ..ops import primitives as prim
+from .ir import (ComputedBuffer, ExternBuffer, ExternCall, InputBuffer, Lazy, LoweredGraph, SizeVars, TensorValue,
+                 View, FloorDiv, ModIndex, buffer_view, contiguous_strides, ops)
+
+# A lazy value that inlines more operations than this is stored instead of recomputed in every
+# consumer (it also bounds the work of re-walking deep expression chains).
+INLINE_COST_LIMIT = 48
+
+
+class _Seed:
+    """The graph's seed input: kernels that draw random numbers take it as an argument."""
+
+
+class _ExternTuple:
+    def __init__(self, call):
+        self.call = call
+
+
+def broadcast_index(idx, out_shape, in_shape):
+    lead = len(out_shape) - len(in_shape)
+    return [sympy.Integer(0) if s == 1 else i for i, s in zip(idx[lead:], in_shape)]
+
+
+def view_strides(old_shape, old_stride, new_shape):
+    """Strides for viewing a strided tensor as `new_shape` without a copy, or None (torch's rule)."""
+    if math.prod(old_shape) <= 1:
+        return contiguous_strides(new_shape)
+    new_stride = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    chunk_base = old_stride[-1]
+    tensor_numel = view_numel = 1
+    for d in range(len(old_shape) - 1, -1, -1):
+        tensor_numel *= old_shape[d]
+        if d == 0 or (old_shape[d - 1] != 1 and old_stride[d - 1] != tensor_numel * chunk_base):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new_stride[view_d] = view_numel * chunk_base
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                chunk_base = old_stride[d - 1]
+                tensor_numel = view_numel = 1
+    return tuple(new_stride) if view_d == -1 else None
+
+
+def reshape_index(idx, new_shape, old_shape, sv: SizeVars):
+    """Index into `old_shape` of the element at `idx` of its row-major reshape to `new_shape`.
+    Dims are matched in groups with equal products, so flatten/unflatten need no div/mod beyond
+    the group they touch."""
+    out = [sympy.Integer(0)] * len(old_shape)
+    if math.prod(old_shape) == 0:
+        return out
+    new = [(k, s) for k, s in enumerate(new_shape) if s != 1]
+    old = [(k, s) for k, s in enumerate(old_shape) if s != 1]
+    i = j = 0
+    while i < len(new) or j < len(old):
+        gn, go, pn, po = [], [], 1, 1
+        while True:
+            if pn <= po and i < len(new):
+                gn.append(new[i]); pn *= new[i][1]; i += 1
+            elif j < len(old):
+                go.append(old[j]); po *= old[j][1]; j += 1
+            if pn == po and gn and go:
+                break
+        flat, inner = sympy.Integer(0), 1
+        for k, s in reversed(gn):
+            flat += idx[k] * sv(inner)
+            inner *= s
+        inner = 1
+        for pos, (k, s) in enumerate(reversed(go)):
+            v = FloorDiv(flat, sv(inner)) if inner != 1 else flat
+            out[k] = v if pos == len(go) - 1 else ModIndex(v, sv(s))
+            inner *= s
+    return out
+
+
+class Lowering:
+    def __init__(self, graph: fx.Graph, device):
+        self.graph = graph
+        self.device = torch.device(device)
+        self.sv = SizeVars()
+        self.steps: list = []
+        self.env: dict = {}
+        self.realized: dict[int, View] = {}
+        self.names = 0
+
+    def new_name(self):
+        self.names += 1
+        return f"buf{self.names - 1}"
+
+    def realize(self, v) -> View:
+        if isinstance(v, View):
+            return v
+        if id(v) not in self.realized:
+            buf = ComputedBuffer(self.new_name(), v.shape, contiguous_strides(v.shape), v.dtype, body=v.fn, loc=v.loc)
+            self.steps.append(buf)
+            self.realized[id(v)] = buffer_view(buf)
+        return self.realized[id(v)]
+
+    def run(self) -> LoweredGraph:
+        inputs, outputs = [], []
+        for node in self.graph.nodes:
+            if node.op == "placeholder":
+                if node.meta.get("seed"):
+                    self.env[node] = _Seed()
+                    inputs.append(None)
+                    continue
+                val = node.meta["val"]
+                buf = InputBuffer(f"arg{len(inputs)}", tuple(val.shape), tuple(val.stride()), val.dtype,
+                                  index=len(inputs))
+                inputs.append(buf)
+                self.env[node] = buffer_view(buf)
+            elif node.op == "call_function":
+                args = map_aggregate(node.args, lambda a: self.env[a] if isinstance(a, fx.Node) else a)
+                kwargs = map_aggregate(dict(node.kwargs), lambda a: self.env[a] if isinstance(a, fx.Node) else a)
+                self.env[node] = getattr(self, f"lower_{node.target.kind}")(node, node.target, args, kwargs)
+            elif node.op == "output":
+                for o in node.args[0]:
+                    v = self.env[o] if isinstance(o, fx.Node) else o
+                    outputs.append(self.realize(v) if isinstance(v, TensorValue) else v)
+        return LoweredGraph(inputs, self.steps, outputs, self.sv, self.device, has_seed=None in inputs)
+
+    # --- pointwise --------------------------------------------------------------------------------
+    def lower_pointwise(self, node, p, args, kwargs):
+        val = node.meta["val"]
+        shape, dtype, loc = tuple(val.shape), val.dtype, node.meta.get("loc")
+        if p is prim.slice_backward:
+            return self._lazy(shape, dtype, loc, self._slice_backward_fn(shape, *args), args)
+        if p is prim.cat:
+            return self._lazy(shape, dtype, loc, self._cat_fn(shape, dtype, *args), args[0])
+        operands = args[1:] if p is prim.where else args
+        tensor_dtypes = [a.dtype for a in operands if isinstance(a, TensorValue)]
+        const_dtype = tensor_dtypes[0] if tensor_dtypes else dtype
+
+        def fn(idx):
+            with ops().at(loc):
+                vals = [a.load(broadcast_index(idx, shape, a.shape)) if isinstance(a, TensorValue)
+                        else ops().constant(a, const_dtype) for a in args]
+                if p is prim.convert:
+                    return ops().to_dtype(vals[0], kwargs["dtype"])
+                return ops().pointwise(p, vals, dtype)
+        return self._lazy(shape, dtype, loc, fn, args)
+
+    def _lazy(self, shape, dtype, loc, fn, inputs):
+        cost = 1 + sum(a.cost for a in inputs if isinstance(a, Lazy))
+        v = Lazy(shape, dtype, fn, cost, loc)
+        return self.realize(v) if cost > INLINE_COST_LIMIT else v
+
+    def _slice_backward_fn(self, shape, src, _shape, dim, start, end, step):
+        def fn(idx):
+            i = idx[dim]
+            conds = [sympy.Ge(i, start), sympy.Lt(i, end)]
+            if step != 1:
+                conds.append(sympy.Eq(ModIndex(i - start, step), 0))
+            src_idx = list(idx)
+            src_idx[dim] = FloorDiv(i - start, step)
+            return ops().masked(conds, lambda: src.load(src_idx), 0)
+        return fn
+
+    def _cat_fn(self, shape, dtype, tensors, dim):
+        def fn(idx):
+            i, result, offset = idx[dim], None, 0
+            parts = []
+            for t in tensors:
+                parts.append((t, offset))
+                offset += t.shape[dim]
+            for t, start in reversed(parts):
+                src_idx = list(idx)
+                src_idx[dim] = i - start
+                conds = [sympy.Ge(i, start), sympy.Lt(i, start + t.shape[dim])]
+                result = ops().masked(conds, lambda t=t, src_idx=src_idx: t.load(src_idx),
+                                      result if result is not None else 0)
+            return result
+        return fn
+
+    # --- reductions -------------------------------------------------------------------------------
+    def lower_reduction(self, node, p, args, kwargs):
+        x, dims = args
+        val, loc = node.meta["val"], node.meta.get("loc")
+
+        def body(idx):
+            with ops().at(loc):
+                return x.load(idx)
+        buf = ComputedBuffer(self.new_name(), tuple(val.shape), contiguous_strides(val.shape), val.dtype, body=body,
+                             kind="reduction", in_shape=tuple(x.shape), red_dims=tuple(dims), reduce=p.reduce, loc=loc)
+        self.steps.append(buf)
+        return buffer_view(buf)
+
+    # --- views ------------------------------------------------------------------------------------
+    def lower_view(self, node, p, args, kwargs):
+        x = args[0]
+        out_shape = tuple(node.meta["val"].shape)
+        if p is prim.permute:
+            dims = args[1]
+            if isinstance(x, View):
+                return View(x.buf, out_shape, tuple(x.stride[d] for d in dims), x.offset)
+            return Lazy(out_shape, x.dtype, lambda idx: x.load([idx[dims.index(d)] for d in range(len(dims))]), x.cost, x.loc)
+        if p is prim.expand:
+            if isinstance(x, View):
+                lead = len(out_shape) - len(x.shape)
+                stride = (0,) * lead + tuple(0 if s == 1 and o != 1 else st for s, o, st in
+                                              zip(x.shape, out_shape[lead:], x.stride))
+                return View(x.buf, out_shape, stride, x.offset)
+            return Lazy(out_shape, x.dtype, lambda idx: x.load(broadcast_index(idx, out_shape, x.shape)), x.cost, x.loc)
+        if p is prim.slice:
+            _, dim, start, end, step = args
+            if isinstance(x, View):
+                stride = list(x.stride)
+                stride[dim] *= step
+                return View(x.buf, out_shape, tuple(stride), x.offset + start * x.stride[dim])
+
+            def fn(idx):
+                src = list(idx)
+                src[dim] = start + step * idx[dim]
+                return x.load(src)
+            return Lazy(out_shape, x.dtype, fn, x.cost, x.loc)
+        if p is prim.reshape:
+            if isinstance(x, View):
+                stride = view_strides(x.shape, x.stride, out_shape)
+                if stride is not None:
+                    return View(x.buf, out_shape, stride, x.offset)
+            sv = self.sv
+            return Lazy(out_shape, x.dtype, lambda idx: x.load(reshape_index(idx, out_shape, x.shape, sv)),
+                        getattr(x, "cost", 1), getattr(x, "loc", None))
+        raise NotImplementedError(p)
+
+    # --- sources ----------------------------------------------------------------------------------
+    def lower_source(self, node, p, args, kwargs):
+        val, loc = node.meta["val"], node.meta.get("loc")
+        shape, dtype = tuple(val.shape), val.dtype
+        if p is prim.full:
+            value = args[1]
+
+            def fn(idx):
+                with ops().at(loc):
+                    return ops().constant(value, dtype)
+        else:
+            _, start, step = args
+
+            def fn(idx):
+                with ops().at(loc):
+                    return ops().index_value(start + step * idx[0], dtype)
+        return Lazy(shape, dtype, fn, loc=loc)
+
+    def lower_random(self, node, p, args, kwargs):
+        val, loc = node.meta["val"], node.meta.get("loc")
+        shape, stream = tuple(val.shape), kwargs["stream"]
+        strides = contiguous_strides(shape)
+        sv = self.sv
+
+        def fn(idx):
+            with ops().at(loc):
+                flat = sum((i * sv(s) for i, s in zip(idx, strides)), sympy.Integer(0))
+                return ops().random(p.name, stream, flat)
+        # philox is a pure function of (seed, stream, element): recomputing it in several kernels
+        # gives the same numbers, so random values inline like any pointwise value
+        return Lazy(shape, val.dtype, fn, loc=loc)
+
+    # --- extern calls -----------------------------------------------------------------------------
+    def lower_extern(self, node, p, args, kwargs):
+        def arg(a):
+            return self.realize(a) if isinstance(a, TensorValue) else a
+        args, kwargs = map_aggregate(args, arg), map_aggregate(kwargs, arg)
+        call = ExternCall(self.new_name(), p, args, kwargs, None, loc=node.meta.get("loc"))
+        self.steps.append(call)
+        val = node.meta["val"]
+        if isinstance(val, torch.Tensor):
+            call.result = ExternBuffer(call.name, tuple(val.shape), tuple(val.stride()), val.dtype, call=call)
+            return buffer_view(call.result)
+        return _ExternTuple(call)
+
+    def lower_item(self, node, p, args, kwargs):
+        tup, index = args
+        val = node.meta["val"]
+        buf = ExternBuffer(f"{tup.call.name}_{index}", tuple(val.shape), tuple(val.stride()), val.dtype, call=tup.call,
+                           item=index)
+        tup.call.items.append(buf)
+        return buffer_view(buf)
+
+
+def lower_graph(graph: fx.Graph, device) -> LoweredGraph:
+    return Lowering(graph, device).run()

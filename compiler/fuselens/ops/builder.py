@@ -1,0 +1,344 @@
+"""Emitting primitives into an FX graph.
+
+`TVal` is a tensor being built: an FX node plus its meta value. The functions here are the
+primitives with torch's conveniences added (type promotion, scalar operands, negative dims,
+keepdim), and are what decompositions and VJP rules are written with. Every node gets
+`meta["val"]` by running the primitive's `impl` on meta tensors, and `meta["loc"]` from the
+builder's current source location.
+"""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import math
+import numbers
+
+import torch
+import torch.fx as fx
+from torch.fx.node import map_aggregate
+
+from . import primitives as prim
+
+_builders: list["GraphBuilder"] = []
+
+
+class TVal:
+    __slots__ = ("node", "val")
+
+    def __init__(self, node, val):
+        self.node, self.val = node, val
+
+    shape = property(lambda self: tuple(self.val.shape))
+    dtype = property(lambda self: self.val.dtype)
+    ndim = property(lambda self: self.val.ndim)
+
+    def numel(self):
+        return math.prod(self.shape)
+
+    def __repr__(self):
+        return f"TVal({self.node.name}: {self.dtype} {list(self.shape)})"
+
+    __add__ = lambda a, b: add(a, b)
+    __radd__ = lambda a, b: add(b, a)
+    __sub__ = lambda a, b: sub(a, b)
+    __rsub__ = lambda a, b: sub(b, a)
+    __mul__ = lambda a, b: mul(a, b)
+    __rmul__ = lambda a, b: mul(b, a)
+    __truediv__ = lambda a, b: div(a, b)
+    __rtruediv__ = lambda a, b: div(b, a)
+    __neg__ = lambda a: neg(a)
+    __pow__ = lambda a, b: pow(a, b)
+    __gt__ = lambda a, b: gt(a, b)
+    __ge__ = lambda a, b: ge(a, b)
+    __lt__ = lambda a, b: lt(a, b)
+    __le__ = lambda a, b: le(a, b)
+
+
+class GraphBuilder:
+    """Owns the primitive graph being built and the source location stamped on new nodes."""
+
+    def __init__(self, device):
+        self.graph = fx.Graph()
+        self.device = torch.device(device)
+        self.loc = None
+        self._seed = None
+        self._streams = 0
+
+    def placeholder(self, name, val):
+        node = self.graph.placeholder(name)
+        node.meta["val"] = val
+        node.meta["loc"] = None
+        return TVal(node, val)
+
+    def seed(self):
+        """The graph's random seed: an int input, created on first use (after the other inputs)."""
+        if self._seed is None:
+            placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+            where = self.graph.inserting_after(placeholders[-1]) if placeholders else \
+                self.graph.inserting_before(next(iter(self.graph.nodes), None))
+            with where:
+                node = self.graph.placeholder("seed")
+            node.meta.update(val=0, loc=None, seed=True)
+            self._seed = TVal(node, 0)
+        return self._seed
+
+    def next_stream(self):
+        self._streams += 1
+        return self._streams
+
+    def output(self, values):
+        self.graph.output(tuple(v.node if isinstance(v, TVal) else v for v in values))
+
+    @contextlib.contextmanager
+    def building(self):
+        _builders.append(self)
+        try:
+            yield self
+        finally:
+            _builders.pop()
+
+    @contextlib.contextmanager
+    def at(self, loc):
+        saved, self.loc = self.loc, loc
+        try:
+            yield
+        finally:
+            self.loc = saved
+
+
+def builder() -> GraphBuilder:
+    return _builders[-1]
+
+
+def _meta(x):
+    return x.val if isinstance(x, TVal) else x
+
+
+def _node(x):
+    return x.node if isinstance(x, TVal) else x
+
+
+def emit(p: prim.Primitive, *args, _val=None, **kwargs):
+    """Add a call of primitive `p`; returns a TVal (or a tuple of TVals for tuple results)."""
+    b = builder()
+    if _val is None:
+        margs = map_aggregate(args, _meta)
+        mkwargs = {k: ("meta" if k == "device" else map_aggregate(v, _meta)) for k, v in kwargs.items()}
+        _val = p.impl(*margs, **mkwargs)
+    node = b.graph.call_function(p, map_aggregate(args, _node), {k: map_aggregate(v, _node) for k, v in kwargs.items()})
+    node.meta["loc"] = b.loc
+    if isinstance(_val, (tuple, list)):
+        node.meta["val"] = tuple(_val)
+        whole = TVal(node, tuple(_val))
+        return tuple(emit(prim.item, whole, i) if isinstance(v, torch.Tensor) else v for i, v in enumerate(_val))
+    node.meta["val"] = _val
+    return TVal(node, _val)
+
+
+# --- dtypes ---------------------------------------------------------------------------------------
+def result_type(*xs):
+    """torch's type promotion over tensors and Python scalars (0-d tensors rank below others)."""
+    rep = None
+    for x in xs:
+        x = torch.empty((1,) if x.ndim else (), dtype=x.dtype) if isinstance(x, TVal) else x
+        if rep is None:
+            rep = x
+        elif isinstance(rep, torch.Tensor) or isinstance(x, torch.Tensor):
+            dims = builtins.any(isinstance(t, torch.Tensor) and t.ndim for t in (rep, x))
+            rep = torch.empty((1,) if dims else (), dtype=torch.result_type(rep, x))
+        else:
+            rep = rep + x
+    return rep.dtype if isinstance(rep, torch.Tensor) else torch.tensor(rep).dtype
+
+
+def cast(x, dtype):
+    if not isinstance(x, TVal):
+        if dtype == torch.bool:
+            return builtins.bool(x)
+        return float(x) if dtype.is_floating_point else int(x)
+    return x if x.dtype == dtype else emit(prim.convert, x, dtype=dtype)
+
+
+def to_float(x):
+    """Ints and bools are promoted to the default float dtype, as torch does for div, exp, ..."""
+    if isinstance(x, TVal) and not (x.dtype.is_floating_point or x.dtype.is_complex):
+        return cast(x, torch.get_default_dtype())
+    return x
+
+
+# --- pointwise ------------------------------------------------------------------------------------
+def _unary(p, float_only=True):
+    def fn(x):
+        return emit(p, to_float(x) if float_only else x)
+    fn.__name__ = p.name
+    return fn
+
+
+neg = _unary(prim.neg, float_only=False)
+abs = _unary(prim.abs, float_only=False)
+exp, exp2, log, log1p = (_unary(p) for p in (prim.exp, prim.exp2, prim.log, prim.log1p))
+sqrt, rsqrt, sin, cos = (_unary(p) for p in (prim.sqrt, prim.rsqrt, prim.sin, prim.cos))
+tanh, sigmoid, erf = (_unary(p) for p in (prim.tanh, prim.sigmoid, prim.erf))
+floor, ceil = _unary(prim.floor, float_only=False), _unary(prim.ceil, float_only=False)
+
+
+def copy(x):
+    return emit(prim.copy, x)
+
+
+def logical_not(x):
+    return emit(prim.logical_not, x)
+
+
+def _binary(p, compare=False, float_result=False):
+    def fn(a, b):
+        if not isinstance(a, TVal) and not isinstance(b, TVal):
+            return p.impl(torch.tensor(a), b).item()
+        dtype = result_type(a, b)
+        if float_result and not dtype.is_floating_point:
+            dtype = torch.get_default_dtype()
+        return emit(p, cast(a, dtype), cast(b, dtype))
+    fn.__name__ = p.name
+    return fn
+
+
+add, sub, mul = _binary(prim.add), _binary(prim.sub), _binary(prim.mul)
+div = _binary(prim.div, float_result=True)
+maximum, minimum = _binary(prim.maximum), _binary(prim.minimum)
+eq, ne, lt, le, gt, ge = (_binary(p, compare=True) for p in (prim.eq, prim.ne, prim.lt, prim.le, prim.gt, prim.ge))
+
+
+def pow(a, b):
+    if isinstance(b, numbers.Number) and isinstance(a, TVal):
+        if b == 2:
+            return mul(a, a)
+        if b == 1:
+            return a
+        if b == 0.5:
+            return sqrt(a)
+    return _binary(prim.pow)(a, b)
+
+
+def _logical(p):
+    def fn(a, b):
+        return emit(p, a, b)
+    return fn
+
+
+logical_and, logical_or, logical_xor = _logical(prim.logical_and), _logical(prim.logical_or), \
+    _logical(prim.logical_xor)
+
+
+def where(cond, a, b):
+    dtype = result_type(a, b)
+    if not isinstance(cond, TVal):
+        return a if cond else b
+    return emit(prim.where, cast(cond, torch.bool), cast(a, dtype), cast(b, dtype))
+
+
+# --- reductions -----------------------------------------------------------------------------------
+def norm_dims(dims, ndim):
+    if dims is None or dims == [] or dims == ():
+        return tuple(range(ndim))
+    if isinstance(dims, int):
+        dims = (dims,)
+    return tuple(sorted({d % builtins.max(ndim, 1) for d in dims})) if ndim else ()
+
+
+def _reduction(p):
+    def fn(x, dims=None, keepdim=False):
+        dims = norm_dims(dims, x.ndim)
+        out = emit(p, x, dims)
+        return out if keepdim else squeeze_dims(out, dims)
+    fn.__name__ = p.name
+    return fn
+
+
+sum, prod, amax, amin = (_reduction(p) for p in (prim.sum, prim.prod, prim.amax, prim.amin))
+
+
+def sum_to(x, shape):
+    """Sum a broadcast result back down to `shape` (the VJP of broadcasting)."""
+    shape = tuple(shape)
+    if x.shape == shape:
+        return x
+    lead = x.ndim - len(shape)
+    dims = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape) if s == 1 and x.shape[lead + i] != 1)
+    out = emit(prim.sum, x, dims) if dims else x
+    return reshape(out, shape)
+
+
+# --- views ----------------------------------------------------------------------------------------
+def reshape(x, shape):
+    shape = tuple(shape)
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        shape = tuple(x.numel() // builtins.max(known, 1) if s == -1 else s for s in shape)
+    return x if x.shape == shape else emit(prim.reshape, x, shape)
+
+
+def squeeze_dims(x, dims):
+    keep = [s for i, s in enumerate(x.shape) if i not in dims or s != 1]
+    return reshape(x, keep)
+
+
+def unsqueeze(x, dim):
+    dim = dim % (x.ndim + 1)
+    return reshape(x, x.shape[:dim] + (1,) + x.shape[dim:])
+
+
+def permute(x, dims):
+    dims = tuple(d % x.ndim for d in dims)
+    return x if dims == tuple(range(x.ndim)) else emit(prim.permute, x, dims)
+
+
+def transpose(x, d0, d1):
+    if x.ndim < 2:
+        return x
+    dims = list(range(x.ndim))
+    dims[d0 % x.ndim], dims[d1 % x.ndim] = dims[d1 % x.ndim], dims[d0 % x.ndim]
+    return permute(x, dims)
+
+
+def expand(x, shape):
+    shape = tuple(shape)
+    lead = len(shape) - x.ndim
+    shape = tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(shape))
+    if x.ndim < len(shape):
+        x = reshape(x, (1,) * lead + x.shape)
+    return x if x.shape == shape else emit(prim.expand, x, shape)
+
+
+def broadcast_shapes(*shapes):
+    return tuple(torch.broadcast_shapes(*shapes))
+
+
+def slice(x, dim, start, end, step=1):
+    dim = dim % x.ndim
+    size = x.shape[dim]
+    start, end, step = builtins.slice(start, end, step).indices(size)
+    end = builtins.max(end, start)
+    if (start, end, step) == (0, size, 1):
+        return x
+    return emit(prim.slice, x, dim, start, end, step)
+
+
+def select(x, dim, index):
+    dim = dim % x.ndim
+    index = index % x.shape[dim] if x.shape[dim] else index
+    return squeeze_dims(slice(x, dim, index, index + 1), (dim,))
+
+
+# --- sources --------------------------------------------------------------------------------------
+def full(shape, value, dtype=None, device=None):
+    if dtype is None:
+        dtype = torch.tensor(value).dtype if not isinstance(value, float) else torch.get_default_dtype()
+    return emit(prim.full, tuple(shape), value, dtype=dtype, device=device or builder().device)
+
+
+def iota(length, start=0, step=1, dtype=torch.int64, device=None):
+    return emit(prim.iota, length, start, step, dtype=dtype, device=device or builder().device)
+
+
+def zeros_like(x, dtype=None):
+    return full(x.shape, 0, dtype or x.dtype)

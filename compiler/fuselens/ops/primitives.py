@@ -1,0 +1,199 @@
+"""The primitive op set: each primitive is declared once, with
+  - `impl`: a torch function computing it. Run on meta tensors it is the shape/dtype rule; run on
+    real tensors it is the reference (and the extern call for primitives without a Triton lowering).
+  - `vjp`: the vector-Jacobian product rule, written with the same primitives (see autograd/joint.py).
+  - its lowering: `triton` (a format string over operand expressions) for pointwise primitives,
+    `reduce` for reductions; primitives with neither are extern calls to `impl`.
+The VJP rules live in vjp_rules.py next to the decompositions, registered onto these objects by name,
+because they are written with the builder's helpers, which themselves emit these primitives.
+"""
+from __future__ import annotations
+
+import builtins
+
+import torch
+
+PRIMITIVES: dict[str, "Primitive"] = {}
+
+
+class Primitive:
+    """A primitive op. Callable (runs `impl`) so a primitive FX graph also runs eagerly."""
+
+    def __init__(self, name, impl, kind, *, triton=None, reduce=None):
+        self.name = name
+        self.__name__ = f"prim_{name}"
+        self.__qualname__ = self.__name__
+        self.impl = impl
+        # kind: pointwise | reduction | view | source (no tensor inputs) | random | extern | item
+        self.kind = kind
+        self.triton = triton
+        self.reduce = reduce
+        self.vjp = None
+        PRIMITIVES[name] = self
+
+    def __call__(self, *args, **kwargs):
+        return self.impl(*args, **kwargs)
+
+    def __repr__(self):
+        return f"prim.{self.name}"
+
+
+def _pointwise(name, impl, triton):
+    return Primitive(name, impl, "pointwise", triton=triton)
+
+
+# --- pointwise: unary -------------------------------------------------------------------------
+neg = _pointwise("neg", torch.neg, "-{0}")
+abs = _pointwise("abs", torch.abs, "tl.abs({0})")
+exp = _pointwise("exp", torch.exp, "tl.exp({0})")
+exp2 = _pointwise("exp2", torch.exp2, "tl.exp2({0})")
+log = _pointwise("log", torch.log, "tl.log({0})")
+log1p = _pointwise("log1p", torch.log1p, "libdevice.log1p({0})")
+sqrt = _pointwise("sqrt", torch.sqrt, "tl.sqrt({0})")
+rsqrt = _pointwise("rsqrt", torch.rsqrt, "tl.rsqrt({0})")
+sin = _pointwise("sin", torch.sin, "tl.sin({0})")
+cos = _pointwise("cos", torch.cos, "tl.cos({0})")
+tanh = _pointwise("tanh", torch.tanh, "libdevice.tanh({0})")
+sigmoid = _pointwise("sigmoid", torch.sigmoid, "tl.sigmoid({0})")
+erf = _pointwise("erf", torch.erf, "tl.erf({0})")
+floor = _pointwise("floor", torch.floor, "tl.floor({0})")
+ceil = _pointwise("ceil", torch.ceil, "tl.ceil({0})")
+logical_not = _pointwise("logical_not", torch.logical_not, "({0} == 0)")
+# identity; makes a value a fresh contiguous buffer (clone/contiguous)
+copy = _pointwise("copy", torch.clone, "{0}")
+# identity whose VJP is zero (detach)
+stop_gradient = _pointwise("stop_gradient", torch.Tensor.detach, "{0}")
+
+# --- pointwise: binary (operands broadcast; the builder casts them to one dtype first) ----------
+add = _pointwise("add", torch.add, "{0} + {1}")
+sub = _pointwise("sub", torch.sub, "{0} - {1}")
+mul = _pointwise("mul", torch.mul, "{0} * {1}")
+div = _pointwise("div", torch.div, "{0} / {1}")
+pow = _pointwise("pow", torch.pow, "libdevice.pow({0}, {1})")
+maximum = _pointwise("maximum", torch.maximum, "tl.maximum({0}, {1}, tl.PropagateNan.ALL)")
+minimum = _pointwise("minimum", torch.minimum, "tl.minimum({0}, {1}, tl.PropagateNan.ALL)")
+eq = _pointwise("eq", torch.eq, "{0} == {1}")
+ne = _pointwise("ne", torch.ne, "{0} != {1}")
+lt = _pointwise("lt", torch.lt, "{0} < {1}")
+le = _pointwise("le", torch.le, "{0} <= {1}")
+gt = _pointwise("gt", torch.gt, "{0} > {1}")
+ge = _pointwise("ge", torch.ge, "{0} >= {1}")
+logical_and = _pointwise("logical_and", torch.logical_and, "({0} != 0) & ({1} != 0)")
+logical_or = _pointwise("logical_or", torch.logical_or, "({0} != 0) | ({1} != 0)")
+logical_xor = _pointwise("logical_xor", torch.logical_xor, "({0} != 0) ^ ({1} != 0)")
+where = _pointwise("where", torch.where, "tl.where({0}, {1}, {2})")
+# dtype conversion; lowered by codegen (it knows the Triton type names)
+convert = _pointwise("convert", lambda x, dtype: x.to(dtype), None)
+
+
+# --- reductions: always keepdim, over a tuple of dims -------------------------------------------
+def _keepdim(fn):
+    def impl(x, dims):
+        if x.ndim == 0:
+            return fn(x.reshape(1), 0).reshape(())
+        out = x
+        for d in sorted(dims, reverse=True):
+            out = fn(out, d)
+        return out
+    return impl
+
+
+sum = Primitive("sum", _keepdim(lambda x, d: torch.sum(x, d, keepdim=True, dtype=x.dtype)), "reduction",
+                reduce="sum")
+prod = Primitive("prod", _keepdim(lambda x, d: torch.prod(x, d, keepdim=True, dtype=x.dtype)), "reduction",
+                 reduce="prod")
+amax = Primitive("amax", _keepdim(lambda x, d: torch.amax(x, d, keepdim=True)), "reduction", reduce="max")
+amin = Primitive("amin", _keepdim(lambda x, d: torch.amin(x, d, keepdim=True)), "reduction", reduce="min")
+
+# --- views: no kernel of their own; lowering turns them into index expressions ------------------
+reshape = Primitive("reshape", torch.reshape, "view")
+permute = Primitive("permute", torch.permute, "view")
+expand = Primitive("expand", lambda x, shape: x.expand(shape), "view")
+slice = Primitive("slice", lambda x, dim, start, end, step:
+                  x[(builtins.slice(None),) * dim + (builtins.slice(start, end, step),)], "view")
+
+
+# --- index-computed values (lowered as pointwise with masked loads) -----------------------------
+def _slice_scatter_zeros(src, shape, dim, start, end, step):
+    out = src.new_zeros(shape)
+    return out.slice_scatter(src, dim, start, end, step)
+
+
+# zeros of `shape` with `src` written into shape[dim][start:end:step]: the VJP of `slice`
+slice_backward = Primitive("slice_backward", _slice_scatter_zeros, "pointwise")
+cat = Primitive("cat", lambda tensors, dim: torch.cat(tensors, dim), "pointwise")
+
+# --- sources: no tensor inputs -------------------------------------------------------------------
+full = Primitive("full", lambda shape, value, dtype, device: torch.full(shape, value, dtype=dtype, device=device),
+                 "source")
+iota = Primitive("iota", lambda length, start, step, dtype, device:
+                 torch.arange(start, start + length * step, step, dtype=dtype, device=device)[:length], "source")
+
+
+def _random(fn):
+    def impl(seed, shape, dtype, device, stream):
+        if str(device) == "meta":
+            return torch.empty(shape, dtype=dtype, device="meta")
+        # eager reference: its own generator per (seed, stream); the Triton lowering uses philox
+        gen = torch.Generator(device).manual_seed(int(seed) * 1000003 + stream)
+        return fn(shape, dtype=dtype, device=device, generator=gen)
+    return impl
+
+
+# uniform [0, 1) and standard normal; `stream` makes each random op in a graph independent
+rand = Primitive("rand", _random(torch.rand), "random")
+randn = Primitive("randn", _random(torch.randn), "random")
+
+# --- extern calls: run the ATen op from the wrapper ---------------------------------------------
+mm = Primitive("mm", torch.mm, "extern")
+bmm = Primitive("bmm", torch.bmm, "extern")
+conv2d = Primitive("conv2d", torch.nn.functional.conv2d, "extern")
+
+
+def _conv2d_backward(grad, x, weight, stride, padding, dilation, groups, which):
+    mask = [which == "input", which == "weight", False]
+    outs = torch.ops.aten.convolution_backward(grad, x, weight, None, stride, padding, dilation, False,
+                                               [0, 0], groups, mask)
+    return outs[0] if which == "input" else outs[1]
+
+
+conv2d_backward = Primitive("conv2d_backward", _conv2d_backward, "extern")
+# padding_idx -1: none
+embedding = Primitive("embedding", lambda indices, weight, padding_idx: torch.embedding(weight, indices, padding_idx),
+                      "extern")
+embedding_backward = Primitive(
+    "embedding_backward",
+    lambda grad, indices, num_weights, padding_idx: torch.ops.aten.embedding_dense_backward(
+        grad, indices, num_weights, padding_idx, False), "extern")
+argmax = Primitive("argmax", lambda x, dim, keepdim: torch.argmax(x, dim, keepdim), "extern")
+argmin = Primitive("argmin", lambda x, dim, keepdim: torch.argmin(x, dim, keepdim), "extern")
+
+
+def _call_torch(fn, args, kwargs):
+    return fn(*args, **kwargs)
+
+
+def _call_torch_vjp(fn, args, kwargs, grads):
+    """Backward of an arbitrary torch call: recompute it under autograd and ask for the gradients."""
+    leaves = [a.detach().requires_grad_(True) if _differentiable(a) else a for a in args]
+    with torch.enable_grad():
+        out = fn(*leaves, **kwargs)
+    outs = [out] if isinstance(out, torch.Tensor) else list(out)
+    pairs = [(o, g) for o, g in zip(outs, grads) if isinstance(o, torch.Tensor) and o.requires_grad]
+    wrt = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.requires_grad]
+    got = torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
+    got = iter(got)
+    return tuple(
+        (next(got) if _differentiable(a) else None) if isinstance(a, torch.Tensor) else None for a in args)
+
+
+def _differentiable(a):
+    return isinstance(a, torch.Tensor) and (a.is_floating_point() or a.is_complex())
+
+
+# any torch function with no decomposition: `fn(*args, **kwargs)`, tensors among args (flat list)
+call_torch = Primitive("call_torch", _call_torch, "extern")
+# its VJP: gradients w.r.t. every tensor in args (a tuple, None where none)
+call_torch_vjp = Primitive("call_torch_vjp", _call_torch_vjp, "extern")
+# element `index` of an extern's tuple result
+item = Primitive("item", lambda tup, index: tup[index], "item")

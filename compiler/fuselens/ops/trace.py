@@ -1,0 +1,80 @@
+"""Torch-level FX graph -> primitive FX graph, by running each node's decomposition on TVals."""
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.fx as fx
+from torch.fx.node import map_aggregate
+
+from . import primitives as prim
+from .builder import GraphBuilder, TVal, emit
+from .decompositions import DECOMPOSITIONS, Unsupported
+
+
+def normalize_target(node: fx.Node):
+    """call_method nodes (from symbolic_trace) become their unbound torch.Tensor method."""
+    if node.op == "call_method":
+        return getattr(torch.Tensor, node.target)
+    return node.target
+
+
+def _to_meta(v):
+    if isinstance(v, torch.Tensor) and v.device.type != "meta":
+        return v.to("meta")
+    return v
+
+
+def extern_call(target, args, kwargs, node=None):
+    """Any torch function as an extern call (no decomposition, or arguments it does not handle)."""
+    try:
+        meta_args = map_aggregate(args, lambda a: a.val if isinstance(a, TVal) else a)
+        meta_kwargs = map_aggregate(kwargs, lambda a: a.val if isinstance(a, TVal) else a)
+        val = map_aggregate(target(*meta_args, **meta_kwargs), _to_meta)
+    except Exception:  # data-dependent shapes: take the value capture recorded
+        val = node.meta.get("val") if node is not None else None
+        if not isinstance(val, (torch.Tensor, tuple, list)):
+            raise
+    return emit(prim.call_torch, target, tuple(args), dict(kwargs), _val=val)
+
+
+def decompose(target, args, kwargs, node=None):
+    fn = DECOMPOSITIONS.get(target)
+    if fn is not None:
+        try:
+            inspect.signature(fn).bind(*args, **kwargs)
+        except (TypeError, ValueError):
+            fn = None
+    if fn is not None:
+        try:
+            return fn(*args, **kwargs)
+        except Unsupported:
+            pass
+    return extern_call(target, args, kwargs, node)
+
+
+def to_primitive_graph(gm: fx.GraphModule, example_inputs, device) -> fx.Graph:
+    """The primitive graph of `gm` for inputs shaped like `example_inputs` (tensors or meta tensors).
+
+    Placeholders keep gm's order; a `seed` int placeholder is appended when the graph draws random
+    numbers. Outputs are a flat tuple (a single returned value becomes a 1-tuple).
+    """
+    b = GraphBuilder(device)
+    env: dict[fx.Node, object] = {}
+    inputs = iter(example_inputs)
+    with b.building():
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                env[node] = b.placeholder(node.name, _to_meta(next(inputs)))
+            elif node.op in ("call_function", "call_method"):
+                args = map_aggregate(node.args, lambda a: env[a] if isinstance(a, fx.Node) else a)
+                kwargs = map_aggregate(dict(node.kwargs), lambda a: env[a] if isinstance(a, fx.Node) else a)
+                with b.at(node.meta.get("loc")):
+                    env[node] = decompose(normalize_target(node), args, kwargs, node)
+            elif node.op == "output":
+                out = node.args[0]
+                out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+                b.output([env[o] if isinstance(o, fx.Node) else o for o in out])
+            else:
+                raise NotImplementedError(f"{node.op} nodes ({node.target}) are not part of the capture contract")
+    return b.graph

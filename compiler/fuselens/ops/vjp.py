@@ -1,0 +1,133 @@
+"""VJP rules, one per differentiable primitive, written with the builder's helpers.
+
+A rule is `rule(g, out, *args, **params) -> tuple` with one entry per positional argument: the
+gradient for it, or None. Arguments and `out` are the forward TVals (or constants). For pointwise
+primitives the autograd engine reduces broadcast gradients to each argument's shape and casts them
+to its dtype, so rules here ignore broadcasting.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import builder as P
+from . import primitives as prim
+from .builder import TVal, emit
+
+
+def rule(*prims):
+    def deco(fn):
+        for p in prims:
+            p.vjp = fn
+        return fn
+    return deco
+
+
+def _no_grad(*prims):
+    for p in prims:
+        p.vjp = lambda g, out, *args, **kw: (None,) * len(args)
+
+
+_no_grad(prim.eq, prim.ne, prim.lt, prim.le, prim.gt, prim.ge, prim.logical_and, prim.logical_or,
+         prim.logical_xor, prim.logical_not, prim.floor, prim.ceil, prim.stop_gradient, prim.full, prim.iota,
+         prim.rand, prim.randn, prim.argmax, prim.argmin)
+
+# --- pointwise ------------------------------------------------------------------------------------
+rule(prim.add)(lambda g, out, a, b: (g, g))
+rule(prim.sub)(lambda g, out, a, b: (g, P.neg(g)))
+rule(prim.mul)(lambda g, out, a, b: (P.mul(g, b), P.mul(g, a)))
+rule(prim.div)(lambda g, out, a, b: (P.div(g, b), P.neg(P.div(P.mul(g, out), b))))
+rule(prim.neg)(lambda g, out, x: (P.neg(g),))
+rule(prim.copy)(lambda g, out, x: (g,))
+rule(prim.abs)(lambda g, out, x: (P.where(P.gt(x, 0), g, P.where(P.lt(x, 0), P.neg(g), 0.0)),))
+rule(prim.exp)(lambda g, out, x: (P.mul(g, out),))
+rule(prim.exp2)(lambda g, out, x: (P.mul(g, P.mul(out, math.log(2))),))
+rule(prim.log)(lambda g, out, x: (P.div(g, x),))
+rule(prim.log1p)(lambda g, out, x: (P.div(g, P.add(x, 1.0)),))
+rule(prim.sqrt)(lambda g, out, x: (P.div(P.mul(g, 0.5), out),))
+rule(prim.rsqrt)(lambda g, out, x: (P.mul(P.mul(g, -0.5), P.mul(out, P.mul(out, out))),))
+rule(prim.sin)(lambda g, out, x: (P.mul(g, P.cos(x)),))
+rule(prim.cos)(lambda g, out, x: (P.neg(P.mul(g, P.sin(x))),))
+rule(prim.tanh)(lambda g, out, x: (P.mul(g, P.sub(1.0, P.mul(out, out))),))
+rule(prim.sigmoid)(lambda g, out, x: (P.mul(g, P.mul(out, P.sub(1.0, out))),))
+rule(prim.erf)(lambda g, out, x: (P.mul(g, P.mul(2 / math.sqrt(math.pi), P.exp(P.neg(P.mul(x, x))))),))
+rule(prim.convert)(lambda g, out, x, dtype: (P.cast(g, x.dtype) if x.dtype.is_floating_point else None,))
+rule(prim.where)(lambda g, out, c, a, b: (None, P.where(c, g, 0.0), P.where(c, 0.0, g)))
+
+
+@rule(prim.pow)
+def _pow(g, out, a, b):
+    ga = P.mul(g, P.mul(b, P.pow(a, P.sub(b, 1)))) if isinstance(a, TVal) else None
+    gb = P.mul(g, P.mul(out, P.where(P.gt(a, 0), P.log(a), 0.0))) if isinstance(b, TVal) else None
+    return ga, gb
+
+
+def _extremum_vjp(first_wins):
+    # as ATen: ties split the gradient evenly
+    def fn(g, out, a, b):
+        half = P.mul(g, 0.5)
+        ga = P.where(P.eq(a, b), half, P.where(first_wins(a, b), g, 0.0))
+        gb = P.where(P.eq(a, b), half, P.where(first_wins(a, b), 0.0, g))
+        return ga, gb
+    return fn
+
+
+rule(prim.maximum)(_extremum_vjp(P.gt))
+rule(prim.minimum)(_extremum_vjp(P.lt))
+
+
+# --- reductions (keepdim: `g` has the reduced shape with 1s) --------------------------------------
+rule(prim.sum)(lambda g, out, x, dims: (P.expand(g, x.shape),))
+rule(prim.prod)(lambda g, out, x, dims: (P.div(P.mul(g, out), x),))
+
+
+@rule(prim.amax, prim.amin)
+def _extreme_reduce(g, out, x, dims):
+    # as ATen: ties share the gradient evenly
+    hit = P.cast(P.eq(x, out), g.dtype)
+    return (P.mul(P.div(g, emit(prim.sum, hit, dims)), hit),)
+
+
+# --- views ----------------------------------------------------------------------------------------
+rule(prim.reshape)(lambda g, out, x, shape: (P.reshape(g, x.shape),))
+rule(prim.permute)(lambda g, out, x, dims: (P.permute(g, [dims.index(i) for i in range(len(dims))]),))
+rule(prim.expand)(lambda g, out, x, shape: (P.sum_to(g, x.shape),))
+rule(prim.slice)(lambda g, out, x, dim, start, end, step:
+                 (emit(prim.slice_backward, g, x.shape, dim, start, end, step),))
+rule(prim.slice_backward)(lambda g, out, x, shape, dim, start, end, step: (P.slice(g, dim, start, end, step),))
+
+
+@rule(prim.cat)
+def _cat(g, out, tensors, dim):
+    grads, start = [], 0
+    for t in tensors:
+        grads.append(P.slice(g, dim, start, start + t.shape[dim]))
+        start += t.shape[dim]
+    return (grads,)
+
+
+# --- extern ---------------------------------------------------------------------------------------
+rule(prim.mm)(lambda g, out, a, b: (emit(prim.mm, g, P.transpose(b, 0, 1)), emit(prim.mm, P.transpose(a, 0, 1), g)))
+rule(prim.bmm)(lambda g, out, a, b: (emit(prim.bmm, g, P.transpose(b, 1, 2)), emit(prim.bmm, P.transpose(a, 1, 2), g)))
+
+
+@rule(prim.conv2d)
+def _conv2d(g, out, x, weight, bias, stride, padding, dilation, groups):
+    common = (stride, padding, dilation, groups)
+    return (emit(prim.conv2d_backward, g, x, weight, *common, "input"),
+            emit(prim.conv2d_backward, g, x, weight, *common, "weight"), None)
+
+
+rule(prim.embedding)(lambda g, out, indices, weight, padding_idx:
+                     (None, emit(prim.embedding_backward, g, indices, weight.shape[0], padding_idx)))
+
+
+@rule(prim.call_torch)
+def _call_torch(g, out, fn, args, kwargs):
+    grads = g if isinstance(g, (tuple, list)) else (g,)
+    zeros_for_missing = [gi if gi is not None else P.zeros_like(o) for gi, o in
+                         zip(grads, out if isinstance(out, (tuple, list)) else (out,))]
+    if any(isinstance(v, (list, tuple)) and any(isinstance(t, TVal) for t in v) for v in args):
+        raise NotImplementedError(f"gradient of {fn} with tensors inside lists")
+    return None, list(emit(prim.call_torch_vjp, fn, args, kwargs, zeros_for_missing)), None

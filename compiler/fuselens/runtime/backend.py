@@ -1,0 +1,160 @@
+"""The single entry from the runtime into the backend: ops -> autograd -> lower -> schedule -> codegen.
+
+`compile_graph(gm, example_inputs, ...)` returns a `CompiledGraph`. Calling it runs the graph as
+Triton kernels when its tensors are on a GPU, or on the CPU under Triton's interpreter when
+FUSELENS_INTERPRET=1; otherwise it runs `gm` eagerly (the kernels are still generated, so they can
+be shown). Programs are specialized per input shape/stride/dtype (a small cache); kernel sources
+do not contain sizes, so a new shape reuses the kernels already compiled. If any backend stage
+fails for a graph, that graph runs eagerly, with a warning naming the cause.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+from ..codegen import launcher
+from ..codegen.triton import generate_kernel
+from ..codegen.wrapper import generate_wrapper
+from ..lower import lower_graph
+from ..ops import to_primitive_graph
+from ..schedule.fusion import FusedKernel, schedule
+
+SPECIALIZATION_LIMIT = 8
+
+
+@dataclass
+class KernelInfo:
+    name: str
+    source: str
+    source_lines: list  # sorted (filename, line) the kernel's lines came from
+
+
+@dataclass
+class Program:
+    """One primitive graph compiled for one set of input shapes: `call(*inputs[, seed])`."""
+    call: object
+    kernels: list
+    wrapper_source: str
+    has_seed: bool
+    num_inputs: int
+
+    def __call__(self, *inputs):
+        if self.has_seed:  # drawn from torch's default generator: torch.manual_seed makes it reproducible
+            inputs = inputs + (int(torch.randint(0, 2 ** 31 - 1, ()).item()),)
+        return self.call(*inputs)
+
+
+def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=frozenset()) -> Program:
+    lowered = lower_graph(prim_graph, device)
+    sched = schedule(lowered)
+    kernels, infos = {}, []
+    fused = [s for s in sched.steps if isinstance(s, FusedKernel)]
+    for i, step in enumerate(fused):
+        name, source, writer = generate_kernel(step, i, lowered.sizevars, dynamic_values)
+        kernels[id(step)] = (launcher.TritonKernel(name, source, writer.mode, mode == "max-autotune"), writer)
+        infos.append(KernelInfo(name, source, sorted(writer.source_lines)))
+    source, call = generate_wrapper(lowered, sched, kernels, device)
+    num_inputs = sum(1 for b in lowered.inputs if b is not None)
+    return Program(call, infos, source, lowered.has_seed, num_inputs)
+
+
+def uses_triton(inputs) -> bool:
+    devices = {t.device.type for t in inputs if isinstance(t, torch.Tensor)}
+    if devices == {"cuda"}:
+        return True
+    return launcher.INTERPRET and devices <= {"cpu", "cuda"} and len(devices) == 1
+
+
+def graph_device(gm: fx.GraphModule, inputs):
+    for t in inputs:
+        if isinstance(t, torch.Tensor):
+            return t.device
+    for node in gm.graph.nodes:
+        if node.op == "placeholder" and "device" in node.meta:
+            return node.meta["device"]
+    return torch.device("cpu")
+
+
+def _key(inputs):
+    return (torch.is_grad_enabled(),) + tuple(
+        (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad) if isinstance(t, torch.Tensor) else
+        ("value", t) for t in inputs)
+
+
+@dataclass
+class _Specialization:
+    run: object  # callable(*inputs) -> tuple
+    kernels: list = field(default_factory=list)
+    wrapper_source: str = ""
+    verified: bool = False  # ran once without error
+
+
+class CompiledGraph:
+    def __init__(self, gm: fx.GraphModule, example_inputs, mode="default", dynamic_dims=None):
+        self.gm, self.mode, self.dynamic_dims = gm, mode, dynamic_dims
+        self._specializations: dict = {}
+        self.kernels: list[KernelInfo] = []
+        self.wrapper_source = ""
+        self._specialize(list(example_inputs))
+
+    def _eager(self, *inputs):
+        out = self.gm(*inputs)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+    def _dynamic_values(self, inputs):
+        values = set()
+        for t, dims in zip(inputs, self.dynamic_dims or []):
+            if isinstance(t, torch.Tensor):
+                values.update(t.shape[d] for d in dims or ())
+        return frozenset(v for v in values if v > 1)
+
+    def _specialize(self, inputs):
+        key = _key(inputs)
+        spec = self._specializations.get(key)
+        if spec is not None:
+            return spec
+        try:
+            spec = self._build(inputs)
+        except Exception as e:  # any backend failure costs speed, never correctness
+            warnings.warn(f"fuselens backend: {type(e).__name__}: {e}; running this graph eagerly", stacklevel=3)
+            spec = _Specialization(self._eager, verified=True)
+        if len(self._specializations) >= SPECIALIZATION_LIMIT:
+            self._specializations.pop(next(iter(self._specializations)))
+        self._specializations[key] = spec
+        self.kernels, self.wrapper_source = spec.kernels, spec.wrapper_source
+        return spec
+
+    def _build(self, inputs):
+        device = graph_device(self.gm, inputs)
+        dynamic = self._dynamic_values(inputs)
+        needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
+        if launcher.INTERPRET:
+            launcher.check_interpreter()
+        if needs_grad:
+            from ..autograd import compile_training
+            return compile_training(self.gm, inputs, device, self.mode, dynamic, build_program)
+        prim_graph = to_primitive_graph(self.gm, inputs, device)
+        program = build_program(prim_graph, device, self.mode, dynamic)
+        return _Specialization(lambda *xs: program(*xs), program.kernels, program.wrapper_source)
+
+    def __call__(self, *inputs):
+        if not uses_triton(inputs):
+            return self._eager(*inputs)
+        spec = self._specialize(list(inputs))
+        if spec.verified:
+            return spec.run(*inputs)
+        try:
+            out = spec.run(*inputs)
+        except Exception as e:  # e.g. a kernel that Triton fails to compile
+            warnings.warn(f"fuselens backend: {type(e).__name__}: {e}; running this graph eagerly", stacklevel=2)
+            spec.run = self._eager
+            return self._eager(*inputs)
+        spec.verified = True
+        return out
+
+
+def compile_graph(gm: fx.GraphModule, example_inputs, *, mode="default", dynamic_dims=None) -> CompiledGraph:
+    return CompiledGraph(gm, example_inputs, mode, dynamic_dims)

@@ -1,0 +1,183 @@
+"""Fusion: which computed buffers share a kernel, and which of them still need memory.
+
+A kernel iterates one *domain*: a shape S, with the dims in `red_dims` reduced (none for a
+pointwise kernel). Every dim of S has a loop variable (`x<d>` over the kept dims, `r<d>` over
+the reduced ones). A computed buffer fits a domain when its loop space is S (pointwise over S, or a
+reduction of S over the same dims) or S with the reduced dims set to 1 (per-row values, such as a
+mean). Inside a kernel, a buffer produced by the same kernel is never loaded: its value is
+recomputed from its body (pointwise) or taken from the register holding it (reductions) — legal
+only when the consumer reads exactly the element the producer writes at the same loop
+variables, which the scheduler checks by comparing index expressions.
+
+Nodes are visited in order; each joins the open kernel where fusion saves the most memory
+traffic (bytes of intermediate buffers no longer written and read back, plus inputs read once
+instead of twice), or starts a new kernel.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import sympy
+
+from ..lower.ir import ComputedBuffer, ExternBuffer, ExternCall, LoweredGraph, View, use_handler
+from torch.fx.node import map_aggregate
+
+
+def loop_vars(shape, red_dims):
+    return [sympy.Integer(0) if s == 1 else
+            sympy.Symbol(f"{'r' if d in red_dims else 'x'}{d}", integer=True, nonnegative=True)
+            for d, s in enumerate(shape)]
+
+
+def keep_shape(shape, red_dims):
+    return tuple(1 if d in red_dims else s for d, s in enumerate(shape))
+
+
+def body_shape(buf: ComputedBuffer):
+    return buf.in_shape if buf.kind == "reduction" else buf.shape
+
+
+def store_index(buf, red_dims, sv):
+    return sympy.expand(sum((v * sv(st) for v, st in zip(loop_vars(buf.shape, red_dims), buf.stride)),
+                            sympy.Integer(0)))
+
+
+class _ReadRecorder:
+    """Ops handler that runs a loop body only to see which buffer elements it loads."""
+
+    def __init__(self, sizevars):
+        self.sizevars = sizevars
+        self.reads = []
+
+    def at(self, loc):
+        return contextlib.nullcontext()
+
+    def load(self, buf, index):
+        self.reads.append((buf, sympy.expand(index)))
+
+    def masked(self, conds, body, other):
+        body()
+
+    def constant(self, *a):
+        pass
+
+    pointwise = to_dtype = index_value = random = constant
+
+
+@dataclass(eq=False)
+class FusedKernel:
+    nodes: list
+    shape: tuple
+    red_dims: tuple | None  # None: pointwise kernel
+    stores: set = field(default_factory=set)  # names of buffers written to memory
+
+    @property
+    def is_reduction(self):
+        return self.red_dims is not None
+
+
+@dataclass
+class Schedule:
+    steps: list  # FusedKernel | ExternCall
+
+
+class Scheduler:
+    def __init__(self, graph: LoweredGraph):
+        self.graph = graph
+        self.sv = graph.sizevars
+        self._reads: dict = {}
+        self.group_of: dict = {}  # buffer name -> FusedKernel
+        self.position: dict = {}  # id(step) -> index in steps
+
+    def reads(self, buf, red_dims):
+        key = (buf.name, red_dims)
+        if key not in self._reads:
+            rec = _ReadRecorder(self.sv)
+            with use_handler(rec):
+                buf.body(loop_vars(body_shape(buf), red_dims))
+            self._reads[key] = rec.reads
+        return self._reads[key]
+
+    def domain_for(self, kernel: FusedKernel, buf: ComputedBuffer):
+        """The domain (shape, red_dims) the kernel would iterate with `buf` in it, or None."""
+        if buf.kind == "reduction":
+            shape, red = buf.in_shape, buf.red_dims
+            if kernel.is_reduction:
+                return (shape, red) if (kernel.shape, kernel.red_dims) == (shape, red) else None
+            # a pointwise kernel turns into a reduction kernel if all its nodes fit
+            fits = all(n.shape in (shape, keep_shape(shape, red)) for n in kernel.nodes)
+            return (shape, red) if fits else None
+        if kernel.is_reduction:
+            ok = buf.shape in (kernel.shape, keep_shape(kernel.shape, kernel.red_dims))
+            return (kernel.shape, kernel.red_dims) if ok else None
+        return (kernel.shape, None) if buf.shape == kernel.shape else None
+
+    def fusion_score(self, kernel: FusedKernel, buf: ComputedBuffer, steps):
+        """Bytes of memory traffic saved by computing `buf` in `kernel`, or None if illegal."""
+        domain = self.domain_for(kernel, buf)
+        if domain is None:
+            return None
+        red = domain[1] or ()
+        here = self.position[id(kernel)]
+        read_by_kernel = {b.name for n in kernel.nodes for b, _ in self.reads(n, red)}
+        saved = 0
+        for src, index in self.reads(buf, red):
+            producer = self.group_of.get(src.name)
+            if producer is kernel:
+                if index != store_index(src, red, self.sv):
+                    return None
+                saved += 2 * src.numel() * src.dtype.itemsize
+                continue
+            if self._producer_position(src, producer) > here:
+                return None
+            if src.name in read_by_kernel:
+                saved += src.numel() * src.dtype.itemsize
+        return saved
+
+    def _producer_position(self, src, producer):
+        if producer is not None:
+            return self.position[id(producer)]
+        if isinstance(src, ExternBuffer):
+            return self.position[id(src.call)]
+        return -1
+
+    def run(self) -> Schedule:
+        steps: list = []
+        for step in self.graph.steps:
+            if isinstance(step, ExternCall):
+                self.position[id(step)] = len(steps)
+                steps.append(step)
+                continue
+            candidates = [k for k in steps if isinstance(k, FusedKernel)]
+            scored = [(self.fusion_score(k, step, steps), k) for k in candidates]
+            scored = [(s, k) for s, k in scored if s]
+            if scored:
+                _, best = max(scored, key=lambda sk: (sk[0], self.position[id(sk[1])]))
+                best.shape, best.red_dims = self.domain_for(best, step)
+                best.nodes.append(step)
+            else:
+                best = FusedKernel([step], body_shape(step), step.red_dims if step.kind == "reduction" else None)
+                self.position[id(best)] = len(steps)
+                steps.append(best)
+            self.group_of[step.name] = best
+        self._mark_stores(steps)
+        return Schedule(steps)
+
+    def _mark_stores(self, steps):
+        needed = {o.buf.name for o in self.graph.outputs if isinstance(o, View)}
+        for step in steps:
+            if isinstance(step, ExternCall):
+                map_aggregate((step.args, step.kwargs),
+                              lambda a: needed.add(a.buf.name) if isinstance(a, View) else None)
+                continue
+            red = step.red_dims or ()
+            for n in step.nodes:
+                needed.update(src.name for src, _ in self.reads(n, red) if self.group_of.get(src.name) is not step)
+        for step in steps:
+            if isinstance(step, FusedKernel):
+                step.stores = {n.name for n in step.nodes if n.name in needed}
+
+
+def schedule(graph: LoweredGraph) -> Schedule:
+    return Scheduler(graph).run()
