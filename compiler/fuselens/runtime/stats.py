@@ -1,0 +1,23 @@
+"""Process-wide compile-time counters, so benchmarks can report fuselens's own compile time
+apart from Triton's compilation of the kernel source."""
+from __future__ import annotations
+
+import contextlib
+import time
+
+_triton_seconds = 0.0
+
+
+@contextlib.contextmanager
+def triton_compile():
+    """Wrap the part of a first launch where Triton compiles a kernel."""
+    global _triton_seconds
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        _triton_seconds += time.perf_counter() - t
+
+
+def triton_compile_seconds() -> float:
+    return _triton_seconds
