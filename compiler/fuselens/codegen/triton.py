@@ -22,7 +22,7 @@ import sympy
 import torch
 
 from ..lower.ir import FloorDiv, ModIndex, use_handler
-from ..schedule.fusion import FusedKernel, keep_shape, loop_vars, store_index
+from ..schedule.fusion import FusedKernel, node_vars, row_shapes, store_index
 
 PERSISTENT_RNUMEL_MAX = 4096
 # blocks never exceed this many elements, so a size divisible by it needs no mask
@@ -217,8 +217,7 @@ class KernelWriter:
         return table[buf.name]
 
     def vars_for(self, buf):
-        shape = buf.in_shape if buf.kind == "reduction" else buf.shape
-        return loop_vars(shape, self.red)
+        return node_vars(buf, self.kernel.shape, self.red)
 
     # --- the ops handler --------------------------------------------------------------------------
     def load(self, buf, index):
@@ -302,7 +301,7 @@ class KernelWriter:
 
     def store(self, buf, value):
         ptr = self.arg_for(buf, self.out_args, "out_ptr")
-        index = store_index(buf, self.red, self.sizevars)
+        index = store_index(buf, self.kernel.shape, self.red, self.sizevars)
         if not index.free_symbols:  # a single element: let lane 0 of block 0 write it
             index_text, mask = "xindex", "xmask"
         else:
@@ -359,8 +358,8 @@ class KernelWriter:
 
     def is_row_value(self, buf):
         """A per-row value (reduction result, or a pointwise buffer over the kept dims only)."""
-        return self.kernel.is_reduction and (buf.kind == "reduction" or
-                                             buf.shape == keep_shape(self.kernel.shape, self.red) != self.kernel.shape)
+        return self.kernel.is_reduction and (buf.kind == "reduction" or (
+            buf.shape != self.kernel.shape and buf.shape in row_shapes(self.kernel.shape, self.red)))
 
     def body(self):
         looped = self.mode == "looped"

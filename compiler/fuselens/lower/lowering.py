@@ -86,8 +86,9 @@ def reshape_index(idx, new_shape, old_shape, sv: SizeVars):
 
 
 class Lowering:
-    def __init__(self, graph: fx.Graph, device):
+    def __init__(self, graph: fx.Graph, device, input_vals=None):
         self.graph = graph
+        self.input_vals = input_vals
         self.device = torch.device(device)
         self.sv = SizeVars()
         self.steps: list = []
@@ -116,7 +117,7 @@ class Lowering:
                     self.env[node] = _Seed()
                     inputs.append(None)
                     continue
-                val = node.meta["val"]
+                val = self.input_vals[len(inputs)] if self.input_vals is not None else node.meta["val"]
                 buf = InputBuffer(f"arg{len(inputs)}", tuple(val.shape), tuple(val.stride()), val.dtype,
                                   index=len(inputs))
                 inputs.append(buf)
@@ -289,5 +290,6 @@ class Lowering:
         return buffer_view(buf)
 
 
-def lower_graph(graph: fx.Graph, device) -> LoweredGraph:
-    return Lowering(graph, device).run()
+def lower_graph(graph: fx.Graph, device, input_vals=None) -> LoweredGraph:
+    """`input_vals` (tensors, meta or real) override the placeholders' example strides."""
+    return Lowering(graph, device, input_vals).run()

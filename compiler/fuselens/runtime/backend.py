@@ -21,6 +21,7 @@ from ..codegen.wrapper import generate_wrapper
 from ..lower import lower_graph
 from ..ops import to_primitive_graph
 from ..schedule.fusion import FusedKernel, schedule
+from .compiled import FuselensWarning
 
 SPECIALIZATION_LIMIT = 8
 
@@ -47,13 +48,16 @@ class Program:
         return self.call(*inputs)
 
 
-def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=frozenset()) -> Program:
-    lowered = lower_graph(prim_graph, device)
+def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=frozenset(),
+                  input_vals=None, first_kernel_index=0) -> Program:
+    """`first_kernel_index` numbers this program's kernels after another's (a backward's after
+    its forward's), so kernel names stay unique within a compiled graph."""
+    lowered = lower_graph(prim_graph, device, input_vals)
     sched = schedule(lowered)
     kernels, infos = {}, []
     fused = [s for s in sched.steps if isinstance(s, FusedKernel)]
     for i, step in enumerate(fused):
-        name, source, writer = generate_kernel(step, i, lowered.sizevars, dynamic_values)
+        name, source, writer = generate_kernel(step, first_kernel_index + i, lowered.sizevars, dynamic_values)
         kernels[id(step)] = (launcher.TritonKernel(name, source, writer.mode, mode == "max-autotune"), writer)
         infos.append(KernelInfo(name, source, sorted(writer.source_lines)))
     source, call = generate_wrapper(lowered, sched, kernels, device)
@@ -119,7 +123,8 @@ class CompiledGraph:
         try:
             spec = self._build(inputs)
         except Exception as e:  # any backend failure costs speed, never correctness
-            warnings.warn(f"fuselens backend: {type(e).__name__}: {e}; running this graph eagerly", stacklevel=3)
+            warnings.warn(f"fuselens backend: {type(e).__name__}: {e}; running this graph eagerly", FuselensWarning,
+                          stacklevel=3)
             spec = _Specialization(self._eager, verified=True)
         if len(self._specializations) >= SPECIALIZATION_LIMIT:
             self._specializations.pop(next(iter(self._specializations)))
@@ -135,7 +140,8 @@ class CompiledGraph:
             launcher.check_interpreter()
         if needs_grad:
             from ..autograd import compile_training
-            return compile_training(self.gm, inputs, device, self.mode, dynamic, build_program)
+            run, kernels, wrapper_source = compile_training(self.gm, inputs, device, self.mode, dynamic, build_program)
+            return _Specialization(run, kernels, wrapper_source)
         prim_graph = to_primitive_graph(self.gm, inputs, device)
         program = build_program(prim_graph, device, self.mode, dynamic)
         return _Specialization(lambda *xs: program(*xs), program.kernels, program.wrapper_source)
@@ -149,7 +155,8 @@ class CompiledGraph:
         try:
             out = spec.run(*inputs)
         except Exception as e:  # e.g. a kernel that Triton fails to compile
-            warnings.warn(f"fuselens backend: {type(e).__name__}: {e}; running this graph eagerly", stacklevel=2)
+            warnings.warn(f"fuselens backend: {type(e).__name__}: {e}; running this graph eagerly", FuselensWarning,
+                          stacklevel=2)
             spec.run = self._eager
             return self._eager(*inputs)
         spec.verified = True

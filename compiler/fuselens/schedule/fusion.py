@@ -34,13 +34,27 @@ def keep_shape(shape, red_dims):
     return tuple(1 if d in red_dims else s for d, s in enumerate(shape))
 
 
+def row_shapes(shape, red_dims):
+    """Shapes of per-row values in a kernel over `shape` reducing `red_dims` (keepdim or not)."""
+    return keep_shape(shape, red_dims), tuple(s for d, s in enumerate(shape) if d not in red_dims)
+
+
 def body_shape(buf: ComputedBuffer):
     return buf.in_shape if buf.kind == "reduction" else buf.shape
 
 
-def store_index(buf, red_dims, sv):
-    return sympy.expand(sum((v * sv(st) for v, st in zip(loop_vars(buf.shape, red_dims), buf.stride)),
-                            sympy.Integer(0)))
+def node_vars(buf, shape, red_dims):
+    """The loop variables `buf`'s body is evaluated at, in a kernel over `shape` reducing `red_dims`."""
+    if buf.kind == "reduction" or len(buf.shape) == len(shape):
+        return loop_vars(body_shape(buf), red_dims)
+    kept = [d for d in range(len(shape)) if d not in red_dims]  # a per-row value without the reduced dims
+    return [sympy.Integer(0) if s == 1 else sympy.Symbol(f"x{d}", integer=True, nonnegative=True)
+            for d, s in zip(kept, buf.shape)]
+
+
+def store_index(buf, shape, red_dims, sv):
+    out_vars = loop_vars(buf.shape, red_dims) if buf.kind == "reduction" else node_vars(buf, shape, red_dims)
+    return sympy.expand(sum((v * sv(st) for v, st in zip(out_vars, buf.stride)), sympy.Integer(0)))
 
 
 class _ReadRecorder:
@@ -90,12 +104,12 @@ class Scheduler:
         self.group_of: dict = {}  # buffer name -> FusedKernel
         self.position: dict = {}  # id(step) -> index in steps
 
-    def reads(self, buf, red_dims):
-        key = (buf.name, red_dims)
+    def reads(self, buf, shape, red_dims):
+        key = (buf.name, shape, red_dims)
         if key not in self._reads:
             rec = _ReadRecorder(self.sv)
             with use_handler(rec):
-                buf.body(loop_vars(body_shape(buf), red_dims))
+                buf.body(node_vars(buf, shape, red_dims))
             self._reads[key] = rec.reads
         return self._reads[key]
 
@@ -106,10 +120,10 @@ class Scheduler:
             if kernel.is_reduction:
                 return (shape, red) if (kernel.shape, kernel.red_dims) == (shape, red) else None
             # a pointwise kernel turns into a reduction kernel if all its nodes fit
-            fits = all(n.shape in (shape, keep_shape(shape, red)) for n in kernel.nodes)
+            fits = all(n.shape == shape or n.shape in row_shapes(shape, red) for n in kernel.nodes)
             return (shape, red) if fits else None
         if kernel.is_reduction:
-            ok = buf.shape in (kernel.shape, keep_shape(kernel.shape, kernel.red_dims))
+            ok = buf.shape == kernel.shape or buf.shape in row_shapes(kernel.shape, kernel.red_dims)
             return (kernel.shape, kernel.red_dims) if ok else None
         return (kernel.shape, None) if buf.shape == kernel.shape else None
 
@@ -118,14 +132,14 @@ class Scheduler:
         domain = self.domain_for(kernel, buf)
         if domain is None:
             return None
-        red = domain[1] or ()
+        shape, red = domain[0], domain[1] or ()
         here = self.position[id(kernel)]
-        read_by_kernel = {b.name for n in kernel.nodes for b, _ in self.reads(n, red)}
+        read_by_kernel = {b.name for n in kernel.nodes for b, _ in self.reads(n, shape, red)}
         saved = 0
-        for src, index in self.reads(buf, red):
+        for src, index in self.reads(buf, shape, red):
             producer = self.group_of.get(src.name)
             if producer is kernel:
-                if index != store_index(src, red, self.sv):
+                if index != store_index(src, shape, red, self.sv):
                     return None
                 saved += 2 * src.numel() * src.dtype.itemsize
                 continue
@@ -173,7 +187,8 @@ class Scheduler:
                 continue
             red = step.red_dims or ()
             for n in step.nodes:
-                needed.update(src.name for src, _ in self.reads(n, red) if self.group_of.get(src.name) is not step)
+                needed.update(src.name for src, _ in self.reads(n, step.shape, red)
+                              if self.group_of.get(src.name) is not step)
         for step in steps:
             if isinstance(step, FusedKernel):
                 step.stores = {n.name for n in step.nodes if n.name in needed}

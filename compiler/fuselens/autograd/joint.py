@@ -1,0 +1,114 @@
+"""The joint forward+backward graph, built from the primitives' VJP rules.
+
+Placeholders: the forward inputs ("primals"), then one "tangent" per differentiable forward output.
+Outputs: the forward outputs, then the gradient of every primal that requires grad.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+from torch.fx.node import map_aggregate
+
+from ..ops import builder as P
+from ..ops import primitives as prim
+from ..ops.builder import GraphBuilder, TVal
+
+
+@dataclass
+class JointGraph:
+    graph: fx.Graph
+    num_primals: int
+    num_fw_outputs: int
+    tangent_outputs: list  # indices of the forward outputs that have a tangent input
+    grad_inputs: list  # indices of the primals whose gradients follow the forward outputs
+
+
+def _differentiable(v):
+    return isinstance(v, TVal) and isinstance(v.val, torch.Tensor) and v.dtype.is_floating_point
+
+
+def _accumulate(grads, node, g):
+    if g is None:
+        return
+    grads[node] = g if node not in grads else P.add(grads[node], g)
+
+
+def build_joint(fw: fx.Graph, requires_grad: list[bool], device) -> JointGraph:
+    b = GraphBuilder(device)
+    env: dict = {}
+    needs: dict = {}  # forward node -> does its value depend on an input that requires grad
+    with b.building():
+        primals = [n for n in fw.nodes if n.op == "placeholder"]
+        for n, rg in zip(primals, requires_grad + [False] * len(primals)):
+            env[n] = b.placeholder(n.name, n.meta["val"])
+            env[n].node.meta.update(n.meta)
+            needs[n] = rg and _differentiable(env[n])
+        if any(n.meta.get("seed") for n in primals):
+            b._seed = next(env[n] for n in primals if n.meta.get("seed"))
+        body = [n for n in fw.nodes if n.op == "call_function"]
+        for n in body:
+            new = b.graph.node_copy(n, lambda a: env[a].node)
+            args = map_aggregate(n.args, lambda a: env[a] if isinstance(a, fx.Node) else a)
+            env[n] = TVal(new, new.meta["val"])
+            arg_nodes = n.all_input_nodes
+            needs[n] = any(needs.get(a, False) for a in arg_nodes) and (
+                isinstance(new.meta["val"], tuple) or _differentiable(env[n]))
+        outputs = list(next(n for n in fw.nodes if n.op == "output").args[0])
+
+        # tangent placeholders go right after the primals
+        grads: dict = {}
+        tangent_outputs = []
+        last_primal = env[primals[-1]].node if primals else None
+        for i, o in enumerate(outputs):
+            if isinstance(o, fx.Node) and needs.get(o) and _differentiable(env[o]):
+                where = b.graph.inserting_after(last_primal) if last_primal is not None else \
+                    b.graph.inserting_before(next(iter(b.graph.nodes)))
+                with where:
+                    t = b.graph.placeholder(f"tangent_{i}")
+                t.meta.update(val=env[o].val, loc=None, tangent=True)
+                last_primal = t
+                tangent_outputs.append(i)
+                _accumulate(grads, o, TVal(t, env[o].val))
+
+        for n in reversed(body):
+            g = grads.pop(n, None)
+            if g is None or not needs[n]:
+                continue
+            p = n.target
+            if p is prim.item:
+                producer, index = n.args
+                slot = grads.setdefault(producer, [None] * len(producer.meta["val"]))
+                slot[index] = g if slot[index] is None else P.add(slot[index], g)
+                continue
+            if p.vjp is None:
+                raise NotImplementedError(f"no VJP rule for primitive {p.name}")
+            args = map_aggregate(n.args, lambda a: env[a] if isinstance(a, fx.Node) else a)
+            kwargs = map_aggregate(dict(n.kwargs), lambda a: env[a] if isinstance(a, fx.Node) else a)
+            with b.at(n.meta.get("loc")):
+                arg_grads = p.vjp(g, env[n], *args, **kwargs)
+                for a_node, a_val, ga in zip(n.args, args, arg_grads):
+                    if isinstance(a_node, (list, tuple)):  # cat: one gradient per listed tensor
+                        for sub_node, sub_val, sub_g in zip(a_node, a_val, ga):
+                            _accumulate(grads, sub_node, _fit(sub_val, sub_g) if needs.get(sub_node) else None)
+                    elif isinstance(a_node, fx.Node) and needs.get(a_node) and ga is not None:
+                        _accumulate(grads, a_node, _fit(a_val, ga) if p.kind == "pointwise" else ga)
+
+        grad_inputs = [i for i, n in enumerate(primals) if needs[n]]
+        grad_values = []
+        for i in grad_inputs:
+            n = primals[i]
+            g = grads.get(n)
+            grad_values.append(_fit(env[n], g) if g is not None else P.zeros_like(env[n]))
+        b.output([env[o] if isinstance(o, fx.Node) else o for o in outputs] + grad_values)
+    b.graph.eliminate_dead_code()
+    return JointGraph(b.graph, len(primals), len(outputs), tangent_outputs, grad_inputs)
+
+
+def _fit(arg: TVal, g):
+    """A pointwise gradient reduced over broadcast dims and cast to the argument's dtype."""
+    if g is None or not isinstance(arg, TVal):
+        return None
+    g = P.sum_to(g, arg.shape) if g.shape != arg.shape else g
+    return P.cast(g, arg.dtype)

@@ -1,0 +1,112 @@
+"""Min-cut partition of a joint graph into a forward graph and a backward graph.
+
+The forward must hand the backward every value the backward needs that does not depend on the
+tangents. It can save such a value, or save cheaper values it is computed from and let the
+backward recompute it. As a flow network (node v split into v_in -> v_out, capacity = bytes to
+save v): source -> primals and -> every node that must not be recomputed (matmuls, convolutions,
+any extern, reductions, random numbers); v_out -> u_in (infinite) along data edges;
+v_out -> sink (infinite) where a backward node uses v. A minimum cut is then a cheapest set of
+values to save; everything between them and the backward's uses is recomputed, in the
+backward's own fused kernels. (This is AOTAutograd's min-cut rematerialization.)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import networkx as nx
+import torch
+import torch.fx as fx
+
+from .joint import JointGraph
+
+RECOMPUTABLE_KINDS = ("pointwise", "view", "source")
+
+
+@dataclass
+class Partition:
+    forward: fx.Graph  # inputs: primals; outputs: forward outputs + saved values
+    backward: fx.Graph  # inputs: saved values + tangents; outputs: gradients
+    saved: list  # names of the joint graph's nodes the forward saves
+    num_fw_outputs: int
+
+
+def _bytes(node):
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return max(math.prod(val.shape), 1) * val.dtype.itemsize
+    return 1
+
+
+def _tangent_dependent(graph):
+    dep = set()
+    for n in graph.nodes:
+        if n.meta.get("tangent") or any(a in dep for a in n.all_input_nodes):
+            dep.add(n)
+    return dep
+
+
+def choose_saved(joint: JointGraph) -> list[fx.Node]:
+    graph = joint.graph
+    in_backward = _tangent_dependent(graph)
+    output = next(n for n in graph.nodes if n.op == "output")
+    net = nx.DiGraph()
+    net.add_node("source")
+    net.add_node("sink")
+    for n in graph.nodes:
+        if n in in_backward or n.op == "output":
+            continue
+        must_run_in_forward = n.op == "placeholder" or n.target.kind not in RECOMPUTABLE_KINDS
+        if must_run_in_forward:
+            net.add_edge("source", (n, "in"), capacity=math.inf)
+        net.add_edge((n, "in"), (n, "out"), capacity=_bytes(n))
+        for user in n.users:
+            if user is output:
+                continue
+            if user in in_backward:
+                net.add_edge((n, "out"), "sink", capacity=math.inf)
+            else:
+                net.add_edge((n, "out"), (user, "in"), capacity=math.inf)
+    _, (reachable, _) = nx.minimum_cut(net, "source", "sink")
+    return [n for n in graph.nodes if (n, "in") in reachable and (n, "out") in net and (n, "out") not in reachable]
+
+
+def _extract(graph: fx.Graph, inputs: list, outputs: list) -> fx.Graph:
+    """The subgraph computing `outputs` from `inputs` (which become its placeholders)."""
+    needed, stack = set(), [o for o in outputs if isinstance(o, fx.Node)]
+    inputs_set = set(inputs)
+    while stack:
+        n = stack.pop()
+        if n in needed:
+            continue
+        needed.add(n)
+        if n not in inputs_set:
+            stack.extend(n.all_input_nodes)
+    missing = [n for n in needed if n.op == "placeholder" and n not in inputs_set]
+    if missing:
+        raise AssertionError(f"partition needs {missing} but does not receive them")
+    out = fx.Graph()
+    env = {}
+    for n in inputs:
+        env[n] = out.placeholder(n.name)
+        env[n].meta.update(n.meta)
+    for n in graph.nodes:
+        if n in needed and n not in inputs_set and n.op != "output":
+            env[n] = out.node_copy(n, lambda a: env[a])
+    out.output(tuple(env[o] if isinstance(o, fx.Node) else o for o in outputs))
+    return out
+
+
+def partition(joint: JointGraph) -> Partition:
+    graph = joint.graph
+    saved = choose_saved(joint)
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    primals = [n for n in placeholders if not n.meta.get("tangent")]
+    tangents = [n for n in placeholders if n.meta.get("tangent")]
+    outputs = list(next(n for n in graph.nodes if n.op == "output").args[0])
+    fw_outputs, grads = outputs[:joint.num_fw_outputs], outputs[joint.num_fw_outputs:]
+    forward = _extract(graph, primals, fw_outputs + saved)
+    backward = _extract(graph, saved + tangents, grads)
+    for n in backward.nodes:  # saved values are inputs of the backward, not random draws in it
+        n.meta.pop("seed", None)
+    return Partition(forward, backward, [n.name for n in saved], joint.num_fw_outputs)

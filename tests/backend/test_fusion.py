@@ -1,0 +1,143 @@
+"""Kernel counts and kernel structure: what fuses, what needs no kernel, what the kernels say."""
+import math
+
+import pytest
+import torch
+
+from conftest import DEVICE, check, run
+from fuselens.codegen import launcher
+from fuselens.codegen import triton as triton_codegen
+
+
+def manual_softmax(x):
+    m = x.amax(-1, keepdim=True)
+    e = torch.exp(x - m)
+    return e / e.sum(-1, keepdim=True)
+
+
+def manual_layer_norm(x, w, b):
+    mean = x.mean(-1, keepdim=True)
+    centered = x - mean
+    var = (centered * centered).mean(-1, keepdim=True)
+    return centered / torch.sqrt(var + 1e-5) * w + b
+
+
+def manual_gelu_tanh(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
+def sin_plus_cos(x, y):
+    return torch.sin(x) + torch.cos(y)
+
+
+def randn(*shape):
+    return torch.randn(*shape, device=DEVICE)
+
+
+@pytest.mark.parametrize("fn,inputs,name", [
+    (manual_softmax, lambda: [randn(5, 33)], "fl_red_fused_amax_div_exp_sub_sum_0"),
+    (manual_layer_norm, lambda: [randn(6, 40), randn(40), randn(40)], "fl_red_fused_add_div_mul_sqrt_sub_sum_0"),
+    (manual_gelu_tanh, lambda: [randn(7, 30)], "fl_poi_fused_add_mul_tanh_0"),
+    (sin_plus_cos, lambda: [randn(9, 13), randn(13, 9).t()], "fl_poi_fused_add_cos_sin_0"),
+])
+def test_fuses_into_one_kernel(fn, inputs, name):
+    args = inputs()
+    cg, out = run(fn, *args)
+    assert [k.name for k in cg.kernels] == [name]
+    torch.testing.assert_close(out[0], fn(*args))
+    # intermediates of a single fused kernel never touch memory: only the output is allocated
+    assert cg.wrapper_source.count("torch.empty_strided") == 1
+
+
+def test_pure_views_need_no_kernel_and_alias_the_input():
+    def views(x):
+        return x.t()[1:, ::2].unsqueeze(0), x.reshape(-1), x[-1]
+    x = randn(4, 6)
+    cg, (a, b, c) = run(views, x)
+    assert cg.kernels == []
+    for got, expected in zip((a, b, c), views(x)):
+        torch.testing.assert_close(got, expected)
+        assert got.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        assert got.stride() == expected.stride()
+
+
+def test_reductions_over_the_same_rows_share_a_kernel():
+    def stats(x):
+        return x.sum(-1), x.amax(-1), (x * x).mean(-1)
+    check(stats, randn(8, 20), grad=False)
+    cg, _ = run(stats, randn(8, 20))
+    assert len(cg.kernels) == 1
+
+
+def test_pointwise_prologue_and_epilogue_fuse_with_reduction():
+    def f(x):
+        y = torch.exp(x) * 2
+        return y, y.sum(0) + 1  # reduction over dim 0: columns
+    cg = check(f, randn(9, 5), grad=False)
+    assert len(cg.kernels) == 1
+
+
+def test_unrelated_reductions_stay_separate_kernels():
+    def f(x):
+        return x.sum(0), x.sum(1)
+    cg = check(f, randn(6, 7), grad=False)
+    assert len(cg.kernels) == 2
+
+
+def test_looped_reduction(monkeypatch):
+    monkeypatch.setattr(triton_codegen, "PERSISTENT_RNUMEL_MAX", 16)
+    x, w, b = randn(3, 1000), randn(1000), randn(1000)
+    cg = check(manual_layer_norm, x, w, b, grad=False)
+    assert len(cg.kernels) == 1
+    assert "for roffset in range(0, rnumel, RBLOCK):" in cg.kernels[0].source
+    check(manual_softmax, randn(4, 700), grad=False)
+
+
+def test_masks_only_where_sizes_need_them():
+    cg, _ = run(manual_softmax, randn(1024, 64))
+    source = cg.kernels[0].source
+    assert "rmask" not in source.split("rmask = rindex < rnumel")[1]  # 64 is a power of two
+    assert "xmask" not in source.split("xmask = xindex < xnumel")[1]  # 1024 rows fill whole blocks
+    cg, _ = run(manual_softmax, randn(5, 33))
+    assert "xmask & rmask" in cg.kernels[0].source
+
+
+def test_kernel_lines_carry_their_source_line():
+    cg, _ = run(manual_gelu_tanh, randn(4, 4))
+    kernel = cg.kernels[0]
+    line = manual_gelu_tanh.__code__.co_firstlineno + 1
+    assert kernel.source_lines == [(__file__, line)]
+    computing = [ln for ln in kernel.source.splitlines() if ln.strip().startswith("tmp")]
+    assert computing and all(f"test_fusion.py:{line}" in ln for ln in computing)
+
+
+def test_sizes_are_kernel_arguments_and_kernels_are_reused_across_shapes(monkeypatch):
+    loads = []
+    real = launcher.load_module
+    monkeypatch.setattr(launcher, "load_module", lambda src: loads.append(src) or real(src))
+    x = randn(6, 10)
+    cg, _ = run(manual_softmax, x)
+    first = cg.kernels[0].source
+    for rows in (3, 11):
+        y = randn(rows, 10)
+        torch.testing.assert_close(cg(y)[0], manual_softmax(y))
+    assert cg.kernels[0].source == first
+    assert set(loads) == {first}
+
+
+def test_buffer_reuse():
+    def chain(x, w):
+        a = torch.relu(x @ w)      # mm, then a pointwise kernel writing a (20, 20) buffer
+        b = torch.sigmoid(a @ w)   # a is dead after this mm: b's buffer takes its memory
+        return (b @ w).sum()
+    x, w = randn(20, 20), randn(20, 20)
+    cg = check(chain, x, w, grad=False)
+    assert "# reuse" in cg.wrapper_source
+
+
+def test_large_pointwise_chain_is_split_not_exponential():
+    def deep(x):
+        for _ in range(30):
+            x = x * torch.sigmoid(x) + x
+        return x
+    check(deep, randn(3, 5), grad=False)
