@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -25,6 +26,9 @@ import torch
 from .evaluator import BreakSignal, FrameAtBreak, LocalFunction, TensorVar
 from .source import FunctionSource, build_function
 from .values import SymInt
+
+
+_UIDS = itertools.count()
 
 
 class CannotResume(Exception):
@@ -272,7 +276,7 @@ class Writer:
         for n in ast.walk(node):
             if not hasattr(n, "lineno") and isinstance(n, (ast.expr, ast.stmt, ast.arg)):
                 ast.copy_location(n, at)
-        consts = {**_rest_items(body), **(consts or {})}
+        consts = dict(consts or {})
         base = fs.qualname.split(" (")[0]
         gen = FunctionSource(name=name, qualname=f"{base} ({tag})", filename=fs.filename,
                              node=node, globals=fs.globals, closure=consts, generated=True,
@@ -281,9 +285,10 @@ class Writer:
         return name
 
     def live(self, frame: FrameAtBreak, after: list, extra_defined=()) -> list[str]:
+        _bind_rest_items(frame, after)
         names = loaded_names(after)
         defined = set(frame.vars) | set(extra_defined)
-        return sorted(n for n in names & defined if not n.startswith("__fl_rest_"))
+        return sorted(n for n in names & defined)
 
     def frame_resume(self, frame: FrameAtBreak, current, tag, extra_params=()) -> tuple[str, list]:
         """A resume function continuing `frame` from `current` (a statement or None)."""
@@ -318,8 +323,9 @@ class Writer:
             after_defined = stored_names([s])
             if name is not None:
                 body = continuation(frame.levels, False)
+                _bind_rest_items(frame, body)
                 params = sorted(n for n in loaded_names(body) & (set(frame.vars) | after_defined)
-                                if not n.startswith("__fl_rest_"))
+                               )
                 self.resumes.pop()
                 name = self.new_resume(frame, params, body, "after the graph break")
                 tail = [_return_call(name, params)]
@@ -368,11 +374,14 @@ class Writer:
         graph."""
         inner = frames[0]
         s = inner.stmt
+        # names unique to this break: a resume's own breaks must not clash with its parameters
+        uid = next(_UIDS)
+        st, inn, cond = f"__fl_state{uid}", f"__fl_inner{uid}", f"__fl_cond{uid}"
         temps: dict[str, str] = {}
         stmt = s if sig.whole_stmt else substitute(s, inner.completed, self.mat, temps)
         # -- the innermost frame: the helper that runs the break, and its continuation
         if sig.cond is not None and isinstance(s, ast.If):
-            cur = ast.copy_location(ast.If(test=ast.Name(id="__fl_cond", ctx=ast.Load()),
+            cur = ast.copy_location(ast.If(test=ast.Name(id=cond, ctx=ast.Load()),
                                            body=s.body, orelse=s.orelse), s)
             cont_body = continuation(inner.levels, False, current=cur)
             live = self.live(inner, cont_body)
@@ -380,7 +389,7 @@ class Writer:
                                            args=[stmt.test], keywords=[])] +
                             [ast.Name(id=n, ctx=ast.Load()) for n in live], ctx=ast.Load())
             h_body = with_wrappers(inner.levels, [ast.Return(value=ret)])
-            cont_params = ["__fl_cond"] + live
+            cont_params = [cond] + live
         elif isinstance(s, ast.Return):
             cont_body, h_body, cont_params = [], with_wrappers(inner.levels, [stmt]), None
         else:
@@ -400,10 +409,10 @@ class Writer:
 
         consts = {}
         if cont_params is not None:
-            inner_call = f"__fl_cont_0(*__fl_state)"
-            consts["__fl_cont_0"] = self.generated(inner, "__fl_cont_0", cont_params, cont_body)
+            inner_call = f"__fl_cont{uid}_0(*{st})"
+            consts[f"__fl_cont{uid}_0"] = self.generated(inner, f"__fl_cont{uid}_0", cont_params, cont_body)
         else:
-            inner_call = "__fl_state"
+            inner_call = st
         # -- each enclosing frame: continue after the call, with its result in __fl_ret
         lives: list[list[str]] = []  # per frame 1..k: expressions of its live values
         for i, fr in enumerate(frames[1:], start=1):
@@ -415,20 +424,20 @@ class Writer:
                 ast.copy_location(n, fr.call)
             body = continuation(fr.levels, False, current=[first, cur])
             own = list(ftemps) + [n for n in self.live(fr, body) if n not in ftemps]
-            params = ["__fl_state", "__fl_inner"] + own
+            params = [st, inn] + own
             lives.append([ftemps[n] if n in ftemps else self.mat.expr(fr.vars[n]) for n in own])
             if i == len(frames) - 1:
                 rname = self.new_resume(fr, params, body, "after the graph break", consts=consts)
                 break
-            name = f"__fl_cont_{i}"
+            name = f"__fl_cont{uid}_{i}"
             fn = self.generated(fr, name, params, body, consts=consts)
             consts = {name: fn}
-            inner_call = f"{name}(__fl_state, __fl_inner[:-1], *__fl_inner[-1])"
+            inner_call = f"{name}({st}, {inn}[:-1], *{inn}[-1])"
         inner_lives = ", ".join("(" + "".join(e + ", " for e in l) + ")" for l in lives[:-1])
-        call_break = f"__fl_state = {hname}({', '.join(h_args)})"
+        call_break = f"{st} = {hname}({', '.join(h_args)})"
         out = [graph_call] if graph_call else []
         out += _with_lines(call_break, frames[1:])
-        args = ["__fl_state", f"({inner_lives}{',' if len(lives) == 2 else ''})"] + lives[-1]
+        args = [st, f"({inner_lives}{',' if len(lives) == 2 else ''})"] + lives[-1]
         out.append(f"return {rname}({', '.join(args)})")
         return out
 
@@ -443,7 +452,7 @@ class Writer:
         for n in ast.walk(node):
             if not hasattr(n, "lineno") and isinstance(n, (ast.expr, ast.stmt, ast.arg)):
                 ast.copy_location(n, at)
-        closure = {**_rest_items(body), **(consts or {})}
+        closure = dict(consts or {})
         gen = FunctionSource(name=name, qualname=f"{fs.qualname.split(' (')[0]}", filename=fs.filename,
                              node=node, globals=fs.globals, closure=closure, generated=True,
                              source_text=_unparse_fn(node))
@@ -484,13 +493,13 @@ def _return_call(name, params):
                                      keywords=[]))
 
 
-def _rest_items(body) -> dict:
-    out = {}
+def _bind_rest_items(frame, body) -> None:
+    """The iterations left of an unrolled loop are a variable of the frame: passed to the
+    resume function like any live value (tensors among them become graph outputs)."""
     for s in body:
         for n in ast.walk(s):
             if isinstance(n, ast.Name) and hasattr(n, "_fl_value"):
-                out[n.id] = n._fl_value
-    return out
+                frame.vars[n.id] = n._fl_value
 
 
 def signature(args: ast.arguments, defaults: dict) -> tuple[str, dict]:
