@@ -204,6 +204,10 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
 
   getParent(): Node | undefined { return undefined; }
 
+  functionsWithRuns(): [string, string][] {
+    return this.docs.flatMap(d => d.functions.filter(f => f.run?.hasTransformedSource).map(f => [d.uri, f.qualname] as [string, string]));
+  }
+
   getTreeItem(node: Node): vscode.TreeItem {
     const C = vscode.TreeItemCollapsibleState;
     switch (node.kind) {
@@ -383,7 +387,11 @@ export async function activate(ctx: vscode.ExtensionContext): Promise<void> {
       let qualname = typeof arg === 'string' ? qn : arg?.fn?.qualname;
       if (!uri || !qualname) {
         const sel = treeView.selection[0];
-        if (sel && sel.kind === 'fn') { uri = sel.uri; qualname = sel.fn.qualname; }
+        if (sel && (sel.kind === 'fn' || sel.kind === 'graph' || sel.kind === 'kernel')) { uri = sel.uri; qualname = sel.fn.qualname; }
+      }
+      if (!uri || !qualname) {
+        const ran = tree.functionsWithRuns();
+        if (ran.length === 1) { [uri, qualname] = ran[0]; }
       }
       if (!uri || !qualname) { void vscode.window.showWarningMessage('fuselens: select a function in the fuselens panel.'); return; }
       const q = new URLSearchParams({ uri, qualname }).toString();

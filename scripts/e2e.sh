@@ -1,0 +1,69 @@
+#!/bin/bash
+# Extension end to end in a real VS Code: code-server + headless Chromium, driven by
+# playwright-core (tests/extension/e2e.js). Installs what it needs first (idempotent, cached in
+# scripts/.cache/), builds the .vsix, installs it into a fresh code-server profile, opens a copy
+# of tests/extension/workspace/, and runs the steps; screenshots go to test-output/e2e/.
+#   FUSELENS_E2E_PYTHON   interpreter for the language server (default: .venv/bin/python)
+#   FUSELENS_E2E_README=1 also writes docs/images/editor.png (the README screenshot)
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+T0=$(date +%s)
+bash scripts/e2e-install.sh
+CS="$ROOT/scripts/.cache/code-server/node_modules/.bin/code-server"
+PY=${FUSELENS_E2E_PYTHON:-$ROOT/.venv/bin/python}
+[ -x "$PY" ] || PY=$(command -v python3)
+
+echo "[e2e] building the .vsix"
+npm run --silent vsix >/dev/null
+
+OUT="$ROOT/test-output/e2e"
+rm -rf "$OUT" && mkdir -p "$OUT"
+RUN=$(mktemp -d /tmp/fuselens-e2e.XXXXXX)
+mkdir -p "$RUN/data/User" "$RUN/exts" "$RUN/xdg/config" "$RUN/xdg/data" "$RUN/xdg/cache" "$RUN/ws"
+cp -r tests/extension/workspace/. "$RUN/ws/"
+cat > "$RUN/data/User/settings.json" <<JSON
+{
+  "workbench.startupEditor": "none",
+  "telemetry.telemetryLevel": "off",
+  "update.mode": "none",
+  "extensions.autoCheckUpdates": false,
+  "extensions.autoUpdate": false,
+  "workbench.tips.enabled": false,
+  "editor.hover.delay": 200,
+  "window.commandCenter": false,
+  "chat.commandCenter.enabled": false,
+  "workbench.secondarySideBar.defaultVisibility": "hidden",
+  "fuselens.pythonPath": "$PY",
+  "fuselens.worker.timeLimitSeconds": 240
+}
+JSON
+export XDG_CONFIG_HOME="$RUN/xdg/config" XDG_DATA_HOME="$RUN/xdg/data" XDG_CACHE_HOME="$RUN/xdg/cache"
+"$CS" --user-data-dir "$RUN/data" --extensions-dir "$RUN/exts" --install-extension "$ROOT/fuselens.vsix" >"$OUT/install.log" 2>&1
+
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+setsid "$CS" --bind-addr "127.0.0.1:$PORT" --auth none --disable-telemetry --disable-update-check \
+  --disable-workspace-trust --user-data-dir "$RUN/data" --extensions-dir "$RUN/exts" >"$OUT/code-server.log" 2>&1 &
+CSPID=$!
+cleanup() {
+  kill -- -"$CSPID" 2>/dev/null || true
+  sleep 0.5
+  kill -9 -- -"$CSPID" 2>/dev/null || true
+  cp -r "$RUN/data/logs" "$OUT/vscode-logs" 2>/dev/null || true
+  rm -rf "$RUN"
+}
+trap cleanup EXIT
+for _ in $(seq 1 100); do
+  curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break
+  sleep 0.2
+done
+echo "[e2e] code-server up on port $PORT; driving the workbench"
+set +e
+node tests/extension/e2e.js "http://127.0.0.1:$PORT/?folder=$RUN/ws" "$OUT" 2>&1 | tee "$OUT/driver.log"
+RC=${PIPESTATUS[0]}
+set -e
+if [ "$RC" = 0 ] && [ "${FUSELENS_E2E_README:-0}" = 1 ] && [ -f "$OUT/readme-editor.png" ]; then
+  mkdir -p docs/images && cp "$OUT/readme-editor.png" docs/images/editor.png
+fi
+echo "[e2e] $( [ "$RC" = 0 ] && echo PASSED || echo FAILED ) in $(( $(date +%s) - T0 )) s; screenshots in test-output/e2e/"
+exit "$RC"
