@@ -65,6 +65,7 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
     frame = {name: _wrap_argument(ev, sources, name, v) for name, v in bound.items()}
     for name, v in fs.closure.items():
         cell = fs.cells.get(name)
+        v = cell.cell_contents if cell is not None else v  # fs is cached: read the cell anew
         src = f"{sources.constant(cell, 'cell_' + name)}.cell_contents" if cell is not None \
             else sources.constant(v, name)
         if not isinstance(v, torch.Tensor):

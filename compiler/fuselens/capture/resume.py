@@ -58,7 +58,11 @@ class Materializer:
         self.sources = sources
         self.outputs: list[TensorVar] = []
         self._out_index: dict[int, int] = {}
-        self.input_src = {id(v): k for k, v in mutated.items()}
+        self._mutated = mutated
+
+    @property
+    def input_src(self):  # looked up late: inputs are mutated after the Materializer is made
+        return {id(v): k for k, v in self._mutated.items()}
 
     def expr(self, v) -> str:
         if isinstance(v, TensorVar):

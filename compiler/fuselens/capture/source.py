@@ -106,7 +106,8 @@ def function_source(fn) -> FunctionSource:
             except ValueError:  # empty cell: not yet assigned
                 pass
     defaults = _defaults(node.args, fn)
-    return FunctionSource(fn.__name__, fn.__qualname__, filename, node, fn.__globals__, closure,
+    name = fn.__name__ if fn.__name__.isidentifier() else "__fl_lambda"  # `def <lambda>` is no syntax
+    return FunctionSource(name, fn.__qualname__, filename, node, fn.__globals__, closure,
                           defaults, cells, source_text=dedented)
 
 

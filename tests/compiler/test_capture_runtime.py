@@ -1,0 +1,526 @@
+"""The runtime around captured code: guards and recompiles, dynamic dims after a size change,
+the recompile limit, input mutation, eager fallbacks, and the public API's inputs."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fuselens
+from fuselens import FuselensWarning
+from fuselens.runtime import compiled as runtime
+from conftest import check
+
+torch.manual_seed(0)
+X = torch.randn(4, 8)
+SCALE = 2.0
+
+
+def n_entries(cf):
+    return len(fuselens.inspect(cf))
+
+
+def _pointwise(x):
+    return x.sin() * 2 + 1
+
+
+# ------------------------------------------------------------------------------ tensor guards
+def test_same_inputs_hit_the_cache():
+    cf = fuselens.compile(_pointwise)
+    for _ in range(5):
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(cf(x), _pointwise(x))
+    assert n_entries(cf) == 1
+
+
+def test_dtype_change_recompiles():
+    cf = fuselens.compile(_pointwise)
+    cf(X)
+    x64 = X.double()
+    out = cf(x64)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, _pointwise(x64))
+    assert n_entries(cf) == 2
+    cf(X), cf(x64)
+    assert n_entries(cf) == 2
+
+
+def test_stride_change_recompiles():
+    cf = fuselens.compile(_pointwise)
+    sq = torch.randn(8, 8)
+    cf(sq)
+    t = sq.t()
+    torch.testing.assert_close(cf(t), _pointwise(t))
+    assert n_entries(cf) == 2
+
+
+def test_requires_grad_change_recompiles_and_grads_flow():
+    cf = fuselens.compile(_pointwise)
+    cf(X)
+    xg = X.clone().requires_grad_(True)
+    out = cf(xg)
+    assert out.requires_grad
+    out.sum().backward()
+    torch.testing.assert_close(xg.grad, 2 * X.cos())
+    assert n_entries(cf) == 2
+
+
+def test_shape_change_recompiles_once_then_dim_is_dynamic():
+    def f(x):
+        n = x.shape[0]
+        return x.softmax(-1) * n + x.sum(0)
+    cf = fuselens.compile(f)
+    for rows in (4, 5, 6, 7, 16):
+        x = torch.randn(rows, 8)
+        torch.testing.assert_close(cf(x), f(x))
+    assert n_entries(cf) == 2, [e.guards for e in fuselens.inspect(cf)]
+    last = fuselens.inspect(cf)[-1]
+    assert any("?x8" in g.reason for g in last.guards), [g.reason for g in last.guards]
+    # the other dim is still static: changing it recompiles
+    x = torch.randn(5, 3)
+    torch.testing.assert_close(cf(x), f(x))
+    assert n_entries(cf) == 3
+
+
+def test_dynamic_dim_used_as_python_value_is_correct():
+    def f(x):
+        out = x
+        for i in range(x.shape[0]):  # specializes: guarded on the exact size
+            out = out + i
+        return out.view(x.shape[0] * 2, -1)
+    cf = fuselens.compile(f)
+    for rows in (2, 3, 4, 3):
+        x = torch.randn(rows, 8)
+        torch.testing.assert_close(cf(x), f(x))
+
+
+def test_dynamic_false_recompiles_per_size():
+    cf = fuselens.compile(_pointwise, dynamic=False)
+    for rows in (2, 3, 4):
+        cf(torch.randn(rows, 8))
+    assert n_entries(cf) == 3
+
+
+# ------------------------------------------------------------------------------ value guards
+def test_constant_arguments_guarded_by_value():
+    def f(x, k, flag=True, name="a"):
+        y = x * k
+        return y + 1 if flag and name == "a" else y - 1
+    cf = fuselens.compile(f)
+    for args in [(2,), (2,), (3,), (3, False), (2.0,), (2, True, "b"), (2,)]:
+        torch.testing.assert_close(cf(X, *args), f(X, *args))
+    # 2 and 2.0 are different constants (int vs float)
+    assert n_entries(cf) == 5
+
+
+def test_list_argument_length_and_items_guarded():
+    def f(x, ks):
+        for k in ks:
+            x = x * k
+        return x
+    cf = fuselens.compile(f)
+    for ks in ([1, 2], [1, 2], [1, 2, 3], (1, 2), [2, 2]):
+        torch.testing.assert_close(cf(X, ks), f(X, ks))
+    assert n_entries(cf) == 4
+
+
+def test_global_value_change_recompiles():
+    global SCALE
+
+    def f(x):
+        return x * SCALE
+    cf = fuselens.compile(f)
+    old = SCALE
+    try:
+        torch.testing.assert_close(cf(X), X * 2.0)
+        SCALE = 5.0
+        torch.testing.assert_close(cf(X), X * 5.0)
+    finally:
+        SCALE = old
+    assert n_entries(cf) == 2
+
+
+def test_closure_value_change_recompiles():
+    k = 2.0
+
+    def f(x):
+        return x * k
+    cf = fuselens.compile(f)
+    torch.testing.assert_close(cf(X), X * 2.0)
+    k = 7.0  # noqa: F841 (read through the closure cell)
+    torch.testing.assert_close(cf(X), X * 7.0)
+
+
+def _plus_one(t):
+    return t + 1
+
+
+def _plus_two(t):
+    return t + 2
+
+
+HELPER = _plus_one
+
+
+def test_global_helper_rebound_recompiles():
+    global HELPER
+
+    def f(x):
+        return HELPER(x) * 2
+    cf = fuselens.compile(f)
+    try:
+        torch.testing.assert_close(cf(X), (X + 1) * 2)
+        HELPER = _plus_two
+        torch.testing.assert_close(cf(X), (X + 2) * 2)
+    finally:
+        HELPER = _plus_one
+
+
+# ------------------------------------------------------------------------------ module guards
+def test_module_identity_guarded():
+    def f(m, x):
+        return m(x)
+    cf = fuselens.compile(f)
+    a, b = nn.Linear(8, 3), nn.Linear(8, 3)
+    torch.testing.assert_close(cf(a, X), a(X))
+    torch.testing.assert_close(cf(b, X), b(X))
+    torch.testing.assert_close(cf(a, X), a(X))
+    assert n_entries(cf) == 2
+
+
+def test_module_training_flag_guarded():
+    m = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5))
+    cm = fuselens.compile(m)
+    m.eval()
+    torch.testing.assert_close(cm(X), m[0](X))
+    m.train()
+    torch.manual_seed(1)
+    out = cm(X)
+    torch.manual_seed(1)
+    torch.testing.assert_close(out, F.dropout(m[0](X), 0.5, True))
+    m.eval()
+    torch.testing.assert_close(cm(X), m[0](X))
+    assert n_entries(cm) == 2
+
+
+def test_module_parameter_replaced_is_seen():
+    m = nn.Linear(8, 2)
+    cm = fuselens.compile(m)
+    cm(X)
+    with torch.no_grad():
+        m.weight.mul_(2)  # in-place: the same tensor, new values
+    torch.testing.assert_close(cm(X), F.linear(X, m.weight, m.bias))
+    m.weight = nn.Parameter(torch.randn(2, 8))
+    torch.testing.assert_close(cm(X), F.linear(X, m.weight, m.bias))
+
+
+# ------------------------------------------------------------------------------ global state
+def test_grad_mode_guarded():
+    w = torch.randn(8, requires_grad=True)
+
+    def f(x):
+        return x * w
+    cf = fuselens.compile(f)
+    assert cf(X).requires_grad
+    with torch.no_grad():
+        assert not cf(X).requires_grad
+    assert cf(X).requires_grad
+    assert n_entries(cf) == 2
+
+
+def test_autocast_guarded():
+    def f(x, y):
+        return x @ y.T
+    cf = fuselens.compile(f)
+    assert cf(X, X).dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = cf(X, X)
+        ref = f(X, X)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(out, ref)
+    assert n_entries(cf) == 2
+
+
+def test_default_dtype_guarded():
+    def f(x):
+        return x + torch.ones(8)
+    cf = fuselens.compile(f)
+    assert cf(X).dtype == torch.float32
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        x = X.double()
+        out = cf(x)
+        assert out.dtype == f(x).dtype == torch.float64
+    finally:
+        torch.set_default_dtype(old)
+    assert n_entries(cf) == 2
+
+
+# ------------------------------------------------------------------------------ recompile limit
+def test_recompile_limit_falls_back_to_eager_with_one_warning():
+    def f(x, k):
+        return x * k + 1
+    cf = fuselens.compile(f)
+    for k in range(runtime.RECOMPILE_LIMIT):
+        torch.testing.assert_close(cf(X, k), f(X, k))
+    assert n_entries(cf) == runtime.RECOMPILE_LIMIT
+    with pytest.warns(FuselensWarning) as rec:
+        torch.testing.assert_close(cf(X, 100), f(X, 100))
+    assert len(rec) == 1
+    msg = str(rec[0].message)
+    assert "recompile limit" in msg and "k == 7" in msg, msg
+    assert "f" in msg
+    # from now on eager, silently; earlier entries are not used either (eager is always right)
+    torch.testing.assert_close(cf(X, 101), f(X, 101))
+    torch.testing.assert_close(cf(X, 3), f(X, 3))
+    assert n_entries(cf) == runtime.RECOMPILE_LIMIT
+
+
+def test_recompile_limit_names_shape_guard_when_dynamic_is_off():
+    cf = fuselens.compile(_pointwise, dynamic=False)
+    for rows in range(1, runtime.RECOMPILE_LIMIT + 1):
+        cf(torch.randn(rows, 8))
+    with pytest.warns(FuselensWarning, match=r"recompile limit.*x: float32\["):
+        cf(torch.randn(50, 8))
+
+
+# ------------------------------------------------------------------------------ input mutation
+def test_mutation_of_input_visible_after_call():
+    def f(x, y):
+        x.mul_(2)
+        y.add_(x)
+        return (x + y).sum()
+    check(f, X, torch.ones(4, 8))
+
+
+def test_mutation_then_break_then_mutation():
+    def f(x):
+        x.add_(1)
+        print("mid")
+        x.mul_(3)
+        return x.sum()
+    check(f, X)
+
+
+def test_aliased_inputs_mutation():
+    def f(x, y):
+        x.add_(1)
+        return y * 2
+    t_eager = X.clone()
+    expected = f(t_eager, t_eager)
+    t = X.clone()
+    cf = fuselens.compile(f)
+    torch.testing.assert_close(cf(t, t), expected)
+    torch.testing.assert_close(t, t_eager)
+    u, v = X.clone(), X.clone()
+    torch.testing.assert_close(cf(u, v), X * 2)  # not aliased any more: a different entry
+    torch.testing.assert_close(u, X + 1)
+
+
+def test_output_aliases_input():
+    def f(x):
+        return x, x.view(-1), x[0]
+    cf = fuselens.compile(f)
+    t = X.clone()
+    a, b, c = cf(t)
+    t.add_(1)
+    torch.testing.assert_close(a, t)
+    torch.testing.assert_close(b, t.view(-1))
+    torch.testing.assert_close(c, t[0])
+
+
+def test_mutation_of_requires_grad_leaf_raises_like_eager():
+    def f(w):
+        w.add_(1)
+        return w
+    w = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable"):
+        f(w)
+    cf = fuselens.compile(f)
+    with pytest.raises(RuntimeError, match="leaf Variable"):
+        cf(w)
+
+
+# ------------------------------------------------------------------------------ fallbacks
+def test_internal_capture_error_falls_back_to_eager_with_warning(monkeypatch):
+    def boom(*a, **k):
+        raise KeyError("synthetic capture bug")
+    monkeypatch.setattr(runtime, "capture", boom)
+    cf = fuselens.compile(_pointwise)
+    with pytest.warns(FuselensWarning, match="internal error in capture: KeyError.*synthetic"):
+        out = cf(X)
+    torch.testing.assert_close(out, _pointwise(X))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FuselensWarning)
+        torch.testing.assert_close(cf(X), _pointwise(X))  # disabled: eager, no more warnings
+
+
+def test_internal_evaluator_error_falls_back(monkeypatch):
+    from fuselens.capture.evaluator import Evaluator
+
+    def boom(self, e, scope):
+        raise ZeroDivisionError("evaluator bug")
+    monkeypatch.setattr(Evaluator, "_ex_BinOp", boom)
+
+    def f(x):
+        return x * 2
+    with pytest.warns(FuselensWarning, match="ZeroDivisionError"):
+        torch.testing.assert_close(fuselens.compile(f)(X), X * 2)
+
+
+def test_error_running_generated_code_falls_back(monkeypatch):
+    real = runtime.build_function if hasattr(runtime, "build_function") else None
+    if real is None:
+        pytest.skip("runtime has no build_function hook")
+
+    def broken(source, name, globals_, consts):
+        fn = real(source, name, globals_, consts)
+        if name == "__fl_guard":
+            return fn
+
+        def bad(*a, **k):
+            raise IndexError("generated code bug")
+        return bad
+    monkeypatch.setattr(runtime, "build_function", broken)
+    with pytest.warns(FuselensWarning, match="internal error in running the compiled code: IndexError"):
+        torch.testing.assert_close(fuselens.compile(_pointwise)(X), _pointwise(X))
+
+
+def test_backend_error_runs_graph_eagerly(monkeypatch):
+    from fuselens.runtime import backend
+
+    def boom(*a, **k):
+        raise NotImplementedError("no lowering for this")
+    monkeypatch.setattr(backend, "compile_graph", boom)
+
+    def f(x):
+        y = x.sin()
+        print("break")
+        return y.cos()
+    with pytest.warns(FuselensWarning, match="backend failed.*NotImplementedError"):
+        torch.testing.assert_close(fuselens.compile(f)(X), f(X))
+
+
+def test_user_error_inside_compiled_function_raises_without_fallback():
+    def f(x):
+        return x @ x  # (4, 8) @ (4, 8): a shape error in eager too
+    cf = fuselens.compile(f)
+    with pytest.raises(RuntimeError):
+        f(X)
+    with pytest.raises(RuntimeError):
+        cf(X)
+    sq = torch.randn(8, 8)
+    torch.testing.assert_close(cf(sq), sq @ sq)  # not disabled by the user's error
+
+
+# ------------------------------------------------------------------------------ bad input
+_ns: dict = {"torch": torch}
+exec("def no_source(x):\n    return x * 3\n", _ns)
+NO_SOURCE = _ns["no_source"]
+
+
+def test_function_without_source_explain_raises_clear_error():
+    with pytest.raises(fuselens.NoSourceError, match="no_source"):
+        fuselens.explain(NO_SOURCE, X)
+
+
+def test_function_without_source_compile_warns_and_runs_eagerly():
+    cf = fuselens.compile(NO_SOURCE)
+    with pytest.warns(FuselensWarning, match="cannot compile.*no_source"):
+        torch.testing.assert_close(cf(X), X * 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FuselensWarning)
+        torch.testing.assert_close(cf(X), X * 3)  # warned once
+
+
+def test_builtin_function_compile_and_explain():
+    cf = fuselens.compile(torch.sin)
+    with pytest.warns(FuselensWarning):
+        torch.testing.assert_close(cf(X), torch.sin(X))
+    with pytest.raises(fuselens.NoSourceError):
+        fuselens.explain(torch.sin, X)
+
+
+def test_compile_rejects_bad_arguments():
+    with pytest.raises(TypeError):
+        fuselens.compile(42)
+    with pytest.raises(ValueError, match="mode"):
+        fuselens.compile(_pointwise, mode="fastest")
+    with pytest.raises(TypeError):
+        fuselens.inspect(_pointwise)
+
+
+# ------------------------------------------------------------------------------ API
+def test_compile_as_decorator_forms():
+    @fuselens.compile
+    def a(x):
+        return x + 1
+
+    @fuselens.compile(mode="max-autotune")
+    def b(x):
+        return x + 2
+    torch.testing.assert_close(a(X), X + 1)
+    torch.testing.assert_close(b(X), X + 2)
+    assert fuselens.compile(a) is a
+    assert a.__name__ == "a"
+
+
+def test_decorated_method():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 4)
+
+        @fuselens.compile
+        def forward(self, x):
+            return torch.relu(self.fc(x))
+    m = M()
+    torch.testing.assert_close(m(X), torch.relu(m.fc(X)))
+    m2 = M()
+    torch.testing.assert_close(m2(X), torch.relu(m2.fc(X)))
+
+
+def test_kwargs_call():
+    def f(x, *, scale=1.0, shift):
+        return x * scale + shift
+    check(f, X, scale=2.0, shift=X)
+
+
+def test_inspect_entries():
+    def f(x):
+        y = x * 2
+        print("b")
+        return y + 1
+    cf = fuselens.compile(f)
+    cf(X)
+    entries = fuselens.inspect(cf)
+    assert len(entries) == 2
+    top = entries[0]
+    assert top.source.startswith("def f(x):") and "print(" in top.source
+    assert top.guards and top.graphs and top.graphs[0].op_count == 1
+    assert top.graph_break is not None and top.graph_break.code == "FL100"
+    assert "after the graph break" in entries[1].function
+    assert isinstance(top.kernels, list) and isinstance(top.wrappers, list)
+
+
+def test_inspect_and_explain_on_module():
+    m = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    cm = fuselens.compile(m)
+    cm(X)
+    assert len(fuselens.inspect(cm)) == 1
+    ex = fuselens.explain(cm, X)
+    assert len(ex.graphs) == 1 and ex.graph_breaks == []
+    ex2 = fuselens.explain(nn.Linear(8, 2), X)
+    assert len(ex2.graphs) == 1
+
+
+def test_explain_of_compiled_function_does_not_touch_its_cache():
+    cf = fuselens.compile(_pointwise)
+    cf(X)
+    ex = fuselens.explain(cf, X)
+    assert len(ex.graphs) == 1
+    assert n_entries(cf) == 1
