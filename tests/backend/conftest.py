@@ -54,7 +54,7 @@ def compile(fn, *inputs, **kwargs):
     gm = trace(fn)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node, t in zip(placeholders, inputs):
-        node.meta["val"] = t.to("meta")
+        node.meta["val"] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
         node.meta["device"] = t.device
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an eager fallback is a failure unless a test expects it
@@ -71,7 +71,8 @@ def run(fn, *inputs, **kwargs):
 
 
 def tolerance(dtype):
-    return {torch.float16: dict(atol=2e-3, rtol=2e-3), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}.get(
+    # half types: eager rounds every intermediate, fused kernels keep them in fp32
+    return {torch.float16: dict(atol=5e-3, rtol=5e-3), torch.bfloat16: dict(atol=5e-2, rtol=5e-2)}.get(
         dtype, dict(atol=1e-5, rtol=1e-4))
 
 

@@ -141,3 +141,15 @@ def test_large_pointwise_chain_is_split_not_exponential():
             x = x * torch.sigmoid(x) + x
         return x
     check(deep, randn(3, 5), grad=False)
+
+
+def test_dynamic_dims_need_no_new_kernel_source():
+    x, w, b = randn(6, 40), randn(40), randn(40)
+    from conftest import compile
+    cg = compile(manual_layer_norm, x, w, b, dynamic_dims=[{0, 1}, {0}, {0}])
+    source = cg.kernels[0].source
+    assert "40" not in source  # the row length and the mean's divisor are arguments
+    for rows, cols in ((3, 24), (9, 57)):
+        args = (randn(rows, cols), randn(cols), randn(cols))
+        torch.testing.assert_close(cg(*args)[0], manual_layer_norm(*args))
+        assert cg.kernels[0].source == source

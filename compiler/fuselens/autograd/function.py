@@ -5,6 +5,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..ops import to_primitive_graph
+from ..ops.trace import meta_like
 from .joint import build_joint
 from .partition import partition
 
@@ -22,7 +23,7 @@ class _StridedPrograms:
     def get(self, inputs):
         key = tuple((tuple(t.shape), t.stride(), t.dtype) if isinstance(t, torch.Tensor) else None for t in inputs)
         if key not in self.programs:
-            vals = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in inputs]
+            vals = [meta_like(t) for t in inputs]
             self.programs[key] = self.build(self.graph, self.device, self.mode, self.dynamic, input_vals=vals,
                                             first_kernel_index=self.first_kernel_index)
         return self.programs[key]

@@ -114,6 +114,7 @@ class KernelWriter:
         dynamic = any(s in dynamic_values for s in shape)
         self.need_xmask = dynamic or self.xnumel % MAX_XBLOCK != 0
         self.need_rmask = self.mode == "looped" or dynamic or next_power_of_2(self.rnumel) != self.rnumel
+        self.dynamic_values = dynamic_values
         self.group = {n.name: n for n in kernel.nodes}
         self.values: dict[str, CV] = {}  # reduction results and per-row values, by buffer name
         self.lines: list[tuple[int, str]] = []
@@ -243,6 +244,9 @@ class KernelWriter:
         return value
 
     def constant(self, value, dtype):
+        if not isinstance(value, bool) and float(value).is_integer() and int(value) in self.dynamic_values:
+            # a size that may change (e.g. the count a mean divides by): a kernel argument, not a literal
+            return CV(self.expr(self.sizevars(int(value))), compute_dtype(dtype))
         return CV(literal(value, dtype), compute_dtype(dtype), value=value)
 
     def pointwise(self, p, vals, out_dtype):
@@ -262,6 +266,9 @@ class KernelWriter:
         return self.cse(text, compute_dtype(dtype))
 
     def masked(self, conds, body, other):
+        conds = [c for c in conds if c is not sympy.true]  # bounds that hold for every index
+        if not conds:
+            return body()
         cond = self.cse(" & ".join(self.expr(c) for c in conds), torch.bool)
         self.mask_stack.append(cond.expr)
         try:

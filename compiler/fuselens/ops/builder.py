@@ -210,10 +210,12 @@ eq, ne, lt, le, gt, ge = (_binary(p, compare=True) for p in (prim.eq, prim.ne, p
 
 def pow(a, b):
     if isinstance(b, numbers.Number) and isinstance(a, TVal):
-        if b == 2:
-            return mul(a, a)
-        if b == 1:
-            return a
+        # small integer powers as products: exact, and no pow call in the kernel
+        if float(b).is_integer() and 1 <= b <= 4:
+            out = a
+            for _ in range(int(b) - 1):
+                out = mul(out, a)
+            return out
         if b == 0.5:
             return sqrt(a)
     return _binary(prim.pow)(a, b)

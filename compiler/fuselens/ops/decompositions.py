@@ -797,6 +797,8 @@ def getattr_(x, name):
         return P.transpose(x, -2, -1)
     if name == "shape":
         return x.shape
+    if name == "device":
+        return P.builder().device
     return getattr(x.val, name)
 
 

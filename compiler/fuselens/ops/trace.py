@@ -19,9 +19,10 @@ def normalize_target(node: fx.Node):
     return node.target
 
 
-def _to_meta(v):
+def meta_like(v):
+    """A meta tensor with v's shape, strides and dtype (`.to("meta")` makes non-dense tensors contiguous)."""
     if isinstance(v, torch.Tensor) and v.device.type != "meta":
-        return v.to("meta")
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
     return v
 
 
@@ -30,7 +31,7 @@ def extern_call(target, args, kwargs, node=None):
     try:
         meta_args = map_aggregate(args, lambda a: a.val if isinstance(a, TVal) else a)
         meta_kwargs = map_aggregate(kwargs, lambda a: a.val if isinstance(a, TVal) else a)
-        val = map_aggregate(target(*meta_args, **meta_kwargs), _to_meta)
+        val = map_aggregate(target(*meta_args, **meta_kwargs), meta_like)
     except Exception:  # data-dependent shapes: take the value capture recorded
         val = node.meta.get("val") if node is not None else None
         if not isinstance(val, (torch.Tensor, tuple, list)):
@@ -65,7 +66,7 @@ def to_primitive_graph(gm: fx.GraphModule, example_inputs, device) -> fx.Graph:
     with b.building():
         for node in gm.graph.nodes:
             if node.op == "placeholder":
-                env[node] = b.placeholder(node.name, _to_meta(next(inputs)))
+                env[node] = b.placeholder(node.name, meta_like(next(inputs)))
             elif node.op in ("call_function", "call_method"):
                 args = map_aggregate(node.args, lambda a: env[a] if isinstance(a, fx.Node) else a)
                 kwargs = map_aggregate(dict(node.kwargs), lambda a: env[a] if isinstance(a, fx.Node) else a)

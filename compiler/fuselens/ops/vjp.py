@@ -59,7 +59,12 @@ rule(prim.where)(lambda g, out, c, a, b: (None, P.where(c, g, 0.0), P.where(c, 0
 @rule(prim.pow)
 def _pow(g, out, a, b):
     ga = P.mul(g, P.mul(b, P.pow(a, P.sub(b, 1)))) if isinstance(a, TVal) else None
-    gb = P.mul(g, P.mul(out, P.where(P.gt(a, 0), P.log(a), 0.0))) if isinstance(b, TVal) else None
+    if not isinstance(b, TVal):
+        gb = None
+    elif isinstance(a, TVal):
+        gb = P.mul(g, P.mul(out, P.where(P.gt(a, 0), P.log(a), 0.0)))
+    else:
+        gb = P.mul(g, P.mul(out, math.log(a) if a > 0 else 0.0))
     return ga, gb
 
 

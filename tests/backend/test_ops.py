@@ -1,0 +1,214 @@
+"""Per-op forward and gradient correctness against eager, on awkward inputs."""
+import math
+import operator
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import DEVICE, check
+
+
+def t(*shape, dtype=torch.float32, positive=False):
+    x = torch.randn(*shape, device=DEVICE)
+    if positive:
+        x = x.abs() + 0.5
+    return x.to(dtype)
+
+
+def transposed(*shape, **kw):
+    """Non-contiguous: the transpose of a contiguous tensor."""
+    return t(*reversed(shape), **kw).t() if len(shape) == 2 else t(*shape, **kw).transpose(0, -1)
+
+
+UNARY = {
+    "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "exp2": torch.exp2, "sin": torch.sin, "cos": torch.cos,
+    "tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu, "erf": torch.erf, "silu": F.silu,
+    "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "square": torch.square,
+    "clamp": lambda x: torch.clamp(x, -0.5, 0.7), "leaky_relu": F.leaky_relu, "softplus": F.softplus,
+    "hardtanh": F.hardtanh, "reciprocal_pos": lambda x: torch.reciprocal(x.abs() + 1),
+    "pow_scalar": lambda x: (x.abs() + 0.1) ** 1.7, "pow_int": lambda x: x ** 3, "rpow": lambda x: 2 ** x,
+    "tan": lambda x: torch.tan(x * 0.5), "sign": lambda x: torch.sign(x) * x, "floor": lambda x: torch.floor(x) + x,
+}
+POSITIVE = {"log": torch.log, "log1p": torch.log1p, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "log2": torch.log2}
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary(name):
+    fn = UNARY[name]
+    check(lambda x: fn(x), transposed(5, 7))
+
+
+@pytest.mark.parametrize("name", sorted(POSITIVE))
+def test_unary_positive(name):
+    fn = POSITIVE[name]
+    check(lambda x: fn(x), t(3, 9, positive=True))
+
+
+BINARY = {
+    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv,
+    "maximum": torch.maximum, "minimum": torch.minimum, "add_alpha": lambda a, b: torch.add(a, b, alpha=0.5),
+    "rsub": lambda a, b: 1.0 - a * b, "where": lambda a, b: torch.where(a > b, a, b * 2),
+    "pow": lambda a, b: torch.pow(a.abs() + 0.5, b), "atan_like": lambda a, b: a / (1 + b * b),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary_broadcast(name):
+    fn = BINARY[name]
+    check(lambda a, b: fn(a, b), t(4, 1, 6), transposed(5, 6))
+
+
+def test_comparisons_and_logic():
+    def f(a, b):
+        lt, ge, eq = a < b, a >= b, a == a
+        return (lt & ge) | ~eq, torch.logical_xor(lt, a > 0), (a != b).float() * a, torch.logical_not(lt)
+    check(f, t(6, 5), t(5))
+
+
+def test_casts_and_int_math():
+    def f(a, i):
+        return (a.to(torch.float16).float() + i.float(), (i * 3 + 1).sum(-1), a.long(), a.bool(), (a > 0).int())
+    check(f, t(4, 6) * 10, torch.randint(-5, 5, (4, 6), device=DEVICE))
+
+
+@pytest.mark.parametrize("dim,keepdim", [(-1, False), (0, True), ((0, 2), False), (None, False)])
+def test_reductions(dim, keepdim):
+    def f(x):
+        if dim is None:
+            return x.sum(), x.mean(), x.amax(), x.prod(), x.var(), x.std()
+        out = (x.sum(dim, keepdim=keepdim), x.mean(dim, keepdim=keepdim), x.amax(dim, keepdim=keepdim),
+               x.amin(dim, keepdim=keepdim), x.var(dim, keepdim=keepdim), x.std(dim, keepdim=keepdim, correction=0))
+        return out + ((x.prod(dim, keepdim=keepdim),) if isinstance(dim, int) else ())
+    check(f, transposed(3, 5, 4) * 0.5 + 1.0)
+
+
+def test_max_min_with_indices_and_argmax():
+    def f(x):
+        v, i = x.max(-1)
+        w, j = torch.min(x, 0)
+        return v * 2, i, w, j, x.argmax(), torch.argmin(x, 1)
+    check(f, t(5, 7))
+
+
+def test_logsumexp_norm_any_all():
+    def f(x):
+        return torch.logsumexp(x, -1), x.norm(dim=0), (x > 0).any(-1), (x > -3).all()
+    check(f, t(4, 6))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_softmax_log_softmax_layer_norm_rms_norm(dtype):
+    def f(x, w, b):
+        return (torch.softmax(x, -1), F.log_softmax(x, dim=0), F.layer_norm(x, (x.shape[-1],), w, b),
+                F.rms_norm(x, (x.shape[-1],), w, eps=1e-6))
+    check(f, t(6, 10, dtype=dtype), t(10, dtype=dtype), t(10, dtype=dtype))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy(reduction):
+    def f(logits, target, weight, probs):
+        return (F.cross_entropy(logits, target, reduction=reduction),
+                F.cross_entropy(logits, target, weight=weight.detach(), reduction=reduction),
+                F.cross_entropy(logits, probs.softmax(-1), reduction=reduction),
+                F.mse_loss(logits, logits * 0.5, reduction=reduction))
+    check(f, t(5, 6), torch.tensor([0, 3, 4, -100, 2], device=DEVICE), t(6, positive=True), t(5, 6))
+
+
+def test_views():
+    def f(x):
+        return (x.view(4, 15) * 2, x.reshape(-1, 5).t() + 1, x.permute(2, 0, 1).flatten(1) * 3,
+                x[1:, ::2, -1] + 1, x[..., None, 2] * 2, x.transpose(0, 1).contiguous(), x.unsqueeze(1).squeeze(1) + 0,
+                x[:, 1].expand(3, 2, 5) * x[0, :1, :1], x.narrow(2, 1, 3) - 1, x.unflatten(2, (5, 1)).sum(2))
+    check(f, t(2, 6, 5))
+
+
+def test_view_of_noncontiguous_needs_index_math():
+    def f(x):
+        return (x * 2).t().reshape(-1) + x.t().reshape(-1), x.t().flatten()[3:17:3]
+    check(f, t(4, 5))
+
+
+def test_split_chunk_unbind_cat_stack():
+    def f(x, y):
+        parts = x.split([2, 3], dim=1)
+        c = torch.cat([parts[1], parts[0] * 2, y], dim=1)
+        halves = x.chunk(2, dim=0)
+        d = torch.stack([halves[0], halves[1]], dim=1)
+        columns = x.unbind(1)
+        return c, d, torch.stack([columns[4], columns[0]], 0) + 1, torch.cat([x, x], 0) * 2
+    check(f, t(4, 5), t(4, 2))
+
+
+def test_pad_repeat_tril_triu():
+    def f(x):
+        return F.pad(x, (1, 2, 0, 1)) * 2, x.repeat(2, 1, 3), torch.tril(x) + torch.triu(x, 1) * 3
+    check(f, t(4, 5))
+
+
+def test_creation_ops():
+    def f(x):
+        n = x.shape[0]
+        return (torch.zeros((n, 3), device=x.device) + x[:, :3], torch.ones_like(x) * x, torch.full((n,), 2.5, device=x.device),
+                torch.arange(n, device=x.device) * 2, torch.arange(0.5, 3.0, 0.5, device=x.device) + x[0, 0],
+                x.new_zeros(2, 2), torch.zeros_like(x, dtype=torch.int64) + 1)
+    check(f, t(4, 5))
+
+
+def test_matmul_family_and_extern_ops():
+    def f(x, w, b, m, bt):
+        return (F.linear(x, w, b), x @ m, torch.bmm(bt, bt.transpose(1, 2)), torch.addmm(b, x, w.t()),
+                torch.matmul(bt, m), torch.matmul(x[0], m), x.flip(0) * 2)
+    check(f, t(3, 4), t(5, 4), t(5), t(4, 6), t(2, 3, 4), atol=1e-4, rtol=1e-4)
+
+
+def test_conv2d_and_embedding():
+    def f(img, weight, bias, table, idx):
+        return F.relu(F.conv2d(img, weight, bias, padding=1, stride=(1, 2))), F.embedding(idx, table) * 2
+    check(f, t(2, 3, 6, 5), t(4, 3, 3, 3), t(4), t(5, 7), torch.tensor([[0, 3, 2], [1, 1, 4]], device=DEVICE),
+          atol=1e-4, rtol=1e-4)
+
+
+def test_unsupported_op_runs_as_extern_with_gradient():
+    def f(x):
+        return torch.cumsum(torch.sin(x), 1) * 2  # cumsum has no decomposition: an extern call
+    cg = check(f, t(3, 6))
+    assert "torch.cumsum(" in cg.wrapper_source
+
+
+def test_zero_dim_and_empty_tensors():
+    def f(s, e, x):
+        return s * 2 + 1, e.sum(0), e * 3, (x * s).sum(), s.exp()
+    check(f, torch.tensor(1.5, device=DEVICE), t(0, 3), t(4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_dtypes(dtype):
+    def f(x, y):
+        return torch.tanh(x) * y + x.sum(-1, keepdim=True), (x * y).mean(0), F.gelu(x)
+    check(f, t(5, 9, dtype=dtype), t(9, dtype=dtype))
+
+
+def test_mixed_dtypes_promote_like_torch():
+    def f(h, s, i):
+        return h * s, h + 1.5, i / 2, i * 2.5, s + i
+    check(f, t(4, 3, dtype=torch.float16), t(4, 3), torch.arange(12, device=DEVICE).reshape(4, 3))
+
+
+def test_odd_sizes_and_large_rows():
+    def f(x):
+        return torch.softmax(x, -1) * 2
+    check(f, t(3, 1000))
+    check(f, t(130, 7))
+
+
+def test_detach_blocks_gradient():
+    def f(x):
+        return x * x.detach()
+    check(f, t(4, 4))
+
+
+def test_math_constants_and_inf():
+    def f(x):
+        return x.masked_fill(x > 1, float("-inf")).softmax(-1), torch.where(x > 0, x, math.inf).amin(-1)
+    check(f, t(4, 6), grad=False)
