@@ -1,0 +1,148 @@
+"""Joint graph, min-cut partition, compiled backward, random numbers, fallbacks."""
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import DEVICE, check, compile, run, trace
+from fuselens.autograd import build_joint, partition
+from fuselens.autograd.partition import _bytes, _tangent_dependent
+from fuselens.codegen import launcher
+from fuselens.ops import to_primitive_graph
+from fuselens.runtime import backend
+from fuselens.runtime.compiled import FuselensWarning
+from test_fusion import manual_gelu_tanh, manual_layer_norm, manual_softmax, sin_plus_cos
+
+
+def randn(*shape):
+    return torch.randn(*shape, device=DEVICE)
+
+
+def joint_of(fn, *inputs):
+    gm = trace(fn)
+    return build_joint(to_primitive_graph(gm, inputs, DEVICE), [True] * len(inputs), DEVICE)
+
+
+def save_everything(joint):
+    """What a partition without recomputation saves: every forward value a backward node uses."""
+    in_backward = _tangent_dependent(joint.graph)
+    return [n for n in joint.graph.nodes
+            if n.op != "output" and n not in in_backward and any(u in in_backward for u in n.users)]
+
+
+@pytest.mark.parametrize("fn,shapes", [
+    (manual_gelu_tanh, [(6, 7)]),
+    (manual_layer_norm, [(5, 12), (12,), (12,)]),
+    (manual_softmax, [(4, 9)]),
+    (sin_plus_cos, [(3, 8), (3, 8)]),
+])
+def test_gradients_match_eager(fn, shapes):
+    cg = check(fn, *[randn(*s) for s in shapes])
+    assert len(cg.kernels) >= 2  # a forward kernel and a backward kernel
+
+
+@pytest.mark.parametrize("fn,shapes", [(manual_gelu_tanh, [(6, 7)]), (manual_layer_norm, [(5, 12), (12,), (12,)])])
+def test_min_cut_saves_less_than_everything(fn, shapes):
+    joint = joint_of(fn, *[randn(*s) for s in shapes])
+    saved = [n for n in joint.graph.nodes if n.name in partition(joint).saved]
+    everything = save_everything(joint)
+    assert sum(map(_bytes, saved)) < sum(map(_bytes, everything))
+    if fn is manual_gelu_tanh:
+        assert [n.name for n in saved] == ["x"]  # the whole GeLU is recomputed from its input
+
+
+def test_matmuls_and_random_ops_are_never_recomputed():
+    def f(x, w):
+        return F.dropout(torch.tanh(x @ w), p=0.3).sum()
+    joint = joint_of(f, randn(4, 5), randn(5, 6))
+    parts = partition(joint)
+    backward_prims = [n.target.name for n in parts.backward.nodes if n.op == "call_function"]
+    assert backward_prims.count("mm") == 2  # the two gradient matmuls, not the forward one again
+    assert "rand" not in backward_prims
+
+
+def test_dropout_is_reproducible_and_its_backward_uses_the_forward_mask():
+    def f(x):
+        return F.dropout(x, p=0.4, training=True)
+    x = randn(64, 33).requires_grad_()
+    cg = compile(f, x)
+    torch.manual_seed(0)
+    a = cg(x)[0]
+    torch.manual_seed(0)
+    b = cg(x)[0]
+    c = cg(x)[0]
+    torch.testing.assert_close(a, b)
+    assert not torch.equal(a, c)
+    kept = a != 0
+    assert 0.5 < kept.float().mean().item() < 0.7
+    torch.testing.assert_close(a[kept], x[kept] / 0.6)
+    g = torch.randn_like(a)
+    (grad,) = torch.autograd.grad(a, x, g)
+    torch.testing.assert_close(grad, torch.where(kept, g / 0.6, torch.zeros_like(g)))
+
+
+def test_rand_and_randn_statistics():
+    def f(x):
+        return torch.rand(x.shape, device=x.device) + x, torch.randn(x.shape, device=x.device) * 2
+    x = torch.zeros(100, 100, device=DEVICE)
+    u, n = run(f, x)[1]
+    assert 0.45 < u.mean().item() < 0.55 and u.min() >= 0 and u.max() < 1
+    assert abs(n.mean().item()) < 0.1 and 1.9 < n.std().item() < 2.1
+
+
+def test_outputs_not_requiring_grad_and_integer_outputs():
+    def f(x, y):
+        return x * y, (x > 0).sum(), y.detach() * 2
+    check(f, randn(3, 4), randn(4))
+
+
+def test_codegen_failure_falls_back_to_eager_with_a_warning(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("codegen exploded")
+    monkeypatch.setattr(backend, "generate_kernel", broken)
+    x = randn(4, 5)
+    gm = trace(manual_softmax)
+    with pytest.warns(FuselensWarning, match="codegen exploded"):
+        cg = backend.compile_graph(gm, [x])
+    torch.testing.assert_close(cg(x)[0], manual_softmax(x))
+
+
+def test_cpu_graphs_run_eagerly_without_the_interpreter(monkeypatch):
+    monkeypatch.setattr(launcher, "INTERPRET", False)
+    x = torch.randn(4, 5)
+    gm = trace(manual_softmax)
+    cg = backend.compile_graph(gm, [x])
+    calls = []
+    real = launcher.TritonKernel.run
+    monkeypatch.setattr(launcher.TritonKernel, "run", lambda *a, **k: calls.append(a) or real(*a, **k))
+    torch.testing.assert_close(cg(x)[0], manual_softmax(x))
+    assert calls == [] and len(cg.kernels) == 1  # kernels are generated (to be shown), not run
+
+
+def test_double_backward_is_refused_not_wrong():
+    x = randn(3, 3).requires_grad_()
+    cg = compile(lambda x: torch.sin(x), x)
+    (g,) = torch.autograd.grad(cg(x)[0].sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(g.sum(), x)
+
+
+def test_backward_with_noncontiguous_incoming_gradient():
+    x = randn(5, 6).requires_grad_()
+    cg = compile(manual_gelu_tanh, x)
+    out = cg(x)[0]
+    (g,) = torch.autograd.grad(out.sum(), x)  # sum's backward hands an expanded (stride 0) gradient
+    expected = torch.autograd.grad(manual_gelu_tanh(x).sum(), x)[0]
+    torch.testing.assert_close(g, expected)
+
+
+def test_mlp_training_step():
+    def mlp(x, w1, b1, w2, b2, target):
+        h = F.gelu(F.linear(x, w1, b1))
+        h = F.layer_norm(h, (h.shape[-1],))
+        return F.cross_entropy(F.linear(h, w2, b2), target)
+    inputs = [randn(8, 16), randn(32, 16) * 0.2, randn(32), randn(10, 32) * 0.2, randn(10),
+              torch.randint(0, 10, (8,), device=DEVICE)]
+    check(mlp, *inputs, atol=1e-4, rtol=1e-4)
