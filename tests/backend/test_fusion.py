@@ -153,3 +153,31 @@ def test_dynamic_dims_need_no_new_kernel_source():
         args = (randn(rows, cols), randn(cols), randn(cols))
         torch.testing.assert_close(cg(*args)[0], manual_layer_norm(*args))
         assert cg.kernels[0].source == source
+
+
+def test_half_inputs_compute_in_fp32():
+    x = randn(4, 8).half()
+    cg, out = run(manual_softmax, x)
+    assert ".to(tl.float32)" in cg.kernels[0].source
+    torch.testing.assert_close(out[0], manual_softmax(x.float()).half(), atol=2e-3, rtol=2e-3)
+
+
+def test_int64_indexing_only_for_huge_buffers():
+    from fuselens.ops import to_primitive_graph
+    from fuselens.runtime.backend import build_program
+    from conftest import trace
+
+    def f(x):
+        return x * 2
+    gm = trace(f)
+    for shape, wide in (((1024, 1024), False), ((65536, 65536), True)):
+        meta = torch.empty(shape, device="meta")  # code generation only: nothing runs
+        program = build_program(to_primitive_graph(gm, [meta], "cpu"), "cpu")
+        assert ("tl.program_id(0).to(tl.int64)" in program.kernels[0].source) == wide
+
+
+def test_max_autotune_tries_more_block_sizes():
+    default = launcher.configs("pointwise", 1 << 20, 1, interpret=False, max_autotune=False)
+    more = launcher.configs("pointwise", 1 << 20, 1, interpret=False, max_autotune=True)
+    assert len(more) > len(default) > 1
+    assert launcher.configs("persistent", 64, 100, interpret=False, max_autotune=False)[0].RBLOCK == 128

@@ -235,7 +235,7 @@ class KernelWriter:
 
     def inline(self, buf):
         """The value of a pointwise buffer of this kernel at the current loop variables."""
-        key = f"<inline {buf.name}>"
+        key = f"<inline {buf.name} under {self.mask_stack}>"
         for scope in reversed(self.scopes):
             if key in scope:
                 return scope[key]
