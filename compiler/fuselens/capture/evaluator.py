@@ -265,12 +265,12 @@ class Evaluator:
     def _abstract_continue(self, b: BreakSignal, s, scope):
         """Abstract domain: report the break; names the statement assigns become unknown."""
         self.on_break(b.brk)
-        for name in _assigned_names(s):
-            scope.vars[name] = UNKNOWN
         if isinstance(s, (ast.If, ast.While)) and b.cond is not None:
             # both arms (and the loop body) are analysed like any code
-            saved = dict(scope.vars)
-            self._exec_abstract_arms(s, scope, saved)
+            self._exec_abstract_arms(s, scope, dict(scope.vars))
+            return
+        for name in _assigned_names(s):
+            scope.vars[name] = UNKNOWN
 
     def _exec_abstract_arms(self, s, scope, saved):
         arms = [s.body, s.orelse] if isinstance(s, ast.If) else [s.body]
@@ -719,10 +719,9 @@ class Evaluator:
 
     def getitem(self, obj, idx, e, scope):
         if isinstance(obj, TensorVar):
-            if isinstance(idx, TensorVar) and idx.meta is not None and idx.meta.dtype == torch.bool:
+            if isinstance(idx, TensorVar) and idx.is_bool:
                 self.brk(B.DYNAMIC_SHAPE, e, scope, detail="boolean-mask indexing")
-            if isinstance(idx, tuple) and any(isinstance(i, TensorVar) and i.meta is not None
-                                              and i.meta.dtype == torch.bool for i in idx):
+            if isinstance(idx, tuple) and any(isinstance(i, TensorVar) and i.is_bool for i in idx):
                 self.brk(B.DYNAMIC_SHAPE, e, scope, detail="boolean-mask indexing")
             return self.op(operator.getitem, [obj, idx], {}, e, scope)
         if isinstance(obj, (Unknown, _AbstractSeq)) or isinstance(idx, Unknown):

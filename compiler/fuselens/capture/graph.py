@@ -138,7 +138,9 @@ class GraphBuilder:
             node.meta["val"] = None
             if n_outputs:
                 return tuple(self._getitem(node, i, None, None, loc) for i in range(n_outputs))
-            return TensorVar(node, None, None)
+            tv = TensorVar(node, None, None)
+            tv.abstract_bool = getattr(target, "__name__", "").strip("_") in _BOOL_RESULTS
+            return tv
         return self._wrap(node, out_meta, device, loc)
 
     def _wrap(self, node, out_meta, device, loc):
@@ -168,6 +170,11 @@ class GraphBuilder:
         self.graph.output(tuple(_as_node(v) for v in values))
         self.graph.eliminate_dead_code()
         return fx.GraphModule(torch.nn.Module(), self.graph)
+
+
+_BOOL_RESULTS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not",
+                 "logical_xor", "isnan", "isinf", "isfinite", "isclose", "bool", "and", "or",
+                 "invert", "not"}
 
 
 def _placeholder_name(source: str, i: int) -> str:

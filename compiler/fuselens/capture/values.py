@@ -15,7 +15,7 @@ class TensorVar:
     """A tensor inside the graph being built. `meta` is a tensor on device 'meta' with the
     shape, stride and dtype (None in the abstract domain: shape unknown). `version` counts the
     in-place updates of the storage it belongs to; `base` is the TensorVar it is a view of."""
-    __slots__ = ("node", "meta", "device", "base", "source")
+    __slots__ = ("node", "meta", "device", "base", "source", "abstract_bool")
 
     def __init__(self, node, meta, device, base=None, source=None):
         self.node = node
@@ -23,6 +23,11 @@ class TensorVar:
         self.device = device
         self.base = base      # for views of graph inputs: the input TensorVar
         self.source = source  # guard/source expression if this is a graph input
+        self.abstract_bool = False  # abstract domain: known to hold booleans (a comparison)
+
+    @property
+    def is_bool(self) -> bool:
+        return self.meta.dtype == torch.bool if self.meta is not None else self.abstract_bool
 
     @property
     def shape(self):
