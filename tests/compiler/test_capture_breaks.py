@@ -594,17 +594,6 @@ def test_explain_report_has_carets_and_doc_anchor():
     assert ex.guards and all(gd.expr and gd.reason for gd in ex.guards)
 
 
-def test_every_break_code_has_a_docs_section():
-    from pathlib import Path
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "graph-breaks.md").read_text()
-    for k in B.kinds():
-        assert f'<a id="{k.code.lower()}"></a>' in doc, k.code
-        assert f"## {k.code} — {k.title}" in doc, k.code
-        if k.torch_code:
-            assert k.torch_code in doc
-    assert "Loops that cannot be unrolled" in doc
-
-
 @pytest.mark.xfail(strict=True, reason="a local function (lambda/def) live across a graph break "
                    "raises CannotResume: the whole function falls back to eager with an "
                    "'internal error' FuselensWarning instead of breaking there")

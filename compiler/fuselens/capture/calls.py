@@ -62,7 +62,7 @@ def is_pure_foldable(fn) -> bool:
     mod = getattr(fn, "__module__", None)
     if mod in _PURE_MODULES:
         return True
-    return isinstance(fn, types.BuiltinFunctionType) and getattr(fn, "__self__", None) in (math, operator)
+    return isinstance(fn, types.BuiltinFunctionType) and any(getattr(fn, "__self__", None) is m for m in (math, operator))  # `in` would call ndarray.__eq__
 
 
 def is_torch_callable(fn) -> bool:
