@@ -251,6 +251,8 @@ class KernelWriter:
 
     def pointwise(self, p, vals, out_dtype):
         self.op_names.add(p.name)
+        if p.triton.startswith("libdevice."):  # libdevice picks its function by operand types: no bare literals
+            vals = [CV(f"tl.full([1], {v}, {TL_DTYPES[v.dtype]})", v.dtype) if v.literal else v for v in vals]
         return self.cse(p.triton.format(*[v.expr for v in vals]), compute_dtype(out_dtype))
 
     def to_dtype(self, v, dtype):

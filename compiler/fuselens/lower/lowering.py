@@ -145,17 +145,19 @@ class Lowering:
         const_dtype = tensor_dtypes[0] if tensor_dtypes else dtype
 
         def fn(idx):
-            with ops().at(loc):
-                vals = [a.load(broadcast_index(idx, shape, a.shape)) if isinstance(a, TensorValue)
-                        else ops().constant(a, const_dtype) for a in args]
-                if p is prim.convert:
-                    return ops().to_dtype(vals[0], kwargs["dtype"])
-                return ops().pointwise(p, vals, dtype)
+            vals = [a.load(broadcast_index(idx, shape, a.shape)) if isinstance(a, TensorValue)
+                    else ops().constant(a, const_dtype) for a in args]
+            if p is prim.convert:
+                return ops().to_dtype(vals[0], kwargs["dtype"])
+            return ops().pointwise(p, vals, dtype)
         return self._lazy(shape, dtype, loc, fn, args)
 
     def _lazy(self, shape, dtype, loc, fn, inputs):
+        def located(idx):  # kernel lines of this op carry its source location
+            with ops().at(loc):
+                return fn(idx)
         cost = 1 + sum(a.cost for a in inputs if isinstance(a, Lazy))
-        v = Lazy(shape, dtype, fn, cost, loc)
+        v = Lazy(shape, dtype, located, cost, loc)
         return self.realize(v) if cost > INLINE_COST_LIMIT else v
 
     def _slice_backward_fn(self, shape, src, _shape, dim, start, end, step):

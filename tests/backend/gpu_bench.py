@@ -1,0 +1,60 @@
+"""Eager vs fuselens vs torch.compile on the fusion examples, on a GPU (not a test: run it directly).
+
+    PYTHONPATH=compiler python3 tests/backend/gpu_bench.py
+Prints one row per function: median times (triton.testing.do_bench) and the fraction of the
+H100's memory bandwidth fuselens reaches, counting each input read once and each output written once.
+"""
+import math
+import os
+import sys
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ["FUSELENS_INTERPRET"] = "0"  # real Triton compilation (conftest defaults to the interpreter)
+
+import torch  # noqa: E402
+from triton.testing import do_bench  # noqa: E402
+
+from conftest import compile  # noqa: E402
+from test_fusion import manual_gelu_tanh, manual_layer_norm, manual_softmax, sin_plus_cos  # noqa: E402
+
+PEAK_BYTES_PER_S = 3.35e12  # H100 SXM HBM3
+
+
+def bench(fn, args):
+    return do_bench(lambda: fn(*args), warmup=25, rep=100, return_mode="median") * 1e-3
+
+
+def main():
+    dev = "cuda"
+    cases = [
+        ("manual_softmax", manual_softmax, [torch.randn(8192, 2048, device=dev)]),
+        ("manual_layer_norm", manual_layer_norm,
+         [torch.randn(8192, 2048, device=dev), torch.randn(2048, device=dev), torch.randn(2048, device=dev)]),
+        ("manual_gelu_tanh", manual_gelu_tanh, [torch.randn(16 * 1024 * 1024, device=dev)]),
+        ("sin_plus_cos", sin_plus_cos, [torch.randn(4096, 4096, device=dev), torch.randn(4096, 4096, device=dev)]),
+        ("softmax_fp16_long_rows", manual_softmax, [torch.randn(1024, 16384, device=dev, dtype=torch.float16)]),
+    ]
+    print(f"{'function':24} {'kernels':>7} {'eager ms':>9} {'fuselens ms':>12} {'torch.compile ms':>17} {'fl % peak BW':>13}")
+    for name, fn, args in cases:
+        cg = compile(fn, *args)
+        got = cg(*args)[0]
+        expected = fn(*args)
+        torch.testing.assert_close(got.float(), expected.float(), atol=2e-2, rtol=2e-2)
+        t_eager, t_fl = bench(fn, args), bench(cg, args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                rival = torch.compile(fn)
+                rival(*args)
+                t_tc = f"{bench(rival, args) * 1e3:17.3f}"
+            except Exception as e:  # torch.compile is only a comparison
+                t_tc = f"{'failed: ' + type(e).__name__:>17}"
+        nbytes = sum(a.numel() * a.element_size() for a in args) + got.numel() * got.element_size()
+        print(f"{name:24} {len(cg.kernels):7d} {t_eager * 1e3:9.3f} {t_fl * 1e3:12.3f} {t_tc} "
+              f"{100 * nbytes / t_fl / PEAK_BYTES_PER_S:12.1f}%")
+
+
+if __name__ == "__main__":
+    main()
