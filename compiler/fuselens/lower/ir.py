@@ -175,6 +175,7 @@ class Lazy(TensorValue):
     fn: object
     cost: int = 1  # number of operations inlined into it
     loc: tuple | None = None  # source location of the op that produced it
+    realized: View | None = None  # the buffer it was stored in, once something needed memory
 
     def load(self, idx):
         return self.fn(idx)

@@ -93,7 +93,6 @@ class Lowering:
         self.sv = SizeVars()
         self.steps: list = []
         self.env: dict = {}
-        self.realized: dict[int, View] = {}
         self.names = 0
 
     def new_name(self):
@@ -103,11 +102,11 @@ class Lowering:
     def realize(self, v) -> View:
         if isinstance(v, View):
             return v
-        if id(v) not in self.realized:
+        if v.realized is None:
             buf = ComputedBuffer(self.new_name(), v.shape, contiguous_strides(v.shape), v.dtype, body=v.fn, loc=v.loc)
             self.steps.append(buf)
-            self.realized[id(v)] = buffer_view(buf)
-        return self.realized[id(v)]
+            v.realized = buffer_view(buf)
+        return v.realized
 
     def run(self) -> LoweredGraph:
         inputs, outputs = [], []
