@@ -394,35 +394,44 @@ def _loc_json(loc, path):
 PROVENANCE_RE = re.compile(r"#.*?([\w./\\-]+\.py):(\d+)(?::(\d+))?")
 
 
-def kernel_provenance(kernel, path) -> list[dict]:
-    """For each kernel source line that came from user code: {kernelLine, line, col, ...}."""
+def kernel_provenance(kernel, path, source: str = "") -> list[dict]:
+    """For each kernel source line that came from user code: {kernelLine, line, col, endLine,
+    endCol} (0-based). The codegen writes a provenance comment on each line it emits
+    (`tmp3 = tmp1 * tmp2  # model.py:12  y = x * w`); a dict {kernel line: location} in
+    `kernel.source_lines` is used where there are no comments."""
     out = []
+    base = os.path.basename(path)
+    src_lines = source.split("\n") if source else []
+
+    def whole_line(ln):  # 1-based source line -> its non-blank extent
+        text = src_lines[ln - 1] if 0 < ln <= len(src_lines) else ""
+        start = len(text) - len(text.lstrip())
+        return {"line": ln - 1, "col": start, "endLine": ln - 1, "endCol": len(text)}
+
+    for i, text in enumerate((getattr(kernel, "source", "") or "").split("\n")):
+        m = PROVENANCE_RE.search(text)
+        if m and os.path.basename(m.group(1)) == base:
+            out.append({"kernelLine": i, **whole_line(int(m.group(2)))})
+    if out:
+        return out
     sl = getattr(kernel, "source_lines", None)
     if isinstance(sl, dict):
-        items = sorted(sl.items())
-    elif isinstance(sl, (list, tuple)):
-        items = list(enumerate(sl))
-    else:
-        items = []
-    for kline, loc in items:
-        if isinstance(loc, (list, tuple)) and loc and isinstance(loc[0], (list, tuple)):
-            locs = loc
-        else:
-            locs = [loc]
-        for one in locs:
-            j = _loc_json(one, path)
+        for kline, loc in sorted(sl.items()):
+            j = _loc_json(loc, path)
             if j is not None:
                 j["kernelLine"] = int(kline)
                 out.append(j)
-    if not out:
-        base = os.path.basename(path)
-        for i, text in enumerate((getattr(kernel, "source", "") or "").split("\n")):
-            m = PROVENANCE_RE.search(text)
-            if m and os.path.basename(m.group(1)) == base:
-                ln = int(m.group(2))
-                out.append({"kernelLine": i, "line": ln - 1, "col": int(m.group(3) or 0),
-                            "endLine": ln - 1, "endCol": int(m.group(3) or 0)})
     return out
+
+
+def kernel_source_lines(kernel, path) -> list[int]:
+    """The (0-based) lines of the user's file that the kernel computes."""
+    lines = set()
+    for loc in getattr(kernel, "source_lines", None) or []:
+        if isinstance(loc, (tuple, list)) and len(loc) >= 2 and isinstance(loc[1], int):
+            if not loc[0] or os.path.realpath(loc[0]) == os.path.realpath(path):
+                lines.add(loc[1] - 1)
+    return sorted(lines)
 
 
 def graph_ir(g) -> str:
@@ -433,6 +442,29 @@ def graph_ir(g) -> str:
     return str(g)
 
 
+def graph_io_bytes(g) -> int | None:
+    """Bytes a graph must read (its tensor inputs) and write (its tensor outputs): the least
+    memory traffic of any implementation, used for the bandwidth of one-kernel graphs."""
+    gm = getattr(g, "graph_module", None) or getattr(g, "gm", None) or g
+    graph = getattr(gm, "graph", None)
+    if graph is None:
+        return None
+    import torch
+    total = 0
+
+    def nbytes(v):
+        return v.numel() * v.element_size() if isinstance(v, torch.Tensor) else 0
+    for n in graph.nodes:
+        if n.op == "placeholder":
+            total += nbytes(n.meta.get("val"))
+        elif n.op == "output":
+            outs = n.args[0] if isinstance(n.args[0], (tuple, list)) else [n.args[0]]
+            for o in outs:
+                if hasattr(o, "meta"):
+                    total += nbytes(o.meta.get("val"))
+    return total or None
+
+
 def graph_node_count(g) -> int | None:
     gm = getattr(g, "graph_module", None) or getattr(g, "gm", None) or g
     graph = getattr(gm, "graph", None)
@@ -441,7 +473,7 @@ def graph_node_count(g) -> int | None:
     return sum(1 for n in graph.nodes if n.op == "call_function")
 
 
-def describe_compiled(compiled, path) -> dict:
+def describe_compiled(compiled, path, source="") -> dict:
     import fuselens
     entries = fuselens.inspect(compiled)
     graphs, transformed, guards = [], [], []
@@ -459,21 +491,23 @@ def describe_compiled(compiled, path) -> dict:
             ks = list(ks or [])
             claimed |= {id(k) for k in ks}
             wrapper = getattr(call, "wrapper_source", None) if call is not None else getattr(g, "wrapper_source", None)
+            kjs = [kernel_json(k, path, source) for k in ks]
+            if len(kjs) == 1 and kjs[0]["bytes"] is None:
+                kjs[0]["bytes"] = graph_io_bytes(g)
             graphs.append({"index": len(graphs), "ir": graph_ir(g), "nodeCount": graph_node_count(g),
-                           "kernels": [kernel_json(k, path) for k in ks], "wrapper": wrapper,
-                           "function": getattr(entry, "function", "")})
+                           "kernels": kjs, "wrapper": wrapper, "function": getattr(entry, "function", "")})
         rest = [k for k in (getattr(entry, "kernels", None) or []) if id(k) not in claimed]
         if rest:
             if graphs:
-                graphs[-1]["kernels"].extend(kernel_json(k, path) for k in rest)
+                graphs[-1]["kernels"].extend(kernel_json(k, path, source) for k in rest)
             else:
                 graphs.append({"index": 0, "ir": "", "nodeCount": None, "wrapper": None,
-                               "kernels": [kernel_json(k, path) for k in rest]})
+                               "kernels": [kernel_json(k, path, source) for k in rest]})
     return {"graphs": graphs, "transformedSource": "\n\n".join(transformed), "guards": guards,
             "entries": len(entries)}
 
 
-def kernel_json(k, path) -> dict:
+def kernel_json(k, path, source="") -> dict:
     nbytes = None
     for attr in ("bytes_accessed", "num_bytes", "bytes"):
         v = getattr(k, attr, None)
@@ -481,7 +515,8 @@ def kernel_json(k, path) -> dict:
             nbytes = v
             break
     return {"name": getattr(k, "name", "kernel"), "source": getattr(k, "source", "") or "",
-            "provenance": kernel_provenance(k, path), "bytes": nbytes,
+            "provenance": kernel_provenance(k, path, source), "sourceLines": kernel_source_lines(k, path),
+            "bytes": nbytes,
             "timeMs": None, "share": None, "bandwidthGBs": None}
 
 
@@ -532,7 +567,7 @@ def run_job(job: dict) -> dict:
     torch.manual_seed(0)
     actual = compiled(*_detach_copy(args), **_detach_copy(kwargs))
     result["check"] = compare(expected, actual)
-    result.update(describe_compiled(compiled, job["path"]))
+    result.update(describe_compiled(compiled, job["path"], job["source"]))
     kernels = [k for g in result["graphs"] for k in g["kernels"]]
 
     timings = {"eager": None, "fuselens": None, "torchCompile": None, "torchCompileError": None}
