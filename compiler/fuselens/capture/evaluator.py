@@ -27,7 +27,7 @@ from . import breaks as B
 from . import calls as C
 from .graph import GraphBuilder, MetaEvalError
 from .source import FunctionSource, NoSourceError, function_source
-from .values import (UNKNOWN, BoundUserMethod, LocalFunction, SymInt, TensorVar, Unknown,
+from .values import (UNKNOWN, BoundUserMethod, LocalFunction, SymInt, SymShape, TensorVar, Unknown,
                      contains_tensor)
 
 MAX_INLINE_DEPTH = 12
@@ -640,6 +640,9 @@ class Evaluator:
                 return self.wrap_external(v, src)
             return v
         src = self.value_sources.get(id(obj))
+        if src is not None and not self.abstract and not isinstance(v, torch.Tensor) \
+                and not isinstance(obj, (type, types.FunctionType)):
+            self.sources.guard_value(f"{src}.{attr}", v)
         if isinstance(v, torch.Tensor):
             if src is None:
                 if self.abstract:
@@ -710,7 +713,7 @@ class Evaluator:
                                   lambda d=d: self.g.sym_node(torch.ops.aten.sym_size.int, (t, d), shape[d])))
             else:
                 out.append(n)
-        return tuple(out)
+        return SymShape(out)
 
     def _ex_Subscript(self, e, scope):
         obj = self.eval(e.value, scope)
@@ -827,6 +830,7 @@ class Evaluator:
             return UNKNOWN
         if isinstance(v, SymInt):
             return self.sym_arith(C.UNARYOPS[op], [v], e, scope)
+        self.require_foldable([v], e, scope)
         return C.UNARYOPS[op](v)
 
     def _ex_BinOp(self, e, scope):
@@ -844,6 +848,7 @@ class Evaluator:
             return self.sym_arith(fn, [a, b], e, scope)
         if isinstance(a, (list, tuple)) and contains_tensor(a) and op == "Mult":
             return a * b
+        self.require_foldable([a, b], e, scope)
         return fn(a, b)
 
     def _ex_Compare(self, e, scope):
@@ -866,7 +871,13 @@ class Evaluator:
                 r = UNKNOWN
             elif isinstance(left, SymInt) or isinstance(right, SymInt):
                 r = self.sym_compare(fn, left, right, e, scope)
+            elif isinstance(left, SymShape) or isinstance(right, SymShape):
+                # SymInts compare by identity: compare the exact sizes (guarded) instead
+                spec = lambda v: tuple(self.specialize(d, e, scope) if isinstance(d, SymInt) else d  # noqa: E731
+                                       for d in v) if isinstance(v, tuple) else v
+                r = fn(spec(left), spec(right))
             else:
+                self.require_foldable([left, right], e, scope)
                 r = fn(left, right)
             if len(e.ops) == 1:
                 return r
@@ -1084,11 +1095,21 @@ class Evaluator:
         self.brk(B.UNKNOWN_CALL, e, scope,
                  detail=f"call to {getattr(fn, '__qualname__', type(fn).__name__)}")
 
+    def require_foldable(self, vals, e, scope):
+        """Folding is sound only for values guarded by value: an opaque object (a NumPy array,
+        say) is guarded by its type alone, so computing with it must happen in Python."""
+        for v in vals:
+            if not _foldable(v) and not self.abstract:
+                self.brk(B.UNSUPPORTED_EXPR, e, scope,
+                         detail=f"operation on a {type(v).__name__} object")
+
     def fold(self, fn, args, kwargs, e, scope):
         """A pure Python function: evaluated now if its arguments are known."""
         vals = list(args) + list(kwargs.values())
         if any(isinstance(a, Unknown) for a in vals):
             return UNKNOWN
+        if fn not in (isinstance, type, id, callable, hasattr, getattr):
+            self.require_foldable(vals, e, scope)
         if any(isinstance(a, TensorVar) for a in vals) or fn is sum and contains_tensor(vals):
             if fn in (int, float, bool, complex):
                 self.brk(B.TENSOR_TO_PY, e, scope, detail=f"{fn.__name__}() of a tensor")
@@ -1266,6 +1287,22 @@ _VIEW_OPS = {torch.Tensor.view, torch.Tensor.reshape, torch.Tensor.transpose, to
              torch.reshape, torch.transpose, torch.permute, torch.squeeze, torch.unsqueeze,
              torch.flatten, torch.narrow, torch.select, torch.t, torch.Tensor.view_as,
              torch.Tensor.expand_as, torch.Tensor.movedim, torch.movedim, torch.Tensor.diagonal}
+
+
+_FOLDABLE_ATOMS = (int, float, complex, bool, str, bytes, type(None), range, slice, torch.dtype,
+                   torch.device, torch.memory_format, torch.layout, type, types.FunctionType,
+                   types.BuiltinFunctionType, types.ModuleType, nn.Module, TensorVar, SymInt,
+                   Unknown, LocalFunction, BoundUserMethod, type(Ellipsis), types.MethodType)
+
+
+def _foldable(v) -> bool:
+    if isinstance(v, _FOLDABLE_ATOMS):
+        return True
+    if isinstance(v, (list, tuple, set, frozenset)):  # torch.Size too
+        return all(_foldable(x) for x in v)
+    if isinstance(v, dict):
+        return all(_foldable(k) and _foldable(x) for k, x in v.items())
+    return type(v).__module__ in ("enum",) or isinstance(v, __import__("enum").Enum)
 
 
 class _Opaque(Exception):

@@ -50,8 +50,19 @@ class Sources:
             self.guard(f"{src} != {src}", f"{src} is nan")
         elif _is_literal(v):
             self.guard(f"type({src}) is {type(v).__name__} and {src} == {v!r}", f"{src} == {v!r}")
+        elif isinstance(v, _STATIC_KINDS) or isinstance(v, (torch.dtype, torch.device, torch.Size)):
+            # code and classes: inlined or called as they are, so the very object matters
+            self.guard(f"{src} is {self.constant(v, getattr(v, '__name__', type(v).__name__))}"
+                       if not isinstance(v, (torch.device, torch.Size)) else
+                       f"{src} == {self.constant(v, type(v).__name__)}", f"{src} is the same object")
+        elif isinstance(v, types.MethodType):
+            self.guard(f"{src}.__func__ is {self.constant(v.__func__, v.__func__.__name__)}",
+                       f"{src} is the same method")
         else:
-            self.guard(f"{src} is {self.constant(v, type(v).__name__)}", f"{src} is the same object")
+            # any other object: only its type; attributes read during capture are guarded
+            # where they are read (Evaluator.getattr)
+            self.guard(f"type({src}) is {self.constant(type(v), type(v).__name__)}",
+                       f"{src} is a {type(v).__name__}")
 
     def guard_tensor(self, src: str, t: torch.Tensor, dynamic=()) -> None:
         parts = [f"type({src}) is {self.constant(type(t), type(t).__name__)}",
@@ -122,6 +133,10 @@ class Sources:
             on = torch.is_autocast_enabled(dev)
             self.guard(f"torch.is_autocast_enabled({dev!r}) is {on}",
                        f"autocast on {dev} is {'on' if on else 'off'}")
+
+
+_STATIC_KINDS = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type,
+                 types.BuiltinMethodType, nn.Module)
 
 
 def _is_literal(v) -> bool:
