@@ -108,7 +108,21 @@ async function editorText() {
     log('side panel shows graphs and kernels:', (await kernelRow.innerText()).replace(/\s+/g, ' '));
     await page.waitForTimeout(500);
     await shot('side-panel');
+    // the README's picture: a wider side panel, the remaining break's hover in the editor
+    const sb = await page.locator('.part.sidebar').boundingBox();
+    if (sb) {
+      await page.mouse.move(sb.x + sb.width - 1, sb.y + 300);
+      await page.mouse.down();
+      await page.mouse.move(sb.x + sb.width + 110, sb.y + 300, { steps: 5 });
+      await page.mouse.up();
+    }
+    const sq = await page.locator('.monaco-editor .squiggly-warning').first().boundingBox();
+    if (sq) { await page.mouse.move(sq.x + sq.width / 2, sq.y + sq.height / 2); }
+    await page.waitForSelector('.monaco-hover:has-text("FL120")', { timeout: 20000 }).catch(() => log('no FL120 hover for the README shot'));
+    await page.waitForTimeout(300);
     await page.screenshot({ path: path.join(outDir, 'readme-editor.png') });
+    await page.mouse.move(5, 5);
+    await page.keyboard.press('Escape');
 
     // 05: open a kernel
     await kernelRow.click();
