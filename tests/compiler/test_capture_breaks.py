@@ -592,9 +592,6 @@ def test_explain_report_has_carets_and_doc_anchor():
     assert ex.guards and all(gd.expr and gd.reason for gd in ex.guards)
 
 
-@pytest.mark.xfail(strict=True, reason="a local function (lambda/def) live across a graph break "
-                   "raises CannotResume: the whole function falls back to eager with an "
-                   "'internal error' FuselensWarning instead of breaking there")
 def test_local_function_live_across_break():
     def f(x):
         g = lambda t: t * 2  # noqa: E731
@@ -608,9 +605,6 @@ def test_compiled_lambda():
     check(f, X, graphs=1, breaks=[])
 
 
-@pytest.mark.xfail(strict=True, reason="a break in a compiled lambda's body: the transformed "
-                   "function is written from a lambda node (no statements) and fails with "
-                   "SyntaxError/IndexError, so it falls back to eager with a warning")
 def test_compiled_lambda_with_break():
     f = lambda x: x * x.sum().item()  # noqa: E731
     check(f, X, breaks=["FL110"])

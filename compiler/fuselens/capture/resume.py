@@ -25,7 +25,7 @@ import torch
 
 from .evaluator import BreakSignal, FrameAtBreak, LocalFunction, TensorVar
 from .source import FunctionSource, build_function
-from .values import SymInt
+from .values import SymInt, SymShape
 
 
 _UIDS = itertools.count()
@@ -79,6 +79,8 @@ class Materializer:
             return v.expr
         if isinstance(v, LocalFunction):
             raise CannotResume(f"local function {v.name!r} is live across a graph break")
+        if isinstance(v, SymShape):
+            return "torch.Size([" + ", ".join(self.expr(x) for x in v) + "])"
         if isinstance(v, tuple) and type(v) is tuple:
             inner = ", ".join(self.expr(x) for x in v)
             return f"({inner},)" if len(v) == 1 else f"({inner})"
@@ -272,6 +274,7 @@ class Writer:
                    consts=None) -> str:
         name = f"__fl_resume_{self.prefix}{len(self.resumes)}"
         fs = frame.scope.fs
+        body = local_defs(frame, body) + list(body)
         node = ast.FunctionDef(name=name, args=_args(params), body=body or [ast.Pass()],
                                decorator_list=[], returns=None, type_comment=None, type_params=[])
         at = body[0] if body else frame.stmt
@@ -290,18 +293,10 @@ class Writer:
 
     def live(self, frame: FrameAtBreak, after: list, extra_defined=()) -> list[str]:
         _bind_rest_items(frame, after)
-        names = loaded_names(after)
+        # local functions are defined again in the resume; what they close over is live
+        names = (loaded_names(after) | loaded_names(local_defs(frame, after))) - _local_fn_names(frame)
         defined = set(frame.vars) | set(extra_defined)
         return sorted(n for n in names & defined)
-
-    def frame_resume(self, frame: FrameAtBreak, current, tag, extra_params=()) -> tuple[str, list]:
-        """A resume function continuing `frame` from `current` (a statement or None)."""
-        body = continuation(frame.levels, include_current=False, current=current)
-        if not body:
-            return None, []
-        params = list(extra_params) + [n for n in self.live(frame, body, extra_params)
-                                       if n not in extra_params]
-        return self.new_resume(frame, params, body, tag), params
 
     def handler(self, frame: FrameAtBreak, sig: BreakSignal) -> tuple[list, list[str]]:
         """Statements that run the innermost frame's breaking statement and continue it.
@@ -320,25 +315,16 @@ class Writer:
                             orelse=[_return_call(else_name, else_params)])]
             reads = loaded_names([test]) | set(then_params) | set(else_params)
             return with_wrappers(frame.levels, stmts), temps, reads
-        stmts = [stmt]
-        if not isinstance(s, (ast.Return, ast.Raise)):
-            name, params = self.frame_resume(frame, None, "after the graph break",
-                                             extra_params=())
-            after_defined = stored_names([s])
-            if name is not None:
-                body = continuation(frame.levels, False)
-                _bind_rest_items(frame, body)
-                params = sorted(n for n in loaded_names(body) & (set(frame.vars) | after_defined)
-                               )
-                self.resumes.pop()
-                name = self.new_resume(frame, params, body, "after the graph break")
-                tail = [_return_call(name, params)]
-            else:
-                tail = [ast.Return(value=ast.Constant(value=None))]
-        else:
-            tail = []
-        reads = loaded_names([stmt]) | (set(params) - stored_names([s]) if tail and name else set())
-        return with_wrappers(frame.levels, stmts) + tail, temps, reads
+        reads = loaded_names([stmt])
+        tail = []
+        body = continuation(frame.levels, False) if not isinstance(s, (ast.Return, ast.Raise)) else None
+        if body:
+            params = self.live(frame, body, stored_names([s]))
+            tail = [_return_call(self.new_resume(frame, params, body, "after the graph break"), params)]
+            reads |= set(params) - stored_names([s])
+        elif body is not None:
+            tail = [ast.Return(value=ast.Constant(value=None))]
+        return with_wrappers(frame.levels, [stmt]) + tail, temps, reads
 
     def _branch_resume(self, frame, branch, tag):
         levels = [list(l) for l in frame.levels] + [["if", frame.stmt, branch, -1, None]]
@@ -359,8 +345,11 @@ class Writer:
         inner = frames[0]
         if len(frames) == 1:
             stmts, temps, reads = self.handler(inner, sig)
+            defs = local_defs(inner, stmts)
+            reads = (set(reads) | loaded_names(defs)) - _local_fn_names(inner)
             bind = [f"{n} = {self.mat.expr(inner.vars[n])}" for n in sorted(reads)
                     if n in inner.vars and self.mat.expr(inner.vars[n]) != n]
+            bind += [ast.unparse(d) for d in defs]
             bind += [f"{t} = {e}" for t, e in temps.items()]
             code = [ast.unparse(s) for s in stmts]
             call_line = graph_call
@@ -449,6 +438,7 @@ class Writer:
         """A generated function (a frame's continuation) that capture inlines: a real Python
         function (for eager fallback) carrying its FunctionSource."""
         fs = frame.scope.fs
+        body = local_defs(frame, body) + list(body)
         node = ast.FunctionDef(name=name, args=_args(params), body=body or [ast.Pass()],
                                decorator_list=[], returns=None, type_comment=None, type_params=[])
         at = body[0] if body else frame.stmt
@@ -495,6 +485,35 @@ def _return_call(name, params):
     return ast.Return(value=ast.Call(func=ast.Name(id=name, ctx=ast.Load()),
                                      args=[ast.Name(id=p, ctx=ast.Load()) for p in params],
                                      keywords=[]))
+
+
+def _local_fn_names(frame) -> set:
+    return {n for n, v in frame.vars.items() if isinstance(v, LocalFunction)}
+
+
+def local_defs(frame, stmts) -> list:
+    """`def`/`lambda` statements re-creating the local functions `stmts` use (a local
+    function has no value a resume function could receive; its definition does)."""
+    out, seen = [], set()
+    todo = sorted(loaded_names(stmts))
+    while todo:
+        n = todo.pop()
+        v = frame.vars.get(n)
+        if not isinstance(v, LocalFunction) or n in seen:
+            continue
+        if v.env is not frame.scope:
+            raise CannotResume(f"local function {n!r} from another frame is live across a graph break")
+        seen.add(n)
+        if isinstance(v.node, ast.Lambda):
+            d = ast.Assign(targets=[ast.Name(id=n, ctx=ast.Store())], value=v.node, type_comment=None)
+        else:
+            d = copy.copy(v.node)
+            d.name = n
+        d = ast.copy_location(d, v.node)
+        ast.fix_missing_locations(d)
+        out.append(d)
+        todo += sorted(loaded_names([d]) - seen)
+    return out
 
 
 def _bind_rest_items(frame, body) -> None:

@@ -97,6 +97,13 @@ def function_source(fn) -> FunctionSource:
     node = _find_def(tree, code)
     if node is None:
         raise NoSourceError(f"cannot find the definition of {fn.__qualname__} in its source")
+    name = fn.__name__
+    if isinstance(node, ast.Lambda):  # `lambda args: expr` is `def f(args): return expr`
+        node = ast.copy_location(ast.FunctionDef(
+            name="__fl_lambda", args=node.args, body=[ast.copy_location(ast.Return(value=node.body), node.body)],
+            decorator_list=[], returns=None, type_comment=None, type_params=[]), node)
+        node.end_lineno, node.end_col_offset = node.body[0].end_lineno, node.body[0].end_col_offset
+        name = "__fl_lambda"
     closure, cells = {}, {}
     if fn.__closure__:
         for name, cell in zip(code.co_freevars, fn.__closure__):
