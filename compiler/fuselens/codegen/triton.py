@@ -17,6 +17,7 @@ import contextlib
 import linecache
 import math
 import os
+import re
 
 import sympy
 import torch
@@ -36,6 +37,10 @@ REDUCE_FINAL = {"sum": "tl.sum({0}, 1)", "max": "tl.max({0}, 1)", "min": "tl.min
                 "prod": "tl.reduce({0}, 1, _prod_combine)"}
 REDUCE_COMBINE = {"sum": "{0} + {1}", "max": "tl.maximum({0}, {1})", "min": "tl.minimum({0}, {1})",
                   "prod": "{0} * {1}"}
+
+
+# names in a kernel line whose values vary over the block: temporaries, loop variables, masks
+_BLOCK_NAMES = re.compile(r"\b(tmp\d+|[xr]\d+|[xr]index|[xr]mask)\b")
 
 
 def compute_dtype(dtype):
@@ -131,6 +136,7 @@ class KernelWriter:
         self.uses_prod = False
         self.op_names: set[str] = set()
         self.source_lines: set = set()
+        self.varies: dict[str, frozenset] = {}  # temporary -> which block axes ("x", "r") it varies along
 
     # --- emission helpers -------------------------------------------------------------------------
     def emit(self, text, loc=None):
@@ -143,11 +149,22 @@ class KernelWriter:
         for scope in reversed(self.scopes):
             if text in scope:
                 return CV(scope[text], dtype)
-        name = f"tmp{self.tmp}"
-        self.tmp += 1
+        name = self.new_tmp(self.axes(text))
         self.emit(f"{name} = {text}")
         self.scopes[-1][text] = name
         return CV(name, dtype)
+
+    def new_tmp(self, axes):
+        name = f"tmp{self.tmp}"
+        self.tmp += 1
+        self.varies[name] = frozenset(axes)
+        return name
+
+    def axes(self, text):
+        out = set()
+        for name in _BLOCK_NAMES.findall(text):
+            out |= self.varies.get(name, set()) if name.startswith("tmp") else {name[0]}
+        return out
 
     @contextlib.contextmanager
     def scope(self):
@@ -328,13 +345,15 @@ class KernelWriter:
             self.uses_prod |= buf.reduce == "prod"
             if value.literal:
                 value = CV(f"tl.full({shape}, {value}, {TL_DTYPES[dtype]})", dtype)
-            else:
+            elif self.axes(value.expr) != {"x", "r"}:  # a value constant along an axis of the block
                 value = self.cse(f"tl.broadcast_to({value}, {shape})", dtype)
             if looped:
                 return value
             if self.need_rmask:
                 value = self.cse(f"tl.where(rmask, {value}, {neutral(buf.reduce, dtype)})", dtype)
-            return self.cse(REDUCE_FINAL[buf.reduce].format(value) + "[:, None]", dtype)
+            result = self.cse(REDUCE_FINAL[buf.reduce].format(value) + "[:, None]", dtype)
+            self.varies[result.expr] = frozenset("x")
+            return result
 
     def inline_reduction_body(self, buf):
         return buf.body(self.vars_for(buf))
@@ -404,15 +423,16 @@ class KernelWriter:
 
     def looped_reduction(self, buf):
         dtype = compute_dtype(buf.dtype)
-        acc = f"tmp{self.tmp}"
-        self.tmp += 1
+        acc = self.new_tmp("xr")
         with self.at(buf.loc):
             self.emit(f"{acc} = tl.full([XBLOCK, RBLOCK], {neutral(buf.reduce, dtype)}, {TL_DTYPES[dtype]})")
             with self.row_loop():
                 value = self.reduction(buf, looped=True)
                 combined = REDUCE_COMBINE[buf.reduce].format(acc, value)
                 self.emit(f"{acc} = tl.where(rmask, {combined}, {acc})")
-            return self.cse(REDUCE_FINAL[buf.reduce].format(acc) + "[:, None]", dtype)
+            result = self.cse(REDUCE_FINAL[buf.reduce].format(acc) + "[:, None]", dtype)
+            self.varies[result.expr] = frozenset("x")
+            return result
 
     # --- the whole kernel -------------------------------------------------------------------------
     def kernel_name(self):
