@@ -4,7 +4,6 @@
 Prints one row per function: median times (triton.testing.do_bench) and the fraction of the
 H100's memory bandwidth fuselens reaches, counting each input read once and each output written once.
 """
-import math
 import os
 import sys
 import warnings
@@ -36,7 +35,8 @@ def main():
         ("sin_plus_cos", sin_plus_cos, [torch.randn(4096, 4096, device=dev), torch.randn(4096, 4096, device=dev)]),
         ("softmax_fp16_long_rows", manual_softmax, [torch.randn(1024, 16384, device=dev, dtype=torch.float16)]),
     ]
-    print(f"{'function':24} {'kernels':>7} {'eager ms':>9} {'fuselens ms':>12} {'torch.compile ms':>17} {'fl % peak BW':>13}")
+    print(f"{'function':24} {'kernels':>7} {'eager ms':>9} {'fuselens ms':>12} {'torch.compile ms':>17} "
+          f"{'fl % peak BW':>13}")
     for name, fn, args in cases:
         cg = compile(fn, *args)
         got = cg(*args)[0]

@@ -1,7 +1,4 @@
 """Joint graph, min-cut partition, compiled backward, random numbers, fallbacks."""
-import math
-import warnings
-
 import pytest
 import torch
 import torch.nn.functional as F

@@ -149,7 +149,8 @@ def test_pad_repeat_tril_triu():
 def test_creation_ops():
     def f(x):
         n = x.shape[0]
-        return (torch.zeros((n, 3), device=x.device) + x[:, :3], torch.ones_like(x) * x, torch.full((n,), 2.5, device=x.device),
+        return (torch.zeros((n, 3), device=x.device) + x[:, :3], torch.ones_like(x) * x,
+                torch.full((n,), 2.5, device=x.device),
                 torch.arange(n, device=x.device) * 2, torch.arange(0.5, 3.0, 0.5, device=x.device) + x[0, 0],
                 x.new_zeros(2, 2), torch.zeros_like(x, dtype=torch.int64) + 1)
     check(f, t(4, 5))

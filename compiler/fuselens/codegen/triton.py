@@ -24,6 +24,7 @@ import torch
 
 from ..lower.ir import FloorDiv, ModIndex, use_handler
 from ..schedule.fusion import FusedKernel, node_vars, row_shapes, store_index
+from .launcher import next_power_of_2
 
 PERSISTENT_RNUMEL_MAX = 4096
 # blocks never exceed this many elements, so a size divisible by it needs no mask
@@ -57,10 +58,6 @@ def neutral(reduce, dtype):
     if info is None:
         return "0" if reduce == "max" else "1"
     return str(info.min if reduce == "max" else info.max)
-
-
-def next_power_of_2(n):
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 class CV:
@@ -337,7 +334,7 @@ class KernelWriter:
         self.emit(f"tl.store({ptr} + {index_text}, {value}" + (f", {mask})" if mask else ")"), loc=buf.loc or self.loc)
 
     def reduction(self, buf, looped):
-        value = self.inline_reduction_body(buf)
+        value = buf.body(self.vars_for(buf))
         dtype = compute_dtype(buf.dtype)
         shape = self.block_shape()
         with self.at(buf.loc):
@@ -354,9 +351,6 @@ class KernelWriter:
             result = self.cse(REDUCE_FINAL[buf.reduce].format(value) + "[:, None]", dtype)
             self.varies[result.expr] = frozenset("x")
             return result
-
-    def inline_reduction_body(self, buf):
-        return buf.body(self.vars_for(buf))
 
     def row_setup(self, looped):
         k = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"

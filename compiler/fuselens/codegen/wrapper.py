@@ -43,7 +43,8 @@ def torch_name(fn):
 
 class WrapperWriter:
     def __init__(self, graph: LoweredGraph, sched: Schedule, kernels: dict):
-        self.graph, self.sched, self.kernels = graph, sched, kernels  # kernels: id(FusedKernel) -> (TritonKernel, writer)
+        self.graph, self.sched = graph, sched
+        self.kernels = kernels  # id(FusedKernel) -> (TritonKernel, KernelWriter)
         self.lines: list[str] = []
         self.consts: list = []
         self.namespace = {"torch": torch, "prims": types.SimpleNamespace(**PRIMITIVES), "reinterpret": reinterpret,

@@ -207,14 +207,16 @@ class Lowering:
             dims = args[1]
             if isinstance(x, View):
                 return View(x.buf, out_shape, tuple(x.stride[d] for d in dims), x.offset)
-            return Lazy(out_shape, x.dtype, lambda idx: x.load([idx[dims.index(d)] for d in range(len(dims))]), x.cost, x.loc)
+            inverse = [dims.index(d) for d in range(len(dims))]
+            return Lazy(out_shape, x.dtype, lambda idx: x.load([idx[i] for i in inverse]), x.cost, x.loc)
         if p is prim.expand:
             if isinstance(x, View):
                 lead = len(out_shape) - len(x.shape)
                 stride = (0,) * lead + tuple(0 if s == 1 and o != 1 else st for s, o, st in
                                               zip(x.shape, out_shape[lead:], x.stride))
                 return View(x.buf, out_shape, stride, x.offset)
-            return Lazy(out_shape, x.dtype, lambda idx: x.load(broadcast_index(idx, out_shape, x.shape)), x.cost, x.loc)
+            return Lazy(out_shape, x.dtype, lambda idx: x.load(broadcast_index(idx, out_shape, x.shape)), x.cost,
+                        x.loc)
         if p is prim.slice:
             _, dim, start, end, step = args
             if isinstance(x, View):

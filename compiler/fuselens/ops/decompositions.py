@@ -454,7 +454,8 @@ def var(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
     dims = P.norm_dims(_dims_arg(dim), y.ndim)
     count = math.prod(y.shape[d] for d in dims)
     centered = P.sub(y, P.div(P.sum(y, dims, True), count))
-    out = P.div(P.sum(P.mul(centered, centered), dims, keepdim), builtins.max(count - _correction(unbiased, correction), 0))
+    dof = builtins.max(count - _correction(unbiased, correction), 0)
+    out = P.div(P.sum(P.mul(centered, centered), dims, keepdim), dof)
     return P.cast(out, x.dtype)
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from . import builder as P
 from . import primitives as prim
 from .builder import TVal, emit
