@@ -524,3 +524,18 @@ def test_explain_of_compiled_function_does_not_touch_its_cache():
     ex = fuselens.explain(cf, X)
     assert len(ex.graphs) == 1
     assert n_entries(cf) == 1
+
+
+def test_dynamic_shapes_printed_and_compared_like_eager(capsys):
+    def f(x, y):
+        z = x * 2
+        print(x.shape, y.shape[0])
+        if x.shape == y.shape:
+            return z + y
+        return z
+    cf = fuselens.compile(f)
+    for rx, ry in [(4, 4), (5, 5), (6, 6), (6, 7), (8, 8)]:
+        x, y = torch.randn(rx, 8), torch.randn(ry, 8)
+        torch.testing.assert_close(cf(x, y), f(x, y))
+    out = capsys.readouterr().out.splitlines()
+    assert out[0::2] == out[1::2]  # compiled printed what eager printed (torch.Size, ints)

@@ -53,6 +53,10 @@ class SymInt:
         return self._node
 
 
+class SymShape(tuple):
+    """`t.shape` with dynamic dims (SymInts in it): Python code gets it back as a torch.Size."""
+
+
 class Unknown:
     """A non-tensor value not known in the abstract domain (e.g. an int argument)."""
     __slots__ = ("what",)
