@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 import types
 
 import torch
@@ -30,6 +31,15 @@ def ensure_layout(t, size, stride):
     out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
     out.copy_(t)
     return out
+
+
+def lines_comment(lines):
+    """`  # model.py:12-15` for the source lines a kernel or call came from."""
+    by_file: dict = {}
+    for filename, line in lines:
+        by_file.setdefault(os.path.basename(filename), []).append(line)
+    parts = [f"{f}:{min(ls)}" + (f"-{max(ls)}" if max(ls) != min(ls) else "") for f, ls in sorted(by_file.items())]
+    return f"  # {', '.join(parts)}" if parts else ""
 
 
 def torch_name(fn):
@@ -106,7 +116,8 @@ class WrapperWriter:
         out.append(f"def call({', '.join(params)}):")
         for i, step in enumerate(self.sched.steps):
             if isinstance(step, ExternCall):
-                out.append(f"    {step.name} = {self.extern_line(step)}")
+                loc = [step.loc[:2]] if step.loc else []
+                out.append(f"    {step.name} = {self.extern_line(step)}{lines_comment(loc)}")
                 results = [step.result] if step.result is not None else []
                 for buf in results:
                     out.append(f"    {buf.name} = ensure_layout({buf.name}, {buf.shape}, {buf.stride})")
@@ -131,7 +142,7 @@ class WrapperWriter:
                 if writer.xnumel == 0:
                     out.append(f"    # {kernel.name}: empty, nothing to compute")
                 else:
-                    out.append(f"    {kernel.name}.run({', '.join(args)}, {sizes})")
+                    out.append(f"    {kernel.name}.run({', '.join(args)}, {sizes}){lines_comment(writer.source_lines)}")
                 self.namespace[kernel.name] = kernel
             for name in [n for n, last in last_use.items() if last == i and n not in keep]:
                 buf = self.buffer(name)

@@ -1021,3 +1021,15 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, s
 def aten_embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return embedding(indices, weight, None if padding_idx < 0 else padding_idx, scale_grad_by_freq=scale_grad_by_freq,
                      sparse=sparse)
+
+
+def _register_c_method_spellings():
+    """A few methods torch.Tensor overrides in Python (split, norm, ...) also reach graphs as the
+    C method of torch._C.TensorBase: the same decomposition serves both."""
+    for name in dir(torch.Tensor):
+        python_fn, c_fn = getattr(torch.Tensor, name), getattr(torch._C.TensorBase, name, None)
+        if c_fn is not None and c_fn is not python_fn and callable(python_fn) and python_fn in DECOMPOSITIONS:
+            DECOMPOSITIONS.setdefault(c_fn, DECOMPOSITIONS[python_fn])
+
+
+_register_c_method_spellings()
