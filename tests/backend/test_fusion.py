@@ -126,13 +126,21 @@ def test_sizes_are_kernel_arguments_and_kernels_are_reused_across_shapes(monkeyp
 
 
 def test_buffer_reuse():
-    def chain(x, w):
-        a = torch.relu(x @ w)      # mm, then a pointwise kernel writing a (20, 20) buffer
-        b = torch.sigmoid(a @ w)   # a is dead after this mm: b's buffer takes its memory
-        return (b @ w).sum()
-    x, w = randn(20, 20), randn(20, 20)
-    cg = check(chain, x, w, grad=False)
-    assert "# reuse" in cg.wrapper_source
+    def f(x):
+        a = x.sum(1, keepdim=True)          # kernel 0 writes a (rows)
+        b = (x * a).sum(0, keepdim=True)    # kernel 1 reads a (columns); a is dead afterwards
+        return (x + b).sum(1, keepdim=True)  # kernel 2's (rows) output takes a's memory
+    cg = check(f, randn(6, 5), grad=False)
+    assert len(cg.kernels) == 3
+    assert "buf2 = buf0; del buf0  # reuse" in cg.wrapper_source
+
+
+def test_memory_read_by_extern_calls_is_not_reused():
+    def f(x, w):
+        a = torch.relu(x) @ w    # the relu buffer is read by the extern mm: its result could alias it
+        return torch.sigmoid(a) @ w
+    cg = check(f, randn(8, 8), randn(8, 8), grad=False)
+    assert "# reuse" not in cg.wrapper_source
 
 
 def test_large_pointwise_chain_is_split_not_exponential():

@@ -107,10 +107,12 @@ class WrapperWriter:
         g = self.graph
         params = ["seed" if b is None else b.name for b in g.inputs]
         keep = {o.buf.name for o in g.outputs if isinstance(o, View)} | {b.name for b in g.inputs if b is not None}
-        last_use = {}
+        last_use, read_by_extern = {}, set()
         for i, step in enumerate(self.sched.steps):
             for name in self.step_reads(step):
                 last_use[name] = i
+                if isinstance(step, ExternCall):
+                    read_by_extern.add(name)
         pool: dict = {}  # (shape, stride, dtype) -> names of dead buffers
         out = self.lines
         out.append(f"def call({', '.join(params)}):")
@@ -146,7 +148,8 @@ class WrapperWriter:
                 self.namespace[kernel.name] = kernel
             for name in [n for n, last in last_use.items() if last == i and n not in keep]:
                 buf = self.buffer(name)
-                if isinstance(buf, ComputedBuffer):
+                # an extern's result may be a view of its input: such memory is never handed on
+                if isinstance(buf, ComputedBuffer) and name not in read_by_extern:
                     pool.setdefault((buf.shape, buf.stride, buf.dtype), []).append(name)
                 else:
                     out.append(f"    del {name}")
