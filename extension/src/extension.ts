@@ -4,6 +4,7 @@
 // kernel / transformed-code documents come from the custom requests fuselens/*).
 import * as path from 'path';
 import * as fs from 'fs';
+import * as os from 'os';
 import * as vscode from 'vscode';
 import {
   CloseAction, ErrorAction, ExecuteCommandRequest, LanguageClient, LanguageClientOptions,
@@ -30,8 +31,11 @@ async function pythonCommand(): Promise<string> {
       const envPath = api?.environments?.getActiveEnvironmentPath?.(vscode.workspace.workspaceFolders?.[0]?.uri);
       if (envPath) {
         const env = await api.environments.resolveEnvironment(envPath);
-        const exe = env?.executable?.uri?.fsPath ?? envPath.path;
-        if (exe) { return exe; }
+        const exe: string | undefined = env?.executable?.uri?.fsPath ?? envPath.path;
+        // In restricted mode an interpreter inside the workspace is the workspace's code: don't run it.
+        const inside = (vscode.workspace.workspaceFolders ?? []).some(f => exe && path.resolve(exe).startsWith(f.uri.fsPath + path.sep));
+        if (exe && (vscode.workspace.isTrusted || !inside)) { return exe; }
+        if (exe) { output.appendLine(`fuselens: restricted mode: not starting ${exe} (inside the workspace); using python3`); }
       }
     } catch (e) {
       output.appendLine(`fuselens: could not ask the Python extension for its interpreter: ${e}`);
@@ -58,10 +62,12 @@ async function startClient(ctx: vscode.ExtensionContext): Promise<void> {
     .filter(p => fs.existsSync(p));
   const env: NodeJS.ProcessEnv = { ...process.env };
   env.PYTHONPATH = [...bundled, env.PYTHONPATH].filter(Boolean).join(path.delimiter);
+  // Never import from the current folder (a workspace could shadow torch or fuselens_lsp).
+  env.PYTHONSAFEPATH = '1';
   output.appendLine(`fuselens: starting the language server: ${python} -m fuselens_lsp`);
   const serverOptions: ServerOptions = {
     command: python, args: ['-m', 'fuselens_lsp'], transport: TransportKind.stdio,
-    options: { env, cwd: vscode.workspace.workspaceFolders?.[0]?.uri.fsPath },
+    options: { env, cwd: os.tmpdir() },
   };
   const clientOptions: LanguageClientOptions = {
     documentSelector: [{ language: 'python', scheme: 'file' }, { language: 'python', scheme: 'untitled' }],
@@ -396,7 +402,10 @@ export async function activate(ctx: vscode.ExtensionContext): Promise<void> {
       if (!uri || !qualname) { void vscode.window.showWarningMessage('fuselens: select a function in the fuselens panel.'); return; }
       const q = new URLSearchParams({ uri, qualname }).toString();
       const doc = await vscode.workspace.openTextDocument(vscode.Uri.from({ scheme: SCHEME, path: `/${qualname}.transformed.py`, query: q }));
-      await vscode.window.showTextDocument(doc, { preview: true, viewColumn: vscode.ViewColumn.Beside });
+      // beside the source: the column right of the editor that shows the function
+      const src = vscode.window.visibleTextEditors.find(e => e.document.uri.toString() === uri);
+      const column = src?.viewColumn ? src.viewColumn + 1 : vscode.ViewColumn.Beside;
+      await vscode.window.showTextDocument(doc, { preview: true, viewColumn: column });
     }),
     vscode.commands.registerCommand('fuselens.restartServer', async () => {
       restarts.length = 0;

@@ -241,6 +241,9 @@ async def code_lens(ls: FuselensServer, params: lsp.CodeLensParams):
         rng = codec.range(f.line, f.col, f.line, f.col)
         kind = "compiled" if f.compiled else "not compiled"
         title = f"fuselens: {_plural(f.graph_count, 'graph')}, {_plural(len(f.breaks), 'graph break')} ({kind})"
+        run = ls.runs.get((uri, f.qualname))
+        if run is not None and run.get("status") == "ok" and (run.get("result") or {}).get("speedup"):
+            title += f" · {run['result']['speedup']:.2f}× vs eager"
         lenses.append(lsp.CodeLens(range=rng, command=lsp.Command(
             title=title, command="fuselens.revealFunction", arguments=[uri, f.qualname])))
         lenses.append(lsp.CodeLens(range=rng, command=lsp.Command(

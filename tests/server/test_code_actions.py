@@ -171,3 +171,19 @@ async def test_suppression_comment_action(session):
     assert "    print(x)  # keep  # fuselens: ignore[FL100]\n" in new
     assert not action.is_preferred
     assert diags == []
+
+
+async def test_restricted_mode_keeps_diagnostics_and_fixes(session):
+    src = textwrap.dedent('''\
+    import torch
+
+
+    @torch.compile
+    def f(x):
+        s = x.sum().item()
+        return x * s
+    ''')
+    await session.init(trusted=False)
+    uri = await session.open("w.py", src)
+    _, new, diags = await fix_and_reanalyse(session, uri, src, "FL110", ".item()")
+    assert "s = x.sum()\n" in new and diags == []
