@@ -143,3 +143,16 @@ def test_mlp_training_step():
     inputs = [randn(8, 16), randn(32, 16) * 0.2, randn(32), randn(10, 32) * 0.2, randn(10),
               torch.randint(0, 10, (8,), device=DEVICE)]
     check(mlp, *inputs, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fn,shapes,backward_kernels", [
+    (manual_gelu_tanh, [(6, 7)], 1),
+    (manual_softmax, [(4, 9)], 1),
+    (sin_plus_cos, [(3, 8), (3, 8)], 1),
+    (manual_layer_norm, [(5, 12), (12,), (12,)], 2),  # rows (dx) and columns (dw, db)
+])
+def test_backward_is_fused_too(fn, shapes, backward_kernels):
+    inputs = [randn(*s).requires_grad_() for s in shapes]
+    cg = compile(fn, *inputs)
+    forward_kernels = 1
+    assert len(cg.kernels) == forward_kernels + backward_kernels
