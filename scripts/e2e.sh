@@ -54,7 +54,7 @@ cleanup() {
 }
 trap cleanup EXIT
 for _ in $(seq 1 100); do
-  curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break
+  python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$PORT/healthz', timeout=1)" >/dev/null 2>&1 && break
   sleep 0.2
 done
 echo "[e2e] code-server up on port $PORT; driving the workbench"
