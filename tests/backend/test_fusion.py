@@ -178,8 +178,9 @@ def test_int64_indexing_only_for_huge_buffers():
     def f(x):
         return x * 2
     gm = trace(f)
-    for shape, wide in (((1024, 1024), False), ((65536, 65536), True)):
-        meta = torch.empty(shape, device="meta")  # code generation only: nothing runs
+    huge_strided = torch.empty_strided((4, 4), (2 ** 30, 1), device="meta")  # few elements, far apart
+    for meta, wide in ((torch.empty(1024, 1024, device="meta"), False),  # code generation only: nothing runs
+                       (torch.empty(65536, 65536, device="meta"), True), (huge_strided, True)):
         program = build_program(to_primitive_graph(gm, [meta], "cpu"), "cpu")
         assert ("tl.program_id(0).to(tl.int64)" in program.kernels[0].source) == wide
 

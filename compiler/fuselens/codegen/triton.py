@@ -112,7 +112,7 @@ class KernelWriter:
         self.mode = "pointwise" if not kernel.is_reduction else \
             ("persistent" if self.rnumel <= PERSISTENT_RNUMEL_MAX else "looped")
         numel_limit = max([self.xnumel * self.rnumel] + [n.numel() for n in kernel.nodes])
-        self.int64 = numel_limit >= 2 ** 31
+        self.int64 = numel_limit >= 2 ** 31  # also set by generate() for inputs spanning that much memory
         dynamic = any(s in dynamic_values for s in shape)
         self.need_xmask = dynamic or self.xnumel % MAX_XBLOCK != 0
         self.need_rmask = self.mode == "looped" or dynamic or next_power_of_2(self.rnumel) != self.rnumel
@@ -455,7 +455,16 @@ class KernelWriter:
         return name, "\n".join(header + body) + "\n"
 
 
+def memory_extent(buf):
+    """Elements between a buffer's first and last element (what an offset into it can reach)."""
+    return 1 + sum((s - 1) * abs(st) for s, st in zip(buf.shape, buf.stride)) if buf.numel() else 0
+
+
 def generate_kernel(kernel: FusedKernel, index: int, sizevars, dynamic_values=frozenset()):
     writer = KernelWriter(kernel, index, sizevars, dynamic_values)
     name, source = writer.generate()
+    if not writer.int64 and any(memory_extent(b) >= 2 ** 31 for b in writer.buffers.values()):
+        writer = KernelWriter(kernel, index, sizevars, dynamic_values)
+        writer.int64 = True
+        name, source = writer.generate()
     return name, source, writer
