@@ -127,7 +127,7 @@ class Scheduler:
             return (kernel.shape, kernel.red_dims) if ok else None
         return (kernel.shape, None) if buf.shape == kernel.shape else None
 
-    def fusion_score(self, kernel: FusedKernel, buf: ComputedBuffer, steps):
+    def fusion_score(self, kernel: FusedKernel, buf: ComputedBuffer):
         """Bytes of memory traffic saved by computing `buf` in `kernel`, or None if illegal."""
         domain = self.domain_for(kernel, buf)
         if domain is None:
@@ -164,7 +164,7 @@ class Scheduler:
                 steps.append(step)
                 continue
             candidates = [k for k in steps if isinstance(k, FusedKernel)]
-            scored = [(self.fusion_score(k, step, steps), k) for k in candidates]
+            scored = [(self.fusion_score(k, step), k) for k in candidates]
             scored = [(s, k) for s, k in scored if s]
             if scored:
                 _, best = max(scored, key=lambda sk: (sk[0], self.position[id(sk[1])]))
