@@ -38,21 +38,6 @@ class TVal:
     def __repr__(self):
         return f"TVal({self.node.name}: {self.dtype} {list(self.shape)})"
 
-    __add__ = lambda a, b: add(a, b)
-    __radd__ = lambda a, b: add(b, a)
-    __sub__ = lambda a, b: sub(a, b)
-    __rsub__ = lambda a, b: sub(b, a)
-    __mul__ = lambda a, b: mul(a, b)
-    __rmul__ = lambda a, b: mul(b, a)
-    __truediv__ = lambda a, b: div(a, b)
-    __rtruediv__ = lambda a, b: div(b, a)
-    __neg__ = lambda a: neg(a)
-    __pow__ = lambda a, b: pow(a, b)
-    __gt__ = lambda a, b: gt(a, b)
-    __ge__ = lambda a, b: ge(a, b)
-    __lt__ = lambda a, b: lt(a, b)
-    __le__ = lambda a, b: le(a, b)
-
 
 class GraphBuilder:
     """Owns the primitive graph being built and the source location stamped on new nodes."""
@@ -125,7 +110,8 @@ def emit(p: prim.Primitive, *args, _val=None, **kwargs):
         margs = map_aggregate(args, _meta)
         mkwargs = {k: ("meta" if k == "device" else map_aggregate(v, _meta)) for k, v in kwargs.items()}
         _val = p.impl(*margs, **mkwargs)
-    node = b.graph.call_function(p, map_aggregate(args, _node), {k: map_aggregate(v, _node) for k, v in kwargs.items()})
+    node = b.graph.call_function(p, map_aggregate(args, _node),
+                                 {k: map_aggregate(v, _node) for k, v in kwargs.items()})
     node.meta["loc"] = b.loc
     if isinstance(_val, (tuple, list)):
         node.meta["val"] = tuple(_val)
@@ -190,7 +176,7 @@ def logical_not(x):
     return emit(prim.logical_not, x)
 
 
-def _binary(p, compare=False, float_result=False):
+def _binary(p, float_result=False):
     def fn(a, b):
         if not isinstance(a, TVal) and not isinstance(b, TVal):
             return p.impl(torch.tensor(a), b).item()
@@ -205,7 +191,7 @@ def _binary(p, compare=False, float_result=False):
 add, sub, mul = _binary(prim.add), _binary(prim.sub), _binary(prim.mul)
 div = _binary(prim.div, float_result=True)
 maximum, minimum = _binary(prim.maximum), _binary(prim.minimum)
-eq, ne, lt, le, gt, ge = (_binary(p, compare=True) for p in (prim.eq, prim.ne, prim.lt, prim.le, prim.gt, prim.ge))
+eq, ne, lt, le, gt, ge = (_binary(p) for p in (prim.eq, prim.ne, prim.lt, prim.le, prim.gt, prim.ge))
 
 
 def pow(a, b):
