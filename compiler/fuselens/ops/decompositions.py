@@ -231,7 +231,7 @@ def softplus(x, beta=1.0, threshold=20.0):
     return P.where(P.gt(scaled, threshold), x, P.div(P.log1p(P.exp(scaled)), beta))
 
 
-@register(*_t("clamp", "clip"), F.hardtanh, _method("clamp_min"), _method("clamp_max"))
+@register(*_t("clamp", "clip"))
 def clamp(x, min=None, max=None, inplace=False):
     out = x
     if min is not None:
