@@ -200,7 +200,9 @@ def find_inputs(job, device, log):
                                     "`__main__` block or a test instead") from None
                 if hasattr(inst, "to"):
                     inst = inst.to(device)
-                fn = types.MethodType(fn, inst)
+                # methods are compiled unbound, with the instance as their first argument
+                # (fuselens guards a module argument by identity and `training`)
+                args = [inst] + list(args)
             return fn, args, kwargs, f"comment on line {line}: {examples.describe(spec)}"
         if way == "main":
             if not re.search(r"^if\s+__name__\s*==\s*['\"]__main__['\"]\s*:", source, re.M):
@@ -223,9 +225,6 @@ def find_inputs(job, device, log):
             args, kwargs = _args_from_record(rec)
             args, kwargs = _detach_copy(args), _detach_copy(kwargs)
             fn = resolve(ns_holder["ns"], qualname)
-            if is_method and args:
-                fn = types.MethodType(fn, args[0])
-                args = args[1:]
             return fn, args, kwargs, "recorded from the __main__ block"
         if way == "pytest":
             for test_path, test_names in job.get("tests", []):
@@ -247,9 +246,6 @@ def find_inputs(job, device, log):
                     args, kwargs = _detach_copy(args), _detach_copy(kwargs)
                     ns = load_module(path, source, "__fuselens_user__")
                     fn = resolve(ns, qualname)
-                    if is_method and args:
-                        fn = types.MethodType(fn, args[0])
-                        args = args[1:]
                     return fn, args, kwargs, f"recorded from {os.path.basename(test_path)}::{tname}"
             tried.append("no pytest test in the workspace calls the function" if not job.get("tests")
                          else "the tests that mention the function did not call it")

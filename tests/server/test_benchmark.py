@@ -223,3 +223,45 @@ async def test_cancel_stops_the_worker(session):
     r = as_dict(await asyncio.wait_for(task, 30))
     assert r["status"] == "cancelled"
     await still_alive(session, uri)
+
+
+async def test_module_forward_with_main_block_and_with_comment(session):
+    src = '''\
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+
+    class Net(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.lin = nn.Linear(d, d)
+
+        def forward(self, x):
+            return F.gelu(self.lin(x)) + x
+
+
+    class Scale(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(8))
+
+        # fuselens: example(x=float32[4, 8])
+        def forward(self, x):
+            return torch.relu(x * self.w)
+
+
+    model = torch.compile(Net(16))
+    scale = torch.compile(Scale())
+
+    if __name__ == "__main__":
+        print(model(torch.randn(4, 16)).shape)
+    '''
+    await session.init()
+    uri = await session.open("net.py", src)
+    r = as_dict(await session.command(uri, "Net.forward"))
+    assert r["ok"], r
+    assert r["result"]["inputs"] == "recorded from the __main__ block" and r["result"]["check"]["ok"]
+    r = as_dict(await session.command(uri, "Scale.forward"))
+    assert r["ok"], r
+    assert r["result"]["inputs"].startswith("comment on line 20") and r["result"]["check"]["ok"]
