@@ -608,3 +608,25 @@ def test_compiled_lambda():
 def test_compiled_lambda_with_break():
     f = lambda x: x * x.sum().item()  # noqa: E731
     check(f, X, breaks=["FL110"])
+
+
+def test_data_dependent_condition_in_while_test_reevaluated_each_iteration():
+    def f(x, y):
+        c = 0
+        while y.abs().sum() < 20 and c < 3:
+            y = y * 2 + 0.1
+            c += 1
+        return y, c
+
+    def g(x):
+        while x.sum().item() < 10:
+            x = x + 1
+        return x
+    cf, cg = fuselens.compile(f), fuselens.compile(g)
+    for scale in (0.1, 1.0, 10.0):
+        y = Y * scale
+        assert_same_out = f(X, y)
+        got = cf(X, y)
+        torch.testing.assert_close(got[0], assert_same_out[0])
+        assert got[1] == assert_same_out[1]
+        torch.testing.assert_close(cg(X * scale), g(X * scale))

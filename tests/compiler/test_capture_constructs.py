@@ -630,3 +630,54 @@ def test_inplace_on_module_buffer():
     for _ in range(3):
         torch.testing.assert_close(cm(X), m_eager(X))
     torch.testing.assert_close(m_comp.count, m_eager.count)
+
+
+def test_inplace_on_tensor_reached_through_loop_items():
+    def f(x, y):
+        for t in [y, x]:
+            x.add_(t)  # the second item is x itself, already mutated
+        return x
+    check(f, X, Y, graphs=1, breaks=[])
+
+
+def test_inplace_seen_through_nested_containers():
+    def f(x):
+        a = x * 1
+        box = {"l": [a, (a,)]}
+        a.mul_(2)
+        return box["l"][0] + box["l"][1][0]
+    check(f, X, graphs=1, breaks=[])
+
+
+_VIEW_GAP = ("in-place ops are functionalized by rebinding the mutated TensorVar only: views of "
+             "intermediates and bases with live views are not updated (silently stale values)")
+
+
+@pytest.mark.xfail(strict=True, reason=_VIEW_GAP)
+def test_inplace_on_view_of_intermediate_updates_base():
+    def f(x):
+        a = x * 1
+        v = a[0]
+        v.add_(1)
+        return a
+    check(f, X)
+
+
+@pytest.mark.xfail(strict=True, reason=_VIEW_GAP)
+def test_inplace_on_base_updates_its_views():
+    def f(x):
+        a = x * 1
+        v = a.T
+        a.add_(1)
+        return v
+    check(f, X)
+
+
+@pytest.mark.xfail(strict=True, reason=_VIEW_GAP + " (x.float() of a float tensor is x itself)")
+def test_inplace_on_self_alias_returned_by_float():
+    def f(x):
+        a = x * 1
+        b = a.float()
+        b.add_(1)
+        return a
+    check(f, X)

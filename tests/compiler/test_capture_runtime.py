@@ -539,3 +539,20 @@ def test_dynamic_shapes_printed_and_compared_like_eager(capsys):
         torch.testing.assert_close(cf(x, y), f(x, y))
     out = capsys.readouterr().out.splitlines()
     assert out[0::2] == out[1::2]  # compiled printed what eager printed (torch.Size, ints)
+
+
+def test_dynamic_dims_and_shapes_of_intermediates():
+    def f(x):
+        h = x.relu() * 1
+        n = h.shape[0]  # an intermediate's size: must follow the input's size
+        out = h * n + h.view(-1).reshape(h.shape)
+        for row in h:  # unrolled for this many rows
+            out = out + row
+        return out, len(h)
+    cf = fuselens.compile(f)
+    for rows in (4, 5, 6, 7):
+        x = torch.randn(rows, 8)
+        out, n = cf(x)
+        ref, rn = f(x)
+        torch.testing.assert_close(out, ref)
+        assert n == rn

@@ -118,6 +118,7 @@ class Evaluator:
         self.grad_enabled = torch.is_grad_enabled()
         self.value_sources: dict[int, str] = {}   # id(object) -> source expression
         self.mutated_inputs: dict[str, TensorVar] = {}  # input source -> its latest value
+        self._newer: dict[int, tuple] = {}  # id(TensorVar) -> (it, its value after an in-place op)
 
     # ===================================================================== functions
     def run(self, fs: FunctionSource, bound: dict) -> object:
@@ -375,7 +376,11 @@ class Evaluator:
 
     def _stmt_While(self, s, scope):
         for _ in range(MAX_UNROLL):
-            test = self.eval(s.test, scope)
+            try:
+                test = self.eval(s.test, scope)
+            except BreakSignal as b:  # e.g. `while x.sum() > 0 and n < 3`, `while t.item()`:
+                # the test runs again on every iteration, so the whole loop runs in Python
+                raise BreakSignal(b.brk, whole_stmt=True, cond=b.cond) from None
             t = self.truth(test, s.test, scope, kind=B.DATA_WHILE, whole_stmt=True)
             if t is UNKNOWN:
                 self._abstract_loop_body(s, scope)
@@ -403,7 +408,7 @@ class Evaluator:
                      detail=f"{len(items)} iterations (limit {MAX_UNROLL})", whole_stmt=True)
         has_jump = _has_loop_jump(s.body)
         for i, item in enumerate(items):
-            self.assign(s.target, item, scope)
+            self.assign(s.target, self.latest(item), scope)
             try:
                 self.exec_block(s.body, scope, ("for", s), extra=items[i + 1:])
             except _LoopBreak:
@@ -558,13 +563,21 @@ class Evaluator:
         for k, v in list(self.mutated_inputs.items()):
             if v is old:
                 self.mutated_inputs[k] = new
+        self._newer[id(old)] = (old, new)
+
+    def latest(self, v):
+        """A tensor's value after the in-place ops on it: references outside the frames'
+        variables (the items of a loop, nested containers) still hold the old TensorVar."""
+        while isinstance(v, TensorVar) and id(v) in self._newer:
+            v = self._newer[id(v)][1]
+        return v
 
     # ===================================================================== expressions
     def eval(self, e, scope):
         m = getattr(self, "_ex_" + type(e).__name__, None)
         if m is None:
             self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"`{type(e).__name__}` expression")
-        v = m(e, scope)
+        v = self.latest(m(e, scope))
         scope.completed[id(e)] = (e, v)
         return v
 
@@ -704,6 +717,14 @@ class Evaluator:
         shape = tuple(t.meta.shape)
         src = t.source
         dyn = self.dynamic.get(src, ()) if src is not None else ()
+        if src is None and self.dynamic and not self.abstract:
+            # an intermediate's meta shape holds the example sizes: pin the dynamic dims of
+            # the inputs (guarded) rather than bake sizes that may change into the graph
+            for s, obj in self.g.inputs:
+                for d in self.dynamic.get(s, ()):
+                    if isinstance(obj, torch.Tensor) and d < obj.dim():
+                        self.sources.guard(f"{s}.shape[{d}] == {obj.shape[d]}",
+                                           f"{s}.shape[{d}] (an intermediate's size is read)")
         if not dyn:
             return torch.Size(shape)
         out = []
@@ -963,7 +984,8 @@ class Evaluator:
                 return _AbstractSeq()
             if v.meta.dim() == 0:
                 raise TypeError("iteration over a 0-d tensor")
-            n = v.meta.shape[0]
+            n = self.sizes(v)[0]  # guarded: the loop is unrolled for this many rows
+            n = self.specialize(n, node, scope) if isinstance(n, SymInt) else n
             return [self.op(operator.getitem, [v, i], {}, node, scope) for i in range(n)]
         if isinstance(v, dict):
             return list(v)
