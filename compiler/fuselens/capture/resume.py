@@ -347,8 +347,12 @@ class Writer:
             stmts, temps, reads = self.handler(inner, sig)
             defs = local_defs(inner, stmts)
             reads = (set(reads) | loaded_names(defs)) - _local_fn_names(inner)
-            bind = [f"{n} = {self.mat.expr(inner.vars[n])}" for n in sorted(reads)
-                    if n in inner.vars and self.mat.expr(inner.vars[n]) != n]
+            pairs = [(n, self.mat.expr(inner.vars[n])) for n in sorted(reads) if n in inner.vars]
+            pairs = [(n, e) for n, e in pairs if e != n]
+            # one tuple assignment: sources name the parameters as they were on entry, and
+            # a parameter may be rebound here (`y = t16` while `t16` gets a new value)
+            bind = [f"{', '.join(n for n, _ in pairs)} = {', '.join(e for _, e in pairs)}"] \
+                if pairs else []
             bind += [ast.unparse(d) for d in defs]
             bind += [f"{t} = {e}" for t, e in temps.items()]
             code = [ast.unparse(s) for s in stmts]
@@ -521,7 +525,8 @@ def _bind_rest_items(frame, body) -> None:
     resume function like any live value (tensors among them become graph outputs)."""
     for s in body:
         for n in ast.walk(s):
-            if isinstance(n, ast.Name) and hasattr(n, "_fl_value"):
+            # a loop reused from an earlier resume already has its items as a parameter
+            if isinstance(n, ast.Name) and hasattr(n, "_fl_value") and n.id not in frame.vars:
                 frame.vars[n.id] = n._fl_value
 
 

@@ -54,9 +54,8 @@ class GraphCall:
         if self.n_wb:
             srcs = self.info.inputs
             for k, src in enumerate(self.info.writeback):
-                target = inputs[srcs.index(src)]
-                with torch.no_grad():
-                    target.copy_(outs[len(outs) - self.n_wb + k])
+                # with autograd, as the in-place op in eager: the input joins the graph
+                inputs[srcs.index(src)].copy_(outs[len(outs) - self.n_wb + k])
         return outs
 
     def _compile(self, inputs):
