@@ -1,11 +1,9 @@
-"""Helpers for the backend tests: trace a function to the capture contract's FX graph, compile
-it with the backend, and compare results and gradients with eager."""
+"""Backend tests run kernels in Triton's interpreter unless FUSELENS_INTERPRET is set otherwise
+(e.g. empty on a GPU machine). Helpers live in fl_backend_testing.py."""
 from __future__ import annotations
 
 import os
-import re
 import sys
-import warnings
 from pathlib import Path
 
 # Triton picks interpreted vs compiled for its library functions when first imported
@@ -16,89 +14,3 @@ if os.environ["FUSELENS_INTERPRET"] == "1":
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT / "compiler") not in sys.path:
     sys.path.insert(0, str(ROOT / "compiler"))
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.fx as fx  # noqa: E402
-
-from fuselens.runtime.backend import compile_graph  # noqa: E402
-
-DEVICE = "cuda" if os.environ.get("FUSELENS_INTERPRET") != "1" and torch.cuda.is_available() else "cpu"
-
-_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
-
-
-class _LocTracer(fx.Tracer):
-    """Records every node's Python stack (not only frames named `forward`)."""
-    record_stack_traces = True
-
-    def _filter_traceback_frames(self, summary):
-        return summary
-
-
-def trace(fn) -> fx.GraphModule:
-    """symbolic_trace, plus what capture puts on nodes: meta["loc"] from the traced source line
-    (meta["val"]/meta["device"] are filled by `compile` below)."""
-    graph = _LocTracer().trace(fn)
-    source_file = fn.__code__.co_filename
-    for node in graph.nodes:
-        frames = _FRAME.findall(node.stack_trace or "")
-        mine = [(f, int(line)) for f, line in frames if f == source_file]
-        if mine:
-            f, line = mine[-1]
-            node.meta["loc"] = (f, line, 0, line, 0)
-    return fx.GraphModule(torch.nn.Module(), graph)
-
-
-def compile(fn, *inputs, **kwargs):
-    gm = trace(fn)
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for node, t in zip(placeholders, inputs):
-        node.meta["val"] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-        node.meta["device"] = t.device
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # an eager fallback is a failure unless a test expects it
-        return compile_graph(gm, list(inputs), **kwargs)
-
-
-def run(fn, *inputs, **kwargs):
-    """(compiled graph, its outputs); a failing kernel would have warned and fallen back: an error here."""
-    cg = compile(fn, *inputs, **kwargs)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        out = cg(*inputs)
-    return cg, out
-
-
-def tolerance(dtype):
-    # half types: eager rounds every intermediate, fused kernels keep them in fp32
-    return {torch.float16: dict(atol=5e-3, rtol=5e-3), torch.bfloat16: dict(atol=5e-2, rtol=5e-2)}.get(
-        dtype, dict(atol=1e-5, rtol=1e-4))
-
-
-def check(fn, *inputs, grad=True, **tol):
-    """Forward (and, for float inputs, gradients) of the compiled graph equal eager's."""
-    inputs = [t.detach().clone().requires_grad_(grad and t.is_floating_point()) for t in inputs]
-    expected = fn(*inputs)
-    expected = expected if isinstance(expected, tuple) else (expected,)
-    cg, got = run(fn, *inputs)
-    assert len(got) == len(expected)
-    for g, e in zip(got, expected):
-        torch.testing.assert_close(g, e, **(tol or tolerance(e.dtype)), equal_nan=True)
-    wrt = [t for t in inputs if t.requires_grad]
-    outs = [(g, e) for g, e in zip(got, expected) if e.requires_grad]
-    if wrt and outs:
-        cotangents = [torch.randn_like(e) for _, e in outs]
-        got_grads = torch.autograd.grad([g for g, _ in outs], wrt, cotangents, allow_unused=True)
-        exp_grads = torch.autograd.grad([e for _, e in outs], wrt, cotangents, allow_unused=True)
-        for g, e, t in zip(got_grads, exp_grads, wrt):
-            if e is None:
-                assert g is None or not g.any()
-                continue
-            torch.testing.assert_close(g, e, **(tol or tolerance(t.dtype)), equal_nan=True)
-    return cg
-
-
-@pytest.fixture
-def device():
-    return DEVICE

@@ -10,12 +10,12 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-os.environ["FUSELENS_INTERPRET"] = "0"  # real Triton compilation (conftest defaults to the interpreter)
+os.environ["FUSELENS_INTERPRET"] = "0"  # real Triton compilation (the tests default to the interpreter)
 
 import torch  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
-from conftest import compile  # noqa: E402
+from fl_backend_testing import compile  # noqa: E402
 from test_fusion import manual_gelu_tanh, manual_layer_norm, manual_softmax, sin_plus_cos  # noqa: E402
 
 PEAK_BYTES_PER_S = 3.35e12  # H100 SXM HBM3

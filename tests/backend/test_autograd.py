@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import DEVICE, check, compile, run, trace
+from fl_backend_testing import DEVICE, check, compile, run, trace
 from fuselens.autograd import build_joint, partition
 from fuselens.autograd.partition import _bytes, _tangent_dependent
 from fuselens.codegen import launcher

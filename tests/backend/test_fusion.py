@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from conftest import DEVICE, check, run
+from fl_backend_testing import DEVICE, check, compile, run, trace
 from fuselens.codegen import launcher
 from fuselens.codegen import triton as triton_codegen
 
@@ -153,7 +153,6 @@ def test_large_pointwise_chain_is_split_not_exponential():
 
 def test_dynamic_dims_need_no_new_kernel_source():
     x, w, b = randn(6, 40), randn(40), randn(40)
-    from conftest import compile
     cg = compile(manual_layer_norm, x, w, b, dynamic_dims=[{0, 1}, {0}, {0}])
     source = cg.kernels[0].source
     assert "40" not in source  # the row length and the mean's divisor are arguments
@@ -173,7 +172,6 @@ def test_half_inputs_compute_in_fp32():
 def test_int64_indexing_only_for_huge_buffers():
     from fuselens.ops import to_primitive_graph
     from fuselens.runtime.backend import build_program
-    from conftest import trace
 
     def f(x):
         return x * 2

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import DEVICE, check
+from fl_backend_testing import DEVICE, check
 
 
 def t(*shape, dtype=torch.float32, positive=False):
