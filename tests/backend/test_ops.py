@@ -213,3 +213,11 @@ def test_math_constants_and_inf():
     def f(x):
         return x.masked_fill(x > 1, float("-inf")).softmax(-1), torch.where(x > 0, x, math.inf).amin(-1)
     check(f, t(4, 6), grad=False)
+
+
+def test_every_primitive_has_a_vjp_rule_except_backward_only_ones():
+    from fuselens.ops import PRIMITIVES
+    backward_only = {"conv2d_backward", "embedding_backward", "call_torch_vjp"}  # no double backward
+    tuple_items = {"item"}  # differentiated through the primitive that produced the tuple
+    missing = {name for name, p in PRIMITIVES.items() if p.vjp is None}
+    assert missing == backward_only | tuple_items

@@ -416,18 +416,16 @@ register(*_t("max"))(_max_min(P.amax, P.maximum, prim.argmax))
 register(*_t("min"))(_max_min(P.amin, P.minimum, prim.argmin))
 
 
-@register(*_t("argmax"))
-def argmax(x, dim=None, keepdim=False):
-    if dim is None:
-        return emit(prim.argmax, P.reshape(x, (-1,)), 0, False)
-    return emit(prim.argmax, x, dim, keepdim)
+def _arg_extreme(p):
+    def fn(x, dim=None, keepdim=False):
+        if dim is None:  # index into the flattened tensor
+            return emit(p, P.reshape(x, (-1,)), 0, False)
+        return emit(p, x, dim, keepdim)
+    return fn
 
 
-@register(*_t("argmin"))
-def argmin(x, dim=None, keepdim=False):
-    if dim is None:
-        return emit(prim.argmin, P.reshape(x, (-1,)), 0, False)
-    return emit(prim.argmin, x, dim, keepdim)
+register(*_t("argmax"))(_arg_extreme(prim.argmax))
+register(*_t("argmin"))(_arg_extreme(prim.argmin))
 
 
 @register(*_t("any"))
