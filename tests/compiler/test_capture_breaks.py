@@ -630,3 +630,14 @@ def test_data_dependent_condition_in_while_test_reevaluated_each_iteration():
         torch.testing.assert_close(got[0], assert_same_out[0])
         assert got[1] == assert_same_out[1]
         torch.testing.assert_close(cg(X * scale), g(X * scale))
+
+
+def test_comprehension_variable_is_not_live_after_a_loop_that_runs_in_python():
+    def f(x, y):
+        for _ in range(3):
+            v = torch.stack([x * i for i in range(3)]).sum(0)
+            if y.sum() > 0:
+                break
+        return v + sum(t for t in [x, y]) + torch.stack([y * i for i in range(2)]).sum(0)
+    check(f, X, Y)
+    check(f, X, -Y.abs())

@@ -117,10 +117,18 @@ def loaded_names(nodes) -> set:
     return out
 
 
+def _walk_scope(node):
+    """ast.walk that does not enter comprehensions: their targets are local to them."""
+    yield node
+    for c in ast.iter_child_nodes(node):
+        if not isinstance(c, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            yield from _walk_scope(c)
+
+
 def stored_names(nodes) -> set:
     out = set()
     for n in nodes:
-        for x in ast.walk(n):
+        for x in _walk_scope(n):
             if isinstance(x, ast.Name) and isinstance(x.ctx, (ast.Store, ast.Del)):
                 out.add(x.id)
             elif isinstance(x, (ast.FunctionDef, ast.ClassDef)):
