@@ -59,7 +59,7 @@ for _ in $(seq 1 100); do
 done
 echo "[e2e] code-server up on port $PORT; driving the workbench"
 set +e
-node tests/extension/e2e.js "http://127.0.0.1:$PORT/?folder=$RUN/ws" "$OUT" 2>&1 | tee "$OUT/driver.log"
+FUSELENS_E2E_CS_PID=$CSPID node tests/extension/e2e.js "http://127.0.0.1:$PORT/?folder=$RUN/ws" "$OUT" 2>&1 | tee "$OUT/driver.log"
 RC=${PIPESTATUS[0]}
 set -e
 if [ "$RC" = 0 ] && [ "${FUSELENS_E2E_README:-0}" = 1 ] && [ -f "$OUT/readme-editor.png" ]; then

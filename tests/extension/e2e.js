@@ -34,6 +34,22 @@ async function palette(text) {
   await page.keyboard.press('Enter');
 }
 
+// pids of `python -m fuselens_lsp` processes under code-server's process tree
+function serverPids(rootPid) {
+  const parent = {};
+  const cmd = {};
+  for (const d of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) { continue; }
+    try {
+      const stat = fs.readFileSync(`/proc/${d}/stat`, 'utf8');
+      parent[d] = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      cmd[d] = fs.readFileSync(`/proc/${d}/cmdline`, 'utf8').split('\0').join(' ');
+    } catch { /* gone */ }
+  }
+  const under = pid => { for (let p = pid, i = 0; p && i < 50; p = parent[p], i++) { if (p === rootPid) { return true; } } return false; };
+  return Object.keys(cmd).map(Number).filter(p => / -m fuselens_lsp( --stdio)?\s*$/.test(cmd[p]) && under(p));
+}
+
 async function editorText() {
   return page.locator('.editor-group-container.active .monaco-editor .view-lines').first().innerText();
 }
@@ -137,6 +153,38 @@ async function editorText() {
     await page.waitForSelector('.tabs-container .tab.active:has-text("transformed.py")', { timeout: 30000 });
     log('transformed code open');
     await shot('transformed-code');
+    // 08: the language server dies; the extension restarts it and diagnostics come back
+    const codeServerPid = Number(process.env.FUSELENS_E2E_CS_PID || 0);
+    if (codeServerPid) {
+      const before = serverPids(codeServerPid);
+      if (before.length !== 1) {
+        const all = fs.readdirSync('/proc').filter(d => /^\d+$/.test(d)).map(d => { try { return d + ' ' + fs.readFileSync(`/proc/${d}/stat`, 'utf8').split(' ').slice(3, 4) + ' ' + fs.readFileSync(`/proc/${d}/cmdline`, 'utf8').split('\0').join(' '); } catch { return ''; } }).filter(x => /fuselens_lsp|entry|bootstrap-fork|extensionHost/.test(x));
+        throw new Error('expected one language server under ' + codeServerPid + ', found ' + JSON.stringify(before) + '\n' + all.join('\n'));
+      }
+      process.kill(before[0], 'SIGKILL');
+      log('killed the language server', before[0]);
+      const end = Date.now() + 60000;
+      let after = [];
+      while (Date.now() < end) {
+        after = serverPids(codeServerPid).filter(p => p !== before[0]);
+        if (after.length) { break; }
+        await page.waitForTimeout(250);
+      }
+      if (!after.length) { throw new Error('the language server was not restarted'); }
+      log('restarted as', after[0]);
+      // an edit in showcase.py must get fresh diagnostics from the new server
+      await page.locator('.tabs-container .tab:has-text("showcase.py")').first().click();
+      await page.keyboard.press('Control+End');
+      // line by line, closing the suggest widget before each Enter (the editor auto-indents)
+      for (const line of ['', '', '@torch.compile', 'def again(x):', 'print(x)', 'return x + 1']) {
+        await page.keyboard.type(line, { delay: 5 });
+        await page.keyboard.press('Escape');
+        await page.keyboard.press('Enter');
+      }
+      await page.waitForFunction(() => document.querySelectorAll('.monaco-editor .squiggly-warning').length >= 2, null, { timeout: 60000 });
+      log('diagnostics from the restarted server');
+      await shot('server-restarted');
+    }
     log('PASSED');
   } catch (e) {
     console.error('FAILED', e);
