@@ -641,3 +641,15 @@ def test_comprehension_variable_is_not_live_after_a_loop_that_runs_in_python():
         return v + sum(t for t in [x, y]) + torch.stack([y * i for i in range(2)]).sum(0)
     check(f, X, Y)
     check(f, X, -Y.abs())
+
+
+def test_inplace_on_input_inside_loop_that_runs_in_python():
+    def f(x, y):
+        v = x * 0.5
+        for _ in range(3):
+            x.add_(v.relu())
+            if y.sum() > x.sum():
+                break
+        return x * 2, v
+    check(f, X, Y)
+    check(f, X, Y + 100)

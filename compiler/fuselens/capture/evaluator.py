@@ -287,10 +287,15 @@ class Evaluator:
 
     def _mark(self, scope):
         nodes = list(self.g.graph.nodes)
-        return (nodes[-1] if nodes else None, {k: v for k, v in scope.vars.items()}, self.g.n_ops)
+        return (nodes[-1] if nodes else None, {k: v for k, v in scope.vars.items()}, self.g.n_ops,
+                dict(self.mutated_inputs), dict(self._newer))
 
     def _rollback(self, scope, mark):
-        last, vars_, n_ops = mark
+        last, vars_, n_ops, mutated, newer = mark
+        # in-place ops of the rolled-back statement did not happen (their nodes are erased)
+        self.mutated_inputs.clear()
+        self.mutated_inputs.update(mutated)
+        self._newer = newer
         for n in reversed(list(self.g.graph.nodes)):
             if n is last:
                 break
