@@ -40,6 +40,9 @@ def _env() -> dict:
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = os.pathsep.join(paths + ([old] if old else []))
     env["PYTHONUNBUFFERED"] = "1"
+    # `-m` would put the working folder first on sys.path; the worker adds the user's folders
+    # itself, after its own packages, so a workspace file cannot shadow torch or fuselens_lsp
+    env["PYTHONSAFEPATH"] = "1"
     return env
 
 

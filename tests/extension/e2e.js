@@ -146,6 +146,12 @@ async function editorText() {
     await tab.waitFor({ timeout: 30000 });
     await page.waitForSelector('.monaco-editor .view-lines:has-text("@triton.jit")', { timeout: 30000 });
     log('kernel source open in', (await tab.innerText()).trim());
+    // a kernel line names the source line it came from
+    const kernelLine = page.locator('.editor-group-container.active .monaco-editor .view-line:has-text("tmp1 =")').first();
+    await kernelLine.locator('span').first().hover();
+    await page.waitForSelector('.monaco-hover:has-text("From source showcase.py:")', { timeout: 20000 });
+    log('kernel line hover:', (await page.locator('.monaco-hover:has-text("From source")').first().innerText()).trim());
+    await page.mouse.move(5, 5);
     await shot('kernel-source');
 
     // 06: transformed code
