@@ -653,3 +653,14 @@ def test_inplace_on_input_inside_loop_that_runs_in_python():
         return x * 2, v
     check(f, X, Y)
     check(f, X, Y + 100)
+
+
+def test_inplace_after_break_on_non_leaf_that_requires_grad():
+    lin = nn.Linear(8, 8)
+
+    def f(x):
+        h = torch.tanh(lin(x))
+        s = h[0].tolist()[-1]
+        h.mul_(2)  # h is an input of the resume, but not a leaf: allowed as in eager
+        return h + s
+    check(f, X)

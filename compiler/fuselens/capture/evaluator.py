@@ -1242,7 +1242,8 @@ class Evaluator:
         if method is None:
             raise AttributeError(f"'Tensor' object has no attribute '{name}'")
         if name.endswith("_") and not name.endswith("__") or name in C.INPLACE_EXTRA:
-            if t.meta is not None and t.meta.requires_grad and t.source is not None and self.grad_enabled:
+            if t.meta is not None and t.meta.requires_grad and t.source is not None and self.grad_enabled \
+                    and self.sources.resolve(t.source).is_leaf:  # a resume's input may be a non-leaf
                 raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
             out_name = name[:-1] if name.endswith("_") else name
             functional = getattr(torch.Tensor, out_name, None)
