@@ -22,8 +22,8 @@ import re
 import sympy
 import torch
 
-from ..lower.ir import FloorDiv, ModIndex, use_handler
-from ..schedule.fusion import FusedKernel, node_vars, row_shapes, store_index
+from ..lower.ir import FloorDiv, ModIndex, contiguous_strides, use_handler
+from ..schedule.fusion import FusedKernel, keep_shape, loop_vars, node_vars, row_shapes, store_index
 from .launcher import next_power_of_2
 
 PERSISTENT_RNUMEL_MAX = 4096
@@ -215,6 +215,21 @@ class KernelWriter:
             return f"({self.expr(e.lhs)} {op} {self.expr(e.rhs)})"
         raise NotImplementedError(f"index expression {e}")
 
+    def index_text(self, index) -> str:
+        """An index as Triton code. The common case, the element at the loop position in a row-major
+        tensor of the kernel's shape, is `xindex` (or `xindex * rnumel + rindex`): no div/mod needed."""
+        shape, red = self.kernel.shape, self.red
+
+        def row_major(over_shape):
+            strides = contiguous_strides(over_shape)
+            return sum((v * self.sizevars(st) for v, st in zip(loop_vars(over_shape, red), strides)), sympy.Integer(0))
+        if self.x_dims and sympy.expand(index - row_major(keep_shape(shape, red))) == 0:
+            return "xindex"  # the kernel's own row (or element, in a pointwise kernel)
+        reduced_last = all(d in red for d in range(len(shape) - len(red), len(shape)))
+        if self.r_dims and reduced_last and sympy.expand(index - row_major(shape)) == 0:
+            return "xindex * rnumel + rindex" if self.x_dims else "rindex"
+        return self.expr(index)
+
     def mask_for(self, index) -> str | None:
         names = {s.name[0] for s in sympy.sympify(index).free_symbols if s.name[0] in "xr"}
         parts = []
@@ -242,7 +257,7 @@ class KernelWriter:
             return self.inline(self.group[buf.name])
         ptr = self.arg_for(buf, self.in_args, "in_ptr")
         mask = self.mask_for(index)
-        text = f"tl.load({ptr} + {self.expr(index)}" + (f", {mask}, other=0)" if mask else ")")
+        text = f"tl.load({ptr} + {self.index_text(index)}" + (f", {mask}, other=0)" if mask else ")")
         if compute_dtype(buf.dtype) != buf.dtype:
             text += ".to(tl.float32)"
         return self.cse(text, compute_dtype(buf.dtype))
@@ -328,7 +343,7 @@ class KernelWriter:
         if not index.free_symbols:  # a single element: let lane 0 of block 0 write it
             index_text, mask = "xindex", "xmask"
         else:
-            index_text, mask = self.expr(index), self.mask_for(index)
+            index_text, mask = self.index_text(index), self.mask_for(index)
         if value.literal:
             value = CV(f"tl.full({self.block_shape()}, {value}, {TL_DTYPES[value.dtype]})", value.dtype)
         self.emit(f"tl.store({ptr} + {index_text}, {value}" + (f", {mask})" if mask else ")"), loc=buf.loc or self.loc)
@@ -436,9 +451,27 @@ class KernelWriter:
             names = names[:6] + ["etc"]
         return f"fl_{kind}_fused_{'_'.join(names)}_{self.index_in_graph}"
 
+    def drop_unused_loop_vars(self):
+        """Per-dimension variables are emitted up front; those no index ended up using go."""
+        definition = re.compile(r"([xr]\d+) = ")
+        code = [text.split("  # ", 1)[0] for _, text in self.lines]
+        used = set(_BLOCK_NAMES.findall(" ".join(definition.sub("", c, count=1) for c in code)))
+        self.lines = [line for line, c in zip(self.lines, code)
+                      if not definition.match(c) or definition.match(c).group(1) in used]
+        # size arguments only those lines used go too; the rest are renumbered
+        code = " ".join(text.split("  # ", 1)[0] for _, text in self.lines)
+        kept = [(sym, name) for sym, name in self.size_args.items() if re.search(rf"\b{name}\b", code)]
+        renames = {name: f"ks{i}" for i, (_, name) in enumerate(kept)}
+        self.size_args = {sym: renames[name] for sym, name in kept}
+        if any(old != new for old, new in renames.items()):
+            pattern = re.compile(r"\bks\d+\b")
+            self.lines = [(indent, pattern.sub(lambda m: renames.get(m.group(0), m.group(0)), text))
+                          for indent, text in self.lines]
+
     def generate(self):
         with use_handler(self):
             self.body()
+        self.drop_unused_loop_vars()
         name = self.kernel_name()
         params = list(self.in_args.values()) + list(self.out_args.values())
         if self.uses_seed:
