@@ -9,9 +9,10 @@ recomputed from its body (pointwise) or taken from the register holding it (redu
 only when the consumer reads exactly the element the producer writes at the same loop
 variables, which the scheduler checks by comparing index expressions.
 
-Nodes are visited in order; each joins the open kernel where fusion saves the most memory
-traffic (bytes of intermediate buffers no longer written and read back, plus inputs read once
-instead of twice), or starts a new kernel.
+Nodes are visited in order; each joins the kernel where fusion saves the most memory traffic
+(bytes of intermediate buffers no longer written and read back, plus inputs read once instead of
+twice). With nothing in common with any kernel, a node still joins the last kernel if it iterates
+the same domain (one launch fewer); otherwise it starts a new kernel.
 """
 from __future__ import annotations
 
@@ -166,6 +167,10 @@ class Scheduler:
             candidates = [k for k in steps if isinstance(k, FusedKernel)]
             scored = [(self.fusion_score(k, step), k) for k in candidates]
             scored = [(s, k) for s, k in scored if s]
+            last = steps[-1] if steps and isinstance(steps[-1], FusedKernel) else None
+            if not scored and last is not None and self.fusion_score(last, step) == 0 \
+                    and self.domain_for(last, step) == (last.shape, last.red_dims):
+                scored = [(0, last)]  # no traffic in common, but one launch fewer (horizontal fusion)
             if scored:
                 _, best = max(scored, key=lambda sk: (sk[0], self.position[id(sk[1])]))
                 best.shape, best.red_dims = self.domain_for(best, step)
