@@ -188,3 +188,14 @@ def test_max_autotune_tries_more_block_sizes():
     more = launcher.configs("pointwise", 1 << 20, 1, interpret=False, max_autotune=True)
     assert len(more) > len(default) > 1
     assert launcher.configs("persistent", 64, 100, interpret=False, max_autotune=False)[0].RBLOCK == 128
+
+
+def test_stages_log_what_they_built(caplog):
+    import logging
+    with caplog.at_level(logging.DEBUG, logger="fuselens"):
+        run(manual_softmax, randn(4, 6))
+    text = caplog.text
+    assert "prim_amax" in text  # ops: the primitive graph
+    assert "buf0 = max of [4, 6] over dims [1]" in text  # lower
+    assert "kernel (reduction over [4, 6] reducing dims [1]): buf0, buf1, buf2; stores buf2" in text  # schedule
+    assert "def fl_red_fused_amax_div_exp_sub_sum_0(" in text  # codegen

@@ -1,6 +1,8 @@
 """Running a partitioned graph under torch.autograd: forward and backward are both compiled programs."""
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -69,6 +71,7 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program):
     requires_grad = [isinstance(t, torch.Tensor) and t.requires_grad for t in inputs]
     joint = build_joint(prim_graph, requires_grad, device)
     parts = partition(joint)
+    logging.getLogger("fuselens.autograd").debug("forward saves for backward: %s", ", ".join(parts.saved))
     forward = build_program(parts.forward, device, mode, dynamic)
     backward = _StridedPrograms(parts.backward, device, mode, dynamic, build_program, len(forward.kernels))
     state = _State(forward, backward, parts.num_fw_outputs, joint.tangent_outputs, joint.grad_inputs, len(inputs))

@@ -193,3 +193,17 @@ class LoweredGraph:
     sizevars: SizeVars
     device: torch.device
     has_seed: bool = False
+
+    def describe(self) -> str:
+        lines = [f"{b.name}: input {list(b.shape)} {b.dtype}" for b in self.inputs if b is not None]
+        for s in self.steps:
+            if isinstance(s, ExternCall):
+                lines.append(f"{s.name} = extern {s.prim.name}")
+            elif s.kind == "reduction":
+                lines.append(f"{s.name} = {s.reduce} of {list(s.in_shape)} over dims {list(s.red_dims)} -> "
+                             f"{list(s.shape)} {s.dtype}")
+            else:
+                lines.append(f"{s.name} = pointwise {list(s.shape)} {s.dtype}")
+        outs = [(o.buf.name if o.is_whole() else f"view of {o.buf.name}") if isinstance(o, View) else repr(o)
+                for o in self.outputs]
+        return "\n".join(lines + [f"outputs: {', '.join(outs)}"])

@@ -9,6 +9,7 @@ fails for a graph, that graph runs eagerly, with a warning naming the cause.
 """
 from __future__ import annotations
 
+import logging
 import warnings
 from dataclasses import dataclass, field
 
@@ -24,6 +25,13 @@ from ..schedule.fusion import FusedKernel, schedule
 from .compiled import FuselensWarning
 
 SPECIALIZATION_LIMIT = 8
+
+
+def _log(stage, fmt, value):
+    """Each stage's result, on logger `fuselens.<stage>` at DEBUG (built only when enabled)."""
+    logger = logging.getLogger(f"fuselens.{stage}")
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(fmt, value() if callable(value) else value)
 
 
 @dataclass
@@ -52,8 +60,11 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
                   input_vals=None, first_kernel_index=0) -> Program:
     """`first_kernel_index` numbers this program's kernels after another's (a backward's after
     its forward's), so kernel names stay unique within a compiled graph."""
+    _log("ops", "primitive graph:\n%s", prim_graph)
     lowered = lower_graph(prim_graph, device, input_vals)
+    _log("lower", "buffers:\n%s", lowered.describe)
     sched = schedule(lowered)
+    _log("schedule", "kernels:\n%s", sched.describe)
     kernels, infos = {}, []
     fused = [s for s in sched.steps if isinstance(s, FusedKernel)]
     for i, step in enumerate(fused):
@@ -61,6 +72,7 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
         kernels[id(step)] = (launcher.TritonKernel(name, source, writer.mode, mode == "max-autotune"), writer)
         infos.append(KernelInfo(name, source, sorted(writer.source_lines)))
     source, call = generate_wrapper(lowered, sched, kernels, device)
+    _log("codegen", "%s", lambda: "\n\n".join([info.source for info in infos] + [source]))
     num_inputs = sum(1 for b in lowered.inputs if b is not None)
     return Program(call, infos, source, lowered.has_seed, num_inputs)
 

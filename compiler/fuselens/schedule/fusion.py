@@ -96,6 +96,18 @@ class FusedKernel:
 class Schedule:
     steps: list  # FusedKernel | ExternCall
 
+    def describe(self) -> str:
+        lines = []
+        for s in self.steps:
+            if isinstance(s, ExternCall):
+                lines.append(f"extern {s.prim.name} -> {s.name}")
+                continue
+            over = f"reduction over {list(s.shape)} reducing dims {list(s.red_dims)}" if s.is_reduction else \
+                f"pointwise over {list(s.shape)}"
+            lines.append(f"kernel ({over}): {', '.join(n.name for n in s.nodes)}; "
+                         f"stores {', '.join(sorted(s.stores)) or 'nothing'}")
+        return "\n".join(lines)
+
 
 class Scheduler:
     def __init__(self, graph: LoweredGraph):
