@@ -556,3 +556,50 @@ def test_dynamic_dims_and_shapes_of_intermediates():
         ref, rn = f(x)
         torch.testing.assert_close(out, ref)
         assert n == rn
+
+
+def test_optimizer_step_pattern_mutates_leaf_under_no_grad():
+    def step(params, grads, lr):
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p.sub_(lr * g)
+    ps = [torch.randn(5, requires_grad=True), torch.randn(3, requires_grad=True)]
+    gs = [torch.randn(5), torch.randn(3)]
+    pe = [p.detach().clone().requires_grad_() for p in ps]
+    pc = [p.detach().clone().requires_grad_() for p in ps]
+    step(pe, gs, 0.1)
+    cstep = fuselens.compile(step)
+    cstep(pc, gs, 0.1)
+    for a, b in zip(pc, pe):
+        torch.testing.assert_close(a, b)
+        assert a.is_leaf and a.requires_grad
+
+
+def test_inplace_under_no_grad_keeps_autograd_history():
+    def f(x, w):
+        h = x * w
+        with torch.no_grad():
+            h.mul_(2)
+        return (h * h).sum(), h
+    x = torch.randn(4)
+    we, wc = torch.randn(4, requires_grad=True), None
+    wc = we.detach().clone().requires_grad_()
+    le, he = f(x, we)
+    lc, hc = fuselens.compile(f)(x, wc)
+    torch.testing.assert_close(lc, le)
+    assert hc.requires_grad == he.requires_grad
+    le.backward()
+    lc.backward()
+    torch.testing.assert_close(wc.grad, we.grad)
+
+
+def test_inplace_under_no_grad_on_input_that_joined_autograd():
+    lin = nn.Linear(8, 8)
+
+    def f(x, y):
+        y += torch.tanh(lin(x))
+        with torch.no_grad():
+            y -= x
+        y.clamp_(-2, 2)
+        return y
+    check(f, X, torch.randn(4, 8))

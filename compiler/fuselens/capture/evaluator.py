@@ -1256,6 +1256,14 @@ class Evaluator:
             new = self.op(functional, [t] + list(args), kwargs, e, scope)
             if t.meta is not None and new.meta is not None and new.meta.dtype != t.meta.dtype:
                 new = self.op(torch.Tensor.to, [new, t.meta.dtype], {}, e, scope)
+            if not self.grad_enabled and not self.abstract and t.meta is not None and t.meta.requires_grad:
+                # in eager, an in-place op under no_grad keeps t's autograd history (autograd
+                # does not see the change): new = t + (f(t) - t).detach()
+                loc = self.user_loc(e, scope)
+                delta = self.g.call(operator.sub, [new, t], {}, loc)
+                delta = self.g.call(torch.Tensor.detach, [delta], {}, loc)
+                new = self.g.call(operator.add, [t, delta], {}, loc)
+                new.meta.requires_grad_(True)
             self.rebind(t, new, scope, e)
             return new
         return self.op(method, [t] + list(args), kwargs, e, scope)

@@ -55,7 +55,12 @@ class GraphCall:
             srcs = self.info.inputs
             for k, src in enumerate(self.info.writeback):
                 # with autograd, as the in-place op in eager: the input joins the graph
-                inputs[srcs.index(src)].copy_(outs[len(outs) - self.n_wb + k])
+                target = inputs[srcs.index(src)]
+                if target.is_leaf and target.requires_grad:  # mutated under no_grad (an
+                    with torch.no_grad():                     # optimizer step): capture
+                        target.copy_(outs[len(outs) - self.n_wb + k])  # rejects the rest
+                else:
+                    target.copy_(outs[len(outs) - self.n_wb + k])
         return outs
 
     def _compile(self, inputs):
