@@ -2,8 +2,9 @@
 
 The forward must hand the backward every value the backward needs that does not depend on the
 tangents. It can save such a value, or save cheaper values it is computed from and let the
-backward recompute it. As a flow network (node v split into v_in -> v_out, capacity = bytes to
-save v): source -> primals and -> every node that must not be recomputed (matmuls, convolutions,
+backward recompute it. As a flow network (node v split into v_in -> v_out, capacity = the memory
+traffic saving v adds: the forward writes it and the backward reads it, so twice its bytes, or
+once for an input, which is in memory already): source -> primals and -> every node that must not be recomputed (matmuls, convolutions,
 any extern, reductions, random numbers); v_out -> u_in (infinite) along data edges;
 v_out -> sink (infinite) where a backward node uses v. A minimum cut is then a cheapest set of
 values to save; everything between them and the backward's uses is recomputed, in the
@@ -59,7 +60,7 @@ def choose_saved(joint: JointGraph) -> list[fx.Node]:
         must_run_in_forward = n.op == "placeholder" or n.target.kind not in RECOMPUTABLE_KINDS
         if must_run_in_forward:
             net.add_edge("source", (n, "in"), capacity=math.inf)
-        net.add_edge((n, "in"), (n, "out"), capacity=_bytes(n))
+        net.add_edge((n, "in"), (n, "out"), capacity=_bytes(n) * (1 if n.op == "placeholder" else 2))
         for user in n.users:
             if user is output:
                 continue
