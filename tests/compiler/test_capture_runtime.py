@@ -603,3 +603,36 @@ def test_inplace_under_no_grad_on_input_that_joined_autograd():
         y.clamp_(-2, 2)
         return y
     check(f, X, torch.randn(4, 8))
+
+
+def test_explain_guards_and_graph_lines():
+    m = nn.Linear(8, 2)
+
+    def f(x, k):
+        return m(x) * k
+    ex = fuselens.explain(f, X, 3)
+    reasons = [g.reason for g in ex.guards]
+    for needle in ("grad mode is on", "default dtype is torch.float32", "autocast on cpu is off",
+                   "x: float32[4x8] on cpu", "k == 3", "training"):
+        assert any(needle in r for r in reasons), (needle, reasons)
+    g = ex.graphs[0]
+    assert g.lines and all(isinstance(l, int) for _, l in g.lines)
+    assert g.op_count == len([n for n in g.graph.nodes if n.op == "call_function"])
+
+
+DROP = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5))
+
+
+def test_training_flag_guarded_for_module_reached_through_a_global():
+    def f(x):
+        return DROP(x)
+    cf = fuselens.compile(f)
+    try:
+        for mode in ("eval", "train", "eval"):
+            getattr(DROP, mode)()
+            torch.manual_seed(0)
+            ref = f(X)
+            torch.manual_seed(0)
+            torch.testing.assert_close(cf(X), ref)
+    finally:
+        DROP.eval()

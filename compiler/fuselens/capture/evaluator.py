@@ -1187,9 +1187,12 @@ class Evaluator:
     def call_module(self, mod, args, kwargs, e, scope):
         if mod._forward_hooks or mod._forward_pre_hooks or getattr(mod, "_backward_hooks", None):
             self.brk(B.UNKNOWN_CALL, e, scope, detail=f"{type(mod).__name__} has hooks")
-        if not self.abstract and id(mod) not in self.value_sources:
-            src = self.sources.constant(mod, type(mod).__name__)
-            self.value_sources[id(mod)] = src
+        if not self.abstract:
+            src = self.value_sources.get(id(mod))
+            if src is None:
+                src = self.sources.constant(mod, type(mod).__name__)
+                self.value_sources[id(mod)] = src
+            # identity and .training, however the module was reached (a global, a list item)
             self.sources.guard_module(mod, src)
         fwd = type(mod).forward
         return self.inline(fwd, args, kwargs, e, scope, self_value=mod)
