@@ -208,3 +208,20 @@ async def test_side_panel_functions_request(session):
     (fn,) = doc["functions"]
     assert fn["qualname"] == "f" and fn["compiled"] and fn["breakCount"] == 1
     assert fn["breaks"][0]["code"] == "FL100" and fn["run"] is None
+
+
+async def test_changed_settings_reanalyse_open_files(session):
+    src = '''\
+    import torch
+
+    def g(x):
+        print(x)
+        return torch.relu(x)
+    '''
+    await session.init()
+    uri = await session.open("cfg.py", src)
+    assert [d.severity for d in await session.diagnostics(uri)] == [lsp.DiagnosticSeverity.Information]
+    session.client.diagnostics.pop(uri)
+    session.client.workspace_did_change_configuration(lsp.DidChangeConfigurationParams(
+        settings={"fuselens": {"informationSeverity": "hint"}}))
+    assert [d.severity for d in await session.diagnostics(uri)] == [lsp.DiagnosticSeverity.Hint]
