@@ -8,6 +8,7 @@ under compilation); the others are offered as plain quick fixes, like ruff's uns
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import libcst as cst
@@ -353,12 +354,19 @@ def fixes_for_break(source: str, filename: str, brk: dict, qualname: str,
             new_source = fn(tree, start, end)
         except (NoFix, cst.ParserSyntaxError):
             new_source = None
+        except Exception:  # a rewrite bug must cost the fix, never the request
+            logging.getLogger("fuselens_lsp").exception("rewrite for %s failed", code)
+            new_source = None
         if new_source is not None and new_source != source:
             if before is None:
                 analysis, err, _ = run_analysis(source, filename)
                 before = count_breaks(analysis) if analysis is not None and err is None else None
             if before is not None:
-                after_an, err, _ = run_analysis(new_source, filename)
+                try:
+                    after_an, err, _ = run_analysis(new_source, filename)
+                except Exception:
+                    logging.getLogger("fuselens_lsp").exception("analysis of the rewritten file failed")
+                    after_an, err = None, True
                 if after_an is not None and err is None:
                     after = count_breaks(after_an)
                     b0, b1 = before.get(qualname, 0), after.get(qualname, 10**9)
