@@ -256,7 +256,8 @@ class KernelWriter:
                 return self.values[buf.name]
             return self.inline(self.group[buf.name])
         ptr = self.arg_for(buf, self.in_args, "in_ptr")
-        mask = self.mask_for(index)
+        # a constant index is a broadcast element, always in bounds: a scalar load takes no mask
+        mask = self.mask_for(index) if sympy.sympify(index).free_symbols else None
         text = f"tl.load({ptr} + {self.index_text(index)}" + (f", {mask}, other=0)" if mask else ")")
         if compute_dtype(buf.dtype) != buf.dtype:
             text += ".to(tl.float32)"
@@ -296,7 +297,10 @@ class KernelWriter:
             text += ".to(tl.float32)"
         return self.cse(text, compute_dtype(dtype))
 
-    def masked(self, conds, body, other):
+    def masked(self, conds, body, other, dtype):
+        """`body()` where all `conds` hold (its loads masked by them), else `other`."""
+        if any(c is sympy.false for c in conds):  # bounds that hold for no index
+            return other if isinstance(other, CV) else self.constant(other, dtype)
         conds = [c for c in conds if c is not sympy.true]  # bounds that hold for every index
         if not conds:
             return body()
@@ -306,7 +310,7 @@ class KernelWriter:
             value = body()
         finally:
             self.mask_stack.pop()
-        other = other if isinstance(other, CV) else self.constant(other, value.dtype)
+        other = other if isinstance(other, CV) else self.constant(other, dtype)
         return self.cse(f"tl.where({cond}, {value}, {other})", value.dtype)
 
     def index_value(self, e, dtype):

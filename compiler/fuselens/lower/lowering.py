@@ -136,7 +136,7 @@ class Lowering:
         val = node.meta["val"]
         shape, dtype, loc = tuple(val.shape), val.dtype, node.meta.get("loc")
         if p is prim.slice_backward:
-            return self._lazy(shape, dtype, loc, self._slice_backward_fn(shape, *args), args)
+            return self._lazy(shape, dtype, loc, self._slice_backward_fn(dtype, *args), args)
         if p is prim.cat:
             return self._lazy(shape, dtype, loc, self._cat_fn(shape, dtype, *args), args[0])
         operands = args[1:] if p is prim.where else args
@@ -159,7 +159,7 @@ class Lowering:
         v = Lazy(shape, dtype, located, cost, loc)
         return self.realize(v) if cost > INLINE_COST_LIMIT else v
 
-    def _slice_backward_fn(self, shape, src, _shape, dim, start, end, step):
+    def _slice_backward_fn(self, dtype, src, _shape, dim, start, end, step):
         def fn(idx):
             i = idx[dim]
             conds = [sympy.Ge(i, start), sympy.Lt(i, end)]
@@ -167,7 +167,7 @@ class Lowering:
                 conds.append(sympy.Eq(ModIndex(i - start, step), 0))
             src_idx = list(idx)
             src_idx[dim] = FloorDiv(i - start, step)
-            return ops().masked(conds, lambda: src.load(src_idx), 0)
+            return ops().masked(conds, lambda: src.load(src_idx), 0, dtype)
         return fn
 
     def _cat_fn(self, shape, dtype, tensors, dim):
@@ -182,7 +182,7 @@ class Lowering:
                 src_idx[dim] = i - start
                 conds = [sympy.Ge(i, start), sympy.Lt(i, start + t.shape[dim])]
                 result = ops().masked(conds, lambda t=t, src_idx=src_idx: t.load(src_idx),
-                                      result if result is not None else 0)
+                                      result if result is not None else 0, dtype)
             return result
         return fn
 

@@ -71,7 +71,7 @@ class _ReadRecorder:
     def load(self, buf, index):
         self.reads.append((buf, sympy.expand(index)))
 
-    def masked(self, conds, body, other):
+    def masked(self, conds, body, other, dtype):
         body()
 
     def constant(self, *a):
