@@ -23,7 +23,7 @@ import uuid
 
 from lsprotocol import types as lsp
 from pygls.lsp.server import LanguageServer
-from pygls.uris import from_fs_path, to_fs_path
+from pygls.uris import to_fs_path
 
 from . import __version__
 from .analysis import PositionCodec, Result, Settings, analyze, break_json, function_at
@@ -166,9 +166,6 @@ class FuselensServer(LanguageServer):
                     if tests:
                         out.append((path, tests))
         return out
-
-    def run_key_for(self, uri, qualname):
-        return (uri, qualname)
 
 
 server = FuselensServer()
