@@ -664,3 +664,26 @@ def test_inplace_after_break_on_non_leaf_that_requires_grad():
         h.mul_(2)  # h is an input of the resume, but not a leaf: allowed as in eager
         return h + s
     check(f, X)
+
+
+def _scale_(a, k):
+    a.mul_(k)
+    return a
+
+
+def _accumulate_until(a, b):
+    v = a
+    _ = a + b[b > 0].sum()  # a break (FL130) before the loop
+    for _i in range(3):
+        v.add_(b)
+        if v.sum() > b.sum():  # the loop runs in Python (FL160)
+            break
+    return a + a
+
+
+def test_loop_in_python_inside_helper_mutating_the_callers_tensor():
+    def f(x, y):
+        v = _scale_(y, 1.5)
+        w = _accumulate_until(v, y)
+        return v, y, w
+    check(f, X, Y)

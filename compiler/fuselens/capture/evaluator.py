@@ -287,11 +287,15 @@ class Evaluator:
 
     def _mark(self, scope):
         nodes = list(self.g.graph.nodes)
-        return (nodes[-1] if nodes else None, {k: v for k, v in scope.vars.items()}, self.g.n_ops,
+        chain, s = [], scope  # rebind() updates the callers' variables too
+        while s is not None:
+            chain.append((s, dict(s.vars)))
+            s = s.parent if s.parent is not None else s.enclosing
+        return (nodes[-1] if nodes else None, chain, self.g.n_ops,
                 dict(self.mutated_inputs), dict(self._newer))
 
     def _rollback(self, scope, mark):
-        last, vars_, n_ops, mutated, newer = mark
+        last, chain, n_ops, mutated, newer = mark
         # in-place ops of the rolled-back statement did not happen (their nodes are erased)
         self.mutated_inputs.clear()
         self.mutated_inputs.update(mutated)
@@ -303,8 +307,9 @@ class Evaluator:
                 continue
             if not n.users:
                 self.g.graph.erase_node(n)
-        scope.vars.clear()
-        scope.vars.update(vars_)
+        for s, vars_ in chain:
+            s.vars.clear()
+            s.vars.update(vars_)
         self.g.n_ops = n_ops
 
     def _exec(self, s, scope):
