@@ -56,5 +56,10 @@ def random_program(rng: random.Random, x, y):
 @pytest.mark.parametrize("seed", range(int(os.environ.get("FL_SEEDS", 24))))
 def test_random_program(seed):
     torch.manual_seed(seed)
-    x, y = torch.randn(4, 6, device=DEVICE), torch.randn(4, 6, device=DEVICE)
+    layout = seed % 3  # contiguous fp32, transposed fp32, contiguous fp64
+    if layout == 1:
+        x, y = torch.randn(6, 4, device=DEVICE).t(), torch.randn(6, 4, device=DEVICE).t()
+    else:
+        dtype = torch.float64 if layout == 2 else torch.float32
+        x, y = torch.randn(4, 6, device=DEVICE, dtype=dtype), torch.randn(4, 6, device=DEVICE, dtype=dtype)
     check(random_program(random.Random(seed), x, y), x, y, atol=1e-4, rtol=1e-4)
