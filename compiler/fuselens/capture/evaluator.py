@@ -976,7 +976,7 @@ class Evaluator:
     # ===================================================================== truth, iteration
     def truth(self, v, node, scope, *, kind, whole_stmt=False):
         if isinstance(v, TensorVar):
-            self.brk(kind, node, scope, detail="the condition is a tensor", whole_stmt=whole_stmt
+            self.brk(kind, node, scope, detail=f"`{_short(node)}` is a tensor", whole_stmt=whole_stmt
                      or kind is B.DATA_WHILE, cond=v)
         if isinstance(v, Unknown) or isinstance(v, _AbstractSeq):
             return UNKNOWN
@@ -1433,6 +1433,11 @@ def _join(frames):
         else:
             out[k] = UNKNOWN
     return out
+
+
+def _short(node, limit=60) -> str:
+    text = ast.unparse(node)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _as_load(target):
