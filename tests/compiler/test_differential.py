@@ -194,8 +194,23 @@ class ProgramGen:
             body = self.block(tv, nums + [i], depth + 1, 1, True)
             return [f"for {i} in range(3):"] + ind(body) + \
                 ind([f"if {a()}.sum() > {a()}.sum():", "    break"])
-        if r < 0.96:
+        if r < 0.95:
             return ["with torch.no_grad():"] + ind(self.block(tv, nums, depth + 1, 2))
+        if r < 0.96:
+            return ["with torch.autocast('cpu', dtype=torch.bfloat16):"] + \
+                ind(self.block(tv, nums, depth + 1, 2))
+        if r < 0.965:
+            v = a()
+            return [f"for m in MODS:", f"    {v} = torch.tanh(m({v})) + {v}"]
+        if r < 0.97:
+            return [f"assert ({a()}.abs() >= 0).all(), 'nan'"]  # data-dependent (FL122)
+        if r < 0.975:
+            return [f"LOG.debug('value %s', {a()}.shape)"]  # FL101
+        if r < 0.98:
+            v = self.fresh()
+            line = f"{v} = hv({a()}, {a()}, scale={self.num(nums)}) * 1"
+            tv.append(v)
+            return [line]
         c = self.fresh("c")  # data-dependent while with a bound
         v = a()
         return [f"{c} = 0", f"while {v}.abs().sum() < 20 and {c} < 3:",
@@ -225,12 +240,19 @@ class ProgramGen:
         ])
         head = textwrap.dedent("""\
             import io
+            import logging
             import torch
             import torch.nn.functional as F
 
             SINK = io.StringIO()
             torch.manual_seed(0)
             LIN = torch.nn.Linear({c}, {c})
+            MODS = torch.nn.ModuleList([torch.nn.Linear({c}, {c}), torch.nn.Linear({c}, {c})])
+            LOG = logging.getLogger("fuselens.tests.differential")
+
+
+            def hv(*ts, scale=1.0):  # *args and keyword-only defaults
+                return sum(ts) * scale
             """).format(c=self.cols)
         return head + "\n\n" + "\n\n\n".join(self.helpers) + "\n\n\ndef f(x, y, k):\n" + \
             "\n".join("    " + l for l in body + [ret]) + "\n"
