@@ -60,7 +60,8 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
     probe = Evaluator(builder)
     bound = probe.bind(fs, args, kwargs)
     sources = Sources(bound)
-    sources.global_state()
+    tensors = [v for v in bound.values() if isinstance(v, torch.Tensor)]
+    sources.global_state(sorted({t.device.type for t in tensors}) if tensors else ("cpu", "cuda"))
     ev = Evaluator(builder, sources=sources, dynamic=dynamic)
     frame = {name: _wrap_argument(ev, sources, name, v) for name, v in bound.items()}
     for name, v in fs.closure.items():

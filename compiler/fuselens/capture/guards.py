@@ -124,12 +124,12 @@ class Sources:
         else:
             self.guard_value(src, v)
 
-    def global_state(self) -> None:
+    def global_state(self, device_types=("cpu", "cuda")) -> None:
         self.guard(f"torch.is_grad_enabled() is {torch.is_grad_enabled()}",
                    f"grad mode is {'on' if torch.is_grad_enabled() else 'off'}")
         self.guard(f"torch.get_default_dtype() is {self.constant(torch.get_default_dtype(), 'default_dtype')}",
                    f"default dtype is {torch.get_default_dtype()}")
-        for dev in ("cpu", "cuda"):
+        for dev in device_types:  # autocast matters only where the graph's tensors live
             on = torch.is_autocast_enabled(dev)
             self.guard(f"torch.is_autocast_enabled({dev!r}) is {on}",
                        f"autocast on {dev} is {'on' if on else 'off'}")
