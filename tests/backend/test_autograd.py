@@ -156,3 +156,19 @@ def test_backward_is_fused_too(fn, shapes, backward_kernels):
     cg = compile(fn, *inputs)
     forward_kernels = 1
     assert len(cg.kernels) == forward_kernels + backward_kernels
+
+
+def test_a_failing_backward_kernel_falls_back_on_the_first_call(monkeypatch):
+    real = launcher.TritonKernel.run
+
+    def fail_in_backward(self, *args, **kwargs):
+        if self.name.endswith("_1"):  # the backward's kernel (numbered after the forward's)
+            raise RuntimeError("backward kernel does not compile")
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(launcher.TritonKernel, "run", fail_in_backward)
+    x = randn(4, 5).requires_grad_()
+    cg = compile(manual_gelu_tanh, x)
+    with pytest.warns(FuselensWarning, match="backward kernel does not compile"):
+        out = cg(x)[0]
+    (g,) = torch.autograd.grad(out.sum(), x)
+    torch.testing.assert_close(g, torch.autograd.grad(manual_gelu_tanh(x).sum(), x)[0])

@@ -66,7 +66,7 @@ class CompiledFunction(torch.autograd.Function):
 
 
 def compile_training(gm, inputs, device, mode, dynamic, build_program):
-    """Forward and backward programs for `gm` at these inputs: (run, kernels, wrapper_source)."""
+    """Forward and backward programs for `gm` at these inputs: (run, check, kernels, wrapper_source)."""
     prim_graph = to_primitive_graph(gm, inputs, device)
     requires_grad = [isinstance(t, torch.Tensor) and t.requires_grad for t in inputs]
     joint = build_joint(prim_graph, requires_grad, device)
@@ -84,6 +84,14 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program):
 
     def run(*xs):
         return CompiledFunction.apply(state, *xs)
+
+    def check(*xs):
+        """Both halves once, with zero incoming gradients: a kernel that fails to compile shows up
+        here, where the graph can still run eagerly, rather than inside backward()."""
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):  # leaves the seed sequence as it was
+            outs = forward(*xs)
+            tangents = [torch.zeros_like(outs[i]) for i in joint.tangent_outputs]
+            backward(*outs[parts.num_fw_outputs:], *tangents)
     kernels = forward.kernels + bw_program.kernels
     source = f"# forward\n{forward.wrapper_source}\n# backward\n{bw_program.wrapper_source}"
-    return run, kernels, source
+    return run, check, kernels, source

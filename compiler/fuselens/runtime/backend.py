@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
+from ..autograd import compile_training
 from ..codegen import launcher
 from ..codegen.triton import generate_kernel
 from ..codegen.wrapper import generate_wrapper
@@ -48,7 +49,6 @@ class Program:
     kernels: list
     wrapper_source: str
     has_seed: bool
-    num_inputs: int
 
     def __call__(self, *inputs):
         if self.has_seed:  # drawn from torch's default generator: torch.manual_seed makes it reproducible
@@ -73,8 +73,7 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
         infos.append(KernelInfo(name, source, sorted(writer.source_lines)))
     source, call = generate_wrapper(lowered, sched, kernels, device)
     _log("codegen", "%s", lambda: "\n\n".join([info.source for info in infos] + [source]))
-    num_inputs = sum(1 for b in lowered.inputs if b is not None)
-    return Program(call, infos, source, lowered.has_seed, num_inputs)
+    return Program(call, infos, source, lowered.has_seed)
 
 
 def uses_triton(inputs) -> bool:
@@ -105,6 +104,7 @@ class _Specialization:
     run: object  # callable(*inputs) -> tuple
     kernels: list = field(default_factory=list)
     wrapper_source: str = ""
+    check: object = None  # callable(*inputs): exercises what `run` alone would not (the backward)
     verified: bool = False  # ran once without error
 
 
@@ -151,12 +151,12 @@ class CompiledGraph:
         if launcher.INTERPRET:
             launcher.check_interpreter()
         if needs_grad:
-            from ..autograd import compile_training
-            run, kernels, wrapper_source = compile_training(self.gm, inputs, device, self.mode, dynamic, build_program)
-            return _Specialization(run, kernels, wrapper_source)
+            run, check, kernels, wrapper_source = compile_training(self.gm, inputs, device, self.mode, dynamic,
+                                                                   build_program)
+            return _Specialization(run, kernels, wrapper_source, check)
         prim_graph = to_primitive_graph(self.gm, inputs, device)
         program = build_program(prim_graph, device, self.mode, dynamic)
-        return _Specialization(lambda *xs: program(*xs), program.kernels, program.wrapper_source)
+        return _Specialization(program, program.kernels, program.wrapper_source)
 
     def __call__(self, *inputs):
         if not uses_triton(inputs):
@@ -165,6 +165,8 @@ class CompiledGraph:
         if spec.verified:
             return spec.run(*inputs)
         try:
+            if spec.check is not None:
+                spec.check(*inputs)
             out = spec.run(*inputs)
         except Exception as e:  # e.g. a kernel that Triton fails to compile
             warnings.warn(f"fuselens backend: {type(e).__name__}: {e}; running this graph eagerly", FuselensWarning,
