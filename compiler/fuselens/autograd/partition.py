@@ -2,11 +2,11 @@
 
 The forward must hand the backward every value the backward needs that does not depend on the
 tangents. It can save such a value, or save cheaper values it is computed from and let the
-backward recompute it. As a flow network (node v split into v_in -> v_out, capacity = the memory
-traffic saving v adds: the forward writes it and the backward reads it, so twice its bytes, or
-once for an input, which is in memory already): source -> primals and -> every node that must not be recomputed (matmuls, convolutions,
-any extern, reductions, random numbers); v_out -> u_in (infinite) along data edges;
-v_out -> sink (infinite) where a backward node uses v. A minimum cut is then a cheapest set of
+backward recompute it. As a flow network: node v is split into v_in -> v_out with capacity the
+memory traffic saving v adds (the forward writes it and the backward reads it: twice its bytes,
+or once for an input, which is in memory already); source -> primals and -> every node that
+must not be recomputed (matmuls, convolutions, any extern, reductions, random numbers);
+v_out -> u_in (infinite) along data edges; v_out -> sink (infinite) where a backward node uses v. A minimum cut is then a cheapest set of
 values to save; everything between them and the backward's uses is recomputed, in the
 backward's own fused kernels. (This is AOTAutograd's min-cut rematerialization.)
 """
