@@ -310,6 +310,31 @@ class KernelDocs implements vscode.TextDocumentContentProvider, vscode.Definitio
     return t ? t.source : '# transformed code not available: run Compile & benchmark first';
   }
 
+  // Following the cursor in a kernel: highlight, in the source editor beside it, the source
+  // range the kernel line came from (and, lightly, every source line the kernel computes).
+  private lineDeco = vscode.window.createTextEditorDecorationType({
+    backgroundColor: new vscode.ThemeColor('editor.findMatchHighlightBackground'),
+    isWholeLine: false,
+  });
+  private kernelDeco = vscode.window.createTextEditorDecorationType({
+    backgroundColor: new vscode.ThemeColor('editor.rangeHighlightBackground'),
+    isWholeLine: true,
+  });
+
+  followCursor(ed: vscode.TextEditor | undefined): void {
+    const k = ed && ed.document.uri.scheme === SCHEME ? this.cache.get(ed.document.uri.toString()) : undefined;
+    for (const other of vscode.window.visibleTextEditors) {
+      if (other.document.uri.scheme === SCHEME) { continue; }
+      const mine = k && other.document.uri.toString() === k.uri;
+      other.setDecorations(this.kernelDeco, mine ? (k.sourceLines ?? []).map((l: number) => new vscode.Range(l, 0, l, 0)) : []);
+      if (!mine) { other.setDecorations(this.lineDeco, []); continue; }
+      const p = (k.provenance ?? []).filter((x: any) => x.kernelLine === ed!.selection.active.line);
+      const ranges = p.map((x: any) => new vscode.Range(x.line, x.col, x.endLine, x.endCol));
+      other.setDecorations(this.lineDeco, ranges);
+      if (ranges.length) { other.revealRange(ranges[0], vscode.TextEditorRevealType.InCenterIfOutsideViewport); }
+    }
+  }
+
   private provenanceAt(doc: vscode.TextDocument, line: number): { k: any; p: any[] } | undefined {
     const k = this.cache.get(doc.uri.toString());
     if (!k) { return undefined; }
@@ -412,6 +437,8 @@ export async function activate(ctx: vscode.ExtensionContext): Promise<void> {
       if (client) { await client.stop().catch(() => undefined); client = undefined; }
       await startClient(ctx);
     }),
+    vscode.window.onDidChangeTextEditorSelection(e => kernelDocs.followCursor(e.textEditor)),
+    vscode.window.onDidChangeActiveTextEditor(ed => kernelDocs.followCursor(ed)),
     vscode.workspace.onDidGrantWorkspaceTrust(() => {
       void client?.sendNotification('fuselens/setTrusted', { trusted: true });
     }),

@@ -152,6 +152,8 @@ async function editorText() {
     await page.waitForSelector('.monaco-hover:has-text("From source showcase.py:")', { timeout: 20000 });
     log('kernel line hover:', (await page.locator('.monaco-hover:has-text("From source")').first().innerText()).trim());
     await page.mouse.move(5, 5);
+    await kernelLine.click();  // the source range of this kernel line lights up in the source editor
+    await page.waitForTimeout(300);
     await shot('kernel-source');
 
     // 06: transformed code
