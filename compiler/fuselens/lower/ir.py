@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from dataclasses import dataclass, field
 
 import sympy
@@ -77,20 +78,22 @@ def contiguous_strides(shape):
 
 
 # --- the ops handler ------------------------------------------------------------------------------
-_handlers: list = []
+_local = threading.local()  # graphs may be compiled on several threads at once
 
 
 def ops():
-    return _handlers[-1]
+    return _local.handlers[-1]
 
 
 @contextlib.contextmanager
 def use_handler(handler):
-    _handlers.append(handler)
+    if not hasattr(_local, "handlers"):
+        _local.handlers = []
+    _local.handlers.append(handler)
     try:
         yield handler
     finally:
-        _handlers.pop()
+        _local.handlers.pop()
 
 
 # --- buffers --------------------------------------------------------------------------------------

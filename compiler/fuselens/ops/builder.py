@@ -12,6 +12,7 @@ import builtins
 import contextlib
 import math
 import numbers
+import threading
 
 import torch
 import torch.fx as fx
@@ -19,7 +20,7 @@ from torch.fx.node import map_aggregate
 
 from . import primitives as prim
 
-_builders: list["GraphBuilder"] = []
+_local = threading.local()  # graphs may be built on several threads at once
 
 
 class TVal:
@@ -76,11 +77,13 @@ class GraphBuilder:
 
     @contextlib.contextmanager
     def building(self):
-        _builders.append(self)
+        if not hasattr(_local, "builders"):
+            _local.builders = []
+        _local.builders.append(self)
         try:
             yield self
         finally:
-            _builders.pop()
+            _local.builders.pop()
 
     @contextlib.contextmanager
     def at(self, loc):
@@ -92,7 +95,7 @@ class GraphBuilder:
 
 
 def builder() -> GraphBuilder:
-    return _builders[-1]
+    return _local.builders[-1]
 
 
 def _meta(x):
