@@ -278,9 +278,8 @@ class Writer:
         self.helpers: list[str] = []   # plain generated functions (break handlers)
         self.prefix = resume_prefix
 
-    def new_resume(self, frame: FrameAtBreak, params: list[str], body: list, tag: str,
-                   consts=None) -> str:
-        name = f"__fl_resume_{self.prefix}{len(self.resumes)}"
+    def _function(self, frame, name, params, body, qualname, consts) -> FunctionSource:
+        """A generated function continuing `frame`'s code, with the file's locations."""
         fs = frame.scope.fs
         body = local_defs(frame, body) + list(body)
         node = ast.FunctionDef(name=name, args=_args(params), body=body or [ast.Pass()],
@@ -291,12 +290,17 @@ class Writer:
         for n in ast.walk(node):
             if not hasattr(n, "lineno") and isinstance(n, (ast.expr, ast.stmt, ast.arg)):
                 ast.copy_location(n, at)
-        consts = dict(consts or {})
-        base = fs.qualname.split(" (")[0]
-        gen = FunctionSource(name=name, qualname=f"{base} ({tag})", filename=fs.filename,
-                             node=node, globals=fs.globals, closure=consts, generated=True,
-                             source_text=_unparse_fn(node))
-        self.resumes.append(Resume(name, gen))
+        return FunctionSource(name=name, qualname=qualname, filename=fs.filename, node=node,
+                              globals=fs.globals, closure=dict(consts or {}), generated=True,
+                              source_text=_unparse_fn(node))
+
+    def new_resume(self, frame: FrameAtBreak, params: list[str], body: list, tag: str,
+                   consts=None) -> str:
+        """A resume function: captured lazily by the runtime on its first call."""
+        name = f"__fl_resume_{self.prefix}{len(self.resumes)}"
+        base = frame.scope.fs.qualname.split(" (")[0]
+        self.resumes.append(Resume(name, self._function(frame, name, params, body,
+                                                        f"{base} ({tag})", consts)))
         return name
 
     def live(self, frame: FrameAtBreak, after: list, extra_defined=()) -> list[str]:
@@ -447,22 +451,10 @@ class Writer:
         return out
 
     def generated(self, frame, name, params, body, consts=None):
-        """A generated function (a frame's continuation) that capture inlines: a real Python
-        function (for eager fallback) carrying its FunctionSource."""
-        fs = frame.scope.fs
-        body = local_defs(frame, body) + list(body)
-        node = ast.FunctionDef(name=name, args=_args(params), body=body or [ast.Pass()],
-                               decorator_list=[], returns=None, type_comment=None, type_params=[])
-        at = body[0] if body else frame.stmt
-        ast.copy_location(node, at)
-        for n in ast.walk(node):
-            if not hasattr(n, "lineno") and isinstance(n, (ast.expr, ast.stmt, ast.arg)):
-                ast.copy_location(n, at)
-        closure = dict(consts or {})
-        gen = FunctionSource(name=name, qualname=f"{fs.qualname.split(' (')[0]}", filename=fs.filename,
-                             node=node, globals=fs.globals, closure=closure, generated=True,
-                             source_text=_unparse_fn(node))
-        fn = build_function(gen.source_text, name, fs.globals, closure)
+        """A frame's continuation that capture inlines: a real Python function (for the eager
+        fallback) carrying its FunctionSource."""
+        gen = self._function(frame, name, params, body, frame.scope.fs.qualname.split(" (")[0], consts)
+        fn = build_function(gen.source_text, name, gen.globals, gen.closure)
         fn.__fl_source__ = gen
         return fn
 
