@@ -221,3 +221,18 @@ def test_every_primitive_has_a_vjp_rule_except_backward_only_ones():
     tuple_items = {"item"}  # differentiated through the primitive that produced the tuple
     missing = {name for name, p in PRIMITIVES.items() if p.vjp is None}
     assert missing == backward_only | tuple_items
+
+
+def test_losses_and_layers_on_more_shapes():
+    def f(logits3d, target2d, x3d, w, table, idx, img, kernel):
+        return (F.cross_entropy(logits3d, target2d), F.nll_loss(F.log_softmax(logits3d, 1), target2d, reduction="sum"),
+                F.linear(x3d, w), torch.matmul(x3d, w.t().unsqueeze(0)), F.embedding(idx, table, padding_idx=1),
+                F.conv2d(img, kernel), F.dropout(x3d, p=0.0), x3d.masked_fill(x3d > 0.5, -1.0))
+    check(f, t(2, 5, 3), torch.randint(0, 5, (2, 3), device=DEVICE), t(2, 3, 4), t(6, 4), t(4, 3),
+          torch.tensor([[1, 2], [3, 1]], device=DEVICE), t(1, 2, 5, 5), t(3, 2, 3, 3), atol=1e-4, rtol=1e-4)
+
+
+def test_reductions_of_ints_and_bools():
+    def f(i, x):
+        return i.sum(), i.amax(0), (x > 0).sum(1), (x > 0).any(), i.prod(1), i.float().mean()
+    check(f, torch.randint(-3, 4, (5, 3), device=DEVICE), t(5, 3))
