@@ -487,7 +487,9 @@ class KernelWriter:
         header = ["import triton", "import triton.language as tl", "from triton.language.extra import libdevice", ""]
         if self.uses_prod:
             header += ["", "@triton.jit", "def _prod_combine(a, b):", "    return a * b", ""]
-        header += ["", "@triton.jit", f"def {name}({', '.join(params)}):"]
+        # a fresh seed every call: Triton must not compile a variant per seed's divisibility
+        jit = '@triton.jit(do_not_specialize=["seed"])' if self.uses_seed else "@triton.jit"
+        header += ["", jit, f"def {name}({', '.join(params)}):"]
         body = ["    " * indent + text for indent, text in self.lines]
         return name, "\n".join(header + body) + "\n"
 
