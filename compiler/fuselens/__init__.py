@@ -2,6 +2,8 @@
 autograd, fusion, Triton codegen). Public API: compile, explain, inspect."""
 from __future__ import annotations
 
+import types
+
 import torch.nn as nn
 
 from .capture.breaks import GraphBreak, GraphBreakError
@@ -31,6 +33,9 @@ def compile(fn_or_module=None, *, mode="default", fullgraph=False, dynamic=None)
         mod.forward = cf.__get__(mod)
         mod._fuselens_compiled = cf
         return mod
+    if isinstance(fn_or_module, types.MethodType):  # a bound method: compile its function
+        return CompiledFunction(fn_or_module.__func__, mode=mode, fullgraph=fullgraph,
+                                dynamic=dynamic).__get__(fn_or_module.__self__)
     if not callable(fn_or_module):
         raise TypeError(f"fuselens.compile expects a function or an nn.Module, got "
                         f"{type(fn_or_module).__name__}")
@@ -48,6 +53,8 @@ def _compiled_of(obj) -> CompiledFunction | None:
 
 def explain(fn, *args, **kwargs) -> Explanation:
     """Run `fn(*args, **kwargs)` once while capturing; report graphs, breaks and guards."""
+    if isinstance(fn, types.MethodType):  # a bound method (compiled or not)
+        fn, args = fn.__func__, (fn.__self__,) + args
     cf = _compiled_of(fn)
     target = fn
     if cf is not None:

@@ -97,6 +97,22 @@ def test_breaks_codes_ranges_and_stack():
     assert by["no_torch"].breaks == [] and not by["no_torch"].uses_torch
 
 
+def test_reduction_without_dim_in_a_condition_and_tensor_methods_mean_torch():
+    a = analyze_source(textwrap.dedent('''
+        import torch
+        @torch.compile
+        def f(p):
+            if p.max() > 0.5:
+                p = p * 2
+            return p
+        def g(x):
+            return x.cos().exp()
+    '''), "m.py")
+    f, g = a.functions
+    assert [b.code for b in f.breaks] == ["FL120"]
+    assert g.uses_torch and not g.compiled
+
+
 def test_syntax_error_and_half_typed_code():
     a = analyze_source("def f(x):\n    return x.\n", "m.py")
     assert a.functions == [] and a.syntax_error[0] == 2

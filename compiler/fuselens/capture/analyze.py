@@ -249,8 +249,21 @@ def _decorated_compiled(f: ast.FunctionDef, env) -> bool:
     return False
 
 
+# Tensor methods no other common Python type has: calling one means the function uses torch.
+_TENSOR_ONLY_METHODS = frozenset(
+    m for m in dir(torch.Tensor) if not m.startswith("_") and not any(
+        hasattr(t, m) for t in (list, dict, str, bytes, set, tuple, int, float)) and m not in {
+        "sum", "mean", "max", "min", "all", "any", "copy", "item", "tolist", "reshape", "transpose",
+        "astype", "view", "sort", "fill", "clip", "round", "std", "var", "prod", "cumsum", "dot",
+        "flatten", "squeeze", "repeat", "take", "put", "resize", "argmax", "argmin", "nonzero",
+        "size", "shape", "dtype", "T", "data", "real", "imag", "conj", "abs", "trace", "diagonal"})
+
+
 def _uses_torch(f, env) -> bool:
     for n in ast.walk(f):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
+                and n.func.attr in _TENSOR_ONLY_METHODS:
+            return True
         if isinstance(n, ast.Name):
             v = env.get(n.id)
             mod = getattr(v, "__name__", "") if v is not None else ""

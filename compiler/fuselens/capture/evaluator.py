@@ -873,7 +873,7 @@ class Evaluator:
         fn = C.BINOPS[op]
         if isinstance(a, TensorVar) or isinstance(b, TensorVar):
             return self.op(fn, [a, b], {}, e, scope)
-        if isinstance(a, Unknown) or isinstance(b, Unknown):
+        if isinstance(a, (Unknown, _AbstractSeq)) or isinstance(b, (Unknown, _AbstractSeq)):
             return UNKNOWN
         if isinstance(a, SymInt) or isinstance(b, SymInt):
             return self.sym_arith(fn, [a, b], e, scope)
@@ -898,7 +898,7 @@ class Evaluator:
                 if op in ("In", "NotIn"):
                     self.brk(B.TENSOR_TO_PY, e, scope, detail="`in` on a tensor")
                 r = self.op(fn, [left, right], {}, e, scope)
-            elif isinstance(left, Unknown) or isinstance(right, Unknown):
+            elif isinstance(left, (Unknown, _AbstractSeq)) or isinstance(right, (Unknown, _AbstractSeq)):
                 r = UNKNOWN
             elif isinstance(left, SymInt) or isinstance(right, SymInt):
                 r = self.sym_compare(fn, left, right, e, scope)
@@ -1285,7 +1285,8 @@ class Evaluator:
             r = self.g.call(fn, args, kwargs, self.user_loc(e, scope), n_outputs=n_out)
         except MetaEvalError as err:
             self.brk(B.UNSUPPORTED_OP, e, scope, detail=str(err)[:300])
-        if self.abstract and n_out is None and getattr(fn, "__name__", "") in _SEQ_OUTPUTS:
+        if self.abstract and n_out is None and getattr(fn, "__name__", "") in _SEQ_OUTPUTS \
+                and not (fn.__name__ in _TENSOR_WITHOUT_DIM and len(args) <= 1 and "dim" not in kwargs):
             return _AbstractSeq()
         if fn is operator.getitem or fn in _VIEW_OPS:
             base = args[0] if isinstance(args[0], TensorVar) else None
@@ -1325,6 +1326,7 @@ _TUPLE_OUTPUTS: dict = {}
 _SEQ_OUTPUTS = {"split", "chunk", "unbind", "topk", "sort", "max", "min", "std_mean", "var_mean",
                 "aminmax", "kthvalue", "mode", "median", "meshgrid", "tensor_split", "hsplit",
                 "vsplit", "split_with_sizes", "broadcast_tensors", "cummax", "cummin"}
+_TENSOR_WITHOUT_DIM = {"max", "min", "median", "mode"}  # `x.max()` is a tensor, `x.max(1)` a pair
 _VIEW_OPS = {torch.Tensor.view, torch.Tensor.reshape, torch.Tensor.transpose, torch.Tensor.permute,
              torch.Tensor.expand, torch.Tensor.squeeze, torch.Tensor.unsqueeze, torch.Tensor.flatten,
              torch.Tensor.narrow, torch.Tensor.select, torch.Tensor.t, torch.Tensor.unflatten,

@@ -1,0 +1,53 @@
+"""The public API's edges: what users pass in, and the errors they get."""
+import pytest
+import torch
+import torch.nn as nn
+
+import fuselens
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x).relu()
+
+    def scaled(self, x, k=2.0):
+        return self.fc(x) * k
+
+
+def test_bound_method_compiles_and_explains():
+    m = Net()
+    x = torch.randn(3, 4)
+    cm = fuselens.compile(m.scaled)
+    torch.testing.assert_close(cm(x), m.scaled(x))
+    torch.testing.assert_close(cm(x, k=3.0), m.scaled(x, k=3.0))
+    ex = fuselens.explain(m.scaled, x)
+    assert len(ex.graphs) == 1 and ex.graph_breaks == []
+    assert any("self.fc.weight" in s for s in ex.graphs[0].inputs)
+
+
+def test_compiled_module_is_the_same_module():
+    m = Net()
+    cm = fuselens.compile(m)
+    assert cm is m
+    assert set(dict(cm.named_parameters())) == {"fc.weight", "fc.bias"}
+    assert list(cm.state_dict()) == ["fc.weight", "fc.bias"]
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(cm(x), Net.forward(m, x))
+    cm.eval()  # train/eval still work, and switch the cache entry (guarded on .training)
+    cm(x)
+    assert len(fuselens.inspect(cm)) == 2
+
+
+def test_bad_arguments_say_what_to_do():
+    with pytest.raises(ValueError, match="unknown mode 'fast'.*default"):
+        fuselens.compile(lambda x: x, mode="fast")
+    with pytest.raises(TypeError, match="expects a function or an nn.Module"):
+        fuselens.compile(3)
+    with pytest.raises(TypeError, match="what fuselens.compile returned"):
+        fuselens.inspect(lambda x: x)
+    with pytest.raises(fuselens.NoSourceError):
+        fuselens.explain(torch.sin, torch.randn(2))
