@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 
-.PHONY: demo test venv clean
+.PHONY: demo test test-python test-e2e vsix venv clean
 
 $(VENV)/.installed: requirements-test.txt pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,8 +17,19 @@ venv: $(VENV)/.installed
 demo: venv
 	$(VPY) -m fuselens.demo examples
 
-test: venv
-	FUSELENS_INTERPRET=1 $(VPY) -m pytest -q -n 2 tests
+# The whole suite: compiler and server tests (generated kernels run in Triton's interpreter),
+# then the extension end to end in a real VS Code (installs code-server/Chromium on first use).
+test: test-python test-e2e
+
+test-python: venv
+	FUSELENS_INTERPRET=1 TRITON_INTERPRET=1 $(VPY) -m pytest -q -n 2 tests
+
+test-e2e: venv
+	bash scripts/e2e.sh
+
+vsix:
+	npm install --no-audit --no-fund
+	npm run vsix
 
 clean:
 	rm -rf $(VENV)

@@ -2,10 +2,18 @@
 autograd, fusion, Triton codegen). Public API: compile, explain, inspect."""
 from __future__ import annotations
 
-import types
+import os
 
-import torch.nn as nn
+if os.environ.get("FUSELENS_INTERPRET", "") not in ("", "0"):
+    # Triton picks interpreted or compiled library functions when first imported (and
+    # importing torch's own modules below may import it): decide before anything does.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import types  # noqa: E402
+
+import torch.nn as nn  # noqa: E402
+
+from . import log  # noqa: E402,F401  (FUSELENS_LOG)
 from .capture.breaks import GraphBreak, GraphBreakError
 from .capture.source import NoSourceError, function_source
 from .explain import Explanation, format_break

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import sys
 import threading
 import types
@@ -18,6 +19,8 @@ from ..capture.capture import Capture, GraphInfo, capture
 from ..capture.source import FunctionSource, NoSourceError, build_function, function_source
 
 RECOMPILE_LIMIT = 8
+_LOG_CAPTURE = logging.getLogger("fuselens.capture")
+_LOG_RUNTIME = logging.getLogger("fuselens.runtime")
 
 
 class FuselensWarning(UserWarning):
@@ -44,7 +47,9 @@ class GraphCall:
         fn = self.compiled
         if fn is None:
             fn = self.compiled = self._compile(inputs)
-            if self.mode == "reduce-overhead" and _graphable(inputs):
+            # a graph that draws random numbers takes a fresh seed per call as a kernel argument:
+            # a replayed CUDA graph would freeze it, so such graphs launch normally
+            if self.mode == "reduce-overhead" and _graphable(inputs) and not getattr(fn, "uses_random", False):
                 self.compiled = CudaGraphed(fn)
         if torch.is_autocast_enabled():  # capture already inserted autocast's casts
             with torch.autocast("cuda", enabled=False), torch.autocast("cpu", enabled=False):
@@ -275,6 +280,12 @@ class CompiledFunction:
             return self._internal_error("capture", e, None, None, out=out)
         self.entries.append(entry)
         _log(entry)
+        _LOG_CAPTURE.debug("%s: entry %d\nguards:\n  %s\n%s%s", entry.function, len(self.entries),
+                           "\n  ".join(g.reason for g in entry.guards), entry.source,
+                           "".join(f"\n{g.name}:\n{g.gm.code.strip()}" for g in entry.graphs))
+        if len(self.entries) > 1:
+            _LOG_RUNTIME.debug("%s: recompiled (%d entries); dynamic dims: %s", entry.function,
+                               len(self.entries), self.dynamic or "none")
         try:
             return entry.fn(*args, **kwargs)
         except Exception as e:
