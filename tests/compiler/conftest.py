@@ -1,5 +1,5 @@
-"""Shared helpers for the capture tests: run a function eagerly and compiled on copies of the
-same inputs, compare results and input mutations, and count graphs/breaks with explain."""
+"""Fixtures of the capture tests; their helpers live in fl_capture_testing.py (a module of its
+own name: `from conftest import` would pick another folder's conftest in a whole-suite run)."""
 from __future__ import annotations
 
 import sys
@@ -43,76 +43,3 @@ def _eager_backend(monkeypatch):
             return self.gm(*inputs)
 
     monkeypatch.setattr(backend, "compile_graph", lambda gm, inputs, **kw: _FX(gm))
-
-
-def clone_tree(v):
-    if isinstance(v, torch.Tensor):
-        c = v.detach().clone()
-        c.requires_grad_(v.requires_grad)
-        return c
-    if isinstance(v, tuple):
-        return tuple(clone_tree(x) for x in v)
-    if isinstance(v, list):
-        return [clone_tree(x) for x in v]
-    if isinstance(v, dict):
-        return {k: clone_tree(x) for k, x in v.items()}
-    return v
-
-
-def assert_same(got, expected):
-    """Values and structure (tuple/list/dict nesting) are the same."""
-    assert type(got) is type(expected) or (isinstance(got, torch.Tensor)
-                                           and isinstance(expected, torch.Tensor)), \
-        f"{type(got).__name__} != {type(expected).__name__}"
-    if isinstance(expected, (tuple, list)):
-        assert len(got) == len(expected)
-        for a, b in zip(got, expected):
-            assert_same(a, b)
-    elif isinstance(expected, dict):
-        assert list(got) == list(expected)
-        for k in expected:
-            assert_same(got[k], expected[k])
-    elif isinstance(expected, torch.Tensor):
-        torch.testing.assert_close(got, expected, equal_nan=True)
-        assert got.requires_grad == expected.requires_grad
-    else:
-        assert got == expected
-
-
-def check(fn, *args, graphs=None, breaks=None, calls=2, seed=0, **kwargs):
-    """`fn(*args, **kwargs)` compiled == eager (result and mutated inputs), on `calls` calls
-    (the second one hits the cache). With `graphs`/`breaks`, also checks explain's counts;
-    `breaks` is a list of codes. Returns (compiled function, explanation or None)."""
-    torch.manual_seed(seed)
-    eager_args, eager_kwargs = clone_tree(args), clone_tree(kwargs)
-    expected = fn(*eager_args, **eager_kwargs)
-    cf = fuselens.compile(fn)
-    n_entries = None
-    for i in range(calls):
-        torch.manual_seed(seed)
-        c_args, c_kwargs = clone_tree(args), clone_tree(kwargs)
-        got = cf(*c_args, **c_kwargs)
-        assert_same(got, expected)
-        assert_same(c_args, eager_args)  # input mutation happens in compiled code too
-        assert_same(c_kwargs, eager_kwargs)
-        n = len(fuselens.inspect(cf))
-        if n_entries is not None:
-            assert n == n_entries, "a second call with the same inputs recompiled"
-        n_entries = n
-    ex = None
-    if graphs is not None or breaks is not None:
-        torch.manual_seed(seed)
-        ex = fuselens.explain(fn, *clone_tree(args), **clone_tree(kwargs))
-        if graphs is not None:
-            assert len(ex.graphs) == graphs, str(ex)
-        if breaks is not None:
-            assert [b.code for b in ex.graph_breaks] == list(breaks), str(ex)
-    return cf, ex
-
-
-def line_of(fn, text, nth=0):
-    """The file line number of the `nth` line of `fn`'s source containing `text`."""
-    import inspect
-    lines, start = inspect.getsourcelines(fn)
-    hits = [start + i for i, l in enumerate(lines) if text in l]
-    return hits[nth]

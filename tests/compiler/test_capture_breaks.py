@@ -12,7 +12,7 @@ import torch.nn as nn
 
 import fuselens
 from fuselens.capture import breaks as B
-from conftest import check, line_of
+from fl_capture_testing import check, line_of
 
 torch.manual_seed(0)
 X = torch.randn(4, 8)
@@ -293,13 +293,25 @@ def test_unsupported_tensor_attribute_is_a_break():
     check(f, X, breaks=["FL151"])
 
 
-def test_inplace_on_view_of_input_runs_in_python():
+def test_inplace_on_view_of_input_is_captured_and_written_back():
     def f(x):
         y = x * 2
         x[0].mul_(3)
+        v = x.T
+        v[1].add_(1)  # through a view of a view: the input and `v` both see it
+        return y + x, v
+    check(f, X, graphs=1, breaks=[])
+
+
+def test_inplace_through_other_views_runs_in_python():
+    def f(x):
+        y = x * 2
+        x.diagonal().mul_(3)
+        a, b = y.split(2)
+        a.add_(1)
         return y + x
-    _, ex = check(f, X, breaks=["FL181"])
-    assert ex.graph_breaks[0].line == line_of(f, "x[0].mul_")
+    _, ex = check(f, torch.randn(4, 4), breaks=["FL181", "FL181"])
+    assert ex.graph_breaks[0].line == line_of(f, "x.diagonal().mul_")
 
 
 def test_unsupported_op_in_meta_evaluation_is_a_break():
@@ -687,3 +699,15 @@ def test_loop_in_python_inside_helper_mutating_the_callers_tensor():
         w = _accumulate_until(v, y)
         return v, y, w
     check(f, X, Y)
+
+
+def test_inplace_on_an_input_aliasing_another_input_runs_in_python():
+    # after the print, the resume receives `a` and its view `v` as two inputs sharing memory
+    def f(x):
+        a = x * 2
+        v = a.T
+        print("break")
+        v[0].add_(1)
+        return a * 1, v
+    _, ex = check(f, X, breaks=["FL100", "FL181"])
+    assert "shares memory" in ex.graph_breaks[1].detail

@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fuselens
-from conftest import check
+from fl_capture_testing import check
 
 torch.manual_seed(0)
 X = torch.randn(4, 8)
@@ -649,11 +649,6 @@ def test_inplace_seen_through_nested_containers():
     check(f, X, graphs=1, breaks=[])
 
 
-_VIEW_GAP = ("in-place ops are functionalized by rebinding the mutated TensorVar only: views of "
-             "intermediates and bases with live views are not updated (silently stale values)")
-
-
-@pytest.mark.xfail(strict=True, reason=_VIEW_GAP)
 def test_inplace_on_view_of_intermediate_updates_base():
     def f(x):
         a = x * 1
@@ -663,7 +658,6 @@ def test_inplace_on_view_of_intermediate_updates_base():
     check(f, X)
 
 
-@pytest.mark.xfail(strict=True, reason=_VIEW_GAP)
 def test_inplace_on_base_updates_its_views():
     def f(x):
         a = x * 1
@@ -673,7 +667,6 @@ def test_inplace_on_base_updates_its_views():
     check(f, X)
 
 
-@pytest.mark.xfail(strict=True, reason=_VIEW_GAP + " (x.float() of a float tensor is x itself)")
 def test_inplace_on_self_alias_returned_by_float():
     def f(x):
         a = x * 1

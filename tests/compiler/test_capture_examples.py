@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fuselens
-from conftest import assert_same, clone_tree
+from fl_capture_testing import assert_same, clone_tree
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # example file -> (graph count, break codes) of its compiled function(s)

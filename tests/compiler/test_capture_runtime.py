@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import fuselens
 from fuselens import FuselensWarning
 from fuselens.runtime import compiled as runtime
-from conftest import check
+from fl_capture_testing import check
 
 torch.manual_seed(0)
 X = torch.randn(4, 8)

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import fuselens
-from conftest import assert_same, clone_tree
+from fl_capture_testing import assert_same, clone_tree
 
 N_PROGRAMS = int(os.environ.get("FUSELENS_DIFF_N", "300"))
 PER_TEST = 10  # programs per test item (so xdist spreads the work in fair chunks)

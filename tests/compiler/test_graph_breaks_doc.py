@@ -11,7 +11,7 @@ import torch
 
 import fuselens
 from fuselens.capture import breaks as B
-from conftest import assert_same
+from fl_capture_testing import assert_same
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "graph-breaks.md"
 NOT_EQUIVALENT = {"FL121", "FL160"}  # rewrites that change the iteration count / rounding

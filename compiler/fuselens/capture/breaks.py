@@ -121,9 +121,12 @@ UNSUPPORTED_OP = _kind(
     "Check the call's arguments; if they are valid in eager mode, please report it.",
     "GB0087")
 INPLACE_VIEW = _kind(
-    "FL181", "In-place operation on a view of an input",
-    "Writing in place through a view of a function input cannot be captured: it runs in Python.",
-    "Write to a fresh tensor (out-of-place op) and return it, or mutate the input itself.",
+    "FL181", "In-place operation through a view fuselens cannot write back",
+    "In-place writes through indexing, reshapes and transposes are captured (the base tensor "
+    "and its other views are updated); through this kind of view (`diagonal()`, a piece of "
+    "`split()`, a view of a view) the statement runs in Python.",
+    "Compute the new values out of place and write them with an item assignment, e.g. "
+    "`x.copy_(torch.diagonal_scatter(x, x.diagonal() * 2))`.",
     None)
 
 

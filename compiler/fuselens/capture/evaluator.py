@@ -559,12 +559,57 @@ class Evaluator:
             self.brk(B.UNSUPPORTED_STMT, target, scope, whole_stmt=True)
 
     def rebind(self, old: TensorVar, new: TensorVar, scope, node):
-        """An in-place op on `old`: every variable holding `old` (in any live frame) now holds
-        `new`; graph inputs mutated this way are written back by the runtime."""
-        if old.base is not None or (old.source is None and _is_view_of_input(old)):
-            self.brk(B.INPLACE_VIEW, node, scope, whole_stmt=True)
-        new.source = None
+        """An in-place op gave `old` the value `new`. In-place ops are functionalized: the
+        base `old` views (if any) gets the new values written back (`_setitem` and friends),
+        every live view of that base is derived again from its new value, and every variable
+        holding an old TensorVar (in any live frame) now holds the new one. Graph inputs
+        mutated this way are written back by the runtime."""
+        if self.abstract:
+            self._replace(old, new, scope)
+            return
+        chain, root = [], old
+        while root.view_of is not None:
+            chain.append(root)
+            root = root.view_of[0]
+        if root.source is not None:
+            self.check_no_alias(root, node, scope)
+        new_root = new
+        for v in chain:  # write back level by level: view → its parent → ... → root
+            scatter = _SCATTER.get(v.view_of[1]) if v.view_of[4] is None else None
+            if scatter is None:
+                self.brk(B.INPLACE_VIEW, node, scope, whole_stmt=True,
+                         detail=f"through `{getattr(v.view_of[1], '__name__', v.view_of[1])}`")
+            new_root = scatter(self, v.view_of[0], v.view_of, new_root, node, scope)
+        replaced = {id(root): (root, new_root)}
+        for v in self.live_views(root, scope, also=old):
+            parent, fn, args, kwargs, item = v.view_of
+            p_new = replaced[id(parent)][1]
+            derived = self.op(fn, [p_new, *args], kwargs, node, scope)
+            if item is not None:
+                derived = derived[item]
+            replaced[id(v)] = (v, derived)
+        if old is not root:
+            new = replaced[id(old)][1]
+        for tv, tv_new in replaced.values():
+            self._replace(tv, tv_new, scope)
+
+    def check_no_alias(self, inp: TensorVar, node, scope):
+        """An input written in place must not share memory with another input: the graph
+        reads each input once, so it would not see the write through the other name."""
+        t = self.sources.resolve(inp.source)
+        ptr = t.untyped_storage().data_ptr()
+        for src, other in self.g.inputs:
+            if src == inp.source or not isinstance(other, torch.Tensor) or other.numel() == 0:
+                continue
+            if other.untyped_storage().data_ptr() == ptr:
+                self.brk(B.INPLACE_VIEW, node, scope, whole_stmt=True,
+                         detail=f"`{inp.source}` shares memory with `{src}`")
+            self.sources.guard(f"{inp.source}.untyped_storage().data_ptr() != {src}.untyped_storage().data_ptr()",
+                               f"{inp.source} does not share memory with {src}")
+
+    def _replace(self, old, new, scope):
         if old.source is not None:
+            new.source = None
             self.mutated_inputs[old.source] = new
         s = scope
         while s is not None:
@@ -574,6 +619,40 @@ class Evaluator:
             if v is old:
                 self.mutated_inputs[k] = new
         self._newer[id(old)] = (old, new)
+
+    def live_views(self, root, scope, also=None) -> list:
+        """TensorVars in live frames (and `also`) that view `root` (directly or through other
+        views), parents before their views."""
+        found: dict[int, TensorVar] = {}
+
+        def visit(v):
+            if isinstance(v, TensorVar):
+                chain, p = [], v
+                while p.view_of is not None:
+                    chain.append(p)
+                    p = p.view_of[0]
+                if p is root:
+                    for c in chain:
+                        found[id(c)] = c
+            elif isinstance(v, (list, tuple)):
+                for x in v:
+                    visit(x)
+            elif isinstance(v, dict):
+                for x in v.values():
+                    visit(x)
+        visit(also)
+        s = scope
+        while s is not None:
+            for v in s.vars.values():
+                visit(self.latest(v))
+            s = s.parent if s.parent is not None else s.enclosing
+
+        def depth(v):
+            d = 0
+            while v.view_of is not None:
+                v, d = v.view_of[0], d + 1
+            return d
+        return sorted(found.values(), key=depth)
 
     def latest(self, v):
         """A tensor's value after the in-place ops on it: references outside the frames'
@@ -1288,15 +1367,21 @@ class Evaluator:
         if self.abstract and n_out is None and getattr(fn, "__name__", "") in _SEQ_OUTPUTS \
                 and not (fn.__name__ in _TENSOR_WITHOUT_DIM and len(args) <= 1 and "dim" not in kwargs):
             return _AbstractSeq()
-        if fn is operator.getitem or fn in _VIEW_OPS:
-            base = args[0] if isinstance(args[0], TensorVar) else None
-            if isinstance(r, TensorVar) and base is not None and (base.source is not None or base.base is not None):
-                r.base = base.base or base
+        src = args[0] if args and isinstance(args[0], TensorVar) and args[0].meta is not None else None
+        if src is not None:
+            if isinstance(r, TensorVar) and r.meta is src.meta:
+                return src  # `x.float()` of a float tensor, `.contiguous()`...: x itself
+            root = src.meta._base if src.meta._base is not None else src.meta
+            outs = r if isinstance(r, (tuple, list)) else (r,)
+            for i, o in enumerate(outs):
+                if isinstance(o, TensorVar) and (o.meta._base is root or fn in _ALIAS_OPS):
+                    o.view_of = (src, fn, tuple(args[1:]), dict(kwargs),
+                                 i if isinstance(r, (tuple, list)) else None)
         if not self.grad_enabled and not self.abstract and isinstance(r, TensorVar) and any(
                 isinstance(a, TensorVar) and a.meta.requires_grad for a in list(args) + list(kwargs.values())):
             # the graph runs with grad mode on: results computed under no_grad are detached
             d = self.g.call(torch.Tensor.detach, [r], {}, self.user_loc(e, scope))
-            d.base = r.base
+            d.view_of = (r, torch.Tensor.detach, (), {}, None)
             r = d
         return r
 
@@ -1326,6 +1411,7 @@ _TUPLE_OUTPUTS: dict = {}
 _SEQ_OUTPUTS = {"split", "chunk", "unbind", "topk", "sort", "max", "min", "std_mean", "var_mean",
                 "aminmax", "kthvalue", "mode", "median", "meshgrid", "tensor_split", "hsplit",
                 "vsplit", "split_with_sizes", "broadcast_tensors", "cummax", "cummin"}
+_ALIAS_OPS = {torch.Tensor.detach, torch.detach}  # share storage without being views
 _TENSOR_WITHOUT_DIM = {"max", "min", "median", "mode"}  # `x.max()` is a tensor, `x.max(1)` a pair
 _VIEW_OPS = {torch.Tensor.view, torch.Tensor.reshape, torch.Tensor.transpose, torch.Tensor.permute,
              torch.Tensor.expand, torch.Tensor.squeeze, torch.Tensor.unsqueeze, torch.Tensor.flatten,
@@ -1372,6 +1458,41 @@ class _TensorMethod:
         self.t, self.name = t, name
 
 
+def _scatter_getitem(ev, base, view_of, new, node, scope):
+    _, _, (idx,), _, _ = view_of
+    return ev.op(_setitem, [base, idx, new], {}, node, scope)
+
+
+def _scatter_reshape(ev, base, view_of, new, node, scope):
+    return ev.op(torch.Tensor.reshape, [new, tuple(base.meta.shape)], {}, node, scope)
+
+
+def _scatter_transpose(ev, base, view_of, new, node, scope):
+    _, fn, args, kwargs, _ = view_of
+    return ev.op(fn, [new, *args], kwargs, node, scope)  # its own inverse
+
+
+def _scatter_permute(ev, base, view_of, new, node, scope):
+    dims = view_of[2][0] if len(view_of[2]) == 1 and isinstance(view_of[2][0], (list, tuple)) \
+        else view_of[2]
+    dims = [d % base.meta.dim() for d in dims]
+    inverse = sorted(range(len(dims)), key=lambda k: dims[k])
+    return ev.op(torch.Tensor.permute, [new, inverse], {}, node, scope)
+
+
+# how an in-place write through a view reaches its base (other views: a graph break)
+_SCATTER = {
+    operator.getitem: _scatter_getitem,
+    **{f: _scatter_reshape for f in (torch.Tensor.view, torch.Tensor.reshape, torch.reshape,
+                                     torch.Tensor.flatten, torch.flatten, torch.Tensor.squeeze,
+                                     torch.squeeze, torch.Tensor.unsqueeze, torch.unsqueeze,
+                                     torch.Tensor.view_as, torch.Tensor.unflatten)},
+    **{f: _scatter_transpose for f in (torch.Tensor.transpose, torch.transpose, torch.Tensor.t,
+                                       torch.t)},
+    torch.Tensor.permute: _scatter_permute, torch.permute: _scatter_permute,
+}
+
+
 def _setitem(x, idx, v):
     """Functional `x[idx] = v` (capture functionalizes in-place writes)."""
     out = x.clone()
@@ -1416,10 +1537,6 @@ def _replace_in(d, old, new):
             d[k] = tuple(new if x is old else x for x in v)
         elif isinstance(v, dict):
             _replace_in(v, old, new)
-
-
-def _is_view_of_input(t):
-    return False
 
 
 def _join(frames):

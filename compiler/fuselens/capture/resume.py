@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import copy
 import itertools
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -70,6 +71,9 @@ class Materializer:
                 return self.input_src[id(v)]
             if v.source is not None:
                 return v.source
+            if v.view_of is not None:
+                # a view is made again from its base in Python: aliasing stays as in eager
+                return self.view_expr(v.view_of)
             i = self._out_index.get(id(v))
             if i is None:
                 i = self._out_index[id(v)] = len(self.outputs)
@@ -77,6 +81,10 @@ class Materializer:
             return f"__fl_o[{i}]"
         if isinstance(v, SymInt):
             return v.expr
+        if isinstance(v, slice):
+            return f"slice({self.expr(v.start)}, {self.expr(v.stop)}, {self.expr(v.step)})"
+        if v is Ellipsis:
+            return "..."
         if isinstance(v, LocalFunction):
             raise CannotResume(f"local function {v.name!r} is live across a graph break")
         if isinstance(v, SymShape):
@@ -93,6 +101,20 @@ class Materializer:
         if _is_literal(v):
             return repr(v)
         return self.sources.constant(v, getattr(v, "__name__", type(v).__name__))
+
+
+    def view_expr(self, view_of) -> str:
+        parent, fn, args, kwargs, item = view_of
+        p = self.expr(parent)
+        if fn is operator.getitem:
+            text = f"{p}[{self.expr(args[0])}]"
+        else:
+            a = [self.expr(x) for x in args] + [f"{k}={self.expr(x)}" for k, x in kwargs.items()]
+            if getattr(fn, "__qualname__", "").startswith(("Tensor.", "TensorBase.")):
+                text = f"{p}.{fn.__name__}({', '.join(a)})"
+            else:
+                text = f"{self.sources.constant(fn, fn.__name__)}({', '.join([p] + a)})"
+        return text if item is None else f"{text}[{item}]"
 
 
 def _is_simple_key(k):

@@ -15,15 +15,17 @@ class TensorVar:
     """A tensor inside the graph being built. `meta` is a tensor on device 'meta' with the
     shape, stride and dtype (None in the abstract domain: shape unknown). `version` counts the
     in-place updates of the storage it belongs to; `base` is the TensorVar it is a view of."""
-    __slots__ = ("node", "meta", "device", "base", "source", "abstract_bool")
+    __slots__ = ("node", "meta", "device", "source", "abstract_bool", "view_of")
 
-    def __init__(self, node, meta, device, base=None, source=None):
+    def __init__(self, node, meta, device, source=None):
         self.node = node
         self.meta = meta
         self.device = device
-        self.base = base      # for views of graph inputs: the input TensorVar
         self.source = source  # guard/source expression if this is a graph input
         self.abstract_bool = False  # abstract domain: known to hold booleans (a comparison)
+        # a view of another TensorVar, as (parent, fn, args, kwargs, item): `fn(parent, *args,
+        # **kwargs)` (then `[item]` when fn returns a tuple of views, item not None)
+        self.view_of = None
 
     @property
     def is_bool(self) -> bool:
