@@ -91,7 +91,8 @@ def build_joint(fw: fx.Graph, requires_grad: list[bool], device) -> JointGraph:
                 for a_node, a_val, ga in zip(n.args, args, arg_grads):
                     if isinstance(a_node, (list, tuple)):  # cat: one gradient per listed tensor
                         for sub_node, sub_val, sub_g in zip(a_node, a_val, ga):
-                            _accumulate(grads, sub_node, _fit(sub_val, sub_g) if needs.get(sub_node) else None)
+                            if isinstance(sub_node, fx.Node):  # not an index's slice or int
+                                _accumulate(grads, sub_node, _fit(sub_val, sub_g) if needs.get(sub_node) else None)
                     elif isinstance(a_node, fx.Node) and needs.get(a_node) and ga is not None:
                         _accumulate(grads, a_node, _fit(a_val, ga) if p.kind == "pointwise" else ga)
 

@@ -42,8 +42,15 @@ class GraphCall:
         self.dynamic_dims = dynamic_dims
         self.compiled = None
         self.n_wb = len(info.writeback)
+        self.wb_positions = {info.inputs.index(s) for s in info.writeback}
 
     def __call__(self, *inputs):
+        targets = inputs
+        if self.n_wb and torch.is_grad_enabled():
+            # an input written back must not be the tensor the graph saves for backward (the
+            # write bumps its version and backward would refuse it): the graph gets a copy
+            inputs = tuple(t.clone() if k in self.wb_positions and t.requires_grad else t
+                           for k, t in enumerate(inputs))
         fn = self.compiled
         if fn is None:
             fn = self.compiled = self._compile(inputs)
@@ -60,7 +67,7 @@ class GraphCall:
             srcs = self.info.inputs
             for k, src in enumerate(self.info.writeback):
                 # with autograd, as the in-place op in eager: the input joins the graph
-                target = inputs[srcs.index(src)]
+                target = targets[srcs.index(src)]
                 if target.is_leaf and target.requires_grad:  # mutated under no_grad (an
                     with torch.no_grad():                     # optimizer step): capture
                         target.copy_(outs[len(outs) - self.n_wb + k])  # rejects the rest
@@ -71,8 +78,9 @@ class GraphCall:
     def _compile(self, inputs):
         from . import backend
         try:
+            # capture's guards fix every graph input's layout and the grad mode
             return backend.compile_graph(self.info.gm, list(inputs), mode=self.mode,
-                                         dynamic_dims=self.dynamic_dims)
+                                         dynamic_dims=self.dynamic_dims, guarded=True)
         except Exception as e:  # the backend must never cost correctness
             warn(f"backend failed on {self.info.function} ({type(e).__name__}: {e}); "
                  "running this graph eagerly")
@@ -109,6 +117,8 @@ class CudaGraphed:
         self.calls += 1
         if self.calls == 1:  # warm-up: allocator and autotuning settle before recording
             return self.fn(*inputs)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+            return self.fn(*inputs)  # recorded without autograd: a training call runs the graph itself
         if self.graph is None:
             self.static = list(inputs)
             s = torch.cuda.Stream()
