@@ -106,7 +106,9 @@ def configs(mode: str, xnumel: int, rnumel: int, interpret: bool, max_autotune: 
     if mode == "pointwise":
         if interpret:
             return [Config(min(next_power_of_2(xnumel), 1024))]
-        sizes = [1024, 512, 256, 128] if max_autotune else [1024, 256]
+        # default mode: one config, no autotuning (each candidate is one more Triton compile in a
+        # cold first call); 1024 elements / 4 warps won every pointwise timing on the H100 (bench/NOTES.md)
+        sizes = [1024, 512, 256, 128] if max_autotune else [1024]
         warps = [4, 8] if max_autotune else [4]
         return [Config(x, None, w) for x in sizes for w in warps if x <= max(next_power_of_2(xnumel), 128)] or \
             [Config(128)]
@@ -115,7 +117,9 @@ def configs(mode: str, xnumel: int, rnumel: int, interpret: bool, max_autotune: 
         if interpret:
             return [Config(max(1, min(next_power_of_2(xnumel), 4096 // rblock)), rblock)]
         xs = [x for x in (1, 2, 4, 8, 16, 32, 64) if x * rblock <= 8192 and x <= next_power_of_2(xnumel)] or [1]
-        xs = xs if max_autotune else sorted({xs[0], xs[len(xs) // 2], xs[-1]})
+        # default mode: the most rows a block holds (as fast as fewer for long rows, faster for short
+        # ones in the H100 timings); looped reductions still autotune (column sums vary 4x by config)
+        xs = xs if max_autotune else xs[-1:]
         return [Config(x, rblock, 8 if x * rblock >= 2048 else 4) for x in xs]
     # looped
     if interpret:
@@ -125,18 +129,57 @@ def configs(mode: str, xnumel: int, rnumel: int, interpret: bool, max_autotune: 
     return [Config(x, r, 8 if x * r >= 2048 else 4) for x, r in pairs if x <= max(next_power_of_2(xnumel), 1)]
 
 
+def _arg_sig(args):
+    """What Triton specializes a launch on, for the arguments that can change between calls of
+    one program: pointer alignment (16 bytes) and integer divisibility/size. Finer than Triton's
+    own key (an unspecialized seed only makes a few more entries), never coarser."""
+    sig = []
+    for a in args:
+        if isinstance(a, int):
+            sig.append(a == 1 or (a % 16 == 0) * 2 or (-(1 << 31) <= a < (1 << 31)) * 3)
+        elif isinstance(a, float):
+            sig.append(-1)
+        else:
+            sig.append(not a.data_ptr() & 15)
+    return tuple(sig)
+
+
 class TritonKernel:
-    """A generated kernel as the wrapper calls it: `kernel.run(*args, xnumel=..., rnumel=...)`."""
+    """A generated kernel as the wrapper calls it: `kernel.run(*args, xnumel=..., rnumel=...)`.
+
+    The module is imported once per kernel object (not hashed per launch). On a GPU, after the
+    first launch of a (config, argument specialization) through Triton's JIT (which compiles,
+    timed under `stats.triton_compile`), later launches call the compiled kernel's launcher
+    directly, as Triton's own `JITFunction.run` does after its cache lookup (binder, cache key
+    and global checks skipped: the wrapper passes the same kinds of arguments every call)."""
 
     def __init__(self, name, source, mode, max_autotune=False):
         self.name, self.source, self.mode, self.max_autotune = name, source, mode, max_autotune
         self.best: dict = {}  # (device, xnumel, rnumel) -> Config
+        self._fn = None
+        self._fast: dict = {}  # (xnumel, rnumel) -> (device, grid0, tail, {arg sig: CompiledKernel})
+        self._compiled: set = set()  # (config, device, arg sig) compiled by Triton already
+
+    @property
+    def fn(self):
+        if self._fn is None:
+            self._fn = getattr(load_module(self.source), self.name)
+        return self._fn
 
     def run(self, *args, xnumel, rnumel=None):
         if xnumel == 0:
             return
+        fast = self._fast.get((xnumel, rnumel))
+        if fast is not None:
+            device, grid0, tail, kernels = fast
+            k = kernels.get(_arg_sig(args))
+            if k is not None and _get_device() == device:
+                hooks = _hooks()
+                if hooks is not None:
+                    k[0](grid0, 1, 1, _get_stream(device), k[1], k[2], None, *hooks, *args, *tail)
+                    return
         device = next(a.device for a in args if hasattr(a, "device"))
-        fn = getattr(load_module(self.source), self.name)
+        fn = self.fn
         sizes = (xnumel,) if rnumel is None else (xnumel, rnumel)
         key = (str(device), xnumel, rnumel)
         config = self.best.get(key)
@@ -144,13 +187,30 @@ class TritonKernel:
             candidates = configs(self.mode, xnumel, rnumel or 1, INTERPRET, self.max_autotune)
             config = candidates[0] if len(candidates) == 1 else self.autotune(fn, args, sizes, candidates)
             self.best[key] = config
-        self.launch(fn, args, sizes, config)
+        ck = self.launch(fn, args, sizes, config)
+        if ck is not None and not INTERPRET and device.type == "cuda" and hasattr(ck, "packed_metadata"):
+            tail = sizes + ((config.XBLOCK,) if config.RBLOCK is None else (config.XBLOCK, config.RBLOCK))
+            grid0 = -(-sizes[0] // config.XBLOCK)
+            entry = self._fast.setdefault((xnumel, rnumel), (torch_cuda_device(), grid0, tail, {}))
+            if entry[1] == grid0 and entry[2] == tail:
+                entry[3][_arg_sig(args)] = (ck.run, ck.function, ck.packed_metadata)
+            _bind_cuda()
 
-    @staticmethod
-    def launch(fn, args, sizes, config):
+    def launch(self, fn, args, sizes, config):
+        """Launch through Triton's JIT; returns the compiled kernel (None in the interpreter)."""
         grid = (-(-sizes[0] // config.XBLOCK),)
-        with np.errstate(all="ignore"):  # the interpreter computes masked-off lanes too (x/0 there is harmless)
-            fn[grid](*args, *sizes, **config.kwargs())
+        if INTERPRET:
+            with np.errstate(all="ignore"):  # the interpreter computes masked-off lanes too (x/0 is harmless)
+                fn[grid](*args, *sizes, **config.kwargs())
+            return None
+        key = (config, torch_cuda_device(), _arg_sig(args))
+        if key in self._compiled:
+            return fn[grid](*args, *sizes, **config.kwargs())
+        from ..runtime import stats
+        with stats.triton_compile():  # first launch of this specialization: Triton compiles it
+            ck = fn[grid](*args, *sizes, **config.kwargs())
+        self._compiled.add(key)
+        return ck
 
     def autotune(self, fn, args, sizes, candidates):
         """Time each config once per shape on the GPU (kernels are pure: outputs never alias inputs)."""
@@ -158,9 +218,44 @@ class TritonKernel:
         timings = []
         for config in candidates:
             try:
-                timings.append((do_bench(lambda: self.launch(fn, args, sizes, config), warmup=5, rep=20), config))
+                self.launch(fn, args, sizes, config)  # compile outside the timing
+                timings.append((do_bench(lambda: self.launch(fn, args, sizes, config), warmup=2, rep=10), config))
             except Exception:  # a config that does not compile (e.g. out of resources) is skipped
                 continue
         if not timings:
             raise RuntimeError(f"no block-size config of {self.name} runs")
+        if os.environ.get("FUSELENS_AUTOTUNE_LOG"):
+            print(f"autotune {self.name} {self.mode} {sizes}: " +
+                  ", ".join(f"{c.XBLOCK}x{c.RBLOCK}/{c.num_warps}w {ms * 1e3:.1f}us" for ms, c in timings),
+                  file=sys.stderr, flush=True)
         return min(timings, key=lambda tc: tc[0])[1]
+
+
+_rt = None  # triton.knobs.runtime (launch hooks), looked up once
+_get_device = _get_stream = None  # torch's current CUDA device and raw stream, bound on first GPU launch
+
+
+def _bind_cuda():
+    global _get_device, _get_stream
+    import torch
+    _get_device, _get_stream = torch._C._cuda_getDevice, torch._C._cuda_getCurrentRawStream
+
+
+def torch_cuda_device():
+    import torch
+    return torch._C._cuda_getDevice()
+
+
+def _idle(hook):
+    return hook is None or (hasattr(hook, "calls") and not hook.calls)  # triton >= 3.7: an empty HookChain
+
+
+def _hooks():
+    """Triton's launch hooks when none is set (the direct launch then passes no launch metadata),
+    else None (launch through Triton's JIT, which builds the metadata the hooks read)."""
+    global _rt
+    if _rt is None:
+        from triton import knobs
+        _rt = knobs.runtime
+    enter, exit_ = _rt.launch_enter_hook, _rt.launch_exit_hook
+    return (enter, exit_) if _idle(enter) and _idle(exit_) else None

@@ -109,12 +109,23 @@ class _Specialization:
 
 
 class CompiledGraph:
-    def __init__(self, gm: fx.GraphModule, example_inputs, mode="default", dynamic_dims=None):
+    def __init__(self, gm: fx.GraphModule, example_inputs, mode="default", dynamic_dims=None, guarded=False):
         self.gm, self.mode, self.dynamic_dims = gm, mode, dynamic_dims
+        # guarded: the caller's guards fix every input's shape, stride, dtype, device and
+        # requires_grad, and the grad mode (no dynamic dims); after one verified call the
+        # specialization lookup is skipped
+        self.guarded = guarded and not any(dynamic_dims or ())
+        self._fast = None
         self._specializations: dict = {}
         self.kernels: list[KernelInfo] = []
         self.wrapper_source = ""
         self._specialize(list(example_inputs))
+
+    @property
+    def uses_random(self) -> bool:
+        """Whether a program draws a seed per call (random ops): not replayable from a CUDA graph."""
+        return any(getattr(s.run, "has_seed", False) or getattr(s.run, "uses_random", False)
+                   for s in self._specializations.values())
 
     def _eager(self, *inputs):
         out = self.gm(*inputs)
@@ -159,10 +170,17 @@ class CompiledGraph:
         return _Specialization(program, program.kernels, program.wrapper_source)
 
     def __call__(self, *inputs):
+        fast = self._fast
+        if fast is not None:
+            return fast(*inputs)
         if not uses_triton(inputs):
             return self._eager(*inputs)
         spec = self._specialize(list(inputs))
         if spec.verified:
+            if self.guarded and len(self._specializations) == 1:
+                run = spec.run
+                # a program that draws no seed: its generated wrapper itself
+                self._fast = run.call if isinstance(run, Program) and not run.has_seed else run
             return spec.run(*inputs)
         try:
             if spec.check is not None:
@@ -177,5 +195,8 @@ class CompiledGraph:
         return out
 
 
-def compile_graph(gm: fx.GraphModule, example_inputs, *, mode="default", dynamic_dims=None) -> CompiledGraph:
-    return CompiledGraph(gm, example_inputs, mode, dynamic_dims)
+def compile_graph(gm: fx.GraphModule, example_inputs, *, mode="default", dynamic_dims=None,
+                  guarded=False) -> CompiledGraph:
+    """`guarded=True`: the caller checks every input's layout and the grad mode before each call
+    (capture's guards do), so one specialization serves every call (a faster call path)."""
+    return CompiledGraph(gm, example_inputs, mode, dynamic_dims, guarded)
