@@ -12,10 +12,10 @@ backward's own fused kernels. (This is AOTAutograd's min-cut rematerialization.)
 """
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass
 
-import networkx as nx
 import torch
 import torch.fx as fx
 
@@ -47,11 +47,64 @@ def _tangent_dependent(graph):
     return dep
 
 
+class _FlowNet:
+    """A small directed flow network and its minimum cut (Edmonds-Karp). Importing networkx
+    for this cost a cold first call more than the whole partition."""
+
+    def __init__(self):
+        self.cap: dict = {}  # node -> {node: residual capacity}
+
+    def add_node(self, v):
+        self.cap.setdefault(v, {})
+
+    def add_edge(self, u, v, capacity):
+        self.cap.setdefault(u, {})
+        self.cap.setdefault(v, {})
+        self.cap[u][v] = self.cap[u].get(v, 0) + capacity
+        self.cap[v].setdefault(u, 0)
+
+    def __contains__(self, v):
+        return v in self.cap
+
+    def minimum_cut_source_side(self, s, t) -> set:
+        """Saturate a maximum flow, then return the nodes that cannot reach `t` in the residual
+        network (networkx's `minimum_cut` partition: the cut closest to the sink)."""
+        cap = self.cap
+        while True:
+            parent, queue = {s: None}, collections.deque([s])
+            while queue and t not in parent:
+                u = queue.popleft()
+                for v, c in cap[u].items():
+                    if c > 0 and v not in parent:
+                        parent[v] = u
+                        queue.append(v)
+            if t not in parent:
+                break
+            path, v = [], t
+            while parent[v] is not None:
+                path.append((parent[v], v))
+                v = parent[v]
+            flow = min(cap[u][v] for u, v in path)
+            if flow == math.inf:
+                raise ValueError("unbounded flow: nothing to cut between forward and backward")
+            for u, v in path:
+                cap[u][v] -= flow
+                cap[v][u] += flow
+        reaches_sink, queue = {t}, collections.deque([t])
+        while queue:  # backwards over edges with residual capacity
+            v = queue.popleft()
+            for u in cap[v]:
+                if u not in reaches_sink and cap[u][v] > 0:
+                    reaches_sink.add(u)
+                    queue.append(u)
+        return set(cap) - reaches_sink
+
+
 def choose_saved(joint: JointGraph) -> list[fx.Node]:
     graph = joint.graph
     in_backward = _tangent_dependent(graph)
     output = next(n for n in graph.nodes if n.op == "output")
-    net = nx.DiGraph()
+    net = _FlowNet()
     net.add_node("source")
     net.add_node("sink")
     for n in graph.nodes:
@@ -68,7 +121,7 @@ def choose_saved(joint: JointGraph) -> list[fx.Node]:
                 net.add_edge((n, "out"), "sink", capacity=math.inf)
             else:
                 net.add_edge((n, "out"), (user, "in"), capacity=math.inf)
-    _, (reachable, _) = nx.minimum_cut(net, "source", "sink")
+    reachable = net.minimum_cut_source_side("source", "sink")
     return [n for n in graph.nodes if (n, "in") in reachable and (n, "out") in net and (n, "out") not in reachable]
 
 
