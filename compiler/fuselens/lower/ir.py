@@ -179,6 +179,9 @@ class Lazy(TensorValue):
     cost: int = 1  # number of operations inlined into it
     loc: tuple | None = None  # source location of the op that produced it
     realized: View | None = None  # the buffer it was stored in, once something needed memory
+    # (base Lazy, dims) when this is a permutation of another lazy value: stored, it is the base
+    # stored in its own layout and viewed permuted (a transposed store would not coalesce)
+    permute_of: tuple | None = None
 
     def load(self, idx):
         return self.fn(idx)

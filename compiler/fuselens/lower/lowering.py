@@ -102,6 +102,10 @@ class Lowering:
     def realize(self, v) -> View:
         if isinstance(v, View):
             return v
+        if v.realized is None and v.permute_of is not None:
+            base, dims = v.permute_of
+            b = self.realize(base)
+            v.realized = View(b.buf, v.shape, tuple(b.stride[d] for d in dims), b.offset)
         if v.realized is None:
             buf = ComputedBuffer(self.new_name(), v.shape, contiguous_strides(v.shape), v.dtype, body=v.fn, loc=v.loc)
             self.steps.append(buf)
@@ -208,7 +212,8 @@ class Lowering:
             if isinstance(x, View):
                 return View(x.buf, out_shape, tuple(x.stride[d] for d in dims), x.offset)
             inverse = [dims.index(d) for d in range(len(dims))]
-            return Lazy(out_shape, x.dtype, lambda idx: x.load([idx[i] for i in inverse]), x.cost, x.loc)
+            return Lazy(out_shape, x.dtype, lambda idx: x.load([idx[i] for i in inverse]), x.cost, x.loc,
+                        permute_of=(x, tuple(dims)))
         if p is prim.expand:
             if isinstance(x, View):
                 lead = len(out_shape) - len(x.shape)

@@ -982,6 +982,12 @@ def matmul(a, b):
 
 @register(F.linear)
 def linear(x, weight, bias=None):
+    if (bias is not None and x.ndim >= 2 and weight.ndim == 2 and tuple(bias.shape) == (weight.shape[0],)
+            and x.dtype == weight.dtype == bias.dtype and x.dtype in (torch.float16, torch.bfloat16, torch.float32)):
+        # one extern call as eager's: cuBLAS adds the bias in its epilogue (a separate bias add
+        # costs a pass over the output when nothing else fuses with it)
+        out = emit(prim.addmm, bias, P.reshape(x, (-1, x.shape[-1])), P.transpose(weight, 0, 1))
+        return P.reshape(out, x.shape[:-1] + (weight.shape[0],))
     out = matmul(x, P.transpose(weight, 0, 1))
     return out if bias is None else P.add(out, bias)
 

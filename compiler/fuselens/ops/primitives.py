@@ -146,6 +146,7 @@ randn = Primitive("randn", _random(torch.randn), "random")
 
 # --- extern calls: run the ATen op from the wrapper ---------------------------------------------
 mm = Primitive("mm", torch.mm, "extern")
+addmm = Primitive("addmm", torch.addmm, "extern")  # bias + a @ b: the bias add in cuBLAS's epilogue
 bmm = Primitive("bmm", torch.bmm, "extern")
 conv2d = Primitive("conv2d", torch.nn.functional.conv2d, "extern")
 

@@ -112,6 +112,8 @@ def _cat(g, out, tensors, dim):
 
 # --- extern ---------------------------------------------------------------------------------------
 rule(prim.mm)(lambda g, out, a, b: (emit(prim.mm, g, P.transpose(b, 0, 1)), emit(prim.mm, P.transpose(a, 0, 1), g)))
+rule(prim.addmm)(lambda g, out, bias, a, b: (P.sum_to(g, tuple(bias.shape)), emit(prim.mm, g, P.transpose(b, 0, 1)),
+                                               emit(prim.mm, P.transpose(a, 0, 1), g)))
 rule(prim.bmm)(lambda g, out, a, b: (emit(prim.bmm, g, P.transpose(b, 1, 2)), emit(prim.bmm, P.transpose(a, 1, 2), g)))
 
 
