@@ -83,7 +83,7 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
         body = [f"return {ret_expr}"]
         text_head = f"def {fs.name}({sig_text}):"
         call = _graph_call(graph_name, builder)
-        text = "\n".join([text_head] + (["    " + call] if _needs_graph(builder, writer) else [])
+        text = "\n".join([text_head] + (["    " + call] if builder.n_ops else [])
                          + ["    " + b for b in body])
     except BreakSignal as sig:
         if fullgraph:
@@ -91,8 +91,6 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
         brk = sig.brk
         call = _graph_call(graph_name, builder)
         text = writer.write(sig, call if builder.n_ops else None)
-        if not builder.n_ops:
-            text = text.replace(call + "\n", "")
     graph = None
     if builder.n_ops:
         writeback = [src for src, v in ev.mutated_inputs.items()]
@@ -100,27 +98,12 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
         graph = GraphInfo(gm, [s for s, _ in builder.inputs], writeback, fs.qualname,
                           sorted(l for l in builder.lines if l[0] == fs.filename) or sorted(builder.lines),
                           builder.n_ops, graph_name)
-        if not _uses_graph(text, graph_name):
-            text = _insert_graph_call(text, call)
     helpers = "\n\n".join(src for _, src, _ in writer.helper_sources())
     source = text + ("\n\n\n" + helpers if helpers else "")
     guard_src = _guard_source(fs, sources)
     shapes = {s: tuple(o.shape) for s, o in builder.inputs if isinstance(o, torch.Tensor)}
     return Capture(fs, source, dict(sources.constants), list(sources.guards), guard_src, graph,
                    brk, writer.resumes, shapes)
-
-
-def _needs_graph(builder, writer) -> bool:
-    return builder.n_ops > 0
-
-
-def _uses_graph(text, name) -> bool:
-    return f"{name}(" in text
-
-
-def _insert_graph_call(text, call) -> str:
-    head, _, rest = text.partition("\n")
-    return f"{head}\n    {call}\n{rest}"
 
 
 def _graph_call(name, builder) -> str:
