@@ -150,8 +150,6 @@ class Evaluator:
             except NoSourceError as e:
                 self.brk(B.UNKNOWN_CALL, call, caller, detail=str(e))
             enclosing = None
-            if self.sources is not None and not self.abstract:
-                self.sources.guard_function(fn, fs)
         if self_value is not None:
             args = [self_value] + list(args)
         try:

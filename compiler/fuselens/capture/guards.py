@@ -100,10 +100,6 @@ class Sources:
     def attr_source(self, module: types.ModuleType, attr: str) -> str:
         return f"{self.constant(module, module.__name__.split('.')[-1])}.{attr}"
 
-    def guard_function(self, fn, fs) -> None:
-        """An inlined function: its code may change (monkey-patching) only through the
-        binding that reached it, which is guarded where it was read."""
-
     def guard_argument(self, src: str, v, dynamic: dict) -> None:
         """Guards for a value passed in as an argument (recursively for containers)."""
         if isinstance(v, torch.Tensor):
