@@ -711,3 +711,26 @@ def test_inplace_on_an_input_aliasing_another_input_runs_in_python():
         return a * 1, v
     _, ex = check(f, X, breaks=["FL100", "FL181"])
     assert "shares memory" in ex.graph_breaks[1].detail
+
+
+def test_data_dependent_if_inside_no_grad_and_autocast_blocks():
+    w = torch.randn(8, requires_grad=True)
+
+    def f(x):
+        with torch.no_grad():
+            if x.sum() > 0:
+                y = x * w
+            else:
+                y = x * 2 * w
+        return y, x * w  # after the block: grad mode is on again
+
+    def g(x, y):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if x.sum() > 0:
+                v = x @ y.T
+            else:
+                v = y @ x.T
+        return v, x @ y.T  # after the block: float32 again
+    for sign in (1, -1):
+        check(f, X.abs() * sign)
+        check(g, X.abs() * sign, Y)

@@ -348,7 +348,9 @@ class Writer:
             stmts = [ast.If(test=test, body=[_return_call(then_name, then_params)],
                             orelse=[_return_call(else_name, else_params)])]
             reads = loaded_names([test]) | set(then_params) | set(else_params)
-            return with_wrappers(frame.levels, stmts), temps, reads
+            # not inside the `with` blocks: each branch's resume enters them itself, and the
+            # code after them must run outside (no_grad/autocast leaked into it)
+            return stmts, temps, reads
         reads = loaded_names([stmt])
         tail = []
         body = continuation(frame.levels, False) if not isinstance(s, (ast.Return, ast.Raise)) else None
