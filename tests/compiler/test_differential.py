@@ -36,10 +36,10 @@ class ProgramGen:
     UNARY = ["torch.sin({})", "torch.cos({})", "torch.tanh({})", "torch.sigmoid({})",
              "{}.relu()", "{}.abs()", "F.gelu({})", "F.silu({})", "-{}", "{}.neg().exp().tanh()",
              "({0} - {0}.mean(dim=-1, keepdim=True))", "{}.softmax(-1)", "{}.clamp(-3, 3)",
-             "{}.flip(-1)", "({}.T.contiguous().T * 1)", "({0}.view(-1).reshape({0}.shape) + 0)",
-             "torch.cumsum({}, dim=1) * 0.1", "({}.float() * 1)"]
-    # Views are only used inside expressions (`* 1`): a variable holding a view of an
-    # intermediate, mutated in place, is a known gap (test_capture_constructs.py xfails).
+             "{}.flip(-1)", "{}.T.contiguous().T", "{0}.view(-1).reshape({0}.shape)",
+             "torch.cumsum({}, dim=1) * 0.1", "{}.float()", "{}[:, :]", "{}.T.T"]
+    # Views (and `.float()`, which returns its input) end up in variables that in-place ops
+    # then write through: capture tracks views and derives them again from their base.
     BINOPS = ["+", "-", "*"]
 
     def __init__(self, seed: int):
@@ -88,7 +88,7 @@ class ProgramGen:
             return f"({a} * {a}.shape[0] / (len({a}) + 1))"
         if r < 0.96:
             a, b = self.r.choice(tv), self.r.choice(tv)
-            return f"(torch.cat([{a}, {b}], dim=1)[:, :{self.cols}] * 1)"
+            return f"torch.cat([{a}, {b}], dim=1)[:, :{self.cols}]"
         if self.uses_module:
             return f"torch.tanh(LIN({self.r.choice(tv)}))"
         return f"{self.r.choice(tv)}.sum(0, keepdim=True) + {self.r.choice(tv)}"
