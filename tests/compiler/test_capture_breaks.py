@@ -734,3 +734,94 @@ def test_data_dependent_if_inside_no_grad_and_autocast_blocks():
     for sign in (1, -1):
         check(f, X.abs() * sign)
         check(g, X.abs() * sign, Y)
+
+
+COUNTER = 0
+
+
+def test_raise_on_static_condition_not_taken_is_no_break_and_taken_raises():
+    def f(x):
+        if x.dim() != 2:
+            raise ValueError("expected a matrix")
+        return x * 2
+    check(f, X, graphs=1, breaks=[])
+    with pytest.raises(ValueError, match="expected a matrix"):
+        fuselens.compile(f)(X[0])
+
+
+@pytest.mark.parametrize("kind", ["del_item", pytest.param("class", marks=pytest.mark.xfail(
+    strict=True, reason="a class defined in the function is a new object on every call and the "
+    "resume is guarded on its identity: every call recompiles (then eager at the limit)")),
+    "try_finally", "attr_assign"])
+def test_other_unsupported_statements_run_in_python(kind):
+    store = {"n": 0}
+    box = [1, 2, 3]
+
+    class Obj:
+        pass
+    obj = Obj()
+
+    def f_global(x):
+        global COUNTER
+        COUNTER += 1
+        return x * 2
+
+    def f_nonlocal(x):
+        n = 0
+
+        def bump():
+            nonlocal n
+            n += 1
+            return n
+        return x * bump()
+
+    def f_del_item(x):
+        tmp = list(box)
+        del tmp[0]
+        return x * len(tmp)
+
+    def f_class(x):
+        class Local:
+            k = 3
+        return x * Local.k
+
+    def f_try_finally(x):
+        try:
+            y = x * 2
+        finally:
+            store["n"] += 1
+        return y + 1
+
+    def f_attr_assign(x):
+        y = x * 2
+        obj.last = 5
+        return y + obj.last
+    f = locals()[f"f_{kind}"]
+    check(f, X)
+
+
+@pytest.mark.parametrize("kind", ["global", "nonlocal"])
+def test_global_and_nonlocal_declarations_run_the_function_eagerly(kind):
+    def f_global(x):
+        global COUNTER
+        COUNTER += 1
+        return x * COUNTER
+
+    def f_nonlocal(x):
+        n = 0
+
+        def bump():
+            nonlocal n
+            n += 1
+            return n
+        return x * bump() + bump()
+    f = {"global": f_global, "nonlocal": f_nonlocal}[kind]
+    before = COUNTER
+    expected = [f(X) for _ in range(2)]
+    cf = fuselens.compile(f)
+    with pytest.warns(fuselens.FuselensWarning, match=kind):
+        got = [cf(X) for _ in range(2)]
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b + (X * 2 if kind == "global" else 0))
+    if kind == "global":
+        assert COUNTER == before + 4  # every call incremented it, compiled ones too

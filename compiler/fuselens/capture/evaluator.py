@@ -60,6 +60,11 @@ class FrameAtBreak:
     call: ast.Call | None = None  # in outer frames: the call that led to the inner frame
 
 
+class CannotCapture(Exception):
+    """Code that cannot even be split by a graph break: the runtime runs the function eagerly
+    (with a warning naming this)."""
+
+
 class BreakSignal(Exception):
     """A graph break in the concrete domain. `whole_stmt`: the statement runs entirely in
     Python (graph work of the statement rolled back); `cond`: data-dependent `if`."""
@@ -319,6 +324,17 @@ class Evaluator:
 
     def _stmt_Expr(self, s, scope):
         self.eval(s.value, scope)
+
+    def _stmt_Global(self, s, scope):
+        # the declaration holds for the whole function: run as a break, a resume function
+        # would treat later writes to the name as local ones and lose them
+        kind = type(s).__name__.lower()
+        if self.abstract:
+            self.brk(B.UNSUPPORTED_STMT, s, scope, detail=f"`{kind}` statement", whole_stmt=True)
+        raise CannotCapture(f"`{kind} {', '.join(s.names)}` in {scope.fs.qualname}: "
+                            "functions with global/nonlocal declarations run eagerly")
+
+    _stmt_Nonlocal = _stmt_Global
 
     def _stmt_Pass(self, s, scope):
         pass
