@@ -674,3 +674,16 @@ def test_inplace_on_self_alias_returned_by_float():
         b.add_(1)
         return a
     check(f, X)
+
+
+@pytest.mark.xfail(strict=True, reason="copy_/fill_/zero_ on a tensor that requires grad are "
+                   "functionalized as a fresh tensor (_Functional.copy): the result loses "
+                   "requires_grad (eager keeps it, with a zero gradient to the old value)")
+def test_copy_into_tensor_requiring_grad_keeps_requires_grad():
+    w = torch.randn(8, requires_grad=True)
+
+    def f(x, y):
+        h = torch.tanh(x * w)
+        h.copy_(y)
+        return h
+    check(f, X, Y)
