@@ -36,7 +36,8 @@ def assert_same(got, expected):
             assert_same(got[k], expected[k])
     elif isinstance(expected, torch.Tensor):
         torch.testing.assert_close(got, expected, equal_nan=True)
-        assert got.requires_grad == expected.requires_grad
+        assert got.requires_grad == expected.requires_grad, \
+            f"requires_grad: compiled {got.requires_grad}, eager {expected.requires_grad}"
     else:
         assert got == expected
 
