@@ -676,9 +676,6 @@ def test_inplace_on_self_alias_returned_by_float():
     check(f, X)
 
 
-@pytest.mark.xfail(strict=True, reason="copy_/fill_/zero_ on a tensor that requires grad are "
-                   "functionalized as a fresh tensor (_Functional.copy): the result loses "
-                   "requires_grad (eager keeps it, with a zero gradient to the old value)")
 def test_copy_into_tensor_requiring_grad_keeps_requires_grad():
     w = torch.randn(8, requires_grad=True)
 

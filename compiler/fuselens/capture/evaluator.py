@@ -1515,19 +1515,22 @@ def _setitem(x, idx, v):
 
 
 class _Functional:
-    """Out-of-place forms of in-place methods that have no out-of-place Tensor method."""
+    """Out-of-place forms of in-place methods that have no out-of-place Tensor method. Each
+    selects the new values over `x` with `where`, so the result stays in x's autograd graph
+    with a zero gradient to x's old value (and requires grad when x does), as in eager."""
 
     @staticmethod
     def copy(x, src, non_blocking=False):
-        return src.to(dtype=x.dtype, device=x.device).expand_as(x).clone()
+        return torch.where(torch.ones_like(x, dtype=torch.bool), src.to(dtype=x.dtype, device=x.device), x)
 
     @staticmethod
     def fill(x, v):
-        return torch.full_like(x, v) if not isinstance(v, torch.Tensor) else v.expand_as(x).to(x.dtype).clone()
+        v = v.to(x.dtype) if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=x.dtype, device=x.device)
+        return torch.where(torch.ones_like(x, dtype=torch.bool), v, x)
 
     @staticmethod
     def zero(x):
-        return torch.zeros_like(x)
+        return _Functional.fill(x, 0)
 
 
 def _inplace_as_clone(method):
