@@ -1217,6 +1217,8 @@ class Evaluator:
             # constructing torch objects (Size, dtype, device...) with constant args
             if not any(contains_tensor(a) for a in args):
                 return fn(*args, **kwargs)
+        if isinstance(fn, type):  # a class with Python source: the object runs in Python
+            self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"creating a `{fn.__qualname__}` object")
         self.brk(B.UNKNOWN_CALL, e, scope,
                  detail=f"call to {getattr(fn, '__qualname__', type(fn).__name__)}")
 
