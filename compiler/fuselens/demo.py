@@ -43,14 +43,22 @@ def _close(a, b) -> bool:
     return a == b
 
 
-def run(folder: str) -> int:
+def _to(v, device):
+    if isinstance(v, (torch.Tensor, torch.nn.Module)):
+        return v.to(device)
+    if isinstance(v, (tuple, list)):
+        return type(v)(_to(x, device) for x in v)
+    return v
+
+
+def run(folder: str, device: str = "cpu") -> int:
     failures = 0
     for path in sorted(pathlib.Path(folder).glob("*.py")):
         print(f"\n{'=' * 78}\n{path}\n{'=' * 78}")
         mod = _load(path)
         for key, make in getattr(mod, "EXAMPLE_INPUTS", {}).items():
             torch.manual_seed(0)
-            compiled, eager, explained, args = _resolve(mod, key, make())
+            compiled, eager, explained, args = _resolve(mod, key, _to(make(), device))
             print(f"\n--- {key}")
             print(fuselens.explain(explained, *args))
             if explained is not compiled:
@@ -67,4 +75,9 @@ def run(folder: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1] if len(sys.argv) > 1 else "examples"))
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", nargs="?", default="examples")
+    ap.add_argument("--device", default="cpu", help="run the examples' inputs on this device (cuda on a GPU)")
+    a = ap.parse_args()
+    sys.exit(run(a.folder, a.device))
