@@ -1,6 +1,7 @@
 """The benchmark suite: eager vs fuselens vs torch.compile on a CUDA machine, one table.
 
-    python bench/run.py [--quick] [--only NAME] [--json bench/results/h100.json]
+    PYTHONPATH=compiler python bench/run.py [--only NAME] [--no-cold | --cold-only] [--json OUT.json]
+    PYTHONPATH=compiler python bench/run.py --merge WARM.json COLD.json --json bench/results/h100.json
 
 Times are medians of many runs (CUDA events via triton.testing.do_bench) after warm-up; the
 copy ceiling (device-to-device copy bandwidth, bytes read + written) is measured in the same
@@ -9,6 +10,7 @@ host time is back-to-back calls with one synchronize at the end."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -18,11 +20,14 @@ import tempfile
 import time
 
 import torch
+import triton
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from workloads import workloads  # noqa: E402
 
 import fuselens  # noqa: E402
+
+SMALL = "small pointwise 64x64"
 
 
 def do_bench(fn, reps_ms=200):
@@ -40,22 +45,46 @@ def copy_bandwidth() -> float:
 def step(fn, inputs, backward):
     if not backward:
         return lambda: fn(*inputs)
+    leaves = [t for t in inputs if t.requires_grad]
+    grad_out = None
+
     def run():
+        nonlocal grad_out
+        for t in leaves:  # a fresh gradient each step, not accumulated into the last one
+            t.grad = None
         out = fn(*inputs)
-        out.sum().backward()
+        if grad_out is None:  # a dense random incoming gradient (out.sum() would give a broadcast one)
+            grad_out = torch.randn_like(out)
+        out.backward(grad_out)
     return run
 
 
-def host_time(fn, inputs, n=2000) -> float:
-    """Seconds per call of back-to-back calls (what an overhead-bound user pays)."""
+def host_time(call, n=2000) -> float:
+    """Seconds per call of back-to-back calls, one synchronize at the end (what an
+    overhead-bound user pays; for large workloads this is GPU-bound)."""
     for _ in range(20):
-        fn(*inputs)
+        call()
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(n):
-        fn(*inputs)
+        call()
     torch.cuda.synchronize()
     return (time.perf_counter() - t) / n
+
+
+def host_per_call(call, n=25) -> float:
+    """Median host (CPU) seconds of one call, no synchronize in between: guards, wrapper and
+    launches, while the GPU works behind (few enough calls that its queue never fills)."""
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t)
+    torch.cuda.synchronize()
+    return sorted(times)[n // 2]
 
 
 def max_error(a, b) -> float:
@@ -77,71 +106,132 @@ def cold_compile(name: str, compiler: str) -> dict:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default=None)
+    ap.add_argument("--range", default=None, help="workloads START:END (by position) only")
     ap.add_argument("--no-cold", action="store_true")
+    ap.add_argument("--cold-only", action="store_true", help="only the cold first-call compile times")
+    ap.add_argument("--merge", nargs="+", default=None, help="JSON files of a warm and a cold part of one run")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.merge:
+        return merge(args.merge, args.json)
     torch.manual_seed(0)
     bw = copy_bandwidth()
     rows = []
-    for w in workloads():
+    chosen = workloads()
+    if args.range:
+        start, end = (int(v) if v else None for v in args.range.split(":"))
+        chosen = chosen[start:end]
+    for w in chosen:
         if args.only and args.only not in w.name:
             continue
-        inputs = w.make_inputs()
-        fl = fuselens.compile(w.fn)
-        tc = torch.compile(w.fn)
-        ref = w.fn(*inputs)
-        got = fl(*inputs)
-        tc(*inputs)
-        row = {"workload": w.name, "max_err": max_error(got, ref)}
-        for key, f in (("eager", w.fn), ("fuselens", fl), ("torch_compile", tc)):
-            row[f"{key}_ms"] = do_bench(step(f, inputs, w.backward))
-        row["ratio"] = row["fuselens_ms"] / row["torch_compile_ms"]
-        if w.min_bytes:
-            row["bw_frac"] = w.min_bytes / (row["fuselens_ms"] * 1e-3) / bw
-            row["tc_bw_frac"] = w.min_bytes / (row["torch_compile_ms"] * 1e-3) / bw
-        if not w.backward:
-            row["fuselens_host_us"] = host_time(fl, inputs) * 1e6
-            row["torch_compile_host_us"] = host_time(tc, inputs) * 1e6
-            row["eager_host_us"] = host_time(w.fn, inputs) * 1e6
-        if not args.no_cold:
-            row["cold_fuselens"] = cold_compile(w.name, "fuselens")
-            row["cold_torch_compile"] = cold_compile(w.name, "torch.compile")
+        try:
+            if args.cold_only:
+                row = {"workload": w.name, "cold_fuselens": cold_compile(w.name, "fuselens"),
+                       "cold_torch_compile": cold_compile(w.name, "torch.compile")}
+            else:
+                row = measure(w, bw, args)
+        except Exception as e:  # one broken workload must not lose the others' numbers
+            import traceback
+            traceback.print_exc()
+            print(f"{w.name}: FAILED {type(e).__name__}: {e}", flush=True)
+            continue
         rows.append(row)
         print(json.dumps(row), flush=True)
-    if "small pointwise 64x64" in [r["workload"] for r in rows]:
-        w = next(w for w in workloads() if w.name == "small pointwise 64x64")
-        inputs = w.make_inputs()
-        ro = fuselens.compile(w.fn, mode="reduce-overhead")
-        tro = torch.compile(w.fn, mode="reduce-overhead")
-        extra = {"fuselens_reduce_overhead_host_us": host_time(ro, inputs) * 1e6,
-                 "torch_compile_reduce_overhead_host_us": host_time(tro, inputs) * 1e6}
-        print(json.dumps(extra))
-    else:
-        extra = {}
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "copy_bandwidth_TBps": bw / 1e12, "rows": rows, **extra}
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
+        result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                  "triton": triton.__version__, "copy_bandwidth_TBps": bw / 1e12, "rows": rows}
+        if args.json:  # after every row: a run cut short keeps what it measured
+            pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
     print_table(result)
 
 
+def merge(paths, out):
+    """One table from the parts of one run (the warm part and the cold part: one device command
+    may run 10 minutes at most, and the whole suite takes longer)."""
+    parts = [json.loads(pathlib.Path(p).read_text()) for p in paths]
+    result = dict(parts[0])
+    rows = {r["workload"]: dict(r) for r in parts[0]["rows"]}
+    for part in parts[1:]:
+        for r in part["rows"]:
+            rows.setdefault(r["workload"], {}).update(r)
+    result["rows"] = [r for r in rows.values() if "eager_ms" in r]
+    result["parts"] = [{k: v for k, v in p.items() if k != "rows"} for p in parts]
+    if out:
+        pathlib.Path(out).write_text(json.dumps(result, indent=1))
+    print_table(result)
+
+
+def measure(w, bw, args) -> dict:
+    torch._dynamo.reset()  # no recompiles or automatic dynamic shapes from an earlier workload
+    inputs = w.make_inputs()
+    fl = fuselens.compile(w.fn)
+    tc = torch.compile(w.fn)
+    with torch.no_grad() if not w.backward else contextlib.nullcontext():
+        ref = w.fn(*inputs)
+    t = time.perf_counter()
+    got = fl(*inputs)
+    torch.cuda.synchronize()
+    warm_fl = time.perf_counter() - t
+    t = time.perf_counter()
+    tc(*inputs)
+    torch.cuda.synchronize()
+    warm_tc = time.perf_counter() - t
+    row = {"workload": w.name, "max_err": max_error(got, ref), "first_call_s_in_process": [warm_fl, warm_tc]}
+    fns = {"eager": w.fn, "fuselens": fl, "torch_compile": tc}
+    steps = {k: step(f, inputs, w.backward) for k, f in fns.items()}
+    for k, s in steps.items():
+        s()  # compiles the backward too, before timing
+        torch.cuda.synchronize()
+        row[f"{k}_ms"] = do_bench(s)
+    row["ratio"] = row["fuselens_ms"] / row["torch_compile_ms"]
+    if w.min_bytes:
+        row["bw_frac"] = w.min_bytes / (row["fuselens_ms"] * 1e-3) / bw
+        row["tc_bw_frac"] = w.min_bytes / (row["torch_compile_ms"] * 1e-3) / bw
+    for k, s in steps.items():
+        row[f"{k}_host_us"] = host_per_call(s) * 1e6
+    if w.name == SMALL:  # overhead-bound: back-to-back throughput, one synchronize at the end
+        for k, s in steps.items():
+            row[f"{k}_b2b_us"] = host_time(s) * 1e6
+        ro = fuselens.compile(w.fn, mode="reduce-overhead")
+        tro = torch.compile(w.fn, mode="reduce-overhead")
+        for k, f in (("fuselens_ro", ro), ("torch_compile_ro", tro)):
+            s = step(f, inputs, False)
+            row[f"{k}_b2b_us"] = host_time(s) * 1e6
+            row[f"{k}_host_us"] = host_per_call(s) * 1e6
+            row[f"{k}_max_err"] = max_error(f(*inputs), ref)
+    if not args.no_cold:
+        row["cold_fuselens"] = cold_compile(w.name, "fuselens")
+        row["cold_torch_compile"] = cold_compile(w.name, "torch.compile")
+    return row
+
+
 def print_table(result):
-    print(f"\n{result['device']}, torch {result['torch']}, copy bandwidth {result['copy_bandwidth_TBps']:.2f} TB/s")
-    hdr = f"{'workload':30} {'eager':>7} {'fuselens':>8} {'t.comp':>7} {'fl/tc':>6} {'bw%':>5} {'tc bw%':>6} " \
-          f"{'cold fl s':>9} {'(own)':>6} {'cold tc s':>9} {'host fl us':>10} {'host tc us':>10} {'maxerr':>8}"
+    print(f"\n{result['device']}, torch {result['torch']}, triton {result['triton']}, "
+          f"copy bandwidth {result['copy_bandwidth_TBps']:.2f} TB/s (read + write)")
+    fmt = lambda v, f: (f % v) if isinstance(v, (int, float)) else "-"
+    hdr = (f"{'workload':28} {'eager':>7} {'fuselens':>8} {'t.comp':>7} {'fl/tc':>5} {'fl/eg':>5} {'bw%':>4} {'tcbw%':>5} "
+           f"{'cold fl':>7} {'(own)':>5} {'cold tc':>7} {'cold fl/tc':>10} {'host fl':>7} {'host tc':>7} {'maxerr':>7}")
+    print("times in ms; cold in s (fresh process, empty caches); host: us per call (CPU, median)")
     print(hdr)
     for r in result["rows"]:
         cf, ct = r.get("cold_fuselens", {}), r.get("cold_torch_compile", {})
-        fmt = lambda v, f: (f % v) if isinstance(v, (int, float)) else "-"
-        print(f"{r['workload']:30} {r['eager_ms']:7.3f} {r['fuselens_ms']:8.3f} {r['torch_compile_ms']:7.3f} "
-              f"{r['ratio']:6.2f} {fmt(r.get('bw_frac', '-') if 'bw_frac' not in r else 100 * r['bw_frac'], '%5.0f')} "
-              f"{fmt(100 * r['tc_bw_frac'] if 'tc_bw_frac' in r else '-', '%6.0f')} "
-              f"{fmt(cf.get('seconds'), '%9.2f')} {fmt(cf.get('own_seconds'), '%6.2f')} {fmt(ct.get('seconds'), '%9.2f')} "
-              f"{fmt(r.get('fuselens_host_us'), '%10.1f')} {fmt(r.get('torch_compile_host_us'), '%10.1f')} "
-              f"{r['max_err']:8.1e}")
-    for k in ("fuselens_reduce_overhead_host_us", "torch_compile_reduce_overhead_host_us"):
-        if k in result:
-            print(f"{k}: {result[k]:.1f}")
+        cold_ratio = cf["seconds"] / ct["seconds"] if "seconds" in cf and "seconds" in ct else None
+        print(f"{r['workload'][:28]:28} {fmt(r.get('eager_ms'), '%7.3f')} {fmt(r.get('fuselens_ms'), '%8.3f')} "
+              f"{fmt(r.get('torch_compile_ms'), '%7.3f')} "
+              f"{fmt(r.get('ratio'), '%5.2f')} "
+              f"{fmt(r['fuselens_ms'] / r['eager_ms'] if 'eager_ms' in r else None, '%5.2f')} "
+              f"{fmt(100 * r['bw_frac'] if 'bw_frac' in r else None, '%4.0f')} "
+              f"{fmt(100 * r['tc_bw_frac'] if 'tc_bw_frac' in r else None, '%5.0f')} "
+              f"{fmt(cf.get('seconds'), '%7.2f')} {fmt(cf.get('own_seconds'), '%5.2f')} "
+              f"{fmt(ct.get('seconds'), '%7.2f')} {fmt(cold_ratio, '%10.2f')} "
+              f"{fmt(r.get('fuselens_host_us'), '%7.1f')} {fmt(r.get('torch_compile_host_us'), '%7.1f')} "
+              f"{fmt(r.get('max_err'), '%7.1e')}")
+    for r in result["rows"]:
+        if "fuselens_b2b_us" in r:
+            print(f"{r['workload']}: back-to-back us/call: eager {r['eager_b2b_us']:.1f}, "
+                  f"fuselens {r['fuselens_b2b_us']:.1f}, torch.compile {r['torch_compile_b2b_us']:.1f}, "
+                  f"fuselens reduce-overhead {r['fuselens_ro_b2b_us']:.1f}, "
+                  f"torch.compile reduce-overhead {r['torch_compile_ro_b2b_us']:.1f}")
 
 
 if __name__ == "__main__":

@@ -70,12 +70,15 @@ def workloads() -> list[Workload]:
     ln_in = lambda grad: (lambda: (torch.randn(8192, 4096, device="cuda", requires_grad=grad),
                                    torch.randn(4096, device="cuda", requires_grad=grad),
                                    torch.randn(4096, device="cuda", requires_grad=grad)))
-    mlp_in = lambda grad: (lambda: (
-        torch.randn(8192, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=grad),
-        torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=grad) * 0.03,
-        torch.zeros(4096, device="cuda", dtype=torch.bfloat16, requires_grad=grad),
-        torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=grad) * 0.015,
-        torch.zeros(1024, device="cuda", dtype=torch.bfloat16, requires_grad=grad)))
+    def mlp_in(grad):
+        def make():
+            ts = (torch.randn(8192, 1024, device="cuda", dtype=torch.bfloat16),
+                  torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16) * 0.03,
+                  torch.randn(4096, device="cuda", dtype=torch.bfloat16) * 0.1,
+                  torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16) * 0.015,
+                  torch.randn(1024, device="cuda", dtype=torch.bfloat16) * 0.1)
+            return tuple(t.requires_grad_(grad) for t in ts)  # leaves (a scaled tensor would not be one)
+        return make
     return [
         Workload("gelu_tanh 2^24 f32", gelu_tanh, lambda: (_r(N24)(),), 2 * f32 * N24),
         Workload("softmax 4096x4096 f32", softmax_manual, lambda: (_r(4096, 4096)(),), 2 * f32 * 4096 * 4096),

@@ -117,8 +117,10 @@ def _addmm_vjp(g, out, bias, a, b):
     # stride of a whole row; as ones(1, M) @ g cuBLAS reads g (stored anyway for the other two
     # products) once, coalesced, accumulating in fp32
     ones = P.full((1, g.shape[0]), 1.0, dtype=g.dtype)
+    # b is the transposed weight of a linear: its gradient computed as (g^T a)^T comes out in the
+    # weight's own row-major layout (a^T g would be a transposed view, which autograd copies)
     return (P.reshape(emit(prim.mm, ones, g), tuple(bias.shape)), emit(prim.mm, g, P.transpose(b, 0, 1)),
-            emit(prim.mm, P.transpose(a, 0, 1), g))
+            P.transpose(emit(prim.mm, P.transpose(g, 0, 1), a), 0, 1))
 
 
 rule(prim.addmm)(_addmm_vjp)
