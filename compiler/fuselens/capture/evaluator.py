@@ -1094,8 +1094,7 @@ class Evaluator:
             return list(v)
         if isinstance(v, (range, str, set, frozenset, zip, enumerate, map, filter, type({}.items()),
                           type({}.keys()), type({}.values()), reversed)):
-            out = list(v)
-            return [self.wrap_items(x) for x in out]
+            return list(v)
         if isinstance(v, (nn.ModuleList, nn.Sequential)):
             src = self.value_sources.get(id(v))
             items = list(v)
@@ -1110,9 +1109,6 @@ class Evaluator:
             return _AbstractSeq()
         self.brk(B.UNROLLABLE_LOOP, node, scope, detail=f"iteration over {type(v).__name__}",
                  whole_stmt=True)
-
-    def wrap_items(self, x):
-        return x
 
     # ===================================================================== symbolic ints
     def specialize(self, s: SymInt, node, scope):
@@ -1189,9 +1185,8 @@ class Evaluator:
             return self.call_module(fn, args, kwargs, e, scope)
         if fn is isinstance:
             return self.isinstance_(args, e, scope)
-        if fn in (torch.no_grad, torch.enable_grad, torch.set_grad_enabled, torch.autocast) \
-                or fn is getattr(torch, "inference_mode", None) and False:
-            return fn(*args, **kwargs)
+        if fn in (torch.no_grad, torch.enable_grad, torch.set_grad_enabled, torch.autocast):
+            return fn(*args, **kwargs)  # context managers, entered by `with`
         if fn in _BUILTIN_HANDLERS:
             return _BUILTIN_HANDLERS[fn](self, args, kwargs, e, scope)
         if C.is_torch_callable(fn):
@@ -1201,7 +1196,7 @@ class Evaluator:
         if isinstance(fn, types.MethodType) and not isinstance(fn.__func__, types.BuiltinFunctionType):
             return self.inline(fn.__func__, args, kwargs, e, scope, self_value=fn.__self__)
         if isinstance(fn, types.BuiltinMethodType) and isinstance(fn.__self__, (list, dict, set)):
-            return self.container_method(fn, args, kwargs, e, scope)
+            return fn(*args, **kwargs)  # list.append, dict.get...: the capture's own containers
         if isinstance(fn, (types.FunctionType,)):
             return self.inline(fn, args, kwargs, e, scope)
         if isinstance(fn, type) and issubclass(fn, (int, float, bool, str, tuple, list, dict, set,
@@ -1280,9 +1275,6 @@ class Evaluator:
         if isinstance(obj, (Unknown, _AbstractSeq)):
             return UNKNOWN
         return isinstance(obj, cls)
-
-    def container_method(self, fn, args, kwargs, e, scope):
-        return fn(*args, **kwargs)
 
     def call_module(self, mod, args, kwargs, e, scope):
         if mod._forward_hooks or mod._forward_pre_hooks or getattr(mod, "_backward_hooks", None):

@@ -88,10 +88,6 @@ class BoundUserMethod:
     self_value: object
 
 
-def is_tensor_like(v) -> bool:
-    return isinstance(v, TensorVar)
-
-
 def contains_tensor(v) -> bool:
     if isinstance(v, TensorVar):
         return True
@@ -101,9 +97,3 @@ def contains_tensor(v) -> bool:
         return any(contains_tensor(x) for x in v.values())
     return False
 
-
-def is_unknown(v) -> bool:
-    return isinstance(v, Unknown)
-
-
-TENSOR_TYPES = (torch.Tensor,)
