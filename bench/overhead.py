@@ -4,25 +4,14 @@ fuselens's call path timed back-to-back (one synchronize at the end), innermost 
     PYTHONPATH=compiler python bench/overhead.py"""
 import pathlib
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from run import host_time  # noqa: E402
 from workloads import small_pointwise  # noqa: E402
 
 import fuselens  # noqa: E402
-
-
-def per_call(f, n=5000):
-    for _ in range(50):
-        f()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        f()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1e6
 
 
 def main():
@@ -53,7 +42,7 @@ def main():
     print(call.__globals__.get("__name__"), prog.wrapper_source)
     for name, f in rows:
         try:
-            print(f"{name:24} {per_call(f):7.2f} us/call", flush=True)
+            print(f"{name:24} {host_time(f, n=5000) * 1e6:7.2f} us/call", flush=True)
         except Exception as e:  # keep going: the table is the point
             print(f"{name:24} failed: {type(e).__name__}: {e}", flush=True)
 
