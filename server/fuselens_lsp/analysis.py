@@ -110,7 +110,10 @@ def is_suppressed(lines: list[str], brk) -> bool:
 
 @dataclass
 class FunctionInfo:
-    """One analysed function, as the code lens and the side panel see it."""
+    """One analysed function, as the code lens and the side panel see it: the fields of
+    fuselens.capture.analyze.FunctionAnalysis plus the suppressed count. Not a subclass on
+    purpose: importing fuselens (and torch) is deferred until the first analysis, so the
+    server answers `initialize` at once."""
     name: str
     qualname: str
     line: int
