@@ -1,4 +1,6 @@
 """Joint graph, min-cut partition, compiled backward, random numbers, fallbacks."""
+import collections
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -133,6 +135,46 @@ def test_backward_with_noncontiguous_incoming_gradient():
     (g,) = torch.autograd.grad(out.sum(), x)  # sum's backward hands an expanded (stride 0) gradient
     expected = torch.autograd.grad(manual_gelu_tanh(x).sum(), x)[0]
     torch.testing.assert_close(g, expected)
+
+
+def _linear_gelu_linear(x, w1, b1, w2, b2):
+    return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+
+
+def test_a_matmul_operand_is_saved_not_recomputed():
+    # the GeLU output is in memory for the forward's second matmul anyway; recomputing it would
+    # make the backward write it again for the weight gradient's matmul
+    joint = joint_of(_linear_gelu_linear, randn(8, 16), randn(32, 16), randn(32), randn(4, 32), randn(4))
+    parts = partition(joint)
+    prim = lambda n: getattr(n.target, "name", None)
+    second_matmul = [n for n in joint.graph.nodes if prim(n) == "addmm"][1]
+    gelu_out = second_matmul.args[1]
+    assert prim(gelu_out) == "mul" and gelu_out.name in parts.saved
+
+
+def test_constant_kernels_run_once_and_stay_correct(monkeypatch):
+    # the bias gradients' ones vectors are constants: made on the first call, kept by the program
+    inputs = [randn(8, 16), randn(32, 16), randn(32), randn(4, 32), randn(4)]
+    inputs = [t.requires_grad_() for t in inputs]
+    cg = compile(_linear_gelu_linear, *inputs)
+    assert "not in constants" in cg.wrapper_source
+    launches = collections.Counter()
+    real = launcher.TritonKernel.run
+
+    def counting(self, *args, **kwargs):
+        launches[self.name] += 1
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(launcher.TritonKernel, "run", counting)
+    for _ in range(3):
+        xs = [randn(*t.shape).requires_grad_() for t in inputs]
+        out = cg(*xs)[0]
+        g = randn(*out.shape)
+        got = torch.autograd.grad(out, xs, g)
+        want = torch.autograd.grad(_linear_gelu_linear(*xs), xs, g)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    constant_kernels = [k for k in launches if launches[k] == 1]
+    assert len(constant_kernels) == 2 and all(launches[k] >= 3 for k in launches if k not in constant_kernels)
 
 
 def test_mlp_training_step():

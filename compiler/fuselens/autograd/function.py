@@ -23,7 +23,7 @@ class _StridedPrograms:
         self.programs: dict = {}
 
     def get(self, inputs):
-        key = tuple((tuple(t.shape), t.stride(), t.dtype) if isinstance(t, torch.Tensor) else None for t in inputs)
+        key = tuple((t.shape, t.stride(), t.dtype) if isinstance(t, torch.Tensor) else None for t in inputs)
         if key not in self.programs:
             vals = [meta_like(t) for t in inputs]
             self.programs[key] = self.build(self.graph, self.device, self.mode, self.dynamic, input_vals=vals,

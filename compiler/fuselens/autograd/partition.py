@@ -3,12 +3,16 @@
 The forward must hand the backward every value the backward needs that does not depend on the
 tangents. It can save such a value, or save cheaper values it is computed from and let the
 backward recompute it. As a flow network: node v is split into v_in -> v_out with capacity the
-memory traffic saving v adds (the forward writes it and the backward reads it: twice its bytes,
-or once for an input, which is in memory already); source -> primals and -> every node that
-must not be recomputed (matmuls, convolutions, any extern, reductions, random numbers);
-v_out -> u_in (infinite) along data edges; v_out -> sink (infinite) where a backward node uses v. A minimum cut is then a cheapest set of
-values to save; everything between them and the backward's uses is recomputed, in the
-backward's own fused kernels. (This is AOTAutograd's min-cut rematerialization.)
+memory traffic saving v adds: the backward reads it, and the forward writes it unless it is in
+memory anyway (an input, an extern's result or operand, a forward output): twice or once its
+bytes. source -> primals and -> every node that must not be recomputed (matmuls, convolutions,
+any extern, reductions, random numbers); v_out -> u_in (infinite) along data edges; v_out ->
+sink (infinite) where a backward node uses v. A value that a backward extern reads (a matmul
+operand) must be in memory there: recomputing it costs the backward a write and a read, an edge
+source -> v_in of twice its bytes, cut exactly when v is recomputed. A minimum cut is then a
+cheapest set of values to save; everything between them and the backward's uses is recomputed,
+in the backward's own fused kernels. (AOTAutograd's min-cut rematerialization, with the
+materialization costs of extern operands counted.)
 """
 from __future__ import annotations
 
@@ -100,6 +104,15 @@ class _FlowNet:
         return set(cap) - reaches_sink
 
 
+def _kind(n):
+    return n.target.kind if n.op == "call_function" else n.op
+
+
+def _read_by_extern(n, side) -> bool:
+    """Whether an extern among `side`'s nodes reads n (directly or through views of it)."""
+    return any(_kind(u) == "extern" and side(u) or _kind(u) == "view" and _read_by_extern(u, side) for u in n.users)
+
+
 def choose_saved(joint: JointGraph) -> list[fx.Node]:
     graph = joint.graph
     in_backward = _tangent_dependent(graph)
@@ -107,13 +120,21 @@ def choose_saved(joint: JointGraph) -> list[fx.Node]:
     net = _FlowNet()
     net.add_node("source")
     net.add_node("sink")
+    in_forward = lambda u: u not in in_backward and u is not output
+    in_memory: dict = {}  # node -> the forward has it in memory anyway (saving it costs one read)
     for n in graph.nodes:
         if n in in_backward or n.op == "output":
             continue
-        must_run_in_forward = n.op == "placeholder" or n.target.kind not in RECOMPUTABLE_KINDS
+        kind = _kind(n)
+        must_run_in_forward = n.op == "placeholder" or kind not in RECOMPUTABLE_KINDS
         if must_run_in_forward:
             net.add_edge("source", (n, "in"), capacity=math.inf)
-        net.add_edge((n, "in"), (n, "out"), capacity=_bytes(n) * (1 if n.op == "placeholder" else 2))
+        in_memory[n] = (kind in ("placeholder", "extern") or output in n.users or _read_by_extern(n, in_forward) or
+                        kind == "view" and in_memory.get(n.all_input_nodes[0], False))
+        # (+1 for a view: a tie saves its base, whose layout the backward is compiled for up front)
+        net.add_edge((n, "in"), (n, "out"), capacity=_bytes(n) * (1 if in_memory[n] else 2) + (kind == "view"))
+        if kind == "pointwise" and _read_by_extern(n, in_backward.__contains__):
+            net.add_edge("source", (n, "in"), capacity=2 * _bytes(n))
         for user in n.users:
             if user is output:
                 continue

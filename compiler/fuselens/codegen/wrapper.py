@@ -2,7 +2,10 @@
 
 It is generated as source (shown to users next to the kernels) and exec'd. Buffers are freed
 after their last use, and a later buffer of the same size, stride and dtype takes over the
-memory of a dead one instead of allocating.
+memory of a dead one instead of allocating. A small kernel that reads nothing (a constant, such
+as the ones vector of a bias gradient's matmul) runs on the first call only: the program keeps
+its buffers. Every line costs host time on each call, so externs are called as the torch
+functions themselves and whole-buffer permutations as `.permute` (cheaper than `as_strided`).
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from ..lower.ir import ComputedBuffer, ExternCall, LoweredGraph, View
+from ..lower.ir import ComputedBuffer, ExternCall, LoweredGraph, View, contiguous_strides
 from ..ops.primitives import PRIMITIVES
 from ..schedule.fusion import FusedKernel, Schedule
 
@@ -24,6 +27,25 @@ def reinterpret(t, size, stride, offset):
     return torch.as_strided(t, size, stride, t.storage_offset() + offset)
 
 
+def _row_major(shape, stride):
+    return all(st == cs for size, st, cs in zip(shape, stride, contiguous_strides(shape)) if size != 1)
+
+
+def permutation(v: View):
+    """The dims `p` with `v == v.buf.permute(p)`, if it is one."""
+    buf = v.buf
+    if v.offset != 0 or len(v.shape) != len(buf.shape) or v.shape == tuple(buf.shape):
+        return None
+    dims, free = [], list(range(len(buf.shape)))
+    for size, stride in zip(v.shape, v.stride):
+        d = next((d for d in free if buf.shape[d] == size and buf.stride[d] == stride), None)
+        if d is None:
+            return None
+        dims.append(d)
+        free.remove(d)
+    return tuple(dims)
+
+
 def ensure_layout(t, size, stride):
     """Extern results are read by kernels with the strides meta execution predicted; copy if they differ."""
     if tuple(t.shape) == tuple(size) and (t.stride() == tuple(stride) or t.numel() <= 1):
@@ -31,6 +53,9 @@ def ensure_layout(t, size, stride):
     out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
     out.copy_(t)
     return out
+
+
+CONSTANT_MAX_NUMEL = 1 << 16  # larger constants are recomputed each call rather than held
 
 
 def lines_comment(lines):
@@ -58,12 +83,21 @@ class WrapperWriter:
         self.lines: list[str] = []
         self.consts: list = []
         self.namespace = {"torch": torch, "prims": types.SimpleNamespace(**PRIMITIVES), "reinterpret": reinterpret,
-                          "ensure_layout": ensure_layout, "consts": self.consts, "operator": operator, "math": math}
+                          "ensure_layout": ensure_layout, "consts": self.consts, "operator": operator, "math": math,
+                          "constants": {}}
 
     def value(self, v) -> str:
         if isinstance(v, View):
-            return v.buf.name if v.is_whole() else \
-                f"reinterpret({v.buf.name}, {tuple(v.shape)}, {tuple(v.stride)}, {v.offset})"
+            if v.is_whole():
+                return v.buf.name
+            static = all(isinstance(x, int) for x in (*v.shape, *v.stride, *v.buf.shape, *v.buf.stride))
+            dims = permutation(v) if static else None
+            if dims is not None:
+                return f"{v.buf.name}.t()" if dims == (1, 0) else f"{v.buf.name}.permute{dims}"
+            if static and v.offset == 0 and math.prod(v.shape) == math.prod(v.buf.shape) and \
+                    _row_major(v.shape, v.stride) and _row_major(v.buf.shape, v.buf.stride):
+                return f"{v.buf.name}.view({tuple(v.shape)})"
+            return f"reinterpret({v.buf.name}, {tuple(v.shape)}, {tuple(v.stride)}, {v.offset})"
         if isinstance(v, (bool, int, str)) or v is None:
             return repr(v)
         if isinstance(v, float):
@@ -93,7 +127,14 @@ class WrapperWriter:
             parts = [self.value(a) for a in args] + [f"{k}={self.value(v)}" for k, v in kwargs.items()]
             return f"{self.value(fn)}({', '.join(parts)})"
         parts = [self.value(a) for a in call.args] + [f"{k}={self.value(v)}" for k, v in call.kwargs.items()]
-        return f"prims.{call.prim.name}({', '.join(parts)})"
+        return f"{torch_name(call.prim.impl) or 'prims.' + call.prim.name}({', '.join(parts)})"
+
+    def is_constant(self, step, writer, keep) -> bool:
+        """A kernel whose outputs depend on nothing given (no inputs, seed or sizes): run once."""
+        bufs = [writer.buffers[name] for name in writer.out_args]
+        return (not writer.in_args and not writer.uses_seed and not writer.size_args and
+                not any(name in keep for name in writer.out_args) and
+                all(isinstance(math.prod(b.shape), int) and math.prod(b.shape) <= CONSTANT_MAX_NUMEL for b in bufs))
 
     def step_reads(self, step):
         if isinstance(step, ExternCall):
@@ -114,6 +155,7 @@ class WrapperWriter:
                 if isinstance(step, ExternCall):
                     read_by_extern.add(name)
         pool: dict = {}  # (shape, stride, dtype) -> names of dead buffers
+        constants: set = set()  # buffers the program keeps (never handed on to another buffer)
         out = self.lines
         out.append(f"def call({', '.join(params)}):")
         for i, step in enumerate(self.sched.steps):
@@ -129,27 +171,37 @@ class WrapperWriter:
                     out.append(f"    del {step.name}")
             else:
                 kernel, writer = self.kernels[id(step)]
+                constant = self.is_constant(step, writer, keep)
+                indent = "    "
+                if constant:
+                    first = next(iter(writer.out_args))
+                    out.append(f"    if {first!r} not in constants:  # a constant: made on the first call, then kept")
+                    indent = "        "
+                    constants.update(writer.out_args)
                 for name in writer.out_args:
                     buf = writer.buffers[name]
                     key = (buf.shape, buf.stride, buf.dtype)
-                    if pool.get(key):
+                    if pool.get(key) and not constant:
                         old = pool[key].pop()
                         out.append(f"    {name} = {old}; del {old}  # reuse")
                     else:
-                        out.append(f"    {name} = torch.empty_strided({buf.shape}, {buf.stride}, dtype={buf.dtype}, "
-                                   f"device=device)")
+                        out.append(f"{indent}{name} = torch.empty_strided({buf.shape}, {buf.stride}, "
+                                   f"dtype={buf.dtype}, device=device)")
                 args = list(writer.in_args) + list(writer.out_args) + (["seed"] if writer.uses_seed else [])
                 args += [str(g.sizevars.values[sym]) for sym in writer.size_args]
                 sizes = f"xnumel={writer.xnumel}" + (f", rnumel={writer.rnumel}" if step.is_reduction else "")
                 if writer.xnumel == 0:
-                    out.append(f"    # {kernel.name}: empty, nothing to compute")
+                    out.append(f"{indent}# {kernel.name}: empty, nothing to compute")
                 else:
-                    out.append(f"    {kernel.name}.run({', '.join(args)}, {sizes}){lines_comment(writer.source_lines)}")
+                    out.append(f"{indent}{kernel.name}.run({', '.join(args)}, {sizes}){lines_comment(writer.source_lines)}")
+                if constant:
+                    out.append("        " + "; ".join(f"constants[{n!r}] = {n}" for n in writer.out_args))
+                    out.append("    " + "; ".join(f"{n} = constants[{n!r}]" for n in writer.out_args))
                 self.namespace[kernel.name] = kernel
             for name in [n for n, last in last_use.items() if last == i and n not in keep]:
                 buf = self.buffer(name)
                 # an extern's result may be a view of its input: such memory is never handed on
-                if isinstance(buf, ComputedBuffer) and name not in read_by_extern:
+                if isinstance(buf, ComputedBuffer) and name not in read_by_extern and name not in constants:
                     pool.setdefault((buf.shape, buf.stride, buf.dtype), []).append(name)
                 else:
                     out.append(f"    del {name}")
