@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+import torch.nn.functional as F
+
 from . import builder as P
 from . import primitives as prim
 from .builder import TVal, emit
@@ -125,6 +127,13 @@ def _addmm_vjp(g, out, bias, a, b):
 
 rule(prim.addmm)(_addmm_vjp)
 rule(prim.bmm)(lambda g, out, a, b: (emit(prim.bmm, g, P.transpose(b, 1, 2)), emit(prim.bmm, P.transpose(a, 1, 2), g)))
+
+
+# torch's own attention backward (flash attention's on a GPU), from q, k and v: it recomputes the
+# forward rather than have the forward save anything beyond its inputs. (The same VJP written with
+# our primitives would need P, an L x S value that partition() computes and saves in the forward.)
+rule(prim.sdpa)(lambda g, out, q, k, v, scale: emit(prim.call_torch_vjp, F.scaled_dot_product_attention, (q, k, v),
+                                                   {"scale": scale}, [g]))
 
 
 @rule(prim.conv2d)
