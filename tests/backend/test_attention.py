@@ -110,6 +110,7 @@ def test_training_uses_torchs_attention_backward(dtype):
     # the forward saves only q, k, v; the backward is one call, no kernel
     assert "prims.sdpa(" in forward and "bmm" not in forward and "return (buf0, arg0, arg1, arg2)" in forward
     assert "prims.call_torch_vjp(torch.nn.functional.scaled_dot_product_attention" in backward and kernels == []
+    assert "ensure_layout(buf0[1], (2, 3, 8, 16), (384, 128, 16, 1))" in backward  # dk in k's layout
     g = torch.randn_like(expected)
     for got, exp in zip(torch.autograd.grad(out, args, g), torch.autograd.grad(expected, args, g)):
         torch.testing.assert_close(got, exp, **tolerance(dtype))
