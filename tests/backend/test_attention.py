@@ -63,7 +63,8 @@ def inputs(*shapes, dtype=torch.float32, grad=False):
 
 
 def close(got, expected):
-    for g, e in zip(got if isinstance(got, tuple) else (got,), expected if isinstance(expected, tuple) else (expected,)):
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    for g, e in zip(got if isinstance(got, tuple) else (got,), expected, strict=True):
         torch.testing.assert_close(g, e, **tolerance(e.dtype))
 
 

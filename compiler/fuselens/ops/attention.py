@@ -72,7 +72,8 @@ class _Match:
         while node.target in (prim.reshape, prim.convert):
             node = self.casts_of(node) if node.target is prim.convert else self.op(node, prim.reshape).args[0]
         self.op(node, p)
-        _expect(self.casts_of(node.args[0]) is self.casts_of(x) and node.args[1] == (len(shape) - 1,) and _shape(node) == shape)
+        _expect(self.casts_of(node.args[0]) is self.casts_of(x) and node.args[1] == (len(shape) - 1,)
+                and _shape(node) == shape)
 
     def casts_of(self, node):
         while isinstance(node, fx.Node) and node.target is prim.convert:
@@ -126,8 +127,8 @@ def _match(pv: fx.Node):
     _expect(qv.dtype in _DTYPES and m.casts <= {qv.dtype, torch.float32, torch.float64})
     _expect(qv.shape[:-2] == kv.shape[:-2] == vv.shape[:-2] and kv.shape[-1] == qv.shape[-1]
             and vv.shape[-2] == kv.shape[-2])
-    _expect(_shape(scores) == _shape(probs) == tuple(qv.shape[:-1]) + (kv.shape[-2],) and _shape(qk)[-2:] ==
-            _shape(scores)[-2:])
+    _expect(_shape(scores) == _shape(probs) == tuple(qv.shape[:-1]) + (kv.shape[-2],)
+            and _shape(qk)[-2:] == _shape(scores)[-2:])
     _expect(_shape(root) == tuple(qv.shape[:-1]) + (vv.shape[-1],) and root.meta["val"].dtype == qv.dtype)
     _expect(math.isfinite(scale))
     _expect(all(u in m.nodes for n in m.nodes - {root} for u in n.users))
