@@ -4,7 +4,7 @@
   - `vjp`: the vector-Jacobian product rule, written with the same primitives (see autograd/joint.py).
   - its lowering: `triton` (a format string over operand expressions) for pointwise primitives,
     `reduce` for reductions; primitives with neither are extern calls to `impl`.
-The VJP rules live in vjp_rules.py next to the decompositions, registered onto these objects by name,
+The VJP rules live in vjp.py next to the decompositions, registered onto these objects by name,
 because they are written with the builder's helpers, which themselves emit these primitives.
 """
 from __future__ import annotations
@@ -166,6 +166,10 @@ embedding_backward = Primitive(
     "embedding_backward",
     lambda grad, indices, num_weights, padding_idx: torch.ops.aten.embedding_dense_backward(
         grad, indices, num_weights, padding_idx, False), "extern")
+# softmax(q k^T * scale) v in one call (flash attention where the GPU has it); only made by the
+# rewrite in attention.py, which checks that q, k, v are what SDPA accepts
+sdpa = Primitive("sdpa", lambda q, k, v, scale: torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale),
+                 "extern")
 argmax = Primitive("argmax", lambda x, dim, keepdim: torch.argmax(x, dim, keepdim), "extern")
 argmin = Primitive("argmin", lambda x, dim, keepdim: torch.argmin(x, dim, keepdim), "extern")
 

@@ -8,6 +8,7 @@ import torch.fx as fx
 from torch.fx.node import map_aggregate
 
 from . import primitives as prim
+from .attention import rewrite_attention
 from .builder import GraphBuilder, TVal, emit
 from .decompositions import DECOMPOSITIONS, Unsupported
 
@@ -58,7 +59,8 @@ def to_primitive_graph(gm: fx.GraphModule, example_inputs, device) -> fx.Graph:
     """The primitive graph of `gm` for inputs shaped like `example_inputs` (tensors or meta tensors).
 
     Placeholders keep gm's order; a `seed` int placeholder is appended when the graph draws random
-    numbers. Outputs are a flat tuple (a single returned value becomes a 1-tuple).
+    numbers. Outputs are a flat tuple (a single returned value becomes a 1-tuple). Attention
+    patterns become one `sdpa` call (attention.py).
     """
     b = GraphBuilder(device)
     env: dict[fx.Node, object] = {}
@@ -78,4 +80,5 @@ def to_primitive_graph(gm: fx.GraphModule, example_inputs, device) -> fx.Graph:
                 b.output([env[o] if isinstance(o, fx.Node) else o for o in out])
             else:
                 raise NotImplementedError(f"{node.op} nodes ({node.target}) are not part of the capture contract")
+    rewrite_attention(b.graph)
     return b.graph

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import math
 
+import torch
+import torch.nn.functional as F
+
 from . import builder as P
 from . import primitives as prim
 from .builder import TVal, emit
@@ -125,6 +128,18 @@ def _addmm_vjp(g, out, bias, a, b):
 
 rule(prim.addmm)(_addmm_vjp)
 rule(prim.bmm)(lambda g, out, a, b: (emit(prim.bmm, g, P.transpose(b, 1, 2)), emit(prim.bmm, P.transpose(a, 1, 2), g)))
+
+
+@rule(prim.sdpa)
+def _sdpa(g, out, q, k, v, scale):
+    # torch's own attention backward (flash attention's on a GPU), from q, k and v: it recomputes
+    # the forward rather than have the forward save anything beyond its inputs. (The same VJP
+    # written with our primitives needs P, an L x S value that partition() would have the forward
+    # compute and save.) The GPU kernels return gradients in their inputs' layouts; meta's math
+    # path would predict a transposed dk, and a layout mispredicted costs a copy.
+    layouts = tuple(torch.empty_like(t.val) for t in (q, k, v))
+    return emit(prim.call_torch_vjp, F.scaled_dot_product_attention, (q, k, v), {"scale": scale}, [g],
+                _val=layouts)
 
 
 @rule(prim.conv2d)

@@ -1,0 +1,155 @@
+"""Attention as one call: softmax(Q K^T * scale) V in a primitive graph becomes one `sdpa` extern
+(torch's scaled_dot_product_attention: flash attention on a GPU, no L x S scores in memory and no
+Triton kernel to compile).
+
+Matched on primitives, where torch.softmax and a softmax written by hand (amax, sub, exp, sum,
+div) are the same nodes:
+
+    bmm(reshape(probs), reshape(v))            (reshapes merge batch dims; none for 3-d inputs)
+    probs  = convert*(exp(x - amax(x, -1)) / sum(exp(...), -1))
+    x      = convert* / mul or div by a constant*, in any order, of
+    scores = reshape(bmm(reshape(q), reshape(permute(k, last two dims swapped))))
+
+It is rewritten only where SDPA computes the same function: every node it replaces is used only
+inside the pattern (no scores or probabilities returned or reused), the softmax is over the last
+dim and subtracts its max, q, k and v share batch dims (no broadcasting) and a dtype SDPA takes,
+no size is 0, and the casts in between go to that dtype or wider floats (a cast to a narrower
+type would round or overflow where SDPA does not). A mask added to the scores, dropout on the
+probabilities or any other op in between is not part of the pattern: such graphs stay as they are.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.fx as fx
+
+from . import primitives as prim
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class _NoMatch(Exception):
+    pass
+
+
+def _expect(cond):
+    if not cond:
+        raise _NoMatch
+
+
+def _shape(node):
+    return tuple(node.meta["val"].shape)
+
+
+def _constant(a):
+    return isinstance(a, (int, float)) and not isinstance(a, bool)
+
+
+class _Match:
+    def __init__(self):
+        self.nodes: set[fx.Node] = set()  # what the rewrite removes
+        self.casts: set[torch.dtype] = set()
+
+    def op(self, node, p):
+        _expect(isinstance(node, fx.Node) and node.target is p)
+        self.nodes.add(node)
+        return node
+
+    def batched(self, node, ndim):
+        """The ndim-d value that a bmm operand or result reshapes (batch dims merged into one)."""
+        if ndim == 3:
+            return node
+        x = self.op(node, prim.reshape).args[0]
+        _expect(isinstance(x, fx.Node) and len(_shape(x)) == ndim and _shape(x)[-2:] == _shape(node)[-2:])
+        return x
+
+    def row_reduction(self, node, p, x):
+        """`node` is p(x) over the last dim, kept as (..., 1), through reshapes and casts (a half
+        sum is computed in fp32)."""
+        _expect(isinstance(node, fx.Node))
+        shape = _shape(node)
+        while node.target in (prim.reshape, prim.convert):
+            node = self.casts_of(node) if node.target is prim.convert else self.op(node, prim.reshape).args[0]
+        self.op(node, p)
+        _expect(self.casts_of(node.args[0]) is self.casts_of(x) and node.args[1] == (len(shape) - 1,)
+                and _shape(node) == shape)
+
+    def casts_of(self, node):
+        while isinstance(node, fx.Node) and node.target is prim.convert:
+            self.casts.add(node.meta["val"].dtype)
+            node = self.op(node, prim.convert).args[0]
+        return node
+
+
+def _match(pv: fx.Node):
+    """(q, k, v, scale, root, nodes) if bmm `pv` ends an attention SDPA computes exactly."""
+    m = _Match()
+    m.op(pv, prim.bmm)
+    probs3, v3 = pv.args
+    ndim = len(_shape(probs3.args[0])) if isinstance(probs3, fx.Node) and probs3.target is prim.reshape else 3
+    ndim = max(ndim, 3)
+    probs, v = m.batched(probs3, ndim), m.batched(v3, ndim)
+    root = pv
+    if ndim > 3:
+        _expect(len(pv.users) == 1)
+        root = m.op(next(iter(pv.users)), prim.reshape)
+
+    div = m.op(m.casts_of(probs), prim.div)
+    e, total = div.args
+    m.row_reduction(total, prim.sum, m.op(e, prim.exp))
+    x, row_max = m.op(e.args[0], prim.sub).args
+    _expect(isinstance(x, fx.Node))
+    m.row_reduction(row_max, prim.amax, x)
+
+    scale, node = 1.0, m.casts_of(x)
+    while node.target in (prim.mul, prim.div):
+        a, b = node.args
+        if node.target is prim.mul and _constant(a) != _constant(b):
+            c, rest = (a, b) if _constant(a) else (b, a)
+            scale *= c
+        elif node.target is prim.div and _constant(b) and b != 0 and isinstance(a, fx.Node):
+            rest, scale = a, scale / b
+        else:
+            break
+        m.nodes.add(node)
+        node = m.casts_of(rest)
+    scores = node
+    qk = m.op(scores, prim.reshape).args[0] if ndim > 3 else scores
+    q3, kt3 = m.op(qk, prim.bmm).args
+    q, kt = m.batched(q3, ndim), m.batched(kt3, ndim)
+    _expect(m.op(kt, prim.permute).args[1] == tuple(range(ndim - 2)) + (ndim - 1, ndim - 2))
+    k = kt.args[0]
+
+    _expect(all(isinstance(n, fx.Node) and n not in m.nodes for n in (q, k, v)))
+    qv, kv, vv = vals = [n.meta["val"] for n in (q, k, v)]
+    _expect(all(isinstance(t, torch.Tensor) and t.dtype == qv.dtype and t.ndim == ndim and t.numel() for t in vals))
+    _expect(qv.dtype in _DTYPES and m.casts <= {qv.dtype, torch.float32, torch.float64})
+    _expect(qv.shape[:-2] == kv.shape[:-2] == vv.shape[:-2] and kv.shape[-1] == qv.shape[-1]
+            and vv.shape[-2] == kv.shape[-2])
+    _expect(_shape(scores) == _shape(probs) == tuple(qv.shape[:-1]) + (kv.shape[-2],)
+            and _shape(qk)[-2:] == _shape(scores)[-2:])
+    _expect(_shape(root) == tuple(qv.shape[:-1]) + (vv.shape[-1],) and root.meta["val"].dtype == qv.dtype)
+    _expect(math.isfinite(scale))
+    _expect(all(u in m.nodes for n in m.nodes - {root} for u in n.users))
+    return q, k, v, float(scale), root, m.nodes
+
+
+def rewrite_attention(graph: fx.Graph) -> None:
+    """Replace every attention in `graph` that SDPA computes exactly by one `sdpa` node."""
+    removed: set[fx.Node] = set()
+    for pv in [n for n in graph.nodes if n.target is prim.bmm]:
+        if pv in removed:
+            continue
+        try:
+            q, k, v, scale, root, nodes = _match(pv)
+        except _NoMatch:
+            continue
+        with graph.inserting_before(root):
+            new = graph.call_function(prim.sdpa, (q, k, v), {"scale": scale})
+        new.meta["val"] = prim.sdpa.impl(q.meta["val"], k.meta["val"], v.meta["val"], scale)
+        new.meta["loc"] = pv.meta.get("loc")
+        root.replace_all_uses_with(new)
+        for n in reversed([n for n in graph.nodes if n in nodes]):
+            graph.erase_node(n)
+        removed |= nodes

@@ -1,0 +1,117 @@
+"""softmax(Q K^T * scale) V runs as one scaled_dot_product_attention call (ops/attention.py) exactly
+where that computes the same function; everything else keeps its matmuls and softmax kernel."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import fuselens
+from fl_backend_testing import DEVICE, tolerance
+
+
+def workload(q, k, v):  # bench/workloads.py
+    s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+    p = torch.softmax(s.float(), dim=-1).to(q.dtype)
+    return p @ v
+
+
+def manual(q, k, v):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    e = torch.exp(s - s.amax(dim=-1, keepdim=True))
+    return (e / e.sum(dim=-1, keepdim=True)) @ v
+
+
+def unscaled(q, k, v):
+    return torch.softmax(q @ k.mT, dim=-1) @ v
+
+
+def also_probs(q, k, v):
+    p = torch.softmax(q @ k.transpose(-2, -1) * 0.25, dim=-1)
+    return p @ v, p
+
+
+def other_dim(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) * 0.25, dim=-2) @ v
+
+
+def masked(q, k, v):
+    s = q @ k.transpose(-2, -1) * 0.25
+    mask = torch.full(s.shape[-2:], float("-inf"), device=s.device).triu(1)
+    return torch.softmax(s + mask, dim=-1) @ v
+
+
+def unstabilized(q, k, v):  # no max subtracted: overflows where SDPA does not
+    e = torch.exp(q @ k.transpose(-2, -1))
+    return (e / e.sum(-1, keepdim=True)) @ v
+
+
+def compiled(fn, *args):
+    """(outputs, wrapper source, kernel names) of fuselens's first call; an eager fallback fails."""
+    cf = fuselens.compile(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = cf(*args)
+    (entry,) = fuselens.inspect(cf)
+    return out, "\n".join(entry.wrappers), [k.name for k in entry.kernels]
+
+
+def inputs(*shapes, dtype=torch.float32, grad=False):
+    return [torch.randn(*s, dtype=dtype, device=DEVICE, requires_grad=grad) for s in shapes]
+
+
+def close(got, expected):
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    for g, e in zip(got if isinstance(got, tuple) else (got,), expected, strict=True):
+        torch.testing.assert_close(g, e, **tolerance(e.dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fn, shape, scale", [(workload, (2, 3, 8, 16), 0.25), (manual, (2, 3, 8, 16), 0.25),
+                                              (unscaled, (4, 8, 16), 1.0), (manual, (2, 2, 2, 5, 9), 1 / 3)])
+def test_attention_is_one_sdpa_call(fn, shape, scale, dtype):
+    args = inputs(shape, shape, shape, dtype=dtype)
+    out, wrapper, kernels = compiled(fn, *args)
+    close(out, fn(*args))
+    assert kernels == []
+    assert f"prims.sdpa(arg0, arg1, arg2, scale={scale!r})" in wrapper and "bmm" not in wrapper
+
+
+def test_keys_values_of_another_length_and_width():
+    q, k, v = inputs((2, 3, 8, 16), (2, 3, 12, 16), (2, 3, 12, 24))
+    out, wrapper, _ = compiled(workload, q, k, v)
+    close(out, workload(q, k, v))
+    assert "prims.sdpa(" in wrapper and tuple(out.shape) == (2, 3, 8, 24)
+
+
+@pytest.mark.parametrize("fn", [also_probs, other_dim, masked, unstabilized])
+def test_not_rewritten_where_sdpa_differs(fn):
+    args = inputs((2, 3, 8, 16), (2, 3, 8, 16), (2, 3, 8, 16))
+    out, wrapper, kernels = compiled(fn, *args)
+    close(out, fn(*args))
+    assert "sdpa" not in wrapper and "prims.bmm(" in wrapper and kernels
+
+
+def test_broadcast_batch_not_rewritten():
+    q, k, v = inputs((2, 3, 8, 16), (1, 3, 8, 16), (1, 3, 8, 16))
+    out, wrapper, _ = compiled(workload, q, k, v)
+    close(out, workload(q, k, v))
+    assert "sdpa" not in wrapper
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_training_uses_torchs_attention_backward(dtype):
+    args = inputs((2, 3, 8, 16), (2, 3, 8, 16), (2, 3, 8, 16), dtype=dtype, grad=True)
+    out, wrapper, kernels = compiled(workload, *args)
+    expected = workload(*args)
+    close(out, expected)
+    forward, backward = wrapper.split("# backward")
+    # the forward saves only q, k, v; the backward is one call, no kernel
+    assert "prims.sdpa(" in forward and "bmm" not in forward and "return (buf0, arg0, arg1, arg2)" in forward
+    assert "prims.call_torch_vjp(torch.nn.functional.scaled_dot_product_attention" in backward and kernels == []
+    assert "ensure_layout(buf0[1], (2, 3, 8, 16), (384, 128, 16, 1))" in backward  # dk in k's layout
+    g = torch.randn_like(expected)
+    for got, exp in zip(torch.autograd.grad(out, args, g), torch.autograd.grad(expected, args, g)):
+        torch.testing.assert_close(got, exp, **tolerance(dtype))
