@@ -55,6 +55,8 @@ def ensure_layout(t, size, stride):
     return out
 
 
+# externs whose result is always a new contiguous tensor (ATen allocates matmul outputs so)
+FRESH_CONTIGUOUS = ("mm", "addmm", "bmm")
 CONSTANT_MAX_NUMEL = 1 << 16  # larger constants are recomputed each call rather than held
 
 
@@ -164,7 +166,8 @@ class WrapperWriter:
                 out.append(f"    {step.name} = {self.extern_line(step)}{lines_comment(loc)}")
                 results = [step.result] if step.result is not None else []
                 for buf in results:
-                    out.append(f"    {buf.name} = ensure_layout({buf.name}, {buf.shape}, {buf.stride})")
+                    if not (step.prim.name in FRESH_CONTIGUOUS and buf.stride == contiguous_strides(buf.shape)):
+                        out.append(f"    {buf.name} = ensure_layout({buf.name}, {buf.shape}, {buf.stride})")
                 for buf in step.items:
                     out.append(f"    {buf.name} = ensure_layout({step.name}[{buf.item}], {buf.shape}, {buf.stride})")
                 if step.result is None:
