@@ -1,8 +1,9 @@
 """Loading generated kernels and launching them: grids, block-size configs, autotuning cache.
 
-A kernel's source is written to a cache directory and imported, because Triton's JIT reads the
-source of the functions it compiles. Modules are shared by source text, so graphs specialized
-for new sizes reuse kernels already compiled.
+A kernel's source is written to a cache directory and imported, because Triton's code generator
+reads the source of the functions it compiles. Modules are shared by source text, so graphs
+specialized for new sizes reuse kernels already compiled. On a GPU, cuda.py compiles (Triton's
+stages, fuselens's cubin cache) and launches (CUDA driver API) them.
 
 FUSELENS_INTERPRET=1 runs every kernel in Triton's interpreter (CPU tensors included). Triton
 decides interpreted vs compiled for its own library functions (`tl.rand`, ...) when it is first
@@ -131,103 +132,86 @@ def configs(mode: str, xnumel: int, rnumel: int, interpret: bool, max_autotune: 
     return [Config(x, r, 8 if x * r >= 2048 else 4) for x, r in pairs if x <= max(next_power_of_2(xnumel), 1)]
 
 
-def _arg_sig(args):
-    """What Triton specializes a launch on, for the arguments that can change between calls of
-    one program: pointer alignment (16 bytes) and integer divisibility/size. Finer than Triton's
-    own key (an unspecialized seed only makes a few more entries), never coarser."""
-    sig = []
-    for a in args:
-        if isinstance(a, int):
-            sig.append(a == 1 or (a % 16 == 0) * 2 or (-(1 << 31) <= a < (1 << 31)) * 3)
-        elif isinstance(a, float):
-            sig.append(-1)
-        else:
-            sig.append(not a.data_ptr() & 15)
-    return tuple(sig)
-
-
 class TritonKernel:
-    """A generated kernel as the wrapper calls it: `kernel.run(*args, xnumel=..., rnumel=...)`.
+    """A generated kernel as the wrapper calls it: `kernel.run(*args, xnumel=..., rnumel=...)`,
+    args being tensors first, then scalars.
 
-    The module is imported once per kernel object (not hashed per launch). On a GPU, after the
-    first launch of a (config, argument specialization) through Triton's JIT (which compiles,
-    timed under `stats.triton_compile`), later launches call the compiled kernel's launcher
-    directly, as Triton's own `JITFunction.run` does after its cache lookup (binder, cache key
-    and global checks skipped: the wrapper passes the same kinds of arguments every call)."""
+    On a GPU, fuselens compiles and launches the kernel itself (cuda.py): the first launch per
+    (config, argument specialization) compiles a cubin with Triton's compiler stages (timed under
+    `stats.triton_compile`) or reads it from fuselens's cache, then builds a launch function that
+    later calls reuse while their arguments match it. In the interpreter, Triton's JIT runs it."""
 
     def __init__(self, name, source, mode, max_autotune=False):
         self.name, self.source, self.mode, self.max_autotune = name, source, mode, max_autotune
         self.best: dict = {}  # (device, xnumel, rnumel) -> Config
         self._fn = None
-        self._fast: dict = {}  # (xnumel, rnumel) -> (device, grid0, tail, {arg sig: CompiledKernel})
-        self._compiled: set = set()  # (config, device, arg sig) compiled by Triton already
+        self._fast: dict = {}  # (xnumel, rnumel) -> the last launch function used for those sizes
+        self._launches: dict = {}  # (config, device, sizes, specialization, scalars) -> launch function
 
     @property
     def fn(self):
         if self._fn is None:
-            _join_prewarm()  # importing triton here while the prewarm thread imports it: wait for it
             self._fn = getattr(load_module(self.source), self.name)
         return self._fn
 
     def run(self, *args, xnumel, rnumel=None):
+        fast = self._fast.get((xnumel, rnumel))
+        if fast is not None and fast(*args):
+            return
         if xnumel == 0:
             return
-        fast = self._fast.get((xnumel, rnumel))
-        if fast is not None:
-            device, grid0, tail, kernels = fast
-            k = kernels.get(_arg_sig(args))
-            if k is not None and _get_device() == device:
-                hooks = _hooks()
-                if hooks is not None:
-                    k[0](grid0, 1, 1, _get_stream(device), k[1], k[2], None, *hooks, *args, *tail)
-                    return
         device = next(a.device for a in args if hasattr(a, "device"))
-        fn = self.fn
         sizes = (xnumel,) if rnumel is None else (xnumel, rnumel)
         key = (str(device), xnumel, rnumel)
         config = self.best.get(key)
         if config is None:
             candidates = configs(self.mode, xnumel, rnumel or 1, INTERPRET, self.max_autotune)
-            config = candidates[0] if len(candidates) == 1 else self.autotune(fn, args, sizes, candidates)
+            config = candidates[0] if len(candidates) == 1 else self.autotune(args, sizes, candidates)
             self.best[key] = config
-        ck = self.launch(fn, args, sizes, config)
-        if ck is not None and not INTERPRET and device.type == "cuda" and hasattr(ck, "packed_metadata"):
-            tail = sizes + ((config.XBLOCK,) if config.RBLOCK is None else (config.XBLOCK, config.RBLOCK))
-            grid0 = -(-sizes[0] // config.XBLOCK)
-            entry = self._fast.setdefault((xnumel, rnumel), (torch_cuda_device(), grid0, tail, {}))
-            if entry[1] == grid0 and entry[2] == tail:
-                entry[3][_arg_sig(args)] = (ck.run, ck.function, ck.packed_metadata)
-            _bind_cuda()
-
-    def launch(self, fn, args, sizes, config):
-        """Launch through Triton's JIT; returns the compiled kernel (None in the interpreter)."""
-        grid = (-(-sizes[0] // config.XBLOCK),)
         if INTERPRET:
             with np.errstate(all="ignore"):  # the interpreter computes masked-off lanes too (x/0 is harmless)
-                fn[grid](*args, *sizes, **config.kwargs())
-            return None
-        key = (config, torch_cuda_device(), _arg_sig(args))
-        if key in self._compiled:
-            return fn[grid](*args, *sizes, **config.kwargs())
-        from ..runtime import stats
-        with stats.triton_compile():  # first launch of this specialization: Triton compiles it
-            _join_prewarm()
-            ck = fn[grid](*args, *sizes, **config.kwargs())
-        self._compiled.add(key)
-        return ck
+                self.fn[(-(-xnumel // config.XBLOCK),)](*args, *sizes, **config.kwargs())
+            return
+        launch = self.launch_for(args, sizes, config)
+        self._fast[(xnumel, rnumel)] = launch
+        if not launch(*args):
+            raise RuntimeError(f"{self.name}: a launch built for these arguments refused them")
 
-    def autotune(self, fn, args, sizes, candidates):
+    def specialize(self, args, sizes, config):
+        """(Triton's specialization of these arguments, the key of their launch function)."""
+        from . import cuda
+        spec = cuda.specialize(self.fn.params, args, sizes, config)
+        scalars = tuple(a for a, p in zip(args, self.fn.params) if isinstance(a, int) and not p.do_not_specialize)
+        return spec, (config, torch_cuda_device(), sizes, tuple(spec[0].values()), tuple(spec[2]), scalars)
+
+    def launch_for(self, args, sizes, config):
+        """The launch function for these arguments and config (compiled, or read from the cache, on a miss)."""
+        from . import cuda
+        spec, key = self.specialize(args, sizes, config)
+        launch = self._launches.get(key)
+        if launch is None:
+            device = key[1]
+            binary = load_binary(self.fn, self.source, self.name, spec, config, device)
+            launch = cuda.make_launch(binary, self.fn.params, spec, args, sizes, -(-sizes[0] // config.XBLOCK),
+                                      device)
+            self._launches[key] = launch
+        return launch
+
+    def autotune(self, args, sizes, candidates):
         """Time each config once per shape on the GPU (kernels are pure: outputs never alias inputs)."""
-        from triton.testing import do_bench
-        timings = []
+        device = torch_cuda_device()
+        compile_concurrently([cubin_job(self.fn, self.source, self.name, self.specialize(args, sizes, c)[0], c, device)
+                              for c in candidates])
+        timings, error = [], None
         for config in candidates:
             try:
-                self.launch(fn, args, sizes, config)  # compile outside the timing
-                timings.append((do_bench(lambda: self.launch(fn, args, sizes, config), warmup=2, rep=10), config))
-            except Exception:  # a config that does not compile (e.g. out of resources) is skipped
+                launch = self.launch_for(args, sizes, config)
+            except Exception as e:  # a config that does not compile or fit (OutOfResources) is skipped
+                error = e
                 continue
+            timings.append((gpu_time(lambda: launch(*args)), config))
         if not timings:
-            raise RuntimeError(f"no block-size config of {self.name} runs")
+            raise RuntimeError(f"no block-size config of {self.name} runs") from error
         if os.environ.get("FUSELENS_AUTOTUNE_LOG"):
             print(f"autotune {self.name} {self.mode} {sizes}: " +
                   ", ".join(f"{c.XBLOCK}x{c.RBLOCK}/{c.num_warps}w {ms * 1e3:.1f}us" for ms, c in timings),
@@ -235,62 +219,75 @@ class TritonKernel:
         return min(timings, key=lambda tc: tc[0])[1]
 
 
-_prewarm_thread = None
-
-
-def _prewarm():
-    try:
-        import triton
-        try:
-            from triton.runtime.cache import triton_key
-        except ImportError:
-            from triton.compiler.compiler import triton_key
-        triton_key()  # hashes Triton's own files and library: the first compile's cache key needs it
-        triton.runtime.driver.active.get_current_device()  # driver start (builds its C helpers on a cold cache)
-    except Exception:  # only a head start: the first launch does all this itself
-        pass
-
-
-def prewarm():
-    """Start Triton's one-time work (import, cache key, driver) in a thread while the backend
-    lowers and generates kernels; the first launch waits for it (Triton's lazy driver setup is not
-    thread-safe). Its file reads, hashing and compiler subprocesses release the GIL."""
-    global _prewarm_thread
-    if _prewarm_thread is None and not INTERPRET:
-        _prewarm_thread = threading.Thread(target=_prewarm, name="fuselens-triton-prewarm", daemon=True)
-        _prewarm_thread.start()
-
-
-def _join_prewarm():
-    if _prewarm_thread is not None and _prewarm_thread.is_alive():
-        _prewarm_thread.join()
-
-
-_rt = None  # triton.knobs.runtime (launch hooks), looked up once
-_get_device = _get_stream = None  # torch's current CUDA device and raw stream, bound on first GPU launch
-
-
-def _bind_cuda():
-    global _get_device, _get_stream
+def gpu_time(fn, budget_ms=5.0):
+    """Milliseconds per call of `fn` (launches on the current stream), timed with CUDA events over
+    about `budget_ms` of back-to-back calls after a warm-up call."""
     import torch
-    _get_device, _get_stream = torch._C._cuda_getDevice, torch._C._cuda_getCurrentRawStream
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    n = max(1, min(100, int(budget_ms / max(start.elapsed_time(end), 1e-3))))
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / n
+
+
+_binaries: dict = {}  # cubin cache key -> {device: cuda.Binary}, shared by kernels of the same source
+
+
+def cubin_dir():
+    return os.path.join(cache_dir(), "cubin")
+
+
+def cubin_job(fn, source, name, spec, config, device):
+    """(cache key, function compiling the cubin with Triton's stages) for this specialization and config."""
+    from . import cuda
+    import torch
+    major, minor = torch.cuda.get_device_capability(device)
+    arch = major * 10 + minor
+    key = cuda.cache_key(source, name, *spec, config.num_warps, arch)
+    return key, lambda: cuda.compile_cubin(fn, *spec, config.num_warps, arch)
+
+
+def load_binary(fn, source, name, spec, config, device):
+    """The kernel compiled for this specialization and config, loaded on `device`: from memory,
+    from fuselens's cubin cache, or compiled by Triton's stages (timed as Triton's part)."""
+    from . import cuda
+    from ..runtime import stats
+    key, compile_fn = cubin_job(fn, source, name, spec, config, device)
+    loaded = _binaries.setdefault(key, {})
+    if device not in loaded:
+        def timed():
+            with stats.triton_compile():
+                return compile_fn()
+        cubin, meta = cuda.cached_cubin(cubin_dir(), key, timed)
+        loaded[device] = cuda.Binary(cubin, meta, device)
+    return loaded[device]
+
+
+def compile_concurrently(jobs):
+    """Compile the cubins of `jobs` (from cubin_job) that are in neither memory nor fuselens's
+    cache, in threads (Triton's stages release the GIL in MLIR, LLVM and ptxas), into the cache:
+    autotuning then pays about one compile instead of one per candidate. A job that fails here
+    fails again, with its error, when its config is launched."""
+    from concurrent.futures import ThreadPoolExecutor
+    from . import cuda
+    from ..runtime import stats
+    directory = cubin_dir()
+    missing = [(k, f) for k, f in jobs if k not in _binaries and not os.path.exists(os.path.join(directory, k + ".json"))]
+    if len(missing) < 2:
+        return
+    with stats.triton_compile(), ThreadPoolExecutor(len(missing)) as pool:
+        for future in [pool.submit(cuda.cached_cubin, directory, k, f) for k, f in missing]:
+            future.exception()
 
 
 def torch_cuda_device():
     import torch
     return torch._C._cuda_getDevice()
-
-
-def _idle(hook):
-    return hook is None or (hasattr(hook, "calls") and not hook.calls)  # triton >= 3.7: an empty HookChain
-
-
-def _hooks():
-    """Triton's launch hooks when none is set (the direct launch then passes no launch metadata),
-    else None (launch through Triton's JIT, which builds the metadata the hooks read)."""
-    global _rt
-    if _rt is None:
-        from triton import knobs
-        _rt = knobs.runtime
-    enter, exit_ = _rt.launch_enter_hook, _rt.launch_exit_hook
-    return (enter, exit_) if _idle(enter) and _idle(exit_) else None

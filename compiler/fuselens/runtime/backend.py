@@ -157,8 +157,6 @@ class CompiledGraph:
 
     def _build(self, inputs):
         device = graph_device(self.gm, inputs)
-        if device.type == "cuda":
-            launcher.prewarm()  # Triton's one-time start, overlapped with lowering and codegen
         dynamic = self._dynamic_values(inputs)
         needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
         if launcher.INTERPRET:

@@ -1,0 +1,148 @@
+"""fuselens's own compile and launch path (codegen/cuda.py), the parts that run without a GPU:
+argument specialization, cubin cache keys and files, the launch function's parameter buffer
+(read back through a stand-in for cuLaunchKernel), and Triton's stages compiling a cubin."""
+import ctypes
+import os
+import pathlib
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+from fuselens.codegen import cuda, launcher
+
+P = types.SimpleNamespace
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def params(*names, seed=None, constexpr=("XBLOCK",)):
+    return [P(name=n, is_constexpr=n in constexpr, do_not_specialize=n == seed) for n in names]
+
+
+def test_specialization_follows_tritons_rules():
+    x = torch.empty(64)
+    ps = params("in_ptr0", "out_ptr0", "seed", "ks0", "ks1", "ks2", "xnumel", "XBLOCK", seed="seed")
+    sig, consts, attrs = cuda.specialize(ps, (x, x[1:], 1, 1, 48, 2 ** 31 + 16), (100,), launcher.Config(128))
+    assert sig == {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "seed": "i64", "ks0": "constexpr", "ks1": "i32",
+                   "ks2": "i64", "xnumel": "i32", "XBLOCK": "constexpr"}
+    assert consts == {(3,): 1, (7,): 128}  # the seed is never a constant, even when it is 1
+    assert set(attrs) == {(0,), (4,), (5,)}  # aligned pointer, ints divisible by 16; not x[1:], not the seed
+    bf = cuda.specialize(params("a", "xnumel", "XBLOCK"), (torch.empty(4, dtype=torch.bfloat16), 0.5), (),
+                         launcher.Config(4))[0]
+    assert bf == {"a": "*bf16", "xnumel": "fp32", "XBLOCK": "constexpr"}
+
+
+def test_cache_key_covers_what_changes_the_cubin():
+    x = torch.empty(64)
+    ps = params("in_ptr0", "xnumel", "XBLOCK")
+    spec = cuda.specialize(ps, (x,), (64,), launcher.Config(64))
+    base = cuda.cache_key("src", "k", *spec, 4, 90)
+    assert base == cuda.cache_key("src", "k", *spec, 4, 90)
+    unaligned = cuda.specialize(ps, (x[1:],), (64,), launcher.Config(64))
+    other_block = cuda.specialize(ps, (x,), (64,), launcher.Config(32))
+    others = {cuda.cache_key("src2", "k", *spec, 4, 90), cuda.cache_key("src", "k", *spec, 8, 90),
+              cuda.cache_key("src", "k", *spec, 4, 80), cuda.cache_key("src", "k", *unaligned, 4, 90),
+              cuda.cache_key("src", "k", *other_block, 4, 90)}
+    assert base not in others and len(others) == 5
+
+
+def test_cubin_cache_compiles_once(tmp_path):
+    calls = []
+
+    def compile_fn():
+        calls.append(1)
+        return b"\x7fELF cubin", {"name": "k", "shared": 0, "num_warps": 4, "n_params": 3}
+    first = cuda.cached_cubin(str(tmp_path), "key", compile_fn)
+    second = cuda.cached_cubin(str(tmp_path), "key", compile_fn)
+    assert first == second == (b"\x7fELF cubin", {"name": "k", "shared": 0, "num_warps": 4, "n_params": 3})
+    assert calls == [1] and sorted(os.listdir(tmp_path)) == ["key.cubin", "key.json"]
+
+
+class FakeDriver:
+    """cuLaunchKernel's stand-in: reads the parameters back through the pointer array."""
+
+    def __init__(self, codes):
+        self.codes, self.calls = codes, []
+
+    def cuLaunchKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        values = [ctypes.cast(params[i], ctypes.POINTER(ctype)).contents.value for i, ctype in enumerate(self.codes)]
+        self.calls.append(((gx, gy, gz), (bx, by, bz), shared, stream.value, values))
+        return 0
+
+
+def test_launch_packs_parameters_and_refuses_what_it_was_not_built_for(monkeypatch):
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 0x7F00_0000_1234, raising=False)
+    u64, i64, i32, f32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+    # in_ptr0, out_ptr0, seed (i64), ks1 (i32), scale (fp32), xnumel (i64), 2 scratch pointers
+    fake = FakeDriver([u64, u64, i64, i32, f32, i64, u64, u64])
+    monkeypatch.setattr(cuda, "_lib", fake)
+    ps = params("in_ptr0", "out_ptr0", "seed", "ks0", "ks1", "scale", "xnumel", "XBLOCK", seed="seed")
+    x, y = torch.empty(64), torch.empty(64)
+    args, sizes, config = (x, y, 5, 1, 48, 0.5), (2 ** 33,), launcher.Config(1024, None, 8)
+    spec = cuda.specialize(ps, args, sizes, config)
+    binary = P(name="k", function=ctypes.c_void_p(1234), threads=256, shared=0, n_params=8)
+    launch = cuda.make_launch(binary, ps, spec, args, sizes, grid=2 ** 23, device=0)
+    assert launch(*args) and launch(x, y, 6, 1, 48, 0.25)
+    assert fake.calls == [((2 ** 23, 1, 1), (256, 1, 1), 0, 0x7F00_0000_1234,
+                           [x.data_ptr(), y.data_ptr(), seed, 48, scale, 2 ** 33, 0, 0])
+                          for seed, scale in ((5, 0.5), (6, 0.25))]
+    assert not launch(x[1:], y, 5, 1, 48, 0.5)  # compiled for an aligned in_ptr0
+    assert not launch(x, y, 5, 2, 48, 0.5)      # ks0 was the constant 1
+    assert not launch(x, y, 5, 1, 32, 0.5)      # another size
+    assert not cuda.make_launch(binary, ps, spec, args, sizes, grid=2 ** 23, device=1)(*args)  # current is 0
+    assert len(fake.calls) == 2
+
+
+def test_launch_error_names_the_kernel(monkeypatch):
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 0, raising=False)
+
+    class Failing(FakeDriver):
+        def cuLaunchKernel(self, *a):
+            return 719  # CUDA_ERROR_LAUNCH_FAILED
+
+        def cuGetErrorName(self, err, out):
+            ctypes.cast(out, ctypes.POINTER(ctypes.c_char_p))[0] = b"CUDA_ERROR_LAUNCH_FAILED"
+            return 0
+    monkeypatch.setattr(cuda, "_lib", Failing([]))
+    ps = params("in_ptr0", "xnumel", "XBLOCK")
+    x = torch.empty(16)
+    spec = cuda.specialize(ps, (x,), (16,), launcher.Config(16))
+    launch = cuda.make_launch(P(name="fl_kernel_3", function=ctypes.c_void_p(1), threads=128, shared=0, n_params=4),
+                              ps, spec, (x,), (16,), grid=1, device=0)
+    with pytest.raises(cuda.CudaError, match=r"719 \(CUDA_ERROR_LAUNCH_FAILED\) in cuLaunchKernel\(fl_kernel_3\)"):
+        launch(x)
+
+
+COMPILE = '''
+import torch
+from fuselens.codegen import cuda, launcher
+src = """import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["seed"])
+def k(in_ptr0, out_ptr0, seed, xnumel, RBLOCK_UNUSED, XBLOCK: tl.constexpr):
+    x = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    tl.store(out_ptr0 + x, tl.load(in_ptr0 + x, x < xnumel) + tl.rand(seed, x), x < xnumel)
+"""
+fn = launcher.load_module(src).k
+x = torch.empty(4096)
+spec = cuda.specialize(fn.params, (x, x, 7), (4096, 3), launcher.Config(1024))
+cubin, meta = cuda.compile_cubin(fn, *spec, 4, 90)
+print(cubin[:4] == b"\\x7fELF", meta)
+'''
+
+
+def test_tritons_stages_compile_a_cubin_without_a_gpu(tmp_path):
+    """Triton's stages for an explicit target need no GPU (nor Triton's driver): the cubin and the
+    parameter count the launch relies on (pointers, seed, xnumel, an unused int, 2 scratch pointers)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("FUSELENS_INTERPRET", "TRITON_INTERPRET")}
+    env.update(PYTHONPATH=str(ROOT / "compiler"), FUSELENS_CACHE_DIR=str(tmp_path), TRITON_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "True {'name': 'k', 'shared': 0, 'num_warps': 4, 'n_params': 7}"
+    assert not any(p.name.endswith(".so") for p in tmp_path.rglob("*"))  # no driver helper was built
