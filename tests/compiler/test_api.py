@@ -1,4 +1,6 @@
 """The public API's edges: what users pass in, and the errors they get."""
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
@@ -51,3 +53,13 @@ def test_bad_arguments_say_what_to_do():
         fuselens.inspect(lambda x: x)
     with pytest.raises(fuselens.NoSourceError):
         fuselens.explain(torch.sin, torch.randn(2))
+
+
+def test_lambdas_sharing_a_line_compile_the_right_one():
+    make = lambda: lambda x, y: torch.relu(x) * y  # noqa: E731  (two lambdas start on this line)
+    f = fuselens.compile(make())
+    x, y = torch.randn(5), torch.randn(5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fuselens.FuselensWarning)  # no eager fallback
+        torch.testing.assert_close(f(x, y), torch.relu(x) * y)
+    assert fuselens.explain(make(), x, y).graph_count == 1

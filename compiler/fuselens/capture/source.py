@@ -47,7 +47,7 @@ _AST_CACHE: dict[tuple, ast.AST] = {}
 
 
 def _find_def(tree: ast.AST, code: types.CodeType):
-    best = None
+    best, lambdas = None, []
     for n in ast.walk(tree):
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == code.co_name:
             first = n.decorator_list[0].lineno if n.decorator_list else n.lineno
@@ -55,8 +55,18 @@ def _find_def(tree: ast.AST, code: types.CodeType):
                 return n
             best = best or n
         elif isinstance(n, ast.Lambda) and code.co_name == "<lambda>" and n.lineno == code.co_firstlineno:
-            return n
-    return best
+            lambdas.append(n)
+    return _which_lambda(lambdas, code) if lambdas else best
+
+
+def _which_lambda(lambdas, code: types.CodeType):
+    """The lambda `code` was compiled from, among those starting on its line (`lambda: lambda x: x`):
+    the one with its parameter names whose body holds the code's first instruction's column."""
+    names = list(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
+    same = [n for n in lambdas if [a.arg for a in n.args.posonlyargs + n.args.args + n.args.kwonlyargs] == names]
+    cols = [col for line, _, col, _ in code.co_positions() if line == code.co_firstlineno and col is not None]
+    inside = [n for n in same if cols and n.body.lineno == code.co_firstlineno and n.body.col_offset <= min(cols)]
+    return max(inside, key=lambda n: n.body.col_offset, default=(same or lambdas)[0])
 
 
 def function_source(fn) -> FunctionSource:
