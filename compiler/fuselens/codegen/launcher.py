@@ -100,9 +100,30 @@ def next_power_of_2(n):
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def configs(mode: str, xnumel: int, rnumel: int, interpret: bool, max_autotune: bool) -> list[Config]:
+def configs(mode: str, xnumel: int, rnumel: int, interpret: bool, max_autotune: bool,
+            chunk: int | None = None) -> list[Config]:
     """Candidate block sizes, best guess first. The interpreter runs one numpy op per block,
-    so it gets the largest blocks."""
+    so it gets the largest blocks. Chunked kernels (partials of column reductions) walk `chunk`
+    rows per program in blocks of XBLOCK rows: XBLOCK divides the chunk (both powers of two)."""
+    if mode == "chunked_rows":  # whole rows per block, as persistent
+        rblock = next_power_of_2(rnumel)
+        if interpret:
+            return [Config(max(1, min(chunk, 4096 // rblock)), rblock)]
+        xs = [x for x in (1, 2, 4, 8, 16, 32, 64) if x * rblock <= 8192 and x <= chunk] or [1]
+        xs = xs if max_autotune else xs[-1:]
+        return [Config(x, rblock, 8 if x * rblock >= 2048 else 4) for x in xs]
+    if mode == "chunked_tiles":  # [XBLOCK rows, RBLOCK columns] tiles, RBLOCK <= MAX_RTILE (1024)
+        rmax = min(next_power_of_2(rnumel), 1024)
+        if interpret:
+            return [Config(min(chunk, 16), min(rmax, 512))]
+        pairs = [(8, 512), (32, 128)] + ([(16, 256), (4, 1024), (64, 64), (32, 256), (16, 512), (8, 256)]
+                                         if max_autotune else [])
+        out = []
+        for x, r in pairs:
+            c = Config(min(x, chunk), min(r, rmax), 8 if min(x, chunk) * min(r, rmax) >= 4096 else 4)
+            if c not in out:
+                out.append(c)
+        return out
     if mode == "pointwise":
         if interpret:
             return [Config(min(next_power_of_2(xnumel), 1024))]
@@ -129,6 +150,15 @@ def configs(mode: str, xnumel: int, rnumel: int, interpret: bool, max_autotune: 
     pairs = [(1, 2048), (8, 256)] + ([(4, 512), (32, 64), (1, 1024), (2, 1024), (16, 128), (64, 64)] if max_autotune
                                      else [])
     return [Config(x, r, 8 if x * r >= 2048 else 4) for x, r in pairs if x <= max(next_power_of_2(xnumel), 1)]
+
+
+def grid0(mode, sizes, config):
+    """Programs of one launch. sizes: (xnumel,), (xnumel, rnumel) or (xnumel, rnumel, xchunk)."""
+    if mode == "chunked_rows":
+        return -(-sizes[0] // sizes[2])
+    if mode == "chunked_tiles":
+        return -(-sizes[0] // sizes[2]) * -(-sizes[1] // config.RBLOCK)
+    return -(-sizes[0] // config.XBLOCK)
 
 
 def _arg_sig(args):
@@ -169,39 +199,39 @@ class TritonKernel:
             self._fn = getattr(load_module(self.source), self.name)
         return self._fn
 
-    def run(self, *args, xnumel, rnumel=None):
+    def run(self, *args, xnumel, rnumel=None, xchunk=None):
         if xnumel == 0:
             return
         fast = self._fast.get((xnumel, rnumel))
         if fast is not None:
-            device, grid0, tail, kernels = fast
+            device, nprog, tail, kernels = fast
             k = kernels.get(_arg_sig(args))
             if k is not None and _get_device() == device:
                 hooks = _hooks()
                 if hooks is not None:
-                    k[0](grid0, 1, 1, _get_stream(device), k[1], k[2], None, *hooks, *args, *tail)
+                    k[0](nprog, 1, 1, _get_stream(device), k[1], k[2], None, *hooks, *args, *tail)
                     return
         device = next(a.device for a in args if hasattr(a, "device"))
         fn = self.fn
-        sizes = (xnumel,) if rnumel is None else (xnumel, rnumel)
+        sizes = (xnumel,) if rnumel is None else (xnumel, rnumel) if xchunk is None else (xnumel, rnumel, xchunk)
         key = (str(device), xnumel, rnumel)
         config = self.best.get(key)
         if config is None:
-            candidates = configs(self.mode, xnumel, rnumel or 1, INTERPRET, self.max_autotune)
+            candidates = configs(self.mode, xnumel, rnumel or 1, INTERPRET, self.max_autotune, xchunk)
             config = candidates[0] if len(candidates) == 1 else self.autotune(fn, args, sizes, candidates)
             self.best[key] = config
         ck = self.launch(fn, args, sizes, config)
         if ck is not None and not INTERPRET and device.type == "cuda" and hasattr(ck, "packed_metadata"):
             tail = sizes + ((config.XBLOCK,) if config.RBLOCK is None else (config.XBLOCK, config.RBLOCK))
-            grid0 = -(-sizes[0] // config.XBLOCK)
-            entry = self._fast.setdefault((xnumel, rnumel), (torch_cuda_device(), grid0, tail, {}))
-            if entry[1] == grid0 and entry[2] == tail:
+            grid = grid0(self.mode, sizes, config)
+            entry = self._fast.setdefault((xnumel, rnumel), (torch_cuda_device(), grid, tail, {}))
+            if entry[1] == grid and entry[2] == tail:
                 entry[3][_arg_sig(args)] = (ck.run, ck.function, ck.packed_metadata)
             _bind_cuda()
 
     def launch(self, fn, args, sizes, config):
         """Launch through Triton's JIT; returns the compiled kernel (None in the interpreter)."""
-        grid = (-(-sizes[0] // config.XBLOCK),)
+        grid = (grid0(self.mode, sizes, config),)
         if INTERPRET:
             with np.errstate(all="ignore"):  # the interpreter computes masked-off lanes too (x/0 is harmless)
                 fn[grid](*args, *sizes, **config.kwargs())
