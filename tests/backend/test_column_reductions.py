@@ -128,3 +128,11 @@ def test_small_column_reductions_stay_one_stage(monkeypatch):
     monkeypatch.setattr(fusion, "COLUMN_SPLIT_MIN_ROWS", 1024)
     cg = check(lambda x: x.sum(0), randn(50, 9), grad=False)
     assert len(cg.kernels) == 1
+
+
+def test_partials_without_a_row_kernel_take_longer_chunks(monkeypatch, caplog):
+    monkeypatch.setattr(fusion, "TILE_PROGRAMS", 2)  # 2 chunks of 100 rows: 64 rows each (from 32)
+    cg, scheds = schedules(caplog, lambda x: x.sum(0), randn(100, 37), grad=False)
+    assert "partials of 64 rows" in scheds[0][0] and "reduction over [2, 37] reducing dims [0]" in scheds[0][1]
+    cg, (_, bwd) = schedules(caplog, manual_layer_norm, randn(100, 48), randn(48), randn(48))
+    assert "partials of 32 rows" in bwd[0]  # joined the dx kernel: chunks as before

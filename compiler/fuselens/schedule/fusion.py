@@ -32,6 +32,8 @@ COLUMN_SPLIT_MIN_ROWS = 1024
 # about this many partial rows (2 per SM of an H100); chunks are powers of two of at least MIN_CHUNK rows
 TARGET_PARTIALS = 256
 MIN_CHUNK = 8
+# partials in kernels without row reductions (columns tiled too): about this many programs
+TILE_PROGRAMS, TILE_COLS = 512, 512
 # rows longer than this are reduced in a loop (codegen/triton.py), kept here for the scheduler's checks
 PERSISTENT_RNUMEL_MAX = 4096
 
@@ -75,10 +77,27 @@ def is_column_reduction(buf):
     return bool(red and kept) and max(red) < min(kept)
 
 
+def tile_chunk(rows, cols):
+    """Chunk for partials in a kernel without row reductions (columns tiled by ~TILE_COLS):
+    about TILE_PROGRAMS programs in all, so each streams a large tile (short chunks left the
+    H100 at a third of the copy rate for bf16)."""
+    chunk = max(MIN_CHUNK, -(-rows // max(1, TILE_PROGRAMS // -(-cols // TILE_COLS))))
+    return 1 << (chunk - 1).bit_length()
+
+
+def set_chunk(partial, stage2, chunk):
+    first = min(partial.red_dims)
+    rows = math.prod(partial.in_shape[d] for d in partial.red_dims)
+    pshape = tuple(-(-rows // chunk) if d == first else s for d, s in enumerate(stage2.shape))
+    partial.shape, partial.stride, partial.chunk = pshape, contiguous_strides(pshape), chunk
+    stage2.body, stage2.in_shape, stage2.red_dims = buffer_view(partial).load, pshape, (first,)
+
+
 def split_column_reductions(graph: LoweredGraph):
     """Split each long column reduction into a partial (stage 1) and the reduction of the
-    partials (stage 2, the original buffer, which keeps its name, shape and readers)."""
-    steps = []
+    partials (stage 2, the original buffer, which keeps its name, shape and readers).
+    Returns {partial name: (partial, stage 2)}."""
+    steps, pairs = [], {}
     for buf in graph.steps:
         if not is_column_reduction(buf):
             steps.append(buf)
@@ -87,16 +106,14 @@ def split_column_reductions(graph: LoweredGraph):
         if rows < COLUMN_SPLIT_MIN_ROWS:
             steps.append(buf)
             continue
-        chunk = chunk_for(rows)
-        first = min(buf.red_dims)
-        pshape = tuple(-(-rows // chunk) if d == first else s for d, s in enumerate(buf.shape))
-        partial = ComputedBuffer(f"{buf.name}_partial", pshape, contiguous_strides(pshape),
-                                 compute_dtype(buf.dtype), body=buf.body, kind="partial", in_shape=buf.in_shape,
-                                 red_dims=buf.red_dims, reduce=buf.reduce, loc=buf.loc, chunk=chunk)
-        view = buffer_view(partial)
-        buf.body, buf.in_shape, buf.red_dims = view.load, pshape, (first,)
+        partial = ComputedBuffer(f"{buf.name}_partial", (), (), compute_dtype(buf.dtype), body=buf.body,
+                                 kind="partial", in_shape=buf.in_shape, red_dims=buf.red_dims, reduce=buf.reduce,
+                                 loc=buf.loc)
+        set_chunk(partial, buf, chunk_for(rows))
         steps += [partial, buf]
+        pairs[partial.name] = (partial, buf)
     graph.steps = steps
+    return pairs
 
 
 def compute_dtype(dtype):
@@ -297,5 +314,18 @@ class Scheduler:
 
 
 def schedule(graph: LoweredGraph) -> Schedule:
-    split_column_reductions(graph)
-    return Scheduler(graph).run()
+    pairs = split_column_reductions(graph)
+    sched = Scheduler(graph).run()
+    # partials that found no row kernel to join: longer chunks (the column tiles give the
+    # parallelism), then schedule again with the new partial shapes
+    changed = False
+    for k in sched.steps:
+        if isinstance(k, FusedKernel) and k.chunk and not k.has_row_reductions:
+            for n in k.nodes:
+                if n.kind == "partial":
+                    rows = math.prod(n.in_shape[d] for d in n.red_dims)
+                    chunk = max(n.chunk, tile_chunk(rows, math.prod(n.in_shape) // max(rows, 1)))
+                    if chunk != n.chunk:
+                        set_chunk(*pairs[n.name], chunk)
+                        changed = True
+    return Scheduler(graph).run() if changed else sched
