@@ -101,9 +101,32 @@ def next_power_of_2(n):
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def configs(mode: str, xnumel: int, rnumel: int, interpret: bool, max_autotune: bool) -> list[Config]:
+def configs(mode: str, xnumel: int, rnumel: int, interpret: bool, max_autotune: bool,
+            chunk: int | None = None) -> list[Config]:
     """Candidate block sizes, best guess first. The interpreter runs one numpy op per block,
-    so it gets the largest blocks."""
+    so it gets the largest blocks. Chunked kernels (partials of column reductions) walk `chunk`
+    rows per program in blocks of XBLOCK rows: XBLOCK divides the chunk (both powers of two)."""
+    if mode == "chunked_rows":  # whole rows per block, as persistent
+        rblock = next_power_of_2(rnumel)
+        if interpret:
+            return [Config(max(1, min(chunk, 4096 // rblock)), rblock)]
+        xs = [x for x in (1, 2, 4, 8, 16, 32, 64) if x * rblock <= 8192 and x <= chunk] or [1]
+        xs = xs if max_autotune else xs[-1:]
+        return [Config(x, rblock, 8 if x * rblock >= 2048 else 4) for x in xs]
+    if mode == "chunked_tiles":  # [XBLOCK rows, RBLOCK columns] tiles, RBLOCK <= MAX_RTILE (1024)
+        rmax = min(next_power_of_2(rnumel), 1024)
+        if interpret:
+            return [Config(min(chunk, 16), min(rmax, 512))]
+        # default mode: the two shapes that won the H100 timings (bench/column_reductions.py, max-autotune):
+        # 64x64 for bf16 column sums (50 us vs 80-150 for the rest) and a bias gradient, 8x512 for fp32
+        pairs = [(64, 64), (8, 512)] + ([(16, 256), (4, 1024), (32, 128), (32, 256), (16, 512), (8, 256)]
+                                        if max_autotune else [])
+        out = []
+        for x, r in pairs:
+            c = Config(min(x, chunk), min(r, rmax), 8 if min(x, chunk) * min(r, rmax) >= 4096 else 4)
+            if c not in out:
+                out.append(c)
+        return out
     if mode == "pointwise":
         if interpret:
             return [Config(min(next_power_of_2(xnumel), 1024))]
@@ -132,6 +155,15 @@ def configs(mode: str, xnumel: int, rnumel: int, interpret: bool, max_autotune: 
     return [Config(x, r, 8 if x * r >= 2048 else 4) for x, r in pairs if x <= max(next_power_of_2(xnumel), 1)]
 
 
+def grid0(mode, sizes, config):
+    """Programs of one launch. sizes: (xnumel,), (xnumel, rnumel) or (xnumel, rnumel, xchunk)."""
+    if mode == "chunked_rows":
+        return -(-sizes[0] // sizes[2])
+    if mode == "chunked_tiles":
+        return -(-sizes[0] // sizes[2]) * -(-sizes[1] // config.RBLOCK)
+    return -(-sizes[0] // config.XBLOCK)
+
+
 class TritonKernel:
     """A generated kernel as the wrapper calls it: `kernel.run(*args, xnumel=..., rnumel=...)`,
     args being tensors first, then scalars.
@@ -154,23 +186,23 @@ class TritonKernel:
             self._fn = getattr(load_module(self.source), self.name)
         return self._fn
 
-    def run(self, *args, xnumel, rnumel=None):
+    def run(self, *args, xnumel, rnumel=None, xchunk=None):
         fast = self._fast.get((xnumel, rnumel))
         if fast is not None and fast(*args):
             return
         if xnumel == 0:
             return
         device = next(a.device for a in args if hasattr(a, "device"))
-        sizes = (xnumel,) if rnumel is None else (xnumel, rnumel)
+        sizes = (xnumel,) if rnumel is None else (xnumel, rnumel) if xchunk is None else (xnumel, rnumel, xchunk)
         key = (str(device), xnumel, rnumel)
         config = self.best.get(key)
         if config is None:
-            candidates = configs(self.mode, xnumel, rnumel or 1, INTERPRET, self.max_autotune)
+            candidates = configs(self.mode, xnumel, rnumel or 1, INTERPRET, self.max_autotune, xchunk)
             config = candidates[0] if len(candidates) == 1 else self.autotune(args, sizes, candidates)
             self.best[key] = config
         if INTERPRET:
             with np.errstate(all="ignore"):  # the interpreter computes masked-off lanes too (x/0 is harmless)
-                self.fn[(-(-xnumel // config.XBLOCK),)](*args, *sizes, **config.kwargs())
+                self.fn[(grid0(self.mode, sizes, config),)](*args, *sizes, **config.kwargs())
             return
         launch = self.launch_for(args, sizes, config)
         self._fast[(xnumel, rnumel)] = launch
@@ -192,7 +224,7 @@ class TritonKernel:
         if launch is None:
             device = key[1]
             binary = load_binary(self.fn, self.source, self.name, spec, config, device)
-            launch = cuda.make_launch(binary, self.fn.params, spec, args, sizes, -(-sizes[0] // config.XBLOCK),
+            launch = cuda.make_launch(binary, self.fn.params, spec, args, sizes, grid0(self.mode, sizes, config),
                                       device)
             self._launches[key] = launch
         return launch

@@ -8,6 +8,13 @@ line (`tmp7 = tmp3 * tmp5  # model.py:12 ...`), with common subexpressions reuse
               XBLOCK whole rows (RBLOCK >= rnumel), every reduction and epilogue is straight-line.
   looped      longer rows: each reduction loops over the row in RBLOCK chunks; values that must
               be stored are computed in a final loop.
+  chunked     kernels computing partials (stage 1 of a column reduction, schedule/fusion.py):
+              program p walks rows [p*xchunk, (p+1)*xchunk) in blocks of XBLOCK rows and keeps
+              one accumulator per partial, [1, RBLOCK], in registers (the block's column sums
+              added each step); after the loop it stores them as row p of the partials.
+              chunked_rows: with row reductions, a block holds whole rows (RBLOCK >= rnumel),
+              the rest of the kernel is as persistent; chunked_tiles: no row reductions, so
+              the columns are tiled too (program = (chunk, column tile)).
 Half-precision values are computed in fp32 (loads upcast, stores round). Sizes, strides and
 offsets are kernel arguments (`ks0, ks1, ...`).
 """
@@ -29,6 +36,7 @@ from .launcher import next_power_of_2
 PERSISTENT_RNUMEL_MAX = 4096
 # blocks never exceed this many elements, so a size divisible by it needs no mask
 MAX_XBLOCK = 1024
+MAX_RTILE = 1024  # column tiles of chunked kernels without row reductions (launcher.configs)
 
 TL_DTYPES = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
              torch.float64: "tl.float64", torch.int8: "tl.int8", torch.int16: "tl.int16", torch.int32: "tl.int32",
@@ -36,6 +44,8 @@ TL_DTYPES = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfl
 
 REDUCE_FINAL = {"sum": "tl.sum({0}, 1)", "max": "tl.max({0}, 1)", "min": "tl.min({0}, 1)",
                 "prod": "tl.reduce({0}, 1, _prod_combine)"}
+REDUCE_AXIS0 = {"sum": "tl.sum({0}, 0)", "max": "tl.max({0}, 0)", "min": "tl.min({0}, 0)",
+                "prod": "tl.reduce({0}, 0, _prod_combine)"}
 REDUCE_COMBINE = {"sum": "{0} + {1}", "max": "tl.maximum({0}, {1})", "min": "tl.minimum({0}, {1})",
                   "prod": "{0} * {1}"}
 
@@ -109,13 +119,20 @@ class KernelWriter:
         self.r_dims = [d for d, s in enumerate(shape) if s != 1 and d in self.red]
         self.xnumel = math.prod(s for d, s in enumerate(shape) if d not in self.red)
         self.rnumel = math.prod(shape[d] for d in self.red) if kernel.is_reduction else 1
+        self.chunk = kernel.chunk
         self.mode = "pointwise" if not kernel.is_reduction else \
             ("persistent" if self.rnumel <= PERSISTENT_RNUMEL_MAX else "looped")
+        if self.chunk:
+            self.mode = "chunked_rows" if kernel.has_row_reductions else "chunked_tiles"
         numel_limit = max([self.xnumel * self.rnumel] + [n.numel() for n in kernel.nodes])
         self.int64 = numel_limit >= 2 ** 31  # also set by generate() for inputs spanning that much memory
         dynamic = any(s in dynamic_values for s in shape)
-        self.need_xmask = dynamic or self.xnumel % MAX_XBLOCK != 0
+        self.need_xmask = dynamic or self.xnumel % (self.chunk or MAX_XBLOCK) != 0
         self.need_rmask = self.mode == "looped" or dynamic or next_power_of_2(self.rnumel) != self.rnumel
+        if self.mode == "chunked_tiles":  # column tiles of up to MAX_RTILE
+            self.need_rmask = dynamic or self.rnumel % MAX_RTILE != 0
+        self.accs: dict[str, str] = {}  # partial's name -> its accumulator
+        self._chunk_loop = None
         self.dynamic_values = dynamic_values
         self.group = {n.name: n for n in kernel.nodes}
         self.values: dict[str, CV] = {}  # reduction results and per-row values, by buffer name
@@ -371,6 +388,57 @@ class KernelWriter:
             self.varies[result.expr] = frozenset("x")
             return result
 
+    def chunk_setup(self):
+        """Before a chunked kernel's row loop: column indices, accumulators; then open the loop."""
+        k = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
+        if self.mode == "chunked_tiles":
+            self.emit("rtiles = tl.cdiv(rnumel, RBLOCK)")
+            self.emit(f"xpid = {k} // rtiles")
+            self.emit(f"rindex = ({k} % rtiles) * RBLOCK + tl.arange(0, RBLOCK)[None, :]")
+        else:
+            self.emit(f"xpid = {k}")
+            self.emit("rindex = tl.arange(0, RBLOCK)[None, :]")
+        self.emit("rmask = rindex < rnumel")
+        self.emit_index_vars(self.r_dims, "rindex", self.kernel.shape)
+        for buf in self.kernel.nodes:
+            if buf.kind == "partial":
+                dtype = compute_dtype(buf.dtype)
+                acc = self.new_tmp("r")
+                self.emit(f"{acc} = tl.full([1, RBLOCK], {neutral(buf.reduce, dtype)}, {TL_DTYPES[dtype]})",
+                          loc=buf.loc)
+                self.accs[buf.name] = acc
+        self.emit("for xoffset in range(xpid * xchunk, xpid * xchunk + xchunk, XBLOCK):")
+        self._chunk_loop = self.scope()
+        self._chunk_loop.__enter__()
+        self.emit("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
+        self.emit("xmask = xindex < xnumel")
+        self.emit_index_vars(self.x_dims, "xindex", self.kernel.shape)
+
+    def partial(self, buf):
+        """Add this block's rows of a partial to its accumulator."""
+        value = buf.body(self.vars_for(buf))
+        dtype = compute_dtype(buf.dtype)
+        with self.at(buf.loc):
+            self.op_names.add({"max": "amax", "min": "amin"}.get(buf.reduce, buf.reduce))
+            self.uses_prod |= buf.reduce == "prod"
+            if value.literal:
+                value = CV(f"tl.full([XBLOCK, RBLOCK], {value}, {TL_DTYPES[dtype]})", dtype)
+            elif self.axes(value.expr) != {"x", "r"}:
+                value = self.cse(f"tl.broadcast_to({value}, [XBLOCK, RBLOCK])", dtype)
+            if self.need_xmask:  # rows past the end (last chunk)
+                value = self.cse(f"tl.where(xmask, {value}, {neutral(buf.reduce, dtype)})", dtype)
+            acc = self.accs[buf.name]
+            part = REDUCE_AXIS0[buf.reduce].format(value) + "[None, :]"
+            self.emit(f"{acc} = {REDUCE_COMBINE[buf.reduce].format(acc, part)}")
+
+    def chunk_finish(self):
+        self._chunk_loop.__exit__(None, None, None)
+        for buf in self.kernel.nodes:
+            if buf.kind == "partial":
+                ptr = self.arg_for(buf, self.out_args, "out_ptr")
+                mask = ", rmask)" if self.need_rmask else ")"
+                self.emit(f"tl.store({ptr} + xpid * rnumel + rindex, {self.accs[buf.name]}{mask}", loc=buf.loc)
+
     def row_setup(self, looped):
         k = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
         if not self.kernel.is_reduction:
@@ -404,11 +472,16 @@ class KernelWriter:
 
     def body(self):
         looped = self.mode == "looped"
-        self.row_setup(looped)
+        if self.chunk:
+            self.chunk_setup()
+        else:
+            self.row_setup(looped)
         stores = self.kernel.stores
         epilogue_open = None
         for buf in self.kernel.nodes:
-            if buf.kind == "reduction":
+            if buf.kind == "partial":
+                self.partial(buf)
+            elif buf.kind == "reduction":
                 epilogue_open = self.close(epilogue_open)
                 if looped:
                     self.values[buf.name] = self.looped_reduction(buf)
@@ -428,6 +501,8 @@ class KernelWriter:
                     epilogue_open.__enter__()
                 self.store(buf, self.inline(buf))
         self.close(epilogue_open)
+        if self.chunk:
+            self.chunk_finish()
 
     def close(self, loop):
         if loop is not None:
@@ -483,6 +558,8 @@ class KernelWriter:
         params += list(self.size_args.values()) + ["xnumel"]
         if self.kernel.is_reduction:
             params += ["rnumel"]
+        if self.chunk:
+            params += ["xchunk"]
         params += ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if self.kernel.is_reduction else [])
         header = ["import triton", "import triton.language as tl", "from triton.language.extra import libdevice", ""]
         if self.uses_prod:

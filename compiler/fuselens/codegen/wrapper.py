@@ -192,7 +192,8 @@ class WrapperWriter:
                                    f"dtype={buf.dtype}, device=device)")
                 args = list(writer.in_args) + list(writer.out_args) + (["seed"] if writer.uses_seed else [])
                 args += [str(g.sizevars.values[sym]) for sym in writer.size_args]
-                sizes = f"xnumel={writer.xnumel}" + (f", rnumel={writer.rnumel}" if step.is_reduction else "")
+                sizes = f"xnumel={writer.xnumel}" + (f", rnumel={writer.rnumel}" if step.is_reduction else "") + \
+                    (f", xchunk={writer.chunk}" if writer.chunk else "")
                 if writer.xnumel == 0:
                     out.append(f"{indent}# {kernel.name}: empty, nothing to compute")
                 else:

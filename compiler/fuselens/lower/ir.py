@@ -117,13 +117,17 @@ class InputBuffer(Buffer):
 class ComputedBuffer(Buffer):
     """Filled by a kernel. Pointwise: `body(idx)` gives the element at idx (over `shape`).
     Reduction: `body(idx)` gives the input element at idx over `in_shape`; the dims in `red_dims`
-    are reduced with `reduce` ("sum", "prod", "max", "min"); `shape` keeps them as 1s."""
+    are reduced with `reduce` ("sum", "prod", "max", "min"); `shape` keeps them as 1s.
+    Partial (stage 1 of a column reduction, made by the scheduler): like a reduction, but the
+    reduced rows are reduced per chunk of `chunk` rows; `shape` has the number of chunks in place
+    of the first reduced dim."""
     body: object = None
     kind: str = "pointwise"
     in_shape: tuple = ()
     red_dims: tuple = ()
     reduce: str | None = None
     loc: tuple | None = None
+    chunk: int | None = None
 
 
 @dataclass(eq=False)

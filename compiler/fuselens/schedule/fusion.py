@@ -17,12 +17,25 @@ the same domain (one launch fewer); otherwise it starts a new kernel.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 
 import sympy
+import torch
 
-from ..lower.ir import ComputedBuffer, ExternBuffer, ExternCall, LoweredGraph, View, use_handler
+from ..lower.ir import ComputedBuffer, ExternBuffer, ExternCall, LoweredGraph, View, buffer_view, \
+    contiguous_strides, use_handler
 from torch.fx.node import map_aggregate
+
+# column reductions over at least this many rows run in two stages (module docstring)
+COLUMN_SPLIT_MIN_ROWS = 1024
+# about this many partial rows (2 per SM of an H100); chunks are powers of two of at least MIN_CHUNK rows
+TARGET_PARTIALS = 256
+MIN_CHUNK = 8
+# partials in kernels without row reductions (columns tiled too): about this many programs
+TILE_PROGRAMS, TILE_COLS = 512, 512
+# rows longer than this are reduced in a loop (codegen/triton.py), kept here for the scheduler's checks
+PERSISTENT_RNUMEL_MAX = 4096
 
 
 def loop_vars(shape, red_dims):
@@ -41,12 +54,75 @@ def row_shapes(shape, red_dims):
 
 
 def body_shape(buf: ComputedBuffer):
-    return buf.in_shape if buf.kind == "reduction" else buf.shape
+    return buf.in_shape if buf.kind in ("reduction", "partial") else buf.shape
+
+
+def row_dims(buf):
+    """The dims a partial keeps (its columns): a kernel holding it reduces these per row."""
+    return tuple(d for d in range(len(buf.in_shape)) if d not in buf.red_dims)
+
+
+def chunk_for(rows):
+    chunk = max(MIN_CHUNK, -(-rows // TARGET_PARTIALS))
+    return 1 << (chunk - 1).bit_length()
+
+
+def is_column_reduction(buf):
+    """A reduction of the outer dims with the kept ones trailing (sizes-1 dims aside)."""
+    if not isinstance(buf, ComputedBuffer) or buf.kind != "reduction":
+        return False
+    dims = [d for d, s in enumerate(buf.in_shape) if s != 1]
+    red = [d for d in dims if d in buf.red_dims]
+    kept = [d for d in dims if d not in buf.red_dims]
+    return bool(red and kept) and max(red) < min(kept)
+
+
+def tile_chunk(rows, cols):
+    """Chunk for partials in a kernel without row reductions (columns tiled by ~TILE_COLS):
+    about TILE_PROGRAMS programs in all, so each streams a large tile (short chunks left the
+    H100 at a third of the copy rate for bf16)."""
+    chunk = max(MIN_CHUNK, -(-rows // max(1, TILE_PROGRAMS // -(-cols // TILE_COLS))))
+    return 1 << (chunk - 1).bit_length()
+
+
+def set_chunk(partial, stage2, chunk):
+    first = min(partial.red_dims)
+    rows = math.prod(partial.in_shape[d] for d in partial.red_dims)
+    pshape = tuple(-(-rows // chunk) if d == first else s for d, s in enumerate(stage2.shape))
+    partial.shape, partial.stride, partial.chunk = pshape, contiguous_strides(pshape), chunk
+    stage2.body, stage2.in_shape, stage2.red_dims = buffer_view(partial).load, pshape, (first,)
+
+
+def split_column_reductions(graph: LoweredGraph):
+    """Split each long column reduction into a partial (stage 1) and the reduction of the
+    partials (stage 2, the original buffer, which keeps its name, shape and readers).
+    Returns {partial name: (partial, stage 2)}."""
+    steps, pairs = [], {}
+    for buf in graph.steps:
+        if not is_column_reduction(buf):
+            steps.append(buf)
+            continue
+        rows = math.prod(buf.in_shape[d] for d in buf.red_dims)
+        if rows < COLUMN_SPLIT_MIN_ROWS:
+            steps.append(buf)
+            continue
+        partial = ComputedBuffer(f"{buf.name}_partial", (), (), compute_dtype(buf.dtype), body=buf.body,
+                                 kind="partial", in_shape=buf.in_shape, red_dims=buf.red_dims, reduce=buf.reduce,
+                                 loc=buf.loc)
+        set_chunk(partial, buf, chunk_for(rows))
+        steps += [partial, buf]
+        pairs[partial.name] = (partial, buf)
+    graph.steps = steps
+    return pairs
+
+
+def compute_dtype(dtype):
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def node_vars(buf, shape, red_dims):
     """The loop variables `buf`'s body is evaluated at, in a kernel over `shape` reducing `red_dims`."""
-    if buf.kind == "reduction" or len(buf.shape) == len(shape):
+    if buf.kind in ("reduction", "partial") or len(buf.shape) == len(shape):
         return loop_vars(body_shape(buf), red_dims)
     kept = [d for d in range(len(shape)) if d not in red_dims]  # a per-row value without the reduced dims
     return [sympy.Integer(0) if s == 1 else sympy.Symbol(f"x{d}", integer=True, nonnegative=True)
@@ -91,6 +167,18 @@ class FusedKernel:
     def is_reduction(self):
         return self.red_dims is not None
 
+    @property
+    def chunk(self):
+        """Rows per program when the kernel computes partials (stage 1 of column reductions)."""
+        return next((n.chunk for n in self.nodes if n.kind == "partial"), None)
+
+    @property
+    def has_row_reductions(self):
+        return any(n.kind == "reduction" for n in self.nodes)
+
+    def rnumel(self):
+        return math.prod(self.shape[d] for d in self.red_dims or ())
+
 
 @dataclass
 class Schedule:
@@ -104,6 +192,8 @@ class Schedule:
                 continue
             over = f"reduction over {list(s.shape)} reducing dims {list(s.red_dims)}" if s.is_reduction else \
                 f"pointwise over {list(s.shape)}"
+            if s.chunk:
+                over += f", partials of {s.chunk} rows"
             lines.append(f"kernel ({over}): {', '.join(n.name for n in s.nodes)}; "
                          f"stores {', '.join(sorted(s.stores)) or 'nothing'}")
         return "\n".join(lines)
@@ -128,10 +218,19 @@ class Scheduler:
 
     def domain_for(self, kernel: FusedKernel, buf: ComputedBuffer):
         """The domain (shape, red_dims) the kernel would iterate with `buf` in it, or None."""
-        if buf.kind == "reduction":
-            shape, red = buf.in_shape, buf.red_dims
+        if buf.kind in ("reduction", "partial"):
+            shape, red = (buf.in_shape, row_dims(buf)) if buf.kind == "partial" else (buf.in_shape, buf.red_dims)
             if kernel.is_reduction:
-                return (shape, red) if (kernel.shape, kernel.red_dims) == (shape, red) else None
+                if (kernel.shape, kernel.red_dims) != (shape, red):
+                    return None
+                # partials keep whole rows in registers: no looped row reductions beside them
+                partials = kernel.chunk is not None or buf.kind == "partial"
+                row_red = kernel.has_row_reductions or buf.kind == "reduction"
+                if partials and row_red and kernel.rnumel() > PERSISTENT_RNUMEL_MAX:
+                    return None
+                if kernel.chunk is not None and buf.kind == "partial" and buf.chunk != kernel.chunk:
+                    return None
+                return shape, red
             # a pointwise kernel turns into a reduction kernel if all its nodes fit
             fits = all(n.shape == shape or n.shape in row_shapes(shape, red) for n in kernel.nodes)
             return (shape, red) if fits else None
@@ -152,6 +251,8 @@ class Scheduler:
         for src, index in self.reads(buf, shape, red):
             producer = self.group_of.get(src.name)
             if producer is kernel:
+                if src.kind == "partial":  # read by stage 2 only, after the whole kernel
+                    return None
                 if index != store_index(src, shape, red, self.sv):
                     return None
                 saved += 2 * src.numel() * src.dtype.itemsize
@@ -188,7 +289,8 @@ class Scheduler:
                 best.shape, best.red_dims = self.domain_for(best, step)
                 best.nodes.append(step)
             else:
-                best = FusedKernel([step], body_shape(step), step.red_dims if step.kind == "reduction" else None)
+                red = row_dims(step) if step.kind == "partial" else step.red_dims if step.kind == "reduction" else None
+                best = FusedKernel([step], body_shape(step), red)
                 self.position[id(best)] = len(steps)
                 steps.append(best)
             self.group_of[step.name] = best
@@ -212,4 +314,18 @@ class Scheduler:
 
 
 def schedule(graph: LoweredGraph) -> Schedule:
-    return Scheduler(graph).run()
+    pairs = split_column_reductions(graph)
+    sched = Scheduler(graph).run()
+    # partials that found no row kernel to join: longer chunks (the column tiles give the
+    # parallelism), then schedule again with the new partial shapes
+    changed = False
+    for k in sched.steps:
+        if isinstance(k, FusedKernel) and k.chunk and not k.has_row_reductions:
+            for n in k.nodes:
+                if n.kind == "partial":
+                    rows = math.prod(n.in_shape[d] for d in n.red_dims)
+                    chunk = max(n.chunk, tile_chunk(rows, math.prod(n.in_shape) // max(rows, 1)))
+                    if chunk != n.chunk:
+                        set_chunk(*pairs[n.name], chunk)
+                        changed = True
+    return Scheduler(graph).run() if changed else sched

@@ -1,0 +1,138 @@
+"""Column reductions (reducing the outer dims) in two stages: partials fused into the kernel
+that walks the same rows, then a small reduction of the partials (schedule/fusion.py)."""
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fl_backend_testing import DEVICE, check, compile, run
+from fuselens.codegen import triton as triton_codegen
+from fuselens.schedule import fusion
+
+
+@pytest.fixture(autouse=True)
+def small_split(monkeypatch):
+    """Split from 16 rows, chunks of at least 32 rows (so a chunk takes several blocks)."""
+    monkeypatch.setattr(fusion, "COLUMN_SPLIT_MIN_ROWS", 16)
+    monkeypatch.setattr(fusion, "TARGET_PARTIALS", 4)
+    monkeypatch.setattr(fusion, "MIN_CHUNK", 32)
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, device=DEVICE).to(dtype)
+
+
+def schedules(caplog, fn, *inputs, **kwargs):
+    """The schedules (forward, then backward) logged while `fn` is compiled and run."""
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="fuselens.schedule"):
+        cg = check(fn, *inputs, **kwargs)
+    return cg, [r.getMessage().split("\n")[1:] for r in caplog.records if r.name == "fuselens.schedule"]
+
+
+def manual_layer_norm(x, w, b):
+    mean = x.mean(dim=-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
+    return (x - mean) * torch.rsqrt(var + 1e-5) * w + b
+
+
+@pytest.mark.parametrize("shape,dims", [((100, 37), 0), ((64, 256), 0), ((33, 5, 7), (0, 1)), ((40, 3, 9), 0),
+                                        ((257, 1, 130), (0, 1))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_column_sum(caplog, shape, dims, dtype, keepdim):
+    def f(x):
+        return x.sum(dims, keepdim=keepdim)
+    x = randn(*shape, dtype=dtype)
+    cg, scheds = schedules(caplog, f, x, grad=False)
+    assert "partials of" in scheds[0][0] and "reducing dims [0]" in scheds[0][1]
+    if dtype == torch.bfloat16:  # accumulated in fp32: closer to the fp64 sum than bf16's rounding
+        exact = x.double().sum(dims, keepdim=keepdim)
+        assert (run(f, x)[1][0].double() - exact).abs().max() <= exact.abs().max() * 2 ** -7
+
+
+@pytest.mark.parametrize("op", ["amax", "amin", "mean", "prod"])
+def test_other_column_reductions(op):
+    def f(x):
+        return getattr(torch, op)(x, 0)
+    x = 1 + 0.01 * randn(70, 19) if op == "prod" else randn(70, 19)
+    cg = check(f, x, grad=op != "prod")
+    assert "xchunk" in cg.kernels[0].source
+
+
+def test_pointwise_prologue_and_epilogue_share_the_chunked_kernel():
+    def f(x):
+        y = torch.exp(x) * 2
+        return y, y.sum(0) + 1
+    cg = check(f, randn(90, 21), grad=False)
+    assert len(cg.kernels) == 2  # y and the partials; the partials' sum (+ 1)
+    assert "rtiles = tl.cdiv(rnumel, RBLOCK)" in cg.kernels[0].source  # no row reduction: columns tiled
+
+
+def test_layer_norm_backward_reads_x_and_dy_once(caplog):
+    x, w, b = randn(100, 48), randn(48), randn(48)
+    cg, (fwd, bwd) = schedules(caplog, manual_layer_norm, x, w, b)
+    assert len(bwd) == 2, bwd
+    assert "reducing dims [1], partials of 32 rows" in bwd[0]  # dx, and the partials of dw and db
+    assert "reduction over [4, 48] reducing dims [0]" in bwd[1]  # stage 2: 4 partial rows
+    dx_kernel = cg.kernels[1].source
+    assert dx_kernel.count("+ xindex * rnumel + rindex, xmask & rmask, other=0)") == 2  # x and dy, loaded once
+    assert dx_kernel.count(", 0)[None, :]") == 2  # the column partials of dw and db
+    stage2 = cg.kernels[2].source
+    assert stage2.count("tl.load(") == 2 and "xchunk" not in stage2
+
+
+def test_layer_norm_backward():
+    check(manual_layer_norm, randn(70, 33), randn(33), randn(33))
+    check(lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b), randn(70, 33), randn(33), randn(33))
+
+
+@pytest.mark.parametrize("fn", [manual_layer_norm, lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b)])
+def test_layer_norm_backward_bf16(fn):
+    """bf16 gradients: fuselens accumulates in fp32, so it is at least as close to an fp64
+    reference as eager bf16 (whose column sums round as they go)."""
+    inputs = [randn(70, 33), randn(33), randn(33)]
+    dy = randn(70, 33)
+
+    def grads(f, dtype, compiled):
+        xs = [t.to(dtype).requires_grad_() for t in inputs]
+        out = (run(f, *xs)[1][0] if compiled else f(*xs))
+        return [g.double() for g in torch.autograd.grad(out, xs, dy.to(dtype))]
+    exact = grads(fn, torch.float64, False)
+    for got, eager, ref in zip(grads(fn, torch.bfloat16, True), grads(fn, torch.bfloat16, False), exact):
+        scale = ref.abs().max()
+        assert (got - ref).abs().max() <= max((eager - ref).abs().max(), 2 ** -7 * scale) * 1.5
+
+
+def test_bias_gradients(caplog):
+    def linear(x, w, b):
+        return x @ w.t() + b  # (F.linear's bias gradient is a matmul with ones)
+
+    def broadcast_add(x, b):
+        return torch.tanh(x + b)  # b's gradient sums over two dims
+    cg, (_, bwd) = schedules(caplog, linear, randn(80, 12), randn(24, 12), randn(24), atol=1e-4, rtol=1e-4)
+    assert any("partials" in line for line in bwd)
+    cg, (_, bwd) = schedules(caplog, broadcast_add, randn(6, 15, 10), randn(10))
+    assert "partials" in bwd[0]
+
+
+def test_long_rows_keep_partials_apart_from_looped_row_reductions(monkeypatch, caplog):
+    monkeypatch.setattr(triton_codegen, "PERSISTENT_RNUMEL_MAX", 32)
+    monkeypatch.setattr(fusion, "PERSISTENT_RNUMEL_MAX", 32)
+    cg, (_, bwd) = schedules(caplog, manual_layer_norm, randn(50, 40), randn(40), randn(40))
+    assert len(bwd) == 3 and "partials" in bwd[0] and "partials" not in bwd[1]
+
+
+def test_small_column_reductions_stay_one_stage(monkeypatch):
+    monkeypatch.setattr(fusion, "COLUMN_SPLIT_MIN_ROWS", 1024)
+    cg = check(lambda x: x.sum(0), randn(50, 9), grad=False)
+    assert len(cg.kernels) == 1
+
+
+def test_partials_without_a_row_kernel_take_longer_chunks(monkeypatch, caplog):
+    monkeypatch.setattr(fusion, "TILE_PROGRAMS", 2)  # 2 chunks of 100 rows: 64 rows each (from 32)
+    cg, scheds = schedules(caplog, lambda x: x.sum(0), randn(100, 37), grad=False)
+    assert "partials of 64 rows" in scheds[0][0] and "reduction over [2, 37] reducing dims [0]" in scheds[0][1]
+    cg, (_, bwd) = schedules(caplog, manual_layer_norm, randn(100, 48), randn(48), randn(48))
+    assert "partials of 32 rows" in bwd[0]  # joined the dx kernel: chunks as before
