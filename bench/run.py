@@ -87,6 +87,17 @@ def host_per_call(call, n=25) -> float:
     return sorted(times)[n // 2]
 
 
+def kernel_time(call, steps=5) -> float:
+    """GPU kernel milliseconds per call (torch.profiler): a training step's device work alone,
+    without the host time between its kernels that the step's wall time also holds."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            call()
+        torch.cuda.synchronize()
+    return sum(e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA) / steps / 1e3
+
+
 def max_error(a, b) -> float:
     return (a.float() - b.float()).abs().max().item()
 
@@ -187,6 +198,10 @@ def measure(w, bw, args) -> dict:
     if w.min_bytes:
         row["bw_frac"] = w.min_bytes / (row["fuselens_ms"] * 1e-3) / bw
         row["tc_bw_frac"] = w.min_bytes / (row["torch_compile_ms"] * 1e-3) / bw
+    if w.backward and w.min_bytes:  # a step's kernels alone at the copy rate (host time aside)
+        for k in ("fuselens", "torch_compile"):
+            row[f"{k}_kernel_ms"] = kernel_time(steps[k])
+            row[f"{k}_kernel_bw_frac"] = w.min_bytes / (row[f"{k}_kernel_ms"] * 1e-3) / bw
     for k, s in steps.items():
         row[f"{k}_host_us"] = host_per_call(s) * 1e6
     if w.name == SMALL:  # overhead-bound: back-to-back throughput, one synchronize at the end
@@ -227,6 +242,10 @@ def print_table(result):
               f"{fmt(r.get('fuselens_host_us'), '%7.1f')} {fmt(r.get('torch_compile_host_us'), '%7.1f')} "
               f"{fmt(r.get('max_err'), '%7.1e')}")
     for r in result["rows"]:
+        if "fuselens_kernel_ms" in r:
+            print(f"{r['workload']}: GPU kernels per step: fuselens {r['fuselens_kernel_ms']:.3f} ms "
+                  f"({100 * r['fuselens_kernel_bw_frac']:.0f}% of the copy rate), torch.compile "
+                  f"{r['torch_compile_kernel_ms']:.3f} ms ({100 * r['torch_compile_kernel_bw_frac']:.0f}%)")
         if "fuselens_b2b_us" in r:
             print(f"{r['workload']}: back-to-back us/call: eager {r['eager_b2b_us']:.1f}, "
                   f"fuselens {r['fuselens_b2b_us']:.1f}, torch.compile {r['torch_compile_b2b_us']:.1f}, "
