@@ -102,7 +102,7 @@ def next_power_of_2(n):
 
 
 def configs(mode: str, xnumel: int, rnumel: int, interpret: bool, max_autotune: bool,
-            chunk: int | None = None) -> list[Config]:
+            chunk: int | None = None, itemsize: int = 4) -> list[Config]:
     """Candidate block sizes, best guess first. The interpreter runs one numpy op per block,
     so it gets the largest blocks. Chunked kernels (partials of column reductions) walk `chunk`
     rows per program in blocks of XBLOCK rows: XBLOCK divides the chunk (both powers of two)."""
@@ -130,10 +130,13 @@ def configs(mode: str, xnumel: int, rnumel: int, interpret: bool, max_autotune: 
     if mode == "pointwise":
         if interpret:
             return [Config(min(next_power_of_2(xnumel), 1024))]
-        # default mode: one config, no autotuning (each candidate is one more Triton compile in a
-        # cold first call); 1024 elements / 4 warps won every pointwise timing on the H100 (bench/NOTES.md)
+        # default mode: one config, no autotuning (each candidate is one more compile in a cold
+        # first call): 1024 elements, with the warps that give each thread 16 bytes of the kernel's
+        # narrowest dtype (one vector load): 8 for fp32, 4 for bf16 (8 warps of bf16 lose the
+        # vector loads: 57.7 vs 51.6 us; fp32 8 vs 4 warps: 393.7 vs 397.1 us, bench/NOTES.md)
         sizes = [1024, 512, 256, 128] if max_autotune else [1024]
-        warps = [4, 8] if max_autotune else [4]
+        vector_warps = min(max(1024 * itemsize // (32 * 16), 4), 8)
+        warps = sorted({4, 8}, key=lambda w: w != vector_warps) if max_autotune else [vector_warps]
         return [Config(x, None, w) for x in sizes for w in warps if x <= max(next_power_of_2(xnumel), 128)] or \
             [Config(128)]
     if mode == "persistent":
@@ -173,8 +176,9 @@ class TritonKernel:
     `stats.triton_compile`) or reads it from fuselens's cache, then builds a launch function that
     later calls reuse while their arguments match it. In the interpreter, Triton's JIT runs it."""
 
-    def __init__(self, name, source, mode, max_autotune=False):
+    def __init__(self, name, source, mode, max_autotune=False, itemsize=4):
         self.name, self.source, self.mode, self.max_autotune = name, source, mode, max_autotune
+        self.itemsize = itemsize  # of the narrowest dtype the kernel loads or stores
         self.best: dict = {}  # (device, xnumel, rnumel) -> Config
         self._fn = None
         self._fast: dict = {}  # (xnumel, rnumel) -> the last launch function used for those sizes
@@ -197,7 +201,7 @@ class TritonKernel:
         key = (str(device), xnumel, rnumel)
         config = self.best.get(key)
         if config is None:
-            candidates = configs(self.mode, xnumel, rnumel or 1, INTERPRET, self.max_autotune, xchunk)
+            candidates = configs(self.mode, xnumel, rnumel or 1, INTERPRET, self.max_autotune, xchunk, self.itemsize)
             config = candidates[0] if len(candidates) == 1 else self.autotune(args, sizes, candidates)
             self.best[key] = config
         if INTERPRET:

@@ -69,7 +69,8 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
     fused = [s for s in sched.steps if isinstance(s, FusedKernel)]
     for i, step in enumerate(fused):
         name, source, writer = generate_kernel(step, first_kernel_index + i, lowered.sizevars, dynamic_values)
-        kernels[id(step)] = (launcher.TritonKernel(name, source, writer.mode, mode == "max-autotune"), writer)
+        itemsize = min((b.dtype.itemsize for b in writer.buffers.values()), default=4)
+        kernels[id(step)] = (launcher.TritonKernel(name, source, writer.mode, mode == "max-autotune", itemsize), writer)
         infos.append(KernelInfo(name, source, sorted(writer.source_lines)))
     source, call = generate_wrapper(lowered, sched, kernels, device)
     _log("codegen", "%s", lambda: "\n\n".join([info.source for info in infos] + [source]))
