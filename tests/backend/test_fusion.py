@@ -191,9 +191,9 @@ def test_max_autotune_tries_more_block_sizes():
     assert launcher.configs("persistent", 64, 100, interpret=False, max_autotune=False)[0].RBLOCK == 128
 
 
-def test_pointwise_warps_give_each_thread_one_vector_load():
+def test_pointwise_warps_give_each_thread_32_bytes():
     warps = lambda itemsize: launcher.configs("pointwise", 1 << 20, 1, False, False, itemsize=itemsize)[0].num_warps
-    assert (warps(4), warps(2), warps(1)) == (8, 4, 4)  # 1024 elements: 16 bytes a thread (fp32 and bf16)
+    assert (warps(8), warps(4), warps(2), warps(1)) == (8, 4, 2, 2)  # 1024 elements a block
 
 
 def test_stages_log_what_they_built(caplog):

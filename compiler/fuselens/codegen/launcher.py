@@ -131,12 +131,12 @@ def configs(mode: str, xnumel: int, rnumel: int, interpret: bool, max_autotune: 
         if interpret:
             return [Config(min(next_power_of_2(xnumel), 1024))]
         # default mode: one config, no autotuning (each candidate is one more compile in a cold
-        # first call): 1024 elements, with the warps that give each thread 16 bytes of the kernel's
-        # narrowest dtype (one vector load): 8 for fp32, 4 for bf16 (8 warps of bf16 lose the
-        # vector loads: 57.7 vs 51.6 us; fp32 8 vs 4 warps: 393.7 vs 397.1 us, bench/NOTES.md)
+        # first call): 1024 elements, with the warps that give each thread 32 bytes of the kernel's
+        # narrowest dtype (two vector loads): 4 for fp32, 2 for bf16. H100 timings (bench/NOTES.md):
+        # bf16 GeLU 32M elements 50.3 us at 2 warps, 53.8 at 4, 58.3 at 8; fp32 within noise of each other
         sizes = [1024, 512, 256, 128] if max_autotune else [1024]
-        vector_warps = min(max(1024 * itemsize // (32 * 16), 4), 8)
-        warps = sorted({4, 8}, key=lambda w: w != vector_warps) if max_autotune else [vector_warps]
+        vector_warps = min(max(1024 * itemsize // (32 * 32), 2), 8)
+        warps = sorted({2, 4, 8}, key=lambda w: w != vector_warps) if max_autotune else [vector_warps]
         return [Config(x, None, w) for x in sizes for w in warps if x <= max(next_power_of_2(xnumel), 128)] or \
             [Config(128)]
     if mode == "persistent":
