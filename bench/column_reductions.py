@@ -10,10 +10,9 @@ import pathlib
 import sys
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from run import copy_bandwidth, do_bench, step  # noqa: E402
+from run import copy_bandwidth, do_bench, profile_calls, step  # noqa: E402
 from workloads import layer_norm_manual  # noqa: E402
 
 import fuselens  # noqa: E402
@@ -49,13 +48,7 @@ def outputs_and_grads(fn, inputs, backward, dy_seed=0):
 
 
 def kernels(s):
-    for _ in range(3):
-        s()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            s()
-        torch.cuda.synchronize()
+    prof = profile_calls(s)
     rows = [(e.key, e.count // 5, e.device_time_total / e.count) for e in prof.key_averages() if e.device_time_total > 0]
     return sorted(rows, key=lambda r: -r[1] * r[2])
 

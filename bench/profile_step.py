@@ -3,11 +3,8 @@ time goes: PYTHONPATH=compiler python bench/profile_step.py "mlp fwd+bwd bf16" "
 import pathlib
 import sys
 
-import torch
-from torch.profiler import ProfilerActivity, profile
-
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from run import step  # noqa: E402
+from run import profile_calls, step  # noqa: E402
 from workloads import workloads  # noqa: E402
 
 import fuselens  # noqa: E402
@@ -17,14 +14,7 @@ def main(name):
     w = next(w for w in workloads() if w.name == name)
     inputs = w.make_inputs()
     for label, fn in (("eager", w.fn), ("fuselens", fuselens.compile(w.fn))):
-        s = step(fn, inputs, w.backward)
-        for _ in range(3):
-            s()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                s()
-            torch.cuda.synchronize()
+        prof = profile_calls(step(fn, inputs, w.backward))
         print(f"== {label} (5 steps)")
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
 

@@ -87,14 +87,23 @@ def host_per_call(call, n=25) -> float:
     return sorted(times)[n // 2]
 
 
-def kernel_time(call, steps=5) -> float:
-    """GPU kernel milliseconds per call (torch.profiler): a training step's device work alone,
-    without the host time between its kernels that the step's wall time also holds."""
+def profile_calls(call, steps=5):
+    """torch.profiler (GPU activity) over `steps` calls after 3 warm-up calls."""
     from torch.profiler import ProfilerActivity, profile
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             call()
         torch.cuda.synchronize()
+    return prof
+
+
+def kernel_time(call, steps=5) -> float:
+    """GPU kernel milliseconds per call: a training step's device work alone, without the host
+    time between its kernels that the step's wall time also holds."""
+    prof = profile_calls(call, steps)
     return sum(e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA) / steps / 1e3
 
 
