@@ -29,7 +29,7 @@ import re
 import sympy
 import torch
 
-from ..lower.ir import FloorDiv, ModIndex, contiguous_strides, use_handler
+from ..lower.ir import FloorDiv, ModIndex, compute_dtype, contiguous_strides, use_handler
 from ..schedule.fusion import FusedKernel, keep_shape, loop_vars, node_vars, row_shapes, store_index
 from .launcher import next_power_of_2
 
@@ -52,10 +52,6 @@ REDUCE_COMBINE = {"sum": "{0} + {1}", "max": "tl.maximum({0}, {1})", "min": "tl.
 
 # names in a kernel line whose values vary over the block: temporaries, loop variables, masks
 _BLOCK_NAMES = re.compile(r"\b(tmp\d+|[xr]\d+|[xr]index|[xr]mask)\b")
-
-
-def compute_dtype(dtype):
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def neutral(reduce, dtype):

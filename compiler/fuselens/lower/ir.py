@@ -69,6 +69,11 @@ class SizeVars:
         return int(sympy.sympify(expr).subs(self.values))
 
 
+def compute_dtype(dtype):
+    """What kernels compute a dtype's values in: half precision in fp32."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def contiguous_strides(shape):
     strides, acc = [], 1
     for s in reversed(shape):

@@ -21,10 +21,9 @@ import math
 from dataclasses import dataclass, field
 
 import sympy
-import torch
 
 from ..lower.ir import ComputedBuffer, ExternBuffer, ExternCall, LoweredGraph, View, buffer_view, \
-    contiguous_strides, use_handler
+    compute_dtype, contiguous_strides, use_handler
 from torch.fx.node import map_aggregate
 
 # column reductions over at least this many rows run in two stages (module docstring)
@@ -114,10 +113,6 @@ def split_column_reductions(graph: LoweredGraph):
         pairs[partial.name] = (partial, buf)
     graph.steps = steps
     return pairs
-
-
-def compute_dtype(dtype):
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def node_vars(buf, shape, red_dims):
