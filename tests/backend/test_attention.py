@@ -86,7 +86,11 @@ def test_keys_values_of_another_length_and_width():
     assert "prims.sdpa(" in wrapper and tuple(out.shape) == (2, 3, 8, 24)
 
 
-@pytest.mark.parametrize("fn", [also_probs, other_dim, masked, unstabilized])
+def negative_scale(q, k, v):  # flash subtracts the scaled row max: a row minimum when scale < 0
+    return torch.softmax((q @ k.transpose(-2, -1)) / -8.0, dim=-1) @ v
+
+
+@pytest.mark.parametrize("fn", [also_probs, other_dim, masked, unstabilized, negative_scale])
 def test_not_rewritten_where_sdpa_differs(fn):
     args = inputs((2, 3, 8, 16), (2, 3, 8, 16), (2, 3, 8, 16))
     out, wrapper, kernels = compiled(fn, *args)

@@ -177,6 +177,16 @@ def test_constant_kernels_run_once_and_stay_correct(monkeypatch):
     assert len(constant_kernels) == 2 and all(launches[k] >= 3 for k in launches if k not in constant_kernels)
 
 
+def test_a_constant_an_extern_may_return_a_view_of_is_made_each_call():
+    def f(x):
+        c = torch.ones(8, 8, device=x.device) * 2
+        return x + 1, torch.diagonal(c)  # a view of the constant reaches the caller
+    x = randn(8)
+    cg = compile(f, x)
+    cg(x)[1].mul_(100)
+    torch.testing.assert_close(cg(x)[1], torch.full((8,), 2.0, device=DEVICE))
+
+
 def test_mlp_training_step():
     def mlp(x, w1, b1, w2, b2, target):
         h = F.gelu(F.linear(x, w1, b1))

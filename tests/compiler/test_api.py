@@ -57,9 +57,13 @@ def test_bad_arguments_say_what_to_do():
 
 def test_lambdas_sharing_a_line_compile_the_right_one():
     make = lambda: lambda x, y: torch.relu(x) * y  # noqa: E731  (two lambdas start on this line)
-    f = fuselens.compile(make())
+    plus, times = (lambda x: torch.relu(x) + 1), (lambda x: torch.relu(x) * 2)  # the same parameters
+    nested = lambda x: lambda x: x * 3  # noqa: E731
     x, y = torch.randn(5), torch.randn(5)
     with warnings.catch_warnings():
         warnings.simplefilter("error", fuselens.FuselensWarning)  # no eager fallback
-        torch.testing.assert_close(f(x, y), torch.relu(x) * y)
+        torch.testing.assert_close(fuselens.compile(make())(x, y), torch.relu(x) * y)
+        torch.testing.assert_close(fuselens.compile(times)(x), torch.relu(x) * 2)
+        torch.testing.assert_close(fuselens.compile(plus)(x), torch.relu(x) + 1)
+        torch.testing.assert_close(fuselens.compile(nested(None))(x), x * 3)
     assert fuselens.explain(make(), x, y).graph_count == 1

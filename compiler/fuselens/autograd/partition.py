@@ -120,7 +120,7 @@ def choose_saved(joint: JointGraph) -> list[fx.Node]:
     net = _FlowNet()
     net.add_node("source")
     net.add_node("sink")
-    in_forward = lambda u: u not in in_backward and u is not output
+    in_forward = lambda u: u not in in_backward
     in_memory: dict = {}  # node -> the forward has it in memory anyway (saving it costs one read)
     for n in graph.nodes:
         if n in in_backward or n.op == "output":

@@ -60,12 +60,16 @@ def _find_def(tree: ast.AST, code: types.CodeType):
 
 
 def _which_lambda(lambdas, code: types.CodeType):
-    """The lambda `code` was compiled from, among those starting on its line (`lambda: lambda x: x`):
-    the one with its parameter names whose body holds the code's first instruction's column."""
+    """The lambda `code` was compiled from, among those starting on its line (`lambda: lambda x: x`,
+    `(lambda x: x + 1), (lambda x: x * 2)`): the innermost one with its parameter names whose
+    body spans the column of the code's first body instruction (the prologue and return sit at
+    column 0)."""
     names = list(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
     same = [n for n in lambdas if [a.arg for a in n.args.posonlyargs + n.args.args + n.args.kwonlyargs] == names]
-    cols = [col for line, _, col, _ in code.co_positions() if line == code.co_firstlineno and col is not None]
-    inside = [n for n in same if cols and n.body.lineno == code.co_firstlineno and n.body.col_offset <= min(cols)]
+    cols = [col for line, _, col, _ in code.co_positions() if line == code.co_firstlineno and col]
+    holds = lambda n, col: n.body.lineno == code.co_firstlineno and n.body.col_offset <= col and (
+        n.body.end_lineno > code.co_firstlineno or col < n.body.end_col_offset)
+    inside = [n for n in same if cols and holds(n, min(cols))]
     return max(inside, key=lambda n: n.body.col_offset, default=(same or lambdas)[0])
 
 

@@ -126,7 +126,7 @@ def cached_cubin(directory, key, compile_fn):
     cubin, meta = compile_fn()
     os.makedirs(directory, exist_ok=True)
     for ext, data, mode in ((".cubin", cubin, "wb"), (".json", json.dumps(meta), "w")):  # json last: marks complete
-        tmp = f"{path}{ext}.{os.getpid()}.tmp"
+        tmp = f"{path}{ext}.{os.getpid()}.{threading.get_ident()}.tmp"  # autotuning compiles in threads
         with open(tmp, mode) as f:
             f.write(data)
         os.replace(tmp, path + ext)

@@ -97,6 +97,9 @@ class Config:
         return out
 
 
+MAX_RTILE = 1024  # column tiles of chunked kernels without row reductions (codegen/triton.py masks by it)
+
+
 def next_power_of_2(n):
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
@@ -113,8 +116,8 @@ def configs(mode: str, xnumel: int, rnumel: int, interpret: bool, max_autotune: 
         xs = [x for x in (1, 2, 4, 8, 16, 32, 64) if x * rblock <= 8192 and x <= chunk] or [1]
         xs = xs if max_autotune else xs[-1:]
         return [Config(x, rblock, 8 if x * rblock >= 2048 else 4) for x in xs]
-    if mode == "chunked_tiles":  # [XBLOCK rows, RBLOCK columns] tiles, RBLOCK <= MAX_RTILE (1024)
-        rmax = min(next_power_of_2(rnumel), 1024)
+    if mode == "chunked_tiles":  # [XBLOCK rows, RBLOCK columns] tiles, RBLOCK <= MAX_RTILE
+        rmax = min(next_power_of_2(rnumel), MAX_RTILE)
         if interpret:
             return [Config(min(chunk, 16), min(rmax, 512))]
         # default mode: the two shapes that won the H100 timings (bench/column_reductions.py, max-autotune):

@@ -30,13 +30,12 @@ import sympy
 import torch
 
 from ..lower.ir import FloorDiv, ModIndex, compute_dtype, contiguous_strides, use_handler
-from ..schedule.fusion import FusedKernel, keep_shape, loop_vars, node_vars, row_shapes, store_index
-from .launcher import next_power_of_2
+from ..schedule.fusion import (PERSISTENT_RNUMEL_MAX, FusedKernel, keep_shape, loop_vars, node_vars, row_shapes,
+                               store_index)
+from .launcher import MAX_RTILE, next_power_of_2
 
-PERSISTENT_RNUMEL_MAX = 4096
 # blocks never exceed this many elements, so a size divisible by it needs no mask
 MAX_XBLOCK = 1024
-MAX_RTILE = 1024  # column tiles of chunked kernels without row reductions (launcher.configs)
 
 TL_DTYPES = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
              torch.float64: "tl.float64", torch.int8: "tl.int8", torch.int16: "tl.int16", torch.int32: "tl.int32",

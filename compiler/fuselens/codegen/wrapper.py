@@ -4,7 +4,9 @@ It is generated as source (shown to users next to the kernels) and exec'd. Buffe
 after their last use, and a later buffer of the same size, stride and dtype takes over the
 memory of a dead one instead of allocating. A small kernel that reads nothing (a constant, such
 as the ones vector of a bias gradient's matmul) runs on the first call only: the program keeps
-its buffers. Every line costs host time on each call, so externs are called as the torch
+its buffers, so a constant never reaches the caller (not returned, nor read by an extern that may
+return a view of it). It is made on the first call's stream (CUDA-graph recording, in
+mode="reduce-overhead", follows a warm-up call, so it is made outside the graph). Every line costs host time on each call, so externs are called as the torch
 functions themselves and whole-buffer permutations as `.permute` (cheaper than `as_strided`).
 """
 from __future__ import annotations
@@ -34,7 +36,7 @@ def _row_major(shape, stride):
 def permutation(v: View):
     """The dims `p` with `v == v.buf.permute(p)`, if it is one."""
     buf = v.buf
-    if v.offset != 0 or len(v.shape) != len(buf.shape) or v.shape == tuple(buf.shape):
+    if v.offset != 0 or len(v.shape) != len(buf.shape):
         return None
     dims, free = [], list(range(len(buf.shape)))
     for size, stride in zip(v.shape, v.stride):
@@ -55,7 +57,8 @@ def ensure_layout(t, size, stride):
     return out
 
 
-# externs whose result is always a new contiguous tensor (ATen allocates matmul outputs so)
+# externs whose result is always a new contiguous tensor (ATen allocates matmul outputs so),
+# never a view of an operand
 FRESH_CONTIGUOUS = ("mm", "addmm", "bmm")
 CONSTANT_MAX_NUMEL = 1 << 16  # larger constants are recomputed each call rather than held
 
@@ -131,11 +134,12 @@ class WrapperWriter:
         parts = [self.value(a) for a in call.args] + [f"{k}={self.value(v)}" for k, v in call.kwargs.items()]
         return f"{torch_name(call.prim.impl) or 'prims.' + call.prim.name}({', '.join(parts)})"
 
-    def is_constant(self, step, writer, keep) -> bool:
-        """A kernel whose outputs depend on nothing given (no inputs, seed or sizes): run once."""
+    def is_constant(self, writer, escapes) -> bool:
+        """A kernel whose outputs depend on nothing given (no inputs, seed or sizes) and never reach
+        the caller (`escapes`: outputs, and what an extern that may return a view of it reads): run once."""
         bufs = [writer.buffers[name] for name in writer.out_args]
         return (not writer.in_args and not writer.uses_seed and not writer.size_args and
-                not any(name in keep for name in writer.out_args) and
+                not any(name in escapes for name in writer.out_args) and
                 all(isinstance(math.prod(b.shape), int) and math.prod(b.shape) <= CONSTANT_MAX_NUMEL for b in bufs))
 
     def step_reads(self, step):
@@ -150,12 +154,14 @@ class WrapperWriter:
         g = self.graph
         params = ["seed" if b is None else b.name for b in g.inputs]
         keep = {o.buf.name for o in g.outputs if isinstance(o, View)} | {b.name for b in g.inputs if b is not None}
-        last_use, read_by_extern = {}, set()
+        last_use, read_by_extern, read_by_aliasing_extern = {}, set(), set()
         for i, step in enumerate(self.sched.steps):
             for name in self.step_reads(step):
                 last_use[name] = i
                 if isinstance(step, ExternCall):
                     read_by_extern.add(name)
+                    if step.prim.name not in FRESH_CONTIGUOUS:  # its result may be a view of `name`
+                        read_by_aliasing_extern.add(name)
         pool: dict = {}  # (shape, stride, dtype) -> names of dead buffers
         constants: set = set()  # buffers the program keeps (never handed on to another buffer)
         out = self.lines
@@ -174,7 +180,7 @@ class WrapperWriter:
                     out.append(f"    del {step.name}")
             else:
                 kernel, writer = self.kernels[id(step)]
-                constant = self.is_constant(step, writer, keep)
+                constant = self.is_constant(writer, keep | read_by_aliasing_extern)
                 indent = "    "
                 if constant:
                     first = next(iter(writer.out_args))

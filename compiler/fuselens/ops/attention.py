@@ -10,11 +10,13 @@ div) are the same nodes:
     x      = convert* / mul or div by a constant*, in any order, of
     scores = reshape(bmm(reshape(q), reshape(permute(k, last two dims swapped))))
 
-It is rewritten only where SDPA computes the same function: every node it replaces is used only
-inside the pattern (no scores or probabilities returned or reused), the softmax is over the last
-dim and subtracts its max, q, k and v share batch dims (no broadcasting) and a dtype SDPA takes,
-no size is 0, and the casts in between go to that dtype or wider floats (a cast to a narrower
-type would round or overflow where SDPA does not). A mask added to the scores, dropout on the
+It is rewritten only where SDPA computes the same function (up to rounding: SDPA keeps the
+scores in fp32, so an fp16 Q Kᵀ that overflows in eager does not there): every node it replaces is
+used only inside the pattern (no scores or probabilities returned or reused), the softmax is over
+the last dim and subtracts its max, the scale is positive (flash attention subtracts the scaled
+row max of the unscaled scores), q, k and v share batch dims (no broadcasting) and a dtype SDPA
+takes, no size is 0, and the casts in between go to that dtype or wider floats (a cast to a
+narrower type would round or overflow where SDPA does not). A mask added to the scores, dropout on the
 probabilities or any other op in between is not part of the pattern: such graphs stay as they are.
 """
 from __future__ import annotations
@@ -130,7 +132,7 @@ def _match(pv: fx.Node):
     _expect(_shape(scores) == _shape(probs) == tuple(qv.shape[:-1]) + (kv.shape[-2],)
             and _shape(qk)[-2:] == _shape(scores)[-2:])
     _expect(_shape(root) == tuple(qv.shape[:-1]) + (vv.shape[-1],) and root.meta["val"].dtype == qv.dtype)
-    _expect(math.isfinite(scale))
+    _expect(math.isfinite(scale) and scale > 0)  # flash subtracts max(s) * scale: a row's max only if scale > 0
     _expect(all(u in m.nodes for n in m.nodes - {root} for u in n.users))
     return q, k, v, float(scale), root, m.nodes
 
