@@ -57,9 +57,6 @@ def ensure_layout(t, size, stride):
     return out
 
 
-# externs whose result is always a new contiguous tensor (ATen allocates matmul outputs so),
-# never a view of an operand
-FRESH_CONTIGUOUS = ("mm", "addmm", "bmm")
 CONSTANT_MAX_NUMEL = 1 << 16  # larger constants are recomputed each call rather than held
 
 
@@ -160,7 +157,7 @@ class WrapperWriter:
                 last_use[name] = i
                 if isinstance(step, ExternCall):
                     read_by_extern.add(name)
-                    if step.prim.name not in FRESH_CONTIGUOUS:  # its result may be a view of `name`
+                    if not step.prim.fresh_contiguous:  # its result may be a view of `name`
                         read_by_aliasing_extern.add(name)
         pool: dict = {}  # (shape, stride, dtype) -> names of dead buffers
         constants: set = set()  # buffers the program keeps (never handed on to another buffer)
@@ -172,7 +169,7 @@ class WrapperWriter:
                 out.append(f"    {step.name} = {self.extern_line(step)}{lines_comment(loc)}")
                 results = [step.result] if step.result is not None else []
                 for buf in results:
-                    if not (step.prim.name in FRESH_CONTIGUOUS and buf.stride == contiguous_strides(buf.shape)):
+                    if not (step.prim.fresh_contiguous and buf.stride == contiguous_strides(buf.shape)):
                         out.append(f"    {buf.name} = ensure_layout({buf.name}, {buf.shape}, {buf.stride})")
                 for buf in step.items:
                     out.append(f"    {buf.name} = ensure_layout({step.name}[{buf.item}], {buf.shape}, {buf.stride})")

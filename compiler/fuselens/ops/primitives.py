@@ -19,7 +19,7 @@ PRIMITIVES: dict[str, "Primitive"] = {}
 class Primitive:
     """A primitive op. Callable (runs `impl`) so a primitive FX graph also runs eagerly."""
 
-    def __init__(self, name, impl, kind, *, triton=None, reduce=None):
+    def __init__(self, name, impl, kind, *, triton=None, reduce=None, fresh_contiguous=False):
         self.name = name
         self.__name__ = f"prim_{name}"
         self.__qualname__ = self.__name__
@@ -28,6 +28,9 @@ class Primitive:
         self.kind = kind
         self.triton = triton
         self.reduce = reduce
+        # an extern whose result is always a new contiguous tensor, never a view of an operand
+        # (the wrapper skips its layout check and may keep constants it reads)
+        self.fresh_contiguous = fresh_contiguous
         self.vjp = None
         PRIMITIVES[name] = self
 
@@ -145,9 +148,10 @@ rand = Primitive("rand", _random(torch.rand), "random")
 randn = Primitive("randn", _random(torch.randn), "random")
 
 # --- extern calls: run the ATen op from the wrapper ---------------------------------------------
-mm = Primitive("mm", torch.mm, "extern")
-addmm = Primitive("addmm", torch.addmm, "extern")  # bias + a @ b: the bias add in cuBLAS's epilogue
-bmm = Primitive("bmm", torch.bmm, "extern")
+mm = Primitive("mm", torch.mm, "extern", fresh_contiguous=True)
+# bias + a @ b: the bias add in cuBLAS's epilogue
+addmm = Primitive("addmm", torch.addmm, "extern", fresh_contiguous=True)
+bmm = Primitive("bmm", torch.bmm, "extern", fresh_contiguous=True)
 conv2d = Primitive("conv2d", torch.nn.functional.conv2d, "extern")
 
 
