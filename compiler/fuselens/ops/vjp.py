@@ -116,13 +116,11 @@ def _cat(g, out, tensors, dim):
 # --- extern ---------------------------------------------------------------------------------------
 rule(prim.mm)(lambda g, out, a, b: (emit(prim.mm, g, P.transpose(b, 0, 1)), emit(prim.mm, P.transpose(a, 0, 1), g)))
 def _addmm_vjp(g, out, bias, a, b):
-    # the bias gradient sums g over its rows: a column reduction, which as a kernel reads with a
-    # stride of a whole row; as ones(1, M) @ g cuBLAS reads g (stored anyway for the other two
-    # products) once, coalesced, accumulating in fp32
-    ones = P.full((1, g.shape[0]), 1.0, dtype=g.dtype)
+    # the bias gradient sums g over its rows: a column reduction, whose first stage joins the
+    # kernel that computes g (an activation's backward) instead of reading g once more
     # b is the transposed weight of a linear: its gradient computed as (g^T a)^T comes out in the
     # weight's own row-major layout (a^T g would be a transposed view, which autograd copies)
-    return (P.reshape(emit(prim.mm, ones, g), tuple(bias.shape)), emit(prim.mm, g, P.transpose(b, 0, 1)),
+    return (P.sum_to(g, tuple(bias.shape)), emit(prim.mm, g, P.transpose(b, 0, 1)),
             P.transpose(emit(prim.mm, P.transpose(g, 0, 1), a), 0, 1))
 
 

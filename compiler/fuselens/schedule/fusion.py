@@ -31,8 +31,10 @@ COLUMN_SPLIT_MIN_ROWS = 1024
 # about this many partial rows (2 per SM of an H100); chunks are powers of two of at least MIN_CHUNK rows
 TARGET_PARTIALS = 256
 MIN_CHUNK = 8
-# partials in kernels without row reductions (columns tiled too): about this many programs
-TILE_PROGRAMS, TILE_COLS = 512, 512
+# partials in kernels without row reductions (columns tiled too): chunks sized as if there were
+# about TILE_PROGRAMS programs of TILE_COLS columns (H100 sweep, bench/NOTES.md: chunks of 512
+# rows for 8192x4096, 128 for 8192x1024, within 2% of the best of 64-1024 on every kernel)
+TILE_PROGRAMS, TILE_COLS = 128, 512
 # rows longer than this are reduced in a loop (codegen/triton.py), kept here for the scheduler's checks
 PERSISTENT_RNUMEL_MAX = 4096
 
