@@ -191,9 +191,10 @@ def test_max_autotune_tries_more_block_sizes():
     assert launcher.configs("persistent", 64, 100, interpret=False, max_autotune=False)[0].RBLOCK == 128
 
 
-def test_pointwise_warps_give_each_thread_32_bytes():
+def test_pointwise_warps_follow_the_narrowest_dtype():
+    # 1024 elements a block: fp32 4 elements a thread (one 16-byte load), half types 16
     warps = lambda itemsize: launcher.configs("pointwise", 1 << 20, 1, False, False, itemsize=itemsize)[0].num_warps
-    assert (warps(8), warps(4), warps(2), warps(1)) == (8, 4, 2, 2)  # 1024 elements a block
+    assert (warps(8), warps(4), warps(2), warps(1)) == (8, 8, 2, 2)
 
 
 def test_stages_log_what_they_built(caplog):

@@ -12,25 +12,39 @@ from .joint import build_joint
 from .partition import partition
 
 
-class _StridedPrograms:
-    """A compiled program per layout of its inputs. The backward's inputs (saved values, incoming
-    gradients) come with whatever strides the forward and the caller gave them, so it is compiled
-    at its first call and again only for new layouts."""
+def _layouts(tensors):
+    return tuple((t.shape, t.stride(), t.dtype) if isinstance(t, torch.Tensor) else None for t in tensors)
 
-    def __init__(self, graph, device, mode, dynamic, build_program, first_kernel_index):
+
+class _StridedPrograms:
+    """A compiled backward program per layout of the incoming gradients, which come with whatever
+    strides the caller gave them: compiled at its first call and again only for new layouts. The
+    saved values' layouts are fixed by the forward program (itself one per input layout): the
+    first call checks them against those the programs were built for, later calls do not."""
+
+    def __init__(self, graph, device, mode, dynamic, build_program, first_kernel_index, saved_vals):
         self.graph, self.device, self.mode, self.dynamic, self.build = graph, device, mode, dynamic, build_program
-        self.first_kernel_index = first_kernel_index
-        self.programs: dict = {}
+        self.first_kernel_index, self.num_saved = first_kernel_index, len(saved_vals)
+        self.assumed_saved = _layouts(saved_vals)  # what programs are built for until the first call
+        self.checked = False
+        self.programs: dict = {}  # gradients' layouts -> program
 
     def get(self, inputs):
-        key = tuple((t.shape, t.stride(), t.dtype) if isinstance(t, torch.Tensor) else None for t in inputs)
-        if key not in self.programs:
+        key = _layouts(inputs[self.num_saved:])
+        program = self.programs.get(key)
+        if program is None:
             vals = [meta_like(t) for t in inputs]
-            self.programs[key] = self.build(self.graph, self.device, self.mode, self.dynamic, input_vals=vals,
-                                            first_kernel_index=self.first_kernel_index)
-        return self.programs[key]
+            program = self.programs[key] = self.build(self.graph, self.device, self.mode, self.dynamic,
+                                                      input_vals=vals, first_kernel_index=self.first_kernel_index)
+        return program
 
     def __call__(self, *inputs):
+        if not self.checked:
+            self.checked = True
+            actual = _layouts(inputs[:self.num_saved])
+            if actual != self.assumed_saved:
+                self.assumed_saved = actual
+                self.programs.clear()
         return self.get(inputs)(*inputs)
 
 
@@ -38,31 +52,46 @@ class _State:
     def __init__(self, forward, backward, num_fw_outputs, tangent_outputs, grad_inputs, num_inputs):
         self.forward, self.backward = forward, backward
         self.num_fw_outputs, self.tangent_outputs = num_fw_outputs, tangent_outputs
-        self.grad_inputs, self.num_inputs = grad_inputs, num_inputs
+        self.non_differentiable = [i for i in range(num_fw_outputs) if i not in set(tangent_outputs)]
+        self.grad_slots = [None] * (1 + num_inputs)  # backward's result, `state` first: None where no gradient
+        self.grad_inputs = [1 + i for i in grad_inputs]  # the slots that get one
 
 
 class CompiledFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, state, *inputs):
         outs = state.forward(*inputs)
-        user, saved = outs[:state.num_fw_outputs], outs[state.num_fw_outputs:]
         ctx.state = state
-        ctx.save_for_backward(*saved)
-        differentiable = set(state.tangent_outputs)
-        ctx.mark_non_differentiable(*[o for i, o in enumerate(user)
-                                      if isinstance(o, torch.Tensor) and i not in differentiable])
-        return tuple(user)
+        ctx.save_for_backward(*outs[state.num_fw_outputs:])
+        if state.non_differentiable:
+            ctx.mark_non_differentiable(*[o for o in (outs[i] for i in state.non_differentiable)
+                                          if isinstance(o, torch.Tensor)])
+        return outs[:state.num_fw_outputs]
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, *grad_outputs):
+        if torch.is_grad_enabled():  # backward(create_graph=True): kernels have no derivative
+            return _backward_once(ctx, *grad_outputs)
         state = ctx.state
-        tangents = [grad_outputs[i] for i in state.tangent_outputs]
-        grads = state.backward(*ctx.saved_tensors, *tangents)
-        result = [None] * (1 + state.num_inputs)
+        grads = state.backward(*ctx.saved_tensors, *[grad_outputs[i] for i in state.tangent_outputs])
+        result = list(state.grad_slots)
         for i, g in zip(state.grad_inputs, grads):
-            result[1 + i] = g
+            result[i] = g
         return tuple(result)
+
+
+# a second derivative through the compiled backward is an error when it is asked for (as
+# torch.compile's); the check costs a few microseconds, so only where grad mode is on
+_backward_once = once_differentiable(CompiledFunction.backward)
+# Function.apply is a Python wrapper that handles functorch transforms around the C++ apply;
+# without one active, the C++ apply itself saves its overhead on every training call
+_apply = super(torch.autograd.Function, CompiledFunction).apply
+
+
+def apply(state, *inputs):
+    if torch._C._are_functorch_transforms_active():
+        return CompiledFunction.apply(state, *inputs)
+    return _apply(state, *inputs)
 
 
 def compile_training(gm, inputs, device, mode, dynamic, build_program):
@@ -73,17 +102,18 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program):
     parts = partition(joint)
     logging.getLogger("fuselens.autograd").debug("forward saves for backward: %s", ", ".join(parts.saved))
     forward = build_program(parts.forward, device, mode, dynamic)
-    backward = _StridedPrograms(parts.backward, device, mode, dynamic, build_program, len(forward.kernels))
-    state = _State(forward, backward, parts.num_fw_outputs, joint.tangent_outputs, joint.grad_inputs, len(inputs))
-    # the backward is compiled now for contiguous gradients (shown with the forward); other
-    # layouts compile on first use
-    saved_vals = [n.meta["val"] for n in parts.backward.nodes if n.op == "placeholder"]
+    # the backward is compiled now for contiguous saved values and gradients (shown with the
+    # forward); other layouts compile on first use
+    bw_vals = [n.meta["val"] for n in parts.backward.nodes if n.op == "placeholder"]
     contiguous = [torch.empty(v.shape, dtype=v.dtype, device="meta") if isinstance(v, torch.Tensor) else v
-                  for v in saved_vals]
+                  for v in bw_vals]
+    backward = _StridedPrograms(parts.backward, device, mode, dynamic, build_program, len(forward.kernels),
+                                contiguous[:len(parts.saved)])
+    state = _State(forward, backward, parts.num_fw_outputs, joint.tangent_outputs, joint.grad_inputs, len(inputs))
     bw_program = backward.get(contiguous)
 
     def run(*xs):
-        return CompiledFunction.apply(state, *xs)
+        return apply(state, *xs)
 
     def check(*xs):
         """Both halves once, with zero incoming gradients: a kernel that fails to compile shows up

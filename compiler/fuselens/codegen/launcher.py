@@ -134,11 +134,12 @@ def configs(mode: str, xnumel: int, rnumel: int, interpret: bool, max_autotune: 
         if interpret:
             return [Config(min(next_power_of_2(xnumel), 1024))]
         # default mode: one config, no autotuning (each candidate is one more compile in a cold
-        # first call): 1024 elements, with the warps that give each thread 32 bytes of the kernel's
-        # narrowest dtype (two vector loads): 4 for fp32, 2 for bf16. H100 timings (bench/NOTES.md):
-        # bf16 GeLU 32M elements 50.3 us at 2 warps, 53.8 at 4, 58.3 at 8; fp32 within noise of each other
+        # first call): 1024 elements, with 8 warps when the narrowest dtype is 4 bytes or more (4
+        # elements, one 16-byte load, a thread) and 2 below (16 elements). H100 sweeps (bench/NOTES.md):
+        # fp32 gelu/sin+cos/relu 1-2% faster at 8 warps than at 4, equal to 2048 elements at 16; a
+        # bf16 GeLU of 32M elements 50.2 us at 2 warps, 53.8 at 4, 58.3 at 8
         sizes = [1024, 512, 256, 128] if max_autotune else [1024]
-        vector_warps = min(max(1024 * itemsize // (32 * 32), 2), 8)
+        vector_warps = 8 if itemsize >= 4 else 2
         warps = sorted({2, 4, 8}, key=lambda w: w != vector_warps) if max_autotune else [vector_warps]
         return [Config(x, None, w) for x in sizes for w in warps if x <= max(next_power_of_2(xnumel), 128)] or \
             [Config(128)]

@@ -7,6 +7,7 @@ import functools
 import logging
 import sys
 import threading
+import time
 import types
 import warnings
 from dataclasses import dataclass, field
@@ -57,7 +58,7 @@ class GraphCall:
             # a graph that draws random numbers takes a fresh seed per call as a kernel argument:
             # a replayed CUDA graph would freeze it, so such graphs launch normally
             if self.mode == "reduce-overhead" and _graphable(inputs) and not getattr(fn, "uses_random", False):
-                self.compiled = CudaGraphed(fn)
+                self.compiled = CudaGraphed(fn, on_direct=lambda: setattr(self, "compiled", fn))
         if torch.is_autocast_enabled():  # capture already inserted autocast's casts
             with torch.autocast("cuda", enabled=False), torch.autocast("cpu", enabled=False):
                 outs = fn(*inputs)
@@ -104,14 +105,22 @@ class CudaGraphed:
     """mode="reduce-overhead": after a warm-up call, the compiled graph is recorded into a
     CUDA graph and replayed. Inputs are copied into the recorded buffers unless they are
     those buffers already (the same tensors as last call). As with torch.compile, outputs are
-    the graph's buffers: the next call overwrites them (clone to keep them)."""
+    the graph's buffers: the next call overwrites them (clone to keep them).
 
-    def __init__(self, fn):
-        self.fn = fn
+    A replay is not always cheaper than launching the program's few kernels directly (the cost
+    of a graph launch varies between hosts and drivers by 2x): 2 * TRIAL_CALLS calls after the
+    recording alternate between the two, and if direct calls took less host time (medians), the
+    graph is dropped and `on_direct()` swaps the program itself in."""
+
+    TRIAL_CALLS = 16
+
+    def __init__(self, fn, on_direct):
+        self.fn, self.on_direct = fn, on_direct
         self.kernels = getattr(fn, "kernels", [])
         self.wrapper_source = getattr(fn, "wrapper_source", None)
         self.graph = None
         self.calls = 0
+        self.trial = ([], [])  # host seconds of (replays, direct calls) while choosing
 
     def __call__(self, *inputs):
         self.calls += 1
@@ -120,25 +129,52 @@ class CudaGraphed:
         if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
             return self.fn(*inputs)  # recorded without autograd: a training call runs the graph itself
         if self.graph is None:
-            self.static = list(inputs)
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                self.fn(*inputs)
-            torch.cuda.current_stream().wait_stream(s)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.outputs = self.fn(*self.static)
-        else:
-            for dst, src in zip(self.static, inputs):
-                if dst is src:
-                    continue
-                if dst.shape != src.shape or dst.stride() != src.stride():
-                    return self.fn(*inputs)  # a new size of a dynamic dim: not what was recorded
-                if dst.data_ptr() != src.data_ptr():
-                    dst.copy_(src)
+            self._record(inputs)
+            return self._replay(inputs)  # the first replay uploads the graph: not timed
+        if self.trial is not None and self.calls % 2:
+            start = time.perf_counter()
+            out = self.fn(*inputs)
+            self._tried(1, start)
+            return out
+        start = time.perf_counter()
+        out = self._replay(inputs)
+        if self.trial is not None:
+            self._tried(0, start)
+        return out
+
+    def _record(self, inputs):
+        self.static = list(inputs)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            self.fn(*inputs)
+        torch.cuda.current_stream().wait_stream(s)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.outputs = self.fn(*self.static)
+
+    def _replay(self, inputs):
+        for dst, src in zip(self.static, inputs):
+            if dst is src:
+                continue
+            if dst.shape != src.shape or dst.stride() != src.stride():
+                return self.fn(*inputs)  # a new size of a dynamic dim: not what was recorded
+            if dst.data_ptr() != src.data_ptr():
+                dst.copy_(src)
         self.graph.replay()
         return self.outputs
+
+    def _tried(self, direct, start):
+        times = self.trial[direct]
+        times.append(time.perf_counter() - start)
+        if len(self.trial[0]) + len(times) < 2 * self.TRIAL_CALLS:
+            return
+        replay, launch = (sorted(t)[len(t) // 2] for t in self.trial)
+        _LOG_RUNTIME.debug("reduce-overhead: replay %.1f us, direct %.1f us a call", replay * 1e6, launch * 1e6)
+        self.trial = None
+        if launch < replay:
+            self.graph = self.static = self.outputs = None
+            self.on_direct()
 
 
 class _EagerGraph:
