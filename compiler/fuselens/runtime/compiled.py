@@ -128,18 +128,15 @@ class CudaGraphed:
             return self.fn(*inputs)
         if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
             return self.fn(*inputs)  # recorded without autograd: a training call runs the graph itself
+        if self.trial is None:  # chosen: the graph
+            return self._replay(inputs)
         if self.graph is None:
             self._record(inputs)
             return self._replay(inputs)  # the first replay uploads the graph: not timed
-        if self.trial is not None and self.calls % 2:
-            start = time.perf_counter()
-            out = self.fn(*inputs)
-            self._tried(1, start)
-            return out
+        direct = self.calls % 2
         start = time.perf_counter()
-        out = self._replay(inputs)
-        if self.trial is not None:
-            self._tried(0, start)
+        out = self.fn(*inputs) if direct else self._replay(inputs)
+        self._tried(direct, start)
         return out
 
     def _record(self, inputs):
