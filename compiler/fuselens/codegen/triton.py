@@ -149,6 +149,7 @@ class KernelWriter:
         self.op_names: set[str] = set()
         self.source_lines: set = set()
         self.varies: dict[str, frozenset] = {}  # temporary -> which block axes ("x", "r") it varies along
+        self.hoist_at = None  # where loads go in a persistent kernel (after the index setup)
 
     # --- emission helpers -------------------------------------------------------------------------
     def emit(self, text, loc=None):
@@ -157,12 +158,21 @@ class KernelWriter:
             self.source_lines.add((loc[0], loc[1]))
         self.lines.append((self.indent, text + loc_comment(loc)))
 
-    def cse(self, text, dtype):
+    def cse(self, text, dtype, hoist=False):
+        """`hoist`: a load that reads nothing computed may go up to the kernel's first lines
+        (persistent kernels), where its latency overlaps the row reductions before its use."""
         for scope in reversed(self.scopes):
             if text in scope:
                 return CV(scope[text], dtype)
         name = self.new_tmp(self.axes(text))
-        self.emit(f"{name} = {text}")
+        if hoist and self.hoist_at is not None and len(self.scopes) == 1 and "tmp" not in text:
+            loc = self.loc
+            if loc:
+                self.source_lines.add((loc[0], loc[1]))
+            self.lines.insert(self.hoist_at, (self.indent, f"{name} = {text}" + loc_comment(loc)))
+            self.hoist_at += 1
+        else:
+            self.emit(f"{name} = {text}")
         self.scopes[-1][text] = name
         return CV(name, dtype)
 
@@ -276,7 +286,7 @@ class KernelWriter:
         text = f"tl.load({ptr} + {self.index_text(index)}" + (f", {mask}, other=0)" if mask else ")")
         if compute_dtype(buf.dtype) != buf.dtype:
             text += ".to(tl.float32)"
-        return self.cse(text, compute_dtype(buf.dtype))
+        return self.cse(text, compute_dtype(buf.dtype), hoist=True)
 
     def inline(self, buf):
         """The value of a pointwise buffer of this kernel at the current loop variables."""
@@ -457,6 +467,7 @@ class KernelWriter:
             self.emit("rindex = tl.arange(0, RBLOCK)[None, :]")
             self.emit("rmask = rindex < rnumel")
             self.emit_index_vars(self.r_dims, "rindex", self.kernel.shape)
+            self.hoist_at = len(self.lines)
 
     @contextlib.contextmanager
     def row_loop(self):
