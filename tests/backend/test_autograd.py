@@ -223,3 +223,37 @@ def test_a_failing_backward_kernel_falls_back_on_the_first_call(monkeypatch):
         out = cg(x)[0]
     (g,) = torch.autograd.grad(out.sum(), x)
     torch.testing.assert_close(g, torch.autograd.grad(manual_gelu_tanh(x).sum(), x)[0])
+
+
+def test_kernels_compiled_before_the_first_call_are_the_ones_it_launches(monkeypatch):
+    # a program's kernels (forward and backward) compile together before the first call, for
+    # the launches its wrapper will make: those predictions must be the launches that happen
+    from triton.runtime.jit import JITFunction
+    from fuselens.codegen import cuda
+    from fuselens.schedule import fusion
+    expected, launched = {}, []
+
+    def predict(self, dtypes, scalars, sizes, device):
+        expected[self.name] = (self, self.expected_launches(dtypes, scalars, sizes))
+        return []
+    real_run = launcher.TritonKernel.run
+
+    def record(self, *args, xnumel, rnumel=None, xchunk=None):
+        sizes = (xnumel,) + (() if rnumel is None else (rnumel,)) + (() if xchunk is None else (xchunk,))
+        launched.append((self.name, args, sizes))
+        return real_run(self, *args, xnumel=xnumel, rnumel=rnumel, xchunk=xchunk)
+    monkeypatch.setattr(launcher.TritonKernel, "compile_jobs", predict)
+    monkeypatch.setattr(launcher.TritonKernel, "run", record)
+    monkeypatch.setattr(fusion, "COLUMN_SPLIT_MIN_ROWS", 64)  # dw and db in two stages
+    x = randn(256, 48).requires_grad_()
+    w, b = randn(48).requires_grad_(), randn(48).requires_grad_()
+    cg = compile(lambda x, w, b: F.dropout(manual_layer_norm(x, w, b), 0.1), x, w, b)  # a seed too
+    out = cg(x, w, b)[0]
+    out.backward(randn(*out.shape))
+    assert {name for name, _, _ in launched} == set(expected) and len(expected) == 3
+    for name, args, sizes in launched:
+        kernel, launches = expected[name]
+        params = JITFunction(kernel.fn.fn, **kernel.fn.kwargs).params  # the interpreter's function has none
+        for exp_args, exp_sizes, config in launches:
+            assert exp_sizes == sizes
+            assert cuda.specialize(params, exp_args, exp_sizes, config) == cuda.specialize(params, args, sizes, config)

@@ -95,7 +95,8 @@ def apply(state, *inputs):
 
 
 def compile_training(gm, inputs, device, mode, dynamic, build_program):
-    """Forward and backward programs for `gm` at these inputs: (run, check, kernels, wrapper_source)."""
+    """Forward and backward programs for `gm` at these inputs: (run, check, [forward, backward]),
+    the backward being the program for contiguous gradients."""
     prim_graph = to_primitive_graph(gm, inputs, device)
     requires_grad = [isinstance(t, torch.Tensor) and t.requires_grad for t in inputs]
     joint = build_joint(prim_graph, requires_grad, device)
@@ -122,6 +123,4 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program):
             outs = forward(*xs)
             tangents = [torch.zeros_like(outs[i]) for i in joint.tangent_outputs]
             backward(*outs[parts.num_fw_outputs:], *tangents)
-    kernels = forward.kernels + bw_program.kernels
-    source = f"# forward\n{forward.wrapper_source}\n# backward\n{bw_program.wrapper_source}"
-    return run, check, kernels, source
+    return run, check, [forward, bw_program]

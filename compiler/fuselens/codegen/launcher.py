@@ -224,6 +224,25 @@ class TritonKernel:
         scalars = tuple(a for a, p in zip(args, self.fn.params) if isinstance(a, int) and not p.do_not_specialize)
         return spec, (config, torch_cuda_device(), sizes, tuple(spec[0].values()), tuple(spec[2]), scalars)
 
+    def expected_launches(self, dtypes, scalars, sizes):
+        """The launches the wrapper will make, before it makes them: (args, sizes, config) for every
+        config the first launch may try, with stand-ins for the tensors (of these dtypes, 16-byte
+        aligned as torch allocates). `scalars`: the seed (any int) and the size arguments."""
+        args = [_Aligned(d) for d in dtypes] + list(scalars)
+        xnumel, rnumel, xchunk = (tuple(sizes) + (None, None))[:3]
+        return [(args, tuple(sizes), c)
+                for c in configs(self.mode, xnumel, rnumel or 1, INTERPRET, self.max_autotune, xchunk, self.itemsize)]
+
+    def compile_jobs(self, dtypes, scalars, sizes, device):
+        """cubin_job()s for expected_launches on `device` (a torch.device): compiled together,
+        before the first call (one program's kernels would otherwise compile one after another as
+        the wrapper reaches them). No jobs where nothing is compiled (the interpreter, a CPU)."""
+        if INTERPRET or device.type != "cuda" or not sizes[0]:
+            return []
+        index = device.index if device.index is not None else torch_cuda_device()
+        return [cubin_job(self.fn, self.source, self.name, self.specialize(args, sz, c)[0], c, index)
+                for args, sz, c in self.expected_launches(dtypes, scalars, sizes)]
+
     def launch_for(self, args, sizes, config):
         """The launch function for these arguments and config (compiled, or read from the cache, on a miss)."""
         from . import cuda
@@ -257,6 +276,16 @@ class TritonKernel:
                   ", ".join(f"{c.XBLOCK}x{c.RBLOCK}/{c.num_warps}w {ms * 1e3:.1f}us" for ms, c in timings),
                   file=sys.stderr, flush=True)
         return min(timings, key=lambda tc: tc[0])[1]
+
+
+class _Aligned:
+    """A tensor argument as specialization sees it: its dtype and a 16-byte-aligned address."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def data_ptr(self):
+        return 0
 
 
 def gpu_time(fn, budget_ms=5.0):

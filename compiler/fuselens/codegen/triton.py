@@ -560,6 +560,16 @@ class KernelWriter:
             self.lines = [(indent, pattern.sub(lambda m: renames.get(m.group(0), m.group(0)), text))
                           for indent, text in self.lines]
 
+    def launch_signature(self, sizevars):
+        """What the wrapper passes at each launch, in the kernel's parameter order: the tensors
+        (buffer names), then the seed ("seed") and size values, and the sizes (xnumel[, rnumel[,
+        xchunk]])."""
+        tensors = [*self.in_args, *self.out_args]
+        scalars = (["seed"] if self.uses_seed else []) + [int(sizevars.values[s]) for s in self.size_args]
+        sizes = (self.xnumel,) + ((self.rnumel,) if self.kernel.is_reduction else ()) + \
+            ((self.chunk,) if self.chunk else ())
+        return tensors, scalars, sizes
+
     def generate(self):
         with use_handler(self):
             self.body()

@@ -193,10 +193,9 @@ class WrapperWriter:
                     else:
                         out.append(f"{indent}{name} = torch.empty_strided({buf.shape}, {buf.stride}, "
                                    f"dtype={buf.dtype}, device=device)")
-                args = list(writer.in_args) + list(writer.out_args) + (["seed"] if writer.uses_seed else [])
-                args += [str(g.sizevars.values[sym]) for sym in writer.size_args]
-                sizes = f"xnumel={writer.xnumel}" + (f", rnumel={writer.rnumel}" if step.is_reduction else "") + \
-                    (f", xchunk={writer.chunk}" if writer.chunk else "")
+                tensors, scalars, sizes = writer.launch_signature(g.sizevars)
+                args = tensors + [str(a) for a in scalars]
+                sizes = ", ".join(f"{k}={v}" for k, v in zip(("xnumel", "rnumel", "xchunk"), sizes))
                 if writer.xnumel == 0:
                     out.append(f"{indent}# {kernel.name}: empty, nothing to compute")
                 else:

@@ -44,11 +44,13 @@ class KernelInfo:
 
 @dataclass
 class Program:
-    """One primitive graph compiled for one set of input shapes: `call(*inputs[, seed])`."""
+    """One primitive graph compiled for one set of input shapes: `call(*inputs[, seed])`.
+    `compile_jobs`: its kernels' cubins as its first call will need them (codegen/launcher.py)."""
     call: object
     kernels: list
     wrapper_source: str
     has_seed: bool
+    compile_jobs: list = field(default_factory=list)
 
     def __call__(self, *inputs):
         if self.has_seed:  # drawn from torch's default generator: torch.manual_seed makes it reproducible
@@ -65,16 +67,20 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
     _log("lower", "buffers:\n%s", lowered.describe)
     sched = schedule(lowered)
     _log("schedule", "kernels:\n%s", sched.describe)
-    kernels, infos = {}, []
+    kernels, infos, jobs = {}, [], []
     fused = [s for s in sched.steps if isinstance(s, FusedKernel)]
     for i, step in enumerate(fused):
         name, source, writer = generate_kernel(step, first_kernel_index + i, lowered.sizevars, dynamic_values)
         itemsize = min((b.dtype.itemsize for b in writer.buffers.values()), default=4)
-        kernels[id(step)] = (launcher.TritonKernel(name, source, writer.mode, mode == "max-autotune", itemsize), writer)
+        kernel = launcher.TritonKernel(name, source, writer.mode, mode == "max-autotune", itemsize)
+        kernels[id(step)] = (kernel, writer)
         infos.append(KernelInfo(name, source, sorted(writer.source_lines)))
+        tensors, scalars, sizes = writer.launch_signature(lowered.sizevars)
+        jobs += kernel.compile_jobs([writer.buffers[n].dtype for n in tensors],
+                                    [0 if a == "seed" else a for a in scalars], sizes, device)
     source, call = generate_wrapper(lowered, sched, kernels, device)
     _log("codegen", "%s", lambda: "\n\n".join([info.source for info in infos] + [source]))
-    return Program(call, infos, source, lowered.has_seed)
+    return Program(call, infos, source, lowered.has_seed, jobs)
 
 
 def uses_triton(inputs) -> bool:
@@ -163,12 +169,17 @@ class CompiledGraph:
         if launcher.INTERPRET:
             launcher.check_interpreter()
         if needs_grad:
-            run, check, kernels, wrapper_source = compile_training(self.gm, inputs, device, self.mode, dynamic,
-                                                                   build_program)
-            return _Specialization(run, kernels, wrapper_source, check)
-        prim_graph = to_primitive_graph(self.gm, inputs, device)
-        program = build_program(prim_graph, device, self.mode, dynamic)
-        return _Specialization(program, program.kernels, program.wrapper_source)
+            run, check, programs = compile_training(self.gm, inputs, device, self.mode, dynamic, build_program)
+            spec = _Specialization(run, [k for p in programs for k in p.kernels],
+                                   "\n".join(f"# {label}\n{p.wrapper_source}"
+                                             for label, p in zip(("forward", "backward"), programs)), check)
+        else:
+            prim_graph = to_primitive_graph(self.gm, inputs, device)
+            programs = [build_program(prim_graph, device, self.mode, dynamic)]
+            spec = _Specialization(programs[0], programs[0].kernels, programs[0].wrapper_source)
+        # every kernel the first call (forward and backward) will launch, compiled concurrently now
+        launcher.compile_concurrently([job for p in programs for job in p.compile_jobs])
+        return spec
 
     def __call__(self, *inputs):
         fast = self._fast
