@@ -257,3 +257,30 @@ def test_kernels_compiled_before_the_first_call_are_the_ones_it_launches(monkeyp
         for exp_args, exp_sizes, config in launches:
             assert exp_sizes == sizes
             assert cuda.specialize(params, exp_args, exp_sizes, config) == cuda.specialize(params, args, sizes, config)
+
+
+def test_saved_tensor_hooks_that_change_a_saved_layout():
+    # save_on_cpu and offloading hooks hand back copies: a saved input of a transposed layout
+    # comes back contiguous, and the backward must be the program for that layout
+    f = lambda x: torch.sin(x) * x  # noqa: E731  (x itself is saved)
+    x = randn(32, 16).t().detach().requires_grad_()
+    cg = compile(f, x)
+    g = randn(16, 32)
+    want = torch.autograd.grad(f(x), x, g)[0]
+    torch.testing.assert_close(torch.autograd.grad(cg(x)[0], x, g)[0], want)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.contiguous(), lambda t: t):
+        out = cg(x)[0]
+    torch.testing.assert_close(torch.autograd.grad(out, x, g)[0], want)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")
+def test_reduce_overhead_keeps_the_callers_inputs():
+    import fuselens
+    f = fuselens.compile(lambda x, y: torch.relu(x * y + 1.0), mode="reduce-overhead")
+    xs = [randn(64, 64) for _ in range(40)]
+    y = randn(64, 64)
+    copies = [x.clone() for x in xs]
+    for x, c in zip(xs, copies):  # past the recording and the replay-or-launch trial
+        torch.testing.assert_close(f(x, y).clone(), torch.relu(c * y + 1.0))
+    for x, c in zip(xs, copies):
+        assert torch.equal(x, c)

@@ -17,20 +17,18 @@ def _layouts(tensors):
 
 
 class _StridedPrograms:
-    """A compiled backward program per layout of the incoming gradients, which come with whatever
-    strides the caller gave them: compiled at its first call and again only for new layouts. The
-    saved values' layouts are fixed by the forward program (itself one per input layout): the
-    first call checks them against those the programs were built for, later calls do not."""
+    """A compiled backward program per layout of its inputs: compiled at its first call and again
+    only for new layouts. The incoming gradients come with whatever strides the caller gave them;
+    the saved values with the forward's, unless saved-tensor hooks (`save_on_cpu`, offloading)
+    hand back copies of another layout: both are looked at on every call."""
 
-    def __init__(self, graph, device, mode, dynamic, build_program, first_kernel_index, saved_vals):
+    def __init__(self, graph, device, mode, dynamic, build_program, first_kernel_index):
         self.graph, self.device, self.mode, self.dynamic, self.build = graph, device, mode, dynamic, build_program
-        self.first_kernel_index, self.num_saved = first_kernel_index, len(saved_vals)
-        self.assumed_saved = _layouts(saved_vals)  # what programs are built for until the first call
-        self.checked = False
-        self.programs: dict = {}  # gradients' layouts -> program
+        self.first_kernel_index = first_kernel_index
+        self.programs: dict = {}
 
     def get(self, inputs):
-        key = _layouts(inputs[self.num_saved:])
+        key = _layouts(inputs)
         program = self.programs.get(key)
         if program is None:
             vals = [meta_like(t) for t in inputs]
@@ -39,13 +37,9 @@ class _StridedPrograms:
         return program
 
     def __call__(self, *inputs):
-        if not self.checked:
-            self.checked = True
-            actual = _layouts(inputs[:self.num_saved])
-            if actual != self.assumed_saved:
-                self.assumed_saved = actual
-                self.programs.clear()
-        return self.get(inputs)(*inputs)
+        program = self.get(inputs)
+        program.compile_ahead()  # a layout first seen here: its kernels together (no-op later)
+        return program(*inputs)
 
 
 class _State:
@@ -83,13 +77,16 @@ class CompiledFunction(torch.autograd.Function):
 # a second derivative through the compiled backward is an error when it is asked for (as
 # torch.compile's); the check costs a few microseconds, so only where grad mode is on
 _backward_once = once_differentiable(CompiledFunction.backward)
-# Function.apply is a Python wrapper that handles functorch transforms around the C++ apply;
-# without one active, the C++ apply itself saves its overhead on every training call
+# Function.apply is a Python wrapper that handles functorch transforms around the C++ apply (and
+# unwraps tensors left over from a finished one); with neither, the C++ apply itself saves its
+# overhead on every training call
 _apply = super(torch.autograd.Function, CompiledFunction).apply
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def apply(state, *inputs):
-    if torch._C._are_functorch_transforms_active():
+    if torch._C._are_functorch_transforms_active() or \
+            any(isinstance(t, torch.Tensor) and _functorch_wrapped(t) for t in inputs):
         return CompiledFunction.apply(state, *inputs)
     return _apply(state, *inputs)
 
@@ -108,8 +105,7 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program):
     bw_vals = [n.meta["val"] for n in parts.backward.nodes if n.op == "placeholder"]
     contiguous = [torch.empty(v.shape, dtype=v.dtype, device="meta") if isinstance(v, torch.Tensor) else v
                   for v in bw_vals]
-    backward = _StridedPrograms(parts.backward, device, mode, dynamic, build_program, len(forward.kernels),
-                                contiguous[:len(parts.saved)])
+    backward = _StridedPrograms(parts.backward, device, mode, dynamic, build_program, len(forward.kernels))
     state = _State(forward, backward, parts.num_fw_outputs, joint.tangent_outputs, joint.grad_inputs, len(inputs))
     bw_program = backward.get(contiguous)
 

@@ -135,7 +135,7 @@ def configs(mode: str, xnumel: int, rnumel: int, interpret: bool, max_autotune: 
             return [Config(min(next_power_of_2(xnumel), 1024))]
         # default mode: one config, no autotuning (each candidate is one more compile in a cold
         # first call): 1024 elements, with 8 warps when the narrowest dtype is 4 bytes or more (4
-        # elements, one 16-byte load, a thread) and 2 below (16 elements). H100 sweeps (bench/NOTES.md):
+        # elements a thread: one 16-byte load of fp32) and 2 below (16 elements). H100 sweeps (bench/NOTES.md):
         # fp32 gelu/sin+cos/relu 1-2% faster at 8 warps than at 4, equal to 2048 elements at 16; a
         # bf16 GeLU of 32M elements 50.2 us at 2 warps, 53.8 at 4, 58.3 at 8
         sizes = [1024, 512, 256, 128] if max_autotune else [1024]

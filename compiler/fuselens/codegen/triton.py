@@ -560,29 +560,27 @@ class KernelWriter:
             self.lines = [(indent, pattern.sub(lambda m: renames.get(m.group(0), m.group(0)), text))
                           for indent, text in self.lines]
 
-    def launch_signature(self, sizevars):
-        """What the wrapper passes at each launch, in the kernel's parameter order: the tensors
-        (buffer names), then the seed ("seed") and size values, and the sizes (xnumel[, rnumel[,
-        xchunk]])."""
-        tensors = [*self.in_args, *self.out_args]
-        scalars = (["seed"] if self.uses_seed else []) + [int(sizevars.values[s]) for s in self.size_args]
-        sizes = (self.xnumel,) + ((self.rnumel,) if self.kernel.is_reduction else ()) + \
-            ((self.chunk,) if self.chunk else ())
-        return tensors, scalars, sizes
+    def launch_params(self):
+        """(parameter, what the wrapper passes) in the kernel's parameter order: tensors (their
+        buffer names), the seed, size values, then the sizes xnumel[, rnumel[, xchunk]]."""
+        params = [(p, b) for b, p in [*self.in_args.items(), *self.out_args.items()]]
+        params += [("seed", "seed")] if self.uses_seed else []
+        params += [(p, int(self.sizevars.values[s])) for s, p in self.size_args.items()]
+        params += [("xnumel", self.xnumel)] + ([("rnumel", self.rnumel)] if self.kernel.is_reduction else [])
+        return params + ([("xchunk", self.chunk)] if self.chunk else [])
+
+    def launch_signature(self):
+        """What each launch passes: (tensors' buffer names, scalars: "seed" and size values, sizes)."""
+        values = [v for _, v in self.launch_params()]
+        n_tensors, n_sizes = len(self.in_args) + len(self.out_args), 1 + self.kernel.is_reduction + bool(self.chunk)
+        return values[:n_tensors], values[n_tensors:-n_sizes], tuple(values[-n_sizes:])
 
     def generate(self):
         with use_handler(self):
             self.body()
         self.drop_unused_loop_vars()
         name = self.kernel_name()
-        params = list(self.in_args.values()) + list(self.out_args.values())
-        if self.uses_seed:
-            params.append("seed")
-        params += list(self.size_args.values()) + ["xnumel"]
-        if self.kernel.is_reduction:
-            params += ["rnumel"]
-        if self.chunk:
-            params += ["xchunk"]
+        params = [p for p, _ in self.launch_params()]
         params += ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if self.kernel.is_reduction else [])
         header = ["import triton", "import triton.language as tl", "from triton.language.extra import libdevice", ""]
         if self.uses_prod:

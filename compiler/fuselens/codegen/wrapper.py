@@ -3,7 +3,7 @@
 It is generated as source (shown to users next to the kernels) and exec'd. Buffers are freed
 after their last use, and a later buffer of the same size, stride and dtype takes over the
 memory of a dead one instead of allocating. A small kernel that reads nothing (a constant, such
-as the ones vector of a bias gradient's matmul) runs on the first call only: the program keeps
+as `torch.ones(16, 4) * 0.5`) runs on the first call only: the program keeps
 its buffers, so a constant never reaches the caller (not returned, nor read by an extern that may
 return a view of it). It is made on the first call's stream (CUDA-graph recording, in
 mode="reduce-overhead", follows a warm-up call, so it is made outside the graph). Every line costs host time on each call, so externs are called as the torch
@@ -193,7 +193,7 @@ class WrapperWriter:
                     else:
                         out.append(f"{indent}{name} = torch.empty_strided({buf.shape}, {buf.stride}, "
                                    f"dtype={buf.dtype}, device=device)")
-                tensors, scalars, sizes = writer.launch_signature(g.sizevars)
+                tensors, scalars, sizes = writer.launch_signature()
                 args = tensors + [str(a) for a in scalars]
                 sizes = ", ".join(f"{k}={v}" for k, v in zip(("xnumel", "rnumel", "xchunk"), sizes))
                 if writer.xnumel == 0:

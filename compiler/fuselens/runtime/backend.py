@@ -52,10 +52,20 @@ class Program:
     has_seed: bool
     compile_jobs: list = field(default_factory=list)
 
+    def compile_ahead(self):
+        compile_ahead([self])
+
     def __call__(self, *inputs):
         if self.has_seed:  # drawn from torch's default generator: torch.manual_seed makes it reproducible
             inputs = inputs + (int(torch.randint(0, 2 ** 31 - 1, ()).item()),)
         return self.call(*inputs)
+
+
+def compile_ahead(programs):
+    """Every kernel the programs' first calls will launch, compiled now, concurrently."""
+    launcher.compile_concurrently([job for p in programs for job in p.compile_jobs])
+    for p in programs:
+        p.compile_jobs = []
 
 
 def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=frozenset(),
@@ -75,9 +85,12 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
         kernel = launcher.TritonKernel(name, source, writer.mode, mode == "max-autotune", itemsize)
         kernels[id(step)] = (kernel, writer)
         infos.append(KernelInfo(name, source, sorted(writer.source_lines)))
-        tensors, scalars, sizes = writer.launch_signature(lowered.sizevars)
-        jobs += kernel.compile_jobs([writer.buffers[n].dtype for n in tensors],
-                                    [0 if a == "seed" else a for a in scalars], sizes, device)
+        tensors, scalars, sizes = writer.launch_signature()
+        try:
+            jobs += kernel.compile_jobs([writer.buffers[n].dtype for n in tensors],
+                                        [0 if a == "seed" else a for a in scalars], sizes, torch.device(device))
+        except Exception as e:  # a prediction only: the launch compiles what it needs anyway
+            logging.getLogger("fuselens.codegen").debug("%s: no compile ahead (%s)", name, e)
     source, call = generate_wrapper(lowered, sched, kernels, device)
     _log("codegen", "%s", lambda: "\n\n".join([info.source for info in infos] + [source]))
     return Program(call, infos, source, lowered.has_seed, jobs)
@@ -177,8 +190,7 @@ class CompiledGraph:
             prim_graph = to_primitive_graph(self.gm, inputs, device)
             programs = [build_program(prim_graph, device, self.mode, dynamic)]
             spec = _Specialization(programs[0], programs[0].kernels, programs[0].wrapper_source)
-        # every kernel the first call (forward and backward) will launch, compiled concurrently now
-        launcher.compile_concurrently([job for p in programs for job in p.compile_jobs])
+        compile_ahead(programs)  # the first call's forward and backward kernels together
         return spec
 
     def __call__(self, *inputs):

@@ -103,14 +103,15 @@ def _graphable(inputs) -> bool:
 
 class CudaGraphed:
     """mode="reduce-overhead": after a warm-up call, the compiled graph is recorded into a
-    CUDA graph and replayed. Inputs are copied into the recorded buffers unless they are
-    those buffers already (the same tensors as last call). As with torch.compile, outputs are
-    the graph's buffers: the next call overwrites them (clone to keep them).
+    CUDA graph and replayed. The graph reads its inputs at fixed addresses: parameters (the same
+    tensors every call) where they are, other inputs from buffers it owns, which each replay
+    copies them into (never into the caller's tensors). As with torch.compile, outputs are the
+    graph's buffers: the next call overwrites them (clone to keep them).
 
     A replay is not always cheaper than launching the program's few kernels directly (the cost
-    of a graph launch varies between hosts and drivers by 2x): 2 * TRIAL_CALLS calls after the
-    recording alternate between the two, and if direct calls took less host time (medians), the
-    graph is dropped and `on_direct()` swaps the program itself in."""
+    of a graph launch varies between hosts and drivers by 2x): after the recording, calls
+    alternate between the two until each has TRIAL_CALLS host timings, and if direct calls took
+    less (medians), the graph is dropped and `on_direct()` swaps the program itself in."""
 
     TRIAL_CALLS = 16
 
@@ -126,45 +127,56 @@ class CudaGraphed:
         self.calls += 1
         if self.calls == 1:  # warm-up: allocator and autotuning settle before recording
             return self.fn(*inputs)
-        if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-            return self.fn(*inputs)  # recorded without autograd: a training call runs the graph itself
+        if self.graph is None:
+            if not self._record(inputs):
+                self.on_direct()
+                return self.fn(*inputs)
+            return self._replay(inputs)  # the first replay uploads the graph: not timed
         if self.trial is None:  # chosen: the graph
             return self._replay(inputs)
-        if self.graph is None:
-            self._record(inputs)
-            return self._replay(inputs)  # the first replay uploads the graph: not timed
         direct = self.calls % 2
         start = time.perf_counter()
-        out = self.fn(*inputs) if direct else self._replay(inputs)
+        out = None if direct else self._replay(inputs, fallback=False)
+        if out is None:
+            out = self.fn(*inputs)
+            if not direct:  # inputs the graph was not recorded for: no timing
+                return out
         self._tried(direct, start)
         return out
 
-    def _record(self, inputs):
-        self.static = list(inputs)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            self.fn(*inputs)
-        torch.cuda.current_stream().wait_stream(s)
+    def _record(self, inputs) -> bool:
+        """Record the graph; False where an input's layout cannot be copied into an owned buffer."""
+        self.static = [t if isinstance(t, nn.Parameter) else torch.empty_like(t) for t in inputs]
+        if any(s.stride() != t.stride() for s, t in zip(self.static, inputs)):
+            return False  # an expanded or overlapping input
+        for s, t in zip(self.static, inputs):
+            if s is not t:
+                s.copy_(t)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self.fn(*self.static)
+        torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.outputs = self.fn(*self.static)
+        return True
 
-    def _replay(self, inputs):
+    def _replay(self, inputs, fallback=True):
+        """The graph's outputs for these inputs; where it was not recorded for them (another
+        parameter, a new size of a dynamic dim), the program's (or None, if not `fallback`)."""
         for dst, src in zip(self.static, inputs):
             if dst is src:
                 continue
-            if dst.shape != src.shape or dst.stride() != src.stride():
-                return self.fn(*inputs)  # a new size of a dynamic dim: not what was recorded
-            if dst.data_ptr() != src.data_ptr():
-                dst.copy_(src)
+            if isinstance(dst, nn.Parameter) or dst.shape != src.shape or dst.stride() != src.stride():
+                return self.fn(*inputs) if fallback else None
+            dst.copy_(src)
         self.graph.replay()
         return self.outputs
 
     def _tried(self, direct, start):
-        times = self.trial[direct]
-        times.append(time.perf_counter() - start)
-        if len(self.trial[0]) + len(times) < 2 * self.TRIAL_CALLS:
+        self.trial[direct].append(time.perf_counter() - start)
+        if min(len(t) for t in self.trial) < self.TRIAL_CALLS:
             return
         replay, launch = (sorted(t)[len(t) // 2] for t in self.trial)
         _LOG_RUNTIME.debug("reduce-overhead: replay %.1f us, direct %.1f us a call", replay * 1e6, launch * 1e6)
