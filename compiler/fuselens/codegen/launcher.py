@@ -345,6 +345,8 @@ def compile_concurrently(jobs):
     cache, in threads (Triton's stages release the GIL in MLIR, LLVM and ptxas), into the cache:
     autotuning then pays about one compile instead of one per candidate. A job that fails here
     fails again, with its error, when its config is launched."""
+    if len(jobs) < 2:
+        return
     from concurrent.futures import ThreadPoolExecutor
     from . import cuda
     from ..runtime import stats

@@ -53,7 +53,8 @@ class Program:
     compile_jobs: list = field(default_factory=list)
 
     def compile_ahead(self):
-        compile_ahead([self])
+        if self.compile_jobs:  # built but not yet compiled ahead (a backward for a new layout)
+            compile_ahead([self])
 
     def __call__(self, *inputs):
         if self.has_seed:  # drawn from torch's default generator: torch.manual_seed makes it reproducible
