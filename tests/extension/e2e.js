@@ -183,8 +183,10 @@ async function editorText() {
       // an edit in showcase.py must get fresh diagnostics from the new server
       await page.locator('.tabs-container .tab:has-text("showcase.py")').first().click();
       await page.keyboard.press('Control+End');
-      // line by line, closing the suggest widget before each Enter (the editor auto-indents)
-      for (const line of ['', '', '@torch.compile', 'def again(x):', 'print(x)', 'return x + 1']) {
+      // line by line, closing the suggest widget before each Enter; each line replaces whatever
+      // indentation the editor inserted (its auto-indent is not reliable under load)
+      for (const line of ['', '', '@torch.compile', 'def again(x):', '    print(x)', '    return x + 1']) {
+        await page.keyboard.press('Shift+Home');
         await page.keyboard.type(line, { delay: 5 });
         await page.keyboard.press('Escape');
         await page.keyboard.press('Enter');
