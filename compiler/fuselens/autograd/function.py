@@ -12,10 +12,6 @@ from .joint import build_joint
 from .partition import partition
 
 
-def _layouts(tensors):
-    return tuple((t.shape, t.stride(), t.dtype) if isinstance(t, torch.Tensor) else None for t in tensors)
-
-
 class _StridedPrograms:
     """A compiled backward program per layout of its inputs: compiled at its first call and again
     only for new layouts. The incoming gradients come with whatever strides the caller gave them;
@@ -28,7 +24,7 @@ class _StridedPrograms:
         self.programs: dict = {}
 
     def get(self, inputs):
-        key = _layouts(inputs)
+        key = tuple((t.shape, t.stride(), t.dtype) if isinstance(t, torch.Tensor) else None for t in inputs)
         program = self.programs.get(key)
         if program is None:
             vals = [meta_like(t) for t in inputs]
