@@ -103,15 +103,23 @@ def _graphable(inputs) -> bool:
 
 class CudaGraphed:
     """mode="reduce-overhead": after a warm-up call, the compiled graph is recorded into a
-    CUDA graph and replayed. The graph reads its inputs at fixed addresses: parameters (the same
-    tensors every call) where they are, other inputs from buffers it owns, which each replay
-    copies them into (never into the caller's tensors). As with torch.compile, outputs are the
-    graph's buffers: the next call overwrites them (clone to keep them).
+    CUDA graph and replayed. A graph reads its inputs at fixed addresses, so it is recorded twice
+    at most:
 
-    A replay is not always cheaper than launching the program's few kernels directly (the cost
-    of a graph launch varies between hosts and drivers by 2x): after the recording, calls
-    alternate between the two until each has TRIAL_CALLS host timings, and if direct calls took
-    less (medians), the graph is dropped and `on_direct()` swaps the program itself in."""
+    1. at the addresses of the recording call's own tensors. Calls whose inputs lie at those
+       addresses, with the same layout (parameters; a loop that refills its input buffers; the
+       output buffers of another graph), replay it as it is: one graph launch, nothing copied.
+       Only addresses are kept, not the tensors: a tensor allocated later at the same place is
+       read just as well.
+    2. once a call's inputs lie elsewhere: reading every input but parameters from buffers the
+       graph owns, which each replay copies them into (never into the caller's tensors). A copy
+       costs about a kernel launch, so this replay is not always cheaper than launching the
+       program's kernels directly: calls alternate between the two until each has TRIAL_CALLS
+       host timings, and if direct calls took less (medians), the graph is dropped and
+       `on_direct()` swaps the program itself in.
+
+    As with torch.compile, outputs are the graph's buffers: the next call overwrites them
+    (clone to keep them)."""
 
     TRIAL_CALLS = 16
 
@@ -121,16 +129,33 @@ class CudaGraphed:
         self.wrapper_source = getattr(fn, "wrapper_source", None)
         self.graph = None
         self.calls = 0
-        self.trial = ([], [])  # host seconds of (replays, direct calls) while choosing
+        self.at = None  # recording 1: (data_ptr, shape, stride) of each input it reads in place
+        self.trial = ([], [])  # recording 2: host seconds of (replays, direct calls) while choosing
 
     def __call__(self, *inputs):
         self.calls += 1
         if self.calls == 1:  # warm-up: allocator and autotuning settle before recording
             return self.fn(*inputs)
         if self.graph is None:
-            if not self._record(inputs):
+            self._record(inputs)
+            self.at = [(t.data_ptr(), t.shape, t.stride()) for t in inputs]
+            self.graph.replay()  # the first replay uploads the graph
+            return self.outputs
+        if self.at is not None:
+            if all(t.data_ptr() == p and t.shape == s and t.stride() == st for t, (p, s, st) in zip(inputs, self.at)):
+                self.graph.replay()
+                return self.outputs
+            self.at = None  # the inputs moved: read them from owned buffers from now on
+            static = [t if isinstance(t, nn.Parameter) else torch.empty_like(t) for t in inputs]
+            if any(s.stride() != t.stride() for s, t in zip(static, inputs)):  # expanded or overlapping
+                self.graph = self.outputs = None
                 self.on_direct()
                 return self.fn(*inputs)
+            self.static = static
+            for s, t in zip(static, inputs):
+                if s is not t:
+                    s.copy_(t)
+            self._record(static)
             return self._replay(inputs)  # the first replay uploads the graph: not timed
         if self.trial is None:  # chosen: the graph
             return self._replay(inputs)
@@ -144,26 +169,18 @@ class CudaGraphed:
         self._tried(direct, start)
         return out
 
-    def _record(self, inputs) -> bool:
-        """Record the graph; False where an input's layout cannot be copied into an owned buffer."""
-        self.static = [t if isinstance(t, nn.Parameter) else torch.empty_like(t) for t in inputs]
-        if any(s.stride() != t.stride() for s, t in zip(self.static, inputs)):
-            return False  # an expanded or overlapping input
-        for s, t in zip(self.static, inputs):
-            if s is not t:
-                s.copy_(t)
+    def _record(self, inputs):
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            self.fn(*self.static)
+            self.fn(*inputs)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.outputs = self.fn(*self.static)
-        return True
+            self.outputs = self.fn(*inputs)
 
     def _replay(self, inputs, fallback=True):
-        """The graph's outputs for these inputs; where it was not recorded for them (another
+        """Recording 2's outputs for these inputs; where it was not recorded for them (another
         parameter, a new size of a dynamic dim), the program's (or None, if not `fallback`)."""
         for dst, src in zip(self.static, inputs):
             if dst is src:
