@@ -301,3 +301,42 @@ def test_reduce_overhead_replays_buffers_refilled_in_place():
         torch.testing.assert_close(f(x2, y).clone(), want)
         torch.testing.assert_close(f(x, y).clone(), torch.relu(x * y + 1.0))
     assert graphed.at is None
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")
+def test_reduce_overhead_follows_a_parameters_new_data():
+    import fuselens
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(randn(64, 64))
+
+        def forward(self, x):
+            return torch.relu(x * self.w + 1.0)
+    m = fuselens.compile(M(), mode="reduce-overhead")
+    with torch.no_grad():
+        for i in range(60):  # fresh inputs: the graph reads them from its own buffers
+            if i == 30:
+                m.w.data = randn(64, 64)  # the same Parameter, its storage elsewhere
+            x = randn(64, 64)
+            torch.testing.assert_close(m(x).clone(), torch.relu(x * m.w + 1.0))
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")
+def test_reduce_overhead_survives_a_failed_second_recording():
+    import fuselens
+    f = fuselens.compile(lambda x, y: torch.relu(x * y + 1.0), mode="reduce-overhead")
+    x, y = randn(64, 64), randn(64, 64)
+    for _ in range(4):
+        f(x, y)
+    graphed = f.entries[0].graph_calls[0].compiled
+    record = graphed._record
+    graphed._record = lambda inputs: (_ for _ in ()).throw(torch.OutOfMemoryError("no memory for the graph"))
+    try:  # inputs moved: recording 2 fails (the error reaches the caller, or eager runs the call)
+        f(randn(64, 64), y)
+    except torch.OutOfMemoryError:
+        pass
+    graphed._record = record
+    for x2 in [randn(64, 64) for _ in range(40)]:
+        torch.testing.assert_close(f(x2, y).clone(), torch.relu(x2 * y + 1.0))

@@ -137,7 +137,7 @@ class CudaGraphed:
         if self.calls == 1:  # warm-up: allocator and autotuning settle before recording
             return self.fn(*inputs)
         if self.graph is None:
-            self._record(inputs)
+            self.graph, self.outputs = self._record(inputs)
             self.at = [(t.data_ptr(), t.shape, t.stride()) for t in inputs]
             self.graph.replay()  # the first replay uploads the graph
             return self.outputs
@@ -145,17 +145,18 @@ class CudaGraphed:
             if all(t.data_ptr() == p and t.shape == s and t.stride() == st for t, (p, s, st) in zip(inputs, self.at)):
                 self.graph.replay()
                 return self.outputs
-            self.at = None  # the inputs moved: read them from owned buffers from now on
+            # the inputs moved: read them from owned buffers from now on
             static = [t if isinstance(t, nn.Parameter) else torch.empty_like(t) for t in inputs]
             if any(s.stride() != t.stride() for s, t in zip(static, inputs)):  # expanded or overlapping
-                self.graph = self.outputs = None
+                self.graph = self.outputs = self.at = None
                 self.on_direct()
                 return self.fn(*inputs)
-            self.static = static
             for s, t in zip(static, inputs):
                 if s is not t:
                     s.copy_(t)
-            self._record(static)
+            graph, outputs = self._record(static)  # if this raises, recording 1 stays as it was
+            self.graph, self.outputs, self.at = graph, outputs, None
+            self.static, self.static_ptrs = static, [t.data_ptr() for t in static]
             return self._replay(inputs)  # the first replay uploads the graph: not timed
         if self.trial is None:  # chosen: the graph
             return self._replay(inputs)
@@ -170,20 +171,25 @@ class CudaGraphed:
         return out
 
     def _record(self, inputs):
+        """(graph, its outputs) of the program reading these inputs where they are."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             self.fn(*inputs)
         torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.outputs = self.fn(*inputs)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = self.fn(*inputs)
+        return graph, outputs
 
     def _replay(self, inputs, fallback=True):
         """Recording 2's outputs for these inputs; where it was not recorded for them (another
-        parameter, a new size of a dynamic dim), the program's (or None, if not `fallback`)."""
-        for dst, src in zip(self.static, inputs):
-            if dst is src:
+        parameter or a parameter's new .data, a new size of a dynamic dim), the program's (or None,
+        if not `fallback`)."""
+        for dst, ptr, src in zip(self.static, self.static_ptrs, inputs):
+            if dst is src:  # a parameter: where the graph reads it, unless its .data was replaced
+                if src.data_ptr() != ptr:
+                    return self.fn(*inputs) if fallback else None
                 continue
             if isinstance(dst, nn.Parameter) or dst.shape != src.shape or dst.stride() != src.stride():
                 return self.fn(*inputs) if fallback else None
