@@ -75,6 +75,16 @@ def host_time(call, n=2000) -> float:
     return (time.perf_counter() - t) / n
 
 
+def in_rounds(calls: dict, timer) -> dict:
+    """{name: timer(call)} in ROUNDS rounds that alternate the calls, the median round each (the
+    machine's speed drifts within a run: whichever is timed first must not be favoured)."""
+    times = {k: [] for k in calls}
+    for _ in range(ROUNDS):
+        for k, call in calls.items():
+            times[k].append(timer(call))
+    return {k: sorted(ts)[ROUNDS // 2] for k, ts in times.items()}
+
+
 def host_per_call(call, n=25) -> float:
     """Median host (CPU) seconds of one call, no synchronize in between: guards, wrapper and
     launches, while the GPU works behind (few enough calls that its queue never fills)."""
@@ -205,12 +215,8 @@ def measure(w, bw, args) -> dict:
     for s in steps.values():
         s()  # compiles the backward too, before timing
         torch.cuda.synchronize()
-    rounds = {k: [] for k in steps}
-    for _ in range(ROUNDS):
-        for k, s in steps.items():
-            rounds[k].append(do_bench(s))
-    for k, times in rounds.items():
-        row[f"{k}_ms"] = sorted(times)[ROUNDS // 2]
+    for k, ms in in_rounds(steps, do_bench).items():
+        row[f"{k}_ms"] = ms
     row["ratio"] = row["fuselens_ms"] / row["torch_compile_ms"]
     if w.min_bytes:
         row["bw_frac"] = w.min_bytes / (row["fuselens_ms"] * 1e-3) / bw
@@ -233,12 +239,8 @@ def measure(w, bw, args) -> dict:
             return moved(*(other if parity[0] else inputs))
         calls = dict(steps, fuselens_ro=step(ro, inputs, False), torch_compile_ro=step(tro, inputs, False),
                      fuselens_ro_moved=moved_step)
-        rounds = {k: [] for k in calls}
-        for _ in range(ROUNDS):  # host time drifts on this machine: the same rounds as the GPU times
-            for k, s in calls.items():
-                rounds[k].append(host_time(s))
-        for k, ts in rounds.items():
-            row[f"{k}_b2b_us"] = sorted(ts)[len(ts) // 2] * 1e6
+        for k, seconds in in_rounds(calls, host_time).items():  # host time drifts there too
+            row[f"{k}_b2b_us"] = seconds * 1e6
         for k, f in (("fuselens_ro", ro), ("torch_compile_ro", tro)):
             row[f"{k}_host_us"] = host_per_call(calls[k]) * 1e6
             row[f"{k}_max_err"] = max_error(f(*inputs), ref)
