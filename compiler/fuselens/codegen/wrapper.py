@@ -48,6 +48,19 @@ def permutation(v: View):
     return tuple(dims)
 
 
+def is_dense(shape, stride) -> bool:
+    """Static, of more than one element, and non-overlapping and dense: `torch.empty_like` of a
+    tensor of this layout has exactly this layout."""
+    if not all(isinstance(x, int) for x in (*shape, *stride)) or math.prod(shape) <= 1:
+        return False
+    expected = 1
+    for size, st in sorted(((sz, st) for sz, st in zip(shape, stride) if sz != 1), key=lambda p: p[1]):
+        if st != expected:
+            return False
+        expected *= size
+    return True
+
+
 def ensure_layout(t, size, stride):
     """Extern results are read by kernels with the strides meta execution predicted; copy if they differ."""
     if tuple(t.shape) == tuple(size) and (t.stride() == tuple(stride) or t.numel() <= 1):
@@ -160,9 +173,25 @@ class WrapperWriter:
                     if not step.prim.fresh_contiguous:  # its result may be a view of `name`
                         read_by_aliasing_extern.add(name)
         pool: dict = {}  # (shape, stride, dtype) -> names of dead buffers
+        # (shape, stride, dtype) -> names of live tensors of that dense layout: a new buffer like one
+        # of them is `torch.empty_like(it)`, half the host time of `torch.empty_strided` (its keyword
+        # arguments and two tuples are parsed on every call)
+        like: dict = {}
+
+        def alive(buf, name=None):
+            if is_dense(buf.shape, buf.stride):
+                like.setdefault((buf.shape, buf.stride, buf.dtype), []).append(name or buf.name)
+
+        def dead(name):
+            for names in like.values():
+                if name in names:
+                    names.remove(name)
         constants: set = set()  # buffers the program keeps (never handed on to another buffer)
         out = self.lines
         out.append(f"def call({', '.join(params)}):")
+        for b in g.inputs:
+            if b is not None:
+                alive(b)  # its layout is the program's key: the strides are exact
         for i, step in enumerate(self.sched.steps):
             if isinstance(step, ExternCall):
                 loc = [step.loc[:2]] if step.loc else []
@@ -175,6 +204,8 @@ class WrapperWriter:
                     out.append(f"    {buf.name} = ensure_layout({step.name}[{buf.item}], {buf.shape}, {buf.stride})")
                 if step.result is None:
                     out.append(f"    del {step.name}")
+                for buf in results + list(step.items):  # ensure_layout gave them these strides
+                    alive(buf)
             else:
                 kernel, writer = self.kernels[id(step)]
                 constant = self.is_constant(writer, keep | read_by_aliasing_extern)
@@ -190,9 +221,12 @@ class WrapperWriter:
                     if pool.get(key) and not constant:
                         old = pool[key].pop()
                         out.append(f"    {name} = {old}; del {old}  # reuse")
+                    elif like.get(key):
+                        out.append(f"{indent}{name} = torch.empty_like({like[key][0]})")
                     else:
                         out.append(f"{indent}{name} = torch.empty_strided({buf.shape}, {buf.stride}, "
                                    f"dtype={buf.dtype}, device=device)")
+                    alive(buf, name)
                 tensors, scalars, sizes = writer.launch_signature()
                 args = tensors + [str(a) for a in scalars]
                 sizes = ", ".join(f"{k}={v}" for k, v in zip(("xnumel", "rnumel", "xchunk"), sizes))
@@ -207,6 +241,7 @@ class WrapperWriter:
             for name in [n for n, last in last_use.items() if last == i and n not in keep]:
                 buf = self.buffer(name)
                 # an extern's result may be a view of its input: such memory is never handed on
+                dead(name)
                 if isinstance(buf, ComputedBuffer) and name not in read_by_extern and name not in constants:
                     pool.setdefault((buf.shape, buf.stride, buf.dtype), []).append(name)
                 else:
