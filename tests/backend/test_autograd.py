@@ -259,6 +259,25 @@ def test_kernels_compiled_before_the_first_call_are_the_ones_it_launches(monkeyp
             assert cuda.specialize(params, exp_args, exp_sizes, config) == cuda.specialize(params, args, sizes, config)
 
 
+def test_the_backward_compiled_ahead_is_the_one_the_first_backward_runs(monkeypatch):
+    # tanh(x.t() + y.t()) is saved (one read, where recomputing it reads x and y) in the transposed
+    # layout eager gives it; the backward compiled with the forward must expect that layout, and
+    # the compile-time check must run that program, or the first call compiles the backward again
+    from fuselens.runtime import backend
+    lowered = []
+    real_lower = backend.lower_graph
+    monkeypatch.setattr(backend, "lower_graph", lambda *a: lowered.append(a) or real_lower(*a))
+    fn = lambda x, y: torch.tanh(x.t() + y.t())
+    x, y = randn(9, 7).requires_grad_(), randn(9, 7).requires_grad_()
+    cg = compile(fn, x, y)
+    assert len(lowered) == 2  # forward and backward
+    out = cg(x, y)[0]
+    assert out.stride() == fn(x, y).stride() == (1, 7)
+    out.backward(torch.ones(7, 9, device=DEVICE))
+    assert len(lowered) == 2
+    torch.testing.assert_close(x.grad, torch.autograd.grad(fn(x, y).sum(), x)[0])
+
+
 def test_saved_tensor_hooks_that_change_a_saved_layout():
     # save_on_cpu and offloading hooks hand back copies: a saved input of a transposed layout
     # comes back contiguous, and the backward must be the program for that layout

@@ -1,10 +1,12 @@
 """Kernel counts and kernel structure: what fuses, what needs no kernel, what the kernels say."""
 import math
 import re
+import warnings
 
 import pytest
 import torch
 
+import fuselens
 from fl_backend_testing import DEVICE, check, compile, run, trace
 from fuselens.codegen import launcher
 from fuselens.codegen import triton as triton_codegen
@@ -60,6 +62,41 @@ def test_pure_views_need_no_kernel_and_alias_the_input():
         torch.testing.assert_close(got, expected)
         assert got.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
         assert got.stride() == expected.stride()
+
+
+@pytest.mark.parametrize("fn,shape", [
+    (lambda x: torch.sin(x.t()) * 2, (9, 7)),
+    (lambda x: (x.permute(2, 0, 1) + 1) * 2, (3, 4, 5)),
+    (lambda x: torch.exp(x.transpose(0, 1)).sum(0), (6, 5, 4)),
+    (lambda x: (x * 2).t().clone(), (9, 7)),  # clone keeps the layout
+    (lambda x: (x * 2).t().contiguous(), (9, 7)),  # contiguous does not
+    (lambda x: (x * 2).t(), (9, 7)),
+])
+def test_outputs_have_eagers_layout_and_are_written_in_it(fn, shape):
+    # eager gives a pointwise op on a permuted input that input's layout; storing the output
+    # in it too makes the kernel read and write in one linear order (no strided stores)
+    x = randn(*shape)
+    cg, (out,) = run(fn, x)
+    expected = fn(x)
+    torch.testing.assert_close(out, expected)
+    assert out.stride() == expected.stride()
+    if len(cg.kernels) == 1 and cg.kernels[0].name.startswith("fl_poi"):
+        assert "tl.store(out_ptr0 + xindex," in cg.kernels[0].source
+
+
+def test_a_view_that_fails_in_eager_fails_compiled():
+    # the graph returns `(x * 2).T.contiguous()`; Python transposes it back and views it flat,
+    # which eager refuses: so must fuselens, with eager's error and no fallback warning
+    def fn(x):
+        v = (x * 2).T.contiguous().T
+        return v.view(-1)
+    x = randn(4, 4)
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        fn(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeError, match="view size is not compatible"):
+            fuselens.compile(fn)(x)
 
 
 def test_reductions_over_the_same_rows_share_a_kernel():

@@ -96,14 +96,15 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program):
     parts = partition(joint)
     logging.getLogger("fuselens.autograd").debug("forward saves for backward: %s", ", ".join(parts.saved))
     forward = build_program(parts.forward, device, mode, dynamic)
-    # the backward is compiled now for contiguous saved values and gradients (shown with the
-    # forward); other layouts compile on first use
+    # the backward is compiled now (shown with the forward) for the saved values in the layouts the
+    # forward stores them in (their traced ones) and contiguous gradients; others compile on first use
     bw_vals = [n.meta["val"] for n in parts.backward.nodes if n.op == "placeholder"]
-    contiguous = [torch.empty(v.shape, dtype=v.dtype, device="meta") if isinstance(v, torch.Tensor) else v
-                  for v in bw_vals]
+    num_saved = len(parts.saved)
+    expected = [v if i < num_saved or not isinstance(v, torch.Tensor) else
+                torch.empty(v.shape, dtype=v.dtype, device="meta") for i, v in enumerate(bw_vals)]
     backward = _StridedPrograms(parts.backward, device, mode, dynamic, build_program, len(forward.kernels))
     state = _State(forward, backward, parts.num_fw_outputs, joint.tangent_outputs, joint.grad_inputs, len(inputs))
-    bw_program = backward.get(contiguous)
+    bw_program = backward.get(expected)
 
     def run(*xs):
         return apply(state, *xs)
@@ -113,6 +114,6 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program):
         here, where the graph can still run eagerly, rather than inside backward()."""
         with torch.no_grad(), torch.random.fork_rng(devices=[]):  # leaves the seed sequence as it was
             outs = forward(*xs)
-            tangents = [torch.zeros_like(outs[i]) for i in joint.tangent_outputs]
+            tangents = [outs[i].new_zeros(outs[i].shape) for i in joint.tangent_outputs]  # contiguous, as compiled
             backward(*outs[parts.num_fw_outputs:], *tangents)
     return run, check, [forward, bw_program]

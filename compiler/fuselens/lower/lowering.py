@@ -31,6 +31,20 @@ def broadcast_index(idx, out_shape, in_shape):
     return [sympy.Integer(0) if s == 1 else i for i, s in zip(idx[lead:], in_shape)]
 
 
+def dense_order(shape, stride):
+    """The dims of a dense, non-overlapping, static layout outermost first, size-1 dims left out
+    (their strides say nothing); None for other layouts."""
+    if not all(isinstance(x, int) for x in (*shape, *stride)):
+        return None
+    order = [d for d in sorted(range(len(shape)), key=lambda d: (-stride[d], d)) if shape[d] != 1]
+    expected = 1
+    for d in reversed(order):
+        if stride[d] != expected:
+            return None
+        expected *= shape[d]
+    return order
+
+
 def view_strides(old_shape, old_stride, new_shape):
     """Strides for viewing a strided tensor as `new_shape` without a copy, or None (torch's rule)."""
     if math.prod(old_shape) <= 1:
@@ -99,13 +113,34 @@ class Lowering:
         self.names += 1
         return f"buf{self.names - 1}"
 
-    def realize(self, v) -> View:
+    def realize(self, v, layout=None) -> View:
+        """The value in memory. `layout`: a graph output's traced (eager's) dense layout, as
+        (shape, stride), which it is stored in: a later view in Python may depend on it, and a
+        pointwise op on a transposed input then writes in the order it reads."""
         if isinstance(v, View):
             return v
+        order = dense_order(*layout) if layout is not None else None
         if v.realized is None and v.permute_of is not None:
             base, dims = v.permute_of
-            b = self.realize(base)
-            v.realized = View(b.buf, v.shape, tuple(b.stride[d] for d in dims), b.offset)
+            if order is None or base.realized is not None:
+                b = self.realize(base)
+                view = View(b.buf, v.shape, tuple(b.stride[d] for d in dims), b.offset)
+                if order is None or dense_order(view.shape, view.stride) == order:
+                    v.realized = view
+        stored_in = v.realized and dense_order(v.realized.shape, v.realized.stride)
+        if order is not None and (stored_in != order if v.realized else order != sorted(order)):
+            # stored as the value permuted to `order` (row-major), viewed back; read from where it
+            # is stored already if it is (in another layout)
+            fn = v.realized.load if v.realized is not None else v.fn
+            order += [d for d in range(len(v.shape)) if v.shape[d] == 1]
+            where = [order.index(d) for d in range(len(order))]
+            shape = tuple(v.shape[d] for d in order)
+            buf = ComputedBuffer(self.new_name(), shape, contiguous_strides(shape), v.dtype,
+                                 body=lambda idx: fn([idx[k] for k in where]), loc=v.loc)
+            self.steps.append(buf)
+            stored = View(buf, v.shape, tuple(buf.stride[k] for k in where), 0)
+            v.realized = v.realized or stored
+            return stored
         if v.realized is None:
             buf = ComputedBuffer(self.new_name(), v.shape, contiguous_strides(v.shape), v.dtype, body=v.fn, loc=v.loc)
             self.steps.append(buf)
@@ -132,7 +167,9 @@ class Lowering:
             elif node.op == "output":
                 for o in node.args[0]:
                     v = self.env[o] if isinstance(o, fx.Node) else o
-                    outputs.append(self.realize(v) if isinstance(v, TensorValue) else v)
+                    val = o.meta.get("val") if isinstance(o, fx.Node) else None
+                    layout = (tuple(val.shape), tuple(val.stride())) if isinstance(val, torch.Tensor) else None
+                    outputs.append(self.realize(v, layout) if isinstance(v, TensorValue) else v)
         return LoweredGraph(inputs, self.steps, outputs, self.sv, self.device, has_seed=None in inputs)
 
     # --- pointwise --------------------------------------------------------------------------------

@@ -171,8 +171,11 @@ tanh, sigmoid, erf = (_unary(p) for p in (prim.tanh, prim.sigmoid, prim.erf))
 floor, ceil = _unary(prim.floor, float_only=False), _unary(prim.ceil, float_only=False)
 
 
-def copy(x):
-    return emit(prim.copy, x)
+def copy(x, memory_format=torch.preserve_format):
+    """A fresh buffer: of x's layout (clone) or contiguous (`.contiguous()`): what a later view may do depends on it."""
+    if memory_format is torch.preserve_format:
+        return emit(prim.copy, x)
+    return emit(prim.copy, x, memory_format=memory_format)
 
 
 def logical_not(x):

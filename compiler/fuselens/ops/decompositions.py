@@ -688,12 +688,12 @@ def unsqueeze(x, dim):
 
 @register(*_t("contiguous"))
 def contiguous(x, memory_format=torch.contiguous_format):
-    return x if x.val.is_contiguous() else P.copy(x)
+    return x if x.val.is_contiguous(memory_format=memory_format) else P.copy(x, memory_format)
 
 
 @register(*_t("clone"))
-def clone(x, memory_format=None):
-    return P.copy(x)
+def clone(x, memory_format=torch.preserve_format):
+    return P.copy(x, memory_format)
 
 
 @register(*_t("detach"))
