@@ -417,6 +417,23 @@ def test_user_error_inside_compiled_function_raises_without_fallback():
     torch.testing.assert_close(cf(sq), sq @ sq)  # not disabled by the user's error
 
 
+def test_user_error_after_an_input_was_written_raises_as_in_eager():
+    # the compiled run writes y, then raises the program's own error; re-running eagerly from the
+    # written y would take the other branch and return a value where eager raises
+    def f(x, y):
+        y.add_(1)
+        if bool((y < 2.5).all()):
+            return (x * 2).T.contiguous().T.view(-1)  # eager refuses this view
+        return x
+    with pytest.raises(RuntimeError, match="view size"):
+        f(X, torch.ones(3))
+    y = torch.ones(3)
+    with pytest.raises(RuntimeError, match="view size") as raised:
+        fuselens.compile(f)(X, y)
+    assert "not re-checked eagerly" in str(raised.value.__notes__)
+    torch.testing.assert_close(y, torch.full((3,), 2.0))  # written once, as eager writes it
+
+
 # ------------------------------------------------------------------------------ bad input
 _ns: dict = {"torch": torch}
 exec("def no_source(x):\n    return x * 3\n", _ns)

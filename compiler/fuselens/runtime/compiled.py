@@ -276,6 +276,18 @@ def _log(entry):
         log.append(entry)
 
 
+def _tensor_versions(args, kwargs) -> list:
+    """(tensor, version counter) of each tensor a call can write in place: its arguments and the
+    parameters and buffers of modules among them (`self`)."""
+    tensors = []
+    for a in torch.utils._pytree.tree_leaves((args, kwargs)):
+        if isinstance(a, torch.Tensor):
+            tensors.append(a)
+        elif isinstance(a, nn.Module):
+            tensors += [*a.parameters(), *a.buffers()]
+    return [(t, t._version) for t in tensors if not t.is_inference()]
+
+
 # -- compiled functions --------------------------------------------------------------------------------
 class CompiledFunction:
     """What `fuselens.compile(fn)` returns: call it as the function."""
@@ -364,10 +376,16 @@ class CompiledFunction:
         if len(self.entries) > 1:
             _LOG_RUNTIME.debug("%s: recompiled (%d entries); dynamic dims: %s", entry.function,
                                len(self.entries), self.dynamic or "none")
+        versions = _tensor_versions(args, kwargs)
         try:
             return entry.fn(*args, **kwargs)
         except Exception as e:
-            # Was it the user's error (eager raises too) or ours?
+            # Was it the user's error (eager raises too) or ours? Eager can tell only if the
+            # compiled run wrote into no input (a re-run would start from the written values)
+            if any(t._version != v for t, v in versions):
+                e.add_note("fuselens: raised by the compiled function after it wrote into an input in "
+                           "place, so not re-checked eagerly; if eager does not raise it, please report it")
+                raise
             try:
                 out = self._eager(args, kwargs)
             except Exception:
