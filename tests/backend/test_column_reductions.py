@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from fl_backend_testing import DEVICE, check, compile, run
+from fuselens.codegen import launcher
 from fuselens.codegen import triton as triton_codegen
 from fuselens.schedule import fusion
 
@@ -136,3 +137,18 @@ def test_partials_without_a_row_kernel_take_longer_chunks(monkeypatch, caplog):
     assert "partials of 64 rows" in scheds[0][0] and "reduction over [2, 37] reducing dims [0]" in scheds[0][1]
     cg, (_, bwd) = schedules(caplog, manual_layer_norm, randn(100, 48), randn(48), randn(48))
     assert "partials of 32 rows" in bwd[0]  # joined the dx kernel: chunks as before
+
+
+@pytest.mark.skipif(DEVICE != "cuda" or not launcher.supports_pdl(torch.device(DEVICE)),
+                    reason="programmatic dependent launch (Hopper and later)")
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_a_kernel_launched_early_reads_what_the_kernel_before_it_wrote(mode):
+    # stage 1 lets stage 2 launch once its own programs have all started (gdc_launch_dependents);
+    # stage 2 reads the partials only after gdc_wait(): without it, it reads them half written
+    import fuselens
+    f = fuselens.compile(lambda x: torch.sin(x).sum(0) * 2, mode=mode)
+    for _ in range(30):
+        x = randn(8192, 1024)
+        torch.testing.assert_close(f(x).clone(), torch.sin(x).sum(0) * 2, rtol=1e-4, atol=1e-3)
+    kernels = fuselens.inspect(f)[0].kernels
+    assert len(kernels) == 2 and all(k.source.count("gdc_wait()") == 1 for k in kernels)

@@ -140,6 +140,18 @@ def test_persistent_kernels_issue_their_loads_before_the_reductions():
     assert len(loads) == 3 and max(loads) < next(i for i, line in enumerate(lines) if "tl.sum(" in line)
 
 
+def test_kernels_for_pdl_wait_for_the_kernel_before_them_first(monkeypatch):
+    # launched with programmatic dependent launch on Hopper (codegen/cuda.py), a kernel's programs
+    # may start before the previous kernel has finished: nothing may be read before gdc_wait()
+    source = compile(manual_layer_norm, randn(8, 64), randn(64), randn(64)).kernels[0].source
+    assert ("gdc_wait()" in source) == launcher.supports_pdl(torch.device(DEVICE))
+    monkeypatch.setattr(launcher, "supports_pdl", lambda device: True)
+    lines = compile(manual_layer_norm, randn(8, 64), randn(64), randn(64)).kernels[0].source.splitlines()
+    body = lines[next(i for i, line in enumerate(lines) if line.startswith("def ")) + 1:]
+    assert [line.split("(")[0].strip() for line in body[:2]] == ["gdc_wait", "gdc_launch_dependents"]
+    assert "from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait" in lines
+
+
 def test_masks_only_where_sizes_need_them():
     cg, _ = run(manual_softmax, randn(1024, 64))
     source = cg.kernels[0].source

@@ -1,6 +1,6 @@
 """fuselens's own compile and launch path (codegen/cuda.py), the parts that run without a GPU:
 argument specialization, cubin cache keys and files, the launch function's parameter buffer
-(read back through a stand-in for cuLaunchKernel), and Triton's stages compiling a cubin."""
+(read back through a stand-in for cuLaunchKernelEx), and Triton's stages compiling a cubin."""
 import ctypes
 import os
 import pathlib
@@ -61,14 +61,18 @@ def test_cubin_cache_compiles_once(tmp_path):
 
 
 class FakeDriver:
-    """cuLaunchKernel's stand-in: reads the parameters back through the pointer array."""
+    """cuLaunchKernelEx's stand-in: reads the launch config and the parameters back through
+    their pointers."""
 
     def __init__(self, codes):
-        self.codes, self.calls = codes, []
+        self.codes, self.calls, self.attrs = codes, [], []
 
-    def cuLaunchKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+    def cuLaunchKernelEx(self, config_ptr, function, params, extra):
+        c = cuda.LaunchConfig.from_address(config_ptr.value)
         values = [ctypes.cast(params[i], ctypes.POINTER(ctype)).contents.value for i, ctype in enumerate(self.codes)]
-        self.calls.append(((gx, gy, gz), (bx, by, bz), shared, stream.value, values))
+        self.calls.append(((c.gridDimX, c.gridDimY, c.gridDimZ), (c.blockDimX, c.blockDimY, c.blockDimZ),
+                           c.sharedMemBytes, c.hStream, values))
+        self.attrs.append([(c.attrs[i].id, c.attrs[i].value) for i in range(c.numAttrs)])
         return 0
 
 
@@ -93,7 +97,11 @@ def test_launch_packs_parameters_and_refuses_what_it_was_not_built_for(monkeypat
     assert not launch(x, y, 5, 2, 48, 0.5)      # ks0 was the constant 1
     assert not launch(x, y, 5, 1, 32, 0.5)      # another size
     assert not cuda.make_launch(binary, ps, spec, args, sizes, grid=2 ** 23, device=1)(*args)  # current is 0
-    assert len(fake.calls) == 2
+    assert len(fake.calls) == 2 and fake.attrs == [[], []]
+    # programmatic dependent launch: the one launch attribute that lets the kernel start early
+    assert cuda.make_launch(binary, ps, spec, args, sizes, grid=2 ** 23, device=0, pdl=True)(*args)
+    assert fake.calls[-1] == fake.calls[0]
+    assert fake.attrs[-1] == [(cuda.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 1)]
 
 
 def test_launch_error_names_the_kernel(monkeypatch):
@@ -101,7 +109,7 @@ def test_launch_error_names_the_kernel(monkeypatch):
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 0, raising=False)
 
     class Failing(FakeDriver):
-        def cuLaunchKernel(self, *a):
+        def cuLaunchKernelEx(self, *a):
             return 719  # CUDA_ERROR_LAUNCH_FAILED
 
         def cuGetErrorName(self, err, out):
@@ -113,7 +121,7 @@ def test_launch_error_names_the_kernel(monkeypatch):
     spec = cuda.specialize(ps, (x,), (16,), launcher.Config(16))
     launch = cuda.make_launch(P(name="fl_kernel_3", function=ctypes.c_void_p(1), threads=128, shared=0, n_params=4),
                               ps, spec, (x,), (16,), grid=1, device=0)
-    with pytest.raises(cuda.CudaError, match=r"719 \(CUDA_ERROR_LAUNCH_FAILED\) in cuLaunchKernel\(fl_kernel_3\)"):
+    with pytest.raises(cuda.CudaError, match=r"719 \(CUDA_ERROR_LAUNCH_FAILED\) in cuLaunchKernelEx\(fl_kernel_3\)"):
         launch(x)
 
 
@@ -122,10 +130,13 @@ import torch
 from fuselens.codegen import cuda, launcher
 src = """import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit(do_not_specialize=["seed"])
 def k(in_ptr0, out_ptr0, seed, xnumel, RBLOCK_UNUSED, XBLOCK: tl.constexpr):
+    gdc_wait()
+    gdc_launch_dependents()
     x = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
     tl.store(out_ptr0 + x, tl.load(in_ptr0 + x, x < xnumel) + tl.rand(seed, x), x < xnumel)
 """
@@ -139,7 +150,8 @@ print(cubin[:4] == b"\\x7fELF", meta)
 
 def test_tritons_stages_compile_a_cubin_without_a_gpu(tmp_path):
     """Triton's stages for an explicit target need no GPU (nor Triton's driver): the cubin and the
-    parameter count the launch relies on (pointers, seed, xnumel, an unused int, 2 scratch pointers)."""
+    parameter count the launch relies on (pointers, seed, xnumel, an unused int, 2 scratch pointers),
+    for a kernel as written for programmatic dependent launch (gdc_wait first)."""
     env = {k: v for k, v in os.environ.items() if k not in ("FUSELENS_INTERPRET", "TRITON_INTERPRET")}
     env.update(PYTHONPATH=str(ROOT / "compiler"), FUSELENS_CACHE_DIR=str(tmp_path), TRITON_CACHE_DIR=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=300)

@@ -11,7 +11,9 @@ cache-invalidating environment variables, so a later process skips Triton entire
 Launch: the CUDA driver API through ctypes. Each (kernel, config, argument specialization,
 scalar values) gets a generated Python function holding one preallocated parameter buffer and an
 array of pointers into it: a launch checks the pointers' alignment and the scalars the kernel was
-specialized on, writes the parameters with one `pack_into` and calls `cuLaunchKernel` once.
+specialized on, writes the parameters with one `pack_into` and calls `cuLaunchKernelEx` once, with
+a launch config built ahead (on Hopper and later with programmatic dependent launch: the kernel
+starts while the one before it finishes, and waits for it with `gdc_wait()`).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ CUDA_ERROR_INVALID_CONTEXT = 201
 CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 CACHE_FORMAT = 1  # bump when what is stored next to a cubin changes
 
 TL_TYPES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float64": "fp64",
@@ -109,7 +112,8 @@ def compile_cubin(fn, signature, constexprs, attrs, num_warps, arch):
         if metadata.get(need):
             raise RuntimeError(f"kernel {meta['name']} needs {need}={metadata[need]}, which fuselens does not provide")
     if metadata.get("num_ctas", 1) != 1 or metadata.get("launch_cooperative_grid") or metadata.get("launch_pdl"):
-        raise RuntimeError(f"kernel {meta['name']}: clusters, cooperative and PDL launches are not supported")
+        raise RuntimeError(f"kernel {meta['name']}: clusters, cooperative launches and Triton's own PDL option "
+                           "are not supported (fuselens sets PDL itself)")
     return module, meta
 
 
@@ -137,6 +141,17 @@ def cached_cubin(directory, key, compile_fn):
 
 class CudaError(RuntimeError):
     pass
+
+
+class LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, then a 64-byte value union at offset 8
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
+
+
+class LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
 
 
 _lib = None
@@ -210,14 +225,24 @@ class Binary:
                   f"cuFuncSetAttribute({name})")
 
 
-def make_launch(binary: Binary, params, spec, args, sizes, grid: int, device: int):
+def launch_config(binary: Binary, grid: int, pdl: bool) -> LaunchConfig:
+    """The launch's CUlaunchConfig (its stream is set per call). `pdl`: programmatic stream
+    serialization, for kernels that begin with `gdc_wait()`."""
+    config = LaunchConfig(grid, 1, 1, binary.threads, 1, 1, binary.shared)
+    if pdl:
+        config.attrs = ctypes.pointer(LaunchAttribute(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, value=1))
+        config.numAttrs = 1
+    return config
+
+
+def make_launch(binary: Binary, params, spec, args, sizes, grid: int, device: int, pdl=False):
     """A function `launch(*args) -> bool` for this binary and arguments like `args` (`sizes`
     appended; `spec` from `specialize`): False, launching nothing, when an argument no longer
     matches what the launch was built for (a pointer the binary assumes aligned is not, another
     value of an integer other than the seed) or torch's current device differs; else it launches
     on torch's current stream. Integers are compared by value (the wrapper passes constants), so
     they are written into the parameter buffer as literals; only pointers, the seed and floats
-    are written per call."""
+    are written per call. `pdl`: launched with programmatic dependent launch (see launch_config)."""
     import torch
     signature, _, attrs = spec
     values = list(args) + list(sizes)
@@ -252,22 +277,24 @@ def make_launch(binary: Binary, params, spec, args, sizes, grid: int, device: in
     if aligned:
         checks.insert(0, f"({' | '.join(aligned)}) & 15")
     checks.append(f"get_device() != {device}")
-    call = f"cu_launch(function, {grid}, 1, 1, {binary.threads}, 1, 1, {binary.shared}, stream, params, None)"
+    config = launch_config(binary, grid, pdl)
+    call = "cu_launch(config_ptr, function, params, None)"
     lines = [f"def launch({', '.join(f'a{i}' for i in range(len(args)))}):",
              *[f"    p{i} = a{i}.data_ptr()" for i in ptrs],
              f"    if {' or '.join(checks)}:",
              "        return False",
-             f"    stream = c_void_p(get_stream({device}))",
-             "    with lock:  # one parameter buffer per launch function",
+             "    with lock:  # one parameter buffer and launch config per launch function",
+             f"        config.hStream = get_stream({device})",
              f"        pack(buf, 0, {', '.join(fields)})",
              f"        err = {call}",
              f"        if err == {CUDA_ERROR_INVALID_CONTEXT}:  # a thread that has not used CUDA yet",
              f"            err = make_context_current({device}) or {call}",
              "    if err:",
-             f"        check(err, 'cuLaunchKernel({binary.name})')",
+             f"        check(err, 'cuLaunchKernelEx({binary.name})')",
              "    return True"]
     namespace = {"function": binary.function, "params": param_ptrs, "buf": buf, "pack": struct.Struct(fmt).pack_into,
-                 "cu_launch": lib().cuLaunchKernel, "c_void_p": ctypes.c_void_p, "lock": threading.Lock(),
+                 "config": config, "config_ptr": ctypes.c_void_p(ctypes.addressof(config)),
+                 "cu_launch": lib().cuLaunchKernelEx, "lock": threading.Lock(),
                  "get_device": torch._C._cuda_getDevice, "get_stream": torch._C._cuda_getCurrentRawStream,
                  "make_context_current": make_context_current, "check": check}
     exec(compile("\n".join(lines), f"<fuselens launch {binary.name}>", "exec"), namespace)

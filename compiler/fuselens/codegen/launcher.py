@@ -180,8 +180,9 @@ class TritonKernel:
     `stats.triton_compile`) or reads it from fuselens's cache, then builds a launch function that
     later calls reuse while their arguments match it. In the interpreter, Triton's JIT runs it."""
 
-    def __init__(self, name, source, mode, max_autotune=False, itemsize=4):
+    def __init__(self, name, source, mode, max_autotune=False, itemsize=4, pdl=False):
         self.name, self.source, self.mode, self.max_autotune = name, source, mode, max_autotune
+        self.pdl = pdl  # the source waits for the previous kernel (gdc_wait): launch it with PDL
         self.itemsize = itemsize  # of the narrowest dtype the kernel loads or stores
         self.best: dict = {}  # (device, xnumel, rnumel) -> Config
         self._fn = None
@@ -252,7 +253,7 @@ class TritonKernel:
             device = key[1]
             binary = load_binary(self.fn, self.source, self.name, spec, config, device)
             launch = cuda.make_launch(binary, self.fn.params, spec, args, sizes, grid0(self.mode, sizes, config),
-                                      device)
+                                      device, self.pdl)
             self._launches[key] = launch
         return launch
 
@@ -357,6 +358,16 @@ def compile_concurrently(jobs):
     with stats.triton_compile(), ThreadPoolExecutor(len(missing)) as pool:
         for future in [pool.submit(cuda.cached_cubin, directory, k, f) for k, f in missing]:
             future.exception()
+
+
+def supports_pdl(device) -> bool:
+    """Whether kernels for `device` are launched with programmatic dependent launch (PDL): each
+    kernel's programs may be scheduled while the kernel before it on the stream finishes, and wait
+    for it in `gdc_wait()` (Hopper and later; saves the launch gap between dependent kernels,
+    ~1.3 us after a GEMM on an H100, bench/NOTES.md). FUSELENS_PDL=0 turns it off."""
+    import torch
+    return (not INTERPRET and device.type == "cuda" and os.environ.get("FUSELENS_PDL", "1") != "0"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def torch_cuda_device():

@@ -107,8 +107,9 @@ def loc_comment(loc):
 
 
 class KernelWriter:
-    def __init__(self, kernel: FusedKernel, name_index: int, sizevars, dynamic_values=frozenset()):
+    def __init__(self, kernel: FusedKernel, name_index: int, sizevars, dynamic_values=frozenset(), pdl=False):
         self.kernel = kernel
+        self.pdl = pdl  # launched with programmatic dependent launch (codegen/cuda.py)
         self.sizevars = sizevars
         self.index_in_graph = name_index
         self.red = kernel.red_dims or ()
@@ -588,6 +589,10 @@ class KernelWriter:
         # a fresh seed every call: Triton must not compile a variant per seed's divisibility
         jit = '@triton.jit(do_not_specialize=["seed"])' if self.uses_seed else "@triton.jit"
         header += ["", jit, f"def {name}({', '.join(params)}):"]
+        if self.pdl:  # this kernel's programs may start while the kernel before it still runs
+            header[3:3] = ["from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait"]
+            header += ["    gdc_wait()  # until the kernel before this one has finished and its writes are visible",
+                       "    gdc_launch_dependents()  # the next kernel may start its programs as ours finish"]
         body = ["    " * indent + text for indent, text in self.lines]
         return name, "\n".join(header + body) + "\n"
 
@@ -597,11 +602,13 @@ def memory_extent(buf):
     return 1 + sum((s - 1) * abs(st) for s, st in zip(buf.shape, buf.stride)) if buf.numel() else 0
 
 
-def generate_kernel(kernel: FusedKernel, index: int, sizevars, dynamic_values=frozenset()):
-    writer = KernelWriter(kernel, index, sizevars, dynamic_values)
+def generate_kernel(kernel: FusedKernel, index: int, sizevars, dynamic_values=frozenset(), pdl=False):
+    """`pdl`: the kernel waits for the one before it (gdc_wait) and is launched with programmatic
+    dependent launch, so its launch overlaps the previous kernel's last programs (Hopper and later)."""
+    writer = KernelWriter(kernel, index, sizevars, dynamic_values, pdl)
     name, source = writer.generate()
     if not writer.int64 and any(memory_extent(b) >= 2 ** 31 for b in writer.buffers.values()):
-        writer = KernelWriter(kernel, index, sizevars, dynamic_values)
+        writer = KernelWriter(kernel, index, sizevars, dynamic_values, pdl)
         writer.int64 = True
         name, source = writer.generate()
     return name, source, writer

@@ -80,10 +80,11 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
     _log("schedule", "kernels:\n%s", sched.describe)
     kernels, infos, jobs = {}, [], []
     fused = [s for s in sched.steps if isinstance(s, FusedKernel)]
+    pdl = launcher.supports_pdl(torch.device(device))
     for i, step in enumerate(fused):
-        name, source, writer = generate_kernel(step, first_kernel_index + i, lowered.sizevars, dynamic_values)
+        name, source, writer = generate_kernel(step, first_kernel_index + i, lowered.sizevars, dynamic_values, pdl)
         itemsize = min((b.dtype.itemsize for b in writer.buffers.values()), default=4)
-        kernel = launcher.TritonKernel(name, source, writer.mode, mode == "max-autotune", itemsize)
+        kernel = launcher.TritonKernel(name, source, writer.mode, mode == "max-autotune", itemsize, pdl)
         kernels[id(step)] = (kernel, writer)
         infos.append(KernelInfo(name, source, sorted(writer.source_lines)))
         tensors, scalars, sizes = writer.launch_signature()
