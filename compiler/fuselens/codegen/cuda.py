@@ -169,11 +169,19 @@ def lib():
                                ("cuFuncGetAttribute", [pi, i, vp]), ("cuFuncSetAttribute", [vp, i, i]),
                                ("cuDeviceGetAttribute", [pi, i, i]), ("cuDeviceGet", [pi, i]),
                                ("cuDevicePrimaryCtxRetain", [pvp, i]), ("cuCtxGetCurrent", [pvp]),
-                               ("cuCtxSetCurrent", [vp]), ("cuGetErrorName", [i, ctypes.POINTER(ctypes.c_char_p)])):
+                               ("cuCtxSetCurrent", [vp]), ("cuGetErrorName", [i, ctypes.POINTER(ctypes.c_char_p)]),
+                               ("cuDriverGetVersion", [pi])):
             getattr(cuda, name).argtypes = argtypes
         # no argtypes for the launch: ctypes converts prebuilt c_void_p objects and small ints fastest
         _lib = cuda
     return _lib
+
+
+def driver_version() -> int:
+    """The CUDA driver's version, 1000 * major + 10 * minor (12030 for 12.3)."""
+    version = ctypes.c_int()
+    check(lib().cuDriverGetVersion(ctypes.byref(version)), "cuDriverGetVersion")
+    return version.value
 
 
 def check(err, what):

@@ -364,10 +364,12 @@ def supports_pdl(device) -> bool:
     """Whether kernels for `device` are launched with programmatic dependent launch (PDL): each
     kernel's programs may be scheduled while the kernel before it on the stream finishes, and wait
     for it in `gdc_wait()` (Hopper and later; saves the launch gap between dependent kernels,
-    ~1.3 us after a GEMM on an H100, bench/NOTES.md). FUSELENS_PDL=0 turns it off."""
+    ~1.3 us after a GEMM on an H100, bench/NOTES.md). FUSELENS_PDL=0 turns it off. Needs a
+    CUDA 12.3 driver or later (CUDA graphs record such launches from 12.3 on: reduce-overhead)."""
     import torch
+    from . import cuda
     return (not INTERPRET and device.type == "cuda" and os.environ.get("FUSELENS_PDL", "1") != "0"
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+            and torch.cuda.get_device_capability(device)[0] >= 9 and cuda.driver_version() >= 12030)
 
 
 def torch_cuda_device():

@@ -103,74 +103,102 @@ def _graphable(inputs) -> bool:
 
 class CudaGraphed:
     """mode="reduce-overhead": after a warm-up call, the compiled graph is recorded into a
-    CUDA graph and replayed. A graph reads its inputs at fixed addresses, so it is recorded twice
-    at most:
+    CUDA graph and replayed. A graph reads its inputs at fixed addresses. It is first recorded
+    reading every input where the recording call's tensor lies; an input seen elsewhere later is
+    read from then on from a buffer the graph owns, which each replay copies it into (never into
+    the caller's tensor), and the graph is recorded again for that. So an input that stays in
+    place (a parameter, a weight passed as a plain tensor, a buffer refilled in place, another
+    graph's output) costs nothing a call, one that moves costs a copy. Only addresses are kept for
+    inputs read in place, not the tensors: a tensor allocated later at the same place is read just
+    as well. Parameters are never copied: one whose `.data` moved is recorded again in its new
+    place.
 
-    1. at the addresses of the recording call's own tensors. Calls whose inputs lie at those
-       addresses, with the same layout (parameters; a loop that refills its input buffers; the
-       output buffers of another graph), replay it as it is: one graph launch, nothing copied.
-       Only addresses are kept, not the tensors: a tensor allocated later at the same place is
-       read just as well.
-    2. once a call's inputs lie elsewhere: reading every input but parameters from buffers the
-       graph owns, which each replay copies them into (never into the caller's tensors). A copy
-       costs about a kernel launch, so this replay is not always cheaper than launching the
-       program's kernels directly: calls alternate between the two until each has TRIAL_CALLS
-       host timings, and if direct calls took less (medians), the graph is dropped and
-       `on_direct()` swaps the program itself in.
+    A copy costs about a kernel launch, so a replay with copies is not always cheaper than
+    launching the program's kernels directly: calls alternate between the two until each has
+    TRIAL_CALLS host timings, and if direct calls took less (medians), the graph is dropped and
+    `on_direct()` swaps the program itself in; so it is after MAX_RECORDINGS recordings, or for
+    inputs no owned buffer can hold (expanded or overlapping strides).
 
     As with torch.compile, outputs are the graph's buffers: the next call overwrites them
     (clone to keep them)."""
 
     TRIAL_CALLS = 16
+    MAX_RECORDINGS = 4
 
     def __init__(self, fn, on_direct):
         self.fn, self.on_direct = fn, on_direct
         self.kernels = getattr(fn, "kernels", [])
         self.wrapper_source = getattr(fn, "wrapper_source", None)
-        self.graph = None
-        self.calls = 0
-        self.at = None  # recording 1: (data_ptr, shape, stride) of each input it reads in place
-        self.trial = ([], [])  # recording 2: host seconds of (replays, direct calls) while choosing
+        self.graph = self.outputs = None
+        self.calls = self.recordings = 0
+        self.placed: list = []  # per input: (data_ptr, shape, stride) where the graph reads it, None if copied
+        self.static: list = []  # per input: the owned buffer a replay copies it into, None if read in place
+        self.trial = None  # (replay, direct) host seconds while choosing; None: replay
+        self.at = None  # `placed`, while no input is copied
 
     def __call__(self, *inputs):
+        at = self.at  # the fast path: nothing copied, every input where the graph reads it
+        if at is not None and all(t.data_ptr() == p and t.shape == s and t.stride() == st
+                                  for t, (p, s, st) in zip(inputs, at)):
+            self.graph.replay()
+            return self.outputs
         self.calls += 1
         if self.calls == 1:  # warm-up: allocator and autotuning settle before recording
             return self.fn(*inputs)
         if self.graph is None:
-            self.graph, self.outputs = self._record(inputs)
-            self.at = [(t.data_ptr(), t.shape, t.stride()) for t in inputs]
-            self.graph.replay()  # the first replay uploads the graph
-            return self.outputs
-        if self.at is not None:
-            if all(t.data_ptr() == p and t.shape == s and t.stride() == st for t, (p, s, st) in zip(inputs, self.at)):
-                self.graph.replay()
-                return self.outputs
-            # the inputs moved: read them from owned buffers from now on
-            static = [t if isinstance(t, nn.Parameter) else torch.empty_like(t) for t in inputs]
-            if any(s.stride() != t.stride() for s, t in zip(static, inputs)):  # expanded or overlapping
-                self.graph = self.outputs = self.at = None
-                self.on_direct()
-                return self.fn(*inputs)
-            for s, t in zip(static, inputs):
-                if s is not t:
-                    s.copy_(t)
-            graph, outputs = self._record(static)  # if this raises, recording 1 stays as it was
-            self.graph, self.outputs, self.at = graph, outputs, None
-            self.static, self.static_ptrs = static, [t.data_ptr() for t in static]
-            return self._replay(inputs)  # the first replay uploads the graph: not timed
-        if self.trial is None:  # chosen: the graph
+            return self._record(inputs, copied=set())
+        moved = self._moved(inputs)
+        if moved is None:  # a copied input of another size or layout (a dynamic dim): not recorded for it
+            return self.fn(*inputs)
+        if moved:
+            return self._record(inputs, {i for i, b in enumerate(self.static) if b is not None} | moved)
+        if self.trial is None:
             return self._replay(inputs)
         direct = self.calls % 2
         start = time.perf_counter()
-        out = None if direct else self._replay(inputs, fallback=False)
-        if out is None:
-            out = self.fn(*inputs)
-            if not direct:  # inputs the graph was not recorded for: no timing
-                return out
+        out = self.fn(*inputs) if direct else self._replay(inputs)
         self._tried(direct, start)
         return out
 
-    def _record(self, inputs):
+    def _moved(self, inputs):
+        """Inputs read in place that are now elsewhere (indices); None if a copied input no longer
+        fits its buffer."""
+        moved = set()
+        for i, (t, at, buf) in enumerate(zip(inputs, self.placed, self.static)):
+            if buf is not None:
+                if buf.shape != t.shape or buf.stride() != t.stride():
+                    return None
+            elif t.data_ptr() != at[0] or t.shape != at[1] or t.stride() != at[2]:
+                moved.add(i)
+        return moved
+
+    def _record(self, inputs, copied):
+        """Record the graph reading the inputs in `copied` from owned buffers and the others in
+        place, replay it once (which uploads it) and return its outputs. If recording raises, the
+        graph recorded before stays as it was."""
+        self.recordings += 1
+        copied = {i for i in copied if not isinstance(inputs[i], nn.Parameter)}
+        static = list(inputs)
+        for i in copied:
+            old = self.static[i] if i < len(self.static) else None
+            buf = old if old is not None and old.shape == inputs[i].shape and \
+                old.stride() == inputs[i].stride() else torch.empty_like(inputs[i])
+            static[i] = buf
+        if self.recordings > self.MAX_RECORDINGS or any(static[i].stride() != inputs[i].stride() for i in copied):
+            self._drop()  # recorded too often, or an expanded or overlapping input
+            return self.fn(*inputs)
+        for i in copied:
+            static[i].copy_(inputs[i])
+        graph, outputs = self._capture(static)
+        self.graph, self.outputs = graph, outputs
+        self.static = [static[i] if i in copied else None for i in range(len(static))]
+        self.placed = [None if i in copied else (t.data_ptr(), t.shape, t.stride()) for i, t in enumerate(static)]
+        self.trial = ([], []) if copied else None
+        self.at = None if copied else self.placed
+        graph.replay()
+        return outputs
+
+    def _capture(self, inputs):
         """(graph, its outputs) of the program reading these inputs where they are."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -182,18 +210,10 @@ class CudaGraphed:
             outputs = self.fn(*inputs)
         return graph, outputs
 
-    def _replay(self, inputs, fallback=True):
-        """Recording 2's outputs for these inputs; where it was not recorded for them (another
-        parameter or a parameter's new .data, a new size of a dynamic dim), the program's (or None,
-        if not `fallback`)."""
-        for dst, ptr, src in zip(self.static, self.static_ptrs, inputs):
-            if dst is src:  # a parameter: where the graph reads it, unless its .data was replaced
-                if src.data_ptr() != ptr:
-                    return self.fn(*inputs) if fallback else None
-                continue
-            if isinstance(dst, nn.Parameter) or dst.shape != src.shape or dst.stride() != src.stride():
-                return self.fn(*inputs) if fallback else None
-            dst.copy_(src)
+    def _replay(self, inputs):
+        for buf, t in zip(self.static, inputs):
+            if buf is not None:
+                buf.copy_(t)
         self.graph.replay()
         return self.outputs
 
@@ -205,8 +225,13 @@ class CudaGraphed:
         _LOG_RUNTIME.debug("reduce-overhead: replay %.1f us, direct %.1f us a call", replay * 1e6, launch * 1e6)
         self.trial = None
         if launch < replay:
-            self.graph = self.static = self.outputs = None
-            self.on_direct()
+            self._drop()
+
+    def _drop(self):
+        self.graph = self.outputs = None
+        self.static = self.placed = []
+        self.at = None
+        self.on_direct()
 
 
 class _EagerGraph:
