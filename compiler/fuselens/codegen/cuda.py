@@ -144,7 +144,8 @@ class CudaError(RuntimeError):
 
 
 class LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, then a 64-byte value union at offset 8
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("pad2", ctypes.c_char * 4),
+                ("rest", ctypes.c_uint64 * 7)]  # 8-byte aligned, as the union (it holds pointers)
 
 
 class LaunchConfig(ctypes.Structure):  # CUlaunchConfig

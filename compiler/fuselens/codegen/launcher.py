@@ -364,7 +364,8 @@ def supports_pdl(device) -> bool:
     """Whether kernels for `device` are launched with programmatic dependent launch (PDL): each
     kernel's programs may be scheduled while the kernel before it on the stream finishes, and wait
     for it in `gdc_wait()` (Hopper and later; saves the launch gap between dependent kernels,
-    ~1.3 us after a GEMM on an H100, bench/NOTES.md). FUSELENS_PDL=0 turns it off. Needs a
+    ~1.3 us after a GEMM on an H100, bench/NOTES.md). FUSELENS_PDL=0 turns it off for programs
+    built after it is set (a graph's first call, a new input layout). Needs a
     CUDA 12.3 driver or later (CUDA graphs record such launches from 12.3 on: reduce-overhead)."""
     import torch
     from . import cuda

@@ -116,8 +116,9 @@ class CudaGraphed:
     A copy costs about a kernel launch, so a replay with copies is not always cheaper than
     launching the program's kernels directly: calls alternate between the two until each has
     TRIAL_CALLS host timings, and if direct calls took less (medians), the graph is dropped and
-    `on_direct()` swaps the program itself in; so it is after MAX_RECORDINGS recordings, or for
-    inputs no owned buffer can hold (expanded or overlapping strides).
+    `on_direct()` swaps the program itself in; so it is after MAX_RECORDINGS recordings, for an
+    input no owned buffer can hold (expanded: a stride of 0), or when recording fails (with a
+    warning). A copied input of a new size (a dynamic dim) is launched directly, not recorded.
 
     As with torch.compile, outputs are the graph's buffers: the next call overwrites them
     (clone to keep them)."""
@@ -174,22 +175,30 @@ class CudaGraphed:
 
     def _record(self, inputs, copied):
         """Record the graph reading the inputs in `copied` from owned buffers and the others in
-        place, replay it once (which uploads it) and return its outputs. If recording raises, the
-        graph recorded before stays as it was."""
+        place, replay it once (which uploads it) and return its outputs. Past MAX_RECORDINGS, for
+        an expanded input (no owned buffer holds it) or if recording fails (out of memory, say),
+        the graph is dropped and the program launched directly from then on."""
         self.recordings += 1
         copied = {i for i in copied if not isinstance(inputs[i], nn.Parameter)}
-        static = list(inputs)
-        for i in copied:
-            old = self.static[i] if i < len(self.static) else None
-            buf = old if old is not None and old.shape == inputs[i].shape and \
-                old.stride() == inputs[i].stride() else torch.empty_like(inputs[i])
-            static[i] = buf
-        if self.recordings > self.MAX_RECORDINGS or any(static[i].stride() != inputs[i].stride() for i in copied):
-            self._drop()  # recorded too often, or an expanded or overlapping input
+        if self.recordings > self.MAX_RECORDINGS or any(
+                st == 0 and n > 1 for i in copied for n, st in zip(inputs[i].shape, inputs[i].stride())):
+            self._drop()
             return self.fn(*inputs)
-        for i in copied:
-            static[i].copy_(inputs[i])
-        graph, outputs = self._capture(static)
+        static = list(inputs)
+        try:
+            for i in copied:  # an owned buffer of the input's layout (the program was built for it)
+                old = self.static[i] if i < len(self.static) else None
+                t = inputs[i]
+                if old is None or old.shape != t.shape or old.stride() != t.stride():
+                    old = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+                static[i] = old
+                old.copy_(t)
+            graph, outputs = self._capture(static)
+        except Exception as e:  # costs the graph, never the call
+            warn(f"reduce-overhead: recording a CUDA graph failed ({type(e).__name__}: {e}); "
+                 "launching the compiled kernels directly")
+            self._drop()
+            return self.fn(*inputs)
         self.graph, self.outputs = graph, outputs
         self.static = [static[i] if i in copied else None for i in range(len(static))]
         self.placed = [None if i in copied else (t.data_ptr(), t.shape, t.stride()) for i, t in enumerate(static)]
