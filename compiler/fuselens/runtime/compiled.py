@@ -187,12 +187,12 @@ class CudaGraphed:
         static = list(inputs)
         try:
             for i in copied:  # an owned buffer of the input's layout (the program was built for it)
-                old = self.static[i] if i < len(self.static) else None
                 t = inputs[i]
-                if old is None or old.shape != t.shape or old.stride() != t.stride():
-                    old = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-                static[i] = old
-                old.copy_(t)
+                buf = self.static[i] if i < len(self.static) else None
+                if buf is None or buf.shape != t.shape or buf.stride() != t.stride():
+                    buf = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+                buf.copy_(t)
+                static[i] = buf
             graph, outputs = self._capture(static)
         except Exception as e:  # costs the graph, never the call
             warn(f"reduce-overhead: recording a CUDA graph failed ({type(e).__name__}: {e}); "
