@@ -193,7 +193,17 @@ def test_mlp_training_step():
         return F.cross_entropy(F.linear(h, w2, b2), target)
     inputs = [randn(8, 16), randn(32, 16) * 0.2, randn(32), randn(10, 32) * 0.2, randn(10),
               torch.randint(0, 10, (8,), device=DEVICE)]
-    check(mlp, *inputs, atol=1e-4, rtol=1e-4)
+    cg = check(mlp, *inputs, atol=1e-4, rtol=1e-4)
+    forward, backward = cg.wrapper_source.split("# backward")
+    # each linear one call, as F.linear makes it (no transposed view made in Python)
+    assert forward.count("torch.nn.functional.linear(") == 2 and ".t()" not in forward
+    # the bias gradients (column sums) are allocated in their returned shape: no reshape per call
+    assert ".view(" not in backward
+    leaves = [t.detach().requires_grad_() for t in inputs[:5]]
+    compiled = compile(mlp, *leaves, inputs[5])
+    compiled(*leaves, inputs[5])[0].backward()
+    for t in leaves:
+        assert (t.grad.shape, t.grad.stride()) == (t.shape, t.stride())
 
 
 @pytest.mark.parametrize("fn,shapes,backward_kernels", [

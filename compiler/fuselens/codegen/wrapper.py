@@ -48,6 +48,19 @@ def permutation(v: View):
     return tuple(dims)
 
 
+def view_kind(v: View):
+    """How the wrapper makes a static view of a whole buffer: "permute" (`.t()`, `.permute`),
+    "view" (a row-major reshape), or None (`reinterpret`)."""
+    if not all(isinstance(x, int) for x in (*v.shape, *v.stride, *v.buf.shape, *v.buf.stride)):
+        return None
+    if permutation(v) is not None:
+        return "permute"
+    if v.offset == 0 and math.prod(v.shape) == math.prod(v.buf.shape) and \
+            _row_major(v.shape, v.stride) and _row_major(v.buf.shape, v.buf.stride):
+        return "view"
+    return None
+
+
 def is_dense(shape, stride) -> bool:
     """Static, of more than one element, and non-overlapping and dense: `torch.empty_like` of a
     tensor of this layout has exactly this layout."""
@@ -97,20 +110,22 @@ class WrapperWriter:
         self.kernels = kernels  # id(FusedKernel) -> (TritonKernel, KernelWriter)
         self.lines: list[str] = []
         self.consts: list = []
+        # kernel outputs allocated in the layout of the one reshape of them the program returns
+        # (a bias gradient's (1, n) sum returned as (n,)): no `.view` call per call
+        self.allocated_as: dict = {}
         self.namespace = {"torch": torch, "prims": types.SimpleNamespace(**PRIMITIVES), "reinterpret": reinterpret,
                           "ensure_layout": ensure_layout, "consts": self.consts, "operator": operator, "math": math,
                           "constants": {}}
 
     def value(self, v) -> str:
         if isinstance(v, View):
-            if v.is_whole():
+            if v.is_whole() or self.allocated_as.get(v.buf.name) == (tuple(v.shape), tuple(v.stride)):
                 return v.buf.name
-            static = all(isinstance(x, int) for x in (*v.shape, *v.stride, *v.buf.shape, *v.buf.stride))
-            dims = permutation(v) if static else None
-            if dims is not None:
+            kind = view_kind(v)
+            if kind == "permute":
+                dims = permutation(v)
                 return f"{v.buf.name}.t()" if dims == (1, 0) else f"{v.buf.name}.permute{dims}"
-            if static and v.offset == 0 and math.prod(v.shape) == math.prod(v.buf.shape) and \
-                    _row_major(v.shape, v.stride) and _row_major(v.buf.shape, v.buf.stride):
+            if kind == "view":
                 return f"{v.buf.name}.view({tuple(v.shape)})"
             return f"reinterpret({v.buf.name}, {tuple(v.shape)}, {tuple(v.stride)}, {v.offset})"
         if isinstance(v, (bool, int, str)) or v is None:
@@ -141,6 +156,12 @@ class WrapperWriter:
             fn, args, kwargs = call.args
             parts = [self.value(a) for a in args] + [f"{k}={self.value(v)}" for k, v in kwargs.items()]
             return f"{self.value(fn)}({', '.join(parts)})"
+        if call.prim.name == "addmm" and not call.kwargs:
+            bias, x, wt = call.args
+            if isinstance(wt, View) and len(wt.shape) == 2 and view_kind(wt) == "permute" and \
+                    permutation(wt) == (1, 0) and isinstance(bias, View) and len(bias.shape) == 1:
+                # what F.linear calls for a 2-D input and a bias, made in C++: one call, no `.t()`
+                return f"torch.nn.functional.linear({self.value(x)}, {wt.buf.name}, {self.value(bias)})"
         parts = [self.value(a) for a in call.args] + [f"{k}={self.value(v)}" for k, v in call.kwargs.items()]
         return f"{torch_name(call.prim.impl) or 'prims.' + call.prim.name}({', '.join(parts)})"
 
@@ -172,15 +193,25 @@ class WrapperWriter:
                     read_by_extern.add(name)
                     if not step.prim.fresh_contiguous:  # its result may be a view of `name`
                         read_by_aliasing_extern.add(name)
+        written = {n for step in self.sched.steps if not isinstance(step, ExternCall)
+                   for n in self.kernels[id(step)][1].out_args}
+        returned: dict = {}
+        for o in g.outputs:
+            if isinstance(o, View):
+                returned.setdefault(o.buf.name, set()).add((tuple(o.shape), tuple(o.stride), view_kind(o)))
+        for name, views in returned.items():
+            (shape, stride, kind), = views if len(views) == 1 else [(None, None, None)]
+            if kind == "view" and name in written and name not in read_by_extern:
+                self.allocated_as[name] = (shape, stride)
         pool: dict = {}  # (shape, stride, dtype) -> names of dead buffers
         # (shape, stride, dtype) -> names of live tensors of that dense layout: a new buffer like one
         # of them is `torch.empty_like(it)`, half the host time of `torch.empty_strided` (its keyword
         # arguments and two tuples are parsed on every call)
         like: dict = {}
 
-        def alive(buf, name=None):
-            if is_dense(buf.shape, buf.stride):
-                like.setdefault((buf.shape, buf.stride, buf.dtype), []).append(name or buf.name)
+        def alive(name, shape, stride, dtype):
+            if is_dense(shape, stride):
+                like.setdefault((shape, stride, dtype), []).append(name)
 
         def dead(name):
             for names in like.values():
@@ -191,7 +222,7 @@ class WrapperWriter:
         out.append(f"def call({', '.join(params)}):")
         for b in g.inputs:
             if b is not None:
-                alive(b)  # its layout is the program's key: the strides are exact
+                alive(b.name, b.shape, b.stride, b.dtype)  # its layout is the program's key: the strides are exact
         for i, step in enumerate(self.sched.steps):
             if isinstance(step, ExternCall):
                 loc = [step.loc[:2]] if step.loc else []
@@ -205,7 +236,7 @@ class WrapperWriter:
                 if step.result is None:
                     out.append(f"    del {step.name}")
                 for buf in results + list(step.items):  # ensure_layout gave them these strides
-                    alive(buf)
+                    alive(buf.name, buf.shape, buf.stride, buf.dtype)
             else:
                 kernel, writer = self.kernels[id(step)]
                 constant = self.is_constant(writer, keep | read_by_aliasing_extern)
@@ -217,16 +248,17 @@ class WrapperWriter:
                     constants.update(writer.out_args)
                 for name in writer.out_args:
                     buf = writer.buffers[name]
-                    key = (buf.shape, buf.stride, buf.dtype)
+                    shape, stride = self.allocated_as.get(name, (buf.shape, buf.stride))
+                    key = (shape, stride, buf.dtype)
                     if pool.get(key) and not constant:
                         old = pool[key].pop()
                         out.append(f"    {name} = {old}; del {old}  # reuse")
                     elif like.get(key):
                         out.append(f"{indent}{name} = torch.empty_like({like[key][0]})")
                     else:
-                        out.append(f"{indent}{name} = torch.empty_strided({buf.shape}, {buf.stride}, "
+                        out.append(f"{indent}{name} = torch.empty_strided({shape}, {stride}, "
                                    f"dtype={buf.dtype}, device=device)")
-                    alive(buf, name)
+                    alive(name, shape, stride, buf.dtype)
                 tensors, scalars, sizes = writer.launch_signature()
                 args = tensors + [str(a) for a in scalars]
                 sizes = ", ".join(f"{k}={v}" for k, v in zip(("xnumel", "rnumel", "xchunk"), sizes))
