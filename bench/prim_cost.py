@@ -17,8 +17,6 @@ def per_call_us(fn):
     return busy_us(fn, n=400, rounds=7)
 
 
-
-
 def main():
     d, bf = "cuda", torch.bfloat16
     x = torch.randn(64, 32, device=d, dtype=bf)

@@ -211,10 +211,16 @@ def measure(w, bw, args) -> dict:
     warm_tc = time.perf_counter() - t
     row = {"workload": w.name, "max_err": max_error(got, ref), "first_call_s_in_process": [warm_fl, warm_tc]}
     fns = {"eager": w.fn, "fuselens": fl, "torch_compile": tc}
+    if w.backward:  # training steps in reduce-overhead mode too: CUDA graphs, no host time per kernel
+        fns.update(fuselens_ro=fuselens.compile(w.fn, mode="reduce-overhead"),
+                   torch_compile_ro=torch.compile(w.fn, mode="reduce-overhead"))
     steps = {k: step(f, inputs, w.backward) for k, f in fns.items()}
-    for s in steps.values():
-        s()  # compiles the backward too, before timing
+    for k, s in steps.items():
+        for _ in range(40 if k.endswith("_ro") else 1):  # compiles the backward too; past the
+            s()                                          # recordings and replay-or-launch trials
         torch.cuda.synchronize()
+    if w.backward:
+        row["fuselens_ro_max_err"] = max_error(fns["fuselens_ro"](*inputs), ref)
     for k, ms in in_rounds(steps, do_bench).items():
         row[f"{k}_ms"] = ms
     row["ratio"] = row["fuselens_ms"] / row["torch_compile_ms"]
@@ -280,6 +286,10 @@ def print_table(result):
               f"{fmt(r.get('fuselens_host_us'), '%7.1f')} {fmt(r.get('torch_compile_host_us'), '%7.1f')} "
               f"{fmt(r.get('max_err'), '%7.1e')}")
     for r in result["rows"]:
+        if "fuselens_ro_ms" in r:
+            print(f"{r['workload']}: reduce-overhead (CUDA graphs), ms a step: fuselens {r['fuselens_ro_ms']:.3f} "
+                  f"({r['fuselens_ro_ms'] / r['eager_ms']:.2f}x eager), torch.compile {r['torch_compile_ro_ms']:.3f} "
+                  f"({r['torch_compile_ro_ms'] / r['eager_ms']:.2f}x eager)")
         if "fuselens_kernel_ms" in r:
             print(f"{r['workload']}: GPU kernels per step: fuselens {r['fuselens_kernel_ms']:.3f} ms "
                   f"({100 * r['fuselens_kernel_bw_frac']:.0f}% of the copy rate), torch.compile "

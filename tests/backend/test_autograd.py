@@ -401,3 +401,141 @@ def test_reduce_overhead_copies_a_strided_input_in_its_layout():
         if i == 3:
             graphed = f.entries[0].graph_calls[0].compiled
             assert graphed.graph is not None and graphed.static[0].stride() == (192, 1)
+
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")
+def test_reduce_overhead_copies_an_expanded_input():
+    import fuselens
+    f = fuselens.compile(lambda e, y: torch.relu(e * y + 1.0), mode="reduce-overhead")
+    y = randn(64, 64)
+    for i in range(40):  # a fresh row broadcast over 64 rows each call (a stride of 0): its 64 values copied
+        e = randn(1, 64).expand(64, 64)
+        torch.testing.assert_close(f(e, y).clone(), torch.relu(e * y + 1.0))
+        if i == 3:
+            graphed = f.entries[0].graph_calls[0].compiled
+            assert graphed.graph is not None and graphed.static[0].stride() == (0, 1)
+
+def mlp_gelu(x, w1, b1, w2, b2):
+    return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+
+
+def mlp_params():
+    return [(randn(64, 32) * 0.2).requires_grad_(), randn(64).requires_grad_(),
+            (randn(16, 64) * 0.2).requires_grad_(), randn(16).requires_grad_()]
+
+
+def training_graphs(f):
+    """The TrainingGraphs of a compiled function's one graph (reduce-overhead, training calls)."""
+    import inspect
+    cg = f.entries[0].graph_calls[0].compiled
+    run = next(s.run for s in cg._specializations.values() if s.check is not None)
+    return inspect.getclosurevars(run).nonlocals["state"].graphs
+
+
+def eager_grads(fn, inputs, params, g):
+    out = fn(*inputs, *params)
+    return out, torch.autograd.grad(out, params, g)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")
+def test_reduce_overhead_training_steps_replay_and_match_eager():
+    import fuselens
+    f = fuselens.compile(mlp_gelu, mode="reduce-overhead")
+    params, x = mlp_params(), randn(8, 32)
+
+    def step(x):  # .grad set to None each step, as optimizers do
+        g = randn(8, 16)
+        for p in params:
+            p.grad = None
+        out = f(x, *params)
+        want, want_grads = eager_grads(mlp_gelu, [x], params, g)
+        torch.testing.assert_close(out, want)
+        out.backward(g)
+        for p, w in zip(params, want_grads):
+            torch.testing.assert_close(p.grad, w)
+    for _ in range(20):  # a batch refilled in place: nothing copied, every step replays
+        x.copy_(randn(8, 32))
+        step(x)
+    graphs = training_graphs(f)
+    bw, = graphs.bw.values()
+    # the backward recorded reading g in place; again, copying it, if a fresh g lay elsewhere
+    assert graphs.generation == 19 and not graphs.fw.dropped and bw.graphed.recordings in (1, 2)
+    for _ in range(40):  # a fresh batch each step: copied into the graph (or launched directly)
+        step(randn(8, 32))
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")
+def test_reduce_overhead_training_gradients_that_are_an_input_are_copied():
+    import fuselens
+    f = fuselens.compile(lambda x, w: torch.relu(x) + w, mode="reduce-overhead")
+    x, w = randn(64, 64).requires_grad_(), randn(64, 64).requires_grad_()
+    g = randn(64, 64)  # the same incoming gradient each step, read where it lies
+    g0 = g.clone()
+    for _ in range(8):  # w's gradient is g itself: .grad must be a copy, not g's memory
+        x.grad = w.grad = None
+        f(x, w).backward(g)
+        w.grad.mul_(0.5)  # in place, as gradient clipping or unscaling does
+        torch.testing.assert_close(w.grad, 0.5 * g0)
+        torch.testing.assert_close(x.grad, g0 * (x > 0))
+        assert torch.equal(g, g0)
+    bw, = training_graphs(f).bw.values()
+    assert bw.graphed.recordings == 1 and not bw.graphed.dropped
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")
+def test_reduce_overhead_training_two_forwards_before_one_backward():
+    import fuselens
+    f = fuselens.compile(mlp_gelu, mode="reduce-overhead")
+    params, a = mlp_params(), randn(8, 32)  # `a` refilled in place: its forward replays each step
+    for _ in range(3):  # warm-up and recordings
+        f(a, *params).sum().backward()
+    generation = training_graphs(f).generation
+    for _ in range(5):  # the second forward must not overwrite what the first one saved
+        a.copy_(randn(8, 32))
+        b = randn(8, 32)
+        for p in params:
+            p.grad = None
+        (f(a, *params) * f(b, *params)).sum().backward()
+        want = torch.autograd.grad((mlp_gelu(a, *params) * mlp_gelu(b, *params)).sum(), params)
+        for p, w in zip(params, want):
+            torch.testing.assert_close(p.grad, w)
+    assert training_graphs(f).generation == generation + 5
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")
+def test_reduce_overhead_training_gradients_held_across_steps():
+    import fuselens
+    f = fuselens.compile(mlp_gelu, mode="reduce-overhead")
+    params, x = mlp_params(), randn(8, 32).requires_grad_()  # x refilled in place: forwards replay
+    want = [torch.zeros_like(p) for p in params]
+    kept = []
+    for _ in range(12):  # .grad accumulates over steps and x's gradients are kept: neither may be
+        with torch.no_grad():  # a buffer that the next replay overwrites
+            x.copy_(randn(8, 32))
+        x.grad = None
+        f(x, *params).sum().backward()  # the gradient of a sum: expanded, copied into the graph
+        kept.append((x.grad, torch.autograd.grad(mlp_gelu(x, *params).sum(), x)[0]))
+        for w, g in zip(want, torch.autograd.grad(mlp_gelu(x, *params).sum(), params)):
+            w += g
+    for p, w in zip(params, want):
+        torch.testing.assert_close(p.grad, w)
+    for got, expected in kept:
+        torch.testing.assert_close(got, expected)
+    bw, = training_graphs(f).bw.values()
+    assert bw.graphed.recordings == 1  # the backward did replay (then launched directly while held)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")
+def test_reduce_overhead_training_backward_after_a_later_call_raises():
+    import fuselens
+    f = fuselens.compile(mlp_gelu, mode="reduce-overhead")
+    params, x = mlp_params(), randn(8, 32)  # the same x each call: nothing copied, every call replays
+    for _ in range(3):
+        f(x, *params).sum().backward()
+    loss = f(x, *params).sum()
+    loss.backward(retain_graph=True)
+    f(x, *params).sum().backward()  # replays into the buffers the first loss saved
+    assert training_graphs(f).fw.graph is not None
+    with pytest.raises(RuntimeError, match="overwrote"):
+        loss.backward()

@@ -41,6 +41,7 @@ class _StridedPrograms:
 class _State:
     def __init__(self, forward, backward, num_fw_outputs, tangent_outputs, grad_inputs, num_inputs):
         self.forward, self.backward = forward, backward
+        self.graphs = None  # mode="reduce-overhead": runtime/cudagraphs.py TrainingGraphs
         self.num_fw_outputs, self.tangent_outputs = num_fw_outputs, tangent_outputs
         self.non_differentiable = [i for i in range(num_fw_outputs) if i not in set(tangent_outputs)]
         self.grad_slots = [None] * (1 + num_inputs)  # backward's result, `state` first: None where no gradient
@@ -50,7 +51,10 @@ class _State:
 class CompiledFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, state, *inputs):
-        outs = state.forward(*inputs)
+        if state.graphs is None:
+            outs = state.forward(*inputs)
+        else:
+            outs, ctx.run = state.graphs.forward(*inputs)
         ctx.state = state
         ctx.save_for_backward(*outs[state.num_fw_outputs:])
         if state.non_differentiable:
@@ -62,8 +66,12 @@ class CompiledFunction(torch.autograd.Function):
     def backward(ctx, *grad_outputs):
         if torch.is_grad_enabled():  # backward(create_graph=True): kernels have no derivative
             return _backward_once(ctx, *grad_outputs)
-        state = ctx.state
-        grads = state.backward(*ctx.saved_tensors, *[grad_outputs[i] for i in state.tangent_outputs])
+        state, graphs = ctx.state, ctx.state.graphs
+        if graphs is None:
+            grads = state.backward(*ctx.saved_tensors, *[grad_outputs[i] for i in state.tangent_outputs])
+        else:
+            graphs.check(ctx.run)  # before the saved values are unpacked (a copy may have bumped a version)
+            grads = graphs.backward(ctx.run, *ctx.saved_tensors, *[grad_outputs[i] for i in state.tangent_outputs])
         result = list(state.grad_slots)
         for i, g in zip(state.grad_inputs, grads):
             result[i] = g
@@ -87,9 +95,10 @@ def apply(state, *inputs):
     return _apply(state, *inputs)
 
 
-def compile_training(gm, inputs, device, mode, dynamic, build_program):
+def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=None):
     """Forward and backward programs for `gm` at these inputs: (run, check, [forward, backward]),
-    the backward being the program for contiguous gradients."""
+    the backward being the program for contiguous gradients. `graphs(forward, backward,
+    num_outputs)`: what replays them (mode="reduce-overhead"), or None."""
     prim_graph = to_primitive_graph(gm, inputs, device)
     requires_grad = [isinstance(t, torch.Tensor) and t.requires_grad for t in inputs]
     joint = build_joint(prim_graph, requires_grad, device)
@@ -105,6 +114,9 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program):
     backward = _StridedPrograms(parts.backward, device, mode, dynamic, build_program, len(forward.kernels))
     state = _State(forward, backward, parts.num_fw_outputs, joint.tangent_outputs, joint.grad_inputs, len(inputs))
     bw_program = backward.get(expected)
+    # a replay would freeze a random op's seed; graphs read tensors only (no sizes passed as values)
+    if graphs is not None and not forward.has_seed and all(isinstance(v, torch.Tensor) for v in (*inputs, *bw_vals)):
+        state.graphs = graphs(forward, backward, parts.num_fw_outputs)
 
     def run(*xs):
         return apply(state, *xs)

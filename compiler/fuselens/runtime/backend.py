@@ -24,6 +24,7 @@ from ..lower import lower_graph
 from ..ops import to_primitive_graph
 from ..schedule.fusion import FusedKernel, schedule
 from .compiled import FuselensWarning
+from .cudagraphs import TrainingGraphs
 
 SPECIALIZATION_LIMIT = 8
 
@@ -184,7 +185,10 @@ class CompiledGraph:
         if launcher.INTERPRET:
             launcher.check_interpreter()
         if needs_grad:
-            run, check, programs = compile_training(self.gm, inputs, device, self.mode, dynamic, build_program)
+            graphs = TrainingGraphs if self.mode == "reduce-overhead" and device.type == "cuda" and \
+                not launcher.INTERPRET else None
+            run, check, programs = compile_training(self.gm, inputs, device, self.mode, dynamic, build_program,
+                                                    graphs)
             spec = _Specialization(run, [k for p in programs for k in p.kernels],
                                    "\n".join(f"# {label}\n{p.wrapper_source}"
                                              for label, p in zip(("forward", "backward"), programs)), check)

@@ -7,7 +7,6 @@ import functools
 import logging
 import sys
 import threading
-import time
 import types
 import warnings
 from dataclasses import dataclass, field
@@ -54,10 +53,11 @@ class GraphCall:
                            for k, t in enumerate(inputs))
         fn = self.compiled
         if fn is None:
+            from .cudagraphs import CudaGraphed, graphable
             fn = self.compiled = self._compile(inputs)
             # a graph that draws random numbers takes a fresh seed per call as a kernel argument:
             # a replayed CUDA graph would freeze it, so such graphs launch normally
-            if self.mode == "reduce-overhead" and _graphable(inputs) and not getattr(fn, "uses_random", False):
+            if self.mode == "reduce-overhead" and graphable(inputs) and not getattr(fn, "uses_random", False):
                 self.compiled = CudaGraphed(fn, on_direct=lambda: setattr(self, "compiled", fn))
         if torch.is_autocast_enabled():  # capture already inserted autocast's casts
             with torch.autocast("cuda", enabled=False), torch.autocast("cpu", enabled=False):
@@ -94,153 +94,6 @@ class GraphCall:
     @property
     def wrapper_source(self):
         return getattr(self.compiled, "wrapper_source", None)
-
-
-def _graphable(inputs) -> bool:
-    return (torch.cuda.is_available() and all(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
-            and not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)))
-
-
-class CudaGraphed:
-    """mode="reduce-overhead": after a warm-up call, the compiled graph is recorded into a
-    CUDA graph and replayed. A graph reads its inputs at fixed addresses. It is first recorded
-    reading every input where the recording call's tensor lies; an input seen elsewhere later is
-    read from then on from a buffer the graph owns, which each replay copies it into (never into
-    the caller's tensor), and the graph is recorded again for that. So an input that stays in
-    place (a parameter, a weight passed as a plain tensor, a buffer refilled in place, another
-    graph's output) costs nothing a call, one that moves costs a copy. Only addresses are kept for
-    inputs read in place, not the tensors: a tensor allocated later at the same place is read just
-    as well. Parameters are never copied: one whose `.data` moved is recorded again in its new
-    place.
-
-    A copy costs about a kernel launch, so a replay with copies is not always cheaper than
-    launching the program's kernels directly: calls alternate between the two until each has
-    TRIAL_CALLS host timings, and if direct calls took less (medians), the graph is dropped and
-    `on_direct()` swaps the program itself in; so it is after MAX_RECORDINGS recordings, for an
-    input no owned buffer can hold (expanded: a stride of 0), or when recording fails (with a
-    warning). A copied input of a new size (a dynamic dim) is launched directly, not recorded.
-
-    As with torch.compile, outputs are the graph's buffers: the next call overwrites them
-    (clone to keep them)."""
-
-    TRIAL_CALLS = 16
-    MAX_RECORDINGS = 4
-
-    def __init__(self, fn, on_direct):
-        self.fn, self.on_direct = fn, on_direct
-        self.kernels = getattr(fn, "kernels", [])
-        self.wrapper_source = getattr(fn, "wrapper_source", None)
-        self.graph = self.outputs = None
-        self.calls = self.recordings = 0
-        self.placed: list = []  # per input: (data_ptr, shape, stride) where the graph reads it, None if copied
-        self.static: list = []  # per input: the owned buffer a replay copies it into, None if read in place
-        self.trial = None  # (replay, direct) host seconds while choosing; None: replay
-        self.at = None  # `placed`, while no input is copied
-
-    def __call__(self, *inputs):
-        at = self.at  # the fast path: nothing copied, every input where the graph reads it
-        if at is not None and all(t.data_ptr() == p and t.shape == s and t.stride() == st
-                                  for t, (p, s, st) in zip(inputs, at)):
-            self.graph.replay()
-            return self.outputs
-        self.calls += 1
-        if self.calls == 1:  # warm-up: allocator and autotuning settle before recording
-            return self.fn(*inputs)
-        if self.graph is None:
-            return self._record(inputs, copied=set())
-        moved = self._moved(inputs)
-        if moved is None:  # a copied input of another size or layout (a dynamic dim): not recorded for it
-            return self.fn(*inputs)
-        if moved:
-            return self._record(inputs, {i for i, b in enumerate(self.static) if b is not None} | moved)
-        if self.trial is None:
-            return self._replay(inputs)
-        direct = self.calls % 2
-        start = time.perf_counter()
-        out = self.fn(*inputs) if direct else self._replay(inputs)
-        self._tried(direct, start)
-        return out
-
-    def _moved(self, inputs):
-        """Inputs read in place that are now elsewhere (indices); None if a copied input no longer
-        fits its buffer."""
-        moved = set()
-        for i, (t, at, buf) in enumerate(zip(inputs, self.placed, self.static)):
-            if buf is not None:
-                if buf.shape != t.shape or buf.stride() != t.stride():
-                    return None
-            elif t.data_ptr() != at[0] or t.shape != at[1] or t.stride() != at[2]:
-                moved.add(i)
-        return moved
-
-    def _record(self, inputs, copied):
-        """Record the graph reading the inputs in `copied` from owned buffers and the others in
-        place, replay it once (which uploads it) and return its outputs. Past MAX_RECORDINGS, for
-        an expanded input (no owned buffer holds it) or if recording fails (out of memory, say),
-        the graph is dropped and the program launched directly from then on."""
-        self.recordings += 1
-        copied = {i for i in copied if not isinstance(inputs[i], nn.Parameter)}
-        if self.recordings > self.MAX_RECORDINGS or any(
-                st == 0 and n > 1 for i in copied for n, st in zip(inputs[i].shape, inputs[i].stride())):
-            self._drop()
-            return self.fn(*inputs)
-        static = list(inputs)
-        try:
-            for i in copied:  # an owned buffer of the input's layout (the program was built for it)
-                t = inputs[i]
-                buf = self.static[i] if i < len(self.static) else None
-                if buf is None or buf.shape != t.shape or buf.stride() != t.stride():
-                    buf = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-                buf.copy_(t)
-                static[i] = buf
-            graph, outputs = self._capture(static)
-        except Exception as e:  # costs the graph, never the call
-            warn(f"reduce-overhead: recording a CUDA graph failed ({type(e).__name__}: {e}); "
-                 "launching the compiled kernels directly")
-            self._drop()
-            return self.fn(*inputs)
-        self.graph, self.outputs = graph, outputs
-        self.static = [static[i] if i in copied else None for i in range(len(static))]
-        self.placed = [None if i in copied else (t.data_ptr(), t.shape, t.stride()) for i, t in enumerate(static)]
-        self.trial = ([], []) if copied else None
-        self.at = None if copied else self.placed
-        graph.replay()
-        return outputs
-
-    def _capture(self, inputs):
-        """(graph, its outputs) of the program reading these inputs where they are."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            self.fn(*inputs)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outputs = self.fn(*inputs)
-        return graph, outputs
-
-    def _replay(self, inputs):
-        for buf, t in zip(self.static, inputs):
-            if buf is not None:
-                buf.copy_(t)
-        self.graph.replay()
-        return self.outputs
-
-    def _tried(self, direct, start):
-        self.trial[direct].append(time.perf_counter() - start)
-        if min(len(t) for t in self.trial) < self.TRIAL_CALLS:
-            return
-        replay, launch = (sorted(t)[len(t) // 2] for t in self.trial)
-        _LOG_RUNTIME.debug("reduce-overhead: replay %.1f us, direct %.1f us a call", replay * 1e6, launch * 1e6)
-        self.trial = None
-        if launch < replay:
-            self._drop()
-
-    def _drop(self):
-        self.graph = self.outputs = None
-        self.static = self.placed = []
-        self.at = None
-        self.on_direct()
 
 
 class _EagerGraph:
