@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fl_backend_testing import DEVICE, check, compile, run, trace
+from fl_backend_testing import DEVICE, check, compile, run, tolerance, trace
 from fuselens.autograd import build_joint, partition
 from fuselens.autograd.partition import _bytes, _tangent_dependent
 from fuselens.codegen import launcher
@@ -481,6 +481,58 @@ def test_reduce_overhead_training_gradients_that_are_an_input_are_copied():
         assert torch.equal(g, g0)
     bw, = training_graphs(f).bw.values()
     assert bw.graphed.recordings == 1 and not bw.graphed.dropped
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")
+def test_reduce_overhead_training_backward_follows_a_forward_recorded_again():
+    import fuselens
+    f = fuselens.compile(mlp_gelu, mode="reduce-overhead")
+    w1 = torch.nn.Parameter(randn(64, 32) * 0.2)
+    params, x, g = [w1, *mlp_params()[1:]], randn(8, 32), randn(8, 16)
+
+    def step():
+        for p in params:
+            p.grad = None
+        f(x, *params).backward(g)
+        for p, w in zip(params, torch.autograd.grad(mlp_gelu(x, *params), params, g)):
+            torch.testing.assert_close(p.grad, w)
+    for _ in range(5):
+        step()
+    w1.data = w1.data.clone()  # the same Parameter, elsewhere: the forward is recorded again there
+    for _ in range(5):
+        step()
+    graphs = training_graphs(f)
+    bw, = graphs.bw.values()
+    # the backward reads the saved values where the new forward graph writes them: nothing copied
+    assert graphs.fw.recordings == 2 and bw.graphed.recordings == 1 and all(b is None for b in bw.graphed.static)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")
+def test_reduce_overhead_gemms_keep_their_workspace_when_torch_clears_its_cache():
+    # torch.compile's CUDA graphs clear torch's cached cuBLAS workspaces before recording; a graph
+    # whose GEMMs were captured with a cached one would then write into freed memory
+    import fuselens
+    bf = torch.bfloat16
+    f = fuselens.compile(mlp_gelu, mode="reduce-overhead")
+    x = randn(8192, 1024).to(bf)
+    params = [(randn(4096, 1024) * 0.03).to(bf).requires_grad_(), randn(4096).to(bf).requires_grad_(),
+              (randn(1024, 4096) * 0.015).to(bf).requires_grad_(), randn(1024).to(bf).requires_grad_()]
+    g = randn(8192, 1024).to(bf)
+    for _ in range(4):  # warm-up and recordings of both graphs
+        for p in params:
+            p.grad = None
+        f(x, *params).backward(g)
+    torch.cuda.synchronize()
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    junk = [torch.full((1 << 22,), 7.0, device=DEVICE) for _ in range(64)]  # takes the freed memory
+    for p in params:
+        p.grad = None
+    f(x, *params).backward(g)
+    want = torch.autograd.grad(mlp_gelu(x, *params), params, g)
+    assert all(bool((j == 7.0).all()) for j in junk)
+    for p, w in zip(params, want):
+        torch.testing.assert_close(p.grad, w, **tolerance(bf))
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")

@@ -171,7 +171,7 @@ def lib():
                                ("cuDeviceGetAttribute", [pi, i, i]), ("cuDeviceGet", [pi, i]),
                                ("cuDevicePrimaryCtxRetain", [pvp, i]), ("cuCtxGetCurrent", [pvp]),
                                ("cuCtxSetCurrent", [vp]), ("cuGetErrorName", [i, ctypes.POINTER(ctypes.c_char_p)]),
-                               ("cuDriverGetVersion", [pi])):
+                               ("cuDriverGetVersion", [pi]), ("cuStreamCreate", [pvp, ctypes.c_uint])):
             getattr(cuda, name).argtypes = argtypes
         # no argtypes for the launch: ctypes converts prebuilt c_void_p objects and small ints fastest
         _lib = cuda
@@ -183,6 +183,14 @@ def driver_version() -> int:
     version = ctypes.c_int()
     check(lib().cuDriverGetVersion(ctypes.byref(version)), "cuDriverGetVersion")
     return version.value
+
+
+def new_stream(device: int) -> int:
+    """A new CUDA stream on `device` (non-blocking; never destroyed, so its handle is never reused)."""
+    stream = ctypes.c_void_p()
+    check(make_context_current(device), "cuCtxSetCurrent")
+    check(lib().cuStreamCreate(ctypes.byref(stream), 1), "cuStreamCreate")  # 1: CU_STREAM_NON_BLOCKING
+    return stream.value
 
 
 def check(err, what):

@@ -142,15 +142,23 @@ class CudaGraphed:
         return outputs
 
     def _capture(self, inputs):
-        """(graph, its outputs) of the program reading these inputs where they are."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
+        """(graph, its outputs) of the program reading these inputs where they are: run once on a
+        stream of its own, then captured on another that no CUDA call has used. A captured GEMM
+        keeps the address of its cuBLAS workspace; on a stream with none cached, the capture takes
+        it from the graph's own memory pool, where nothing else allocates. A workspace torch caches
+        per stream would be freed under the graph when torch clears that cache (torch.compile's
+        CUDA graphs do before recording) or destroys another graph captured on the same stream
+        (pytorch/pytorch#193402); torch's own streams come from a pool that hands them out again."""
+        from ..codegen.cuda import new_stream
+        device = torch.cuda.current_device()
+        warm_up, capture = (torch.cuda.ExternalStream(new_stream(device)) for _ in range(2))
+        warm_up.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(warm_up):
             self.fn(*inputs)
-        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.current_stream().wait_stream(warm_up)
         graph = torch.cuda.CUDAGraph()
         # thread_local: CUDA calls of other threads (a data loader's) neither fail nor spoil it
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, stream=capture, capture_error_mode="thread_local"):
             outputs = self.fn(*inputs)
         return graph, outputs
 
@@ -212,14 +220,16 @@ class TrainingGraphs:
       gradient that is an input's memory or another gradient's is handed on as the graph's own
       tensor, which autograd copies.
 
-    The forward's outputs are, as in inference, overwritten by its next replay (clone to keep
-    them); each call returns new tensors (aliases), so an earlier call's outputs keep their own
-    autograd history."""
+    A forward recorded again (an input moved) saves its values elsewhere: the backward graphs
+    are then recorded again, reading them there. The forward's outputs are, as in inference,
+    overwritten by its next replay (clone to keep them); each call returns new tensors (aliases),
+    so an earlier call's outputs keep their own autograd history."""
 
     def __init__(self, forward, backward, num_outputs):
         self.forward_program, self.backward_programs, self.num_outputs = forward, backward, num_outputs
         self.fw = CudaGraphed(forward)
         self.bw: dict = {}  # id(backward program) -> _GraphedBackward
+        self.fw_recordings = 0  # the forward recording the backward graphs read the saved values of
         self.generation = 0
         self.last = None  # weakref to the _Run of the last forward replay
 
@@ -231,6 +241,9 @@ class TrainingGraphs:
         outs = fw(*inputs)
         if outs is not fw.outputs:  # warm-up, a trial's direct launch, a graph just dropped
             return outs, None
+        if fw.recordings != self.fw_recordings:  # its saved values now lie elsewhere: backward
+            self.fw_recordings = fw.recordings  # graphs are recorded again reading them there,
+            self.bw.clear()                      # instead of copying them on each replay
         self.generation += 1
         run = _Run(self.generation)
         self.last = weakref.ref(run)
