@@ -67,11 +67,10 @@ class CompiledFunction(torch.autograd.Function):
         if torch.is_grad_enabled():  # backward(create_graph=True): kernels have no derivative
             return _backward_once(ctx, *grad_outputs)
         state, graphs = ctx.state, ctx.state.graphs
-        if graphs is None:
-            grads = state.backward(*ctx.saved_tensors, *[grad_outputs[i] for i in state.tangent_outputs])
-        else:
+        if graphs is not None:
             graphs.check(ctx.run)  # before the saved values are unpacked (a copy may have bumped a version)
-            grads = graphs.backward(ctx.run, *ctx.saved_tensors, *[grad_outputs[i] for i in state.tangent_outputs])
+        args = (*ctx.saved_tensors, *[grad_outputs[i] for i in state.tangent_outputs])
+        grads = state.backward(*args) if graphs is None else graphs.backward(ctx.run, *args)
         result = list(state.grad_slots)
         for i, g in zip(state.grad_inputs, grads):
             result[i] = g

@@ -200,9 +200,10 @@ class WrapperWriter:
             if isinstance(o, View):
                 returned.setdefault(o.buf.name, set()).add((tuple(o.shape), tuple(o.stride), view_kind(o)))
         for name, views in returned.items():
-            (shape, stride, kind), = views if len(views) == 1 else [(None, None, None)]
-            if kind == "view" and name in written and name not in read_by_extern:
-                self.allocated_as[name] = (shape, stride)
+            if len(views) == 1 and name in written and name not in read_by_extern:
+                (shape, stride, kind), = views
+                if kind == "view":
+                    self.allocated_as[name] = (shape, stride)
         pool: dict = {}  # (shape, stride, dtype) -> names of dead buffers
         # (shape, stride, dtype) -> names of live tensors of that dense layout: a new buffer like one
         # of them is `torch.empty_like(it)`, half the host time of `torch.empty_strided` (its keyword
