@@ -31,6 +31,8 @@ cat > "$RUN/data/User/settings.json" <<JSON
   "extensions.autoUpdate": false,
   "workbench.tips.enabled": false,
   "editor.hover.delay": 200,
+  "editor.quickSuggestions": { "other": false, "comments": false, "strings": false },
+  "editor.acceptSuggestionOnEnter": "off",
   "window.commandCenter": false,
   "chat.commandCenter.enabled": false,
   "workbench.secondarySideBar.defaultVisibility": "hidden",
@@ -62,6 +64,10 @@ set +e
 FUSELENS_E2E_CS_PID=$CSPID node tests/extension/e2e.js "http://127.0.0.1:$PORT/?folder=$RUN/ws" "$OUT" 2>&1 | tee "$OUT/driver.log"
 RC=${PIPESTATUS[0]}
 set -e
+if [ "$RC" != 0 ]; then
+  # CI keeps only what is printed: the extension's log (server start, stops, errors) tells most
+  for f in $(find "$RUN/data/logs" -name fuselens.log 2>/dev/null); do echo "[e2e] tail of $f:"; tail -n 40 "$f"; done
+fi
 if [ "$RC" = 0 ] && [ "${FUSELENS_E2E_README:-0}" = 1 ] && [ -f "$OUT/readme-editor.png" ]; then
   mkdir -p docs/images && cp "$OUT/readme-editor.png" docs/images/editor.png
 fi

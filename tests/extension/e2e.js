@@ -50,8 +50,38 @@ function serverPids(rootPid) {
   return Object.keys(cmd).map(Number).filter(p => / -m fuselens_lsp( --stdio)?\s*$/.test(cmd[p]) && under(p));
 }
 
+// the cursor to the end of the active editor, checked on the status bar: under load a key pressed
+// while the workbench moves focus after a click can be lost
+async function toEndOfEditor() {
+  const lines = (await editorText()).split('\n').length;
+  const where = page.locator('.statusbar-item[id="status.editor.selection"]');
+  for (let attempt = 0; ; attempt++) {
+    await page.locator('.editor-group-container.active .monaco-editor .view-lines').first().click();
+    await page.waitForSelector('.editor-group-container.active .monaco-editor.focused', { timeout: 10000 });
+    await page.keyboard.press('Control+End');
+    try {
+      await expectText(where, `Ln ${lines}, Col 1`, 3000);
+      return;
+    } catch (e) {
+      log('cursor not at the end of the editor yet; again');
+      if (attempt === 2) { throw new Error(`the cursor did not go to the end (line ${lines}): ${await where.innerText({ timeout: 2000 }).catch(() => 'no cursor position on the status bar')}`); }
+    }
+  }
+}
+
+async function expectText(locator, text, timeout) {
+  const end = Date.now() + timeout;
+  while (!(await locator.innerText({ timeout }).catch(() => '')).includes(text)) {
+    if (Date.now() > end) { throw new Error(`no "${text}"`); }
+    await page.waitForTimeout(100);
+  }
+}
+
+// the visible lines of the active editor, top to bottom (Monaco reuses line nodes out of order)
 async function editorText() {
-  return page.locator('.editor-group-container.active .monaco-editor .view-lines').first().innerText();
+  return page.locator('.editor-group-container.active .monaco-editor .view-lines').first().evaluate(el =>
+    [...el.querySelectorAll('.view-line')].sort((a, b) => parseFloat(a.style.top) - parseFloat(b.style.top))
+      .map(l => l.textContent.replace(/\u00a0/g, ' ')).join('\n'));
 }
 
 (async () => {
@@ -182,16 +212,27 @@ async function editorText() {
       log('restarted as', after[0]);
       // an edit in showcase.py must get fresh diagnostics from the new server
       await page.locator('.tabs-container .tab:has-text("showcase.py")').first().click();
-      await page.keyboard.press('Control+End');
-      // line by line, closing the suggest widget before each Enter; each line replaces whatever
-      // indentation the editor inserted (its auto-indent is not reliable under load)
+      await page.waitForSelector('.editor-group-container.active .tab.active:has-text("showcase.py")', { timeout: 10000 });
+      await toEndOfEditor();
+      // line by line (the test profile turns suggestions off, so a late suggest widget cannot take
+      // an Enter); each line replaces whatever indentation the editor inserted (its auto-indent is
+      // not reliable under load)
       for (const line of ['', '', '@torch.compile', 'def again(x):', '    print(x)', '    return x + 1']) {
         await page.keyboard.press('Shift+Home');
         await page.keyboard.type(line, { delay: 5 });
-        await page.keyboard.press('Escape');
         await page.keyboard.press('Enter');
       }
-      await page.waitForFunction(() => document.querySelectorAll('.monaco-editor .squiggly-warning').length >= 2, null, { timeout: 60000 });
+      // what was typed, checked before waiting on the server: a mangled edit is the driver's fault
+      const typed = await editorText();
+      if (!/def\s+again\(x\):\s+print\(x\)\s+return\s+x\s+\+\s+1/.test(typed)) {
+        throw new Error('the edit did not come out as typed; the editor shows:\n' + typed);
+      }
+      try {
+        await page.waitForFunction(() => document.querySelectorAll('.monaco-editor .squiggly-warning').length >= 2, null, { timeout: 60000 });
+      } catch (e) {
+        const n = await page.evaluate(() => document.querySelectorAll('.monaco-editor .squiggly-warning').length);
+        throw new Error(`${n} warning squiggle(s) 60 s after the edit, 2 expected; the editor shows:\n${await editorText()}\n${e}`);
+      }
       log('diagnostics from the restarted server');
       await shot('server-restarted');
     }
