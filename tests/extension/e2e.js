@@ -26,8 +26,8 @@ async function shot(name) {
   log('screenshot', path.basename(f));
 }
 
-// a key that opens a widget, pressed again if the widget does not show: under load a key pressed
-// while the workbench moves focus can be lost
+// a key pressed again until what it should bring shows (a widget, a cursor position): under load a
+// key pressed while the workbench moves focus can be lost
 async function pressFor(key, selector, tries = 3) {
   for (let attempt = 1; ; attempt++) {
     await page.keyboard.press(key);
@@ -57,31 +57,12 @@ function serverPids(rootPid) {
   return Object.keys(cmd).map(Number).filter(p => / -m fuselens_lsp( --stdio)?\s*$/.test(cmd[p]) && under(p));
 }
 
-// the cursor to the end of the active editor, checked on the status bar: under load a key pressed
-// while the workbench moves focus after a click can be lost
+// the cursor to the end of the active editor, checked on the status bar
 async function toEndOfEditor() {
   const lines = (await editorText()).split('\n').length;
-  const where = page.locator('.statusbar-item[id="status.editor.selection"]');
-  for (let attempt = 0; ; attempt++) {
-    await page.locator('.editor-group-container.active .monaco-editor .view-lines').first().click();
-    await page.waitForSelector('.editor-group-container.active .monaco-editor.focused', { timeout: 10000 });
-    await page.keyboard.press('Control+End');
-    try {
-      await expectText(where, `Ln ${lines}, Col 1`, 3000);
-      return;
-    } catch (e) {
-      log('cursor not at the end of the editor yet; again');
-      if (attempt === 2) { throw new Error(`the cursor did not go to the end (line ${lines}): ${await where.innerText({ timeout: 2000 }).catch(() => 'no cursor position on the status bar')}`); }
-    }
-  }
-}
-
-async function expectText(locator, text, timeout) {
-  const end = Date.now() + timeout;
-  while (!(await locator.innerText({ timeout }).catch(() => '')).includes(text)) {
-    if (Date.now() > end) { throw new Error(`no "${text}"`); }
-    await page.waitForTimeout(100);
-  }
+  await page.locator('.editor-group-container.active .monaco-editor .view-lines').first().click();
+  await page.waitForSelector('.editor-group-container.active .monaco-editor.focused', { timeout: 10000 });
+  await pressFor('Control+End', `.statusbar-item[id="status.editor.selection"]:has-text("Ln ${lines}, Col 1")`);
 }
 
 // the visible lines of the active editor, top to bottom (Monaco reuses line nodes out of order)
