@@ -121,7 +121,15 @@ class ProgramGen:
             v = a()
             op = self.r.choice([f"{v}.add_({e()})", f"{v}.mul_({self.num(nums)})",
                                 f"{v}[0] = {self.num(nums)}", f"{v}.clamp_(-2, 2)",
-                                f"{v}[:, 1] += 1.0", f"{v}.copy_({e()})"])
+                                f"{v}[:, 1] += 1.0", f"{v}.copy_({e()})",
+                                # every spelling of a write, through functions and views
+                                f"torch.relu_({v})", f"F.silu({v}, inplace=True)",
+                                f"torch.Tensor.mul_({v}, {self.num(nums)})",
+                                f"torch.add({v}, 1.0, out={v})", f"{v}[1:].mul_(2).add_(1)",
+                                f"{v}.view(-1)[0] = {self.num(nums)}", f"{v}.t().sub_({e()}.t())",
+                                f"{v}.unsqueeze(0).tanh_()",
+                                # writes eager refuses (overlapping memory): the same error
+                                f"{v}[1:].add_({v}[:-1])"])
             return [op]
         if r < 0.45:  # print (FL100)
             return [f"print('p{self.fresh('')}', {a()}.shape, {a()}.sum() > 0, file=SINK)"]
@@ -326,5 +334,6 @@ def test_generator_covers_the_constructs():
     """The generator's programs exercise breaks of each kind it targets."""
     text = "\n".join(ProgramGen(s).program() for s in range(60))
     for needle in ("print(", ".item()", "if ", "for ", "def h0", ".add_(", "[0] =", "+=",
+                   "torch.relu_(", "inplace=True", "out=", "[1:].mul_(2).add_(1)",
                    "torch.no_grad()", "while ", "break", "nonzero", "torch.stack([", ".tolist()"):
         assert needle in text, needle

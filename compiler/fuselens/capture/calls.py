@@ -14,12 +14,6 @@ import torch.nn.functional as F
 
 from . import breaks as B
 
-# Tensor methods / torch functions whose output shape depends on the data.
-DYNAMIC_SHAPE_OPS = {
-    "nonzero", "masked_select", "unique", "unique_consecutive", "argwhere", "bincount",
-    "repeat_interleave",
-}
-
 # Tensor methods that read data into Python: method name -> break kind.
 DATA_READS = {"item": B.ITEM, "tolist": B.TOLIST, "numpy": B.NUMPY}
 
@@ -28,9 +22,6 @@ META_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride", "is_
                 "element_size", "get_device", "is_floating_point", "is_complex", "data_ptr"}
 META_ATTRS = {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "layout",
               "is_leaf", "is_sparse", "is_quantized", "is_meta"}
-
-# Methods that mutate self in place but are not named with a trailing underscore.
-INPLACE_EXTRA = {"__setitem__"}
 
 # Autocast: ops that run in the lower-precision dtype / in float32 (CUDA lists, abridged).
 AUTOCAST_LOWER = {F.linear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm,

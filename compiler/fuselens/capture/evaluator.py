@@ -24,11 +24,12 @@ import torch
 import torch.nn as nn
 
 from . import breaks as B
+from ..ops import effects as E
 from . import calls as C
 from .graph import GraphBuilder, MetaEvalError
 from .source import FunctionSource, NoSourceError, function_source
 from .values import (UNKNOWN, BoundUserMethod, LocalFunction, SymInt, SymShape, TensorVar, Unknown,
-                     contains_tensor)
+                     contains_tensor, leaves)
 
 MAX_INLINE_DEPTH = 12
 _TORCH_DIR = __import__("os").path.dirname(torch.__file__)
@@ -588,12 +589,11 @@ class Evaluator:
         if root.source is not None:
             self.check_no_alias(root, node, scope)
         new_root = new
-        for v in chain:  # write back level by level: view → its parent → ... → root
-            scatter = _SCATTER.get(v.view_of[1]) if v.view_of[4] is None else None
-            if scatter is None:
-                self.brk(B.INPLACE_VIEW, node, scope, whole_stmt=True,
-                         detail=f"through `{getattr(v.view_of[1], '__name__', v.view_of[1])}`")
-            new_root = scatter(self, v.view_of[0], v.view_of, new_root, node, scope)
+        if all(v.view_of[1] in _SCATTER and v.view_of[4] is None for v in chain):
+            for v in chain:  # write back level by level: view → its parent → ... → root
+                new_root = _SCATTER[v.view_of[1]](self, v.view_of[0], v.view_of, new_root, node, scope)
+        else:  # any other view (narrow, select, diagonal, an item of split...): by its strides
+            new_root = self.scatter_strided(root, old, new, node, scope)
         replaced = {id(root): (root, new_root)}
         for v in self.live_views(root, scope, also=old):
             parent, fn, args, kwargs, item = v.view_of
@@ -606,6 +606,17 @@ class Evaluator:
             new = replaced[id(old)][1]
         for tv, tv_new in replaced.values():
             self._replace(tv, tv_new, scope)
+
+    def scatter_strided(self, root: TensorVar, view: TensorVar, new: TensorVar, node, scope):
+        """`root` with `view`'s elements replaced by `new`, placed by the view's sizes, strides and
+        offset in root's storage (root dense, so that a copy of it keeps that layout)."""
+        r, v = root.meta, view.meta
+        if _has_symint([self.sizes(root), self.sizes(view)]) or v.dtype != r.dtype \
+                or not _dense(r):
+            self.brk(B.INPLACE_VIEW, node, scope, whole_stmt=True,
+                     detail=f"through `{getattr(view.view_of[1], '__name__', view.view_of[1])}`")
+        return self.op(torch.as_strided_scatter, [root, new, tuple(v.size()), tuple(v.stride()),
+                                                  v.storage_offset() - r.storage_offset()], {}, node, scope)
 
     def check_no_alias(self, inp: TensorVar, node, scope):
         """An input written in place must not share memory with another input: the graph
@@ -639,21 +650,16 @@ class Evaluator:
         views), parents before their views."""
         found: dict[int, TensorVar] = {}
 
-        def visit(v):
-            if isinstance(v, TensorVar):
-                chain, p = [], v
-                while p.view_of is not None:
-                    chain.append(p)
-                    p = p.view_of[0]
-                if p is root:
-                    for c in chain:
-                        found[id(c)] = c
-            elif isinstance(v, (list, tuple)):
-                for x in v:
-                    visit(x)
-            elif isinstance(v, dict):
-                for x in v.values():
-                    visit(x)
+        def visit(value):
+            for v in leaves(value):
+                if isinstance(v, TensorVar):
+                    chain, p = [], v
+                    while p.view_of is not None:
+                        chain.append(p)
+                        p = p.view_of[0]
+                    if p is root:
+                        for c in chain:
+                            found[id(c)] = c
         visit(also)
         s = scope
         while s is not None:
@@ -1291,10 +1297,8 @@ class Evaluator:
 
     # ----------------------------------------------------------------- tensor ops
     def torch_call(self, fn, args, kwargs, e, scope):
-        name = getattr(fn, "__name__", "")
-        if name in C.DYNAMIC_SHAPE_OPS and any(isinstance(a, TensorVar) for a in args):
-            if not (name == "repeat_interleave" and not isinstance(args[1] if len(args) > 1 else kwargs.get("repeats"), TensorVar)):
-                self.brk(B.DYNAMIC_SHAPE, e, scope, detail=f"torch.{name}")
+        if self.abstract and E.has_dynamic_output_shape(fn) and any(isinstance(a, TensorVar) for a in args):
+            self.brk(B.DYNAMIC_SHAPE, e, scope, detail=_name_of(fn))
         tensors = [a for a in list(args) + list(kwargs.values()) if contains_tensor(a)]
         if fn in (torch.is_tensor,):
             return isinstance(args[0], TensorVar)
@@ -1307,9 +1311,8 @@ class Evaluator:
     def tensor_method(self, t: TensorVar, name, args, kwargs, e, scope):
         if name in C.DATA_READS:
             self.brk(C.DATA_READS[name], e, scope, detail=f"Tensor.{name}()")
-        if name in C.DYNAMIC_SHAPE_OPS:
-            if not (name == "repeat_interleave" and not isinstance(args[0] if args else kwargs.get("repeats"), TensorVar)):
-                self.brk(B.DYNAMIC_SHAPE, e, scope, detail=f"Tensor.{name}()")
+        if self.abstract and E.has_dynamic_output_shape(getattr(torch.Tensor, name, None)):
+            self.brk(B.DYNAMIC_SHAPE, e, scope, detail=f"Tensor.{name}()")
         if name in C.META_METHODS:
             if t.meta is None:
                 return UNKNOWN
@@ -1336,62 +1339,108 @@ class Evaluator:
         method = getattr(torch.Tensor, name, None)
         if method is None:
             raise AttributeError(f"'Tensor' object has no attribute '{name}'")
-        if name.endswith("_") and not name.endswith("__") or name in C.INPLACE_EXTRA:
-            if t.meta is not None and t.meta.requires_grad and t.source is not None and self.grad_enabled \
-                    and self.sources.resolve(t.source).is_leaf:  # a resume's input may be a non-leaf
-                raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
-            out_name = name[:-1] if name.endswith("_") else name
-            functional = getattr(torch.Tensor, out_name, None)
-            if functional is None or out_name in ("copy", "fill", "zero", "uniform", "normal",
-                                                  "bernoulli", "random", "exponential", "clamp",
-                                                  "index_put", "masked_fill", "scatter",
-                                                  "index_fill", "index_copy", "index_add",
-                                                  "scatter_add", "masked_scatter"):
-                functional = getattr(_Functional, out_name, None) or _inplace_as_clone(method)
-            new = self.op(functional, [t] + list(args), kwargs, e, scope)
-            if t.meta is not None and new.meta is not None and new.meta.dtype != t.meta.dtype:
-                new = self.op(torch.Tensor.to, [new, t.meta.dtype], {}, e, scope)
-            if not self.grad_enabled and not self.abstract and t.meta is not None and t.meta.requires_grad:
-                # in eager, an in-place op under no_grad keeps t's autograd history (autograd
-                # does not see the change): new = t + (f(t) - t).detach()
-                loc = self.user_loc(e, scope)
-                delta = self.g.call(operator.sub, [new, t], {}, loc)
-                delta = self.g.call(torch.Tensor.detach, [delta], {}, loc)
-                new = self.g.call(operator.add, [t, delta], {}, loc)
-                new.meta.requires_grad_(True)
-            self.rebind(t, new, scope, e)
-            return new
         return self.op(method, [t] + list(args), kwargs, e, scope)
 
     def op(self, fn, args, kwargs, e, scope):
-        """Record `fn(*args, **kwargs)` on tensors into the graph."""
+        """Record `fn(*args, **kwargs)` on tensors into the graph. What the call writes and which
+        arguments its results view come from ATen's schemas (ops/effects.py), whatever its
+        spelling; a call that writes is functionalized (`functionalize`)."""
         if self.autocast and not self.abstract:
             args, kwargs = self.autocast_args(fn, args, kwargs, e, scope)
-        n_out = _TUPLE_OUTPUTS.get(getattr(fn, "__name__", ""))
         try:
-            r = self.g.call(fn, args, kwargs, self.user_loc(e, scope), n_outputs=n_out)
+            out_meta, device, eff = self.g.evaluate(fn, args, kwargs)
+            if eff is not None and eff.writes:
+                return self.functionalize(fn, args, kwargs, eff, e, scope)
+            r = self.g.add(fn, args, kwargs, self.user_loc(e, scope), out_meta, device)
         except MetaEvalError as err:
-            self.brk(B.UNSUPPORTED_OP, e, scope, detail=str(err)[:300])
-        if self.abstract and n_out is None and getattr(fn, "__name__", "") in _SEQ_OUTPUTS \
-                and not (fn.__name__ in _TENSOR_WITHOUT_DIM and len(args) <= 1 and "dim" not in kwargs):
-            return _AbstractSeq()
-        src = args[0] if args and isinstance(args[0], TensorVar) and args[0].meta is not None else None
-        if src is not None:
-            if isinstance(r, TensorVar) and r.meta is src.meta:
-                return src  # `x.float()` of a float tensor, `.contiguous()`...: x itself
-            root = src.meta._base if src.meta._base is not None else src.meta
-            outs = r if isinstance(r, (tuple, list)) else (r,)
-            for i, o in enumerate(outs):
-                if isinstance(o, TensorVar) and (o.meta._base is root or fn in _ALIAS_OPS):
-                    o.view_of = (src, fn, tuple(args[1:]), dict(kwargs),
-                                 i if isinstance(r, (tuple, list)) else None)
-        if not self.grad_enabled and not self.abstract and isinstance(r, TensorVar) and any(
+            self.brk(B.DYNAMIC_SHAPE if err.dynamic_shape else B.UNSUPPORTED_OP, e, scope,
+                     detail=_name_of(fn) if err.dynamic_shape else str(err)[:300])
+        if self.abstract:
+            if E.returns_sequence(fn, len(args), kwargs):
+                return _AbstractSeq()
+            return r
+        outs = r if isinstance(r, (tuple, list)) else (r,)
+        tvs = eff.tensor_vars
+        for i, o in enumerate(outs):
+            if not isinstance(o, TensorVar):
+                continue
+            if eff.returns_arg[i] is not None and o is r:
+                return tvs[eff.returns_arg[i]]  # `x.float()` of a float tensor, `.contiguous()`...: x itself
+            a = eff.aliases[i]
+            if a is not None and args and tvs[a] is args[0]:
+                o.view_of = (args[0], fn, tuple(args[1:]), dict(kwargs), i if o is not r else None)
+        if not self.grad_enabled and isinstance(r, TensorVar) and any(
                 isinstance(a, TensorVar) and a.meta.requires_grad for a in list(args) + list(kwargs.values())):
             # the graph runs with grad mode on: results computed under no_grad are detached
             d = self.g.call(torch.Tensor.detach, [r], {}, self.user_loc(e, scope))
             d.view_of = (r, torch.Tensor.detach, (), {}, None)
             r = d
         return r
+
+    def functionalize(self, fn, args, kwargs, eff, e, scope):
+        """A call that writes into tensor arguments, as out-of-place graph ops: each written
+        argument gets its new value (`rebind` writes it back into the tensor it views and
+        derives that tensor's other live views again), and the call returns what it returned
+        in eager (the written argument, as it is now)."""
+        tvs, loc = eff.tensor_vars, self.user_loc(e, scope)
+        form = eff.functional_form()
+        if any(w.metadata for w in eff.writes):  # squeeze_, t_, transpose_...: a new view
+            t = tvs[eff.writes[0].arg]
+            if form is None or len(eff.writes) != 1 or self.reaches_caller(t, scope):
+                self.brk(B.INPLACE_VIEW, e, scope, whole_stmt=True,
+                         detail=f"`{_name_of(fn)}` changes the shape of a tensor the caller holds")
+            new = self.op(form[0], *self.fill_args(form, tvs), e, scope)
+            self._replace(t, new, scope)
+            return new
+        news = {}
+        if form is not None and not _has_symint([args, kwargs]):
+            k = form[3]
+            new = self.op(form[0], *self.fill_args(form, tvs), e, scope)
+            if isinstance(new, TensorVar) and new.meta.shape == tvs[k].meta.shape:
+                if new.meta.dtype != tvs[k].meta.dtype:  # in-place results keep the tensor's dtype
+                    new = self.op(torch.Tensor.to, [new, tvs[k].meta.dtype], {}, e, scope)
+                news[k] = new
+        if not news:  # any other write: the call itself, run on copies of what it writes
+            written = eff.written
+            out = self.g.call(E.OnCopies(fn, tuple(written)), args, kwargs, loc)
+            news = dict(zip(written, out))
+        for k, new in news.items():
+            t = tvs[k]
+            if not self.grad_enabled and t.meta.requires_grad:
+                # in eager, an in-place op under no_grad keeps t's autograd history (autograd
+                # does not see the change): new = t + (f(t) - t).detach()
+                delta = self.g.call(operator.sub, [new, t], {}, loc)
+                delta = self.g.call(torch.Tensor.detach, [delta], {}, loc)
+                new = self.g.call(operator.add, [t, delta], {}, loc)
+                new.meta.requires_grad_(True)
+            self.rebind(t, new, scope, e)
+        results = [self.latest(tvs[k]) if k is not None else None for k in eff.returns_arg]
+        if None in results:
+            self.brk(B.UNSUPPORTED_OP, e, scope, whole_stmt=True,
+                     detail=f"`{_name_of(fn)}` writes into an argument and returns a new tensor")
+        if not results:
+            return None
+        return results[0] if len(results) == 1 and not isinstance(eff.result, (tuple, list)) \
+            else type(eff.result)(results) if type(eff.result) in (tuple, list) else tuple(results)
+
+    def fill_args(self, form, tvs):
+        """A functional form's (args, kwargs), its argument placeholders filled with TensorVars."""
+        def fill(v):
+            if isinstance(v, E.Arg):
+                return tvs[v.index]
+            if isinstance(v, (list, tuple)):
+                return type(v)(fill(x) for x in v)
+            return v
+        return [fill(a) for a in form[1]], {k: fill(v) for k, v in form[2].items()}
+
+    def reaches_caller(self, t: TensorVar, scope) -> bool:
+        """`t` is (a view of) a graph input: a change of its metadata would have to reach the
+        caller's tensor object."""
+        while t is not None:
+            if t.source is not None:
+                return True
+            t = t.view_of[0] if t.view_of is not None else None
+        return False
 
     def autocast_args(self, fn, args, kwargs, e, scope):
         device_type, dtype = self.autocast[-1]
@@ -1415,20 +1464,6 @@ from functools import partial as functools_partial  # noqa: E402
 
 _SYM_TEXT = {operator.add: " + ", operator.sub: " - ", operator.mul: " * ",
              operator.floordiv: " // ", operator.mod: " % ", operator.neg: "-", operator.pos: "+"}
-_TUPLE_OUTPUTS: dict = {}
-_SEQ_OUTPUTS = {"split", "chunk", "unbind", "topk", "sort", "max", "min", "std_mean", "var_mean",
-                "aminmax", "kthvalue", "mode", "median", "meshgrid", "tensor_split", "hsplit",
-                "vsplit", "split_with_sizes", "broadcast_tensors", "cummax", "cummin"}
-_ALIAS_OPS = {torch.Tensor.detach, torch.detach}  # share storage without being views
-_TENSOR_WITHOUT_DIM = {"max", "min", "median", "mode"}  # `x.max()` is a tensor, `x.max(1)` a pair
-_VIEW_OPS = {torch.Tensor.view, torch.Tensor.reshape, torch.Tensor.transpose, torch.Tensor.permute,
-             torch.Tensor.expand, torch.Tensor.squeeze, torch.Tensor.unsqueeze, torch.Tensor.flatten,
-             torch.Tensor.narrow, torch.Tensor.select, torch.Tensor.t, torch.Tensor.unflatten,
-             torch.reshape, torch.transpose, torch.permute, torch.squeeze, torch.unsqueeze,
-             torch.flatten, torch.narrow, torch.select, torch.t, torch.Tensor.view_as,
-             torch.Tensor.expand_as, torch.Tensor.movedim, torch.movedim, torch.Tensor.diagonal}
-
-
 _FOLDABLE_ATOMS = (int, float, complex, bool, str, bytes, type(None), range, slice, torch.dtype,
                    torch.device, torch.memory_format, torch.layout, type, types.FunctionType,
                    types.BuiltinFunctionType, types.ModuleType, nn.Module, TensorVar, SymInt,
@@ -1472,7 +1507,7 @@ def _scatter_getitem(ev, base, view_of, new, node, scope):
 
 
 def _scatter_reshape(ev, base, view_of, new, node, scope):
-    return ev.op(torch.Tensor.reshape, [new, tuple(base.meta.shape)], {}, node, scope)
+    return ev.op(torch.Tensor.reshape, [new, tuple(ev.sizes(base))], {}, node, scope)  # dynamic sizes stay symbolic
 
 
 def _scatter_transpose(ev, base, view_of, new, node, scope):
@@ -1508,32 +1543,23 @@ def _setitem(x, idx, v):
     return out
 
 
-class _Functional:
-    """Out-of-place forms of in-place methods that have no out-of-place Tensor method. Each
-    selects the new values over `x` with `where`, so the result stays in x's autograd graph
-    with a zero gradient to x's old value (and requires grad when x does), as in eager."""
-
-    @staticmethod
-    def copy(x, src, non_blocking=False):
-        return torch.where(torch.ones_like(x, dtype=torch.bool), src.to(dtype=x.dtype, device=x.device), x)
-
-    @staticmethod
-    def fill(x, v):
-        v = v.to(x.dtype) if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=x.dtype, device=x.device)
-        return torch.where(torch.ones_like(x, dtype=torch.bool), v, x)
-
-    @staticmethod
-    def zero(x):
-        return _Functional.fill(x, 0)
+def _dense(t) -> bool:
+    """Non-overlapping and dense: its elements fill storage[offset : offset + numel]."""
+    dims = sorted((st, n) for n, st in zip(t.size(), t.stride()) if n != 1)
+    expected = 1
+    for st, n in dims:
+        if st != expected:
+            return False
+        expected *= n
+    return True
 
 
-def _inplace_as_clone(method):
-    def functional(x, *args, **kwargs):
-        out = x.clone()
-        return method(out, *args, **kwargs)
-    functional.__name__ = method.__name__.rstrip("_") + "_functional"
-    functional.__qualname__ = functional.__name__
-    return functional
+def _name_of(fn) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or str(fn)
+
+
+def _has_symint(v) -> bool:
+    return any(isinstance(x, SymInt) for x in leaves(v))
 
 
 def _replace_in(d, old, new):

@@ -6,11 +6,17 @@ import operator
 import torch
 import torch.fx as fx
 
-from .values import SymInt, TensorVar, Unknown
+from ..ops import effects
+from .values import SymInt, TensorVar, Unknown, leaves
 
 
 class MetaEvalError(Exception):
-    """Evaluating an op on meta tensors failed (the op is invalid, or has no meta kernel)."""
+    """Evaluating an op on meta tensors failed (the op is invalid, or has no meta kernel).
+    `dynamic_shape`: it failed in an operator whose result's shape depends on the data."""
+
+    def __init__(self, msg, dynamic_shape=False):
+        super().__init__(msg)
+        self.dynamic_shape = dynamic_shape
 
 
 def to_meta(t: torch.Tensor) -> torch.Tensor:
@@ -75,6 +81,7 @@ class GraphBuilder:
         node.meta["val"] = meta
         node.meta["device"] = device
         node.meta["source"] = source
+        node.meta["is_leaf"] = obj is None or obj.is_leaf
         tv = TensorVar(node, meta, device, source=source)
         self.inputs.append((source, obj))
         self._input_by_id[key] = tv
@@ -96,38 +103,53 @@ class GraphBuilder:
     def call(self, target, args, kwargs, loc, *, n_outputs=None):
         """Add `target(*args, **kwargs)` to the graph. Returns a TensorVar, a tuple of them,
         or raises MetaEvalError."""
-        node_args = _map(args, _as_node)
-        node_kwargs = _map(kwargs, _as_node)
+        out_meta, device, _ = self.evaluate(target, args, kwargs)
+        return self.add(target, args, kwargs, loc, out_meta, device, n_outputs=n_outputs)
+
+    def evaluate(self, target, args, kwargs):
+        """Run `target` on meta stand-ins of its tensor arguments (ops/effects.py): its result's
+        meta tensors, its device, and what it wrote and aliases (None in the abstract domain)."""
         device = _device_of(args, kwargs)
         if self.abstract:
-            out_meta = None
-        else:
-            margs = _map(args, _as_meta)
-            mkwargs = _map(kwargs, _as_meta)
-            if "device" in mkwargs:
-                device = _parse_device(mkwargs["device"]) or device
+            return None, device, None
+        tvs = _tensor_vars(args, kwargs)
+        metas = effects.stand_ins([_stand_in_spec(tv) for tv in tvs])
+        by_id = {id(tv): m for tv, m in zip(tvs, metas)}
+        as_meta = lambda v: by_id[id(v)] if isinstance(v, TensorVar) else _as_meta(v)  # noqa: E731
+        margs = _map(args, as_meta)
+        mkwargs = _map(kwargs, as_meta)
+        if "device" in mkwargs:
+            device = _parse_device(mkwargs["device"]) or device
+            mkwargs["device"] = "meta"
+        if target in (torch.Tensor.to,) and device is not None:
+            for a in list(margs[1:]) + list(mkwargs.values()):
+                d = _parse_device(a) if not isinstance(a, (torch.dtype, bool)) else None
+                if d is not None:
+                    device = d
+            margs = [a if _parse_device(a) is None or isinstance(a, (torch.dtype, bool, torch.Tensor))
+                     else "meta" for a in margs]
+        elif target is torch.Tensor.cuda:
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+                else torch.device("cuda")
+        elif target is torch.Tensor.cpu:
+            device = torch.device("cpu")
+        if device is None:
+            device = torch.device("cpu")
+            if "device" not in mkwargs:  # a factory (torch.zeros, torch.tensor): meta, not cpu
                 mkwargs["device"] = "meta"
-            if target in (torch.Tensor.to,) and device is not None:
-                for a in list(margs[1:]) + list(mkwargs.values()):
-                    d = _parse_device(a) if not isinstance(a, (torch.dtype, bool)) else None
-                    if d is not None:
-                        device = d
-                margs = [a if _parse_device(a) is None or isinstance(a, (torch.dtype, bool, torch.Tensor))
-                         else "meta" for a in margs]
-            elif target is torch.Tensor.cuda:
-                device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
-                    else torch.device("cuda")
-            elif target is torch.Tensor.cpu:
-                device = torch.device("cpu")
-            if device is None:
-                device = torch.device("cpu")
-                if "device" not in mkwargs:  # a factory (torch.zeros, torch.tensor): meta, not cpu
-                    mkwargs["device"] = "meta"
-            fn = target if target not in (torch.Tensor.cuda, torch.Tensor.cpu) else torch.Tensor.clone
-            try:
-                out_meta = fn(*margs, **mkwargs)
-            except Exception as e:  # the op is invalid here, or has no meta kernel
-                raise MetaEvalError(f"{_name(target)}: {type(e).__name__}: {e}") from None
+        fn = target if target not in (torch.Tensor.cuda, torch.Tensor.cpu) else torch.Tensor.clone
+        try:
+            out_meta, eff = effects.run(fn, margs, mkwargs, metas)
+        except Exception as e:  # the op is invalid here, or has no meta kernel
+            raise MetaEvalError(f"{_name(target)}: {type(e).__name__}: {e}",
+                                getattr(e, "fl_dynamic_shape", False)) from None
+        eff.tensor_vars = tvs
+        return out_meta, device, eff
+
+    def add(self, target, args, kwargs, loc, out_meta, device, *, n_outputs=None):
+        """The graph node of a call `evaluate` ran: a TensorVar, or a tuple of them."""
+        node_args = _map(args, _as_node)
+        node_kwargs = _map(kwargs, _as_node)
         node = self.graph.call_function(target, tuple(node_args), node_kwargs)
         node.meta["loc"] = loc
         node.meta["device"] = device
@@ -139,7 +161,8 @@ class GraphBuilder:
             if n_outputs:
                 return tuple(self._getitem(node, i, None, None, loc) for i in range(n_outputs))
             tv = TensorVar(node, None, None)
-            tv.abstract_bool = getattr(target, "__name__", "").strip("_") in _BOOL_RESULTS
+            tv.abstract_bool = _returns_bool(target, tuple(
+                torch.bool if a.is_bool else torch.float32 for a in args if isinstance(a, TensorVar)))
             return tv
         return self._wrap(node, out_meta, device, loc)
 
@@ -149,8 +172,11 @@ class GraphBuilder:
             return TensorVar(node, out_meta, device)
         if isinstance(out_meta, (tuple, list)) and all(isinstance(m, torch.Tensor) for m in out_meta):
             node.meta["val"] = tuple(out_meta)
-            items = tuple(self._getitem(node, i, m, device, loc) for i, m in enumerate(out_meta))
-            return items if isinstance(out_meta, tuple) else list(items)
+            items = [self._getitem(node, i, m, device, loc) for i, m in enumerate(out_meta)]
+            if isinstance(out_meta, list):
+                return items
+            # `x.max(dim=1)` is a named tuple (torch.return_types.max): `.values`, `.indices`
+            return type(out_meta)(items) if type(out_meta) is not tuple else tuple(items)
         raise MetaEvalError(f"{_name(node.target)} returned {type(out_meta).__name__}, not a tensor")
 
     def _getitem(self, node, i, meta, device, loc):
@@ -172,9 +198,11 @@ class GraphBuilder:
         return fx.GraphModule(torch.nn.Module(), self.graph)
 
 
-_BOOL_RESULTS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not",
-                 "logical_xor", "isnan", "isinf", "isfinite", "isclose", "bool", "and", "or",
-                 "invert", "not"}
+def _returns_bool(target, dtypes) -> bool:
+    try:
+        return effects.returns_bool(target, dtypes)
+    except TypeError:  # an unhashable callable
+        return False
 
 
 def _placeholder_name(source: str, i: int) -> str:
@@ -212,3 +240,20 @@ def _as_meta(v):
     if isinstance(v, SymInt):
         return v.hint
     return v
+
+
+def _tensor_vars(args, kwargs) -> list:
+    """The distinct TensorVars among a call's arguments, in argument order."""
+    found = {id(v): v for v in leaves([args, kwargs]) if isinstance(v, TensorVar)}
+    return list(found.values())
+
+
+def _stand_in_spec(tv: TensorVar):
+    """(meta, root's meta, root identity, root is a leaf) for effects.stand_ins: the root is the
+    tensor `tv` views, through the views capture recorded."""
+    root = tv
+    while root.view_of is not None:
+        root = root.view_of[0]
+    placeholder = root.node is not None and root.node.op == "placeholder"
+    leaf = root.node.meta.get("is_leaf", True) if placeholder else root.meta.is_leaf
+    return tv.meta, root.meta, id(root), leaf

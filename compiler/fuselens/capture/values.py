@@ -88,12 +88,18 @@ class BoundUserMethod:
     self_value: object
 
 
-def contains_tensor(v) -> bool:
-    if isinstance(v, TensorVar):
-        return True
+def leaves(v):
+    """The values inside nested lists, tuples and dicts (v itself if it is none of them)."""
     if isinstance(v, (list, tuple)):
-        return any(contains_tensor(x) for x in v)
-    if isinstance(v, dict):
-        return any(contains_tensor(x) for x in v.values())
-    return False
+        for x in v:
+            yield from leaves(x)
+    elif isinstance(v, dict):
+        for x in v.values():
+            yield from leaves(x)
+    else:
+        yield v
+
+
+def contains_tensor(v) -> bool:
+    return any(isinstance(x, TensorVar) for x in leaves(v))
 

@@ -1037,3 +1037,26 @@ def _register_c_method_spellings():
 
 
 _register_c_method_spellings()
+
+
+# --- functional forms of writes: capture's functionalization emits these ATen overloads -----------
+def _over(x, new):
+    """`new` (cast and broadcast to x) in place of x's values; x stays in the autograd graph with
+    a zero gradient, as after eager's in-place write."""
+    new = P.cast(new, x.dtype) if isinstance(new, TVal) else P.full((), new, dtype=x.dtype)
+    return P.where(P.full(tuple(x.shape), True, dtype=torch.bool), new, x)
+
+
+@register(torch.ops.aten.copy.default)
+def aten_copy(x, src, non_blocking=False):
+    return _over(x, src)
+
+
+@register(torch.ops.aten.fill.Scalar, torch.ops.aten.fill.Tensor)
+def aten_fill(x, value):
+    return _over(x, value)
+
+
+@register(torch.ops.aten.zero.default)
+def aten_zero(x):
+    return _over(x, 0)

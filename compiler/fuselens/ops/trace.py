@@ -40,8 +40,22 @@ def extern_call(target, args, kwargs, node=None):
     return emit(prim.call_torch, target, tuple(args), dict(kwargs), _val=val)
 
 
-def decompose(target, args, kwargs, node=None):
+def _decomposition(target):
+    """The decomposition of a torch spelling; an ATen overload (capture emits the functional
+    overloads of in-place writes) uses its Python binding's: `torch.Tensor.<op>`, `torch.<op>`
+    or `F.<op>`, generated from the same schema (arguments that do not bind go extern)."""
     fn = DECOMPOSITIONS.get(target)
+    if fn is None and isinstance(target, torch._ops.OpOverload):
+        name = target._schema.name.split("::")[1]
+        for owner in (torch.Tensor, torch, torch.nn.functional):
+            binding = getattr(owner, name, None)
+            if binding is not None and binding in DECOMPOSITIONS:
+                return DECOMPOSITIONS[binding]
+    return fn
+
+
+def decompose(target, args, kwargs, node=None):
+    fn = _decomposition(target)
     if fn is not None:
         try:
             inspect.signature(fn).bind(*args, **kwargs)

@@ -1,0 +1,276 @@
+"""Writes into tensors, whatever their spelling: what a call writes and aliases is read from
+ATen's schemas (fuselens/ops/effects.py), so every spelling of every in-place op is captured
+the same way, and compiled results and mutated inputs equal eager's. Where eager refuses a
+write, compiled code raises the same error."""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import itertools
+
+import pytest
+import torch
+import torch.nn as nn  # noqa: F401 (used by the generated functions)
+import torch.nn.functional as F  # noqa: F401
+
+import fuselens
+from fl_capture_testing import check
+from fuselens.runtime import backend
+
+REAL_COMPILE_GRAPH = backend.compile_graph  # before the capture tests' eager fixture patches it
+
+# op name -> its arguments after the tensor: pointwise ops of several kinds
+OPS = {"relu": "", "sigmoid": "", "tanh": "", "exp": "", "abs": "", "neg": "", "floor": "",
+       "clamp": "min=0", "add": "1", "mul": "2.5", "sub": "y", "div": "2", "pow": "2",
+       "masked_fill": "y > 0, 0.5", "lerp": "torch.zeros(6), 0.3"}
+SPELLINGS = {
+    "method": "y.{op}_({args})",
+    "function": "torch.{op}_(y, {args})",
+    "unbound method": "torch.Tensor.{op}_(y, {args})",
+    "method passed around": "g = torch.Tensor.{op}_\n    g(y, {args})",
+    "returned value": "y = y.{op}_({args})",
+    "out=": "torch.{op}(y, {args}, out=y)",
+}
+F_INPLACE = ["F.relu(y, inplace=True)", "F.silu(y, inplace=True)", "F.hardtanh(y, inplace=True)",
+             "F.leaky_relu(y, 0.1, inplace=True)", "F.elu(y, inplace=True)", "F.relu6(y, inplace=True)",
+             "F.hardswish(y, inplace=True)", "F.hardsigmoid(y, inplace=True)", "F.mish(y, inplace=True)",
+             "F.celu(y, inplace=True)", "F.selu(y, inplace=True)", "F.rrelu(y, training=False, inplace=True)",
+             "F.threshold(y, 0.1, 20., inplace=True)", "F.dropout(y, 0.5, False, True)",
+             "nn.ReLU(inplace=True)(y)", "nn.SiLU(inplace=True)(y)", "nn.ReLU6(inplace=True)(y)",
+             "nn.Hardtanh(inplace=True)(y)", "nn.LeakyReLU(0.2, inplace=True)(y)",
+             "nn.ELU(inplace=True)(y)", "nn.Hardswish(inplace=True)(y)", "nn.Dropout(inplace=True).eval()(y)"]
+THROUGH_VIEWS = ["y[1:].mul_(2)", "y.view(-1).add_(1)", "y.t().t().sub_(1)", "y.unsqueeze(0).tanh_()",
+                 "y[::2].zero_()", "y.reshape(2, 3).fill_(2)", "y[1:].mul_(2).add_(1)", "y[2:4] *= 3",
+                 "y[y < 0] = 0", "y[1] = 7", "y.view(2, 3)[:, 1].copy_(torch.ones(2))",
+                 "y.narrow(0, 1, 2).relu_()", "y.view(3, 2).permute(1, 0)[0].add_(1)",
+                 "y.index_add_(0, torch.tensor([0, 1]), torch.ones(2))",
+                 "y.scatter_(0, torch.tensor([0, 1]), 5.)", "y.addcmul_(y, y, value=0.5)",
+                 "y.copy_(y * 3)", "torch.clamp_(y, min=0)", "torch.add(y, y, alpha=2, out=y)"]
+METADATA = ["y.unsqueeze_(0)", "y.unsqueeze_(0); y.squeeze_(0)", "y.resize_as_(y)",
+            "y = y.view(2, 3); y.t_()", "y = y.view(2, 3); y.transpose_(0, 1)",
+            "y = y.view(2, 3); y.swapdims_(0, 1)"]
+
+
+def _module(tmp_path, name, body):
+    """A function in a real file (capture reads source), from `body` statements."""
+    path = tmp_path / f"{name}.py"
+    path.write_text("import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
+                    f"def f(x):\n    y = x * 2\n    {body}\n    return y + 1, x\n\n\n"
+                    f"def g(x):\n    y = x\n    {body}\n    return y * 1\n")
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _eager_runs(body) -> bool:
+    try:
+        exec(body.replace("\n    ", "\n"), {"torch": torch, "y": torch.randn(6)})
+    except (TypeError, AttributeError):
+        return False
+    return True
+
+
+def _cases():
+    for (op, args), (sp, text) in itertools.product(OPS.items(), SPELLINGS.items()):
+        body = text.format(op=op, args=args).replace(", )", ")").replace("(y, , ", "(y, ")
+        if _eager_runs(body):  # not every op has every spelling (`torch.relu(out=)`)
+            yield f"{op}-{sp}", body
+    for i, body in enumerate(F_INPLACE + THROUGH_VIEWS + METADATA):
+        yield body.split("(")[0] + f"-{i}", body
+
+
+CASES = dict(_cases())
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_write_spellings_equal_eager(tmp_path, name):
+    """Every spelling writes: the local's new value (`f`) and the input written back (`g`)."""
+    mod = _module(tmp_path, f"m_{abs(hash(name))}", CASES[name])
+    x = torch.randn(6)
+    check(mod.f, x)
+    if "unsqueeze_" not in name and "t_" not in CASES[name] and "transpose_" not in CASES[name] \
+            and "swapdims_" not in CASES[name] and "resize_as_" not in CASES[name]:
+        check(mod.g, x)  # the same write into the caller's tensor
+
+
+@pytest.mark.parametrize("body", ["y.unsqueeze_(0)", "y.t_()", "y.squeeze_()"])
+def test_metadata_write_into_an_input_keeps_its_shape_change(tmp_path, body):
+    """`squeeze_`, `t_`... change the caller's tensor object: the caller sees the new shape."""
+    mod = _module(tmp_path, f"meta_{abs(hash(body))}", body)
+    x = torch.randn(1, 6)
+    xe, xc = x.clone(), x.clone()
+    want = mod.g(xe)
+    got = fuselens.compile(mod.g)(xc)
+    assert got.shape == want.shape and xc.shape == xe.shape
+    torch.testing.assert_close(got, want)
+
+
+def _raises(fn, *args):
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001
+        return type(e)
+    return None
+
+
+def leaf_write(x):
+    x.add_(1)
+    return x * 2
+
+
+def leaf_view_write(x):
+    x[1:] += 1
+    return x * 2
+
+
+def dtype_cannot_cast(x):
+    t = x.argmax(0, keepdim=True)
+    t.add_(x)
+    return x * 2
+
+
+def partial_overlap(x):
+    t = x * 1
+    t[1:].add_(t[:-1])
+    return t
+
+
+def internal_overlap(x):
+    t = (x * 1)[:1].expand(4)
+    t.add_(1)
+    return t
+
+
+def broadcast_into_smaller(x):
+    t = x[:1] * 1
+    t.add_(x)
+    return t
+
+
+@pytest.mark.parametrize("fn,grad", [(leaf_write, True), (leaf_view_write, True),
+                                     (dtype_cannot_cast, False), (partial_overlap, False),
+                                     (internal_overlap, False), (broadcast_into_smaller, False)])
+def test_writes_eager_refuses_raise_the_same(fn, grad):
+    x = torch.randn(4, requires_grad=grad)
+    want = _raises(fn, x)
+    assert want is RuntimeError
+    assert _raises(fuselens.compile(fn), x) is want
+    with torch.no_grad():  # autograd does not check writes under no_grad
+        if grad:
+            check(fn, x.detach().requires_grad_(True), calls=1)
+
+
+def inplace_under_no_grad(x):
+    y = x * 2
+    with torch.no_grad():
+        y.relu_()
+        torch.mul(y, 3, out=y)
+    return y
+
+
+def test_write_under_no_grad_keeps_history():
+    x = torch.randn(6, requires_grad=True)
+    check(inplace_under_no_grad, x)
+    ge, gc = x.clone().detach().requires_grad_(), x.clone().detach().requires_grad_()
+    inplace_under_no_grad(ge).sum().backward()
+    fuselens.compile(inplace_under_no_grad)(gc).sum().backward()
+    torch.testing.assert_close(gc.grad, ge.grad)
+
+
+def named_tuples(x):
+    a = x.max(dim=-1).values
+    b = torch.sort(x, dim=0).indices
+    v, i = torch.topk(x, 2)
+    m = x.min(1)
+    return a + m.values, b, v, i, m.indices
+
+
+def test_named_tuple_results():
+    check(named_tuples, torch.randn(4, 3), graphs=1, breaks=[])
+
+
+def view_write_dynamic(x):
+    t = x * 1
+    t.unsqueeze(0).tanh_()
+    t.view(-1)[0] = 9
+    return t
+
+
+def test_write_through_view_after_dims_go_dynamic():
+    cf = fuselens.compile(view_write_dynamic)
+    for n in (5, 7, 8):
+        x = torch.randn(n, 2)
+        torch.testing.assert_close(cf(x), view_write_dynamic(x))
+
+
+def write_across_break(x):
+    t = x[::2]
+    t += 1
+    print("break")
+    t.mul_(2)
+    return t
+
+
+def test_view_written_on_both_sides_of_a_break(capsys):
+    check(write_across_break, torch.randn(5))
+
+
+def returned_view(y):
+    t = y.t()
+    t += 1
+    return t
+
+
+def test_returned_view_of_written_input_aliases_it():
+    y = torch.zeros(2, 3)
+    out = fuselens.compile(returned_view)(y)
+    out.add_(100)
+    assert y[0, 0].item() == 101
+
+
+class Block(torch.nn.Module):
+    """A ResNet basic block: in-place ReLU after BatchNorm, in-place residual add."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 4, 3, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.relu = torch.nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        out = self.relu(self.bn(self.conv(x)))
+        out += x
+        return self.relu(out)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_inplace_relu_block_real_backend(monkeypatch, train):
+    """The kernels (in Triton's interpreter) compute eager's values and gradients."""
+    monkeypatch.setattr(backend, "compile_graph", REAL_COMPILE_GRAPH)
+    torch.manual_seed(0)
+    m = Block().train(train)
+    ref = copy.deepcopy(m)
+    x = torch.randn(2, 4, 5, 5)
+    xe, xc = x.clone().requires_grad_(train), x.clone().requires_grad_(train)
+    want = ref(xe)
+    got = fuselens.compile(m)(xc)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(m.bn.running_mean, ref.bn.running_mean)
+    if train:
+        want.sum().backward()
+        got.sum().backward()
+        torch.testing.assert_close(xc.grad, xe.grad, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(m.conv.weight.grad, ref.conv.weight.grad, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("body", ["y.view(2, 3).narrow(1, 1, 2).mul_(3)", "y.view(2, 3).select(1, 0).zero_()",
+                                  "y.view(2, 3).diagonal().fill_(5)", "torch.chunk(y, 3)[1].add_(1)",
+                                  "y.view(2, 3).unbind(0)[1].neg_()", "y.view(3, 2).t().narrow(0, 0, 1).relu_()",
+                                  "y.unsqueeze_(0); y.squeeze(0).add_(1)"])
+def test_writes_through_any_view_reach_the_base(tmp_path, body):
+    """Views with no inverse of their own are written back by their strides."""
+    mod = _module(tmp_path, f"v_{abs(hash(body))}", body)
+    _, ex = check(mod.f, torch.randn(6), graphs=1, breaks=[])
+    if "unsqueeze_" not in body:
+        check(mod.g, torch.randn(6), graphs=1, breaks=[])
