@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import operator
+import re
 
 import torch
 import torch.fx as fx
@@ -67,7 +68,7 @@ class GraphBuilder:
         tv = self._input_by_id.get(key)
         if tv is not None:
             return tv
-        name = _placeholder_name(source, len(self.inputs))
+        name = self._placeholder_name(source)
         first = self._first_op()
         if first is None:
             node = self.graph.placeholder(name)
@@ -88,10 +89,24 @@ class GraphBuilder:
         return tv
 
     def abstract_input(self, source: str) -> TensorVar:
-        node = self.graph.placeholder(_placeholder_name(source, len(self.inputs)))
+        node = self.graph.placeholder(self._placeholder_name(source))
         node.meta["val"] = None
         self.inputs.append((source, None))
         return TensorVar(node, None, None, source=source)
+
+    def _placeholder_name(self, source: str) -> str:
+        """A short identifier from the input's source, unique among the graph's placeholders
+        (FX makes them the generated function's parameters)."""
+        s = re.sub(r"[^0-9a-zA-Z_]+", "_", source).strip("_")
+        s = re.sub(r"^(__fl_G_|L_)", "", s)
+        s = (s or "in")[:40]
+        if not s.isidentifier():
+            s = "in_" + s
+        taken = {n.target for n in self.graph.nodes if n.op == "placeholder"}
+        name, k = s, 1
+        while name in taken:
+            name, k = f"{s}_{k}", k + 1
+        return name
 
     def _first_op(self):
         for n in self.graph.nodes:
@@ -203,13 +218,6 @@ def _returns_bool(target, dtypes) -> bool:
         return effects.returns_bool(target, dtypes)
     except TypeError:  # an unhashable callable
         return False
-
-
-def _placeholder_name(source: str, i: int) -> str:
-    import re
-    s = re.sub(r"[^0-9a-zA-Z_]+", "_", source).strip("_")
-    s = re.sub(r"^(__fl_G_|L_)", "", s)
-    return (s or f"in{i}")[:40]
 
 
 def _name(target) -> str:
