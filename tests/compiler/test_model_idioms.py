@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+import fuselens
 from fl_capture_testing import check
 
 
@@ -32,3 +33,93 @@ def test_inputs_whose_sources_share_a_long_prefix():
     agree in their first 40 characters; the graph's parameters stay distinct."""
     with torch.no_grad():
         check(_Swin(), torch.randn(4), graphs=1, breaks=[])
+
+
+def lookup_or_default(x, table):
+    try:
+        scale = table["scale"]
+    except KeyError:
+        scale = 3.0
+    else:
+        scale = scale * 2
+    finally:
+        x = x + 1
+    return x * scale
+
+
+def is_compiling_like_transformers(x):
+    try:  # transformers' is_torchdynamo_compiling()
+        import torch
+        compiling = torch.compiler.is_compiling()
+    except Exception:
+        compiling = False
+    return x * 2 if compiling else x - 1
+
+
+def return_inside_try(x):
+    try:
+        return x.sin()
+    finally:
+        x.add_(1)
+
+
+def break_inside_try(x):
+    try:
+        y = x * 2
+        print("in try")  # a graph break: the whole statement runs in Python
+    except ValueError:
+        y = x
+    return y.cos()
+
+
+def raise_and_handle(x, n):
+    try:
+        if n > 2:
+            raise ValueError("too big")
+        y = x * n
+    except (TypeError, ValueError) as err:
+        y = x * len(str(err))
+    return y
+
+
+def test_try_statements_are_captured():
+    """A `try` runs in the graph: handlers, `else` and `finally` as in Python."""
+    check(lookup_or_default, torch.randn(3), {"scale": 0.5}, graphs=1, breaks=[])
+    check(lookup_or_default, torch.randn(3), {}, graphs=1, breaks=[])
+    x = torch.randn(3)  # compiled code takes the branch torch.compile takes, not eager's
+    torch.testing.assert_close(fuselens.compile(is_compiling_like_transformers)(x), x * 2)
+    assert len(fuselens.explain(is_compiling_like_transformers, x).graphs) == 1
+    check(return_inside_try, torch.randn(3), graphs=1, breaks=[])
+    check(raise_and_handle, torch.randn(3), 1, graphs=1, breaks=[])
+    check(raise_and_handle, torch.randn(3), 5, graphs=1, breaks=[])
+
+
+def test_break_inside_try_runs_the_statement_in_python(capsys):
+    check(break_inside_try, torch.randn(3), breaks=["FL100"])
+    assert capsys.readouterr().out.count("in try") == 4  # once each: eager, 2 compiled calls, explain
+
+
+def _wraps(fn):
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        kwargs.setdefault("scale", 2.0)
+        return fn(self, *args, **kwargs)
+    return wrapper
+
+
+class Decorated(torch.nn.Module):
+    """HF transformers decorates every `forward` (`@can_return_tuple`, `@auto_docstring`...)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    @_wraps
+    def forward(self, x, scale=1.0):
+        return self.lin(x) * scale
+
+
+def test_decorated_forward_is_captured_through_its_wrapper():
+    check(Decorated(), torch.randn(2, 3), graphs=1, breaks=[])

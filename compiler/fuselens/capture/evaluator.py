@@ -125,6 +125,7 @@ class Evaluator:
         self.value_sources: dict[int, str] = {}   # id(object) -> source expression
         self.mutated_inputs: dict[str, TensorVar] = {}  # input source -> its latest value
         self._newer: dict[int, tuple] = {}  # id(TensorVar) -> (it, its value after an in-place op)
+        self.in_try = 0  # how many captured `try` bodies the evaluation is in (raise is captured there)
 
     # ===================================================================== functions
     def run(self, fs: FunctionSource, bound: dict) -> object:
@@ -468,6 +469,62 @@ class Evaluator:
         except BreakSignal:
             return UNKNOWN
 
+    def _stmt_Try(self, s, scope):
+        """`try` is captured: an exception the evaluated code raises (a lookup on plain values,
+        a user's `raise`) goes to the first handler whose type matches, `else` runs after a body
+        that raised nothing, `finally` always. A graph break inside makes the whole statement run
+        in Python (a resume cannot re-enter the handlers)."""
+        try:
+            try:
+                self.in_try += 1
+                try:
+                    self.exec_block(s.body, scope, ("try", s))
+                finally:
+                    self.in_try -= 1
+            except _NOT_USER_EXCEPTIONS:
+                raise
+            except Exception as exc:  # noqa: BLE001 (the user's code raised it: its handlers decide)
+                handler = self._handler_for(s.handlers, exc, scope)
+                if handler is None:
+                    raise
+                if handler.name:
+                    scope.vars[handler.name] = exc
+                self.exec_block(handler.body, scope, ("try", s))
+                if handler.name:
+                    scope.vars.pop(handler.name, None)  # Python unbinds it after the handler
+            else:
+                self.exec_block(s.orelse, scope, ("try", s))
+        except BreakSignal as b:
+            raise BreakSignal(b.brk, whole_stmt=True) from None
+        except BaseException:
+            self.exec_block(s.finalbody, scope, ("try", s))
+            raise
+        self.exec_block(s.finalbody, scope, ("try", s))
+
+    def _stmt_Raise(self, s, scope):
+        """Inside a captured `try` body, `raise` raises (a handler may take it); elsewhere the
+        statement runs in Python, after the graph of what came before it."""
+        if not self.in_try or self.abstract or s.exc is None:
+            self.brk(B.UNSUPPORTED_STMT, s, scope, detail="`Raise` statement", whole_stmt=True)
+        exc = self.eval(s.exc, scope)
+        cause = self.eval(s.cause, scope) if s.cause is not None else None
+        if isinstance(exc, type) and issubclass(exc, BaseException):
+            exc = exc()
+        if not isinstance(exc, BaseException):
+            self.brk(B.UNSUPPORTED_STMT, s, scope, detail="`Raise` statement", whole_stmt=True)
+        if s.cause is None:
+            raise exc
+        raise exc from cause
+
+    def _handler_for(self, handlers, exc, scope):
+        for h in handlers:
+            if h.type is None:
+                return h
+            types_ = self.eval(h.type, scope)
+            if isinstance(types_, Unknown) or isinstance(exc, types_):
+                return h
+        return None
+
     def _stmt_With(self, s, scope):
         with contextlib.ExitStack() as stack:
             for item in s.items:
@@ -589,7 +646,8 @@ class Evaluator:
         if root.source is not None:
             self.check_no_alias(root, node, scope)
         new_root = new
-        if all(v.view_of[1] in _SCATTER and v.view_of[4] is None for v in chain):
+        if all(v.view_of[1] in _SCATTER and v.view_of[4] is None
+               and v.meta.dtype == v.view_of[0].meta.dtype for v in chain):
             for v in chain:  # write back level by level: view → its parent → ... → root
                 new_root = _SCATTER[v.view_of[1]](self, v.view_of[0], v.view_of, new_root, node, scope)
         else:  # any other view (narrow, select, diagonal, an item of split...): by its strides
@@ -1467,7 +1525,8 @@ _SYM_TEXT = {operator.add: " + ", operator.sub: " - ", operator.mul: " * ",
 _FOLDABLE_ATOMS = (int, float, complex, bool, str, bytes, type(None), range, slice, torch.dtype,
                    torch.device, torch.memory_format, torch.layout, type, types.FunctionType,
                    types.BuiltinFunctionType, types.ModuleType, nn.Module, TensorVar, SymInt,
-                   Unknown, LocalFunction, BoundUserMethod, type(Ellipsis), types.MethodType)
+                   Unknown, LocalFunction, BoundUserMethod, type(Ellipsis), types.MethodType,
+                   BaseException)  # an exception capture raised and a captured handler took
 
 
 def _foldable(v) -> bool:
@@ -1482,6 +1541,11 @@ def _foldable(v) -> bool:
 
 class _Opaque(Exception):
     pass
+
+
+# raised by capture itself, not by the user's code: a captured `try` never handles them
+_NOT_USER_EXCEPTIONS = (_Return, _LoopBreak, _LoopContinue, CannotCapture, BreakSignal, _Opaque,
+                        MetaEvalError, NoSourceError)
 
 
 class _AbstractSeq(list):

@@ -177,7 +177,8 @@ class GraphBuilder:
                 return tuple(self._getitem(node, i, None, None, loc) for i in range(n_outputs))
             tv = TensorVar(node, None, None)
             tv.abstract_bool = _returns_bool(target, tuple(
-                torch.bool if a.is_bool else torch.float32 for a in args if isinstance(a, TensorVar)))
+                (torch.bool if a.is_bool else torch.float32) if isinstance(a, TensorVar)
+                else 1 if isinstance(a, (Unknown, SymInt)) else a for a in args))
             return tv
         return self._wrap(node, out_meta, device, loc)
 
@@ -213,9 +214,9 @@ class GraphBuilder:
         return fx.GraphModule(torch.nn.Module(), self.graph)
 
 
-def _returns_bool(target, dtypes) -> bool:
+def _returns_bool(target, args) -> bool:
     try:
-        return effects.returns_bool(target, dtypes)
+        return effects.returns_bool(target, args)
     except TypeError:  # an unhashable callable
         return False
 

@@ -83,7 +83,7 @@ def function_source(fn) -> FunctionSource:
         return gen
     filename = code.co_filename
     try:
-        lines, start = inspect.getsourcelines(fn)
+        lines, start = inspect.getsourcelines(code)  # the function itself, not what it wraps
     except (OSError, TypeError) as e:
         raise NoSourceError(f"no source for {getattr(fn, '__qualname__', fn)!r}: {e}") from None
     text = "".join(lines)

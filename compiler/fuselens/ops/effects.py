@@ -160,12 +160,14 @@ def returns_sequence(fn, n_args: int, kwargs) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def returns_bool(fn, dtypes: tuple) -> bool:
-    """`fn` on tensors of these dtypes gives a bool tensor (comparisons, `isnan`, `&` of bools):
-    asked of torch by running it on meta tensors. For the editor, which knows no shapes."""
+def returns_bool(fn, args: tuple) -> bool:
+    """`fn(*args)` gives a bool tensor (comparisons, `isnan`, `&` of bools), where a `torch.dtype`
+    in args stands for a tensor of that dtype: asked of torch by running it on meta tensors.
+    For the editor, which knows no shapes."""
     try:
-        out = fn(*[torch.empty(2, device="meta", dtype=d) for d in dtypes or (torch.float32,)])
-    except Exception:  # noqa: BLE001 (needs other arguments: not known to be bool)
+        out = fn(*[torch.empty(2, device="meta", dtype=a) if isinstance(a, torch.dtype) else a
+                   for a in args])
+    except Exception:  # noqa: BLE001 (these arguments do not fit it: not known to be bool)
         return False
     return isinstance(out, torch.Tensor) and out.dtype == torch.bool
 
