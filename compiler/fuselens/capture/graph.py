@@ -128,6 +128,7 @@ class GraphBuilder:
                 out_meta = fn(*margs, **mkwargs)
             except Exception as e:  # the op is invalid here, or has no meta kernel
                 raise MetaEvalError(f"{_name(target)}: {type(e).__name__}: {e}") from None
+            _check_device_kernel(fn, margs, mkwargs, device)
         node = self.graph.call_function(target, tuple(node_args), node_kwargs)
         node.meta["loc"] = loc
         node.meta["device"] = device
@@ -170,6 +171,29 @@ class GraphBuilder:
         self.graph.output(tuple(_as_node(v) for v in values))
         self.graph.eliminate_dead_code()
         return fx.GraphModule(torch.nn.Module(), self.graph)
+
+
+def _check_device_kernel(fn, margs, mkwargs, device):
+    """Meta kernels check shapes, not whether `device` has a kernel for these dtypes (`abs` of a
+    bool tensor: eager raises NotImplementedError), and an op whose result is unused leaves the
+    graph: so `fn` runs here on empty tensors of the same dtypes on `device` (nothing computed,
+    allocated or drawn), where meta accepts them too and they give empty results."""
+    def empty(on):
+        return lambda v: torch.empty((0,) * v.dim(), dtype=v.dtype, device=on) \
+            if isinstance(v, torch.Tensor) else v
+    try:
+        probe = fn(*_map(margs, empty("meta")), **_map(mkwargs, empty("meta")))
+    except Exception:  # empty shapes are not valid here: nothing to learn
+        return
+    outs = probe if isinstance(probe, (tuple, list)) else [probe]
+    if not all(isinstance(o, torch.Tensor) and o.numel() == 0 for o in outs):
+        return
+    try:
+        fn(*_map(margs, empty(device)), **_map(mkwargs, empty(device)))
+    except NotImplementedError as e:  # no kernel for these dtypes on this device
+        raise MetaEvalError(f"{_name(fn)}: NotImplementedError: {e}") from None
+    except Exception:  # e.g. an empty reduction: refused for emptiness only
+        pass
 
 
 _BOOL_RESULTS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not",
