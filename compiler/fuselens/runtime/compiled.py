@@ -211,8 +211,9 @@ class CompiledFunction:
         try:
             fs = self._source()
         except NoSourceError as e:
-            self.disabled = str(e)
-            warn(f"cannot compile {self._name()}: {e}. Running it eagerly.")
+            fs, self.disabled = None, str(e)
+        if fs is None:  # outside the `except`: the user's error must not come chained to ours
+            warn(f"cannot compile {self._name()}: {self.disabled}. Running it eagerly.")
             return self._eager(args, kwargs)
         self._mark_dynamic(args, kwargs)
         try:
@@ -224,8 +225,7 @@ class CompiledFunction:
         else:
             cause = None
         if cause is not None:
-            # capture ran none of this call's user statements: eager is the call's only run (out
-            # of the `except`, so that the user's own error does not come chained to ours)
+            # capture ran none of this call's user statements: eager is the call's only run
             out = fall_back("capture", self._name(), cause, lambda: self._eager(args, kwargs))
             self.disabled = f"internal error in capture: {type(cause).__name__}: {cause}"
             return out
