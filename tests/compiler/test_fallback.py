@@ -160,6 +160,32 @@ def test_users_error_raised_as_in_eager_side_effects_once(fn, real_backend, monk
         assert _disabled(cf) == []
 
 
+def raises_on_odd_calls(x, unused):
+    y = x * 2
+    print("call")
+    LOG.append(1)
+    if len(LOG) % 2 == 1:  # a re-run would not raise: the append changed the state it reads
+        raise ValueError("odd call")
+    return y + 1
+
+
+def test_users_error_that_a_rerun_would_not_raise():
+    results = {}
+    for fn in (raises_on_odd_calls, fuselens.compile(raises_on_odd_calls)):
+        LOG.clear()
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            seen = []
+            for _ in range(4):
+                try:
+                    seen.append(fn(torch.ones(2), None).tolist())
+                except ValueError as e:
+                    seen.append(str(e))
+        results[fn] = (seen, out.getvalue(), list(LOG))
+    eager, compiled = results.values()
+    assert compiled == eager, (compiled, eager)
+
+
 def _warned_once(rec, *parts):
     msgs = [str(w.message) for w in rec if issubclass(w.category, FuselensWarning)]
     assert len(msgs) == 1, msgs

@@ -566,7 +566,9 @@ def unbound_locals(fn, stmts, bound) -> list:
         elif isinstance(n, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
             continue
         todo += ast.iter_child_nodes(n)
-    names = sorted((loaded_names(stmts) & local) - set(bound))
+    read = {x.id for n in stmts for x in ast.walk(n) if isinstance(x, ast.Name) and isinstance(x.ctx, ast.Load)}
+    # a name `stmts` assign is local there already
+    names = sorted((read & local) - set(bound) - stored_names(stmts))
     at = stmts[0] if stmts else fn
     return [ast.fix_missing_locations(ast.copy_location(ast.AnnAssign(
         target=ast.Name(id=n, ctx=ast.Store()), annotation=ast.Name(id="object", ctx=ast.Load()),
