@@ -17,10 +17,11 @@ from . import log  # noqa: E402,F401  (FUSELENS_LOG)
 from .capture.breaks import GraphBreak, GraphBreakError
 from .capture.source import NoSourceError, function_source
 from .explain import Explanation, format_break
-from .runtime.compiled import CompiledFunction, FuselensWarning, collecting
+from .runtime.compiled import CompiledFunction, collecting
+from .runtime.errors import FuselensWarning, InternalError
 
 __all__ = ["compile", "explain", "inspect", "GraphBreak", "GraphBreakError", "Explanation",
-           "FuselensWarning", "NoSourceError"]
+           "FuselensWarning", "InternalError", "NoSourceError"]
 
 _MODES = ("default", "reduce-overhead", "max-autotune")
 
@@ -77,7 +78,7 @@ def explain(fn, *args, **kwargs) -> Explanation:
     with collecting() as log:
         fresh(*args, **kwargs)
     if fresh.disabled:
-        raise RuntimeError(f"fuselens.explain: {fresh.disabled}")
+        raise InternalError(f"fuselens.explain: {fresh.disabled}")
     graphs = [g for e in log for g in e.graphs]
     breaks = [e.graph_break for e in log if e.graph_break is not None]
     guards = [g for e in log for g in e.guards]

@@ -158,6 +158,7 @@ class GraphBuilder:
         except Exception as e:  # the op is invalid here, or has no meta kernel
             raise MetaEvalError(f"{_name(target)}: {type(e).__name__}: {e}",
                                 getattr(e, "fl_dynamic_shape", False)) from None
+        _check_device_kernel(fn, margs, mkwargs, device)
         eff.tensor_vars = tvs
         return out_meta, device, eff
 
@@ -212,6 +213,45 @@ class GraphBuilder:
         self.graph.output(tuple(_as_node(v) for v in values))
         self.graph.eliminate_dead_code()
         return fx.GraphModule(torch.nn.Module(), self.graph)
+
+
+def _check_device_kernel(fn, margs, mkwargs, device):
+    """Meta kernels check shapes, not whether `device` has a kernel for these dtypes (`abs` of a
+    bool tensor: eager raises NotImplementedError), and an op whose result is unused leaves the
+    graph: so `fn` runs here on empty tensors of the same dtypes on `device` (nothing computed,
+    allocated or drawn), where meta accepts them too and they give empty results. The answer
+    depends on the dtypes, not the sizes: known answers are kept."""
+    leaves = torch.utils._pytree.tree_leaves((margs, mkwargs))
+    key = (fn, device, tuple((v.dtype, v.dim()) if isinstance(v, torch.Tensor) else
+                             v if isinstance(v, (torch.dtype, str, bool, type(None))) else type(v)
+                             for v in leaves))
+    if key not in _KERNEL_ERRORS:
+        _KERNEL_ERRORS[key] = _probe_device_kernel(fn, margs, mkwargs, device)
+    if _KERNEL_ERRORS[key] is not None:
+        raise MetaEvalError(f"{_name(fn)}: NotImplementedError: {_KERNEL_ERRORS[key]}")
+
+
+_KERNEL_ERRORS: dict = {}  # probe key -> the device's NotImplementedError message, or None
+
+
+def _probe_device_kernel(fn, margs, mkwargs, device):
+    def empty(on):
+        return lambda v: torch.empty((0,) * v.dim(), dtype=v.dtype, device=on) \
+            if isinstance(v, torch.Tensor) else v
+    try:
+        probe = fn(*_map(margs, empty("meta")), **_map(mkwargs, empty("meta")))
+    except Exception:  # empty shapes are not valid here: nothing to learn
+        return None
+    outs = probe if isinstance(probe, (tuple, list)) else [probe]
+    if not all(isinstance(o, torch.Tensor) and o.numel() == 0 for o in outs):
+        return None
+    try:
+        fn(*_map(margs, empty(device)), **_map(mkwargs, empty(device)))
+    except NotImplementedError as e:  # no kernel for these dtypes on this device
+        return str(e)
+    except Exception:  # e.g. an empty reduction: refused for emptiness only
+        pass
+    return None
 
 
 def _returns_bool(target, args) -> bool:

@@ -304,6 +304,7 @@ class Writer:
         """A generated function continuing `frame`'s code, with the file's locations."""
         fs = frame.scope.fs
         body = local_defs(frame, body) + list(body)
+        body = unbound_locals(fs.node, body, params) + body
         node = ast.FunctionDef(name=name, args=_args(params), body=body or [ast.Pass()],
                                decorator_list=[], returns=None, type_comment=None, type_params=[])
         at = body[0] if body else frame.stmt
@@ -390,6 +391,7 @@ class Writer:
             bind = [f"{', '.join(n for n, _ in pairs)} = {', '.join(e for _, e in pairs)}"] \
                 if pairs else []
             bind += [ast.unparse(d) for d in defs]
+            bind += [ast.unparse(d) for d in unbound_locals(inner.scope.fs.node, stmts, set(inner.vars))]
             bind += [f"{t} = {e}" for t, e in temps.items()]
             code = [ast.unparse(s) for s in stmts]
             call_line = graph_call
@@ -433,6 +435,7 @@ class Writer:
                 ast.Return(value=ret if cont_body else ast.Constant(value=None))]
             cont_params = live if cont_body else None
         h_params = sorted(loaded_names(h_body) & set(inner.vars)) + list(temps)
+        h_body = unbound_locals(inner.scope.fs.node, h_body, set(inner.vars)) + h_body
         hname = f"__fl_break_{self.prefix}{len(self.helpers)}"
         helper = ast.FunctionDef(name=hname, args=_args(h_params), body=h_body, decorator_list=[],
                                  returns=None, type_comment=None, type_params=[])
@@ -542,6 +545,34 @@ def local_defs(frame, stmts) -> list:
         out.append(d)
         todo += sorted(loaded_names([d]) - seen)
     return out
+
+
+def unbound_locals(fn, stmts, bound) -> list:
+    """`name: object` for each local of the user's function `fn` that `stmts` read and that is
+    not in `bound` (unbound where the generated code starts): it stays local there, so reading it
+    raises UnboundLocalError as in eager, not NameError (or a global's value) as a free name."""
+    a = fn.args
+    local = {p.arg for p in a.posonlyargs + a.args + a.kwonlyargs + [x for x in (a.vararg, a.kwarg) if x]}
+    todo = list(fn.body) if isinstance(fn.body, list) else [fn.body]
+    while todo:  # fn's own scope: not the bodies of nested functions, classes, comprehensions
+        n = todo.pop()
+        if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            local.add(n.id)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            local.add(n.name)
+            continue
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            local.update((x.asname or x.name).split(".")[0] for x in n.names)
+        elif isinstance(n, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            continue
+        todo += ast.iter_child_nodes(n)
+    read = {x.id for n in stmts for x in ast.walk(n) if isinstance(x, ast.Name) and isinstance(x.ctx, ast.Load)}
+    # a name `stmts` assign is local there already
+    names = sorted((read & local) - set(bound) - stored_names(stmts))
+    at = stmts[0] if stmts else fn
+    return [ast.fix_missing_locations(ast.copy_location(ast.AnnAssign(
+        target=ast.Name(id=n, ctx=ast.Store()), annotation=ast.Name(id="object", ctx=ast.Load()),
+        value=None, simple=1), at)) for n in names]
 
 
 def _bind_rest_items(frame, body) -> None:

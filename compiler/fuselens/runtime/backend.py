@@ -5,12 +5,13 @@ Triton kernels when its tensors are on a GPU, or on the CPU under Triton's inter
 FUSELENS_INTERPRET=1; otherwise it runs `gm` eagerly (the kernels are still generated, so they can
 be shown). Programs are specialized per input shape/stride/dtype (a small cache); kernel sources
 do not contain sizes, so a new shape reuses the kernels already compiled. If any backend stage
-fails for a graph, that graph runs eagerly, with a warning naming the cause.
+fails for a graph, or its compiled program raises where the graph run eagerly does not, that
+graph runs eagerly for those inputs (errors.fall_back: one warning naming the cause); an error
+that the eager graph raises too is the user's program's and is raised as eager raises it.
 """
 from __future__ import annotations
 
 import logging
-import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -23,8 +24,8 @@ from ..codegen.wrapper import generate_wrapper
 from ..lower import lower_graph
 from ..ops import to_primitive_graph
 from ..schedule.fusion import FusedKernel, schedule
-from .compiled import FuselensWarning
 from .cudagraphs import TrainingGraphs
+from .errors import fall_back
 
 SPECIALIZATION_LIMIT = 8
 
@@ -129,11 +130,13 @@ class _Specialization:
     wrapper_source: str = ""
     check: object = None  # callable(*inputs): exercises what `run` alone would not (the backward)
     verified: bool = False  # ran once without error
+    eager: bool = False  # the backend failed for these inputs: `run` is the graph run eagerly
 
 
 class CompiledGraph:
-    def __init__(self, gm: fx.GraphModule, example_inputs, mode="default", dynamic_dims=None, guarded=False):
-        self.gm, self.mode, self.dynamic_dims = gm, mode, dynamic_dims
+    def __init__(self, gm: fx.GraphModule, example_inputs, mode="default", dynamic_dims=None, guarded=False,
+                 name="a graph"):
+        self.gm, self.mode, self.dynamic_dims, self.name = gm, mode, dynamic_dims, name
         # guarded: the caller's guards fix every input's shape, stride, dtype, device and
         # requires_grad, and the grad mode (no dynamic dims); after one verified call the
         # specialization lookup is skipped
@@ -169,9 +172,8 @@ class CompiledGraph:
         try:
             spec = self._build(inputs)
         except Exception as e:  # any backend failure costs speed, never correctness
-            warnings.warn(f"fuselens backend: {type(e).__name__}: {e}; running this graph eagerly", FuselensWarning,
-                          stacklevel=3)
-            spec = _Specialization(self._eager, verified=True)
+            fall_back("the backend", self.name, e)
+            spec = self._eager_spec()
         if len(self._specializations) >= SPECIALIZATION_LIMIT:
             self._specializations.pop(next(iter(self._specializations)))
         self._specializations[key] = spec
@@ -200,33 +202,48 @@ class CompiledGraph:
         return spec
 
     def __call__(self, *inputs):
-        fast = self._fast
-        if fast is not None:
-            return fast(*inputs)
-        if not uses_triton(inputs):
-            return self._eager(*inputs)
-        spec = self._specialize(list(inputs))
+        if self._fast is not None:
+            try:
+                return self._fast(*inputs)
+            except Exception as e:
+                cause = e
+        else:
+            if not uses_triton(inputs):
+                return self._eager(*inputs)
+            spec = self._specialize(list(inputs))
+            if spec.eager:
+                return self._eager(*inputs)
+            try:
+                return self._run(spec, inputs)
+            except Exception as e:  # e.g. a kernel that Triton fails to compile
+                cause = e
+        # the graph is pure and its outputs not yet used: its eager run is the only one whose
+        # results count, and tells a user's error (raised as is) from ours (warned about once)
+        out = fall_back("the backend", self.name, cause, lambda: self._eager(*inputs))
+        self._fast = None
+        self._specializations[_key(list(inputs))] = self._eager_spec()
+        return out
+
+    def _run(self, spec, inputs):
         if spec.verified:
             if self.guarded and len(self._specializations) == 1:
                 run = spec.run
                 # a program that draws no seed: its generated wrapper itself
                 self._fast = run.call if isinstance(run, Program) and not run.has_seed else run
             return spec.run(*inputs)
-        try:
-            if spec.check is not None:
-                spec.check(*inputs)
-            out = spec.run(*inputs)
-        except Exception as e:  # e.g. a kernel that Triton fails to compile
-            warnings.warn(f"fuselens backend: {type(e).__name__}: {e}; running this graph eagerly", FuselensWarning,
-                          stacklevel=2)
-            spec.run = self._eager
-            return self._eager(*inputs)
+        if spec.check is not None:
+            spec.check(*inputs)
+        out = spec.run(*inputs)
         spec.verified = True
         return out
 
+    def _eager_spec(self):
+        return _Specialization(self._eager, verified=True, eager=True)
+
 
 def compile_graph(gm: fx.GraphModule, example_inputs, *, mode="default", dynamic_dims=None,
-                  guarded=False) -> CompiledGraph:
+                  guarded=False, name="a graph") -> CompiledGraph:
     """`guarded=True`: the caller checks every input's layout and the grad mode before each call
-    (capture's guards do), so one specialization serves every call (a faster call path)."""
-    return CompiledGraph(gm, example_inputs, mode, dynamic_dims, guarded)
+    (capture's guards do), so one specialization serves every call (a faster call path). `name`:
+    how a warning names the graph. Never raises: where the backend fails, the graph runs eagerly."""
+    return CompiledGraph(gm, example_inputs, mode, dynamic_dims, guarded, name)

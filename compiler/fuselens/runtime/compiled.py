@@ -1,5 +1,5 @@
 """The runtime: a cache of captured entries per function, guard checks, recompiles, dynamic
-dims after a size change, and the eager fallback that keeps a user's program correct."""
+dims after a size change, and the eager fallback (errors.fall_back) when capture fails."""
 from __future__ import annotations
 
 import contextlib
@@ -8,27 +8,18 @@ import logging
 import sys
 import threading
 import types
-import warnings
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn as nn
 
 from ..capture import breaks as B
 from ..capture.capture import Capture, GraphInfo, capture
 from ..capture.source import FunctionSource, NoSourceError, build_function, function_source
+from .errors import FuselensWarning, InternalError, fall_back, warn  # noqa: F401  (FuselensWarning: its old home)
 
 RECOMPILE_LIMIT = 8
 _LOG_CAPTURE = logging.getLogger("fuselens.capture")
 _LOG_RUNTIME = logging.getLogger("fuselens.runtime")
-
-
-class FuselensWarning(UserWarning):
-    pass
-
-
-def warn(msg: str) -> None:
-    warnings.warn(f"fuselens: {msg}", FuselensWarning, stacklevel=3)
 
 
 # -- graphs ------------------------------------------------------------------------------------
@@ -78,14 +69,11 @@ class GraphCall:
 
     def _compile(self, inputs):
         from . import backend
-        try:
-            # capture's guards fix every graph input's layout and the grad mode
-            return backend.compile_graph(self.info.gm, list(inputs), mode=self.mode,
-                                         dynamic_dims=self.dynamic_dims, guarded=True)
-        except Exception as e:  # the backend must never cost correctness
-            warn(f"backend failed on {self.info.function} ({type(e).__name__}: {e}); "
-                 "running this graph eagerly")
-            return _EagerGraph(self.info.gm)
+        # capture's guards fix every graph input's layout and the grad mode; the backend runs
+        # the graph eagerly where it fails (errors.fall_back), so this never raises
+        return backend.compile_graph(self.info.gm, list(inputs), mode=self.mode,
+                                     dynamic_dims=self.dynamic_dims, guarded=True,
+                                     name=f"{self.info.name} of {self.info.function}")
 
     @property
     def kernels(self):
@@ -94,16 +82,6 @@ class GraphCall:
     @property
     def wrapper_source(self):
         return getattr(self.compiled, "wrapper_source", None)
-
-
-class _EagerGraph:
-    def __init__(self, gm):
-        self.gm = gm
-        self.kernels = []
-        self.wrapper_source = None
-
-    def __call__(self, *inputs):
-        return self.gm(*inputs)
 
 
 # -- cache entries ---------------------------------------------------------------------------------
@@ -163,18 +141,6 @@ def _log(entry):
         log.append(entry)
 
 
-def _tensor_versions(args, kwargs) -> list:
-    """(tensor, version counter) of each tensor a call can write in place: its arguments and the
-    parameters and buffers of modules among them (`self`)."""
-    tensors = []
-    for a in torch.utils._pytree.tree_leaves((args, kwargs)):
-        if isinstance(a, torch.Tensor):
-            tensors.append(a)
-        elif isinstance(a, nn.Module):
-            tensors += [*a.parameters(), *a.buffers()]
-    return [(t, t._version) for t in tensors if not t.is_inference()]
-
-
 # -- compiled functions --------------------------------------------------------------------------------
 class CompiledFunction:
     """What `fuselens.compile(fn)` returns: call it as the function."""
@@ -222,8 +188,12 @@ class CompiledFunction:
     @functools.cached_property
     def _eager_generated(self):
         """A resume function run as plain Python (its eager form)."""
-        return build_function(self._fs.source_text, self._fs.name, self._fs.globals,
-                               dict(self._fs.closure))
+        try:
+            return build_function(self._fs.source_text, self._fs.name, self._fs.globals,
+                                  dict(self._fs.closure))
+        except Exception as e:  # the code before this resume has run: nothing can replace it
+            raise InternalError(f"fuselens: no eager form of {self._fs.qualname}: "
+                                f"{type(e).__name__}: {e}") from e
 
     def _source(self) -> FunctionSource:
         if self._fs is None:
@@ -241,8 +211,9 @@ class CompiledFunction:
         try:
             fs = self._source()
         except NoSourceError as e:
-            self.disabled = str(e)
-            warn(f"cannot compile {self._name()}: {e}. Running it eagerly.")
+            fs, self.disabled = None, str(e)
+        if fs is None:  # outside the `except`: the user's error must not come chained to ours
+            warn(f"cannot compile {self._name()}: {self.disabled}. Running it eagerly.")
             return self._eager(args, kwargs)
         self._mark_dynamic(args, kwargs)
         try:
@@ -250,11 +221,14 @@ class CompiledFunction:
         except B.GraphBreakError:
             raise
         except Exception as e:
-            try:  # eager raises too (a failing assert, a shape error): the user's error
-                out = self._eager(args, kwargs)
-            except Exception:
-                raise
-            return self._internal_error("capture", e, None, None, out=out)
+            cause = e
+        else:
+            cause = None
+        if cause is not None:
+            # capture ran none of this call's user statements: eager is the call's only run
+            out = fall_back("capture", self._name(), cause, lambda: self._eager(args, kwargs))
+            self.disabled = f"internal error in capture: {type(cause).__name__}: {cause}"
+            return out
         self.entries.append(entry)
         _log(entry)
         _LOG_CAPTURE.debug("%s: entry %d\nguards:\n  %s\n%s%s", entry.function, len(self.entries),
@@ -263,29 +237,10 @@ class CompiledFunction:
         if len(self.entries) > 1:
             _LOG_RUNTIME.debug("%s: recompiled (%d entries); dynamic dims: %s", entry.function,
                                len(self.entries), self.dynamic or "none")
-        versions = _tensor_versions(args, kwargs)
-        try:
-            return entry.fn(*args, **kwargs)
-        except Exception as e:
-            # Was it the user's error (eager raises too) or ours? Eager can tell only if the
-            # compiled run wrote into no input (a re-run would start from the written values)
-            if any(t._version != v for t, v in versions):
-                e.add_note("fuselens: raised by the compiled function after it wrote into an input in "
-                           "place, so not re-checked eagerly; if eager does not raise it, please report it")
-                raise
-            try:
-                out = self._eager(args, kwargs)
-            except Exception:
-                raise e from None
-            self.entries.remove(entry)
-            return self._internal_error("running the compiled code", e, None, None, out=out)
-
-    def _internal_error(self, stage, e, args, kwargs, out=None):
-        self.disabled = f"internal error in {stage}: {type(e).__name__}: {e}"
-        warn(f"{self._name()}: {self.disabled}. Running it eagerly.")
-        if args is None:
-            return out
-        return self._eager(args, kwargs)
+        # Not re-checked eagerly if it raises: the breaking statements run here are the user's
+        # own, once; graphs (errors.fall_back in the backend) and resume functions (their own
+        # _miss) turn fuselens's errors into eager runs before anything they did is visible
+        return entry.fn(*args, **kwargs)
 
     def _name(self):
         return getattr(self, "__qualname__", None) or repr(self._fn)

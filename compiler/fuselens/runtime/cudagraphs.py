@@ -14,7 +14,7 @@ import weakref
 import torch
 import torch.nn as nn
 
-from .compiled import warn
+from .errors import warn
 
 _LOG_RUNTIME = logging.getLogger("fuselens.runtime")
 
