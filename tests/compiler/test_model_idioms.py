@@ -123,3 +123,33 @@ class Decorated(torch.nn.Module):
 
 def test_decorated_forward_is_captured_through_its_wrapper():
     check(Decorated(), torch.randn(2, 3), graphs=1, breaks=[])
+
+
+class _Base:
+    def get(self, k, d=None):
+        return d
+
+
+class _Registry(_Base):
+    """transformers' `_CanRecordRegistry.get`: `super().get(...)` in a helper class."""
+
+    def get_interface(self, k, d):
+        return super().get(k, d)
+
+
+_REG = _Registry()
+
+
+class _Scaled(torch.nn.Linear):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+def act_from_registry(x):
+    act = _REG.get_interface("gelu", torch.relu)
+    return act(x) * 2
+
+
+def test_zero_argument_super():
+    check(act_from_registry, torch.randn(3), graphs=1, breaks=[])
+    check(_Scaled(3, 3), torch.randn(2, 3), graphs=1, breaks=[])

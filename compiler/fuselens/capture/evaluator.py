@@ -1753,7 +1753,17 @@ def _b_type(ev, args, kwargs, e, scope):
 
 
 def _b_super(ev, args, kwargs, e, scope):
-    ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="super()")
+    """`super()` in an inlined method: the class from its `__class__` cell, the instance from its
+    first parameter (what Python's zero-argument form reads from the frame)."""
+    if not args:
+        fs = scope.fs
+        params = fs.params.posonlyargs + fs.params.args
+        if "__class__" not in fs.closure or not params:
+            ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="super() outside a method")
+        args = [fs.closure["__class__"], scope.vars.get(params[0].arg)]
+    if any(isinstance(a, (TensorVar, Unknown)) for a in args):
+        ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="super() of a tensor")
+    return super(*args)
 
 
 def _b_iter_next(ev, args, kwargs, e, scope):
