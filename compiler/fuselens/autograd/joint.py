@@ -87,6 +87,9 @@ def build_joint(fw: fx.Graph, requires_grad: list[bool], device) -> JointGraph:
             args = map_aggregate(n.args, lambda a: env[a] if isinstance(a, fx.Node) else a)
             kwargs = map_aggregate(dict(n.kwargs), lambda a: env[a] if isinstance(a, fx.Node) else a)
             with b.at(n.meta.get("loc")):
+                if p is prim.call_torch:  # differentiated only where a gradient is needed
+                    kwargs = {**kwargs, "needs": tuple(isinstance(a, fx.Node) and needs.get(a, False)
+                                                       for a in n.args[1])}
                 arg_grads = p.vjp(g, env[n], *args, **kwargs)
                 for a_node, a_val, ga in zip(n.args, args, arg_grads):
                     if isinstance(a_node, (list, tuple)):  # cat: one gradient per listed tensor

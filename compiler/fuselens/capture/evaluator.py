@@ -1458,10 +1458,12 @@ class Evaluator:
                 if new.meta.dtype != tvs[k].meta.dtype:  # in-place results keep the tensor's dtype
                     new = self.op(torch.Tensor.to, [new, tvs[k].meta.dtype], {}, e, scope)
                 news[k] = new
+        fresh = []  # tensors of the result that are no argument (BatchNorm's output)
         if not news:  # any other write: the call itself, run on copies of what it writes
             written = eff.written
             out = self.g.call(E.OnCopies(fn, tuple(written)), args, kwargs, loc)
             news = dict(zip(written, out))
+            fresh = list(out[len(written):])
         for k, new in news.items():
             t = tvs[k]
             if not self.grad_enabled and t.meta.requires_grad:
@@ -1472,14 +1474,16 @@ class Evaluator:
                 new = self.g.call(operator.add, [t, delta], {}, loc)
                 new.meta.requires_grad_(True)
             self.rebind(t, new, scope, e)
-        results = [self.latest(tvs[k]) if k is not None else None for k in eff.returns_arg]
-        if None in results:
+        if len(fresh) != eff.returns_arg.count(None):
             self.brk(B.UNSUPPORTED_OP, e, scope, whole_stmt=True,
                      detail=f"`{_name_of(fn)}` writes into an argument and returns a new tensor")
-        if not results:
-            return None
-        return results[0] if len(results) == 1 and not isinstance(eff.result, (tuple, list)) \
-            else type(eff.result)(results) if type(eff.result) in (tuple, list) else tuple(results)
+        fresh = iter(fresh)
+        results = [self.latest(tvs[k]) if k is not None else next(fresh) for k in eff.returns_arg]
+        if isinstance(eff.result, torch.Tensor):
+            return results[0]
+        if isinstance(eff.result, (tuple, list)) and len(results) == len(eff.result):
+            return type(eff.result)(results)  # a tuple, list or named tuple (torch.return_types)
+        return None
 
     def fill_args(self, form, tvs):
         """A functional form's (args, kwargs), its argument placeholders filled with TensorVars."""

@@ -65,9 +65,10 @@ class Effects:
         """(functional OpOverload, args, kwargs, written arg) reproducing a call that is one ATen
         operator writing one whole argument: args hold `Arg(i)` where the stand-in of tensor
         argument i was passed. None when the call is anything else."""
-        if len(self.trace) != 1 or len(self.writes) != 1 or not self.writes[0].whole:
+        computing = [c for c in self.trace if not _only_aliases(c[0])]  # autograd's detach...
+        if len(computing) != 1 or len(self.writes) != 1 or not self.writes[0].whole:
             return None
-        op, args, kwargs = self.trace[0]
+        op, args, kwargs = computing[0]
         functional = functional_overload(op)
         if functional is None:
             return None
@@ -243,7 +244,9 @@ def run(fn, args, kwargs, tensors: list[torch.Tensor]):
     eff = Effects(trace=rec.calls, stand_ins=list(tensors), result=result)
     storages = [_storage_key(t) for t in tensors]
     for op, a, k in rec.calls:
-        schema = op._schema
+        schema = _WRITES_ANNOTATED.get(op, op)._schema
+        if op in _WRITES_ANNOTATED and not _bind(schema, a, k)[5]:
+            continue  # native_batch_norm writes its running statistics only when training
         for arg, val in zip(schema.arguments, _bind(schema, a, k)):
             if arg.alias_info is None or not arg.alias_info.is_write:
                 continue
@@ -262,6 +265,17 @@ def run(fn, args, kwargs, tensors: list[torch.Tensor]):
         key = _storage_key(r)
         eff.aliases.append(next((i for i, s in enumerate(storages) if s == key), None))
     return result, eff
+
+
+# ATen operators whose schema leaves out what they write, with the operator of the same
+# arguments whose schema says it (PyTorch's own functionalization treats them the same way)
+_WRITES_ANNOTATED = {torch.ops.aten.native_batch_norm.default: torch.ops.aten._native_batch_norm_legit.default}
+
+
+def _only_aliases(op) -> bool:
+    """An operator that computes nothing: every result aliases an argument (`detach`, views)."""
+    rets = op._schema.returns
+    return bool(rets) and all(r.alias_info is not None and not r.alias_info.is_write for r in rets)
 
 
 def _bind(schema, args, kwargs):
@@ -331,8 +345,9 @@ def _check_overlap(op, written, args, kwargs):
 class OnCopies:
     """`fn(*args, **kwargs)` run on copies of the tensor arguments it writes (their indices among
     its distinct tensor arguments, in argument order): returns the copies, now the written
-    values. The graph form of a write that has no functional ATen overload (`index_put_` through
-    a view, `F.dropout(inplace=True)`, an `out=` that resizes)."""
+    values, then the tensors of its result that are none of them. The graph form of a write that
+    has no functional ATen overload (`F.dropout(inplace=True)`, BatchNorm's running statistics,
+    an `out=` that resizes)."""
 
     def __init__(self, fn, written: tuple):
         self.fn, self.written = fn, written
@@ -351,8 +366,9 @@ class OnCopies:
             if isinstance(v, (list, tuple)):
                 return type(v)(sub(x) for x in v)
             return v
-        self.fn(*[sub(a) for a in args], **{k: sub(v) for k, v in kwargs.items()})
-        return tuple(copies[id(distinct[i])] for i in self.written)
+        result = self.fn(*[sub(a) for a in args], **{k: sub(v) for k, v in kwargs.items()})
+        written = tuple(copies[id(distinct[i])] for i in self.written)
+        return written + tuple(t for t in _flat_tensors(result) if not any(t is w for w in written))
 
     def __repr__(self):
         return self.__name__

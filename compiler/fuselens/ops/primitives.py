@@ -182,18 +182,18 @@ def _call_torch(fn, args, kwargs):
     return fn(*args, **kwargs)
 
 
-def _call_torch_vjp(fn, args, kwargs, grads):
-    """Backward of an arbitrary torch call: recompute it under autograd and ask for the gradients."""
-    leaves = [a.detach().requires_grad_(True) if _differentiable(a) else a for a in args]
+def _call_torch_vjp(fn, args, kwargs, grads, needs=None):
+    """Backward of an arbitrary torch call: recompute it under autograd and ask for the gradients
+    of the arguments that need one (`needs`; None: every differentiable one)."""
+    marked = [_differentiable(a) and need for a, need in zip(args, needs or (True,) * len(args))]
+    leaves = [a.detach().requires_grad_(True) if m else a for a, m in zip(args, marked)]
     with torch.enable_grad():
         out = fn(*leaves, **kwargs)
     outs = [out] if isinstance(out, torch.Tensor) else list(out)
     pairs = [(o, g) for o, g in zip(outs, grads) if isinstance(o, torch.Tensor) and o.requires_grad]
-    wrt = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.requires_grad]
-    got = torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
-    got = iter(got)
-    return tuple(
-        (next(got) if _differentiable(a) else None) if isinstance(a, torch.Tensor) else None for a in args)
+    wrt = [leaf for leaf, m in zip(leaves, marked) if m]
+    got = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True))
+    return tuple(next(got) if m else None for m in marked)
 
 
 def _differentiable(a):

@@ -152,10 +152,12 @@ rule(prim.embedding)(lambda g, out, indices, weight, padding_idx:
 
 
 @rule(prim.call_torch)
-def _call_torch(g, out, fn, args, kwargs):
+def _call_torch(g, out, fn, args, kwargs, needs=None):
+    """`needs[i]`: argument i needs a gradient (BatchNorm's running stats do not, and torch
+    refuses to differentiate with respect to them)."""
     grads = g if isinstance(g, (tuple, list)) else (g,)
     zeros_for_missing = [gi if gi is not None else P.zeros_like(o) for gi, o in
                          zip(grads, out if isinstance(out, (tuple, list)) else (out,))]
     if any(isinstance(v, (list, tuple)) and any(isinstance(t, TVal) for t in v) for v in args):
         raise NotImplementedError(f"gradient of {fn} with tensors inside lists")
-    return None, list(emit(prim.call_torch_vjp, fn, args, kwargs, zeros_for_missing)), None
+    return None, list(emit(prim.call_torch_vjp, fn, args, kwargs, zeros_for_missing, needs)), None
