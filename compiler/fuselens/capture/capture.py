@@ -74,17 +74,15 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
         frame[name] = ev.wrap_external(v, src)
     graph_name = f"__fl_graph_{prefix}0"
     brk = None
-    writer = Writer(fs, sources, ev.mutated_inputs, prefix)
+    writer = Writer(fs, sources, ev.mutated_inputs, prefix, ev.effects, ev.latest)
     try:
         ret = ev.run(fs, frame)
         sig_text, consts = signature(fs.node.args, fs.defaults)
         sources.constants.update(consts)
         ret_expr = writer.mat.expr(ret)
-        body = [f"return {ret_expr}"]
-        text_head = f"def {fs.name}({sig_text}):"
-        call = _graph_call(graph_name, builder)
-        text = "\n".join([text_head] + (["    " + call] if builder.n_ops else [])
-                         + ["    " + b for b in body])
+        body = writer.after_graph(_graph_call(graph_name, builder) if builder.n_ops else None)
+        body = writer.mat.entry_lines() + body + [f"return {ret_expr}"]
+        text = "\n".join([f"def {fs.name}({sig_text}):"] + ["    " + b for b in body])
     except BreakSignal as sig:
         if fullgraph:
             raise B.GraphBreakError(sig.brk) from None
@@ -111,29 +109,8 @@ def _graph_call(name, builder) -> str:
 
 
 def _wrap_argument(ev: Evaluator, sources: Sources, src: str, v):
-    if isinstance(v, torch.Tensor):
-        return ev.input(v, src)
     sources.guard_argument(src, v, ev.dynamic)
-    if isinstance(v, (list, tuple)) and type(v) in (list, tuple):
-        items = [_wrap_argument_inner(ev, f"{src}[{i}]", x) for i, x in enumerate(v)]
-        return type(v)(items)
-    if isinstance(v, dict) and type(v) is dict:
-        return {k: _wrap_argument_inner(ev, f"{src}[{k!r}]", x) for k, x in v.items()}
-    if not isinstance(v, (int, float, str, bool, type(None))):
-        ev.value_sources[id(v)] = src
-    return v
-
-
-def _wrap_argument_inner(ev, src, v):
-    if isinstance(v, torch.Tensor):
-        return ev.input(v, src)
-    if isinstance(v, (list, tuple)) and type(v) in (list, tuple):
-        return type(v)(_wrap_argument_inner(ev, f"{src}[{i}]", x) for i, x in enumerate(v))
-    if isinstance(v, dict) and type(v) is dict:
-        return {k: _wrap_argument_inner(ev, f"{src}[{k!r}]", x) for k, x in v.items()}
-    if not isinstance(v, (int, float, str, bool, type(None))):
-        ev.value_sources[id(v)] = src
-    return v
+    return ev.wrap_external(v, src)
 
 
 def _guard_source(fs: FunctionSource, sources: Sources) -> str:

@@ -1,0 +1,137 @@
+"""Python side effects of captured code, replayed exactly once.
+
+Capture never mutates a real object. A list, dict or set reached from outside the function
+(an argument, a global, an attribute, a closure) is *modelled*: the evaluator works on a copy
+(one per real object, so aliasing is kept) whose items are wrapped like any external value.
+Every mutation of a container during capture (a method that changed it, an item assignment,
+a `del`) is logged with the container's previous contents:
+
+- the log of mutations of modelled containers is replayed by the transformed function on
+  the real objects, in order, right after the graph call that precedes them (their
+  arguments materialized there: graph outputs, sizes of this call, constants);
+- the previous contents undo the mutations of a statement that is rolled back out of the
+  graph (it then runs in Python and makes them itself), for the function's own containers
+  too.
+
+A container the function creates needs no replay: where it escapes (stored into a modelled
+container, returned, passed across a break) it is materialized with its contents."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MUTABLE = (list, dict, set)
+
+
+@dataclass(eq=False)
+class Mutation:
+    obj: object        # the container that changed (a model or one of the function's own)
+    name: str          # the method: `append`, `__setitem__`, `__delitem__`...
+    args: tuple
+    kwargs: dict
+    before: object     # its contents before, to undo
+
+
+class SideEffects:
+    def __init__(self):
+        self._models: dict[int, tuple] = {}    # id(real) -> (real, model)
+        self._sources: dict[int, tuple] = {}   # id(model) -> (model, source of the real)
+        self.log: list[Mutation] = []
+
+    # -- models ------------------------------------------------------------------------------
+    def model(self, real, src, wrap_item):
+        """The capture's copy of the external container `real` (found at `src`), its items
+        wrapped by `wrap_item(value, source)`; the same copy each time `real` is reached."""
+        hit = self._models.get(id(real))
+        if hit is not None:
+            return hit[1]
+        m = type(real)()
+        self._models[id(real)] = (real, m)  # before the items: a container may hold itself
+        self._sources[id(m)] = (m, src)
+        if isinstance(real, list):
+            m.extend(wrap_item(x, _item(src, i)) for i, x in enumerate(real))
+        elif isinstance(real, dict):
+            for k, x in real.items():
+                m[k] = wrap_item(x, _item(src, k))
+        else:
+            m.update(real)
+        return m
+
+    def source(self, obj) -> str | None:
+        """Where the real object of model `obj` is found (None: not a model)."""
+        hit = self._sources.get(id(obj))
+        return hit[1] if hit is not None and hit[0] is obj else None
+
+    def real(self, obj):
+        """The real object of model `obj` (None: not a model)."""
+        for real, m in self._models.values():
+            if m is obj:
+                return real
+        return None
+
+    # -- mutations ---------------------------------------------------------------------------
+    def call(self, obj, name: str, args, kwargs):
+        """`obj.name(*args, **kwargs)` on one of the capture's containers, logged if it
+        changed `obj`."""
+        before = contents(obj)
+        r = getattr(obj, name)(*args, **kwargs)
+        if changed(obj, before):
+            self.log.append(Mutation(obj, name, tuple(_stored_or_copy(obj, before, a) for a in args),
+                                     {k: _stored_or_copy(obj, before, a) for k, a in kwargs.items()},
+                                     before))
+        return r
+
+    def mark(self) -> int:
+        return len(self.log)
+
+    def rollback(self, mark: int) -> None:
+        """Undo the mutations logged since `mark` (newest first)."""
+        while len(self.log) > mark:
+            m = self.log.pop()
+            _restore(m.obj, m.before)
+
+    def replays(self) -> list[Mutation]:
+        """The mutations of modelled containers: the transformed function makes them."""
+        return [m for m in self.log if self.source(m.obj) is not None]
+
+
+def _item(src, key):
+    return None if src is None else f"{src}[{key!r}]"
+
+
+def contents(obj):
+    """A container's items (pairs for a dict), to tell whether a call changed it."""
+    if isinstance(obj, dict):
+        return list(obj.items())
+    return list(obj) if isinstance(obj, list) else set(obj)
+
+
+def changed(obj, before) -> bool:
+    now = contents(obj)
+    if isinstance(obj, set):
+        return now != before
+    if len(now) != len(before):
+        return True
+    if isinstance(obj, dict):
+        return any(a[0] is not b[0] and a[0] != b[0] or a[1] is not b[1] for a, b in zip(now, before))
+    return any(a is not b for a, b in zip(now, before))
+
+
+def _restore(obj, before):
+    obj.clear()
+    if isinstance(obj, list):
+        obj.extend(before)
+    else:
+        obj.update(before)
+
+
+def _stored_or_copy(obj, before, a):
+    """A container argument the mutation stored (`log.append(items)`) is replayed as that
+    object, with its contents where it is materialized; one it only read (`log.extend(items)`)
+    as a copy of its contents now: a later change of it must not reach the replay."""
+    if not isinstance(a, MUTABLE):
+        return a
+    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, list) else ()
+    old = (v for _, v in before) if isinstance(obj, dict) else before if isinstance(obj, list) else ()
+    if sum(v is a for v in values) > sum(v is a for v in old):
+        return a
+    return type(a)(a)
