@@ -181,7 +181,9 @@ def _placeholder_name(source: str, i: int) -> str:
     import re
     s = re.sub(r"[^0-9a-zA-Z_]+", "_", source).strip("_")
     s = re.sub(r"^(__fl_G_|L_)", "", s)
-    return (s or f"in{i}")[:40]
+    # a placeholder's name is its argument's name in the graph's code: a shortened one keeps
+    # the input's number, or two long sources with one prefix would clash
+    return (s[:32] + f"_{i}" if len(s) > 40 else s) or f"in{i}"
 
 
 def _name(target) -> str:
