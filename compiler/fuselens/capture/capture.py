@@ -96,6 +96,7 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
         graph = GraphInfo(gm, [s for s, _ in builder.inputs], writeback, fs.qualname,
                           sorted(l for l in builder.lines if l[0] == fs.filename) or sorted(builder.lines),
                           builder.n_ops, graph_name)
+    ev.effects.guard_distinct()
     helpers = "\n\n".join(src for _, src, _ in writer.helper_sources())
     source = text + ("\n\n\n" + helpers if helpers else "")
     guard_src = _guard_source(fs, sources)

@@ -32,10 +32,24 @@ class Mutation:
 
 
 class SideEffects:
-    def __init__(self):
+    def __init__(self, sources=None):
+        self.sources = sources                  # capture.Sources (None: abstract domain)
         self._models: dict[int, tuple] = {}    # id(real) -> (real, model)
-        self._sources: dict[int, tuple] = {}   # id(model) -> (model, source of the real)
+        self._sources: dict[int, tuple] = {}   # id(model) -> (model, source, real object)
         self.log: list[Mutation] = []
+        self._observed: set[int] = set()
+
+    def observe(self, v) -> None:
+        """The capture reads the contents of `v`: if `v` is a model, what was read must hold
+        on the next call, so the real object's contents on entry are guarded (an argument's
+        are already; a global log only appended to needs none, and keeps one cache entry)."""
+        if self.sources is None or id(v) in self._observed:
+            return
+        src = self.source(v)
+        if src is None:
+            return
+        self._observed.add(id(v))
+        self.sources.guard_argument(src, self.real(v), {})
 
     # -- models ------------------------------------------------------------------------------
     def model(self, real, src, wrap_item):
@@ -43,10 +57,14 @@ class SideEffects:
         wrapped by `wrap_item(value, source)`; the same copy each time `real` is reached."""
         hit = self._models.get(id(real))
         if hit is not None:
+            first = self.source(hit[1])
+            if self.sources is not None and first is not None and src is not None and src != first:
+                # one object by two names: mutations through either reach both
+                self.sources.guard(f"{src} is {first}", f"{src} is the same object as {first}")
             return hit[1]
         m = type(real)()
         self._models[id(real)] = (real, m)  # before the items: a container may hold itself
-        self._sources[id(m)] = (m, src)
+        self._sources[id(m)] = (m, src, real)
         if isinstance(real, list):
             m.extend(wrap_item(x, _item(src, i)) for i, x in enumerate(real))
         elif isinstance(real, dict):
@@ -63,10 +81,8 @@ class SideEffects:
 
     def real(self, obj):
         """The real object of model `obj` (None: not a model)."""
-        for real, m in self._models.values():
-            if m is obj:
-                return real
-        return None
+        hit = self._sources.get(id(obj))
+        return hit[2] if hit is not None and hit[0] is obj else None
 
     # -- mutations ---------------------------------------------------------------------------
     def call(self, obj, name: str, args, kwargs):
@@ -88,6 +104,16 @@ class SideEffects:
         while len(self.log) > mark:
             m = self.log.pop()
             _restore(m.obj, m.before)
+
+    def guard_distinct(self) -> None:
+        """Containers mutated here were distinct objects: the model of one does not see the
+        other's mutations, so they must stay distinct."""
+        mutated = {id(m.obj): m.obj for m in self.replays()}
+        pairs = {tuple(sorted((self.source(m), src))) for m in mutated.values()
+                 for other, src, _ in self._sources.values()
+                 if other is not m and type(other) is type(m) and src is not None}
+        for a, b in sorted(pairs):
+            self.sources.guard(f"{a} is not {b}", f"{a} is not the same object as {b}")
 
     def replays(self) -> list[Mutation]:
         """The mutations of modelled containers: the transformed function makes them."""

@@ -126,7 +126,7 @@ class Evaluator:
         self.value_sources: dict[int, str] = {}   # id(object) -> source expression
         self.mutated_inputs: dict[str, TensorVar] = {}  # input source -> its latest value
         self._newer: dict[int, tuple] = {}  # id(TensorVar) -> (it, its value after an in-place op)
-        self.effects = SideEffects()    # containers from outside are modelled, mutations replayed
+        self.effects = SideEffects(sources)  # containers from outside are modelled, mutations replayed
 
     # ===================================================================== functions
     def run(self, fs: FunctionSource, bound: dict) -> object:
@@ -394,6 +394,7 @@ class Evaluator:
                 continue
             obj = self.eval(t.value, scope) if isinstance(t, ast.Subscript) else None
             if type(obj) in (list, dict):
+                self.effects.observe(obj)
                 self.effects.call(obj, "__delitem__", [self.container_key(t.slice, scope)], {})
             elif isinstance(obj, Unknown):
                 pass
@@ -579,6 +580,8 @@ class Evaluator:
                 self.rebind(obj, new, scope, target)
             elif type(obj) in (list, dict):
                 idx = self.specialize(idx, target, scope) if isinstance(idx, SymInt) else idx
+                if isinstance(obj, list):  # the index must be in range on the next call too
+                    self.effects.observe(obj)
                 self.effects.call(obj, "__setitem__", [idx, v], {})
             elif isinstance(obj, Unknown):
                 pass
@@ -900,6 +903,7 @@ class Evaluator:
             return v
         if isinstance(idx, TensorVar):
             self.brk(B.TENSOR_TO_PY, e, scope, detail="indexing a Python container with a tensor")
+        self.effects.observe(obj)
         return obj[idx]
 
     def _ex_Slice(self, e, scope):
@@ -928,7 +932,7 @@ class Evaluator:
         d = {}
         for k, v in zip(e.keys, e.values):
             if k is None:
-                d.update(self.eval(v, scope))
+                d.update(self.observed(self.eval(v, scope)))
             else:
                 d[self.eval(k, scope)] = self.eval(v, scope)
         return d
@@ -952,6 +956,7 @@ class Evaluator:
             v = self.specialize(v, e, scope)
         if isinstance(v, SymShape):  # the text holds this call's sizes
             v = torch.Size([self.specialize(d, e, scope) if isinstance(d, SymInt) else d for d in v])
+        self.effects.observe(v)
         conv = {115: str, 114: repr, 97: ascii}.get(e.conversion, lambda x: x)
         spec = self.eval(e.format_spec, scope) if e.format_spec is not None else ""
         return format(conv(v), spec)
@@ -1011,7 +1016,7 @@ class Evaluator:
         if isinstance(a, (list, tuple)) and contains_tensor(a) and op == "Mult":
             return a * b
         self.require_foldable([a, b], e, scope)
-        return fn(a, b)
+        return fn(self.observed(a), self.observed(b))
 
     def _ex_Compare(self, e, scope):
         left = self.eval(e.left, scope)
@@ -1040,7 +1045,7 @@ class Evaluator:
                 r = fn(spec(left), spec(right))
             else:
                 self.require_foldable([left, right], e, scope)
-                r = fn(left, right)
+                r = fn(self.observed(left), self.observed(right))
             if len(e.ops) == 1:
                 return r
             t = self.truth(r, e, scope, kind=B.DATA_IF)
@@ -1113,9 +1118,15 @@ class Evaluator:
             return UNKNOWN
         if isinstance(v, SymInt):
             return bool(self.specialize(v, node, scope))
-        return bool(v)
+        return bool(self.observed(v))
+
+    def observed(self, v):
+        """`v`, whose contents the capture reads (guarded if it is a model: effects.py)."""
+        self.effects.observe(v)
+        return v
 
     def iterate(self, v, node, scope, whole_stmt=False) -> list:
+        self.effects.observe(v)
         if isinstance(v, (list, tuple)):
             return list(v)
         if isinstance(v, _AbstractSeq):
@@ -1195,7 +1206,7 @@ class Evaluator:
             if k.arg is None:
                 if isinstance(v, Unknown):
                     return UNKNOWN
-                kwargs.update(v)
+                kwargs.update(self.observed(v))
             else:
                 kwargs[k.arg] = v
         return self.call(fn, args, kwargs, e, scope)
@@ -1262,6 +1273,8 @@ class Evaluator:
         if args and isinstance(args[0], SymInt) and isinstance(obj, list) and name in _INDEXED:
             args = [self.specialize(args[0], e, scope)] + list(args[1:])  # a position
         if type(obj) in MUTABLE:
+            if name not in _BLIND_WRITES and not (name == "__setitem__" and isinstance(obj, dict)):
+                self.effects.observe(obj)
             return self.effects.call(obj, name, args, kwargs)
         # a subclass (OrderedDict, defaultdict...) from outside, not modelled: run on a copy,
         # and a call that would change it runs in Python
@@ -1288,6 +1301,8 @@ class Evaluator:
             return UNKNOWN
         if fn not in (isinstance, type, id, callable, hasattr, getattr):
             self.require_foldable(vals, e, scope)
+            for v in vals:
+                self.effects.observe(v)
         if any(isinstance(a, TensorVar) for a in vals) or fn is sum and contains_tensor(vals):
             if fn in (int, float, bool, complex):
                 self.brk(B.TENSOR_TO_PY, e, scope, detail=f"{fn.__name__}() of a tensor")
@@ -1469,6 +1484,9 @@ class Evaluator:
 # -- helpers --------------------------------------------------------------------------------------
 from functools import partial as functools_partial  # noqa: E402
 
+# container methods whose effect and result do not depend on the contents: a model only
+# written this way needs no guard on them (a global log keeps one cache entry)
+_BLIND_WRITES = {"append", "extend", "insert", "add", "update", "clear", "discard"}
 _INDEXED = {"pop", "insert", "__getitem__", "__setitem__", "__delitem__"}  # list methods: arg 0
 _SYM_TEXT = {operator.add: " + ", operator.sub: " - ", operator.mul: " * ",
              operator.floordiv: " // ", operator.mod: " % ", operator.neg: "-", operator.pos: "+"}
@@ -1666,7 +1684,7 @@ def _b_len(ev, args, kwargs, e, scope):
         return ev.sizes(v)[0]
     if isinstance(v, (Unknown, _AbstractSeq)):
         return UNKNOWN
-    return len(v)
+    return len(ev.observed(v))
 
 
 def _b_range(ev, args, kwargs, e, scope):

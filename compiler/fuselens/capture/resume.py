@@ -78,8 +78,7 @@ class Materializer:
         """Binds the sources of `refs` (the first lines of the transformed function)."""
         if not self.refs:
             return []
-        return [f"{', '.join(self.refs.values())} = {', '.join(self.refs)}"
-                + ("," if len(self.refs) == 1 else "")]
+        return [f"{', '.join(self.refs.values())} = {', '.join(self.refs)}"]
 
     def replay_lines(self) -> list[str]:
         """The logged mutations of modelled containers, made on the real objects."""
