@@ -385,3 +385,109 @@ def test_aliased_then_distinct_arguments_recompile():
     b, c = [], []
     cf(X, b, c)
     assert b == [1] and c == [2]
+
+
+# -- attribute assignment on objects from outside -------------------------------------------------
+class Holder:
+    def __init__(self):
+        self.count = 0
+        self.items = []
+        self.t = None
+
+
+class WithProperty:
+    def __init__(self):
+        self.log = []
+
+    @property
+    def value(self):
+        return len(self.log)
+
+    @value.setter
+    def value(self, v):  # runs in Python (a break): it is more than a store
+        self.log.append(v)
+
+
+class Counting(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(3, 3)
+        self.calls = 0
+        self.cache = None
+
+    def forward(self, x):
+        self.calls += 1
+        self.cache = self.lin(x)
+        return self.cache * self.calls
+
+
+def attr_counter(x, o):
+    o.count += 1
+    return x * o.count
+
+
+def attr_tensor_read_back(x, o):
+    o.t = x * 2
+    return o.t + 1
+
+
+def attr_new_list_then_mutated(x, o):
+    o.items = [x.sum()]
+    o.items.append(1)
+    return x
+
+
+def attr_list_mutated(x, o):
+    o.items.append(x.shape[0])
+    return x
+
+
+def attr_around_break(x, o):
+    o.count = 5
+    v = x.sum().item()  # graph break
+    o.t = x * v
+    o.count = o.count + 1
+    return x
+
+
+def attr_property_setter(x, o):
+    o.value = 3
+    return x * o.value
+
+
+def attr_module(x, m):
+    return m(x)
+
+
+ATTR_CASES = {attr_counter: Holder, attr_tensor_read_back: Holder,
+              attr_new_list_then_mutated: Holder, attr_list_mutated: Holder,
+              attr_around_break: Holder, attr_property_setter: WithProperty,
+              attr_module: Counting}
+
+
+def _attrs(o):
+    return {k: v for k, v in vars(o).items() if not k.startswith("_")} | (
+        {"lin": [p.detach() for p in o.lin.parameters()]} if isinstance(o, torch.nn.Module) else {})
+
+
+@pytest.mark.parametrize("fn", list(ATTR_CASES), ids=lambda f: f.__name__)
+def test_attribute_assignment_happens_as_in_eager(fn):
+    make = ATTR_CASES[fn]
+    oe, oc = make(), make()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cf = fuselens.compile(fn)
+        for _ in range(3):
+            expected = fn(X.clone(), oe)
+            got = cf(X.clone(), oc)
+            assert_same(got.detach(), expected.detach())
+            assert_same(clone_tree(_attrs(oc)), clone_tree(_attrs(oe)))
+    assert not cf.disabled, cf.disabled
+    if fn not in (attr_counter, attr_module, attr_property_setter):  # these read an int
+        assert len(cf.entries) == 1, "a call on the same inputs recompiled"
+
+
+def test_attribute_assignment_is_not_a_graph_break():
+    ex = fuselens.explain(attr_tensor_read_back, X, Holder())
+    assert len(ex.graphs) == 1 and not ex.graph_breaks, str(ex)

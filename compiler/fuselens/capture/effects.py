@@ -13,6 +13,9 @@ a `del`) is logged with the container's previous contents:
   graph (it then runs in Python and makes them itself), for the function's own containers
   too.
 
+An attribute assignment on an object from outside (`self.count += 1`, `obj.cache = t`) is
+logged the same way: capture reads the assigned value back, the transformed function assigns.
+
 A container the function creates needs no replay: where it escapes (stored into a modelled
 container, returned, passed across a break) it is materialized with its contents."""
 from __future__ import annotations
@@ -38,6 +41,7 @@ class SideEffects:
         self._sources: dict[int, tuple] = {}   # id(model) -> (model, source, real object)
         self.log: list[Mutation] = []
         self._observed: set[int] = set()
+        self._attrs: dict[int, dict] = {}      # id(object) -> attributes assigned in capture
 
     def observe(self, v) -> None:
         """The capture reads the contents of `v`: if `v` is a model, what was read must hold
@@ -96,6 +100,22 @@ class SideEffects:
                                      before))
         return r
 
+    def setattr(self, obj, src, attr: str, v) -> None:
+        """`obj.attr = v` on an object from outside (at `src`): capture reads `v` back from
+        here, the transformed function makes the assignment."""
+        self._sources.setdefault(id(obj), (obj, src, obj))
+        assigned = self._attrs.setdefault(id(obj), {})
+        before = (attr in assigned, assigned.get(attr))
+        assigned[attr] = v
+        self.log.append(Mutation(obj, "__setattr__", (attr, v), {}, before))
+
+    def getattr(self, obj, attr: str):
+        """(True, value) if capture assigned `obj.attr`, else (False, None)."""
+        assigned = self._attrs.get(id(obj))
+        if assigned is None or attr not in assigned or self._sources[id(obj)][0] is not obj:
+            return False, None
+        return True, assigned[attr]
+
     def mark(self) -> int:
         return len(self.log)
 
@@ -103,7 +123,15 @@ class SideEffects:
         """Undo the mutations logged since `mark` (newest first)."""
         while len(self.log) > mark:
             m = self.log.pop()
-            _restore(m.obj, m.before)
+            if m.name == "__setattr__":
+                had, old = m.before
+                assigned = self._attrs[id(m.obj)]
+                if had:
+                    assigned[m.args[0]] = old
+                else:
+                    del assigned[m.args[0]]
+            else:
+                _restore(m.obj, m.before)
 
     def guard_distinct(self) -> None:
         """Containers mutated here were distinct objects: the model of one does not see the

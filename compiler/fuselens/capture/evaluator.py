@@ -592,6 +592,10 @@ class Evaluator:
             obj = self.eval(target.value, scope)
             if isinstance(obj, Unknown):
                 return
+            src = None if self.abstract else self.value_sources.get(id(obj))
+            if (src is not None or self.abstract) and _plain_setattr(obj, target.attr):
+                self.effects.setattr(obj, src, target.attr, v)
+                return
             self.brk(B.UNSUPPORTED_STMT, target, scope,
                      detail=f"attribute assignment `.{target.attr} = ...`", whole_stmt=True)
         elif isinstance(target, ast.Starred):
@@ -777,6 +781,9 @@ class Evaluator:
             return self.tensor_attr(obj, attr, e, scope)
         if isinstance(obj, _AbstractSeq):
             return UNKNOWN
+        assigned, v = self.effects.getattr(obj, attr)
+        if assigned:
+            return v
         if isinstance(obj, nn.Module):
             return self.module_attr(obj, attr, e, scope)
         try:
@@ -1510,6 +1517,20 @@ _FOLDABLE_ATOMS = (int, float, complex, bool, str, bytes, type(None), range, sli
                    Unknown, LocalFunction, BoundUserMethod, type(Ellipsis), types.MethodType)
 
 
+def _plain_setattr(obj, attr) -> bool:
+    """`obj.attr = v` only stores v (so capture can read it back): no `__setattr__` of the
+    object's own, no property or slot; for a module, not one of its parameters or submodules
+    (nn.Module.__setattr__ registers those)."""
+    cls = type(obj)
+    if isinstance(obj, (type, types.ModuleType, types.FunctionType, TensorVar, Unknown, *MUTABLE)):
+        return False
+    if cls.__setattr__ not in (object.__setattr__, nn.Module.__setattr__):
+        return False
+    if hasattr(inspect.getattr_static(cls, attr, None), "__set__"):
+        return False
+    return not isinstance(obj, nn.Module) or attr not in obj._parameters and attr not in obj._modules
+
+
 def _foldable(v) -> bool:
     if isinstance(v, _FOLDABLE_ATOMS):
         return True
@@ -1711,7 +1732,7 @@ def _b_hasattr(ev, args, kwargs, e, scope):
         return UNKNOWN
     if isinstance(obj, TensorVar):
         return hasattr(torch.Tensor, name) or name in C.META_ATTRS
-    return hasattr(obj, name)
+    return ev.effects.getattr(obj, name)[0] or hasattr(obj, name)
 
 
 def _b_minmax(fn):

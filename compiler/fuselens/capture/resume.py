@@ -86,7 +86,9 @@ class Materializer:
         for m in (self.effects.replays() if self.effects is not None else []):
             target = self.expr(m.obj)
             args = [self.expr(a) for a in m.args] + [f"{k}={self.expr(a)}" for k, a in m.kwargs.items()]
-            if m.name == "__setitem__":
+            if m.name == "__setattr__":
+                out.append(f"{target}.{m.args[0]} = {args[1]}")
+            elif m.name == "__setitem__":
                 out.append(f"{target}[{args[0]}] = {args[1]}")
             elif m.name == "__delitem__":
                 out.append(f"del {target}[{args[0]}]")
