@@ -65,9 +65,12 @@ class Materializer:
         self.effects = effects
         self.latest = latest             # a tensor's value after in-place ops on it
         self.refs: dict[str, str] = {}   # source -> name bound at entry
+        self._replays = None
 
     def source(self, src: str) -> str:
-        if src.isidentifier() or self.effects is None or not self.effects.replays():
+        if self._replays is None:  # materializing starts once capture has ended
+            self._replays = self.effects.replays() if self.effects is not None else []
+        if src.isidentifier() or not self._replays:
             return src
         name = self.refs.get(src)
         if name is None:
