@@ -491,3 +491,32 @@ def test_attribute_assignment_happens_as_in_eager(fn):
 def test_attribute_assignment_is_not_a_graph_break():
     ex = fuselens.explain(attr_tensor_read_back, X, Holder())
     assert len(ex.graphs) == 1 and not ex.graph_breaks, str(ex)
+
+
+def own_list_stored_then_mutated_after_break(x, log):
+    items = []
+    log.append(items)
+    v = x.sum().item()  # graph break: `items` lives on in the resume
+    items.append(v)
+    return log, items
+
+
+def own_dict_shared_across_break(x):
+    inner = {"a": x}
+    outer = [inner, inner]
+    v = x.sum().item()
+    inner["b"] = v
+    return outer
+
+
+@pytest.mark.parametrize("fn", [own_list_stored_then_mutated_after_break,
+                                own_dict_shared_across_break], ids=lambda f: f.__name__)
+def test_own_container_is_one_object_across_a_break(fn):
+    args = ([],) if fn is own_list_stored_then_mutated_after_break else ()
+    expected = fn(X.clone(), *clone_tree(args))
+    got = fuselens.compile(fn)(X.clone(), *clone_tree(args))
+    assert_same(got, expected)
+    if fn is own_list_stored_then_mutated_after_break:
+        assert got[0][0] is got[1]  # log[0] is items
+    else:
+        assert got[0] is got[1]

@@ -80,8 +80,8 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
         sig_text, consts = signature(fs.node.args, fs.defaults)
         sources.constants.update(consts)
         ret_expr = writer.mat.expr(ret)
-        body = writer.after_graph(_graph_call(graph_name, builder) if builder.n_ops else None)
-        body = writer.mat.entry_lines() + body + [f"return {ret_expr}"]
+        body = writer.finish(_graph_call(graph_name, builder) if builder.n_ops else None,
+                             writer.mat.replay_lines() + [f"return {ret_expr}"])
         text = "\n".join([f"def {fs.name}({sig_text}):"] + ["    " + b for b in body])
     except BreakSignal as sig:
         if fullgraph:

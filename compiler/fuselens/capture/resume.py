@@ -65,6 +65,10 @@ class Materializer:
         self.effects = effects
         self.latest = latest             # a tensor's value after in-place ops on it
         self.refs: dict[str, str] = {}   # source -> name bound at entry
+        # the function's own lists, dicts and sets, one name each: Python code (a replayed
+        # `log.append(items)`, a resume) gets the very object, as in eager
+        self.prelude: list[str] = []
+        self._own: dict[int, tuple] = {}
         self._replays = None
 
     def source(self, src: str) -> str:
@@ -134,12 +138,20 @@ class Materializer:
         if isinstance(v, tuple) and type(v) is tuple:
             inner = ", ".join(self.expr(x) for x in v)
             return f"({inner},)" if len(v) == 1 else f"({inner})"
-        if isinstance(v, list) and type(v) is list:
-            return "[" + ", ".join(self.expr(x) for x in v) + "]"
-        if isinstance(v, dict) and type(v) is dict:
-            return "{" + ", ".join(f"{self.expr(k)}: {self.expr(x)}" for k, x in v.items()) + "}"
-        if isinstance(v, set) and type(v) is set:
-            return "{" + ", ".join(self.expr(x) for x in v) + "}" if v else "set()"
+        if type(v) in (list, dict, set):
+            hit = self._own.get(id(v))
+            if hit is not None:
+                return hit[1]
+            name = f"__fl_m{len(self._own)}"
+            self._own[id(v)] = (v, name)
+            if type(v) is list:
+                text = "[" + ", ".join(self.expr(x) for x in v) + "]"
+            elif type(v) is dict:
+                text = "{" + ", ".join(f"{self.expr(k)}: {self.expr(x)}" for k, x in v.items()) + "}"
+            else:
+                text = "{" + ", ".join(self.expr(x) for x in v) + "}" if v else "set()"
+            self.prelude.append(f"{name} = {text}")
+            return name
         if isinstance(v, torch.Size):
             return f"torch.Size({list(v)!r})" if "torch" in () else self.sources.constant(v, "size")
         if _is_literal(v):
@@ -413,6 +425,7 @@ class Writer:
 
     def write(self, sig: BreakSignal, graph_call: str | None) -> str:
         frames = sig.frames  # innermost first
+        replay = self.mat.replay_lines()
         lines: list[str] = []
         sig_text, consts = signature(self.fs0.node.args, self.fs0.defaults)
         for k, v in consts.items():
@@ -433,18 +446,20 @@ class Writer:
             bind += [ast.unparse(d) for d in defs]
             bind += [f"{t} = {e}" for t, e in temps.items()]
             code = [ast.unparse(s) for s in stmts]
-            body = self.after_graph(graph_call) + bind + code
+            body = self.finish(graph_call, replay + bind + code)
         else:
-            body = self.write_inlined(frames, sig, graph_call)
-        body = self.mat.entry_lines() + body
+            body = self.finish(graph_call, replay + self.write_inlined(frames, sig))
         lines += ["    " + l for b in body for l in b.splitlines()]
         return "\n".join(lines)
 
-    def after_graph(self, graph_call) -> list[str]:
-        """The graph call, then the Python side effects of the code it captured."""
-        return ([graph_call] if graph_call else []) + self.mat.replay_lines()
+    def finish(self, graph_call, body) -> list[str]:
+        """The transformed function's body: sources bound on entry, the graph call, the
+        function's own containers that Python code receives, then `body` (which begins with
+        the replayed side effects). Call once everything is materialized."""
+        return (self.mat.entry_lines() + ([graph_call] if graph_call else [])
+                + self.mat.prelude + body)
 
-    def write_inlined(self, frames, sig: BreakSignal, graph_call) -> list[str]:
+    def write_inlined(self, frames, sig: BreakSignal) -> list[str]:
         """A break inside an inlined call. The breaking statement runs in a plain helper with
         the callee's variables; then ONE resume function continues: it calls a generated
         continuation of each inner frame (inlined when the resume is captured) and goes on
@@ -513,8 +528,7 @@ class Writer:
             inner_call = f"{name}({st}, {inn}[:-1], *{inn}[-1])"
         inner_lives = ", ".join("(" + "".join(e + ", " for e in l) + ")" for l in lives[:-1])
         call_break = f"{st} = {hname}({', '.join(h_args)})"
-        out = self.after_graph(graph_call)
-        out += _with_lines(call_break, frames[1:])
+        out = _with_lines(call_break, frames[1:])
         args = [st, f"({inner_lives}{',' if len(lives) == 2 else ''})"] + lives[-1]
         out.append(f"return {rname}({', '.join(args)})")
         return out
