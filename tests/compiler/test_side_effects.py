@@ -520,3 +520,29 @@ def test_own_container_is_one_object_across_a_break(fn):
         assert got[0][0] is got[1]  # log[0] is items
     else:
         assert got[0] is got[1]
+
+
+TABLE = {"scale": 2.0, "other": [1, 2, 3]}
+WORDS = ["a", "b", "c"]
+
+
+def reads_one_key(x):
+    return x * TABLE["scale"] + len(WORDS)
+
+
+def test_reads_of_a_global_are_guarded():
+    """A read of a modelled global guards what was read (the item, the length), so a change
+    of it recompiles; a change elsewhere does not."""
+    cf = fuselens.compile(reads_one_key)
+    try:
+        torch.testing.assert_close(cf(X), reads_one_key(X))
+        TABLE["other"] = [4]  # not read: same entry
+        torch.testing.assert_close(cf(X), reads_one_key(X))
+        assert len(cf.entries) == 1
+        TABLE["scale"] = 3.0
+        WORDS.append("d")
+        torch.testing.assert_close(cf(X), reads_one_key(X))
+        assert len(cf.entries) == 2
+    finally:
+        TABLE.update(scale=2.0, other=[1, 2, 3])
+        del WORDS[3:]

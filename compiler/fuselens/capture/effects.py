@@ -55,6 +55,30 @@ class SideEffects:
         self._observed.add(id(v))
         self.sources.guard_argument(src, self.real(v), {})
 
+    def observe_len(self, v) -> None:
+        """The capture reads `len(v)` (blind writes change it alike on every call)."""
+        src = self.source(v)
+        if self.sources is None or src is None or id(v) in self._observed:
+            return
+        real = self.real(v)
+        self.sources.guard(f"type({src}) is {type(real).__name__} and len({src}) == {len(real)}",
+                           f"{src}: {type(real).__name__} of length {len(real)}")
+
+    def observe_item(self, v, key) -> None:
+        """The capture reads `v[key]`: while `v` is as on entry, only that item is guarded
+        (a large global table read at one key keeps one guard)."""
+        src = self.source(v)
+        if self.sources is None or src is None or id(v) in self._observed:
+            return
+        real = self.real(v)
+        present = key in real if isinstance(real, dict) else \
+            type(key) is int and 0 <= key < len(real) if isinstance(real, list) else False
+        if not present or any(m.obj is v for m in self.log) or not _is_key(key):
+            self.observe(v)
+            return
+        self.sources.guard(f"type({src}) is {type(real).__name__}", f"{src} is a {type(real).__name__}")
+        self.sources.guard_argument(f"{src}[{key!r}]", real[key], {})
+
     # -- models ------------------------------------------------------------------------------
     def model(self, real, src, wrap_item):
         """The capture's copy of the external container `real` (found at `src`), its items
@@ -146,6 +170,11 @@ class SideEffects:
     def replays(self) -> list[Mutation]:
         """The mutations of modelled containers: the transformed function makes them."""
         return [m for m in self.log if self.source(m.obj) is not None]
+
+
+def _is_key(k) -> bool:
+    """A key whose repr is a Python literal (a source can name the item)."""
+    return type(k) in (int, str, bool) or type(k) is tuple and all(_is_key(x) for x in k)
 
 
 def _item(src, key):

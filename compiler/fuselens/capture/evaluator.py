@@ -910,7 +910,7 @@ class Evaluator:
             return v
         if isinstance(idx, TensorVar):
             self.brk(B.TENSOR_TO_PY, e, scope, detail="indexing a Python container with a tensor")
-        self.effects.observe(obj)
+        self.effects.observe_item(obj, idx)
         return obj[idx]
 
     def _ex_Slice(self, e, scope):
@@ -1280,7 +1280,9 @@ class Evaluator:
         if args and isinstance(args[0], SymInt) and isinstance(obj, list) and name in _INDEXED:
             args = [self.specialize(args[0], e, scope)] + list(args[1:])  # a position
         if type(obj) in MUTABLE:
-            if name not in _BLIND_WRITES and not (name == "__setitem__" and isinstance(obj, dict)):
+            if name == "get" and args and args[0] in obj:
+                self.effects.observe_item(obj, args[0])
+            elif name not in _BLIND_WRITES and not (name == "__setitem__" and isinstance(obj, dict)):
                 self.effects.observe(obj)
             return self.effects.call(obj, name, args, kwargs)
         # a subclass (OrderedDict, defaultdict...) from outside, not modelled: run on a copy,
@@ -1705,7 +1707,8 @@ def _b_len(ev, args, kwargs, e, scope):
         return ev.sizes(v)[0]
     if isinstance(v, (Unknown, _AbstractSeq)):
         return UNKNOWN
-    return len(ev.observed(v))
+    ev.effects.observe_len(v)
+    return len(v)
 
 
 def _b_range(ev, args, kwargs, e, scope):
