@@ -200,6 +200,14 @@ def rolled_back_loop_local(x):
     return out
 
 
+def mutation_by_operator_function(x, log):
+    import operator
+    own = []
+    operator.iadd(own, [x.sum()])  # runs in Python (a break), once
+    operator.setitem(log, 0, x * 2)
+    return own
+
+
 def mutation_stays_after_return(x, log):
     log.append(x)
     return log
@@ -232,6 +240,7 @@ CASES = {
     rolled_back_loop: ([],),
     rolled_back_loop_local: (),
     mutation_stays_after_return: ([],),
+    mutation_by_operator_function: ([0],),
 }
 
 

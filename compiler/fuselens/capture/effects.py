@@ -155,7 +155,7 @@ class SideEffects:
                 else:
                     del assigned[m.args[0]]
             else:
-                _restore(m.obj, m.before)
+                restore(m.obj, m.before)
 
     def guard_distinct(self) -> None:
         """Containers mutated here were distinct objects: the model of one does not see the
@@ -199,7 +199,7 @@ def changed(obj, before) -> bool:
     return any(a is not b for a, b in zip(now, before))
 
 
-def _restore(obj, before):
+def restore(obj, before):
     obj.clear()
     if isinstance(obj, list):
         obj.extend(before)

@@ -1338,7 +1338,13 @@ class Evaluator:
                 return acc
             self.brk(B.TENSOR_TO_PY, e, scope, detail=f"{getattr(fn, '__name__', fn)}() of a tensor")
         args = [self.specialize(a, e, scope) if isinstance(a, SymInt) else a for a in args]
+        containers = [(a, E.contents(a)) for a in args if type(a) in MUTABLE]
         r = fn(*args, **kwargs)
+        for a, before in containers:
+            if E.changed(a, before):  # operator.setitem, operator.iadd...: Python makes it
+                E.restore(a, before)
+                self.brk(B.UNKNOWN_CALL, e, scope, detail=f"{getattr(fn, '__name__', fn)}() "
+                         "changes its argument")
         if isinstance(r, (zip, map, filter, enumerate, reversed)) or type(r).__name__.endswith("iterator"):
             return list(r)
         return r
