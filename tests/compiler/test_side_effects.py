@@ -208,6 +208,45 @@ def mutation_by_operator_function(x, log):
     return own
 
 
+def mutation_in_loop_with_break(x, log):
+    for i in range(3):
+        log.append(i)
+        x = x * 2
+        print("", end="")  # graph break in each iteration: the rest resumes
+    return x
+
+
+def mutation_around_data_dependent_if(x, log):
+    log.append(1)
+    if x.sum() > 0:  # the graph computes the condition, Python branches
+        log.append(2)
+    else:
+        log.append(3)
+    log.append(x.shape)
+    return x
+
+
+def _inner_with_break(log, x):
+    log.append(0)
+    v = x.sum().item()
+    log.append(v)
+    return x * v
+
+
+def mutation_in_callee_around_its_break(x, log):
+    y = _inner_with_break(log, x)
+    log.append("after")
+    return y
+
+
+def mutation_under_no_grad_with_break(x, log):
+    with torch.no_grad():
+        log.append(x * 2)
+        v = x.sum().item()
+        log.append(v)
+    return x
+
+
 def mutation_stays_after_return(x, log):
     log.append(x)
     return log
@@ -241,6 +280,10 @@ CASES = {
     rolled_back_loop_local: (),
     mutation_stays_after_return: ([],),
     mutation_by_operator_function: ([0],),
+    mutation_in_loop_with_break: ([],),
+    mutation_around_data_dependent_if: ([],),
+    mutation_in_callee_around_its_break: ([],),
+    mutation_under_no_grad_with_break: ([],),
 }
 
 
@@ -469,10 +512,24 @@ def attr_module(x, m):
     return m(x)
 
 
+class WithMethod:
+    def __init__(self):
+        self.items = []
+
+    def add(self, v):
+        self.items.append(v)
+        return len(self.items)
+
+
+def attr_list_mutated_in_method(x, o):
+    n = o.add(x * 2)
+    return x * n
+
+
 ATTR_CASES = {attr_counter: Holder, attr_tensor_read_back: Holder,
               attr_new_list_then_mutated: Holder, attr_list_mutated: Holder,
               attr_around_break: Holder, attr_property_setter: WithProperty,
-              attr_module: Counting}
+              attr_module: Counting, attr_list_mutated_in_method: WithMethod}
 
 
 def _attrs(o):
@@ -493,7 +550,8 @@ def test_attribute_assignment_happens_as_in_eager(fn):
             assert_same(got.detach(), expected.detach())
             assert_same(clone_tree(_attrs(oc)), clone_tree(_attrs(oe)))
     assert not cf.disabled, cf.disabled
-    if fn not in (attr_counter, attr_module, attr_property_setter):  # these read an int
+    if fn not in (attr_counter, attr_module, attr_property_setter,  # these read an int
+                  attr_list_mutated_in_method):  # and this a growing list's length
         assert len(cf.entries) == 1, "a call on the same inputs recompiled"
 
 
@@ -555,3 +613,30 @@ def test_reads_of_a_global_are_guarded():
     finally:
         TABLE.update(scale=2.0, other=[1, 2, 3])
         del WORDS[3:]
+
+
+def _make_closure():
+    acc = []
+
+    def f(x):
+        acc.append(x.sum())
+        return x * 2
+    return f, acc
+
+
+def _with_default(x, acc=[]):  # noqa: B006 (the point: a default lives on with the function)
+    acc.append(x.shape[0])
+    return x + 1
+
+
+def test_closure_and_default_containers():
+    (fe, acc_e), (fc, acc_c) = _make_closure(), _make_closure()
+    cf = fuselens.compile(fc)
+    for _ in range(3):
+        assert_same(cf(X), fe(X))
+    assert_same(acc_c, acc_e)
+    assert len(cf.entries) == 1
+    cd = fuselens.compile(_with_default)
+    for _ in range(3):
+        cd(X)
+    assert _with_default.__defaults__[0] == [4, 4, 4]

@@ -1125,7 +1125,8 @@ class Evaluator:
             return UNKNOWN
         if isinstance(v, SymInt):
             return bool(self.specialize(v, node, scope))
-        return bool(self.observed(v))
+        self.effects.observe_len(v)  # a container's truth is its length's
+        return bool(v)
 
     def observed(self, v):
         """`v`, whose contents the capture reads (guarded if it is a model: effects.py)."""
