@@ -20,6 +20,7 @@ A container the function creates needs no replay: where it escapes (stored into 
 container, returned, passed across a break) it is materialized with its contents."""
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 MUTABLE = (list, dict, set)
@@ -217,4 +218,4 @@ def _stored_or_copy(obj, before, a):
     old = (v for _, v in before) if isinstance(obj, dict) else before if isinstance(obj, list) else ()
     if sum(v is a for v in values) > sum(v is a for v in old):
         return a
-    return type(a)(a)
+    return copy.copy(a)
