@@ -21,7 +21,13 @@ container, returned, passed across a break) it is materialized with its contents
 from __future__ import annotations
 
 import copy
+import inspect
+import types
 from dataclasses import dataclass
+
+import torch.nn as nn
+
+from .values import TensorVar, Unknown
 
 MUTABLE = (list, dict, set)
 
@@ -171,6 +177,20 @@ class SideEffects:
     def replays(self) -> list[Mutation]:
         """The mutations of modelled containers: the transformed function makes them."""
         return [m for m in self.log if self.source(m.obj) is not None]
+
+
+def plain_setattr(obj, attr) -> bool:
+    """`obj.attr = v` only stores v (so capture can read it back): no `__setattr__` of the
+    object's own, no property or slot; for a module, not one of its parameters or submodules
+    (nn.Module.__setattr__ registers those)."""
+    cls = type(obj)
+    if isinstance(obj, (type, types.ModuleType, types.FunctionType, TensorVar, Unknown, *MUTABLE)):
+        return False
+    if cls.__setattr__ not in (object.__setattr__, nn.Module.__setattr__):
+        return False
+    if hasattr(inspect.getattr_static(cls, attr, None), "__set__"):
+        return False
+    return not isinstance(obj, nn.Module) or attr not in obj._parameters and attr not in obj._modules
 
 
 def _is_key(k) -> bool:

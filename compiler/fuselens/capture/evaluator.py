@@ -593,7 +593,7 @@ class Evaluator:
             if isinstance(obj, Unknown):
                 return
             src = None if self.abstract else self.value_sources.get(id(obj))
-            if (src is not None or self.abstract) and _plain_setattr(obj, target.attr):
+            if (src is not None or self.abstract) and E.plain_setattr(obj, target.attr):
                 self.effects.setattr(obj, src, target.attr, v)
                 return
             self.brk(B.UNSUPPORTED_STMT, target, scope,
@@ -1524,20 +1524,6 @@ _FOLDABLE_ATOMS = (int, float, complex, bool, str, bytes, type(None), range, sli
                    torch.device, torch.memory_format, torch.layout, type, types.FunctionType,
                    types.BuiltinFunctionType, types.ModuleType, nn.Module, TensorVar, SymInt,
                    Unknown, LocalFunction, BoundUserMethod, type(Ellipsis), types.MethodType)
-
-
-def _plain_setattr(obj, attr) -> bool:
-    """`obj.attr = v` only stores v (so capture can read it back): no `__setattr__` of the
-    object's own, no property or slot; for a module, not one of its parameters or submodules
-    (nn.Module.__setattr__ registers those)."""
-    cls = type(obj)
-    if isinstance(obj, (type, types.ModuleType, types.FunctionType, TensorVar, Unknown, *MUTABLE)):
-        return False
-    if cls.__setattr__ not in (object.__setattr__, nn.Module.__setattr__):
-        return False
-    if hasattr(inspect.getattr_static(cls, attr, None), "__set__"):
-        return False
-    return not isinstance(obj, nn.Module) or attr not in obj._parameters and attr not in obj._modules
 
 
 def _foldable(v) -> bool:
