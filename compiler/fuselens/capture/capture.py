@@ -74,17 +74,15 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
         frame[name] = ev.wrap_external(v, src)
     graph_name = f"__fl_graph_{prefix}0"
     brk = None
-    writer = Writer(fs, sources, ev.mutated_inputs, prefix)
+    writer = Writer(fs, sources, ev.mutated_inputs, prefix, ev.effects, ev.latest)
     try:
         ret = ev.run(fs, frame)
         sig_text, consts = signature(fs.node.args, fs.defaults)
         sources.constants.update(consts)
         ret_expr = writer.mat.expr(ret)
-        body = [f"return {ret_expr}"]
-        text_head = f"def {fs.name}({sig_text}):"
-        call = _graph_call(graph_name, builder)
-        text = "\n".join([text_head] + (["    " + call] if builder.n_ops else [])
-                         + ["    " + b for b in body])
+        body = writer.finish(_graph_call(graph_name, builder) if builder.n_ops else None,
+                             writer.mat.replay_lines() + [f"return {ret_expr}"])
+        text = "\n".join([f"def {fs.name}({sig_text}):"] + ["    " + b for b in body])
     except BreakSignal as sig:
         if fullgraph:
             raise B.GraphBreakError(sig.brk) from None
@@ -98,6 +96,7 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
         graph = GraphInfo(gm, [s for s, _ in builder.inputs], writeback, fs.qualname,
                           sorted(l for l in builder.lines if l[0] == fs.filename) or sorted(builder.lines),
                           builder.n_ops, graph_name)
+    ev.effects.guard_distinct()
     helpers = "\n\n".join(src for _, src, _ in writer.helper_sources())
     source = text + ("\n\n\n" + helpers if helpers else "")
     guard_src = _guard_source(fs, sources)
@@ -111,29 +110,8 @@ def _graph_call(name, builder) -> str:
 
 
 def _wrap_argument(ev: Evaluator, sources: Sources, src: str, v):
-    if isinstance(v, torch.Tensor):
-        return ev.input(v, src)
     sources.guard_argument(src, v, ev.dynamic)
-    if isinstance(v, (list, tuple)) and type(v) in (list, tuple):
-        items = [_wrap_argument_inner(ev, f"{src}[{i}]", x) for i, x in enumerate(v)]
-        return type(v)(items)
-    if isinstance(v, dict) and type(v) is dict:
-        return {k: _wrap_argument_inner(ev, f"{src}[{k!r}]", x) for k, x in v.items()}
-    if not isinstance(v, (int, float, str, bool, type(None))):
-        ev.value_sources[id(v)] = src
-    return v
-
-
-def _wrap_argument_inner(ev, src, v):
-    if isinstance(v, torch.Tensor):
-        return ev.input(v, src)
-    if isinstance(v, (list, tuple)) and type(v) in (list, tuple):
-        return type(v)(_wrap_argument_inner(ev, f"{src}[{i}]", x) for i, x in enumerate(v))
-    if isinstance(v, dict) and type(v) is dict:
-        return {k: _wrap_argument_inner(ev, f"{src}[{k!r}]", x) for k, x in v.items()}
-    if not isinstance(v, (int, float, str, bool, type(None))):
-        ev.value_sources[id(v)] = src
-    return v
+    return ev.wrap_external(v, src)
 
 
 def _guard_source(fs: FunctionSource, sources: Sources) -> str:

@@ -26,6 +26,8 @@ import torch.nn as nn
 from . import breaks as B
 from ..ops import effects as E
 from . import calls as C
+from . import effects as E
+from .effects import MUTABLE, SideEffects
 from .graph import GraphBuilder, MetaEvalError
 from .source import FunctionSource, NoSourceError, function_source
 from .values import (UNKNOWN, BoundUserMethod, LocalFunction, SymInt, SymShape, TensorVar, Unknown,
@@ -126,6 +128,7 @@ class Evaluator:
         self.mutated_inputs: dict[str, TensorVar] = {}  # input source -> its latest value
         self._newer: dict[int, tuple] = {}  # id(TensorVar) -> (it, its value after an in-place op)
         self.in_try = 0  # how many captured `try` bodies the evaluation is in (raise is captured there)
+        self.effects = SideEffects(sources)  # containers from outside are modelled, mutations replayed
 
     # ===================================================================== functions
     def run(self, fs: FunctionSource, bound: dict) -> object:
@@ -165,7 +168,11 @@ class Evaluator:
             self.brk(B.UNSUPPORTED_EXPR, call, caller, detail=f"cannot bind arguments: {e}")
         if isinstance(fn, FunctionSource) or not isinstance(fn, LocalFunction):
             for k, v in fs.closure.items():
-                bound.setdefault(k, v)
+                if k not in bound:
+                    bound[k] = self.external_constant(v, fs.cells.get(k), k)
+            for k, v in fs.defaults.items():  # a mutable default lives on with the function
+                if bound.get(k) is v and type(v) in MUTABLE:
+                    bound[k] = self.external_constant(v, None, k)
         scope = Scope(fs, caller, caller.depth + 1, bound, enclosing)
         scope.call_node = call
         try:
@@ -173,6 +180,15 @@ class Evaluator:
         except BreakSignal as b:
             b.pending_call = call
             raise
+
+    def external_constant(self, v, cell, name):
+        """A callee's closure variable (in `cell`) or default: a container is modelled."""
+        if type(v) not in MUTABLE or self.abstract:
+            return v
+        if cell is not None:
+            v = cell.cell_contents
+            return self.wrap_external(v, f"{self.sources.constant(cell, 'cell_' + name)}.cell_contents")
+        return self.wrap_external(v, self.sources.constant(v, name))
 
     def bind(self, fs: FunctionSource, args, kwargs) -> dict:
         a = fs.params
@@ -297,10 +313,11 @@ class Evaluator:
             chain.append((s, dict(s.vars)))
             s = s.parent if s.parent is not None else s.enclosing
         return (nodes[-1] if nodes else None, chain, self.g.n_ops,
-                dict(self.mutated_inputs), dict(self._newer))
+                dict(self.mutated_inputs), dict(self._newer), self.effects.mark())
 
     def _rollback(self, scope, mark):
-        last, chain, n_ops, mutated, newer = mark
+        last, chain, n_ops, mutated, newer, effects = mark
+        self.effects.rollback(effects)  # the statement makes its own mutations in Python
         # in-place ops of the rolled-back statement did not happen (their nodes are erased)
         self.mutated_inputs.clear()
         self.mutated_inputs.update(mutated)
@@ -365,8 +382,8 @@ class Evaluator:
         rhs = self.eval(s.value, scope)
         if isinstance(cur, TensorVar) and op in C.INPLACE_BINOPS:
             v = self.tensor_method(cur, C.INPLACE_BINOPS[op], [rhs], {}, s, scope)
-        elif isinstance(cur, list) and op == "Add":
-            cur.extend(self.iterate(rhs, s, scope))
+        elif type(cur) is list and op == "Add":
+            self.effects.call(cur, "extend", [self.iterate(rhs, s, scope)], {})
             v = cur
         else:
             v = self.binop(op, cur, rhs, s, scope)
@@ -376,6 +393,13 @@ class Evaluator:
         for t in s.targets:
             if isinstance(t, ast.Name):
                 scope.vars.pop(t.id, None)
+                continue
+            obj = self.eval(t.value, scope) if isinstance(t, ast.Subscript) else None
+            if type(obj) in (list, dict):
+                self.effects.observe(obj)
+                self.effects.call(obj, "__delitem__", [self.container_key(t.slice, scope)], {})
+            elif isinstance(obj, Unknown):
+                pass
             else:
                 self.brk(B.UNSUPPORTED_STMT, s, scope, detail="`del` of an item or attribute",
                          whole_stmt=True)
@@ -612,8 +636,11 @@ class Evaluator:
             if isinstance(obj, TensorVar):
                 new = self.op(_setitem, [obj, idx, v], {}, target, scope)
                 self.rebind(obj, new, scope, target)
-            elif isinstance(obj, (list, dict)):
-                obj[idx] = v
+            elif type(obj) in (list, dict):
+                idx = self.specialize(idx, target, scope) if isinstance(idx, SymInt) else idx
+                if isinstance(obj, list):  # the index must be in range on the next call too
+                    self.effects.observe(obj)
+                self.effects.call(obj, "__setitem__", [idx, v], {})
             elif isinstance(obj, Unknown):
                 pass
             else:
@@ -623,12 +650,20 @@ class Evaluator:
             obj = self.eval(target.value, scope)
             if isinstance(obj, Unknown):
                 return
+            src = None if self.abstract else self.value_sources.get(id(obj))
+            if (src is not None or self.abstract) and E.plain_setattr(obj, target.attr):
+                self.effects.setattr(obj, src, target.attr, v)
+                return
             self.brk(B.UNSUPPORTED_STMT, target, scope,
                      detail=f"attribute assignment `.{target.attr} = ...`", whole_stmt=True)
         elif isinstance(target, ast.Starred):
             self.assign(target.value, v, scope)
         else:
             self.brk(B.UNSUPPORTED_STMT, target, scope, whole_stmt=True)
+
+    def container_key(self, e, scope):
+        k = self.eval(e, scope)
+        return self.specialize(k, e, scope) if isinstance(k, SymInt) else k
 
     def rebind(self, old: TensorVar, new: TensorVar, scope, node):
         """An in-place op gave `old` the value `new`. In-place ops are functionalized: the
@@ -766,19 +801,23 @@ class Evaluator:
         raise NameError(f"name '{name}' is not defined")
 
     def global_value(self, name, v, scope):
-        if self.abstract:
-            return v
+        if self.abstract:  # the editor's walk must not change the program's lists either
+            return self.effects.model(v, None, lambda x, _: x) if type(v) in MUTABLE else v
         src = self.sources.global_source(scope.fs.globals, name, v)
         return self.wrap_external(v, src)
 
     def wrap_external(self, v, src):
-        """A value from outside the frame (global, attribute of a module, closure): tensors
-        become graph inputs; containers are wrapped item by item."""
+        """A value from outside the frame (argument, global, attribute, closure): tensors
+        become graph inputs; lists, dicts and sets are modelled (effects.py), their items
+        wrapped; tuples are wrapped item by item."""
         if isinstance(v, torch.Tensor):
             return self.input(v, src)
-        if isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
-            out = [self.wrap_external(x, f"{src}[{i}]") for i, x in enumerate(v)]
-            return tuple(out) if isinstance(v, tuple) else out
+        if type(v) in MUTABLE and not self.abstract:
+            return self.effects.model(v, src, self.wrap_external)
+        if type(v) is tuple:
+            out = tuple(self.wrap_external(x, None if src is None else f"{src}[{i}]")
+                        for i, x in enumerate(v))
+            return v if all(a is b for a, b in zip(out, v)) else out
         if src is not None and not isinstance(v, (int, float, str, bool, type(None))):
             self.value_sources[id(v)] = src
         return v
@@ -806,6 +845,9 @@ class Evaluator:
             return self.tensor_attr(obj, attr, e, scope)
         if isinstance(obj, _AbstractSeq):
             return UNKNOWN
+        assigned, v = self.effects.getattr(obj, attr)
+        if assigned:
+            return v
         if isinstance(obj, nn.Module):
             return self.module_attr(obj, attr, e, scope)
         try:
@@ -815,7 +857,7 @@ class Evaluator:
         if isinstance(obj, types.ModuleType):
             if self.abstract:
                 return v
-            if isinstance(v, (torch.Tensor, list, dict)):
+            if isinstance(v, torch.Tensor) or type(v) in MUTABLE:
                 src = self.sources.attr_source(obj, attr)
                 return self.wrap_external(v, src)
             return v
@@ -823,6 +865,10 @@ class Evaluator:
         if src is not None and not self.abstract and not isinstance(v, torch.Tensor) \
                 and not isinstance(obj, (type, types.FunctionType)):
             self.sources.guard_value(f"{src}.{attr}", v)
+        if type(v) in MUTABLE and not self.abstract:
+            if src is None:  # found through an object of no source: that very object
+                src = self.sources.constant(obj, type(obj).__name__)
+            return self.wrap_external(v, f"{src}.{attr}")
         if isinstance(v, torch.Tensor):
             if src is None:
                 if self.abstract:
@@ -850,7 +896,7 @@ class Evaluator:
         elif isinstance(v, nn.Module):
             self.value_sources[id(v)] = f"{src}.{attr}"
             self.sources.guard_module(v, f"{src}.{attr}")
-        elif isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
+        elif type(v) in MUTABLE or isinstance(v, tuple) and any(isinstance(x, torch.Tensor) for x in v):
             return self.wrap_external(v, f"{src}.{attr}")
         return v
 
@@ -928,6 +974,7 @@ class Evaluator:
             return v
         if isinstance(idx, TensorVar):
             self.brk(B.TENSOR_TO_PY, e, scope, detail="indexing a Python container with a tensor")
+        self.effects.observe_item(obj, idx)
         return obj[idx]
 
     def _ex_Slice(self, e, scope):
@@ -956,7 +1003,7 @@ class Evaluator:
         d = {}
         for k, v in zip(e.keys, e.values):
             if k is None:
-                d.update(self.eval(v, scope))
+                d.update(self.observed(self.eval(v, scope)))
             else:
                 d[self.eval(k, scope)] = self.eval(v, scope)
         return d
@@ -978,6 +1025,9 @@ class Evaluator:
             return UNKNOWN
         if isinstance(v, SymInt):
             v = self.specialize(v, e, scope)
+        if isinstance(v, SymShape):  # the text holds this call's sizes
+            v = torch.Size([self.specialize(d, e, scope) if isinstance(d, SymInt) else d for d in v])
+        self.effects.observe(v)
         conv = {115: str, 114: repr, 97: ascii}.get(e.conversion, lambda x: x)
         spec = self.eval(e.format_spec, scope) if e.format_spec is not None else ""
         return format(conv(v), spec)
@@ -1037,7 +1087,7 @@ class Evaluator:
         if isinstance(a, (list, tuple)) and contains_tensor(a) and op == "Mult":
             return a * b
         self.require_foldable([a, b], e, scope)
-        return fn(a, b)
+        return fn(self.observed(a), self.observed(b))
 
     def _ex_Compare(self, e, scope):
         left = self.eval(e.left, scope)
@@ -1066,7 +1116,7 @@ class Evaluator:
                 r = fn(spec(left), spec(right))
             else:
                 self.require_foldable([left, right], e, scope)
-                r = fn(left, right)
+                r = fn(self.observed(left), self.observed(right))
             if len(e.ops) == 1:
                 return r
             t = self.truth(r, e, scope, kind=B.DATA_IF)
@@ -1139,9 +1189,16 @@ class Evaluator:
             return UNKNOWN
         if isinstance(v, SymInt):
             return bool(self.specialize(v, node, scope))
+        self.effects.observe_len(v)  # a container's truth is its length's
         return bool(v)
 
+    def observed(self, v):
+        """`v`, whose contents the capture reads (guarded if it is a model: effects.py)."""
+        self.effects.observe(v)
+        return v
+
     def iterate(self, v, node, scope, whole_stmt=False) -> list:
+        self.effects.observe(v)
         if isinstance(v, (list, tuple)):
             return list(v)
         if isinstance(v, _AbstractSeq):
@@ -1221,7 +1278,7 @@ class Evaluator:
             if k.arg is None:
                 if isinstance(v, Unknown):
                     return UNKNOWN
-                kwargs.update(v)
+                kwargs.update(self.observed(v))
             else:
                 kwargs[k.arg] = v
         return self.call(fn, args, kwargs, e, scope)
@@ -1259,8 +1316,8 @@ class Evaluator:
             return self.inline(fn.__func__, args, kwargs, e, scope, self_value=fn.__self__)
         if isinstance(fn, types.MethodType) and not isinstance(fn.__func__, types.BuiltinFunctionType):
             return self.inline(fn.__func__, args, kwargs, e, scope, self_value=fn.__self__)
-        if isinstance(fn, types.BuiltinMethodType) and isinstance(fn.__self__, (list, dict, set)):
-            return fn(*args, **kwargs)  # list.append, dict.get...: the capture's own containers
+        if isinstance(fn, types.BuiltinMethodType) and isinstance(fn.__self__, MUTABLE):
+            return self.container_method(fn, args, kwargs, e, scope)
         if isinstance(fn, (types.FunctionType,)):
             return self.inline(fn, args, kwargs, e, scope)
         if isinstance(fn, type) and issubclass(fn, (int, float, bool, str, tuple, list, dict, set,
@@ -1281,6 +1338,28 @@ class Evaluator:
         self.brk(B.UNKNOWN_CALL, e, scope,
                  detail=f"call to {getattr(fn, '__qualname__', type(fn).__name__)}")
 
+    def container_method(self, fn, args, kwargs, e, scope):
+        """list.append, dict.get...: on the capture's containers (its own, or models of the
+        real ones, effects.py), mutations logged."""
+        obj, name = fn.__self__, fn.__name__
+        if args and isinstance(args[0], SymInt) and isinstance(obj, list) and name in _INDEXED:
+            args = [self.specialize(args[0], e, scope)] + list(args[1:])  # a position
+        if type(obj) in MUTABLE:
+            if name == "get" and args and args[0] in obj:
+                self.effects.observe_item(obj, args[0])
+            elif name not in _BLIND_WRITES and not (name == "__setitem__" and isinstance(obj, dict)):
+                self.effects.observe(obj)
+            return self.effects.call(obj, name, args, kwargs)
+        # a subclass (OrderedDict, defaultdict...) from outside, not modelled: run on a copy,
+        # and a call that would change it runs in Python
+        dup = copy.copy(obj)
+        before = E.contents(dup)
+        r = getattr(dup, name)(*args, **kwargs)
+        if E.changed(dup, before):
+            self.brk(B.UNKNOWN_CALL, e, scope,
+                     detail=f"{type(obj).__name__}.{fn.__name__}() changes an object from outside")
+        return r
+
     def require_foldable(self, vals, e, scope):
         """Folding is sound only for values guarded by value: an opaque object (a NumPy array,
         say) is guarded by its type alone, so computing with it must happen in Python."""
@@ -1296,6 +1375,8 @@ class Evaluator:
             return UNKNOWN
         if fn not in (isinstance, type, id, callable, hasattr, getattr):
             self.require_foldable(vals, e, scope)
+            for v in vals:
+                self.effects.observe(v)
         if any(isinstance(a, TensorVar) for a in vals) or fn is sum and contains_tensor(vals):
             if fn in (int, float, bool, complex):
                 self.brk(B.TENSOR_TO_PY, e, scope, detail=f"{fn.__name__}() of a tensor")
@@ -1322,7 +1403,13 @@ class Evaluator:
                 return acc
             self.brk(B.TENSOR_TO_PY, e, scope, detail=f"{getattr(fn, '__name__', fn)}() of a tensor")
         args = [self.specialize(a, e, scope) if isinstance(a, SymInt) else a for a in args]
+        containers = [(a, E.contents(a)) for a in args if type(a) in MUTABLE]
         r = fn(*args, **kwargs)
+        for a, before in containers:
+            if E.changed(a, before):  # operator.setitem, operator.iadd...: Python makes it
+                E.restore(a, before)
+                self.brk(B.UNKNOWN_CALL, e, scope, detail=f"{getattr(fn, '__name__', fn)}() "
+                         "changes its argument")
         if isinstance(r, (zip, map, filter, enumerate, reversed)) or type(r).__name__.endswith("iterator"):
             return list(r)
         return r
@@ -1524,6 +1611,10 @@ class Evaluator:
 # -- helpers --------------------------------------------------------------------------------------
 from functools import partial as functools_partial  # noqa: E402
 
+# container methods whose effect and result do not depend on the contents: a model only
+# written this way needs no guard on them (a global log keeps one cache entry)
+_BLIND_WRITES = {"append", "extend", "insert", "add", "update", "clear", "discard"}
+_INDEXED = {"pop", "insert", "__getitem__", "__setitem__", "__delitem__"}  # list methods: arg 0
 _SYM_TEXT = {operator.add: " + ", operator.sub: " - ", operator.mul: " * ",
              operator.floordiv: " // ", operator.mod: " % ", operator.neg: "-", operator.pos: "+"}
 _FOLDABLE_ATOMS = (int, float, complex, bool, str, bytes, type(None), range, slice, torch.dtype,
@@ -1703,6 +1794,7 @@ def _b_len(ev, args, kwargs, e, scope):
         return ev.sizes(v)[0]
     if isinstance(v, (Unknown, _AbstractSeq)):
         return UNKNOWN
+    ev.effects.observe_len(v)
     return len(v)
 
 
@@ -1730,7 +1822,7 @@ def _b_hasattr(ev, args, kwargs, e, scope):
         return UNKNOWN
     if isinstance(obj, TensorVar):
         return hasattr(torch.Tensor, name) or name in C.META_ATTRS
-    return hasattr(obj, name)
+    return ev.effects.getattr(obj, name)[0] or hasattr(obj, name)
 
 
 def _b_minmax(fn):

@@ -115,6 +115,9 @@ class Sources:
                        f"{src}: dict with keys {keys!r}")
             for k, x in v.items():
                 self.guard_argument(f"{src}[{k!r}]", x, dynamic)
+        elif type(v) is set and all(_is_literal(x) for x in v):
+            self.guard(f"type({src}) is set and {src} == {v!r}" if v else
+                       f"type({src}) is set and not {src}", f"{src} == {v!r}")
         elif isinstance(v, nn.Module):
             self.guard_module(v, src)
         else:

@@ -53,13 +53,55 @@ class Transformed:
 
 class Materializer:
     """Python expressions for values in the transformed function's scope; tensors that are
-    not graph inputs become graph outputs."""
+    not graph inputs become graph outputs, modelled containers (effects.py) their real
+    objects. Where mutations are replayed, the real objects are found by their sources at
+    entry (`refs`): a replayed `xs.pop(0)` must not change what `xs[1]` names."""
 
-    def __init__(self, sources, mutated: dict):
+    def __init__(self, sources, mutated: dict, effects=None, latest=lambda v: v):
         self.sources = sources
         self.outputs: list[TensorVar] = []
         self._out_index: dict[int, int] = {}
         self._mutated = mutated
+        self.effects = effects
+        self.latest = latest             # a tensor's value after in-place ops on it
+        self.refs: dict[str, str] = {}   # source -> name bound at entry
+        # the function's own lists, dicts and sets, one name each: Python code (a replayed
+        # `log.append(items)`, a resume) gets the very object, as in eager
+        self.prelude: list[str] = []
+        self._own: dict[int, tuple] = {}
+        self._replays = None
+
+    def source(self, src: str) -> str:
+        if self._replays is None:  # materializing starts once capture has ended
+            self._replays = self.effects.replays() if self.effects is not None else []
+        if src.isidentifier() or not self._replays:
+            return src
+        name = self.refs.get(src)
+        if name is None:
+            name = self.refs[src] = f"__fl_r{len(self.refs)}"
+        return name
+
+    def entry_lines(self) -> list[str]:
+        """Binds the sources of `refs` (the first lines of the transformed function)."""
+        if not self.refs:
+            return []
+        return [f"{', '.join(self.refs.values())} = {', '.join(self.refs)}"]
+
+    def replay_lines(self) -> list[str]:
+        """The logged mutations of modelled containers, made on the real objects."""
+        out = []
+        for m in (self.effects.replays() if self.effects is not None else []):
+            target = self.expr(m.obj)
+            args = [self.expr(a) for a in m.args] + [f"{k}={self.expr(a)}" for k, a in m.kwargs.items()]
+            if m.name == "__setattr__":
+                out.append(f"{target}.{m.args[0]} = {args[1]}")
+            elif m.name == "__setitem__":
+                out.append(f"{target}[{args[0]}] = {args[1]}")
+            elif m.name == "__delitem__":
+                out.append(f"del {target}[{args[0]}]")
+            else:
+                out.append(f"{target}.{m.name}({', '.join(args)})")
+        return out
 
     @property
     def input_src(self):  # looked up late: inputs are mutated after the Materializer is made
@@ -67,10 +109,11 @@ class Materializer:
 
     def expr(self, v) -> str:
         if isinstance(v, TensorVar):
+            v = self.latest(v)
             if id(v) in self.input_src:  # a mutated input: written back, read it from there
-                return self.input_src[id(v)]
+                return self.source(self.input_src[id(v)])
             if v.source is not None:
-                return v.source
+                return self.source(v.source)
             if v.view_of is not None:
                 # a view is made again from its base in Python: aliasing stays as in eager
                 return self.view_expr(v.view_of)
@@ -89,13 +132,26 @@ class Materializer:
             raise CannotResume(f"local function {v.name!r} is live across a graph break")
         if isinstance(v, SymShape):
             return "torch.Size([" + ", ".join(self.expr(x) for x in v) + "])"
+        src = self.effects.source(v) if self.effects is not None else None
+        if src is not None:
+            return self.source(src)
         if isinstance(v, tuple) and type(v) is tuple:
             inner = ", ".join(self.expr(x) for x in v)
             return f"({inner},)" if len(v) == 1 else f"({inner})"
-        if isinstance(v, list) and type(v) is list:
-            return "[" + ", ".join(self.expr(x) for x in v) + "]"
-        if isinstance(v, dict) and type(v) is dict and all(_is_simple_key(k) for k in v):
-            return "{" + ", ".join(f"{k!r}: {self.expr(x)}" for k, x in v.items()) + "}"
+        if type(v) in (list, dict, set):
+            hit = self._own.get(id(v))
+            if hit is not None:
+                return hit[1]
+            name = f"__fl_m{len(self._own)}"
+            self._own[id(v)] = (v, name)
+            if type(v) is list:
+                text = "[" + ", ".join(self.expr(x) for x in v) + "]"
+            elif type(v) is dict:
+                text = "{" + ", ".join(f"{self.expr(k)}: {self.expr(x)}" for k, x in v.items()) + "}"
+            else:
+                text = "{" + ", ".join(self.expr(x) for x in v) + "}" if v else "set()"
+            self.prelude.append(f"{name} = {text}")
+            return name
         if isinstance(v, torch.Size):
             return f"torch.Size({list(v)!r})" if "torch" in () else self.sources.constant(v, "size")
         if _is_literal(v):
@@ -115,10 +171,6 @@ class Materializer:
             else:
                 text = f"{self.sources.constant(fn, fn.__name__)}({', '.join([p] + a)})"
         return text if item is None else f"{text}[{item}]"
-
-
-def _is_simple_key(k):
-    return isinstance(k, (str, int, bool)) and not isinstance(k, float)
 
 
 def _is_literal(v):
@@ -292,10 +344,11 @@ def _copy_private(a, b):
 class Writer:
     """Generates the transformed function for one break."""
 
-    def __init__(self, fs0: FunctionSource, sources, mutated, resume_prefix: str):
+    def __init__(self, fs0: FunctionSource, sources, mutated, resume_prefix: str, effects=None,
+                 latest=lambda v: v):
         self.fs0 = fs0
         self.sources = sources
-        self.mat = Materializer(sources, mutated)
+        self.mat = Materializer(sources, mutated, effects, latest)
         self.resumes: list[Resume] = []
         self.helpers: list[str] = []   # plain generated functions (break handlers)
         self.prefix = resume_prefix
@@ -373,6 +426,7 @@ class Writer:
 
     def write(self, sig: BreakSignal, graph_call: str | None) -> str:
         frames = sig.frames  # innermost first
+        replay = self.mat.replay_lines()
         lines: list[str] = []
         sig_text, consts = signature(self.fs0.node.args, self.fs0.defaults)
         for k, v in consts.items():
@@ -394,14 +448,20 @@ class Writer:
             bind += [ast.unparse(d) for d in unbound_locals(inner.scope.fs.node, stmts, set(inner.vars))]
             bind += [f"{t} = {e}" for t, e in temps.items()]
             code = [ast.unparse(s) for s in stmts]
-            call_line = graph_call
-            body = ([call_line] if call_line else []) + bind + code
+            body = self.finish(graph_call, replay + bind + code)
         else:
-            body = self.write_inlined(frames, sig, graph_call)
+            body = self.finish(graph_call, replay + self.write_inlined(frames, sig))
         lines += ["    " + l for b in body for l in b.splitlines()]
         return "\n".join(lines)
 
-    def write_inlined(self, frames, sig: BreakSignal, graph_call) -> list[str]:
+    def finish(self, graph_call, body) -> list[str]:
+        """The transformed function's body: sources bound on entry, the graph call, the
+        function's own containers that Python code receives, then `body` (which begins with
+        the replayed side effects). Call once everything is materialized."""
+        return (self.mat.entry_lines() + ([graph_call] if graph_call else [])
+                + self.mat.prelude + body)
+
+    def write_inlined(self, frames, sig: BreakSignal) -> list[str]:
         """A break inside an inlined call. The breaking statement runs in a plain helper with
         the callee's variables; then ONE resume function continues: it calls a generated
         continuation of each inner frame (inlined when the resume is captured) and goes on
@@ -471,8 +531,7 @@ class Writer:
             inner_call = f"{name}({st}, {inn}[:-1], *{inn}[-1])"
         inner_lives = ", ".join("(" + "".join(e + ", " for e in l) + ")" for l in lives[:-1])
         call_break = f"{st} = {hname}({', '.join(h_args)})"
-        out = [graph_call] if graph_call else []
-        out += _with_lines(call_break, frames[1:])
+        out = _with_lines(call_break, frames[1:])
         args = [st, f"({inner_lives}{',' if len(lives) == 2 else ''})"] + lives[-1]
         out.append(f"return {rname}({', '.join(args)})")
         return out
