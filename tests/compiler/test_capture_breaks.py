@@ -756,7 +756,7 @@ def test_raise_on_static_condition_not_taken_is_no_break_and_taken_raises():
 @pytest.mark.parametrize("kind", ["del_item", pytest.param("class", marks=pytest.mark.xfail(
     strict=True, reason="a class defined in the function is a new object on every call and the "
     "resume is guarded on its identity: every call recompiles (then eager at the limit)")),
-    "try_finally", "attr_assign"])
+    "attr_assign"])
 def test_other_unsupported_statements_run_in_python(kind):
     store = {"n": 0}
     box = [1, 2, 3]
@@ -788,13 +788,6 @@ def test_other_unsupported_statements_run_in_python(kind):
         class Local:
             k = 3
         return x * Local.k
-
-    def f_try_finally(x):
-        try:
-            y = x * 2
-        finally:
-            store["n"] += 1
-        return y + 1
 
     def f_attr_assign(x):
         y = x * 2

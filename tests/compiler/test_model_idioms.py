@@ -82,6 +82,17 @@ def raise_and_handle(x, n):
     return y
 
 
+STORE = {"n": 0}
+
+
+def try_finally_counts(x):
+    try:
+        y = x * 2
+    finally:
+        STORE["n"] += 1  # a side effect replayed once per call
+    return y + 1
+
+
 def test_try_statements_are_captured():
     """A `try` runs in the graph: handlers, `else` and `finally` as in Python."""
     check(lookup_or_default, torch.randn(3), {"scale": 0.5}, graphs=1, breaks=[])
@@ -92,6 +103,11 @@ def test_try_statements_are_captured():
     check(return_inside_try, torch.randn(3), graphs=1, breaks=[])
     check(raise_and_handle, torch.randn(3), 1, graphs=1, breaks=[])
     check(raise_and_handle, torch.randn(3), 5, graphs=1, breaks=[])
+    STORE["n"] = 0
+    cf = fuselens.compile(try_finally_counts)
+    for _ in range(3):
+        cf(torch.randn(3))
+    assert STORE["n"] == 3 and len(fuselens.explain(try_finally_counts, torch.randn(3)).graph_breaks) == 0
 
 
 def test_break_inside_try_runs_the_statement_in_python(capsys):

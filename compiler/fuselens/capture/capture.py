@@ -80,8 +80,9 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
         sig_text, consts = signature(fs.node.args, fs.defaults)
         sources.constants.update(consts)
         ret_expr = writer.mat.expr(ret)
+        before, after = writer.mat.replay_parts()
         body = writer.finish(_graph_call(graph_name, builder) if builder.n_ops else None,
-                             writer.mat.replay_lines() + [f"return {ret_expr}"])
+                             after + [f"return {ret_expr}"], before)
         text = "\n".join([f"def {fs.name}({sig_text}):"] + ["    " + b for b in body])
     except BreakSignal as sig:
         if fullgraph:
@@ -105,8 +106,8 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
                    brk, writer.resumes, shapes)
 
 
-def _graph_call(name, builder) -> str:
-    return f"__fl_o = {name}({', '.join(s for s, _ in builder.inputs)})"
+def _graph_call(name, builder) -> tuple:
+    return name, [s for s, _ in builder.inputs]
 
 
 def _wrap_argument(ev: Evaluator, sources: Sources, src: str, v):

@@ -26,8 +26,8 @@ import torch.nn as nn
 from . import breaks as B
 from ..ops import effects as E
 from . import calls as C
-from . import effects as E
-from .effects import MUTABLE, SideEffects
+from . import side_effects as S
+from .side_effects import MUTABLE, SideEffects
 from .graph import GraphBuilder, MetaEvalError
 from .source import FunctionSource, NoSourceError, function_source
 from .values import (UNKNOWN, BoundUserMethod, LocalFunction, SymInt, SymShape, TensorVar, Unknown,
@@ -651,7 +651,7 @@ class Evaluator:
             if isinstance(obj, Unknown):
                 return
             src = None if self.abstract else self.value_sources.get(id(obj))
-            if (src is not None or self.abstract) and E.plain_setattr(obj, target.attr):
+            if (src is not None or self.abstract) and S.plain_setattr(obj, target.attr):
                 self.effects.setattr(obj, src, target.attr, v)
                 return
             self.brk(B.UNSUPPORTED_STMT, target, scope,
@@ -808,7 +808,7 @@ class Evaluator:
 
     def wrap_external(self, v, src):
         """A value from outside the frame (argument, global, attribute, closure): tensors
-        become graph inputs; lists, dicts and sets are modelled (effects.py), their items
+        become graph inputs; lists, dicts and sets are modelled (side_effects.py), their items
         wrapped; tuples are wrapped item by item."""
         if isinstance(v, torch.Tensor):
             return self.input(v, src)
@@ -1193,7 +1193,7 @@ class Evaluator:
         return bool(v)
 
     def observed(self, v):
-        """`v`, whose contents the capture reads (guarded if it is a model: effects.py)."""
+        """`v`, whose contents the capture reads (guarded if it is a model: side_effects.py)."""
         self.effects.observe(v)
         return v
 
@@ -1340,7 +1340,7 @@ class Evaluator:
 
     def container_method(self, fn, args, kwargs, e, scope):
         """list.append, dict.get...: on the capture's containers (its own, or models of the
-        real ones, effects.py), mutations logged."""
+        real ones, side_effects.py), mutations logged."""
         obj, name = fn.__self__, fn.__name__
         if args and isinstance(args[0], SymInt) and isinstance(obj, list) and name in _INDEXED:
             args = [self.specialize(args[0], e, scope)] + list(args[1:])  # a position
@@ -1353,9 +1353,9 @@ class Evaluator:
         # a subclass (OrderedDict, defaultdict...) from outside, not modelled: run on a copy,
         # and a call that would change it runs in Python
         dup = copy.copy(obj)
-        before = E.contents(dup)
+        before = S.contents(dup)
         r = getattr(dup, name)(*args, **kwargs)
-        if E.changed(dup, before):
+        if S.changed(dup, before):
             self.brk(B.UNKNOWN_CALL, e, scope,
                      detail=f"{type(obj).__name__}.{fn.__name__}() changes an object from outside")
         return r
@@ -1403,11 +1403,11 @@ class Evaluator:
                 return acc
             self.brk(B.TENSOR_TO_PY, e, scope, detail=f"{getattr(fn, '__name__', fn)}() of a tensor")
         args = [self.specialize(a, e, scope) if isinstance(a, SymInt) else a for a in args]
-        containers = [(a, E.contents(a)) for a in args if type(a) in MUTABLE]
+        containers = [(a, S.contents(a)) for a in args if type(a) in MUTABLE]
         r = fn(*args, **kwargs)
         for a, before in containers:
-            if E.changed(a, before):  # operator.setitem, operator.iadd...: Python makes it
-                E.restore(a, before)
+            if S.changed(a, before):  # operator.setitem, operator.iadd...: Python makes it
+                S.restore(a, before)
                 self.brk(B.UNKNOWN_CALL, e, scope, detail=f"{getattr(fn, '__name__', fn)}() "
                          "changes its argument")
         if isinstance(r, (zip, map, filter, enumerate, reversed)) or type(r).__name__.endswith("iterator"):

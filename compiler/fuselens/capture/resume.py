@@ -20,6 +20,7 @@ import ast
 import copy
 import itertools
 import operator
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -53,7 +54,7 @@ class Transformed:
 
 class Materializer:
     """Python expressions for values in the transformed function's scope; tensors that are
-    not graph inputs become graph outputs, modelled containers (effects.py) their real
+    not graph inputs become graph outputs, modelled containers (side_effects.py) their real
     objects. Where mutations are replayed, the real objects are found by their sources at
     entry (`refs`): a replayed `xs.pop(0)` must not change what `xs[1]` names."""
 
@@ -89,6 +90,20 @@ class Materializer:
 
     def replay_lines(self) -> list[str]:
         """The logged mutations of modelled containers, made on the real objects."""
+        return [line for part in self.replay_parts() for line in part]
+
+    def replay_parts(self) -> tuple[list[str], list[str]]:
+        """The replayed mutations as (before the graph call, after it): those that come first
+        and need nothing the graph or the code after it makes are made before the graph runs,
+        as in eager (where the graph raises, eager had made them already)."""
+        lines = self._replay()
+        made_later = ["__fl_o"] + [p.split(" = ", 1)[0] for p in self.prelude]
+        k = 0
+        while k < len(lines) and not any(re.search(rf"\b{re.escape(n)}\b", lines[k]) for n in made_later):
+            k += 1
+        return lines[:k], lines[k:]
+
+    def _replay(self) -> list[str]:
         out = []
         for m in (self.effects.replays() if self.effects is not None else []):
             target = self.expr(m.obj)
@@ -426,7 +441,7 @@ class Writer:
 
     def write(self, sig: BreakSignal, graph_call: str | None) -> str:
         frames = sig.frames  # innermost first
-        replay = self.mat.replay_lines()
+        before, replay = self.mat.replay_parts()
         lines: list[str] = []
         sig_text, consts = signature(self.fs0.node.args, self.fs0.defaults)
         for k, v in consts.items():
@@ -448,18 +463,26 @@ class Writer:
             bind += [ast.unparse(d) for d in unbound_locals(inner.scope.fs.node, stmts, set(inner.vars))]
             bind += [f"{t} = {e}" for t, e in temps.items()]
             code = [ast.unparse(s) for s in stmts]
-            body = self.finish(graph_call, replay + bind + code)
+            body = self.finish(graph_call, replay + bind + code, before)
         else:
-            body = self.finish(graph_call, replay + self.write_inlined(frames, sig))
+            body = self.finish(graph_call, replay + self.write_inlined(frames, sig), before)
         lines += ["    " + l for b in body for l in b.splitlines()]
         return "\n".join(lines)
 
-    def finish(self, graph_call, body) -> list[str]:
-        """The transformed function's body: sources bound on entry, the graph call, the
-        function's own containers that Python code receives, then `body` (which begins with
-        the replayed side effects). Call once everything is materialized."""
-        return (self.mat.entry_lines() + ([graph_call] if graph_call else [])
-                + self.mat.prelude + body)
+    def finish(self, graph_call, body, before=()) -> list[str]:
+        """The transformed function's body: sources bound on entry, the side effects made
+        `before` the graph, the graph call (`(name, inputs)`: inputs are read before those side
+        effects, where capture read them), the function's own containers that Python code
+        receives, then `body` (which begins with the other replayed side effects). Call once
+        everything is materialized."""
+        if graph_call is None:
+            return self.mat.entry_lines() + list(before) + self.mat.prelude + body
+        name, inputs = graph_call
+        if not before:
+            call = [f"__fl_o = {name}({', '.join(inputs)})"]
+        else:
+            call = [f"__fl_in = ({''.join(i + ', ' for i in inputs)})", *before, f"__fl_o = {name}(*__fl_in)"]
+        return self.mat.entry_lines() + call + self.mat.prelude + body
 
     def write_inlined(self, frames, sig: BreakSignal) -> list[str]:
         """A break inside an inlined call. The breaking statement runs in a plain helper with
