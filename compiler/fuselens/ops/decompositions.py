@@ -108,7 +108,8 @@ def div(a, b, *, rounding_mode=None):
 
 @register(_method("__rtruediv__"))
 def rdiv(a, b):
-    return P.div(b, a)
+    # torch's own spelling: reciprocal, then a product (each rounded in half precision)
+    return P.mul(P.div(1.0, a), b)
 
 
 @register(operator.floordiv, torch.floor_divide, _method("__floordiv__"))
@@ -192,9 +193,12 @@ def reciprocal(x):
     return P.div(1.0, x)
 
 
-@register(*_t("sign"))
+@register(*_t("sign", "sgn"))
 def sign(x):
-    return P.where(P.gt(x, 0), 1, P.where(P.lt(x, 0), -1, 0)) if x.dtype != torch.bool else x
+    if x.dtype == torch.bool:
+        return x
+    # NaN is neither > 0 nor < 0: its sign is 0, as torch's
+    return P.cast(P.where(P.gt(x, 0), 1, P.where(P.lt(x, 0), -1, 0)), x.dtype)
 
 
 # --- activations ----------------------------------------------------------------------------------

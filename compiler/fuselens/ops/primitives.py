@@ -19,7 +19,7 @@ PRIMITIVES: dict[str, "Primitive"] = {}
 class Primitive:
     """A primitive op. Callable (runs `impl`) so a primitive FX graph also runs eagerly."""
 
-    def __init__(self, name, impl, kind, *, triton=None, reduce=None, fresh_contiguous=False):
+    def __init__(self, name, impl, kind, *, triton=None, reduce=None, fresh_contiguous=False, opmath_scalars=False):
         self.name = name
         self.__name__ = f"prim_{name}"
         self.__qualname__ = self.__name__
@@ -31,6 +31,9 @@ class Primitive:
         # an extern whose result is always a new contiguous tensor, never a view of an operand
         # (the wrapper skips its layout check and may keep constants it reads)
         self.fresh_contiguous = fresh_contiguous
+        # a Python scalar operand enters at compute precision, not rounded to a half-precision
+        # tensor operand's dtype (ATen's add/sub/mul/div take the original scalar in opmath)
+        self.opmath_scalars = opmath_scalars
         self.vjp = None
         PRIMITIVES[name] = self
 
@@ -41,8 +44,8 @@ class Primitive:
         return f"prim.{self.name}"
 
 
-def _pointwise(name, impl, triton):
-    return Primitive(name, impl, "pointwise", triton=triton)
+def _pointwise(name, impl, triton, **kwargs):
+    return Primitive(name, impl, "pointwise", triton=triton, **kwargs)
 
 
 # --- pointwise: unary -------------------------------------------------------------------------
@@ -68,10 +71,10 @@ copy = _pointwise("copy", torch.clone, "{0}")
 stop_gradient = _pointwise("stop_gradient", torch.Tensor.detach, "{0}")
 
 # --- pointwise: binary (operands broadcast; the builder casts them to one dtype first) ----------
-add = _pointwise("add", torch.add, "{0} + {1}")
-sub = _pointwise("sub", torch.sub, "{0} - {1}")
-mul = _pointwise("mul", torch.mul, "{0} * {1}")
-div = _pointwise("div", torch.div, "{0} / {1}")
+add = _pointwise("add", torch.add, "{0} + {1}", opmath_scalars=True)
+sub = _pointwise("sub", torch.sub, "{0} - {1}", opmath_scalars=True)
+mul = _pointwise("mul", torch.mul, "{0} * {1}", opmath_scalars=True)
+div = _pointwise("div", torch.div, "{0} / {1}", opmath_scalars=True)
 pow = _pointwise("pow", torch.pow, "libdevice.pow({0}, {1})")
 maximum = _pointwise("maximum", torch.maximum, "tl.maximum({0}, {1}, tl.PropagateNan.ALL)")
 minimum = _pointwise("minimum", torch.minimum, "tl.minimum({0}, {1}, tl.PropagateNan.ALL)")
