@@ -33,8 +33,8 @@ import sympy
 import torch
 
 from ..lower.ir import FloorDiv, ModIndex, compute_dtype, contiguous_strides, use_handler
-from ..schedule.fusion import (PERSISTENT_RNUMEL_MAX, FusedKernel, keep_shape, loop_vars, node_vars, row_shapes,
-                               store_index)
+from ..schedule.fusion import (PERSISTENT_RNUMEL_MAX, FusedKernel, ReadRecorder, keep_shape, loop_vars, node_vars,
+                               row_shapes, store_index)
 from .launcher import MAX_RTILE, next_power_of_2
 
 # blocks never exceed this many elements, so a size divisible by it needs no mask
@@ -154,6 +154,7 @@ class KernelWriter:
         self.source_lines: set = set()
         self.varies: dict[str, frozenset] = {}  # temporary -> which block axes ("x", "r") it varies along
         self.hoist_at = None  # where loads go in a persistent kernel (after the index setup)
+        self._reads: dict[str, list] = {}  # buffer name -> the buffers its body loads
 
     # --- emission helpers -------------------------------------------------------------------------
     def emit(self, text, loc=None):
@@ -293,14 +294,48 @@ class KernelWriter:
         return self.cse(text, compute_dtype(buf.dtype), hoist=True)
 
     def inline(self, buf):
-        """The value of a pointwise buffer of this kernel at the current loop variables."""
-        key = f"<inline {buf.name} under {self.mask_stack}>"
-        for scope in reversed(self.scopes):
-            if key in scope:
-                return scope[key]
-        value = buf.body(self.vars_for(buf))
-        self.scopes[-1][key] = value
+        """The value of a pointwise buffer of this kernel at the current loop variables. The
+        kernel's buffers it reads are computed first, in kernel order, so that each body finds
+        its inputs computed: a long chain of fused buffers is not a chain of nested calls."""
+        value = self._inlined(buf)
+        if value is None:
+            for dep in self._group_deps(buf):
+                if self._inlined(dep) is None:
+                    self._inline_one(dep)
+            value = self._inline_one(buf)
         return value
+
+    def _inline_key(self, buf):
+        return f"<inline {buf.name} under {self.mask_stack}>"
+
+    def _inlined(self, buf):
+        key = self._inline_key(buf)
+        return next((scope[key] for scope in reversed(self.scopes) if key in scope), None)
+
+    def _inline_one(self, buf):
+        value = buf.body(self.vars_for(buf))
+        self.scopes[-1][self._inline_key(buf)] = value
+        return value
+
+    def _group_deps(self, buf):
+        """The pointwise buffers of this kernel that `buf` reads, directly or not, in kernel order."""
+        found, todo = set(), [buf]
+        while todo:
+            for src in self._direct_reads(todo.pop()):
+                dep = self.group.get(src.name)
+                if dep is not None and dep.kind == "pointwise" and src.name not in self.values \
+                        and src.name not in found:
+                    found.add(src.name)
+                    todo.append(dep)
+        return [n for n in self.kernel.nodes if n.name in found]
+
+    def _direct_reads(self, buf):
+        if buf.name not in self._reads:
+            recorder = ReadRecorder(self.sizevars)
+            with use_handler(recorder):
+                buf.body(self.vars_for(buf))
+            self._reads[buf.name] = [b for b, _ in recorder.reads]
+        return self._reads[buf.name]
 
     def constant(self, value, dtype):
         if not isinstance(value, bool) and float(value).is_integer() and int(value) in self.dynamic_values:

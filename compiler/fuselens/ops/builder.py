@@ -182,14 +182,22 @@ def logical_not(x):
     return emit(prim.logical_not, x)
 
 
+def emit_operands(p, *operands, dtype):
+    """A pointwise primitive of tensors and Python scalars (already cast to `dtype`). The scalars
+    stay literals in the graph; the meta value is computed with them as 0-d tensors of `dtype`,
+    since some torch functions take only tensors (logical_and, maximum)."""
+    meta = [o.val if isinstance(o, TVal) else torch.tensor(o, dtype=dtype, device="meta") for o in operands]
+    return emit(p, *operands, _val=p.impl(*meta))
+
+
 def _binary(p, float_result=False):
     def fn(a, b):
         if not isinstance(a, TVal) and not isinstance(b, TVal):
-            return p.impl(torch.tensor(a), b).item()
+            return p.impl(torch.tensor(a), torch.tensor(b)).item()
         dtype = result_type(a, b)
         if float_result and not dtype.is_floating_point:
             dtype = torch.get_default_dtype()
-        return emit(p, cast(a, dtype), cast(b, dtype))
+        return emit_operands(p, cast(a, dtype), cast(b, dtype), dtype=dtype)
     fn.__name__ = p.name
     return fn
 
@@ -215,7 +223,9 @@ def pow(a, b):
 
 def _logical(p):
     def fn(a, b):
-        return emit(p, a, b)
+        if not isinstance(a, TVal) and not isinstance(b, TVal):
+            return builtins.bool(p.impl(torch.tensor(a), torch.tensor(b)))
+        return emit_operands(p, cast(a, torch.bool), cast(b, torch.bool), dtype=torch.bool)
     return fn
 
 
@@ -227,7 +237,10 @@ def where(cond, a, b):
     dtype = result_type(a, b)
     if not isinstance(cond, TVal):
         return a if cond else b
-    return emit(prim.where, cast(cond, torch.bool), cast(a, dtype), cast(b, dtype))
+    a, b = cast(a, dtype), cast(b, dtype)
+    return emit(prim.where, cast(cond, torch.bool), a, b,
+                _val=prim.where.impl(cond.val, *(v.val if isinstance(v, TVal) else
+                                                  torch.tensor(v, dtype=dtype, device="meta") for v in (a, b))))
 
 
 # --- reductions -----------------------------------------------------------------------------------
