@@ -424,8 +424,10 @@ class KernelWriter:
             index_text, mask = "xindex", "xmask"
         else:
             index_text, mask = self.index_text(index), self.mask_for(index)
-        if value.literal:
-            value = CV(f"tl.full({self.block_shape()}, {value}, {TL_DTYPES[value.dtype]})", value.dtype)
+        if value.literal:  # a block of the pointers' shape: [XBLOCK, 1] where they do not vary along r
+            along_r = any(s.name[0] == "r" for s in index.free_symbols)
+            shape = "[XBLOCK, RBLOCK]" if along_r else "[XBLOCK, 1]" if self.kernel.is_reduction else "[XBLOCK]"
+            value = CV(f"tl.full({shape}, {value}, {TL_DTYPES[value.dtype]})", value.dtype)
         self.emit(f"tl.store({ptr} + {index_text}, {value}" + (f", {mask})" if mask else ")"), loc=buf.loc or self.loc)
 
     def reduction(self, buf, looped):
