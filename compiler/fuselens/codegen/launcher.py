@@ -65,7 +65,7 @@ class _InterpretedLibdevice:
 def _torch_cast(numpy_data, src, dst):
     """Cast numpy block data of Triton type `src` to `dst` as torch casts (bf16 is stored as uint16)."""
     import torch
-    tensor = torch.from_numpy(np.ascontiguousarray(numpy_data))
+    tensor = torch.from_numpy(np.require(numpy_data, requirements=["C", "W"]))
     if src == "bf16":
         tensor = tensor.view(torch.bfloat16)
     out = tensor.to(_TORCH_DTYPES[dst])

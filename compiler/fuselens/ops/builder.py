@@ -210,12 +210,14 @@ eq, ne, lt, le, gt, ge = (_binary(p) for p in (prim.eq, prim.ne, prim.lt, prim.l
 
 def pow(a, b):
     if isinstance(b, numbers.Number) and isinstance(a, TVal):
-        # small integer powers as products: exact, and no pow call in the kernel
+        # small integer powers as products: exact, and no pow call in the kernel (in fp32 for
+        # half types: pow rounds once)
         if float(b).is_integer() and 1 <= b <= 4:
-            out = a
+            x = cast(a, torch.float32) if a.dtype in (torch.float16, torch.bfloat16) else a
+            out = x
             for _ in range(int(b) - 1):
-                out = mul(out, a)
-            return out
+                out = mul(out, x)
+            return cast(out, a.dtype)
         if b == 0.5:
             return sqrt(a)
     return _binary(prim.pow)(a, b)

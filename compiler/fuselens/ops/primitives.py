@@ -32,7 +32,8 @@ class Primitive:
         # (the wrapper skips its layout check and may keep constants it reads)
         self.fresh_contiguous = fresh_contiguous
         # a Python scalar operand enters at compute precision, not rounded to a half-precision
-        # tensor operand's dtype (ATen's add/sub/mul/div take the original scalar in opmath)
+        # tensor operand's dtype (ATen's mul and div take the original scalar in opmath; add
+        # and sub round it)
         self.opmath_scalars = opmath_scalars
         self.vjp = None
         PRIMITIVES[name] = self
@@ -71,8 +72,8 @@ copy = _pointwise("copy", torch.clone, "{0}")
 stop_gradient = _pointwise("stop_gradient", torch.Tensor.detach, "{0}")
 
 # --- pointwise: binary (operands broadcast; the builder casts them to one dtype first) ----------
-add = _pointwise("add", torch.add, "{0} + {1}", opmath_scalars=True)
-sub = _pointwise("sub", torch.sub, "{0} - {1}", opmath_scalars=True)
+add = _pointwise("add", torch.add, "{0} + {1}")
+sub = _pointwise("sub", torch.sub, "{0} - {1}")
 mul = _pointwise("mul", torch.mul, "{0} * {1}", opmath_scalars=True)
 div = _pointwise("div", torch.div, "{0} / {1}", opmath_scalars=True)
 pow = _pointwise("pow", torch.pow, "libdevice.pow({0}, {1})")
