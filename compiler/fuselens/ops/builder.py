@@ -168,7 +168,16 @@ abs = _unary(prim.abs, float_only=False)
 exp, exp2, log, log1p = (_unary(p) for p in (prim.exp, prim.exp2, prim.log, prim.log1p))
 sqrt, rsqrt, sin, cos = (_unary(p) for p in (prim.sqrt, prim.rsqrt, prim.sin, prim.cos))
 tanh, sigmoid, erf = (_unary(p) for p in (prim.tanh, prim.sigmoid, prim.erf))
-floor, ceil = _unary(prim.floor, float_only=False), _unary(prim.ceil, float_only=False)
+
+
+def _rounding(p):
+    def fn(x):  # integers are whole already: torch gives a copy (Triton's floor takes only floats)
+        return emit(p, x) if x.dtype.is_floating_point else emit(prim.copy, x)
+    fn.__name__ = p.name
+    return fn
+
+
+floor, ceil = _rounding(prim.floor), _rounding(prim.ceil)
 
 
 def copy(x, memory_format=torch.preserve_format):
@@ -197,9 +206,14 @@ def _binary(p, float_result=False):
         dtype = result_type(a, b)
         if float_result and not dtype.is_floating_point:
             dtype = torch.get_default_dtype()
-        return emit_operands(p, cast(a, dtype), cast(b, dtype), dtype=dtype)
+        # bools add and multiply as torch's do (True + True is True); Triton's 1-bit integers wrap
+        op = _BOOL_ARITHMETIC.get(p, p) if dtype == torch.bool else p
+        return emit_operands(op, cast(a, dtype), cast(b, dtype), dtype=dtype)
     fn.__name__ = p.name
     return fn
+
+
+_BOOL_ARITHMETIC = {prim.add: prim.logical_or, prim.mul: prim.logical_and}
 
 
 add, sub, mul = _binary(prim.add), _binary(prim.sub), _binary(prim.mul)
