@@ -210,3 +210,22 @@ def test_0d_values_in_looped_reductions(op):
         s = x.sum()
         return op(x, s).sum(-1), op(c, x.amax(-1)), (op(c, x) * s).amax(-1)
     check(fn, torch.randn(2, 5000, device=DEVICE), torch.tensor(0.5, device=DEVICE), rtol=1e-4, atol=1e-2)
+
+
+GRAD_OPS = {"tanh": lambda x: torch.tanh(x), "mul": lambda x: x * x.flip(-1), "exp_chain": lambda x: torch.tanh(x) * x}
+
+
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name", sorted(GRAD_OPS))
+def test_half_precision_gradients_round_once(half, name):
+    """A primitive's VJP in half precision is computed in fp32 and rounded once, as ATen's
+    backward kernels (tanh_backward, sigmoid_backward) do: no rounding after each of its steps."""
+    fn = GRAD_OPS[name]
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(4, 16, generator=g) * 2).to(half).to(DEVICE)
+    cotangent = torch.randn(4, 16, generator=g).to(half).to(DEVICE)
+    xc, xe = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    _, (out,) = run(fn, xc)
+    got, = torch.autograd.grad(out, xc, cotangent)
+    expected, = torch.autograd.grad(fn(xe), xe, cotangent)
+    assert_same(got, expected)

@@ -38,11 +38,34 @@ class Primitive:
         self.vjp = None
         PRIMITIVES[name] = self
 
+    @property
+    def vjp(self):
+        return self._vjp
+
+    @vjp.setter
+    def vjp(self, rule):
+        self._vjp = _in_compute_precision(rule) if rule is not None and self.kind == "pointwise" else rule
+
     def __call__(self, *args, **kwargs):
         return self.impl(*args, **kwargs)
 
     def __repr__(self):
         return f"prim.{self.name}"
+
+
+def _in_compute_precision(rule):
+    """A pointwise primitive's VJP computed in fp32 for half-precision values: like the ATen
+    backward kernel it stands for, it rounds once (the joint graph casts each gradient to its
+    argument's dtype), where its steps in half precision would each round."""
+    def upcast(v):
+        from .builder import TVal, cast
+        if isinstance(v, (list, tuple)):
+            return type(v)(upcast(x) for x in v)
+        return cast(v, torch.float32) if isinstance(v, TVal) and v.dtype in (torch.float16, torch.bfloat16) else v
+
+    def vjp(g, out, *args, **kwargs):
+        return rule(upcast(g), upcast(out), *upcast(args), **kwargs)
+    return vjp
 
 
 def _pointwise(name, impl, triton, **kwargs):
