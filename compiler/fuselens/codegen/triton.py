@@ -18,7 +18,8 @@ line (`tmp7 = tmp3 * tmp5  # model.py:12 ...`), with common subexpressions reuse
               column tile)) and the accumulator is the whole [XBLOCK, RBLOCK] tile, added
               elementwise, its rows reduced once after the loop (a reduction across rows each
               step costs a shared-memory round trip per tile).
-Half-precision values are computed in fp32 (loads upcast, stores round). Sizes, strides and
+Half-precision values are computed in fp32 (loads upcast) and each primitive's result is rounded to
+its half type, as eager's op results are (`round`). max/min reductions propagate NaN. Sizes, strides and
 offsets are kernel arguments (`ks0, ks1, ...`).
 """
 from __future__ import annotations
