@@ -158,12 +158,16 @@ def abs_(x):
 def pow_(a, b):
     if _both_python(a, b):
         return a ** b
+    small_power = isinstance(b, (int, float)) and float(b).is_integer() and 1 <= b <= 4
+    if not P.result_type(a, b).is_floating_point and not small_power:
+        # integer powers (2 ** -1 == 0) are no floating-point pow: torch computes them
+        raise Unsupported("integer pow")
     return P.pow(a, b)
 
 
 @register(_method("__rpow__"))
 def rpow(a, b):
-    return P.pow(b, a)
+    return pow_(b, a)
 
 
 @register(*_t("square"))
@@ -443,7 +447,9 @@ def _max_min(p_reduce, p_binary, p_arg):
             return p_binary(x, dim)
         if dim is None:
             return p_reduce(x, None, False)
-        return p_reduce(x, dim, keepdim), emit(p_arg, x, dim, keepdim)
+        # argmax/argmin take no bools: the index of the first True is that of the first 1
+        arg_of = P.cast(x, torch.uint8) if x.dtype == torch.bool else x
+        return p_reduce(x, dim, keepdim), emit(p_arg, arg_of, dim, keepdim)
     return fn
 
 
