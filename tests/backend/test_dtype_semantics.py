@@ -147,6 +147,8 @@ NAN_OPS = {
     "fmax": lambda x: torch.fmax(x, x.flip(0)), "fmin": lambda x: torch.fmin(x, x.flip(-1)),
     "clamp": lambda x: torch.clamp(x, -0.5, 0.5), "relu": lambda x: torch.relu(x), "max_then_sub": lambda x: x - x.amax(-1, True),
     "sqrt_max": lambda x: x.sqrt().max(),
+    "clamp_nan_bound": lambda x: torch.clamp(x.flip(0), min=x, max=x.flip(-1) + 1),
+    "clamp_nan_scalar": lambda x: torch.clamp(x, max=float("nan")),
 }
 # persistent rows, looped rows (past 4096 elements), a column reduction split in two stages
 NAN_SHAPES = [(5, 12), (2, 4500), (2048, 3)]

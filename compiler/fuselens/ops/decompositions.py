@@ -262,10 +262,13 @@ def softplus(x, beta=1.0, threshold=20.0):
 @register(*_t("clamp", "clip"))
 def clamp(x, min=None, max=None, inplace=False):
     out = x
-    if min is not None:
-        out = P.where(P.lt(out, min), P.cast(min, P.result_type(x, min)), out)
-    if max is not None:
-        out = P.where(P.gt(out, max), P.cast(max, P.result_type(out, max)), out)
+    for bound, past in ((min, P.lt), (max, P.gt)):
+        if bound is not None:
+            # a NaN bound gives NaN, as torch's clamp propagates it (a NaN x stays: no comparison holds)
+            take = past(out, bound)
+            if isinstance(bound, TVal) or (isinstance(bound, float) and math.isnan(bound)):
+                take = P.logical_or(take, P.ne(bound, bound)) if isinstance(bound, TVal) else P.eq(out, out)
+            out = P.where(take, P.cast(bound, P.result_type(out, bound)), out)
     return out
 
 
