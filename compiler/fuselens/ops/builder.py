@@ -253,10 +253,7 @@ def where(cond, a, b):
     dtype = result_type(a, b)
     if not isinstance(cond, TVal):
         return a if cond else b
-    a, b = cast(a, dtype), cast(b, dtype)
-    return emit(prim.where, cast(cond, torch.bool), a, b,
-                _val=prim.where.impl(cond.val, *(v.val if isinstance(v, TVal) else
-                                                  torch.tensor(v, dtype=dtype, device="meta") for v in (a, b))))
+    return emit_operands(prim.where, cast(cond, torch.bool), cast(a, dtype), cast(b, dtype), dtype=dtype)
 
 
 # --- reductions -----------------------------------------------------------------------------------
