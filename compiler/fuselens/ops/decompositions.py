@@ -266,8 +266,10 @@ def clamp(x, min=None, max=None, inplace=False):
         if bound is not None:
             # a NaN bound gives NaN, as torch's clamp propagates it (a NaN x stays: no comparison holds)
             take = past(out, bound)
-            if isinstance(bound, TVal) or (isinstance(bound, float) and math.isnan(bound)):
-                take = P.logical_or(take, P.ne(bound, bound)) if isinstance(bound, TVal) else P.eq(out, out)
+            if isinstance(bound, TVal):
+                take = P.logical_or(take, P.ne(bound, bound))
+            elif isinstance(bound, float) and math.isnan(bound):
+                take = P.eq(out, out)  # everywhere x is not NaN
             out = P.where(take, P.cast(bound, P.result_type(out, bound)), out)
     return out
 

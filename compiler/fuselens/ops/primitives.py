@@ -57,13 +57,13 @@ def _in_compute_precision(rule):
     """A pointwise primitive's VJP computed in fp32 for half-precision values: like the ATen
     backward kernel it stands for, it rounds once (the joint graph casts each gradient to its
     argument's dtype), where its steps in half precision would each round."""
-    def upcast(v):
-        from .builder import TVal, cast
-        if isinstance(v, (list, tuple)):
-            return type(v)(upcast(x) for x in v)
-        return cast(v, torch.float32) if isinstance(v, TVal) and v.dtype in (torch.float16, torch.bfloat16) else v
-
     def vjp(g, out, *args, **kwargs):
+        from .builder import TVal, cast  # the builder emits these primitives
+
+        def upcast(v):
+            if isinstance(v, (list, tuple)):
+                return type(v)(upcast(x) for x in v)
+            return cast(v, torch.float32) if isinstance(v, TVal) and v.dtype in (torch.float16, torch.bfloat16) else v
         return rule(upcast(g), upcast(out), *upcast(args), **kwargs)
     return vjp
 
