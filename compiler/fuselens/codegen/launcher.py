@@ -104,6 +104,32 @@ def patch_interpreter_casts():
     builder._fuselens_casts = True
 
 
+# the combine functions of fuselens kernels' reductions (codegen/triton.py), as numpy reductions
+_NUMPY_REDUCTIONS = {"_max_combine": np.max, "_min_combine": np.min, "_prod_combine": np.prod}
+
+
+def patch_interpreter_reductions():
+    """Triton's interpreter runs tl.reduce with a combine function other than its own one
+    element at a time in Python (100x slower than tl.max); fuselens's max, min and prod combine
+    functions are numpy's max (NaN-propagating, as the combine function), min and prod."""
+    from triton.runtime import interpreter
+    ops = interpreter.ReduceOps
+    if getattr(ops, "_fuselens_reductions", False):
+        return
+    apply_impl = ops.apply_impl
+
+    def apply(self, input):
+        fn = getattr(self.combine_fn, "fn", None)
+        reduce = _NUMPY_REDUCTIONS.get(getattr(fn, "__name__", None))
+        if reduce is None or self.axis is None or not getattr(fn, "__module__", "").startswith("fuselens_kernel_"):
+            return apply_impl(self, input)
+        value = input[0]
+        data = value.handle.data
+        return self.to_tensor(reduce(data, axis=self.axis, keepdims=self.keep_dims).astype(data.dtype), value.dtype)
+    ops.apply_impl = apply
+    ops._fuselens_reductions = True
+
+
 def load_module(source: str):
     key = hashlib.sha256(source.encode()).hexdigest()[:24]
     with _lock:
@@ -123,6 +149,7 @@ def load_module(source: str):
         if INTERPRET:
             module.libdevice = _InterpretedLibdevice()
             patch_interpreter_casts()
+            patch_interpreter_reductions()
         _modules[key] = module
         return module
 
