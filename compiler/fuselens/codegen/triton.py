@@ -53,7 +53,8 @@ REDUCE_AXIS0 = {"sum": "tl.sum({0}, 0)", "max": "tl.reduce({0}, 0, _max_combine)
 REDUCE_COMBINE = {"sum": "{0} + {1}", "max": "tl.maximum({0}, {1}, tl.PropagateNan.ALL)",
                   "min": "tl.minimum({0}, {1}, tl.PropagateNan.ALL)", "prod": "{0} * {1}"}
 # combine functions that tl.reduce calls, defined in a kernel's module when it uses them
-COMBINE_FNS = {r: f"def _{r}_combine(a, b):\n    return {REDUCE_COMBINE[r].format('a', 'b')}" for r in ("max", "min", "prod")}
+COMBINE_FNS = {r: f"def _{r}_combine(a, b):\n    return {REDUCE_COMBINE[r].format('a', 'b')}"
+               for r in ("max", "min", "prod")}
 
 
 # names in a kernel line whose values vary over the block: temporaries, loop variables, masks
