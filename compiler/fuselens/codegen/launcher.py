@@ -62,6 +62,74 @@ class _InterpretedLibdevice:
         return fn
 
 
+def _torch_cast(numpy_data, src, dst):
+    """Cast numpy block data of Triton type `src` to `dst` as torch casts (bf16 is stored as uint16)."""
+    import torch
+    tensor = torch.from_numpy(np.require(numpy_data, requirements=["C", "W"]))
+    if src == "bf16":
+        tensor = tensor.view(torch.bfloat16)
+    out = tensor.to(_TORCH_DTYPES[dst])
+    return (out.view(torch.uint16) if dst == "bf16" else out).numpy()
+
+
+_TORCH_DTYPES: dict = {}
+
+
+def patch_interpreter_casts():
+    """Triton's interpreter converts to and from bfloat16 by bit surgery that truncates instead of
+    rounding to nearest even, and casts ints and bools to bf16 by reinterpreting numpy integers
+    (1 becomes a tiny subnormal); a compiled kernel rounds. Its conversions between the types
+    torch has are done by torch instead, which rounds as a compiled kernel and eager do."""
+    import torch
+    from triton.runtime import interpreter
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder, "_fuselens_casts", False):
+        return
+    _TORCH_DTYPES.update({"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+                          "fp64": torch.float64, "int1": torch.bool, "int8": torch.int8, "int16": torch.int16,
+                          "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8})
+    cast_impl, fp_to_fp = builder.cast_impl, builder.create_fp_to_fp
+
+    def cast(self, src, dst_type):
+        s, d = src.dtype.scalar.name, dst_type.scalar.name
+        if s in _TORCH_DTYPES and d in _TORCH_DTYPES:
+            return interpreter.TensorHandle(_torch_cast(src.data, s, d), dst_type.scalar)
+        return cast_impl(self, src, dst_type)
+
+    def cast_fp(self, src, dst_type, rounding_mode):
+        if rounding_mode in (None, interpreter._ir.ROUNDING_MODE.RTNE):
+            return cast(self, src, dst_type)
+        return fp_to_fp(self, src, dst_type, rounding_mode)
+    builder.cast_impl, builder.create_fp_to_fp = cast, cast_fp
+    builder._fuselens_casts = True
+
+
+# the combine functions of fuselens kernels' reductions (codegen/triton.py), as numpy reductions
+_NUMPY_REDUCTIONS = {"_max_combine": np.max, "_min_combine": np.min, "_prod_combine": np.prod}
+
+
+def patch_interpreter_reductions():
+    """Triton's interpreter runs tl.reduce with a combine function other than its own one
+    element at a time in Python (100x slower than tl.max); fuselens's max, min and prod combine
+    functions are numpy's max (NaN-propagating, as the combine function), min and prod."""
+    from triton.runtime import interpreter
+    ops = interpreter.ReduceOps
+    if getattr(ops, "_fuselens_reductions", False):
+        return
+    apply_impl = ops.apply_impl
+
+    def apply(self, input):
+        fn = getattr(self.combine_fn, "fn", None)
+        reduce = _NUMPY_REDUCTIONS.get(getattr(fn, "__name__", None))
+        if reduce is None or self.axis is None or not getattr(fn, "__module__", "").startswith("fuselens_kernel_"):
+            return apply_impl(self, input)
+        value = input[0]
+        data = value.handle.data
+        return self.to_tensor(reduce(data, axis=self.axis, keepdims=self.keep_dims).astype(data.dtype), value.dtype)
+    ops.apply_impl = apply
+    ops._fuselens_reductions = True
+
+
 def load_module(source: str):
     key = hashlib.sha256(source.encode()).hexdigest()[:24]
     with _lock:
@@ -80,6 +148,8 @@ def load_module(source: str):
         spec.loader.exec_module(module)
         if INTERPRET:
             module.libdevice = _InterpretedLibdevice()
+            patch_interpreter_casts()
+            patch_interpreter_reductions()
         _modules[key] = module
         return module
 

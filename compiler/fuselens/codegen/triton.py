@@ -18,7 +18,8 @@ line (`tmp7 = tmp3 * tmp5  # model.py:12 ...`), with common subexpressions reuse
               column tile)) and the accumulator is the whole [XBLOCK, RBLOCK] tile, added
               elementwise, its rows reduced once after the loop (a reduction across rows each
               step costs a shared-memory round trip per tile).
-Half-precision values are computed in fp32 (loads upcast, stores round). Sizes, strides and
+Half-precision values are computed in fp32 (loads upcast) and each primitive's result is rounded to
+its half type, as eager's op results are (`round`). max/min reductions propagate NaN. Sizes, strides and
 offsets are kernel arguments (`ks0, ks1, ...`).
 """
 from __future__ import annotations
@@ -33,8 +34,8 @@ import sympy
 import torch
 
 from ..lower.ir import FloorDiv, ModIndex, compute_dtype, contiguous_strides, use_handler
-from ..schedule.fusion import (PERSISTENT_RNUMEL_MAX, FusedKernel, keep_shape, loop_vars, node_vars, row_shapes,
-                               store_index)
+from ..schedule.fusion import (PERSISTENT_RNUMEL_MAX, FusedKernel, ReadRecorder, keep_shape, loop_vars, node_vars,
+                               row_shapes, store_index)
 from .launcher import MAX_RTILE, next_power_of_2
 
 # blocks never exceed this many elements, so a size divisible by it needs no mask
@@ -44,12 +45,16 @@ TL_DTYPES = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfl
              torch.float64: "tl.float64", torch.int8: "tl.int8", torch.int16: "tl.int16", torch.int32: "tl.int32",
              torch.int64: "tl.int64", torch.uint8: "tl.uint8", torch.bool: "tl.int1"}
 
-REDUCE_FINAL = {"sum": "tl.sum({0}, 1)", "max": "tl.max({0}, 1)", "min": "tl.min({0}, 1)",
-                "prod": "tl.reduce({0}, 1, _prod_combine)"}
-REDUCE_AXIS0 = {"sum": "tl.sum({0}, 0)", "max": "tl.max({0}, 0)", "min": "tl.min({0}, 0)",
-                "prod": "tl.reduce({0}, 0, _prod_combine)"}
-REDUCE_COMBINE = {"sum": "{0} + {1}", "max": "tl.maximum({0}, {1})", "min": "tl.minimum({0}, {1})",
-                  "prod": "{0} * {1}"}
+# max and min propagate NaN as torch's do (tl.max and a bare tl.maximum drop it)
+REDUCE_FINAL = {"sum": "tl.sum({0}, 1)", "max": "tl.reduce({0}, 1, _max_combine)",
+                "min": "tl.reduce({0}, 1, _min_combine)", "prod": "tl.reduce({0}, 1, _prod_combine)"}
+REDUCE_AXIS0 = {"sum": "tl.sum({0}, 0)", "max": "tl.reduce({0}, 0, _max_combine)",
+                "min": "tl.reduce({0}, 0, _min_combine)", "prod": "tl.reduce({0}, 0, _prod_combine)"}
+REDUCE_COMBINE = {"sum": "{0} + {1}", "max": "tl.maximum({0}, {1}, tl.PropagateNan.ALL)",
+                  "min": "tl.minimum({0}, {1}, tl.PropagateNan.ALL)", "prod": "{0} * {1}"}
+# combine functions that tl.reduce calls, defined in a kernel's module when it uses them
+COMBINE_FNS = {r: f"def _{r}_combine(a, b):\n    return {REDUCE_COMBINE[r].format('a', 'b')}"
+               for r in ("max", "min", "prod")}
 
 
 # names in a kernel line whose values vary over the block: temporaries, loop variables, masks
@@ -146,11 +151,12 @@ class KernelWriter:
         self.size_args: dict = {}  # size symbol -> kernel argument name
         self.buffers: dict[str, object] = {}
         self.uses_seed = False
-        self.uses_prod = False
+        self.combines: set[str] = set()  # reductions whose combine function the kernel defines
         self.op_names: set[str] = set()
         self.source_lines: set = set()
         self.varies: dict[str, frozenset] = {}  # temporary -> which block axes ("x", "r") it varies along
         self.hoist_at = None  # where loads go in a persistent kernel (after the index setup)
+        self._reads: dict[str, list] = {}  # buffer name -> the buffers its body loads
 
     # --- emission helpers -------------------------------------------------------------------------
     def emit(self, text, loc=None):
@@ -290,26 +296,69 @@ class KernelWriter:
         return self.cse(text, compute_dtype(buf.dtype), hoist=True)
 
     def inline(self, buf):
-        """The value of a pointwise buffer of this kernel at the current loop variables."""
-        key = f"<inline {buf.name} under {self.mask_stack}>"
-        for scope in reversed(self.scopes):
-            if key in scope:
-                return scope[key]
-        value = buf.body(self.vars_for(buf))
-        self.scopes[-1][key] = value
+        """The value of a pointwise buffer of this kernel at the current loop variables. The
+        kernel's buffers it reads are computed first, in kernel order, so that each body finds
+        its inputs computed: a long chain of fused buffers is not a chain of nested calls."""
+        value = self._inlined(buf)
+        if value is None:
+            for dep in self._group_deps(buf):
+                if self._inlined(dep) is None:
+                    self._inline_one(dep)
+            value = self._inline_one(buf)
         return value
+
+    def _inline_key(self, buf):
+        return f"<inline {buf.name} under {self.mask_stack}>"
+
+    def _inlined(self, buf):
+        key = self._inline_key(buf)
+        return next((scope[key] for scope in reversed(self.scopes) if key in scope), None)
+
+    def _inline_one(self, buf):
+        value = buf.body(self.vars_for(buf))
+        self.scopes[-1][self._inline_key(buf)] = value
+        return value
+
+    def _group_deps(self, buf):
+        """The pointwise buffers of this kernel that `buf` reads, directly or not, in kernel order."""
+        found, todo = set(), [buf]
+        while todo:
+            for src in self._direct_reads(todo.pop()):
+                dep = self.group.get(src.name)
+                if dep is not None and dep.kind == "pointwise" and src.name not in self.values \
+                        and src.name not in found:
+                    found.add(src.name)
+                    todo.append(dep)
+        return [n for n in self.kernel.nodes if n.name in found]
+
+    def _direct_reads(self, buf):
+        if buf.name not in self._reads:
+            recorder = ReadRecorder(self.sizevars)
+            with use_handler(recorder):
+                buf.body(self.vars_for(buf))
+            self._reads[buf.name] = [b for b, _ in recorder.reads]
+        return self._reads[buf.name]
 
     def constant(self, value, dtype):
         if not isinstance(value, bool) and float(value).is_integer() and int(value) in self.dynamic_values:
             # a size that may change (e.g. the count a mean divides by): a kernel argument, not a literal
             return CV(self.expr(self.sizevars(int(value))), compute_dtype(dtype))
+        if compute_dtype(dtype) != dtype:  # a half-precision constant is the nearest value of its type
+            value = torch.tensor(value, dtype=dtype).item()
         return CV(literal(value, dtype), compute_dtype(dtype), value=value)
 
     def pointwise(self, p, vals, out_dtype):
         self.op_names.add(p.name)
         if p.triton.startswith("libdevice."):  # libdevice picks its function by operand types: no bare literals
             vals = [CV(f"tl.full([1], {v}, {TL_DTYPES[v.dtype]})", v.dtype) if v.literal else v for v in vals]
-        return self.cse(p.triton.format(*[v.expr for v in vals]), compute_dtype(out_dtype))
+        return self.round(self.cse(p.triton.format(*[v.expr for v in vals]), compute_dtype(out_dtype)), out_dtype)
+
+    def round(self, v, dtype):
+        """A value computed in fp32 as the nearest value of half-precision `dtype`: each primitive's
+        result is a tensor of its dtype, as eager's op results are (identity for other dtypes)."""
+        if compute_dtype(dtype) == dtype or v.literal:
+            return v
+        return self.cse(f"{v}.to({TL_DTYPES[dtype]}).to(tl.float32)", torch.float32)
 
     def to_dtype(self, v, dtype):
         if v.literal:
@@ -318,10 +367,11 @@ class KernelWriter:
             return v
         if dtype == torch.bool:
             return self.cse(f"{v} != 0", torch.bool)
-        text = f"{v}.to({TL_DTYPES[dtype]})"
-        if compute_dtype(dtype) != dtype:  # round to half precision, keep computing in fp32
-            text += ".to(tl.float32)"
-        return self.cse(text, compute_dtype(dtype))
+        if compute_dtype(dtype) != dtype:
+            # torch converts to half types from float32: ints and doubles are rounded to fp32 first
+            v = v if v.dtype == torch.float32 else self.cse(f"{v}.to(tl.float32)", torch.float32)
+            return self.round(v, dtype)
+        return self.cse(f"{v}.to({TL_DTYPES[dtype]})", dtype)
 
     def masked(self, conds, body, other, dtype):
         """`body()` where all `conds` hold (its loads masked by them), else `other`."""
@@ -343,7 +393,9 @@ class KernelWriter:
         e = sympy.sympify(e)
         if e.is_Integer:
             return self.constant(int(e), dtype)
-        return self.cse(f"({self.expr(e)}).to({TL_DTYPES[dtype]})", compute_dtype(dtype))
+        if compute_dtype(dtype) == dtype:
+            return self.cse(f"({self.expr(e)}).to({TL_DTYPES[dtype]})", dtype)
+        return self.round(self.cse(f"({self.expr(e)}).to(tl.float32)", torch.float32), dtype)
 
     def random(self, kind, stream, flat):
         self.uses_seed = True
@@ -374,8 +426,10 @@ class KernelWriter:
             index_text, mask = "xindex", "xmask"
         else:
             index_text, mask = self.index_text(index), self.mask_for(index)
-        if value.literal:
-            value = CV(f"tl.full({self.block_shape()}, {value}, {TL_DTYPES[value.dtype]})", value.dtype)
+        if value.literal:  # a block of the pointers' shape: [XBLOCK, 1] where they do not vary along r
+            along_r = any(s.name[0] == "r" for s in index.free_symbols)
+            shape = "[XBLOCK, RBLOCK]" if along_r else "[XBLOCK, 1]" if self.kernel.is_reduction else "[XBLOCK]"
+            value = CV(f"tl.full({shape}, {value}, {TL_DTYPES[value.dtype]})", value.dtype)
         self.emit(f"tl.store({ptr} + {index_text}, {value}" + (f", {mask})" if mask else ")"), loc=buf.loc or self.loc)
 
     def reduction(self, buf, looped):
@@ -384,7 +438,7 @@ class KernelWriter:
         shape = self.block_shape()
         with self.at(buf.loc):
             self.op_names.add({"max": "amax", "min": "amin"}.get(buf.reduce, buf.reduce))
-            self.uses_prod |= buf.reduce == "prod"
+            self.combines.add(buf.reduce)
             if value.literal:
                 value = CV(f"tl.full({shape}, {value}, {TL_DTYPES[dtype]})", dtype)
             elif self.axes(value.expr) != {"x", "r"}:  # a value constant along an axis of the block
@@ -395,7 +449,7 @@ class KernelWriter:
                 value = self.cse(f"tl.where(rmask, {value}, {neutral(buf.reduce, dtype)})", dtype)
             result = self.cse(REDUCE_FINAL[buf.reduce].format(value) + "[:, None]", dtype)
             self.varies[result.expr] = frozenset("x")
-            return result
+            return self.round(result, buf.dtype)
 
     def chunk_setup(self):
         """Before a chunked kernel's row loop: column indices, accumulators; then open the loop."""
@@ -430,7 +484,7 @@ class KernelWriter:
         dtype = compute_dtype(buf.dtype)
         with self.at(buf.loc):
             self.op_names.add({"max": "amax", "min": "amin"}.get(buf.reduce, buf.reduce))
-            self.uses_prod |= buf.reduce == "prod"
+            self.combines.add(buf.reduce)
             if value.literal:
                 value = CV(f"tl.full([XBLOCK, RBLOCK], {value}, {TL_DTYPES[dtype]})", dtype)
             elif self.axes(value.expr) != {"x", "r"}:
@@ -534,7 +588,7 @@ class KernelWriter:
                 self.emit(f"{acc} = tl.where(rmask, {combined}, {acc})")
             result = self.cse(REDUCE_FINAL[buf.reduce].format(acc) + "[:, None]", dtype)
             self.varies[result.expr] = frozenset("x")
-            return result
+            return self.round(result, buf.dtype)
 
     # --- the whole kernel -------------------------------------------------------------------------
     def kernel_name(self):
@@ -584,8 +638,8 @@ class KernelWriter:
         params = [p for p, _ in self.launch_params()]
         params += ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if self.kernel.is_reduction else [])
         header = ["import triton", "import triton.language as tl", "from triton.language.extra import libdevice", ""]
-        if self.uses_prod:
-            header += ["", "@triton.jit", "def _prod_combine(a, b):", "    return a * b", ""]
+        for r in sorted(self.combines & COMBINE_FNS.keys()):
+            header += ["", "@triton.jit", *COMBINE_FNS[r].split("\n"), ""]
         # a fresh seed every call: Triton must not compile a variant per seed's divisibility
         jit = '@triton.jit(do_not_specialize=["seed"])' if self.uses_seed else "@triton.jit"
         header += ["", jit, f"def {name}({', '.join(params)}):"]

@@ -10,7 +10,7 @@ from torch.fx.node import map_aggregate
 
 from ..ops import primitives as prim
 from .ir import (ComputedBuffer, ExternBuffer, ExternCall, InputBuffer, Lazy, LoweredGraph, SizeVars, TensorValue,
-                 View, FloorDiv, ModIndex, buffer_view, contiguous_strides, ops)
+                 View, FloorDiv, ModIndex, buffer_view, compute_dtype, contiguous_strides, ops)
 
 # A lazy value that inlines more operations than this is stored instead of recomputed in every
 # consumer (it also bounds the work of re-walking deep expression chains).
@@ -183,6 +183,8 @@ class Lowering:
         operands = args[1:] if p is prim.where else args
         tensor_dtypes = [a.dtype for a in operands if isinstance(a, TensorValue)]
         const_dtype = tensor_dtypes[0] if tensor_dtypes else dtype
+        if p.opmath_scalars:
+            const_dtype = compute_dtype(const_dtype)
 
         def fn(idx):
             vals = [a.load(broadcast_index(idx, shape, a.shape)) if isinstance(a, TensorValue)

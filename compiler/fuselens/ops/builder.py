@@ -168,7 +168,16 @@ abs = _unary(prim.abs, float_only=False)
 exp, exp2, log, log1p = (_unary(p) for p in (prim.exp, prim.exp2, prim.log, prim.log1p))
 sqrt, rsqrt, sin, cos = (_unary(p) for p in (prim.sqrt, prim.rsqrt, prim.sin, prim.cos))
 tanh, sigmoid, erf = (_unary(p) for p in (prim.tanh, prim.sigmoid, prim.erf))
-floor, ceil = _unary(prim.floor, float_only=False), _unary(prim.ceil, float_only=False)
+
+
+def _rounding(p):
+    def fn(x):  # integers are whole already: torch gives a copy (Triton's floor takes only floats)
+        return emit(p, x) if x.dtype.is_floating_point else emit(prim.copy, x)
+    fn.__name__ = p.name
+    return fn
+
+
+floor, ceil = _rounding(prim.floor), _rounding(prim.ceil)
 
 
 def copy(x, memory_format=torch.preserve_format):
@@ -182,16 +191,29 @@ def logical_not(x):
     return emit(prim.logical_not, x)
 
 
+def emit_operands(p, *operands, dtype):
+    """A pointwise primitive of tensors and Python scalars (already cast to `dtype`). The scalars
+    stay literals in the graph; the meta value is computed with them as 0-d tensors of `dtype`,
+    since some torch functions take only tensors (logical_and, maximum)."""
+    meta = [o.val if isinstance(o, TVal) else torch.tensor(o, dtype=dtype, device="meta") for o in operands]
+    return emit(p, *operands, _val=p.impl(*meta))
+
+
 def _binary(p, float_result=False):
     def fn(a, b):
         if not isinstance(a, TVal) and not isinstance(b, TVal):
-            return p.impl(torch.tensor(a), b).item()
+            return p.impl(torch.tensor(a), torch.tensor(b)).item()
         dtype = result_type(a, b)
         if float_result and not dtype.is_floating_point:
             dtype = torch.get_default_dtype()
-        return emit(p, cast(a, dtype), cast(b, dtype))
+        # bools add and multiply as torch's do (True + True is True); Triton's 1-bit integers wrap
+        op = _BOOL_ARITHMETIC.get(p, p) if dtype == torch.bool else p
+        return emit_operands(op, cast(a, dtype), cast(b, dtype), dtype=dtype)
     fn.__name__ = p.name
     return fn
+
+
+_BOOL_ARITHMETIC = {prim.add: prim.logical_or, prim.mul: prim.logical_and}
 
 
 add, sub, mul = _binary(prim.add), _binary(prim.sub), _binary(prim.mul)
@@ -202,12 +224,14 @@ eq, ne, lt, le, gt, ge = (_binary(p) for p in (prim.eq, prim.ne, prim.lt, prim.l
 
 def pow(a, b):
     if isinstance(b, numbers.Number) and isinstance(a, TVal):
-        # small integer powers as products: exact, and no pow call in the kernel
+        # small integer powers as products: exact, and no pow call in the kernel (in fp32 for
+        # half types: pow rounds once)
         if float(b).is_integer() and 1 <= b <= 4:
-            out = a
+            x = cast(a, torch.float32) if a.dtype in (torch.float16, torch.bfloat16) else a
+            out = x
             for _ in range(int(b) - 1):
-                out = mul(out, a)
-            return out
+                out = mul(out, x)
+            return cast(out, a.dtype)
         if b == 0.5:
             return sqrt(a)
     return _binary(prim.pow)(a, b)
@@ -215,7 +239,9 @@ def pow(a, b):
 
 def _logical(p):
     def fn(a, b):
-        return emit(p, a, b)
+        if not isinstance(a, TVal) and not isinstance(b, TVal):
+            return builtins.bool(p.impl(torch.tensor(a), torch.tensor(b)))
+        return emit_operands(p, cast(a, torch.bool), cast(b, torch.bool), dtype=torch.bool)
     return fn
 
 
@@ -227,7 +253,7 @@ def where(cond, a, b):
     dtype = result_type(a, b)
     if not isinstance(cond, TVal):
         return a if cond else b
-    return emit(prim.where, cast(cond, torch.bool), cast(a, dtype), cast(b, dtype))
+    return emit_operands(prim.where, cast(cond, torch.bool), cast(a, dtype), cast(b, dtype), dtype=dtype)
 
 
 # --- reductions -----------------------------------------------------------------------------------

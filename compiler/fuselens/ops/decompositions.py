@@ -9,6 +9,7 @@ then uses the extern call too, so no graph fails for want of a decomposition.
 from __future__ import annotations
 
 import builtins
+import functools
 import math
 import operator
 
@@ -54,7 +55,21 @@ def _is_half(dtype):
 
 def _upcast(x):
     """Half-precision math runs in fp32 (as ATen's kernels do internally)."""
-    return P.cast(x, torch.float32) if _is_half(x.dtype) else x
+    return P.cast(x, torch.float32) if isinstance(x, TVal) and _is_half(x.dtype) else x
+
+
+def _opmath(fn):
+    """A decomposition of one ATen kernel written with several primitives: computed in fp32 for
+    half-precision tensors and rounded once, as the kernel does (each primitive's result is
+    rounded to its dtype, so in half precision the steps would round each time)."""
+    @functools.wraps(fn)  # its signature is what decompose() checks arguments against
+    def wrapper(*args, **kwargs):
+        tensors = [a for a in args if isinstance(a, TVal)]
+        if not builtins.any(_is_half(t.dtype) for t in tensors):
+            return fn(*args, **kwargs)
+        dtype = P.result_type(*tensors)
+        return P.cast(fn(*[_upcast(a) for a in args], **kwargs), dtype)
+    return wrapper
 
 
 def _sizes(args):
@@ -98,7 +113,7 @@ def div(a, b, *, rounding_mode=None):
     if _both_python(a, b):
         return a / b if rounding_mode is None else (a // b if rounding_mode == "floor" else int(a / b))
     if rounding_mode is None:
-        return P.div(a, b)
+        return P.div(a, b) if isinstance(a, TVal) else rdiv(b, a)  # number / tensor is Tensor.__rtruediv__
     dtype = P.result_type(a, b)
     if not dtype.is_floating_point:
         raise Unsupported("integer division")
@@ -108,7 +123,8 @@ def div(a, b, *, rounding_mode=None):
 
 @register(_method("__rtruediv__"))
 def rdiv(a, b):
-    return P.div(b, a)
+    # torch's own spelling: reciprocal, then a product (each rounded in half precision)
+    return P.mul(P.div(1.0, a), b)
 
 
 @register(operator.floordiv, torch.floor_divide, _method("__floordiv__"))
@@ -142,12 +158,16 @@ def abs_(x):
 def pow_(a, b):
     if _both_python(a, b):
         return a ** b
+    small_power = isinstance(b, (int, float)) and float(b).is_integer() and 1 <= b <= 4
+    if not P.result_type(a, b).is_floating_point and not small_power:
+        # integer powers (2 ** -1 == 0) are no floating-point pow: torch computes them
+        raise Unsupported("integer pow")
     return P.pow(a, b)
 
 
 @register(_method("__rpow__"))
 def rpow(a, b):
-    return P.pow(b, a)
+    return pow_(b, a)
 
 
 @register(*_t("square"))
@@ -168,21 +188,25 @@ _unary(P.sigmoid, "sigmoid", functional=True)
 
 
 @register(*_t("log2"))
+@_opmath
 def log2(x):
     return P.mul(P.log(x), 1 / math.log(2))
 
 
 @register(*_t("log10"))
+@_opmath
 def log10(x):
     return P.mul(P.log(x), 1 / math.log(10))
 
 
 @register(*_t("expm1"))
+@_opmath
 def expm1(x):
     return P.sub(P.exp(x), 1)
 
 
 @register(*_t("tan"))
+@_opmath
 def tan(x):
     return P.div(P.sin(x), P.cos(x))
 
@@ -192,9 +216,12 @@ def reciprocal(x):
     return P.div(1.0, x)
 
 
-@register(*_t("sign"))
+@register(*_t("sign", "sgn"))
 def sign(x):
-    return P.where(P.gt(x, 0), 1, P.where(P.lt(x, 0), -1, 0)) if x.dtype != torch.bool else x
+    if x.dtype == torch.bool:
+        return x
+    # NaN is neither > 0 nor < 0: its sign is 0, as torch's
+    return P.cast(P.where(P.gt(x, 0), 1, P.where(P.lt(x, 0), -1, 0)), x.dtype)
 
 
 # --- activations ----------------------------------------------------------------------------------
@@ -226,6 +253,7 @@ def silu(x, inplace=False):
 
 
 @register(F.softplus)
+@_opmath
 def softplus(x, beta=1.0, threshold=20.0):
     scaled = P.mul(x, beta)
     return P.where(P.gt(scaled, threshold), x, P.div(P.log1p(P.exp(scaled)), beta))
@@ -234,10 +262,15 @@ def softplus(x, beta=1.0, threshold=20.0):
 @register(*_t("clamp", "clip"))
 def clamp(x, min=None, max=None, inplace=False):
     out = x
-    if min is not None:
-        out = P.where(P.lt(out, min), P.cast(min, P.result_type(x, min)), out)
-    if max is not None:
-        out = P.where(P.gt(out, max), P.cast(max, P.result_type(out, max)), out)
+    for bound, past in ((min, P.lt), (max, P.gt)):
+        if bound is not None:
+            # a NaN bound gives NaN, as torch's clamp propagates it (a NaN x stays: no comparison holds)
+            take = past(out, bound)
+            if isinstance(bound, TVal):
+                take = P.logical_or(take, P.ne(bound, bound))
+            elif isinstance(bound, float) and math.isnan(bound):
+                take = P.eq(out, out)  # everywhere x is not NaN
+            out = P.where(take, P.cast(bound, P.result_type(out, bound)), out)
     return out
 
 
@@ -303,14 +336,25 @@ def masked_fill(x, mask, value):
     return P.where(mask, P.cast(value, x.dtype), x)
 
 
-@register(*_t("maximum", "fmax"))
+@register(*_t("maximum"))
 def maximum(a, b):
     return P.maximum(a, b)
 
 
-@register(*_t("minimum", "fmin"))
+@register(*_t("minimum"))
 def minimum(a, b):
     return P.minimum(a, b)
+
+
+def _ignoring_nan(p_fn):
+    """fmax/fmin: a NaN operand gives the other one (maximum/minimum propagate NaN)."""
+    def fn(a, b):
+        return P.where(P.ne(b, b), a, P.where(P.ne(a, a), b, p_fn(a, b)))
+    return fn
+
+
+register(*_t("fmax"))(_ignoring_nan(P.maximum))
+register(*_t("fmin"))(_ignoring_nan(P.minimum))
 
 
 @register(*_t("isnan"))
@@ -408,7 +452,9 @@ def _max_min(p_reduce, p_binary, p_arg):
             return p_binary(x, dim)
         if dim is None:
             return p_reduce(x, None, False)
-        return p_reduce(x, dim, keepdim), emit(p_arg, x, dim, keepdim)
+        # argmax/argmin take no bools: the index of the first True is that of the first 1
+        arg_of = P.cast(x, torch.uint8) if x.dtype == torch.bool else x
+        return p_reduce(x, dim, keepdim), emit(p_arg, arg_of, dim, keepdim)
     return fn
 
 
@@ -529,11 +575,10 @@ if hasattr(F, "rms_norm"):
         y = _upcast(x)
         dims = _normalized_dims(x, normalized_shape)
         count = math.prod(x.shape[d] for d in dims)
-        eps = torch.finfo(x.dtype).eps if eps is None else eps
-        out = P.mul(y, P.rsqrt(P.add(P.div(P.sum(P.mul(y, y), dims, True), count), eps)))
-        if weight is not None:
-            out = P.mul(out, weight)
-        return P.cast(out, x.dtype)
+        eps = torch.finfo(y.dtype).eps if eps is None else eps  # ATen's: of the compute dtype
+        # as ATen's composite: normalized in fp32, rounded to x's dtype, then scaled
+        out = P.cast(P.mul(y, P.rsqrt(P.add(P.div(P.sum(P.mul(y, y), dims, True), count), eps))), x.dtype)
+        return out if weight is None else P.mul(out, weight)
 
 
 @register(F.dropout, torch.dropout)

@@ -19,7 +19,7 @@ PRIMITIVES: dict[str, "Primitive"] = {}
 class Primitive:
     """A primitive op. Callable (runs `impl`) so a primitive FX graph also runs eagerly."""
 
-    def __init__(self, name, impl, kind, *, triton=None, reduce=None, fresh_contiguous=False):
+    def __init__(self, name, impl, kind, *, triton=None, reduce=None, fresh_contiguous=False, opmath_scalars=False):
         self.name = name
         self.__name__ = f"prim_{name}"
         self.__qualname__ = self.__name__
@@ -31,8 +31,20 @@ class Primitive:
         # an extern whose result is always a new contiguous tensor, never a view of an operand
         # (the wrapper skips its layout check and may keep constants it reads)
         self.fresh_contiguous = fresh_contiguous
+        # a Python scalar operand enters at compute precision, not rounded to a half-precision
+        # tensor operand's dtype (ATen's mul and div take the original scalar in opmath; add
+        # and sub round it)
+        self.opmath_scalars = opmath_scalars
         self.vjp = None
         PRIMITIVES[name] = self
+
+    @property
+    def vjp(self):
+        return self._vjp
+
+    @vjp.setter
+    def vjp(self, rule):
+        self._vjp = _in_compute_precision(rule) if rule is not None and self.kind == "pointwise" else rule
 
     def __call__(self, *args, **kwargs):
         return self.impl(*args, **kwargs)
@@ -41,8 +53,23 @@ class Primitive:
         return f"prim.{self.name}"
 
 
-def _pointwise(name, impl, triton):
-    return Primitive(name, impl, "pointwise", triton=triton)
+def _in_compute_precision(rule):
+    """A pointwise primitive's VJP computed in fp32 for half-precision values: like the ATen
+    backward kernel it stands for, it rounds once (the joint graph casts each gradient to its
+    argument's dtype), where its steps in half precision would each round."""
+    def vjp(g, out, *args, **kwargs):
+        from .builder import TVal, cast  # the builder emits these primitives
+
+        def upcast(v):
+            if isinstance(v, (list, tuple)):
+                return type(v)(upcast(x) for x in v)
+            return cast(v, torch.float32) if isinstance(v, TVal) and v.dtype in (torch.float16, torch.bfloat16) else v
+        return rule(upcast(g), upcast(out), *upcast(args), **kwargs)
+    return vjp
+
+
+def _pointwise(name, impl, triton, **kwargs):
+    return Primitive(name, impl, "pointwise", triton=triton, **kwargs)
 
 
 # --- pointwise: unary -------------------------------------------------------------------------
@@ -70,8 +97,8 @@ stop_gradient = _pointwise("stop_gradient", torch.Tensor.detach, "{0}")
 # --- pointwise: binary (operands broadcast; the builder casts them to one dtype first) ----------
 add = _pointwise("add", torch.add, "{0} + {1}")
 sub = _pointwise("sub", torch.sub, "{0} - {1}")
-mul = _pointwise("mul", torch.mul, "{0} * {1}")
-div = _pointwise("div", torch.div, "{0} / {1}")
+mul = _pointwise("mul", torch.mul, "{0} * {1}", opmath_scalars=True)
+div = _pointwise("div", torch.div, "{0} / {1}", opmath_scalars=True)
 pow = _pointwise("pow", torch.pow, "libdevice.pow({0}, {1})")
 maximum = _pointwise("maximum", torch.maximum, "tl.maximum({0}, {1}, tl.PropagateNan.ALL)")
 minimum = _pointwise("minimum", torch.minimum, "tl.minimum({0}, {1}, tl.PropagateNan.ALL)")

@@ -7,6 +7,7 @@ import torch
 import torch.fx as fx
 from torch.fx.node import map_aggregate
 
+from . import builder as P
 from . import primitives as prim
 from .attention import rewrite_attention
 from .builder import GraphBuilder, TVal, emit
@@ -63,10 +64,39 @@ def decompose(target, args, kwargs, node=None):
             fn = None
     if fn is not None:
         try:
-            return fn(*args, **kwargs)
+            return with_result_dtypes(fn(*args, **kwargs), eager_result(target, args, kwargs, node))
         except Unsupported:
             pass
     return extern_call(target, args, kwargs, node)
+
+
+def eager_result(target, args, kwargs, node):
+    """What torch's op gives (meta tensors): capture's value, else the op run on meta tensors."""
+    val = node.meta.get("val") if node is not None else None
+    if val is not None:
+        return val
+    tvals = []
+    map_aggregate((args, kwargs), lambda a: tvals.append(a) if isinstance(a, TVal) else None)
+    if not tvals:  # a factory: it would allocate real memory
+        return None
+    try:
+        return target(*map_aggregate(args, _meta_val), **map_aggregate(kwargs, _meta_val))
+    except Exception:  # no meta kernel: the decomposition's dtypes stand
+        return None
+
+
+def _meta_val(a):
+    return a.val if isinstance(a, TVal) else a
+
+
+def with_result_dtypes(out, expected):
+    """A decomposition's results in the dtypes of torch's op (its type promotion and result-dtype
+    rules), whatever dtype the primitives it was written with produced."""
+    if isinstance(out, TVal) and isinstance(expected, torch.Tensor):
+        return out if out.dtype == expected.dtype else P.cast(out, expected.dtype)
+    if isinstance(out, (tuple, list)) and isinstance(expected, (tuple, list)) and len(out) == len(expected):
+        return type(out)(with_result_dtypes(o, e) for o, e in zip(out, expected))
+    return out
 
 
 def to_primitive_graph(gm: fx.GraphModule, example_inputs, device) -> fx.Graph:

@@ -131,7 +131,7 @@ def store_index(buf, shape, red_dims, sv):
     return sympy.expand(sum((v * sv(st) for v, st in zip(out_vars, buf.stride)), sympy.Integer(0)))
 
 
-class _ReadRecorder:
+class ReadRecorder:
     """Ops handler that runs a loop body only to see which buffer elements it loads."""
 
     def __init__(self, sizevars):
@@ -207,7 +207,7 @@ class Scheduler:
     def reads(self, buf, shape, red_dims):
         key = (buf.name, shape, red_dims)
         if key not in self._reads:
-            rec = _ReadRecorder(self.sv)
+            rec = ReadRecorder(self.sv)
             with use_handler(rec):
                 buf.body(node_vars(buf, shape, red_dims))
             self._reads[key] = rec.reads
