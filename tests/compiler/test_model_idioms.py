@@ -169,3 +169,49 @@ def act_from_registry(x):
 def test_zero_argument_super():
     check(act_from_registry, torch.randn(3), graphs=1, breaks=[])
     check(_Scaled(3, 3), torch.randn(2, 3), graphs=1, breaks=[])
+
+
+LIB = '''
+import torch
+
+PREFIX = "pkg"
+
+
+def log_usage(obj):
+    print("used", obj.__name__)  # a graph break inside the callee
+    return obj.__module__.startswith(PREFIX)
+
+
+def scale(x, p):
+    if not torch.jit.is_scripting():
+        log_usage(scale)
+    return x * p
+'''
+
+
+def test_break_inside_a_callee_from_another_module_uses_its_globals(tmp_path, capsys):
+    """The breaking statement and the rest of the callee run with the callee's own module globals."""
+    import importlib.util
+    path = tmp_path / "other_lib.py"
+    path.write_text(LIB)
+    spec = importlib.util.spec_from_file_location("other_lib", path)
+    lib = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lib)
+
+    def f(x):
+        return lib.scale(x, 0.5) + 1
+    check(f, torch.randn(3), breaks=["FL100"])
+
+
+def plain_value_idioms(x):
+    torch._assert(x.dim() == 2, "expected 2-d")  # torchvision's shape checks
+    name = type(x).__name__
+    if name.startswith("Ten") and "{}-{}".format(*x.shape) == "2-3" and not torch.jit.is_tracing():
+        x = x * 2
+    return x + 1
+
+
+def test_plain_values_compute_in_python():
+    """Methods of str and other immutable builtins, torch._assert on a Python bool, and the
+    tracer queries (False under torch.compile) run during capture: no graph break."""
+    check(plain_value_idioms, torch.randn(2, 3), graphs=1, breaks=[])

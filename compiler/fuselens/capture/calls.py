@@ -83,8 +83,18 @@ def is_logging_call(fn) -> bool:
     return getattr(fn, "__module__", None) == "logging" and not isinstance(fn, type)
 
 
-def is_compiling_fn(fn) -> bool:
-    return fn in _IS_COMPILING
+def compile_time_answer(fn):
+    """What a query about the compiler or the tracer answers under torch.compile (libraries take
+    their compile-friendly paths by it), or None if `fn` is no such query."""
+    if fn in _IS_COMPILING:
+        return True
+    if fn in _NOT_TRACING:
+        return False
+    return None
+
+
+# TorchScript's and the FX/JIT tracer's "am I being scripted/traced?": False under torch.compile
+_NOT_TRACING = {torch.jit.is_scripting, torch.jit.is_tracing, torch._C._get_tracing_state}
 
 
 _IS_COMPILING = {torch.compiler.is_compiling}

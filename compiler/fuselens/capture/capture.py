@@ -43,7 +43,7 @@ class GraphInfo:
 @dataclass
 class Capture:
     fs: FunctionSource
-    source: str                       # the transformed function (and break helpers)
+    source: str                       # the transformed function (and break helpers), as shown
     namespace: dict                   # constants the source refers to
     guards: list[Guard]
     guard_source: str
@@ -51,6 +51,10 @@ class Capture:
     graph_break: B.GraphBreak | None
     resumes: list[Resume] = field(default_factory=list)
     tensor_shapes: dict = field(default_factory=dict)  # source -> shape, for dynamic dims
+    function_source: str = ""        # the transformed function alone
+    # break helpers: (name, source, globals): each runs a statement of an inlined function, with
+    # that function's module globals (a callee from another module names its own globals)
+    helpers: list = field(default_factory=list)
 
 
 def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
@@ -98,12 +102,12 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
                           sorted(l for l in builder.lines if l[0] == fs.filename) or sorted(builder.lines),
                           builder.n_ops, graph_name)
     ev.effects.guard_distinct()
-    helpers = "\n\n".join(src for _, src, _ in writer.helper_sources())
-    source = text + ("\n\n\n" + helpers if helpers else "")
+    helpers = [(name, src, hfs.globals) for name, src, hfs in writer.helper_sources()]
+    source = "\n\n\n".join([text] + [src for _, src, _ in helpers])
     guard_src = _guard_source(fs, sources)
     shapes = {s: tuple(o.shape) for s, o in builder.inputs if isinstance(o, torch.Tensor)}
     return Capture(fs, source, dict(sources.constants), list(sources.guards), guard_src, graph,
-                   brk, writer.resumes, shapes)
+                   brk, writer.resumes, shapes, text, helpers)
 
 
 def _graph_call(name, builder) -> tuple:

@@ -1296,8 +1296,12 @@ class Evaluator:
             return fn.__fl_abstract_call__(self, args, kwargs, e, scope)
         if isinstance(fn, BoundUserMethod):
             return self.inline(fn.fn, args, kwargs, e, scope, self_value=fn.self_value)
-        if C.is_compiling_fn(fn):
-            return True
+        if C.compile_time_answer(fn) is not None:
+            return C.compile_time_answer(fn)
+        if fn is torch._assert and not contains_tensor(args):  # a check on plain values
+            if not args[0]:
+                raise AssertionError(args[1] if len(args) > 1 else "")
+            return None
         if fn is print:
             self.brk(B.PRINT, e, scope)
         if C.is_logging_call(fn):
@@ -1318,6 +1322,8 @@ class Evaluator:
             return self.inline(fn.__func__, args, kwargs, e, scope, self_value=fn.__self__)
         if isinstance(fn, types.BuiltinMethodType) and isinstance(fn.__self__, MUTABLE):
             return self.container_method(fn, args, kwargs, e, scope)
+        if isinstance(fn, types.BuiltinMethodType) and type(fn.__self__) in _IMMUTABLE:
+            return self.fold(fn, args, kwargs, e, scope)  # `name.startswith("x")`, `"{}".format(n)`
         if isinstance(fn, (types.FunctionType,)):
             return self.inline(fn, args, kwargs, e, scope)
         if isinstance(fn, type) and issubclass(fn, (int, float, bool, str, tuple, list, dict, set,
@@ -1622,6 +1628,10 @@ _FOLDABLE_ATOMS = (int, float, complex, bool, str, bytes, type(None), range, sli
                    types.BuiltinFunctionType, types.ModuleType, nn.Module, TensorVar, SymInt,
                    Unknown, LocalFunction, BoundUserMethod, type(Ellipsis), types.MethodType,
                    BaseException)  # an exception capture raised and a captured handler took
+
+
+# values whose methods compute a new value and change nothing: called on constants, they fold
+_IMMUTABLE = (str, bytes, int, float, complex, bool, tuple, frozenset, range, type(None))
 
 
 def _foldable(v) -> bool:

@@ -278,7 +278,9 @@ class CompiledFunction:
             child = CompiledFunction(None, mode=self.mode, fullgraph=False, fs=r.fs)
             self.children.append(child)
             ns[r.name] = child
-        fn = build_function(cap.source, fs.name, fs.globals, ns)
+        for name, src, globals_ in cap.helpers:
+            ns[name] = build_function(src, name, globals_, dict(ns))
+        fn = build_function(cap.function_source, fs.name, fs.globals, ns)
         guard_ns = {"torch": torch, **cap.namespace}
         guard_fn = build_function(cap.guard_source, "__fl_guard", guard_ns, {})
         entry = CacheEntry(fs.qualname, cap.guards, cap.source,
