@@ -336,7 +336,7 @@ def _deep(x, n):
 
 def test_recursion_past_inline_depth_breaks():
     def f(x):
-        return _deep(x, 20) * 2
+        return _deep(x, 60) * 2  # past MAX_INLINE_DEPTH (40)
     check(f, X)
     ex = fuselens.explain(f, X)
     assert "FL170" in [b.code for b in ex.graph_breaks], str(ex)

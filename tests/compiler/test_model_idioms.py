@@ -215,3 +215,56 @@ def test_plain_values_compute_in_python():
     """Methods of str and other immutable builtins, torch._assert on a Python bool, and the
     tracer queries (False under torch.compile) run during capture: no graph break."""
     check(plain_value_idioms, torch.randn(2, 3), graphs=1, breaks=[])
+
+
+class _Interface(__import__("collections.abc").abc.MutableMapping):
+    """transformers' AttentionInterface: a registry that is a MutableMapping of functions."""
+    _global = {"sdpa": torch.nn.functional.scaled_dot_product_attention}
+
+    def __init__(self):
+        self._local = {}
+
+    def __getitem__(self, k):
+        return self._local[k] if k in self._local else self._global[k]
+
+    def __setitem__(self, k, v):
+        self._local[k] = v
+
+    def __delitem__(self, k):
+        del self._local[k]
+
+    def __iter__(self):
+        return iter({**self._global, **self._local})
+
+    def __len__(self):
+        return len(self._global) + len(self._local)
+
+    def get_interface(self, name, default):
+        if name != "eager" and name not in self:
+            raise KeyError(name)
+        return super().get(name, default)  # Mapping.get: the standard library's, no source
+
+
+_ATTN = _Interface()
+
+
+def attention_from_registry(q, impl):
+    import inspect
+    assert "impl" in inspect.signature(attention_from_registry).parameters
+    fn = _ATTN.get_interface(impl, None)
+    return fn(q, q, q) * 2
+
+
+def test_registries_and_the_standard_library_run_in_python():
+    """`in` on a user mapping asks its own `__contains__`; a standard-library function on plain
+    values (`inspect.signature`, `Mapping.get` of a frozen module) runs in Python."""
+    check(attention_from_registry, torch.randn(1, 2, 4, 8), "sdpa", graphs=1, breaks=[])
+
+
+def _nest(x, n):
+    return x * 2 if n == 0 else _nest(x, n - 1) + 1
+
+
+def test_calls_nest_as_deep_as_real_models():
+    """HF models reach 20+ frames (decorators, layers, attention interfaces): captured whole."""
+    check(_nest, torch.randn(3), 30, graphs=1, breaks=[])

@@ -93,8 +93,11 @@ def compile_time_answer(fn):
     return None
 
 
-# TorchScript's and the FX/JIT tracer's "am I being scripted/traced?": False under torch.compile
+# TorchScript's, the JIT tracer's and torch.export's "am I being scripted/traced/exported?":
+# False under torch.compile
 _NOT_TRACING = {torch.jit.is_scripting, torch.jit.is_tracing, torch._C._get_tracing_state}
+if hasattr(torch.compiler, "is_exporting"):
+    _NOT_TRACING.add(torch.compiler.is_exporting)
 
 
 _IS_COMPILING = {torch.compiler.is_compiling}

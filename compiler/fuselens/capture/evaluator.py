@@ -33,7 +33,7 @@ from .source import FunctionSource, NoSourceError, function_source
 from .values import (UNKNOWN, BoundUserMethod, LocalFunction, SymInt, SymShape, TensorVar, Unknown,
                      contains_tensor, leaves)
 
-MAX_INLINE_DEPTH = 12
+MAX_INLINE_DEPTH = 40  # real models nest deep: decorators, layers, attention interfaces
 _TORCH_DIR = __import__("os").path.dirname(torch.__file__)
 MAX_UNROLL = 512
 
@@ -158,6 +158,12 @@ class Evaluator:
             try:
                 fs = function_source(fn)
             except NoSourceError as e:
+                every = ([self_value] if self_value is not None else []) + list(args) + list(kwargs.values())
+                if not self.abstract and not any(contains_tensor(v) or type(v) in MUTABLE
+                                                 or isinstance(v, (Unknown, SymInt)) for v in every):
+                    # Python with no source to read (a frozen module's `Mapping.get`) touching
+                    # no tensor and no container capture models: Python runs it
+                    return fn(self_value, *args, **kwargs) if self_value is not None else fn(*args, **kwargs)
                 self.brk(B.UNKNOWN_CALL, call, caller, detail=str(e))
             enclosing = None
         if self_value is not None:
@@ -1115,7 +1121,11 @@ class Evaluator:
                                        for d in v) if isinstance(v, tuple) else v
                 r = fn(spec(left), spec(right))
             else:
-                self.require_foldable([left, right], e, scope)
+                # `k in d` reads d's keys alone (`"output_attentions" in kwargs`); on an object
+                # of a user class, its own `__contains__` answers (as its `__getitem__` does)
+                member = op in ("In", "NotIn")
+                keys = list(right) if member and isinstance(right, dict) else right
+                self.require_foldable([left] if member and _user_mapping(right) else [left, keys], e, scope)
                 r = fn(self.observed(left), self.observed(right))
             if len(e.ops) == 1:
                 return r
@@ -1324,6 +1334,10 @@ class Evaluator:
             return self.container_method(fn, args, kwargs, e, scope)
         if isinstance(fn, types.BuiltinMethodType) and type(fn.__self__) in _IMMUTABLE:
             return self.fold(fn, args, kwargs, e, scope)  # `name.startswith("x")`, `"{}".format(n)`
+        if isinstance(fn, types.FunctionType) and _stdlib(fn) and not self.abstract and not any(
+                contains_tensor(v) or type(v) in MUTABLE or isinstance(v, (Unknown, SymInt))
+                for v in list(args) + list(kwargs.values())):
+            return fn(*args, **kwargs)  # the standard library on plain values (inspect, re...)
         if isinstance(fn, (types.FunctionType,)):
             return self.inline(fn, args, kwargs, e, scope)
         if isinstance(fn, type) and issubclass(fn, (int, float, bool, str, tuple, list, dict, set,
@@ -1627,11 +1641,24 @@ _FOLDABLE_ATOMS = (int, float, complex, bool, str, bytes, type(None), range, sli
                    torch.device, torch.memory_format, torch.layout, type, types.FunctionType,
                    types.BuiltinFunctionType, types.ModuleType, nn.Module, TensorVar, SymInt,
                    Unknown, LocalFunction, BoundUserMethod, type(Ellipsis), types.MethodType,
-                   BaseException)  # an exception capture raised and a captured handler took
+                   BaseException,  # an exception capture raised and a captured handler took
+                   inspect.Parameter)
 
 
 # values whose methods compute a new value and change nothing: called on constants, they fold
 _IMMUTABLE = (str, bytes, int, float, complex, bool, tuple, frozenset, range, type(None))
+
+
+def _stdlib(fn) -> bool:
+    """A function of Python's standard library (its module is one of `sys.stdlib_module_names`)."""
+    return (getattr(fn, "__module__", None) or "").split(".")[0] in sys.stdlib_module_names
+
+
+def _user_mapping(v) -> bool:
+    """An object of a user class that answers `in` itself (transformers' AttentionInterface)."""
+    cls = type(v)
+    return cls.__module__ not in ("builtins", "torch") and hasattr(cls, "__contains__") \
+        and not isinstance(v, (TensorVar, Unknown, nn.Module))
 
 
 def _foldable(v) -> bool:
@@ -1639,7 +1666,7 @@ def _foldable(v) -> bool:
         return True
     if isinstance(v, (list, tuple, set, frozenset)):  # torch.Size too
         return all(_foldable(x) for x in v)
-    if isinstance(v, dict):
+    if isinstance(v, (dict, types.MappingProxyType)):
         return all(_foldable(k) and _foldable(x) for k, x in v.items())
     return type(v).__module__ in ("enum",) or isinstance(v, __import__("enum").Enum)
 
