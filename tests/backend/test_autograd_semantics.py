@@ -104,29 +104,39 @@ def test_compiled_autograd_is_eagers(case):
     _assert_same(_observe(compiled, post, loss), _observe(fn, post, loss))
 
 
-def _marked_inplace(fn, written_by):
-    """fn's graph where the node computing `written_by`'s result stands for an in-place write into
-    its first operand (what capture records in meta["writes"] when it functionalizes `t.mul_(2)`)."""
+def _marked_inplace(fn, hops):
+    """fn's graph with its last op marked as an in-place write (meta["writes"], as capture marks a
+    functionalized write) into the value `hops` first operands up from it: 1 for `t.mul_(2)` as
+    `t * 2`; 2 where the write's result comes through one more node (an extern run on copies of
+    what it writes, then `getitem`)."""
     gm = trace(fn)
-    for n in gm.graph.nodes:
-        if n.op in ("call_function", "call_method") and n.target in written_by:
-            n.meta["writes"] = n.args[0]
+    last = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method")][-1]
+    written = last
+    for _ in range(hops):
+        written = written.args[0]
+    last.meta["writes"] = written
     return gm
 
 
-@pytest.mark.parametrize("functional,inplace,raises", [
+def _relu_add_(x):
+    t = torch.relu(x)
+    t.add_(1)
+    return t
+
+
+@pytest.mark.parametrize("functional,inplace,hops,raises", [
     # relu saves its result, which the write changes: eager's backward raises
-    (lambda x: torch.relu(x) * 2, lambda x: torch.relu(x).mul_(2), True),
-    (lambda x: torch.sigmoid(x) + 1, lambda x: torch.sigmoid(x).add_(1), True),
+    (lambda x: torch.relu(x) * 2, lambda x: torch.relu(x).mul_(2), 1, True),
+    (lambda x: torch.sigmoid(x) + 1, lambda x: torch.sigmoid(x).add_(1), 1, True),
+    (lambda x: (torch.relu(x) + 1).clone(), _relu_add_, 2, True),
     # a product by a constant saves nothing: the write is harmless
-    (lambda x: (x * 3) * 2, lambda x: (x * 3).mul_(2), False),
+    (lambda x: (x * 3) * 2, lambda x: (x * 3).mul_(2), 1, False),
     # sin saves its input, not its result
-    (lambda x: torch.sin(x) * 2, lambda x: torch.sin(x).mul_(2), False),
-], ids=["relu", "sigmoid", "product_by_constant", "sin"])
-def test_a_value_saved_for_backward_and_written_in_place_in_the_graph(functional, inplace, raises):
-    import operator
+    (lambda x: torch.sin(x) * 2, lambda x: torch.sin(x).mul_(2), 1, False),
+], ids=["relu", "sigmoid", "relu_through_a_copy", "product_by_constant", "sin"])
+def test_a_value_saved_for_backward_and_written_in_place_in_the_graph(functional, inplace, hops, raises):
     x = torch.randn(6, device=DEVICE, requires_grad=True)
-    gm = _marked_inplace(functional, {operator.mul, operator.add})
+    gm = _marked_inplace(functional, hops)
     placeholder = next(n for n in gm.graph.nodes if n.op == "placeholder")
     placeholder.meta["val"] = torch.empty(6, device="meta")
     with warnings.catch_warnings():

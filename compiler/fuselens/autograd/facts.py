@@ -122,7 +122,7 @@ def _walk(roots, leaf_bit, saved_storages):
 def eager_autograd(gm: fx.GraphModule, inputs) -> EagerAutograd:
     metas = [_meta_input(t) for t in inputs]
     with torch.enable_grad(), torch.device("meta"):
-        out = _MetaRun(gm).run(*metas)
+        out = _MetaRun(gm, garbage_collect_values=False).run(*metas)  # `writes` may name any earlier node
     outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
     bit_of = {id(m): 1 << i for i, m in enumerate(metas) if isinstance(m, torch.Tensor) and m.requires_grad}
 
