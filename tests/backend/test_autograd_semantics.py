@@ -156,6 +156,21 @@ def test_a_value_saved_for_backward_and_written_in_place_in_the_graph(functional
         torch.testing.assert_close(got, expected)
 
 
+def _copy_into_product(x, y):
+    t = y * 2
+    t.copy_(x)
+    return t * y
+
+
+def test_the_functional_form_of_an_in_place_op_differentiates_as_the_op():
+    """Capture writes `t.copy_(x)` as `aten.copy(t, x)`, which has no derivative of its own."""
+    x, y, _ = _inputs()
+    cg = compile(lambda x, y: torch.ops.aten.copy.default(y * 2, x) * y, x, y)
+    expected = torch.autograd.grad(_copy_into_product(x, y).sum(), [x, y])
+    got = torch.autograd.grad(cg(x, y)[0].sum(), [x, y])
+    torch.testing.assert_close(got, expected)
+
+
 def test_the_error_of_an_op_without_a_derivative_is_torchs():
     x = torch.randn(4, device=DEVICE, requires_grad=True)
     f = lambda x: x // 0.3  # noqa: E731

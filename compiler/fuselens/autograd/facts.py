@@ -55,7 +55,29 @@ class _MetaRun(fx.Interpreter):
             kwargs = {**kwargs, "device": "meta"}
         if target is torch.Tensor.to:
             args = (args[0], *("meta" if _is_device(a) else a for a in args[1:]))
-        return super().call_function(target, args, kwargs)
+        result = super().call_function(target, args, kwargs)
+        if isinstance(target, torch._ops.OpOverload) and isinstance(result, torch.Tensor) and \
+                result.grad_fn is not None and result.grad_fn.name() in _RAISING_NODES:
+            # capture's functional form of an in-place op (`aten.copy` for `copy_`) may have no
+            # derivative where the op eager ran has one: ask that op, on a copy of what it writes
+            inplace = _inplace_overload(target)
+            if inplace is not None:
+                result = inplace(args[0].clone(), *args[1:], **kwargs)
+        return result
+
+
+def _inplace_overload(op):
+    """The in-place ATen overload (`foo_`) taking the arguments of `op` (`foo`), or None: the
+    inverse of capture's `ops.effects.functional_overload`."""
+    packet = getattr(torch.ops.aten, op._schema.name.split("::")[1] + "_", None)
+    if packet is None:
+        return None
+    want = [(a.name, str(a.type)) for a in op._schema.arguments]
+    for overload in packet.overloads():
+        candidate = getattr(packet, overload)
+        if [(a.name, str(a.type)) for a in candidate._schema.arguments] == want:
+            return candidate
+    return None
 
 
 def _error_message(fn) -> str:
