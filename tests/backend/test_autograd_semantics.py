@@ -38,6 +38,11 @@ def _write_output(inputs, outs):
     outs[0].mul_(2)
 
 
+def _product_and_sin(x, y, z):
+    p = x.view(5, 1) @ y.view(1, 5)  # a matmul: kept by the compiled forward, not recomputed
+    return p, torch.sin(p * 0.5)
+
+
 # (function, what happens between the call and backward, the loss)
 CASES = {
     "detached_output": (lambda x, y, z: (x.sum(), x.detach().sum() + 100), None, _sum_all),
@@ -61,6 +66,8 @@ CASES = {
     "leaf_written_after_the_call_eager_saves": (lambda x, y, z: x.sin(), _write_input_x, _sum_all),
     "output_written_after_the_call_eager_saves": (lambda x, y, z: x.exp(), _write_output, _sum_all),
     "output_written_after_the_call_eager_does_not_save": (lambda x, y, z: x * 2, _write_output, _sum_all),
+    # sin saves its input, a function of the output that the compiled backward would rather keep
+    "output_written_after_the_call_eager_saves_a_function_of": (_product_and_sin, _write_output, _sum_all),
 }
 
 

@@ -102,6 +102,8 @@ class CompiledFunction(torch.autograd.Function):
                 defined |= 1 << j
                 if state.raising and state.raises[j] is not None:
                     raise RuntimeError(state.raises[j])
+        if not defined:  # reached only through an input of a later graph that it does not use:
+            return (None,) * state.num_slots  # eager runs none of this backward, checks no version
         if graphs is not None:
             graphs.check(ctx.run)  # before the saved values are unpacked (a copy may have bumped a version)
         saved = ctx.saved_tensors[:ctx.num_saved]  # (all unpacked: each one's version is checked)
@@ -141,8 +143,8 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=No
     prim_graph = to_primitive_graph(gm, inputs, device)
     requires_grad = [isinstance(t, torch.Tensor) and t.requires_grad for t in inputs]
     joint = build_joint(prim_graph, requires_grad, device, eager.output_requires_grad)
-    private = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and i not in eager.saved_inputs]
-    parts = partition(joint, private)
+    private_inputs = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and i not in eager.saved_inputs]
+    parts = partition(joint, private_inputs, [j for j in range(joint.num_fw_outputs) if j not in eager.saved_outputs])
     logging.getLogger("fuselens.autograd").debug("forward saves for backward: %s", ", ".join(parts.saved))
     forward = build_program(parts.forward, device, mode, dynamic)
     # the backward is compiled now (shown with the forward) for the saved values in the layouts the

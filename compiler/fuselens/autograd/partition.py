@@ -14,9 +14,10 @@ cheapest set of values to save; everything between them and the backward's uses 
 in the backward's own fused kernels. (AOTAutograd's min-cut rematerialization, with the
 materialization costs of extern operands counted.)
 
-An input that eager autograd does not save ("private": the caller may write into it in place
-before backward, and eager neither reads nor version-checks it then) is not in memory for this
-purpose: saving it, or a view of it, costs a copy that the forward makes, as any computed value.
+An input or output that eager autograd does not save is "private": the caller may write into
+it in place before backward, and eager neither reads nor version-checks it then. It is not in
+memory for this purpose: saving it, or a value sharing its memory (a view of it, its base),
+costs a copy that the forward makes, as any computed value.
 """
 from __future__ import annotations
 
@@ -119,7 +120,8 @@ def _read_by_extern(n, side) -> bool:
 
 
 def choose_saved(joint: JointGraph, private=frozenset()) -> list[fx.Node]:
-    """`private`: placeholders whose saving costs a copy (see the module's docstring)."""
+    """`private`: the nodes (not views) whose memory a private input or output is: saving a value
+    in it costs a copy (see the module's docstring)."""
     graph = joint.graph
     in_backward = _tangent_dependent(graph)
     output = next(n for n in graph.nodes if n.op == "output")
@@ -135,8 +137,9 @@ def choose_saved(joint: JointGraph, private=frozenset()) -> list[fx.Node]:
         must_run_in_forward = n.op == "placeholder" or kind not in RECOMPUTABLE_KINDS
         if must_run_in_forward:
             net.add_edge("source", (n, "in"), capacity=math.inf)
-        in_memory[n] = (kind == "placeholder" and n not in private or kind == "extern" or output in n.users or _read_by_extern(n, in_forward) or
-                        kind == "view" and in_memory.get(n.all_input_nodes[0], False))
+        in_memory[n] = _root(n) not in private and (
+            kind in ("placeholder", "extern") or output in n.users or _read_by_extern(n, in_forward) or
+            kind == "view" and in_memory.get(n.all_input_nodes[0], False))
         # (+1 for a view: a tie saves its base, whose layout the backward is compiled for up front)
         net.add_edge((n, "in"), (n, "out"), capacity=_bytes(n) * (1 if in_memory[n] else 2) + (kind == "view"))
         if kind == "pointwise" and _read_by_extern(n, in_backward.__contains__):
@@ -185,8 +188,8 @@ def _root(n):
 
 
 def _copy_saved(forward: fx.Graph, backward: fx.Graph, saved: list, private):
-    """The forward saves a copy of each saved value that is a private input or a view of one; the
-    backward is compiled for the copy's layout."""
+    """The forward saves a copy of each saved value in private memory; the backward is compiled
+    for the copy's layout."""
     output = next(n for n in forward.nodes if n.op == "output")
     outs = list(output.args[0])
     first = len(outs) - len(saved)
@@ -203,16 +206,18 @@ def _copy_saved(forward: fx.Graph, backward: fx.Graph, saved: list, private):
     output.args = (tuple(outs),)
 
 
-def partition(joint: JointGraph, private_inputs=frozenset()) -> Partition:
-    """`private_inputs`: indices of the primals eager autograd does not save (see the docstring)."""
+def partition(joint: JointGraph, private_inputs=(), private_outputs=()) -> Partition:
+    """`private_inputs`, `private_outputs`: indices of the primals and forward outputs eager
+    autograd does not save (see the module's docstring)."""
     graph = joint.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     primals = [n for n in placeholders if not n.meta.get("tangent")]
     tangents = [n for n in placeholders if n.meta.get("tangent")]
-    private = frozenset(primals[i] for i in private_inputs)
-    saved = choose_saved(joint, private)
     outputs = list(next(n for n in graph.nodes if n.op == "output").args[0])
     fw_outputs, grads = outputs[:joint.num_fw_outputs], outputs[joint.num_fw_outputs:]
+    private = frozenset([primals[i] for i in private_inputs] +
+                        [_root(fw_outputs[j]) for j in private_outputs if isinstance(fw_outputs[j], fx.Node)])
+    saved = choose_saved(joint, private)
     forward = _extract(graph, primals, fw_outputs + saved)
     backward = _extract(graph, saved + tangents, grads)
     _copy_saved(forward, backward, saved, private)
