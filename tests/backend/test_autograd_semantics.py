@@ -227,3 +227,17 @@ def test_a_buffer_updated_from_a_detached_value_stays_out_of_autograd():
     for _ in range(2):  # the second backward once failed: buf had joined the first call's graph
         cf(torch.randn(2, 3, device=DEVICE)).sum().backward()
     assert not buf.requires_grad
+
+
+def test_a_graph_reached_only_through_an_unused_input_checks_no_saved_value():
+    """After a graph break, a later graph may take a value it does not use: autograd reaches the
+    earlier graph's backward through it, with no gradient; eager never runs that backward."""
+    x, y, _ = _inputs()
+    x = x * 1  # a non-leaf: written in place below, as a program may
+    first = compile(lambda x: x.sin(), x)  # saves x, as eager
+    second = compile(lambda a, y: y * 2, torch.empty(5, device=DEVICE).requires_grad_(), y)
+    out = second(first(x)[0], y)[0]
+    with torch.no_grad():
+        x.mul_(2)
+    out.sum().backward()  # (autograd.grad would prune the path to the first graph)
+    torch.testing.assert_close(y.grad, torch.full_like(y, 2.0))
