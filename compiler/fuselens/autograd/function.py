@@ -8,6 +8,7 @@ from torch.autograd.function import once_differentiable
 
 from ..ops import to_primitive_graph
 from ..ops.trace import meta_like
+from .facts import eager_autograd
 from .joint import build_joint
 from .partition import partition
 
@@ -39,13 +40,34 @@ class _StridedPrograms:
 
 
 class _State:
-    def __init__(self, forward, backward, num_fw_outputs, tangent_outputs, grad_inputs, num_inputs):
+    def __init__(self, forward, backward, num_fw_outputs, tangent_outputs, grad_inputs, num_inputs, eager,
+                 tangent_vals, device):
         self.forward, self.backward = forward, backward
         self.graphs = None  # mode="reduce-overhead": runtime/cudagraphs.py TrainingGraphs
         self.num_fw_outputs, self.tangent_outputs = num_fw_outputs, tangent_outputs
-        self.non_differentiable = [i for i in range(num_fw_outputs) if i not in set(tangent_outputs)]
-        self.grad_slots = [None] * (1 + num_inputs)  # backward's result, `state` first: None where no gradient
-        self.grad_inputs = [1 + i for i in grad_inputs]  # the slots that get one
+        # an unused output's tangent is zeros of its dtype, contiguous (as the backward is compiled)
+        self.tangent_dtypes, self.device = [v.dtype for v in tangent_vals], device
+        self.non_differentiable = [i for i in range(num_fw_outputs) if not eager.output_requires_grad[i]]
+        # kept for backward only for autograd's version check, as eager keeps them
+        self.checked_inputs, self.checked_outputs = sorted(eager.saved_inputs), sorted(eager.saved_outputs)
+        self.reaches, self.raises = eager.reaches, eager.raises
+        self.raising = any(eager.raises)
+        self.grad_inputs = [(1 + i, i) for i in grad_inputs]  # (slot in backward's result, input)
+        self.num_slots = 1 + num_inputs  # backward's result: `state` first, None where no gradient
+        self._gradient_slots: dict = {}
+
+    def gradient_slots(self, defined):
+        """(result slot, index among the program's gradients) of each input that gets a gradient
+        when the outputs `defined` (bits) have one: those that eager's backward from them reaches."""
+        slots = self._gradient_slots.get(defined)
+        if slots is None:
+            reached = 0
+            for j, bits in enumerate(self.reaches):
+                if defined >> j & 1:
+                    reached |= bits
+            slots = self._gradient_slots[defined] = [(slot, k) for k, (slot, i) in enumerate(self.grad_inputs)
+                                                     if reached >> i & 1]
+        return slots
 
 
 class CompiledFunction(torch.autograd.Function):
@@ -56,24 +78,43 @@ class CompiledFunction(torch.autograd.Function):
         else:
             outs, ctx.run = state.graphs.forward(*inputs)
         ctx.state = state
-        ctx.save_for_backward(*outs[state.num_fw_outputs:])
+        n = state.num_fw_outputs
+        ctx.num_saved = len(outs) - n
+        ctx.save_for_backward(*outs[n:], *[inputs[i] for i in state.checked_inputs],
+                              *[outs[j] for j in state.checked_outputs])
+        ctx.tangent_shapes = [outs[j].shape for j in state.tangent_outputs]
         if state.non_differentiable:
             ctx.mark_non_differentiable(*[o for o in (outs[i] for i in state.non_differentiable)
                                           if isinstance(o, torch.Tensor)])
-        return outs[:state.num_fw_outputs]
+        # an output unused by the loss gets None, not zeros: its gradient path is not taken (as
+        # eager's), so the inputs only it reaches get no gradient
+        ctx.set_materialize_grads(False)
+        return outs[:n]
 
     @staticmethod
     def backward(ctx, *grad_outputs):
         if torch.is_grad_enabled():  # backward(create_graph=True): kernels have no derivative
             return _backward_once(ctx, *grad_outputs)
         state, graphs = ctx.state, ctx.state.graphs
+        defined = 0
+        for j, g in enumerate(grad_outputs):
+            if g is not None:
+                defined |= 1 << j
+                if state.raising and state.raises[j] is not None:
+                    raise RuntimeError(state.raises[j])
+        if not defined:  # reached only through an input of a later graph that it does not use:
+            return (None,) * state.num_slots  # eager runs none of this backward, checks no version
         if graphs is not None:
             graphs.check(ctx.run)  # before the saved values are unpacked (a copy may have bumped a version)
-        args = (*ctx.saved_tensors, *[grad_outputs[i] for i in state.tangent_outputs])
+        saved = ctx.saved_tensors[:ctx.num_saved]  # (all unpacked: each one's version is checked)
+        tangents = [g if g is not None else torch.zeros(shape, dtype=dtype, device=state.device)
+                    for g, shape, dtype in zip((grad_outputs[j] for j in state.tangent_outputs), ctx.tangent_shapes,
+                                               state.tangent_dtypes)]
+        args = (*saved, *tangents)
         grads = state.backward(*args) if graphs is None else graphs.backward(ctx.run, *args)
-        result = list(state.grad_slots)
-        for i, g in zip(state.grad_inputs, grads):
-            result[i] = g
+        result = [None] * state.num_slots
+        for slot, k in state.gradient_slots(defined):
+            result[slot] = grads[k]
         return tuple(result)
 
 
@@ -98,10 +139,12 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=No
     """Forward and backward programs for `gm` at these inputs: (run, check, [forward, backward]),
     the backward being the program for contiguous gradients. `graphs(forward, backward,
     num_outputs)`: what replays them (mode="reduce-overhead"), or None."""
+    eager = eager_autograd(gm, inputs)
     prim_graph = to_primitive_graph(gm, inputs, device)
     requires_grad = [isinstance(t, torch.Tensor) and t.requires_grad for t in inputs]
-    joint = build_joint(prim_graph, requires_grad, device)
-    parts = partition(joint)
+    joint = build_joint(prim_graph, requires_grad, device, eager.output_requires_grad)
+    private_inputs = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and i not in eager.saved_inputs]
+    parts = partition(joint, private_inputs, [j for j in range(joint.num_fw_outputs) if j not in eager.saved_outputs])
     logging.getLogger("fuselens.autograd").debug("forward saves for backward: %s", ", ".join(parts.saved))
     forward = build_program(parts.forward, device, mode, dynamic)
     # the backward is compiled now (shown with the forward) for the saved values in the layouts the
@@ -111,7 +154,8 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=No
     expected = [v if i < num_saved or not isinstance(v, torch.Tensor) else
                 torch.empty(v.shape, dtype=v.dtype, device="meta") for i, v in enumerate(bw_vals)]
     backward = _StridedPrograms(parts.backward, device, mode, dynamic, build_program, len(forward.kernels))
-    state = _State(forward, backward, parts.num_fw_outputs, joint.tangent_outputs, joint.grad_inputs, len(inputs))
+    state = _State(forward, backward, parts.num_fw_outputs, joint.tangent_outputs, joint.grad_inputs, len(inputs),
+                   eager, bw_vals[num_saved:], device)
     bw_program = backward.get(expected)
     # a replay would freeze a random op's seed; graphs read tensors only (no sizes passed as values)
     if graphs is not None and not forward.has_seed and all(isinstance(v, torch.Tensor) for v in (*inputs, *bw_vals)):

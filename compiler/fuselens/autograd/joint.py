@@ -1,6 +1,7 @@
 """The joint forward+backward graph, built from the primitives' VJP rules.
 
-Placeholders: the forward inputs ("primals"), then one "tangent" per differentiable forward output.
+Placeholders: the forward inputs ("primals"), then one "tangent" per differentiable forward output
+(one that requires grad in eager and that a gradient can flow back from here).
 Outputs: the forward outputs, then the gradient of every primal that requires grad.
 """
 from __future__ import annotations
@@ -35,7 +36,9 @@ def _accumulate(grads, node, g):
     grads[node] = g if node not in grads else P.add(grads[node], g)
 
 
-def build_joint(fw: fx.Graph, requires_grad: list[bool], device) -> JointGraph:
+def build_joint(fw: fx.Graph, requires_grad: list[bool], device, output_requires_grad=None) -> JointGraph:
+    """`output_requires_grad`: per forward output, whether it requires grad in eager (a detached
+    value does not); None: every output that depends on a primal requiring grad."""
     b = GraphBuilder(device)
     env: dict = {}
     needs: dict = {}  # forward node -> does its value depend on an input that requires grad
@@ -62,6 +65,8 @@ def build_joint(fw: fx.Graph, requires_grad: list[bool], device) -> JointGraph:
         tangent_outputs = []
         last_primal = env[primals[-1]].node if primals else None
         for i, o in enumerate(outputs):
+            if output_requires_grad is not None and not output_requires_grad[i]:
+                continue
             if isinstance(o, fx.Node) and needs.get(o) and _differentiable(env[o]):
                 where = b.graph.inserting_after(last_primal) if last_primal is not None else \
                     b.graph.inserting_before(next(iter(b.graph.nodes)))

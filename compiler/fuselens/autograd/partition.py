@@ -13,6 +13,11 @@ source -> v_in of twice its bytes, cut exactly when v is recomputed. A minimum c
 cheapest set of values to save; everything between them and the backward's uses is recomputed,
 in the backward's own fused kernels. (AOTAutograd's min-cut rematerialization, with the
 materialization costs of extern operands counted.)
+
+An input or output that eager autograd does not save is "private": the caller may write into
+it in place before backward, and eager neither reads nor version-checks it then. It is not in
+memory for this purpose: saving it, or a value sharing its memory (a view of it, its base),
+costs a copy that the forward makes, as any computed value.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from ..ops import primitives as prim
 from .joint import JointGraph
 
 RECOMPUTABLE_KINDS = ("pointwise", "view", "source")
@@ -113,7 +119,9 @@ def _read_by_extern(n, side) -> bool:
     return any(_kind(u) == "extern" and side(u) or _kind(u) == "view" and _read_by_extern(u, side) for u in n.users)
 
 
-def choose_saved(joint: JointGraph) -> list[fx.Node]:
+def choose_saved(joint: JointGraph, private=frozenset()) -> list[fx.Node]:
+    """`private`: the nodes (not views) whose memory a private input or output is: saving a value
+    in it costs a copy (see the module's docstring)."""
     graph = joint.graph
     in_backward = _tangent_dependent(graph)
     output = next(n for n in graph.nodes if n.op == "output")
@@ -129,8 +137,9 @@ def choose_saved(joint: JointGraph) -> list[fx.Node]:
         must_run_in_forward = n.op == "placeholder" or kind not in RECOMPUTABLE_KINDS
         if must_run_in_forward:
             net.add_edge("source", (n, "in"), capacity=math.inf)
-        in_memory[n] = (kind in ("placeholder", "extern") or output in n.users or _read_by_extern(n, in_forward) or
-                        kind == "view" and in_memory.get(n.all_input_nodes[0], False))
+        in_memory[n] = _root(n) not in private and (
+            kind in ("placeholder", "extern") or output in n.users or _read_by_extern(n, in_forward) or
+            kind == "view" and in_memory.get(n.all_input_nodes[0], False))
         # (+1 for a view: a tie saves its base, whose layout the backward is compiled for up front)
         net.add_edge((n, "in"), (n, "out"), capacity=_bytes(n) * (1 if in_memory[n] else 2) + (kind == "view"))
         if kind == "pointwise" and _read_by_extern(n, in_backward.__contains__):
@@ -172,16 +181,46 @@ def _extract(graph: fx.Graph, inputs: list, outputs: list) -> fx.Graph:
     return out
 
 
-def partition(joint: JointGraph) -> Partition:
+def _root(n):
+    while _kind(n) == "view":
+        n = n.all_input_nodes[0]
+    return n
+
+
+def _copy_saved(forward: fx.Graph, backward: fx.Graph, saved: list, private):
+    """The forward saves a copy of each saved value in private memory; the backward is compiled
+    for the copy's layout."""
+    output = next(n for n in forward.nodes if n.op == "output")
+    outs = list(output.args[0])
+    first = len(outs) - len(saved)
+    bw_inputs = [n for n in backward.nodes if n.op == "placeholder"]
+    for k, n in enumerate(saved):
+        if _root(n) not in private:
+            continue
+        value = outs[first + k]
+        with forward.inserting_before(output):
+            copy = forward.call_function(prim.copy, (value,))
+        copy.meta.update(value.meta, val=prim.copy.impl(value.meta["val"]))
+        outs[first + k] = copy
+        bw_inputs[k].meta["val"] = copy.meta["val"]
+    output.args = (tuple(outs),)
+
+
+def partition(joint: JointGraph, private_inputs=(), private_outputs=()) -> Partition:
+    """`private_inputs`, `private_outputs`: indices of the primals and forward outputs eager
+    autograd does not save (see the module's docstring)."""
     graph = joint.graph
-    saved = choose_saved(joint)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     primals = [n for n in placeholders if not n.meta.get("tangent")]
     tangents = [n for n in placeholders if n.meta.get("tangent")]
     outputs = list(next(n for n in graph.nodes if n.op == "output").args[0])
     fw_outputs, grads = outputs[:joint.num_fw_outputs], outputs[joint.num_fw_outputs:]
+    private = frozenset([primals[i] for i in private_inputs] +
+                        [_root(fw_outputs[j]) for j in private_outputs if isinstance(fw_outputs[j], fx.Node)])
+    saved = choose_saved(joint, private)
     forward = _extract(graph, primals, fw_outputs + saved)
     backward = _extract(graph, saved + tangents, grads)
+    _copy_saved(forward, backward, saved, private)
     for n in backward.nodes:  # saved values are inputs of the backward, not random draws in it
         n.meta.pop("seed", None)
     return Partition(forward, backward, [n.name for n in saved], joint.num_fw_outputs)

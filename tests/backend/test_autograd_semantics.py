@@ -1,0 +1,243 @@
+"""What a user sees of autograd through a compiled graph is eager's: which outputs require grad,
+which inputs get a gradient (None where eager's backward never reaches them), which backwards
+raise (an op without a derivative, a saved value written in place), and which in-place writes
+after the call autograd refuses."""
+import warnings
+
+import pytest
+import torch
+
+import fuselens
+from fl_backend_testing import DEVICE, compile, trace
+from fuselens.autograd import build_joint, partition
+from fuselens.autograd.facts import eager_autograd
+from fuselens.ops import to_primitive_graph
+from fuselens.runtime.backend import compile_graph
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(0)
+    x, y, z = (torch.randn(5, generator=g).to(DEVICE) for _ in range(3))
+    return x.requires_grad_(), y.requires_grad_(), z  # z: no gradient
+
+
+def _sum_all(outs):
+    return sum(o.sum() for o in outs if o.requires_grad)
+
+
+def _write_input_z(inputs, outs):
+    inputs[2].add_(1)
+
+
+def _write_input_x(inputs, outs):
+    with torch.no_grad():  # a leaf that requires grad is written under no_grad (an optimizer step)
+        inputs[0].mul_(0.5)
+
+
+def _write_output(inputs, outs):
+    outs[0].mul_(2)
+
+
+def _product_and_sin(x, y, z):
+    p = x.view(5, 1) @ y.view(1, 5)  # a matmul: kept by the compiled forward, not recomputed
+    return p, torch.sin(p * 0.5)
+
+
+# (function, what happens between the call and backward, the loss)
+CASES = {
+    "detached_output": (lambda x, y, z: (x.sum(), x.detach().sum() + 100), None, _sum_all),
+    "detached_operand": (lambda x, y, z: x.detach() * 2 + y, None, _sum_all),
+    "integer_output": (lambda x, y, z: (x * y, (x > 0).sum()), None, _sum_all),
+    "unused_input": (lambda x, y, z: y.abs() * 2, None, _sum_all),
+    "input_only_reaching_an_unused_output": (lambda x, y, z: (y * 2, x * 3), None, lambda o: o[0].sum()),
+    "zero_derivative_reaches_its_input": (lambda x, y, z: x.sign() * y + x.floor(), None, _sum_all),
+    "floor_divide": (lambda x, y, z: x // (z.abs() + 0.5), None, _sum_all),
+    "floor_divide_of_an_output_the_loss_ignores": (lambda x, y, z: (y * 2, x // (z.abs() + 0.5)), None,
+                                                   lambda o: o[0].sum()),
+    "floor_divide_of_a_detached_value": (lambda x, y, z: x.detach() // 0.3 + y, None, _sum_all),
+    # the compiled forward may keep an input that eager does not save (relu saves its result)
+    "input_written_after_the_call_eager_does_not_save": (lambda x, y, z: (z * 2).relu() * y, _write_input_z,
+                                                         _sum_all),
+    "leaf_written_after_the_call_eager_does_not_save": (lambda x, y, z: (x * 2).relu(), _write_input_x,
+                                                        _sum_all),
+    "input_written_after_the_call_eager_saves_a_function_of": (lambda x, y, z: z.sin() * y, _write_input_z,
+                                                                 _sum_all),
+    "input_written_after_the_call_eager_saves": (lambda x, y, z: z * y, _write_input_z, _sum_all),
+    "leaf_written_after_the_call_eager_saves": (lambda x, y, z: x.sin(), _write_input_x, _sum_all),
+    "output_written_after_the_call_eager_saves": (lambda x, y, z: x.exp(), _write_output, _sum_all),
+    "output_written_after_the_call_eager_does_not_save": (lambda x, y, z: x * 2, _write_output, _sum_all),
+    # sin saves its input, a function of the output that the compiled backward would rather keep
+    "output_written_after_the_call_eager_saves_a_function_of": (_product_and_sin, _write_output, _sum_all),
+}
+
+
+def _observe(fn, post, loss):
+    """Everything of one call and its backward that a user can look at."""
+    inputs = _inputs()
+    outs = fn(*inputs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    seen = {"values": [o.detach().clone() for o in outs], "requires_grad": [o.requires_grad for o in outs]}
+    if post is not None:
+        post(inputs, outs)
+    try:
+        loss(outs).backward()
+        seen["error"] = None
+    except RuntimeError as e:
+        seen["error"] = type(e)
+    seen["grads"] = [t.grad for t in inputs]
+    return seen
+
+
+def _assert_same(got, expected):
+    assert got["requires_grad"] == expected["requires_grad"]
+    for g, e in zip(got["values"], expected["values"]):
+        torch.testing.assert_close(g, e)
+    assert got["error"] == expected["error"]
+    assert [g is None for g in got["grads"]] == [e is None for e in expected["grads"]]
+    for g, e in zip(got["grads"], expected["grads"]):
+        if e is not None:
+            torch.testing.assert_close(g, e)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_compiled_autograd_is_eagers(case):
+    fn, post, loss = CASES[case]
+    cg = compile(fn, *_inputs())
+
+    def compiled(*inputs):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # an eager fallback would hide what is tested
+            return cg(*inputs)
+    _assert_same(_observe(compiled, post, loss), _observe(fn, post, loss))
+
+
+def _marked_inplace(fn, hops):
+    """fn's graph with its last op marked as an in-place write (meta["writes"], as capture marks a
+    functionalized write) into the value `hops` first operands up from it: 1 for `t.mul_(2)` as
+    `t * 2`; 2 where the write's result comes through one more node (an extern run on copies of
+    what it writes, then `getitem`)."""
+    gm = trace(fn)
+    last = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method")][-1]
+    written = last
+    for _ in range(hops):
+        written = written.args[0]
+    last.meta["writes"] = written
+    return gm
+
+
+def _relu_add_(x):
+    t = torch.relu(x)
+    t.add_(1)
+    return t
+
+
+@pytest.mark.parametrize("functional,inplace,hops,raises", [
+    # relu saves its result, which the write changes: eager's backward raises
+    (lambda x: torch.relu(x) * 2, lambda x: torch.relu(x).mul_(2), 1, True),
+    (lambda x: torch.sigmoid(x) + 1, lambda x: torch.sigmoid(x).add_(1), 1, True),
+    (lambda x: (torch.relu(x) + 1).clone(), _relu_add_, 2, True),
+    # a product by a constant saves nothing: the write is harmless
+    (lambda x: (x * 3) * 2, lambda x: (x * 3).mul_(2), 1, False),
+    # sin saves its input, not its result
+    (lambda x: torch.sin(x) * 2, lambda x: torch.sin(x).mul_(2), 1, False),
+], ids=["relu", "sigmoid", "relu_through_a_copy", "product_by_constant", "sin"])
+def test_a_value_saved_for_backward_and_written_in_place_in_the_graph(functional, inplace, hops, raises):
+    x = torch.randn(6, device=DEVICE, requires_grad=True)
+    gm = _marked_inplace(functional, hops)
+    placeholder = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    placeholder.meta["val"] = torch.empty(6, device="meta")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cg = compile_graph(gm, [x])
+        out = cg(x)[0]
+    eager_out = inplace(x)
+    torch.testing.assert_close(out, eager_out)
+    if raises:
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            eager_out.sum().backward()
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+    else:
+        (expected,) = torch.autograd.grad(eager_out.sum(), x)
+        (got,) = torch.autograd.grad(out.sum(), x)
+        torch.testing.assert_close(got, expected)
+
+
+def _copy_into_product(x, y):
+    t = y * 2
+    t.copy_(x)
+    return t * y
+
+
+def test_the_functional_form_of_an_in_place_op_differentiates_as_the_op():
+    """Capture writes `t.copy_(x)` as `aten.copy(t, x)`, which has no derivative of its own."""
+    x, y, _ = _inputs()
+    cg = compile(lambda x, y: torch.ops.aten.copy.default(y * 2, x) * y, x, y)
+    expected = torch.autograd.grad(_copy_into_product(x, y).sum(), [x, y])
+    got = torch.autograd.grad(cg(x, y)[0].sum(), [x, y])
+    torch.testing.assert_close(got, expected)
+
+
+def test_the_error_of_an_op_without_a_derivative_is_torchs():
+    x = torch.randn(4, device=DEVICE, requires_grad=True)
+    f = lambda x: x // 0.3  # noqa: E731
+    with pytest.raises(RuntimeError) as eager:
+        f(x).sum().backward()
+    with pytest.raises(RuntimeError) as compiled:
+        compile(f, x)(x)[0].sum().backward()
+    assert str(compiled.value) == str(eager.value)
+
+
+def test_eager_facts_of_a_graph():
+    def f(x, y, z):
+        return x.sin() * z, (y * 2).relu(), x // 2, z + 1
+    x, y, z = _inputs()
+    facts = eager_autograd(trace(f), [x, y, z])
+    assert facts.output_requires_grad == [True, True, True, False]
+    assert facts.reaches == [0b001, 0b010, 0b001, 0]
+    assert [r is not None for r in facts.raises] == [False, False, True, False]
+    assert facts.saved_inputs == {0, 2}  # sin saves x, the product saves z (relu: its result)
+    assert facts.saved_outputs == {1}
+
+
+def test_a_saved_input_eager_does_not_save_is_a_copy():
+    def f(x):
+        return (x * 2).relu() * x.sin()
+    x = torch.randn(8, device=DEVICE, requires_grad=True)
+    prim = to_primitive_graph(trace(f), [x], DEVICE)
+    kept = partition(build_joint(prim, [True], DEVICE), private_inputs=[0])
+    shared = partition(build_joint(prim, [True], DEVICE))
+    outputs = lambda g: list(next(n for n in g.nodes if n.op == "output").args[0])  # noqa: E731
+    # sin's backward reads x: the forward saves x itself, or a copy where x is marked as an input
+    # eager would not save
+    assert any(o.op == "placeholder" for o in outputs(shared.forward)[1:])
+    assert not any(o.op == "placeholder" for o in outputs(kept.forward)[1:])
+
+
+def test_a_buffer_updated_from_a_detached_value_stays_out_of_autograd():
+    w = torch.randn(3, device=DEVICE, requires_grad=True)
+    buf = torch.zeros(3, device=DEVICE)
+
+    def f(x):
+        t = x * w
+        buf.add_(t.detach().mean(0))
+        return t
+
+    cf = fuselens.compile(f)
+    for _ in range(2):  # the second backward once failed: buf had joined the first call's graph
+        cf(torch.randn(2, 3, device=DEVICE)).sum().backward()
+    assert not buf.requires_grad
+
+
+def test_a_graph_reached_only_through_an_unused_input_checks_no_saved_value():
+    """After a graph break, a later graph may take a value it does not use: autograd reaches the
+    earlier graph's backward through it, with no gradient; eager never runs that backward."""
+    x, y, _ = _inputs()
+    x = x * 1  # a non-leaf: written in place below, as a program may
+    first = compile(lambda x: x.sin(), x)  # saves x, as eager
+    second = compile(lambda a, y: y * 2, torch.empty(5, device=DEVICE).requires_grad_(), y)
+    out = second(first(x)[0], y)[0]
+    with torch.no_grad():
+        x.mul_(2)
+    out.sum().backward()  # (autograd.grad would prune the path to the first graph)
+    torch.testing.assert_close(y.grad, torch.full_like(y, 2.0))
