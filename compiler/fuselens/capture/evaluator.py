@@ -1580,6 +1580,7 @@ class Evaluator:
                 delta = self.g.call(torch.Tensor.detach, [delta], {}, loc)
                 new = self.g.call(operator.add, [t, delta], {}, loc)
                 new.meta.requires_grad_(True)
+            new.node.meta["writes"] = t.node  # eager wrote t in place: autograd's version check
             self.rebind(t, new, scope, e)
         if len(fresh) != eff.returns_arg.count(None):
             self.brk(B.UNSUPPORTED_OP, e, scope, whole_stmt=True,
