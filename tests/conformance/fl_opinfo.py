@@ -31,7 +31,6 @@ from fuselens import FuselensWarning
 _MODE = os.environ.get("FUSELENS_OPINFO", "1")
 SAMPLES = None if _MODE == "full" else int(_MODE)
 DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.bool)
-VARIANTS = ("functional", "inplace", "out", "error")
 # (rtol, atol) per dtype: eager's default tolerances loosened for another summation order
 # (reductions, matmuls); bfloat16 rounds once per value, eager may round per step
 TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1.6e-2, 1e-2)}
@@ -124,12 +123,12 @@ def _run(fn, args, kwargs, grad: bool, seeded: _SeededOps | None = None):
 
 def _diff(expected, actual, grad=False) -> str | None:
     """None if equal, else what differs (first difference)."""
-    e_leaves, e_spec = pytree.tree_flatten(expected)
+    e_leaves, e_spec = pytree.tree_flatten_with_path(expected)
     a_leaves, a_spec = pytree.tree_flatten(actual)
     if e_spec != a_spec:
         return f"returns {_structure(actual)} where eager returns {_structure(expected)}"
-    for i, (e, a) in enumerate(zip(e_leaves, a_leaves)):
-        where = f"[{i}] " if len(e_leaves) > 1 else ""
+    for (path, e), a in zip(e_leaves, a_leaves):
+        where = f"{pytree.keystr(path)} " if path else ""
         if isinstance(e, torch.Tensor) != isinstance(a, torch.Tensor):
             return f"{where}{type(a).__name__} where eager has {type(e).__name__}"
         if isinstance(e, torch.Tensor) and e.requires_grad != a.requires_grad:
@@ -193,7 +192,7 @@ def check(op, variant: str, dtype, sample) -> Outcome | None:
     """One sample through one variant; None where the variant does not apply to the sample."""
     if variant == "error":  # sample is an ErrorInput: eager raises it, compiled must raise alike
         sample = sample.sample_input
-    grad = (variant == "functional" and dtype.is_floating_point and op.supports_autograd)
+    grad = variant == "grad"
     args = (sample.input, *sample.args)
     kwargs = dict(sample.kwargs)
     if variant == "inplace" and not isinstance(sample.input, torch.Tensor):
@@ -208,21 +207,26 @@ def check(op, variant: str, dtype, sample) -> Outcome | None:
         kwargs["out"] = pytree.tree_map(_sentinel, probe[0])
         if isinstance(kwargs["out"], list):  # torch takes a tuple of outs, not a list
             kwargs["out"] = tuple(kwargs["out"])
-    seeded = _SeededOps()
+    seeded = _SeededOps()  # a run of its own: a dispatch mode can change eager's results (out=)
+    _run(fn, *_copy((args, kwargs)), False, seeded)
     e_args, e_kwargs = _copy((args, kwargs))
-    expected = _run(fn, e_args, e_kwargs, grad, seeded)
+    expected = _run(fn, e_args, e_kwargs, grad)
     if variant in ("inplace", "out"):  # what was written is part of the result
         expected = _with_written(expected, e_args, e_kwargs, variant)
     c_args, c_kwargs = _copy((args, kwargs))
     actual, fell_back, brk = _run_compiled(fn, c_args, c_kwargs, grad)
     if variant in ("inplace", "out"):
         actual = _with_written(actual, c_args, c_kwargs, variant)
-    nondet = seeded.random and f"eager draws random numbers ({seeded.random})"
-    nondet = nondet or (op.has_nondeterministic_output and "eager returns uninitialized memory")
-    if variant == "error" and not isinstance(expected, Exception):
-        return None  # torch's own sample no longer raises on this build
-    if nondet and not isinstance(expected, Exception):
+    raised = isinstance(expected, Exception)
+    if variant == "error" and not raised:
+        return None  # torch's own error sample does not raise on this build
+    nondet = not raised and (
+        (seeded.random and f"eager draws random numbers ({seeded.random})")
+        or (op.has_nondeterministic_output and "eager returns uninitialized memory"))
+    if nondet:
         expected, actual = _metadata(expected), _metadata(actual)
+    if raised:  # capture stops at the error (a graph break) to let eager raise it: no news
+        brk = ""
     d = _compare(expected, actual, grad and not nondet)
     if d is not None:
         return Outcome("mismatch", d, brk)
@@ -240,9 +244,10 @@ def _with_written(res, args, kwargs, variant):
         return res
     out, grads = res
     written = args[0] if variant == "inplace" else kwargs["out"]
-    aliased = [isinstance(r, torch.Tensor) and r.data_ptr() == w.data_ptr()
+    aliased = [r is w or isinstance(r, torch.Tensor) and r.layout == w.layout == torch.strided
+               and r.data_ptr() == w.data_ptr()
                for r, w in zip(pytree.tree_leaves(out), pytree.tree_leaves(written))]
-    return (out, written, aliased), grads
+    return {"result": out, "written": written, "result aliases written": aliased}, grads
 
 
 def _metadata(res):
@@ -258,8 +263,12 @@ def dtypes(op):
     return [d for d in DTYPES if d in supported]
 
 
-def variants(op):
+def variants(op, dtype):
+    """functional: inference; grad: the same with inputs that require grad, gradients compared;
+    inplace and out: the op's in-place and out= forms; error: torch's inputs that must raise."""
     out = ["functional"]
+    if dtype.is_floating_point and op.supports_autograd:
+        out.append("grad")
     if op.inplace_variant is not None:
         out.append("inplace")
     if op.supports_out:
@@ -274,8 +283,7 @@ def samples(op, variant, dtype):
     if variant == "error":
         it = op.error_inputs("cpu") if dtype == torch.float32 else iter(())
     else:
-        grad = variant == "functional" and dtype.is_floating_point and op.supports_autograd
-        it = op.sample_inputs("cpu", dtype, requires_grad=grad)
+        it = op.sample_inputs("cpu", dtype, requires_grad=variant == "grad")
     for k, s in enumerate(it):
         if k == SAMPLES:
             return
@@ -285,7 +293,7 @@ def samples(op, variant, dtype):
 def run_op(op, dtype) -> list[tuple[str, Outcome]]:
     """Every (variant, sample) of one op at one dtype: [(where, outcome)]."""
     results = []
-    for variant in variants(op):
+    for variant in variants(op, dtype):
         try:
             for k, sample in samples(op, variant, dtype):
                 out = check(op, variant, dtype, sample)
@@ -295,3 +303,12 @@ def run_op(op, dtype) -> list[tuple[str, Outcome]]:
             results.append((f"{op_id(op)} {variant} {str(dtype)[6:]}",
                             Outcome("mismatch", f"harness: {type(e).__name__}: {e}")))
     return results
+
+
+if __name__ == "__main__":  # one op's outcomes: python tests/conformance/fl_opinfo.py OP [DTYPE]
+    import sys
+    name, only = sys.argv[1], sys.argv[2:]
+    for op in (op for op in OPS if op_id(op) == name):
+        for dtype in (d for d in dtypes(op) if not only or str(d)[6:] in only):
+            for where, outcome in run_op(op, dtype):
+                print(outcome.label(where) + (f" [{outcome.graph_break}]" if outcome.graph_break else ""))
