@@ -126,7 +126,11 @@ def _diff(expected, actual, grad=False) -> str | None:
     e_leaves, e_spec = pytree.tree_flatten_with_path(expected)
     a_leaves, a_spec = pytree.tree_flatten(actual)
     if e_spec != a_spec:
-        return f"returns {_structure(actual)} where eager returns {_structure(expected)}"
+        shape = f"returns {_structure(actual)} where eager returns {_structure(expected)}"
+        if len(e_leaves) != len(a_leaves):
+            return shape
+        values = _diff(pytree.tree_leaves(expected), a_leaves, grad)  # a tuple for a structseq:
+        return shape + (f"; {values}" if values else "")                  # the values still count
     for (path, e), a in zip(e_leaves, a_leaves):
         where = f"{pytree.keystr(path)} " if path else ""
         if isinstance(e, torch.Tensor) != isinstance(a, torch.Tensor):
@@ -163,11 +167,9 @@ def _compare(expected, actual, grad) -> str | None:
         say = lambda r: f"raises {type(r).__name__}: {str(r)[:120]}" if isinstance(r, Exception) else "returns"
         return f"compiled {say(actual)}, eager {say(expected)}"
     (e_out, e_grads), (a_out, a_grads) = expected, actual
-    d = _diff(e_out, a_out)
-    if d is None and grad:
-        d = _diff(e_grads, a_grads, grad=True)
-        d = d and f"grad {d}"
-    return d
+    out = _diff(e_out, a_out)
+    grads = grad and _diff(e_grads, a_grads, grad=True)
+    return "; ".join([d for d in (out, grads and f"grad {grads}") if d]) or None
 
 
 def _fallback_cause(msg: str) -> str:
