@@ -138,7 +138,8 @@ def _diff(expected, actual, grad=False) -> str | None:
         if isinstance(e, torch.Tensor) and e.requires_grad != a.requires_grad:
             return f"{where}requires_grad={a.requires_grad}, eager {e.requires_grad}"
         # a float result of integer inputs gets its own dtype's tolerance
-        rtol, atol = TOL.get(getattr(e, "dtype", torch.float32 if isinstance(e, float) else None), (None, None))
+        dtype = e.dtype if isinstance(e, torch.Tensor) else torch.float32 if isinstance(e, float) else None
+        rtol, atol = TOL.get(dtype, (None, None))  # None: assert_close's own (exact for integers)
         if grad and rtol is not None:
             rtol, atol = rtol * GRAD_TOL_FACTOR, atol * GRAD_TOL_FACTOR
         if not isinstance(e, (torch.Tensor, int, float, complex)):  # None, a dtype, a string
@@ -155,7 +156,9 @@ def _diff(expected, actual, grad=False) -> str | None:
 def _structure(tree) -> str:
     """A result's containers, e.g. `tuple(Tensor, Tensor)` or `torch.return_types.max(...)`."""
     if isinstance(tree, (tuple, list)):
-        name = type(tree).__module__ + "." + type(tree).__name__ if hasattr(tree, "n_fields") else type(tree).__name__
+        name = type(tree).__name__
+        if hasattr(tree, "n_fields"):  # a structseq
+            name = f"{type(tree).__module__}.{name}"
         return f"{name}({', '.join(_structure(t) for t in tree)})"
     return type(tree).__name__
 
@@ -164,7 +167,8 @@ def _compare(expected, actual, grad) -> str | None:
     if isinstance(expected, Exception) or isinstance(actual, Exception):
         if type(expected) is type(actual):
             return None
-        say = lambda r: f"raises {type(r).__name__}: {str(r)[:120]}" if isinstance(r, Exception) else "returns"
+        def say(r):
+            return f"raises {type(r).__name__}: {str(r)[:120]}" if isinstance(r, Exception) else "returns"
         return f"compiled {say(actual)}, eager {say(expected)}"
     (e_out, e_grads), (a_out, a_grads) = expected, actual
     out = _diff(e_out, a_out)
