@@ -268,3 +268,25 @@ def _nest(x, n):
 def test_calls_nest_as_deep_as_real_models():
     """HF models reach 20+ frames (decorators, layers, attention interfaces): captured whole."""
     check(_nest, torch.randn(3), 30, graphs=1, breaks=[])
+
+
+class _Noisy(torch.nn.Module):
+    def forward(self, x):
+        torch._C._log_api_usage_once("fuselens.tests")  # torchvision's telemetry: no break
+        print("noisy")
+        return x * 2
+
+
+class _Outer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = torch.nn.Sequential(torch.nn.Linear(3, 3), _Noisy(), torch.nn.ReLU())
+
+    def forward(self, x):
+        return self.block(x) + 1
+
+
+def test_break_inside_a_sequential_continues_in_the_graph(capsys):
+    """The continuation of torch's own `Sequential.forward` after a break is fuselens's code,
+    not a torch op (its globals are torch's module's)."""
+    check(_Outer(), torch.randn(2, 3), graphs=2, breaks=["FL100"])

@@ -64,6 +64,8 @@ def is_torch_callable(fn) -> bool:
         return False  # a module's own method (ModuleDict.items, ...): inlined, not an op
     if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return True
+    if getattr(fn, "__fl_source__", None) is not None:
+        return False  # a continuation fuselens generated (for a frame of torch's own modules too)
     mod = getattr(fn, "__module__", None) or ""
     if mod == "torch" or mod.startswith("torch.") or mod.startswith("torch._C"):
         return True
@@ -81,6 +83,12 @@ def is_logging_call(fn) -> bool:
     if isinstance(self_, (logging.Logger, logging.LoggerAdapter)):
         return True
     return getattr(fn, "__module__", None) == "logging" and not isinstance(fn, type)
+
+
+def is_usage_log(fn) -> bool:
+    """torch's API-usage telemetry (`torch._C._log_api_usage_once`, which torchvision calls in its
+    ops): nothing a program can observe; torch.compile drops it too."""
+    return fn is torch._C._log_api_usage_once
 
 
 def compile_time_answer(fn):
