@@ -290,3 +290,23 @@ def test_break_inside_a_sequential_continues_in_the_graph(capsys):
     """The continuation of torch's own `Sequential.forward` after a break is fuselens's code,
     not a torch op (its globals are torch's module's)."""
     check(_Outer(), torch.randn(2, 3), graphs=2, breaks=["FL100"])
+
+
+def kind_flags(x):
+    # nn.MultiheadAttention: `assert not query.is_nested, ...` outside its fast path
+    assert not x.is_nested and not x.is_sparse and x.is_cpu and not x.is_meta
+    return x * 2
+
+
+def test_tensor_kind_flags_are_the_tensors_own():
+    check(kind_flags, torch.randn(3), graphs=1, breaks=[])
+
+
+def test_multihead_attention_outside_its_fast_path():
+    """torchvision's vit_b_16 encoder: nn.MultiheadAttention with grad enabled."""
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    x = torch.randn(2, 5, 8)
+
+    def f(q):
+        return mha(q, q, q, need_weights=False)[0]
+    check(f, x, graphs=1)

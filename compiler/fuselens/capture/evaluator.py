@@ -928,6 +928,13 @@ class Evaluator:
             if attr == "data":
                 return self.op(torch.Tensor.detach, [t], {}, e, scope)
             self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"Tensor.{attr}")
+        if attr.startswith("is_") and isinstance(inspect.getattr_static(torch.Tensor, attr, None),
+                                                 types.GetSetDescriptorType):
+            # a flag of the tensor's kind (`is_nested`, `is_sparse`, `is_cpu`...): what an empty
+            # tensor of its dtype on its device says (the meta tensor would say `is_meta`)
+            if t.meta is None:
+                return UNKNOWN
+            return getattr(torch.empty(0, dtype=t.meta.dtype, device=t.device), attr)
         # a method: bound lazily
         return _TensorMethod(t, attr)
 
