@@ -9,8 +9,9 @@ import torch.fx as fx
 from torch.fx.node import map_aggregate
 
 from ..ops import primitives as prim
+from .indexing import floor_div, fold, mod_index
 from .ir import (ComputedBuffer, ExternBuffer, ExternCall, InputBuffer, Lazy, LoweredGraph, SizeVars, TensorValue,
-                 View, FloorDiv, ModIndex, buffer_view, compute_dtype, contiguous_strides, ops)
+                 View, buffer_view, compute_dtype, contiguous_strides, ops)
 
 # A lazy value that inlines more operations than this is stored instead of recomputed in every
 # consumer (it also bounds the work of re-walking deep expression chains).
@@ -68,10 +69,11 @@ def view_strides(old_shape, old_stride, new_shape):
     return tuple(new_stride) if view_d == -1 else None
 
 
-def reshape_index(idx, new_shape, old_shape, sv: SizeVars):
+def reshape_index(idx, new_shape, old_shape, env):
     """Index into `old_shape` of the element at `idx` of its row-major reshape to `new_shape`.
     Dims are matched in groups with equal products, so flatten/unflatten need no div/mod beyond
-    the group they touch."""
+    the group they touch. `env`: the ops handler (sizes and loop ranges, for simplifying)."""
+    sv = env.sizevars
     out = [sympy.Integer(0)] * len(old_shape)
     if math.prod(old_shape) == 0:
         return out
@@ -91,10 +93,11 @@ def reshape_index(idx, new_shape, old_shape, sv: SizeVars):
         for k, s in reversed(gn):
             flat += idx[k] * sv(inner)
             inner *= s
+        flat = fold(flat, env)
         inner = 1
         for pos, (k, s) in enumerate(reversed(go)):
-            v = FloorDiv(flat, sv(inner)) if inner != 1 else flat
-            out[k] = v if pos == len(go) - 1 else ModIndex(v, sv(s))
+            v = floor_div(flat, sv(inner), env)
+            out[k] = v if pos == len(go) - 1 else mod_index(v, sv(s), env)
             inner *= s
     return out
 
@@ -207,9 +210,9 @@ class Lowering:
             i = idx[dim]
             conds = [sympy.Ge(i, start), sympy.Lt(i, end)]
             if step != 1:
-                conds.append(sympy.Eq(ModIndex(i - start, step), 0))
+                conds.append(sympy.Eq(mod_index(i - start, step, ops()), 0))
             src_idx = list(idx)
-            src_idx[dim] = FloorDiv(i - start, step)
+            src_idx[dim] = floor_div(i - start, step, ops())
             return ops().masked(conds, lambda: src.load(src_idx), 0, dtype)
         return fn
 
@@ -278,8 +281,7 @@ class Lowering:
                 stride = view_strides(x.shape, x.stride, out_shape)
                 if stride is not None:
                     return View(x.buf, out_shape, stride, x.offset)
-            sv = self.sv
-            return Lazy(out_shape, x.dtype, lambda idx: x.load(reshape_index(idx, out_shape, x.shape, sv)),
+            return Lazy(out_shape, x.dtype, lambda idx: x.load(reshape_index(idx, out_shape, x.shape, ops())),
                         getattr(x, "cost", 1), getattr(x, "loc", None))
         raise NotImplementedError(p)
 
