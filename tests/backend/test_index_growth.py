@@ -97,3 +97,47 @@ def test_reshape_round_trips(round_trip, requires_grad):
             t = back(there(t), len(x))
         return t + 1
     check_compiled(f, [(4, 6), (7, 6), (5, 6)], requires_grad)
+
+
+def random_chain(rng, numel, steps):
+    """Random views of a tensor of `numel` elements: reshapes to random factorizations (with
+    size-1 dims) and permutations, as (kind, argument) pairs."""
+    def factorization():
+        dims, left = [], numel
+        while left > 1 and len(dims) < 3:
+            divisors = [d for d in range(2, left + 1) if left % d == 0]
+            d = rng.choice(divisors)
+            dims.append(d)
+            left //= d
+        dims += [left] if left > 1 else []
+        if rng.random() < 0.3:
+            dims.insert(rng.randrange(len(dims) + 1), 1)
+        return tuple(dims) or (1,)
+    chain = []
+    for _ in range(steps):
+        if rng.random() < 0.7:
+            chain.append(("reshape", factorization()))
+        else:
+            chain.append(("permute", None))
+    return chain
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_view_chains(seed):
+    """Index expressions simplified with loop ranges compute the same elements as eager's views:
+    random chains of reshapes (any factorization of the size) and transposes of a lazy value."""
+    import random
+    rng = random.Random(seed)
+    numel = rng.choice([12, 24, 30, 36, 60])
+    chain = random_chain(rng, numel, 12)
+    perms = [rng.sample(range(8), 8) for _ in chain]
+
+    def f(x):
+        t = x * 2
+        for (kind, arg), perm in zip(chain, perms):
+            if kind == "reshape":
+                t = t.reshape(arg)
+            else:
+                t = t.permute([d for d in perm if d < t.dim()])
+        return t + 1
+    check_compiled(f, [(numel,)], requires_grad=False)
