@@ -11,11 +11,15 @@ from torch.fx.node import map_aggregate
 from ..ops import primitives as prim
 from .indexing import floor_div, fold, mod_index
 from .ir import (ComputedBuffer, ExternBuffer, ExternCall, InputBuffer, Lazy, LoweredGraph, SizeVars, TensorValue,
-                 View, buffer_view, compute_dtype, contiguous_strides, ops)
+                 View, buffer_view, compute_dtype, contiguous_strides, ops, use_handler)
 
 # A lazy value that inlines more operations than this is stored instead of recomputed in every
 # consumer (it also bounds the work of re-walking deep expression chains).
 INLINE_COST_LIMIT = 48
+# A reshape of a lazy value is taken from memory instead when a load of it would index with more
+# operations than this: reshapes that regroup dims across a transpose do not simplify, and each
+# one multiplies the index of every reshape after it (compile time exponential in their number)
+INDEX_OPS_LIMIT = 200
 
 
 class _Seed:
@@ -277,6 +281,8 @@ class Lowering:
                 return x.load(src)
             return Lazy(out_shape, x.dtype, fn, x.cost, x.loc)
         if p is prim.reshape:
+            if isinstance(x, Lazy) and self.index_ops(x, out_shape) > INDEX_OPS_LIMIT:
+                x = self.realize(x)
             if isinstance(x, View):
                 stride = view_strides(x.shape, x.stride, out_shape)
                 if stride is not None:
@@ -284,6 +290,14 @@ class Lowering:
             return Lazy(out_shape, x.dtype, lambda idx: x.load(reshape_index(idx, out_shape, x.shape, ops())),
                         getattr(x, "cost", 1), getattr(x, "loc", None))
         raise NotImplementedError(p)
+
+    def index_ops(self, x, out_shape):
+        """The operations of the largest index a load of lazy `x` reshaped to `out_shape` makes."""
+        from ..schedule.fusion import ReadRecorder, loop_ranges, loop_vars  # the scheduler's analysis
+        recorder = ReadRecorder(self.sv, loop_ranges(out_shape, ()))
+        with use_handler(recorder):
+            x.load(reshape_index(loop_vars(out_shape, ()), out_shape, x.shape, recorder))
+        return max((sympy.count_ops(index) for _, index in recorder.reads), default=0)
 
     # --- sources ----------------------------------------------------------------------------------
     def lower_source(self, node, p, args, kwargs):
