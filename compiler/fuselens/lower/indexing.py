@@ -55,6 +55,9 @@ def value(e, env):
     values = env.sizevars.values
     if e.is_Symbol:
         return values.get(e)
+    if e.is_Pow and e.exp.is_Integer and e.exp >= 0:
+        base = value(e.base, env)
+        return None if base is None else base ** int(e.exp)
     if e.is_Mul or e.is_Add:
         parts = [value(a, env) for a in e.args]
         if any(p is None for p in parts):
@@ -77,6 +80,11 @@ def bounds(e, env):
             return v, v
         extent = env.ranges.get(e)
         return (0, extent - 1) if extent is not None else None
+    if e.is_Pow and e.exp.is_Integer and e.exp >= 0:
+        base = bounds(e.base, env)
+        return None if base is None or base[0] < 0 else (base[0] ** int(e.exp), base[1] ** int(e.exp))
+    if not (e.is_Add or e.is_Mul or isinstance(e, (FloorDiv, ModIndex))):
+        return None
     parts = [bounds(a, env) for a in e.args]
     if any(p is None for p in parts):
         return None
@@ -93,9 +101,7 @@ def bounds(e, env):
         return None
     if isinstance(e, FloorDiv):
         return alo // bhi, ahi // blo
-    if isinstance(e, ModIndex):
-        return (alo, ahi) if ahi < blo else (0, min(ahi, bhi - 1))
-    return None
+    return (alo, ahi) if ahi < blo else (0, min(ahi, bhi - 1))
 
 
 def _nonnegative(e, env):
@@ -172,7 +178,8 @@ def _digit(term, env):
     d = sympy.Integer(1)
     if isinstance(f, FloorDiv):
         f, d = f.args
-    if (m is None and d == 1) or value(d, env) is None or not _nonnegative(f, env):
+    if (m is None and d == 1) or value(d, env) is None or (m is not None and value(m, env) is None) \
+            or not _nonnegative(f, env):
         return None
     return coef, f, d, m
 
