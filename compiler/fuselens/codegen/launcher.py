@@ -12,9 +12,11 @@ triton yourself earlier in that process requires TRITON_INTERPRET=1 to be set al
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -45,31 +47,120 @@ def cache_dir():
     return path
 
 
+# a primitive's kernel line that is one call of a Triton function on its operands: `tl.exp({0})`
+_CALL = re.compile(r"((?:tl|libdevice)\.\w+)\(\{0\}(?:, \{\d\})*\)")
+# the handle attribute naming the torch computation that made an interpreted value
+_TORCH_OP = "fuselens_torch_op"
+
+
+@functools.cache
+def _primitive_functions():
+    """{Triton function a pointwise primitive's kernel line calls (`tl.exp`, `libdevice.tanh`):
+    that primitive's torch function}. tl.where is left to Triton: codegen's masks call it too,
+    and a selection is exact in any implementation."""
+    from ..ops.primitives import PRIMITIVES
+    out = {}
+    for p in PRIMITIVES.values():
+        m = _CALL.fullmatch(p.triton or "") if p.kind == "pointwise" else None
+        if m and m.group(1) != "tl.where":
+            out[m.group(1)] = p.impl
+    return out
+
+
+def _as_torch(numpy_data, name):
+    """Numpy block data of Triton scalar type `name` as a torch tensor (bf16 is stored as uint16)."""
+    import torch
+    tensor = torch.from_numpy(np.require(numpy_data, requirements=["C", "W"]))
+    return tensor.view(torch.bfloat16) if name == "bf16" else tensor
+
+
+def _as_numpy(tensor):
+    import torch
+    return (tensor.view(torch.uint16) if tensor.dtype == torch.bfloat16 else tensor).numpy()
+
+
+def _interpreted(torch_fn, name, original=None):
+    """The Triton function `name` for the interpreter: `torch_fn` on the block's data, as eager
+    computes the primitive (numpy's tanh or exp differ from torch's in the last bit). The result
+    remembers its computation, so that rounding it to a half type right away computes it in that
+    type instead (see `_round_op`)."""
+    def fn(*args, **kwargs):
+        import torch
+        import triton.language as tl
+        from triton.runtime.interpreter import TensorHandle
+        tensors = [a for a in args if isinstance(a, tl.core.tensor)]
+        names = {t.dtype.scalar.name for t in tensors}
+        if not kwargs and len(names) == 1 and names <= set(_TORCH_DTYPES):
+            scalar = tensors[0].dtype.scalar
+            dtype = _TORCH_DTYPES[scalar.name]
+            ins = [_as_torch(a.handle.data, scalar.name) if isinstance(a, tl.core.tensor) else
+                   torch.tensor(a, dtype=dtype) for a in args]
+            out = torch_fn(*ins)
+            if out.dtype == dtype:
+                handle = TensorHandle(_as_numpy(out), scalar)
+                handle.attr[_TORCH_OP] = (torch_fn, ins)
+                shape = list(out.shape)
+                return tl.core.tensor(handle, tl.core.block_type(scalar, shape) if shape else scalar)
+        if original is None:
+            raise TypeError(f"{name}: no interpreted version for these arguments")
+        return original(*args, **kwargs)
+    fn.__name__ = name
+    return fn
+
+
 class _InterpretedLibdevice:
-    """libdevice for Triton's interpreter, which does not patch it: numpy on the block's data."""
+    """libdevice for Triton's interpreter, which does not patch it: the primitives' torch functions."""
 
     def __getattr__(self, name):
-        np_fn = {"tanh": np.tanh, "log1p": np.log1p, "pow": np.power}[name]
+        torch_fn = _primitive_functions().get(f"libdevice.{name}")
+        if torch_fn is None:
+            raise AttributeError(f"libdevice.{name} has no interpreted version")
+        return _interpreted(torch_fn, f"libdevice.{name}")
 
-        def fn(*args):
-            import triton.language as tl
-            from triton.runtime.interpreter import TensorHandle
-            ref = next(a for a in args if isinstance(a, tl.core.tensor))
-            data = [a.handle.data if isinstance(a, tl.core.tensor) else a for a in args]
-            with np.errstate(all="ignore"):
-                out = np.asarray(np_fn(*data)).astype(ref.handle.data.dtype)
-            return tl.core.tensor(TensorHandle(out, ref.dtype.scalar), ref.type)
-        return fn
+
+def patch_interpreter_math():
+    """The tl functions pointwise primitives call (tl.exp, tl.sin, tl.sigmoid, ...) run in the
+    interpreter as those primitives' torch functions: Triton's interpreter computes them with
+    numpy (and tl.sigmoid as 1 / (1 + exp(-x))), whose results differ from eager's in the last
+    bit. Interpreter only: a compiled kernel is not affected (nothing of Triton's compiler is
+    patched, and FUSELENS_INTERPRET interprets every kernel of the process)."""
+    import triton.language as tl
+    if getattr(tl, "_fuselens_math", False):
+        return
+    from triton.runtime.interpreter import interpreter_semantic
+    for name, torch_fn in _primitive_functions().items():
+        module, attr = name.split(".")
+        if module != "tl":
+            continue
+        original = getattr(tl, attr)
+        if tl.core.is_builtin(original):  # as the interpreter calls builtins
+            original = functools.partial(original, _semantic=interpreter_semantic)
+        setattr(tl, attr, _interpreted(torch_fn, name, original))
+    tl._fuselens_math = True
+
+
+def _round_op(src, src_name, dst):
+    """An interpreted value rounded to half type `dst` right after its torch computation, as
+    eager computes that op in `dst`: the op run on its operands in `dst` (torch's half kernels may
+    differ from its fp32 ones in the last bit), in the lanes where the operands are values of
+    `dst` (a primitive's operands are; an fp32 intermediate of a decomposition is not); None
+    when it is no such value."""
+    import torch
+    op = src.attr.get(_TORCH_OP)
+    if op is None or dst not in (torch.float16, torch.bfloat16):
+        return None
+    torch_fn, ins = op
+    narrow = [t.to(dst) for t in ins]
+    exact = torch.ones((), dtype=torch.bool)
+    for t, n in zip(ins, narrow):
+        exact = exact & ((n.to(t.dtype) == t) | t.isnan())
+    rounded = _as_torch(src.data, src_name).to(dst)
+    return torch.where(exact, torch_fn(*narrow), rounded)
 
 
 def _torch_cast(numpy_data, src, dst):
-    """Cast numpy block data of Triton type `src` to `dst` as torch casts (bf16 is stored as uint16)."""
-    import torch
-    tensor = torch.from_numpy(np.require(numpy_data, requirements=["C", "W"]))
-    if src == "bf16":
-        tensor = tensor.view(torch.bfloat16)
-    out = tensor.to(_TORCH_DTYPES[dst])
-    return (out.view(torch.uint16) if dst == "bf16" else out).numpy()
+    """Cast numpy block data of Triton type `src` to `dst` as torch casts."""
+    return _as_numpy(_as_torch(numpy_data, src).to(_TORCH_DTYPES[dst]))
 
 
 _TORCH_DTYPES: dict = {}
@@ -93,6 +184,9 @@ def patch_interpreter_casts():
     def cast(self, src, dst_type):
         s, d = src.dtype.scalar.name, dst_type.scalar.name
         if s in _TORCH_DTYPES and d in _TORCH_DTYPES:
+            rounded = _round_op(src, s, _TORCH_DTYPES[d])
+            if rounded is not None:
+                return interpreter.TensorHandle(_as_numpy(rounded), dst_type.scalar)
             return interpreter.TensorHandle(_torch_cast(src.data, s, d), dst_type.scalar)
         return cast_impl(self, src, dst_type)
 
@@ -150,6 +244,7 @@ def load_module(source: str):
             module.libdevice = _InterpretedLibdevice()
             patch_interpreter_casts()
             patch_interpreter_reductions()
+            patch_interpreter_math()
         _modules[key] = module
         return module
 

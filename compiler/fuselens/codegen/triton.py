@@ -33,9 +33,10 @@ import re
 import sympy
 import torch
 
-from ..lower.ir import FloorDiv, ModIndex, compute_dtype, contiguous_strides, use_handler
-from ..schedule.fusion import (PERSISTENT_RNUMEL_MAX, FusedKernel, ReadRecorder, keep_shape, loop_vars, node_vars,
-                               row_shapes, store_index)
+from ..lower.indexing import FloorDiv, ModIndex
+from ..lower.ir import compute_dtype, contiguous_strides, use_handler
+from ..schedule.fusion import (PERSISTENT_RNUMEL_MAX, FusedKernel, ReadRecorder, keep_shape, loop_ranges, loop_vars,
+                               node_vars, row_shapes, store_index)
 from .launcher import MAX_RTILE, next_power_of_2
 
 # blocks never exceed this many elements, so a size divisible by it needs no mask
@@ -119,6 +120,7 @@ class KernelWriter:
         self.index_in_graph = name_index
         self.red = kernel.red_dims or ()
         shape = kernel.shape
+        self.ranges = loop_ranges(shape, self.red)
         self.x_dims = [d for d, s in enumerate(shape) if s != 1 and d not in self.red]
         self.r_dims = [d for d, s in enumerate(shape) if s != 1 and d in self.red]
         self.xnumel = math.prod(s for d, s in enumerate(shape) if d not in self.red)
@@ -333,7 +335,7 @@ class KernelWriter:
 
     def _direct_reads(self, buf):
         if buf.name not in self._reads:
-            recorder = ReadRecorder(self.sizevars)
+            recorder = ReadRecorder(self.sizevars, self.ranges)
             with use_handler(recorder):
                 buf.body(self.vars_for(buf))
             self._reads[buf.name] = [b for b, _ in recorder.reads]

@@ -6,8 +6,9 @@ values are inlined into whatever consumes them; they become buffers ("are realiz
 something needs memory: a graph output, an extern call, or an expression grown too large.
 
 Index expressions are sympy expressions over per-dimension loop variables (`x0`, `r1`, ...) and
-size symbols (`SizeVars`), so kernels take sizes as arguments. Loop bodies call the *ops handler*
-(`ops()`), which is the analysis recorder in schedule/ and the Triton emitter in codegen/.
+size symbols (`SizeVars`), so kernels take sizes as arguments (indexing.py keeps them small).
+Loop bodies call the *ops handler* (`ops()`), which is the analysis recorder in schedule/ and the
+Triton emitter in codegen/; a handler has `sizevars`, and `ranges` (loop variable -> extent).
 """
 from __future__ import annotations
 
@@ -19,31 +20,7 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
-
-class FloorDiv(sympy.Function):
-    is_integer = True
-
-    @classmethod
-    def eval(cls, a, b):
-        if b == 1:
-            return a
-        if a == 0:
-            return sympy.Integer(0)
-        if a.is_Integer and b.is_Integer:
-            return sympy.Integer(int(a) // int(b))
-        return None
-
-
-class ModIndex(sympy.Function):
-    is_integer = True
-
-    @classmethod
-    def eval(cls, a, b):
-        if b == 1 or a == 0:
-            return sympy.Integer(0)
-        if a.is_Integer and b.is_Integer:
-            return sympy.Integer(int(a) % int(b))
-        return None
+from .indexing import fold
 
 
 class SizeVars:
@@ -170,11 +147,13 @@ class View(TensorValue):
     def dtype(self):
         return self.buf.dtype
 
-    def index(self, idx, sv: SizeVars):
-        return sv(self.offset) + sum((i * sv(s) for i, s in zip(idx, self.stride) if s), sympy.Integer(0))
+    def index(self, idx, env):
+        """The buffer element at `idx`; `env`: the ops handler (sizes and loop ranges)."""
+        sv = env.sizevars
+        return fold(sv(self.offset) + sum((i * sv(s) for i, s in zip(idx, self.stride) if s), sympy.Integer(0)), env)
 
     def load(self, idx):
-        return ops().load(self.buf, self.index(idx, ops().sizevars))
+        return ops().load(self.buf, self.index(idx, ops()))
 
     def is_whole(self):
         return self.shape == self.buf.shape and self.stride == self.buf.stride and self.offset == 0

@@ -9,12 +9,17 @@ import torch.fx as fx
 from torch.fx.node import map_aggregate
 
 from ..ops import primitives as prim
+from .indexing import floor_div, fold, mod_index
 from .ir import (ComputedBuffer, ExternBuffer, ExternCall, InputBuffer, Lazy, LoweredGraph, SizeVars, TensorValue,
-                 View, FloorDiv, ModIndex, buffer_view, compute_dtype, contiguous_strides, ops)
+                 View, buffer_view, compute_dtype, contiguous_strides, ops, use_handler)
 
 # A lazy value that inlines more operations than this is stored instead of recomputed in every
 # consumer (it also bounds the work of re-walking deep expression chains).
 INLINE_COST_LIMIT = 48
+# A reshape of a lazy value is taken from memory instead when a load of it would index with more
+# operations than this: reshapes that regroup dims across a transpose do not simplify, and each
+# one multiplies the index of every reshape after it (compile time exponential in their number)
+INDEX_OPS_LIMIT = 200
 
 
 class _Seed:
@@ -68,10 +73,11 @@ def view_strides(old_shape, old_stride, new_shape):
     return tuple(new_stride) if view_d == -1 else None
 
 
-def reshape_index(idx, new_shape, old_shape, sv: SizeVars):
+def reshape_index(idx, new_shape, old_shape, env):
     """Index into `old_shape` of the element at `idx` of its row-major reshape to `new_shape`.
     Dims are matched in groups with equal products, so flatten/unflatten need no div/mod beyond
-    the group they touch."""
+    the group they touch. `env`: the ops handler (sizes and loop ranges, for simplifying)."""
+    sv = env.sizevars
     out = [sympy.Integer(0)] * len(old_shape)
     if math.prod(old_shape) == 0:
         return out
@@ -91,10 +97,11 @@ def reshape_index(idx, new_shape, old_shape, sv: SizeVars):
         for k, s in reversed(gn):
             flat += idx[k] * sv(inner)
             inner *= s
+        flat = fold(flat, env)
         inner = 1
         for pos, (k, s) in enumerate(reversed(go)):
-            v = FloorDiv(flat, sv(inner)) if inner != 1 else flat
-            out[k] = v if pos == len(go) - 1 else ModIndex(v, sv(s))
+            v = floor_div(flat, sv(inner), env)
+            out[k] = v if pos == len(go) - 1 else mod_index(v, sv(s), env)
             inner *= s
     return out
 
@@ -207,9 +214,9 @@ class Lowering:
             i = idx[dim]
             conds = [sympy.Ge(i, start), sympy.Lt(i, end)]
             if step != 1:
-                conds.append(sympy.Eq(ModIndex(i - start, step), 0))
+                conds.append(sympy.Eq(mod_index(i - start, step, ops()), 0))
             src_idx = list(idx)
-            src_idx[dim] = FloorDiv(i - start, step)
+            src_idx[dim] = floor_div(i - start, step, ops())
             return ops().masked(conds, lambda: src.load(src_idx), 0, dtype)
         return fn
 
@@ -274,14 +281,23 @@ class Lowering:
                 return x.load(src)
             return Lazy(out_shape, x.dtype, fn, x.cost, x.loc)
         if p is prim.reshape:
+            if isinstance(x, Lazy) and self.index_ops(x, out_shape) > INDEX_OPS_LIMIT:
+                x = self.realize(x)
             if isinstance(x, View):
                 stride = view_strides(x.shape, x.stride, out_shape)
                 if stride is not None:
                     return View(x.buf, out_shape, stride, x.offset)
-            sv = self.sv
-            return Lazy(out_shape, x.dtype, lambda idx: x.load(reshape_index(idx, out_shape, x.shape, sv)),
+            return Lazy(out_shape, x.dtype, lambda idx: x.load(reshape_index(idx, out_shape, x.shape, ops())),
                         getattr(x, "cost", 1), getattr(x, "loc", None))
         raise NotImplementedError(p)
+
+    def index_ops(self, x, out_shape):
+        """The operations of the largest index a load of lazy `x` reshaped to `out_shape` makes."""
+        from ..schedule.fusion import ReadRecorder, loop_ranges, loop_vars  # the scheduler's analysis
+        recorder = ReadRecorder(self.sv, loop_ranges(out_shape, ()))
+        with use_handler(recorder):
+            x.load(reshape_index(loop_vars(out_shape, ()), out_shape, x.shape, recorder))
+        return max((sympy.count_ops(index) for _, index in recorder.reads), default=0)
 
     # --- sources ----------------------------------------------------------------------------------
     def lower_source(self, node, p, args, kwargs):

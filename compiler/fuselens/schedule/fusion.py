@@ -126,6 +126,18 @@ def node_vars(buf, shape, red_dims):
             for d, s in zip(kept, buf.shape)]
 
 
+def loop_ranges(shape, red_dims):
+    """Each loop variable of a domain -> its extent (what index simplification may assume)."""
+    return {v: s for v, s in zip(loop_vars(shape, red_dims), shape) if isinstance(v, sympy.Symbol)}
+
+
+def node_ranges(buf, shape, red_dims):
+    """The extents of `node_vars(buf, shape, red_dims)`."""
+    if buf.kind in ("reduction", "partial") or len(buf.shape) == len(shape):
+        return loop_ranges(body_shape(buf), red_dims)
+    return {v: s for v, s in zip(node_vars(buf, shape, red_dims), buf.shape) if isinstance(v, sympy.Symbol)}
+
+
 def store_index(buf, shape, red_dims, sv):
     out_vars = loop_vars(buf.shape, red_dims) if buf.kind == "reduction" else node_vars(buf, shape, red_dims)
     return sympy.expand(sum((v * sv(st) for v, st in zip(out_vars, buf.stride)), sympy.Integer(0)))
@@ -134,8 +146,9 @@ def store_index(buf, shape, red_dims, sv):
 class ReadRecorder:
     """Ops handler that runs a loop body only to see which buffer elements it loads."""
 
-    def __init__(self, sizevars):
+    def __init__(self, sizevars, ranges):
         self.sizevars = sizevars
+        self.ranges = ranges
         self.reads = []
 
     def at(self, loc):
@@ -207,7 +220,7 @@ class Scheduler:
     def reads(self, buf, shape, red_dims):
         key = (buf.name, shape, red_dims)
         if key not in self._reads:
-            rec = ReadRecorder(self.sv)
+            rec = ReadRecorder(self.sv, node_ranges(buf, shape, red_dims))
             with use_handler(rec):
                 buf.body(node_vars(buf, shape, red_dims))
             self._reads[key] = rec.reads

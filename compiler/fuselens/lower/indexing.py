@@ -1,0 +1,217 @@
+"""Index expressions: sympy over loop variables (`x0`, `r1`, ...) and size symbols (`SizeVars`).
+
+Views of lazy values compose reshapes: a write through `t.view(-1)` reads `t` at
+`(k // s, k % s)` with `k = i * s + j`, and writing back reads the flat value at `i * s + j`
+again. Built naively, each round trip nests the previous index twice, so a loop of in-place
+writes grows an expression exponential in its length (compile time with it). The constructors
+here simplify as they build, as Inductor's FloorDiv/ModularIndexing do with variable ranges:
+
+  (a*s + b) // s = a,  (a*s + b) % s = b          when 0 <= b < s
+  (x // s) * s + x % s = x                         and its mixed-radix generalisation
+
+Ranges come from the ops handler evaluating the loop body (`env`): `env.ranges` maps each loop
+variable to its extent, `env.sizevars` gives each size symbol's value. A lowering specialises on
+its sizes (a new size builds a new program), so these facts hold for every kernel built from it;
+size symbols stay in the results where they cancel symbolically, so kernels stay shared across
+sizes where they can. Rules that depend on a sign apply only to expressions proven nonnegative:
+Triton divides and takes remainders of signed ints truncating toward zero, Python flooring.
+"""
+from __future__ import annotations
+
+import sympy
+
+
+class FloorDiv(sympy.Function):
+    is_integer = True
+
+    @classmethod
+    def eval(cls, a, b):
+        if b == 1:
+            return a
+        if a == 0:
+            return sympy.Integer(0)
+        if a.is_Integer and b.is_Integer:
+            return sympy.Integer(int(a) // int(b))
+        return None
+
+
+class ModIndex(sympy.Function):
+    is_integer = True
+
+    @classmethod
+    def eval(cls, a, b):
+        if b == 1 or a == 0:
+            return sympy.Integer(0)
+        if a.is_Integer and b.is_Integer:
+            return sympy.Integer(int(a) % int(b))
+        return None
+
+
+def value(e, env):
+    """The value of an expression of sizes only (no loop variable), or None."""
+    e = sympy.sympify(e)
+    if e.is_Integer:
+        return int(e)
+    values = env.sizevars.values
+    if e.is_Symbol:
+        return values.get(e)
+    if e.is_Pow and e.exp.is_Integer and e.exp >= 0:
+        base = value(e.base, env)
+        return None if base is None else base ** int(e.exp)
+    if e.is_Mul or e.is_Add:
+        parts = [value(a, env) for a in e.args]
+        if any(p is None for p in parts):
+            return None
+        out = 1 if e.is_Mul else 0
+        for p in parts:
+            out = out * p if e.is_Mul else out + p
+        return out
+    return None
+
+
+def bounds(e, env):
+    """(lowest, highest) value of an index expression over the loop ranges, or None if unknown."""
+    e = sympy.sympify(e)
+    if e.is_Integer:
+        return int(e), int(e)
+    if e.is_Symbol:
+        v = env.sizevars.values.get(e)
+        if v is not None:
+            return v, v
+        extent = env.ranges.get(e)
+        return (0, extent - 1) if extent is not None else None
+    if e.is_Pow and e.exp.is_Integer and e.exp >= 0:
+        base = bounds(e.base, env)
+        return None if base is None or base[0] < 0 else (base[0] ** int(e.exp), base[1] ** int(e.exp))
+    if not (e.is_Add or e.is_Mul or isinstance(e, (FloorDiv, ModIndex))):
+        return None
+    parts = [bounds(a, env) for a in e.args]
+    if any(p is None for p in parts):
+        return None
+    if e.is_Add:
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+    if e.is_Mul:
+        lo, hi = parts[0]
+        for plo, phi in parts[1:]:
+            corners = (lo * plo, lo * phi, hi * plo, hi * phi)
+            lo, hi = min(corners), max(corners)
+        return lo, hi
+    (alo, ahi), (blo, bhi) = parts
+    if alo < 0 or blo <= 0:
+        return None
+    if isinstance(e, FloorDiv):
+        return alo // bhi, ahi // blo
+    return (alo, ahi) if ahi < blo else (0, min(ahi, bhi - 1))
+
+
+def _nonnegative(e, env):
+    b = bounds(e, env)
+    return b is not None and b[0] >= 0
+
+
+def _split_multiples(a, b, bv, env):
+    """a = q * b + rest, with q the sum of a's terms whose size coefficient is a multiple of b
+    (divided by b: symbolically where it cancels, else the quotient's size symbol)."""
+    q, rest = sympy.Integer(0), sympy.Integer(0)
+    for term in sympy.Add.make_args(a):
+        sizes = [f for f in sympy.Mul.make_args(term) if value(f, env) is not None]
+        rest_factors = [f for f in sympy.Mul.make_args(term) if value(f, env) is None]
+        coef = sympy.Mul(*sizes)
+        cv = value(coef, env)
+        if cv % bv == 0:
+            quotient = coef / b
+            if quotient.as_numer_denom()[1] != 1:
+                quotient = env.sizevars(cv // bv)
+            q += quotient * sympy.Mul(*rest_factors)
+        else:
+            rest += term
+    return q, rest
+
+
+def floor_div(a, b, env):
+    """a // b for an index expression a and a positive size b."""
+    a, b = sympy.sympify(a), sympy.sympify(b)
+    bv = value(b, env)
+    if b == 1 or bv is None or bv <= 0:
+        return FloorDiv(a, b)
+    ab = bounds(a, env)
+    if ab is not None and ab[0] >= 0 and ab[0] // bv == ab[1] // bv:
+        return sympy.Integer(ab[0] // bv)
+    if isinstance(a, FloorDiv) and (inner := value(a.args[1], env)) and inner > 0:
+        return floor_div(a.args[0], env.sizevars(inner * bv), env)  # (x // c) // b = x // (c*b)
+    if ab is not None and ab[0] >= 0:
+        q, rest = _split_multiples(a, b, bv, env)
+        if q != 0 and _nonnegative(rest, env):
+            return q + floor_div(rest, b, env)
+    return FloorDiv(a, b)
+
+
+def mod_index(a, b, env):
+    """a % b for an index expression a and a positive size b."""
+    a, b = sympy.sympify(a), sympy.sympify(b)
+    bv = value(b, env)
+    if b == 1 or bv is None or bv <= 0:
+        return ModIndex(a, b)
+    ab = bounds(a, env)
+    if ab is not None and ab[0] >= 0 and ab[1] < bv:
+        return a
+    if isinstance(a, ModIndex) and (outer := value(a.args[1], env)) and outer % bv == 0:
+        return mod_index(a.args[0], b, env)  # (x % (k*b)) % b = x % b
+    if ab is not None and ab[0] >= 0:
+        q, rest = _split_multiples(a, b, bv, env)
+        if q != 0 and _nonnegative(rest, env):
+            return mod_index(rest, b, env)
+    return ModIndex(a, b)
+
+
+def _digit(term, env):
+    """term as (coefficient, x, d, m): coefficient * ((x // d) % m), m None for no modulus;
+    None if it is not of that form, with a coefficient of sizes only."""
+    factors = sympy.Mul.make_args(term)
+    coef = sympy.Mul(*[f for f in factors if value(f, env) is not None])
+    rest = [f for f in factors if value(f, env) is None]
+    if len(rest) != 1:
+        return None
+    f, m = rest[0], None
+    if isinstance(f, ModIndex):
+        f, m = f.args
+    d = sympy.Integer(1)
+    if isinstance(f, FloorDiv):
+        f, d = f.args
+    if (m is None and d == 1) or value(d, env) is None or (m is not None and value(m, env) is None) \
+            or not _nonnegative(f, env):
+        return None
+    return coef, f, d, m
+
+
+def fold(e, env):
+    """Sums of the digits of one value recombined: c*((x//d) % m) + c*m*((x//(d*m)) % M) is
+    c*((x//d) % (m*M)), and c*(x//1) is c*x; the inverse of reshape_index's split."""
+    e = sympy.sympify(e)
+    if not e.is_Add:
+        return e
+    digits, others = [], []
+    for term in e.args:
+        dg = _digit(term, env)
+        (digits if dg is not None else others).append(dg if dg is not None else term)
+    merged = True
+    while merged:
+        merged = False
+        for i, (c, x, d, m) in enumerate(digits):
+            if m is None:
+                continue
+            cv, dv, mv = value(c, env), value(d, env), value(m, env)
+            for j, (c2, x2, d2, m2) in enumerate(digits):
+                if j != i and x2 == x and value(d2, env) == dv * mv and value(c2, env) == cv * mv:
+                    m_new = None if m2 is None else env.sizevars(mv * value(m2, env))
+                    digits[i] = (c, x, d, m_new)
+                    del digits[j]
+                    merged = True
+                    break
+            if merged:
+                break
+    out = sympy.Add(*others)
+    for c, x, d, m in digits:
+        v = floor_div(x, d, env) if d != 1 else x
+        out += c * (mod_index(v, m, env) if m is not None else v)
+    return out
