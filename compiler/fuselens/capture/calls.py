@@ -20,8 +20,7 @@ DATA_READS = {"item": B.ITEM, "tolist": B.TOLIST, "numpy": B.NUMPY}
 # Tensor attributes/methods that return Python values about the tensor's metadata.
 META_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride", "is_contiguous",
                 "element_size", "get_device", "is_floating_point", "is_complex", "data_ptr"}
-META_ATTRS = {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "layout",
-              "is_leaf", "is_sparse", "is_quantized", "is_meta"}
+META_ATTRS = {"shape", "dtype", "device", "ndim", "requires_grad", "layout", "is_leaf"}
 
 # Autocast: ops that run in the lower-precision dtype / in float32 (CUDA lists, abridged).
 AUTOCAST_LOWER = {F.linear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm,

@@ -916,8 +916,6 @@ class Evaluator:
                 return t.meta.dim()
             if attr == "device":
                 return t.device
-            if attr == "is_cuda":
-                return t.device.type == "cuda"
             return getattr(t.meta, attr)
         if attr == "T":
             return self.op(torch.Tensor.permute, [t, list(range(t.meta.dim()))[::-1]] if t.meta is not None
@@ -1334,6 +1332,10 @@ class Evaluator:
         if fn in _BUILTIN_HANDLERS:
             return _BUILTIN_HANDLERS[fn](self, args, kwargs, e, scope)
         if C.is_torch_callable(fn):
+            if isinstance(fn, types.FunctionType) and not contains_tensor([args, kwargs]):
+                # torch's own Python helpers on plain values (`F._canonical_mask(None, ...)`,
+                # `F._none_or_dtype(None)`) are code like the user's: what they touch decides
+                return self.inline(fn, args, kwargs, e, scope)
             return self.torch_call(fn, args, kwargs, e, scope)
         if isinstance(fn, types.MethodType) and isinstance(fn.__self__, nn.Module):
             return self.inline(fn.__func__, args, kwargs, e, scope, self_value=fn.__self__)

@@ -187,9 +187,11 @@ class GraphBuilder:
         if isinstance(out_meta, torch.Tensor):
             node.meta["val"] = out_meta
             return TensorVar(node, out_meta, device)
-        if isinstance(out_meta, (tuple, list)) and all(isinstance(m, torch.Tensor) for m in out_meta):
-            node.meta["val"] = tuple(out_meta)
-            items = [self._getitem(node, i, m, device, loc) for i, m in enumerate(out_meta)]
+        if isinstance(out_meta, (tuple, list)) and all(isinstance(m, torch.Tensor) or m is None for m in out_meta) \
+                and any(isinstance(m, torch.Tensor) for m in out_meta):
+            node.meta["val"] = tuple(out_meta)  # (output, None): `need_weights=False` attention
+            items = [self._getitem(node, i, m, device, loc) if m is not None else None
+                     for i, m in enumerate(out_meta)]
             if isinstance(out_meta, list):
                 return items
             # `x.max(dim=1)` is a named tuple (torch.return_types.max): `.values`, `.indices`
