@@ -273,10 +273,25 @@ def test_inplace_relu_block_real_backend(monkeypatch, train):
 @pytest.mark.parametrize("body", ["y.view(2, 3).narrow(1, 1, 2).mul_(3)", "y.view(2, 3).select(1, 0).zero_()",
                                   "y.view(2, 3).diagonal().fill_(5)", "torch.chunk(y, 3)[1].add_(1)",
                                   "y.view(2, 3).unbind(0)[1].neg_()", "y.view(3, 2).t().narrow(0, 0, 1).relu_()",
-                                  "y.unsqueeze_(0); y.squeeze(0).add_(1)"])
+                                  "y.unsqueeze_(0); y.squeeze(0).add_(1)",
+                                  # a base laid out in another dim order (a product of a transposed view)
+                                  "y = y.view(2, 3).t() * 1; y.diagonal().fill_(5)"])
 def test_writes_through_any_view_reach_the_base(tmp_path, body):
     """Views with no inverse of their own are written back by their strides."""
     mod = _module(tmp_path, f"v_{abs(hash(body))}", body)
     _, ex = check(mod.f, torch.randn(6), graphs=1, breaks=[])
     if "unsqueeze_" not in body:
         check(mod.g, torch.randn(6), graphs=1, breaks=[])
+
+
+def convnext_block_no_grad(x, w):
+    with torch.no_grad():
+        r = w * x.permute(0, 2, 3, 1).mul(2).permute(0, 3, 1, 2)  # channels-last layout
+        r += x  # through the detached result: the same elements
+    return r
+
+
+def test_write_into_a_no_grad_result_in_another_layout():
+    """torchvision's ConvNeXt block in eval: `result += input` on a product laid out channels-last."""
+    check(convnext_block_no_grad, torch.randn(2, 8, 4, 4), torch.rand(8, 1, 1, requires_grad=True),
+          graphs=1, breaks=[])

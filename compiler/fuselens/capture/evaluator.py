@@ -687,6 +687,8 @@ class Evaluator:
         if root.source is not None:
             self.check_no_alias(root, node, scope)
         new_root = new
+        # an alias of its parent (`detach`, `x[:]`, `view` to the same shape): the same elements
+        chain = [v for v in chain if not _same_layout(v.meta, v.view_of[0].meta)]
         if all(v.view_of[1] in _SCATTER and v.view_of[4] is None
                and v.meta.dtype == v.view_of[0].meta.dtype for v in chain):
             for v in chain:  # write back level by level: view → its parent → ... → root
@@ -714,8 +716,15 @@ class Evaluator:
                 or not _dense(r):
             self.brk(B.INPLACE_VIEW, node, scope, whole_stmt=True,
                      detail=f"through `{getattr(view.view_of[1], '__name__', view.view_of[1])}`")
-        return self.op(torch.as_strided_scatter, [root, new, tuple(v.size()), tuple(v.stride()),
-                                                  v.storage_offset() - r.storage_offset()], {}, node, scope)
+        # as_strided_scatter places by the strides of a contiguous copy of its input: scatter
+        # into root with its dims in memory order (a contiguous view), then put them back
+        order = sorted(range(r.dim()), key=lambda d: -r.stride(d))
+        base = self.op(torch.permute, [root, order], {}, node, scope) if order != list(range(r.dim())) else root
+        out = self.op(torch.as_strided_scatter, [base, new, tuple(v.size()), tuple(v.stride()),
+                                                 v.storage_offset() - r.storage_offset()], {}, node, scope)
+        if base is root:
+            return out
+        return self.op(torch.permute, [out, sorted(range(r.dim()), key=lambda d: order[d])], {}, node, scope)
 
     def check_no_alias(self, inp: TensorVar, node, scope):
         """An input written in place must not share memory with another input: the graph
@@ -1749,6 +1758,11 @@ def _setitem(x, idx, v):
     out = x.clone()
     out[idx] = v
     return out
+
+
+def _same_layout(a, b) -> bool:
+    return a.dtype == b.dtype and tuple(a.size()) == tuple(b.size()) and a.stride() == b.stride() \
+        and a.storage_offset() == b.storage_offset()
 
 
 def _dense(t) -> bool:
