@@ -22,7 +22,8 @@ REAL_COMPILE_GRAPH = backend.compile_graph  # before the capture tests' eager fi
 # op name -> its arguments after the tensor: pointwise ops of several kinds
 OPS = {"relu": "", "sigmoid": "", "tanh": "", "exp": "", "abs": "", "neg": "", "floor": "",
        "clamp": "min=0", "add": "1", "mul": "2.5", "sub": "y", "div": "2", "pow": "2",
-       "masked_fill": "y > 0, 0.5", "lerp": "torch.zeros(6), 0.3"}
+       "masked_fill": "y > 0, 0.5", "lerp": "torch.zeros(6), 0.3",
+       "conj_physical": ""}  # an identity on real tensors: the write changes nothing
 SPELLINGS = {
     "method": "y.{op}_({args})",
     "function": "torch.{op}_(y, {args})",

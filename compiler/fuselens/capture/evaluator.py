@@ -741,6 +741,8 @@ class Evaluator:
                                f"{inp.source} does not share memory with {src}")
 
     def _replace(self, old, new, scope):
+        if new is old:  # the functional form gave its input back (`conj_physical` of a real tensor)
+            return
         if old.source is not None:
             new.source = None
             self.mutated_inputs[old.source] = new
@@ -1593,6 +1595,8 @@ class Evaluator:
             fresh = list(out[len(written):])
         for k, new in news.items():
             t = tvs[k]
+            if new is t:  # an identity on these values: nothing changes
+                continue
             if not self.grad_enabled and t.meta.requires_grad:
                 # in eager, an in-place op under no_grad keeps t's autograd history (autograd
                 # does not see the change): new = t + (f(t) - t).detach()
