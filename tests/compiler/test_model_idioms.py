@@ -310,3 +310,16 @@ def test_multihead_attention_outside_its_fast_path():
     def f(q):
         return mha(q, q, q, need_weights=False)[0]
     check(f, x, graphs=1)
+
+
+def test_multihead_attention_real_backend(monkeypatch):
+    """An extern with a (tensor, None) result is differentiated (its None gets no gradient)."""
+    from fuselens.runtime import backend
+    from test_inplace import REAL_COMPILE_GRAPH
+    monkeypatch.setattr(backend, "compile_graph", REAL_COMPILE_GRAPH)
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def f(q):
+        return mha(q, q, q, need_weights=False)[0]
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    check(f, x, graphs=1)

@@ -157,8 +157,8 @@ def _call_torch(g, out, fn, args, kwargs, needs=None):
     refuses to differentiate with respect to them)."""
     grads = g if isinstance(g, (tuple, list)) else (g,)
     vals = out.val if isinstance(out.val, (tuple, list)) else (out.val,)  # one per result
-    zeros_for_missing = [gi if gi is not None else P.full(tuple(v.shape), 0, dtype=v.dtype)
-                         for gi, v in zip(grads, vals)]
+    zeros_for_missing = [gi if gi is not None or v is None else P.full(tuple(v.shape), 0, dtype=v.dtype)
+                         for gi, v in zip(grads, vals)]  # None: a result that is no tensor
     if any(isinstance(v, (list, tuple)) and any(isinstance(t, TVal) for t in v) for v in args):
         raise NotImplementedError(f"gradient of {fn} with tensors inside lists")
     return None, list(emit(prim.call_torch_vjp, fn, args, kwargs, zeros_for_missing, needs)), None
