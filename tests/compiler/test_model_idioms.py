@@ -323,3 +323,14 @@ def test_multihead_attention_real_backend(monkeypatch):
         return mha(q, q, q, need_weights=False)[0]
     x = torch.randn(2, 5, 8, requires_grad=True)
     check(f, x, graphs=1)
+
+
+def overrides_check(x, w):
+    # nn.MultiheadAttention's fast-path test in eval
+    if torch.overrides.has_torch_function((x, w)) or torch._C._has_torch_function_unary(x):
+        return x
+    return x * w
+
+
+def test_torch_function_queries_answer_false_for_plain_tensors():
+    check(overrides_check, torch.randn(3), torch.randn(3), graphs=1, breaks=[])

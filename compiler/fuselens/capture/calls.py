@@ -90,6 +90,16 @@ def is_usage_log(fn) -> bool:
     return fn is torch._C._log_api_usage_once
 
 
+def is_torch_function_query(fn) -> bool:
+    """`has_torch_function(args)`: does an argument override torch functions? Capture's tensors
+    are plain tensors (guarded by type), so the answer is False, as under torch.compile."""
+    return fn in _TORCH_FUNCTION_QUERIES
+
+
+_TORCH_FUNCTION_QUERIES = {torch._C._has_torch_function, torch._C._has_torch_function_unary,
+                           torch._C._has_torch_function_variadic}
+
+
 def compile_time_answer(fn):
     """What a query about the compiler or the tracer answers under torch.compile (libraries take
     their compile-friendly paths by it), or None if `fn` is no such query."""

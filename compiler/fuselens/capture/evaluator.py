@@ -1326,6 +1326,9 @@ class Evaluator:
             return C.compile_time_answer(fn)
         if C.is_usage_log(fn):
             return None
+        if C.is_torch_function_query(fn) and all(
+                isinstance(v, TensorVar) or v is None or _foldable(v) for v in leaves([args, kwargs])):
+            return False
         if fn is torch._assert and not contains_tensor(args):  # a check on plain values
             if not args[0]:
                 raise AssertionError(args[1] if len(args) > 1 else "")
