@@ -944,6 +944,9 @@ class Evaluator:
             if t.meta is None:
                 return UNKNOWN
             return getattr(torch.empty(0, dtype=t.meta.dtype, device=t.device), attr)
+        if isinstance(inspect.getattr_static(torch.Tensor, attr, None), types.GetSetDescriptorType) \
+                and not callable(getattr(torch.Tensor, attr, None)):
+            return self.op(E.tensor_property(attr), [t], {}, e, scope)  # `x.H`, `x.mH`, `x.real`...
         # a method: bound lazily
         return _TensorMethod(t, attr)
 
@@ -1587,6 +1590,10 @@ class Evaluator:
             k = form[3]
             new = self.op(form[0], *self.fill_args(form, tvs), e, scope)
             if isinstance(new, TensorVar) and new.meta.shape == tvs[k].meta.shape:
+                if not torch.can_cast(new.meta.dtype, tvs[k].meta.dtype):
+                    # eager refuses (`logit_` of an int tensor): Python runs it and raises that
+                    self.brk(B.UNSUPPORTED_OP, e, scope, whole_stmt=True, detail=(
+                        f"result type {new.meta.dtype} can't be cast to {tvs[k].meta.dtype}"))
                 if new.meta.dtype != tvs[k].meta.dtype:  # in-place results keep the tensor's dtype
                     new = self.op(torch.Tensor.to, [new, tvs[k].meta.dtype], {}, e, scope)
                 news[k] = new

@@ -153,6 +153,10 @@ class Materializer:
         if isinstance(v, tuple) and type(v) is tuple:
             inner = ", ".join(self.expr(x) for x in v)
             return f"({inner},)" if len(v) == 1 else f"({inner})"
+        if isinstance(v, tuple) and type(v).__module__ == "torch.return_types":
+            # a named tuple of torch's (`x.max(dim=1)`): made again with its type
+            inner = "".join(self.expr(x) + ", " for x in v)
+            return f"torch.return_types.{type(v).__name__}(({inner}))"
         if type(v) in (list, dict, set):
             hit = self._own.get(id(v))
             if hit is not None:

@@ -372,3 +372,12 @@ class OnCopies:
 
     def __repr__(self):
         return self.__name__
+
+
+@functools.lru_cache(maxsize=None)
+def tensor_property(name: str):
+    """A tensor-valued property of torch.Tensor (`H`, `mH`, `real`) as a function, for the graph."""
+    def get(t):
+        return getattr(t, name)
+    get.__name__ = get.__qualname__ = f"tensor_{name}"
+    return get
