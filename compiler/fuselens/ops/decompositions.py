@@ -510,6 +510,8 @@ def std(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
 
 @register(*_t("var_mean"))
 def var_mean(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    if isinstance(dim, bool):  # torch.var_mean(x, unbiased): the overload without a dim
+        dim, unbiased = None, dim
     return var(x, dim, unbiased, keepdim, correction=correction), mean(x, dim, keepdim)
 
 

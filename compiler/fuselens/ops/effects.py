@@ -260,6 +260,12 @@ def run(fn, args, kwargs, tensors: list[torch.Tensor]):
                 if not metadata:
                     _check_overlap(op, w, a, k)
                 eff.writes.append(Write(idx, op, metadata, any(w is t for t in tensors)))
+    # torch's Python API writes every `out=` tensor, whatever operators that took below the
+    # dispatcher (linalg.matrix_rank's out= shows none)
+    for w in _flat_tensors(kwargs.get("out")):
+        idx = _which(w, tensors, storages)
+        if idx is not None and not any(x.arg == idx for x in eff.writes):
+            eff.writes.append(Write(idx, None, False, True))
     for r in _flat_tensors(result):
         eff.returns_arg.append(next((i for i, t in enumerate(tensors) if r is t), None))
         key = _storage_key(r)
