@@ -86,8 +86,16 @@ class Effects:
             if isinstance(v, (list, tuple)):
                 return type(v)(sub(x) for x in v)
             return v
-        fargs = tuple(sub(a) for a in args)
-        fkwargs = {k: sub(v) for k, v in kwargs.items() if k not in out_names}
+        # tensors by position (an extern's gradient flows to its positional tensors), the rest by
+        # their schema names: the backend decomposes an ATen overload with its Python binding's
+        # rule, whose positions may differ (`F.log_softmax(input, dim, _stacklevel, dtype)` against
+        # `log_softmax.int(self, dim, dtype)`)
+        names = [a.name for a in op._schema.arguments]
+        filled = [sub(a) for a in args]
+        last = max([i for i, a in enumerate(args) if _flat_tensors(a)] or [0])
+        fargs = tuple(filled[:last + 1])
+        fkwargs = {names[i]: a for i, a in enumerate(filled) if i > last}
+        fkwargs.update({k: sub(v) for k, v in kwargs.items() if k not in out_names})
         return (functional, fargs, fkwargs, self.writes[0].arg) if ok else None
 
 
