@@ -21,14 +21,13 @@ demo: venv
 # then the extension end to end in a real VS Code (installs code-server/Chromium on first use).
 test: test-python test-e2e
 
+# (tests/conformance runs PyTorch's OpInfo database on the first sample of each op, variant and dtype)
 test-python: venv
-	FUSELENS_INTERPRET=1 TRITON_INTERPRET=1 $(VPY) -m pytest -q -n 2 tests --ignore=tests/conformance
+	FUSELENS_INTERPRET=1 TRITON_INTERPRET=1 $(VPY) -m pytest -q -n 2 tests
 
-# PyTorch's OpInfo database through fuselens (tests/conformance), compared with eager: the first
-# sample of each op, variant and dtype (FUSELENS_OPINFO=full: every sample); prints one summary
-# line. Not yet part of `test`: it still finds mismatches (issue 15).
+# The OpInfo database through fuselens on every sample (not only the first); one summary line.
 conformance: venv
-	FUSELENS_INTERPRET=1 TRITON_INTERPRET=1 $(VPY) -m pytest -q -n 2 tests/conformance
+	FUSELENS_INTERPRET=1 TRITON_INTERPRET=1 FUSELENS_OPINFO=full $(VPY) -m pytest -q -n 2 tests/conformance
 
 test-e2e: venv
 	bash scripts/e2e.sh
