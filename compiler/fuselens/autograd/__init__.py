@@ -1,7 +1,7 @@
 """Ahead-of-time autograd: joint graph from VJP rules (joint.py), min-cut partition (partition.py),
-and the torch.autograd.Function that runs both halves as compiled programs (function.py)."""
-from .function import compile_training
+eager autograd's facts about a graph (facts.py). The torch.autograd.Function that runs both
+halves as compiled programs is runtime code: runtime/training.py."""
 from .joint import build_joint
 from .partition import partition
 
-__all__ = ["build_joint", "compile_training", "partition"]
+__all__ = ["build_joint", "partition"]

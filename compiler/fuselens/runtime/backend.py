@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from ..autograd import compile_training
 from ..codegen import launcher
 from ..codegen.triton import generate_kernel
 from ..codegen.wrapper import generate_wrapper
@@ -25,6 +24,7 @@ from ..lower import lower_graph
 from ..ops import to_primitive_graph
 from ..schedule.fusion import FusedKernel, schedule
 from .cudagraphs import TrainingGraphs
+from .training import compile_training
 from .errors import fall_back
 
 SPECIALIZATION_LIMIT = 8

@@ -8,9 +8,9 @@ from torch.autograd.function import once_differentiable
 
 from ..ops import to_primitive_graph
 from ..ops.trace import meta_like
-from .facts import eager_autograd
-from .joint import build_joint
-from .partition import partition
+from ..autograd.facts import eager_autograd
+from ..autograd.joint import build_joint
+from ..autograd.partition import partition
 
 
 class _StridedPrograms:
