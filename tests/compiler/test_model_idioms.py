@@ -334,3 +334,17 @@ def overrides_check(x, w):
 
 def test_torch_function_queries_answer_false_for_plain_tensors():
     check(overrides_check, torch.randn(3), torch.randn(3), graphs=1, breaks=[])
+
+
+def test_multihead_attention_fast_path_in_eval(monkeypatch):
+    """vit_b_16 in eval: nn.MultiheadAttention's fast-path checks (`_check_arg_device`, the
+    dispatch-mode stack) are answered during capture; its fused kernel returns (out, None)."""
+    from fuselens.runtime import backend
+    from test_inplace import REAL_COMPILE_GRAPH
+    monkeypatch.setattr(backend, "compile_graph", REAL_COMPILE_GRAPH)
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+
+    def f(q):
+        return mha(q, q, q, need_weights=False)[0]
+    with torch.no_grad():
+        check(f, torch.randn(2, 5, 8), graphs=1, breaks=[])

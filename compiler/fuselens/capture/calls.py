@@ -84,6 +84,12 @@ def is_logging_call(fn) -> bool:
     return getattr(fn, "__module__", None) == "logging" and not isinstance(fn, type)
 
 
+# questions about torch's global state, answered by running them (each changes nothing; grad mode,
+# autocast and the default dtype are guarded; no dispatch mode is active inside compiled code)
+STATE_QUERIES = {torch.get_default_dtype, torch.is_grad_enabled, torch.is_autocast_enabled,
+                 torch._C._len_torch_dispatch_stack, torch.is_inference_mode_enabled}
+
+
 def is_usage_log(fn) -> bool:
     """torch's API-usage telemetry (`torch._C._log_api_usage_once`, which torchvision calls in its
     ops): nothing a program can observe; torch.compile drops it too."""

@@ -1495,7 +1495,7 @@ class Evaluator:
         tensors = [a for a in list(args) + list(kwargs.values()) if contains_tensor(a)]
         if fn in (torch.is_tensor,):
             return isinstance(args[0], TensorVar)
-        if fn in (torch.get_default_dtype, torch.is_grad_enabled, torch.is_autocast_enabled):
+        if fn in C.STATE_QUERIES:
             return fn(*args)
         if fn is torch.Size:
             return torch.Size(args[0])
@@ -1546,6 +1546,9 @@ class Evaluator:
                 return self.functionalize(fn, args, kwargs, eff, e, scope)
             r = self.g.add(fn, args, kwargs, self.user_loc(e, scope), out_meta, device)
         except MetaEvalError as err:
+            if getattr(err, "not_a_tensor", False) and isinstance(fn, types.FunctionType):
+                # torch's Python code answering a question (`_check_arg_device(x)`): interpreted
+                return self.inline(fn, args, kwargs, e, scope)
             self.brk(B.DYNAMIC_SHAPE if err.dynamic_shape else B.UNSUPPORTED_OP, e, scope,
                      detail=_name_of(fn) if err.dynamic_shape else str(err)[:300])
         if self.abstract:

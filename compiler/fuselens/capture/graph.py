@@ -196,7 +196,11 @@ class GraphBuilder:
                 return items
             # `x.max(dim=1)` is a named tuple (torch.return_types.max): `.values`, `.indices`
             return type(out_meta)(items) if type(out_meta) is not tuple else tuple(items)
-        raise MetaEvalError(f"{_name(node.target)} returned {type(out_meta).__name__}, not a tensor")
+        self.graph.erase_node(node)
+        self.n_ops -= 1
+        err = MetaEvalError(f"{_name(node.target)} returned {type(out_meta).__name__}, not a tensor")
+        err.not_a_tensor = True
+        raise err
 
     def _getitem(self, node, i, meta, device, loc):
         n = self.graph.call_function(operator.getitem, (node, i))

@@ -75,8 +75,9 @@ def is_dense(shape, stride) -> bool:
 
 
 def ensure_layout(t, size, stride):
-    """Extern results are read by kernels with the strides meta execution predicted; copy if they differ."""
-    if tuple(t.shape) == tuple(size) and (t.stride() == tuple(stride) or t.numel() <= 1):
+    """Extern results are read by kernels with the strides meta execution predicted; copy if they differ.
+    None where the kernel returned no tensor in that place (attention's weights, not asked for)."""
+    if t is None or tuple(t.shape) == tuple(size) and (t.stride() == tuple(stride) or t.numel() <= 1):
         return t
     out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
     out.copy_(t)
