@@ -21,9 +21,11 @@ demo: venv
 # then the extension end to end in a real VS Code (installs code-server/Chromium on first use).
 test: test-python test-e2e
 
-# (tests/conformance runs PyTorch's OpInfo database on the first sample of each op, variant and dtype)
+# tests/conformance, PyTorch's OpInfo database on the first sample of each op, variant and dtype,
+# runs on its own so that its summary line is printed (its conftest is loaded by the controller)
 test-python: venv
-	FUSELENS_INTERPRET=1 TRITON_INTERPRET=1 $(VPY) -m pytest -q -n 2 tests
+	FUSELENS_INTERPRET=1 TRITON_INTERPRET=1 $(VPY) -m pytest -q -n 2 tests --ignore=tests/conformance
+	FUSELENS_INTERPRET=1 TRITON_INTERPRET=1 $(VPY) -m pytest -q -n 2 tests/conformance
 
 # The OpInfo database through fuselens on every sample (not only the first); one summary line.
 conformance: venv
