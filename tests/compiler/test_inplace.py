@@ -296,3 +296,22 @@ def test_write_into_a_no_grad_result_in_another_layout():
     """torchvision's ConvNeXt block in eval: `result += input` on a product laid out channels-last."""
     check(convnext_block_no_grad, torch.randn(2, 8, 4, 4), torch.rand(8, 1, 1, requires_grad=True),
           graphs=1, breaks=[])
+
+
+def relu_then_write(x):
+    t = torch.relu(x)
+    t.mul_(2)  # into the value relu saved for backward: eager's backward refuses
+    return t
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+def test_backward_refused_after_a_write_into_a_saved_value(monkeypatch, kernels):
+    """With kernels (Triton) and without (CPU graphs run as plain PyTorch), as eager refuses."""
+    monkeypatch.setattr(backend, "compile_graph", REAL_COMPILE_GRAPH)
+    if not kernels:
+        monkeypatch.setattr(backend, "uses_triton", lambda inputs: False)
+    x = torch.randn(4, requires_grad=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        relu_then_write(x).sum().backward()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        fuselens.compile(relu_then_write)(x).sum().backward()

@@ -141,6 +141,7 @@ class CompiledGraph:
         # requires_grad, and the grad mode (no dynamic dims); after one verified call the
         # specialization lookup is skipped
         self.guarded = guarded and not any(dynamic_dims or ())
+        self._writes = any("writes" in n.meta for n in gm.graph.nodes)
         self._fast = None
         self._specializations: dict = {}
         self.kernels: list[KernelInfo] = []
@@ -154,7 +155,9 @@ class CompiledGraph:
                    for s in self._specializations.values())
 
     def _eager(self, *inputs):
-        out = self.gm(*inputs)
+        # the graph is functional: where eager wrote a tensor in place (meta["writes"]), its
+        # version is bumped, so that autograd refuses the backward eager refuses
+        out = _MarkWrites(self.gm).run(*inputs) if self._writes else self.gm(*inputs)
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
     def _dynamic_values(self, inputs):
@@ -239,6 +242,15 @@ class CompiledGraph:
 
     def _eager_spec(self):
         return _Specialization(self._eager, verified=True, eager=True)
+
+
+class _MarkWrites(fx.Interpreter):
+    def run_node(self, n):
+        out = super().run_node(n)
+        written = self.env.get(n.meta.get("writes"))
+        if isinstance(written, torch.Tensor):
+            torch.autograd.graph.increment_version(written)
+        return out
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs, *, mode="default", dynamic_dims=None,
