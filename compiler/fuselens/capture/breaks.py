@@ -7,7 +7,7 @@ code. Each code has one section in docs/graph-breaks.md (anchor = the code in lo
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 DOCS_URL = "https://github.com/fuselens/fuselens/blob/main/docs/graph-breaks.md"
 

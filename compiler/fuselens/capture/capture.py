@@ -2,18 +2,17 @@
 entry's worth of data (graphs, guards, the transformed function's source, resumes)."""
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
-import torch.nn as nn
 
 from . import breaks as B
-from .evaluator import BreakSignal, Evaluator, Guard
+from .evaluator import Evaluator
+from .frames import BreakSignal, Guard
 from .graph import GraphBuilder
 from .guards import Sources
-from .resume import CannotResume, Materializer, Resume, Writer, signature
+from .resume import Resume, Writer, signature
 from .source import FunctionSource
 
 

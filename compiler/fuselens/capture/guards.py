@@ -12,7 +12,7 @@ import types
 import torch
 import torch.nn as nn
 
-from .evaluator import Guard
+from .frames import Guard
 
 
 class Sources:

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .evaluator import BreakSignal, FrameAtBreak, LocalFunction, TensorVar
+from .frames import BreakSignal, FrameAtBreak
 from .source import FunctionSource, build_function
-from .values import SymInt, SymShape
+from .values import LocalFunction, SymInt, SymShape, TensorVar
 
 
 _UIDS = itertools.count()

@@ -1,0 +1,398 @@
+"""Expressions: `eval` dispatches to `_ex_<Kind>`; names, operators, comparisons,
+comprehensions, truth and iteration, and symbolic sizes (SymInt arithmetic, guards when a
+dynamic size is used as a Python value)."""
+from __future__ import annotations
+
+import ast
+import builtins
+import operator
+
+import torch
+import torch.nn as nn
+
+from . import breaks as B
+from . import calls as C
+from .side_effects import MUTABLE
+from .values import UNKNOWN, LocalFunction, SymInt, SymShape, TensorVar, Unknown, contains_tensor
+from .frames import AbstractSeq, Opaque, Scope
+from .objects import user_mapping
+
+
+class Expressions:
+    """Mixin of `Evaluator` (evaluator.py)."""
+
+    # ===================================================================== expressions
+    def eval(self, e, scope):
+        m = getattr(self, "_ex_" + type(e).__name__, None)
+        if m is None:
+            self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"`{type(e).__name__}` expression")
+        v = self.latest(m(e, scope))
+        scope.completed[id(e)] = (e, v)
+        return v
+
+    def _ex_Constant(self, e, scope):
+        return e.value
+
+    def _ex_Name(self, e, scope):
+        name = e.id
+        try:
+            return scope.lookup(name)
+        except KeyError:
+            pass
+        g = scope.fs.globals
+        if name in g:
+            v = g[name]
+            return self.global_value(name, v, scope)
+        if hasattr(builtins, name):
+            return getattr(builtins, name)
+        raise NameError(f"name '{name}' is not defined")
+
+    def global_value(self, name, v, scope):
+        if self.abstract:  # the editor's walk must not change the program's lists either
+            return self.effects.model(v, None, lambda x, _: x) if type(v) in MUTABLE else v
+        src = self.sources.global_source(scope.fs.globals, name, v)
+        return self.wrap_external(v, src)
+
+    def wrap_external(self, v, src):
+        """A value from outside the frame (argument, global, attribute, closure): tensors
+        become graph inputs; lists, dicts and sets are modelled (side_effects.py), their items
+        wrapped; tuples are wrapped item by item."""
+        if isinstance(v, torch.Tensor):
+            return self.input(v, src)
+        if type(v) in MUTABLE and not self.abstract:
+            return self.effects.model(v, src, self.wrap_external)
+        if type(v) is tuple:
+            out = tuple(self.wrap_external(x, None if src is None else f"{src}[{i}]")
+                        for i, x in enumerate(v))
+            return v if all(a is b for a, b in zip(out, v)) else out
+        if src is not None and not isinstance(v, (int, float, str, bool, type(None))):
+            self.value_sources[id(v)] = src
+        return v
+
+    def _ex_Attribute(self, e, scope):
+        obj = self.eval(e.value, scope)
+        return self.getattr(obj, e.attr, e, scope)
+
+    def _ex_Subscript(self, e, scope):
+        obj = self.eval(e.value, scope)
+        idx = self.eval(e.slice, scope)
+        return self.getitem(obj, idx, e, scope)
+
+    def _ex_Slice(self, e, scope):
+        f = lambda x: None if x is None else self.eval(x, scope)
+        return slice(f(e.lower), f(e.upper), f(e.step))
+
+    def _ex_Tuple(self, e, scope):
+        return tuple(self._elts(e.elts, scope))
+
+    def _ex_List(self, e, scope):
+        return list(self._elts(e.elts, scope))
+
+    def _ex_Set(self, e, scope):
+        return set(self._elts(e.elts, scope))
+
+    def _elts(self, elts, scope):
+        out = []
+        for x in elts:
+            if isinstance(x, ast.Starred):
+                out.extend(self.iterate(self.eval(x.value, scope), x, scope))
+            else:
+                out.append(self.eval(x, scope))
+        return out
+
+    def _ex_Dict(self, e, scope):
+        d = {}
+        for k, v in zip(e.keys, e.values):
+            if k is None:
+                d.update(self.observed(self.eval(v, scope)))
+            else:
+                d[self.eval(k, scope)] = self.eval(v, scope)
+        return d
+
+    def _ex_JoinedStr(self, e, scope):
+        parts = []
+        for v in e.values:
+            x = self.eval(v, scope)
+            if isinstance(x, Unknown):
+                return UNKNOWN
+            parts.append(x)
+        return "".join(parts)
+
+    def _ex_FormattedValue(self, e, scope):
+        v = self.eval(e.value, scope)
+        if isinstance(v, TensorVar):
+            self.brk(B.TENSOR_TO_PY, e, scope, detail="formatting a tensor into a string")
+        if isinstance(v, Unknown):
+            return UNKNOWN
+        if isinstance(v, SymInt):
+            v = self.specialize(v, e, scope)
+        if isinstance(v, SymShape):  # the text holds this call's sizes
+            v = torch.Size([self.specialize(d, e, scope) if isinstance(d, SymInt) else d for d in v])
+        self.effects.observe(v)
+        conv = {115: str, 114: repr, 97: ascii}.get(e.conversion, lambda x: x)
+        spec = self.eval(e.format_spec, scope) if e.format_spec is not None else ""
+        return format(conv(v), spec)
+
+    def _ex_NamedExpr(self, e, scope):
+        v = self.eval(e.value, scope)
+        self.assign(e.target, v, scope)
+        return v
+
+    def _ex_IfExp(self, e, scope):
+        t = self.truth(self.eval(e.test, scope), e.test, scope, kind=B.DATA_IF)
+        if t is UNKNOWN:
+            a, b = self.eval(e.body, scope), self.eval(e.orelse, scope)
+            return a if isinstance(a, TensorVar) else b if isinstance(b, TensorVar) else UNKNOWN
+        return self.eval(e.body if t else e.orelse, scope)
+
+    def _ex_BoolOp(self, e, scope):
+        is_and = isinstance(e.op, ast.And)
+        v = None
+        for x in e.values:
+            v = self.eval(x, scope)
+            t = self.truth(v, x, scope, kind=B.DATA_IF)
+            if t is UNKNOWN:
+                return UNKNOWN
+            if is_and and not t or not is_and and t:
+                return v
+        return v
+
+    def _ex_UnaryOp(self, e, scope):
+        v = self.eval(e.operand, scope)
+        op = type(e.op).__name__
+        if op == "Not":
+            t = self.truth(v, e.operand, scope, kind=B.DATA_IF)
+            return UNKNOWN if t is UNKNOWN else not t
+        if isinstance(v, TensorVar):
+            return self.op(C.UNARYOPS[op], [v], {}, e, scope)
+        if isinstance(v, Unknown):
+            return UNKNOWN
+        if isinstance(v, SymInt):
+            return self.sym_arith(C.UNARYOPS[op], [v], e, scope)
+        self.require_foldable([v], e, scope)
+        return C.UNARYOPS[op](v)
+
+    def _ex_BinOp(self, e, scope):
+        a = self.eval(e.left, scope)
+        b = self.eval(e.right, scope)
+        return self.binop(type(e.op).__name__, a, b, e, scope)
+
+    def binop(self, op, a, b, e, scope):
+        fn = C.BINOPS[op]
+        if isinstance(a, TensorVar) or isinstance(b, TensorVar):
+            return self.op(fn, [a, b], {}, e, scope)
+        if isinstance(a, (Unknown, AbstractSeq)) or isinstance(b, (Unknown, AbstractSeq)):
+            return UNKNOWN
+        if isinstance(a, SymInt) or isinstance(b, SymInt):
+            return self.sym_arith(fn, [a, b], e, scope)
+        if isinstance(a, (list, tuple)) and contains_tensor(a) and op == "Mult":
+            return a * b
+        self.require_foldable([a, b], e, scope)
+        return fn(self.observed(a), self.observed(b))
+
+    def _ex_Compare(self, e, scope):
+        left = self.eval(e.left, scope)
+        result = True
+        for opnode, right_e in zip(e.ops, e.comparators):
+            right = self.eval(right_e, scope)
+            op = type(opnode).__name__
+            fn = C.CMPOPS[op]
+            if op in ("Is", "IsNot"):
+                r = fn(left, right) if not isinstance(left, Unknown) and not isinstance(right, Unknown) \
+                    or left is None and right is None else UNKNOWN
+                if isinstance(left, TensorVar) or isinstance(right, TensorVar):
+                    r = fn(left, right)
+            elif isinstance(left, TensorVar) or isinstance(right, TensorVar):
+                if op in ("In", "NotIn"):
+                    self.brk(B.TENSOR_TO_PY, e, scope, detail="`in` on a tensor")
+                r = self.op(fn, [left, right], {}, e, scope)
+            elif isinstance(left, (Unknown, AbstractSeq)) or isinstance(right, (Unknown, AbstractSeq)):
+                r = UNKNOWN
+            elif isinstance(left, SymInt) or isinstance(right, SymInt):
+                r = self.sym_compare(fn, left, right, e, scope)
+            elif isinstance(left, SymShape) or isinstance(right, SymShape):
+                # SymInts compare by identity: compare the exact sizes (guarded) instead
+                spec = lambda v: tuple(self.specialize(d, e, scope) if isinstance(d, SymInt) else d  # noqa: E731
+                                       for d in v) if isinstance(v, tuple) else v
+                r = fn(spec(left), spec(right))
+            else:
+                # `k in d` reads d's keys alone (`"output_attentions" in kwargs`); on an object
+                # of a user class, its own `__contains__` answers (as its `__getitem__` does)
+                member = op in ("In", "NotIn")
+                keys = list(right) if member and isinstance(right, dict) else right
+                self.require_foldable([left] if member and user_mapping(right) else [left, keys], e, scope)
+                r = fn(self.observed(left), self.observed(right))
+            if len(e.ops) == 1:
+                return r
+            t = self.truth(r, e, scope, kind=B.DATA_IF)
+            if t is UNKNOWN:
+                return UNKNOWN
+            if not t:
+                return r
+            result = r
+            left = right
+        return result
+
+    def _ex_Lambda(self, e, scope):
+        return LocalFunction(e, scope, self._local_defaults(e.args, scope))
+
+    def _comprehension(self, e, scope, make):
+        inner = Scope(scope.fs, scope.parent, scope.depth, dict(scope.vars), scope.enclosing)
+        inner.call_node = scope.call_node
+        out = []
+
+        def loop(gens):
+            if not gens:
+                out.append(make(inner))
+                return
+            g = gens[0]
+            it = self.eval(g.iter, inner)
+            if isinstance(it, Unknown) or (self.abstract and isinstance(it, TensorVar)):
+                self.assign(g.target, UNKNOWN, inner)
+                make(inner)
+                raise Opaque()
+            for item in self.iterate(it, g.iter, inner):
+                self.assign(g.target, item, inner)
+                ok = True
+                for cond in g.ifs:
+                    t = self.truth(self.eval(cond, inner), cond, inner, kind=B.DATA_IF)
+                    if t is UNKNOWN or not t:
+                        ok = False
+                        break
+                if ok:
+                    loop(gens[1:])
+        try:
+            loop(e.generators)
+        except Opaque:
+            return UNKNOWN
+        return out
+
+    def _ex_ListComp(self, e, scope):
+        return self._comprehension(e, scope, lambda s: self.eval(e.elt, s))
+
+    def _ex_GeneratorExp(self, e, scope):
+        r = self._comprehension(e, scope, lambda s: self.eval(e.elt, s))
+        return r if isinstance(r, Unknown) else tuple(r)
+
+    def _ex_SetComp(self, e, scope):
+        r = self._comprehension(e, scope, lambda s: self.eval(e.elt, s))
+        return r if isinstance(r, Unknown) else set(r)
+
+    def _ex_DictComp(self, e, scope):
+        r = self._comprehension(e, scope, lambda s: (self.eval(e.key, s), self.eval(e.value, s)))
+        return r if isinstance(r, Unknown) else dict(r)
+
+    def _ex_Starred(self, e, scope):
+        return self.eval(e.value, scope)
+
+    # ===================================================================== calls
+    def _ex_Call(self, e, scope):
+        fn = self.eval(e.func, scope)
+        args = []
+        for a in e.args:
+            if isinstance(a, ast.Starred):
+                args.extend(self.iterate(self.eval(a.value, scope), a, scope))
+            else:
+                args.append(self.eval(a, scope))
+        kwargs = {}
+        for k in e.keywords:
+            v = self.eval(k.value, scope)
+            if k.arg is None:
+                if isinstance(v, Unknown):
+                    return UNKNOWN
+                kwargs.update(self.observed(v))
+            else:
+                kwargs[k.arg] = v
+        return self.call(fn, args, kwargs, e, scope)
+
+    # ===================================================================== truth, iteration
+    def truth(self, v, node, scope, *, kind, whole_stmt=False):
+        if isinstance(v, TensorVar):
+            self.brk(kind, node, scope, detail=f"`{short(node)}` is a tensor", whole_stmt=whole_stmt
+                     or kind is B.DATA_WHILE, cond=v)
+        if isinstance(v, Unknown) or isinstance(v, AbstractSeq):
+            return UNKNOWN
+        if isinstance(v, SymInt):
+            return bool(self.specialize(v, node, scope))
+        self.effects.observe_len(v)  # a container's truth is its length's
+        return bool(v)
+
+    def observed(self, v):
+        """`v`, whose contents the capture reads (guarded if it is a model: side_effects.py)."""
+        self.effects.observe(v)
+        return v
+
+    def iterate(self, v, node, scope, whole_stmt=False) -> list:
+        self.effects.observe(v)
+        if isinstance(v, (list, tuple)):
+            return list(v)
+        if isinstance(v, AbstractSeq):
+            return v
+        if isinstance(v, TensorVar):
+            if v.meta is None:
+                return AbstractSeq()
+            if v.meta.dim() == 0:
+                raise TypeError("iteration over a 0-d tensor")
+            n = self.sizes(v)[0]  # guarded: the loop is unrolled for this many rows
+            n = self.specialize(n, node, scope) if isinstance(n, SymInt) else n
+            return [self.op(operator.getitem, [v, i], {}, node, scope) for i in range(n)]
+        if isinstance(v, dict):
+            return list(v)
+        if isinstance(v, (range, str, set, frozenset, zip, enumerate, map, filter, type({}.items()),
+                          type({}.keys()), type({}.values()), reversed)):
+            return list(v)
+        if isinstance(v, (nn.ModuleList, nn.Sequential)):
+            src = self.value_sources.get(id(v))
+            items = list(v)
+            if src is not None and not self.abstract:
+                self.sources.guard(f"len({src}) == {len(items)}", f"len({src})")
+                for i, m in enumerate(items):
+                    self.value_sources[id(m)] = f"{src}[{i}]"
+            return items
+        if isinstance(v, nn.ModuleDict):
+            return list(v.keys())
+        if isinstance(v, Unknown):
+            return AbstractSeq()
+        self.brk(B.UNROLLABLE_LOOP, node, scope, detail=f"iteration over {type(v).__name__}",
+                 whole_stmt=True)
+
+    # ===================================================================== symbolic ints
+    def specialize(self, s: SymInt, node, scope):
+        """A dynamic size used as a Python value: guard on its exact value."""
+        if not self.abstract:
+            self.sources.guard(f"{s.expr} == {s.hint}", f"{s.expr} (used as a Python value)")
+        return s.hint
+
+    def sym_arith(self, fn, args, e, scope):
+        hints = [a.hint if isinstance(a, SymInt) else a for a in args]
+        if not all(isinstance(h, int) for h in hints) or fn is operator.truediv:
+            return fn(*[self.specialize(a, e, scope) if isinstance(a, SymInt) else a for a in args])
+        hint = fn(*hints)
+        sym = _SYM_TEXT.get(fn)
+        exprs = [a.expr if isinstance(a, SymInt) else repr(a) for a in args]
+        expr = f"({sym.join(exprs)})" if len(args) == 2 else f"({sym}{exprs[0]})"
+        return SymInt(hint, expr, lambda: self.g.sym_node(fn, args, hint))
+
+    def sym_compare(self, fn, a, b, e, scope):
+        ha = a.hint if isinstance(a, SymInt) else a
+        hb = b.hint if isinstance(b, SymInt) else b
+        r = fn(ha, hb)
+        if not self.abstract:
+            ea = a.expr if isinstance(a, SymInt) else repr(a)
+            eb = b.expr if isinstance(b, SymInt) else repr(b)
+            text = {operator.eq: "==", operator.ne: "!=", operator.lt: "<", operator.le: "<=",
+                    operator.gt: ">", operator.ge: ">="}.get(fn)
+            if text is None:
+                return fn(self.specialize(a, e, scope) if isinstance(a, SymInt) else a,
+                          self.specialize(b, e, scope) if isinstance(b, SymInt) else b)
+            self.sources.guard(f"({ea} {text} {eb}) is {r}", f"{ea} {text} {eb}")
+        return r
+
+
+_SYM_TEXT = {operator.add: " + ", operator.sub: " - ", operator.mul: " * ",
+             operator.floordiv: " // ", operator.mod: " % ", operator.neg: "-", operator.pos: "+"}
+
+
+def short(node, limit=60) -> str:
+    text = ast.unparse(node)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -1,0 +1,102 @@
+"""The evaluator's frames and the signals that unwind them: a `Scope` per inlined call, the
+control-flow exceptions of `return`/`break`/`continue`, and `BreakSignal`, which carries a graph
+break out frame by frame (collecting what resume.py needs)."""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+
+from . import breaks as B
+from .source import FunctionSource
+from .values import TensorVar
+
+
+# -- control-flow signals -------------------------------------------------------------------
+class Return(Exception):
+    def __init__(self, value):
+        self.value = value
+
+
+class LoopBreak(Exception):
+    pass
+
+
+class LoopContinue(Exception):
+    pass
+
+
+@dataclass
+class FrameAtBreak:
+    """One frame's state where a graph break stopped the walk (see resume.py)."""
+    scope: "Scope"
+    stmt: ast.stmt               # the statement that was executing in this frame
+    levels: list                 # block positions, outermost first: (owner, node, stmts, idx, extra)
+    completed: dict              # id(expr) -> (expr, value): sub-expressions already evaluated
+    vars: dict                   # variables at the break
+    call: ast.Call | None = None  # in outer frames: the call that led to the inner frame
+
+
+class CannotCapture(Exception):
+    """Code that cannot even be split by a graph break: the runtime runs the function eagerly
+    (with a warning naming this)."""
+
+
+class BreakSignal(Exception):
+    """A graph break in the concrete domain. `whole_stmt`: the statement runs entirely in
+    Python (graph work of the statement rolled back); `cond`: data-dependent `if`."""
+
+    def __init__(self, brk: B.GraphBreak, whole_stmt=False, cond=None):
+        super().__init__(brk.title)
+        self.brk = brk
+        self.whole_stmt = whole_stmt
+        self.cond = cond
+        self.frames: list[FrameAtBreak] = []   # innermost first
+        self.pending_call = None
+
+
+class Scope:
+    """A frame: the variables of one (inlined) function call."""
+
+    def __init__(self, fs: FunctionSource, parent: "Scope | None", depth: int, vars=None,
+                 enclosing: "Scope | None" = None):
+        self.fs = fs
+        self.parent = parent          # the caller (for the inlined-call stack)
+        self.enclosing = enclosing    # for closures of local functions
+        self.depth = depth
+        self.vars: dict = vars if vars is not None else {}
+        self.levels: list = []
+        self.completed: dict = {}
+        self.call_node: ast.Call | None = None  # the call in the parent that made this frame
+
+    def lookup(self, name):
+        if name in self.vars:
+            return self.vars[name]
+        s = self.enclosing
+        while s is not None:
+            if name in s.vars:
+                return s.vars[name]
+            s = s.enclosing
+        raise KeyError(name)
+
+
+@dataclass
+class Guard:
+    """One condition the inputs must meet for a cache entry to be reused. `expr` is Python
+    over the guard function's parameters and constants."""
+    expr: str
+    reason: str  # what it checks, in words
+
+
+class Opaque(Exception):
+    pass
+
+
+class AbstractSeq(list):
+    """Abstract domain: a sequence of tensors of unknown length (e.g. `x.split(n)`)."""
+
+    def __iter__(self):
+        return iter([TensorVar(None, None, None) for _ in range(8)])
+
+    def item(self):
+        return TensorVar(None, None, None)

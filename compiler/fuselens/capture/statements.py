@@ -1,0 +1,488 @@
+"""Statements: the evaluator walks a function body statement by statement (`exec_stmt`), each
+handled by `_stmt_<Kind>`. A graph break inside a statement rolls back its graph work when the
+whole statement must run in Python (`_mark`/`_rollback`)."""
+from __future__ import annotations
+
+import ast
+import contextlib
+import copy
+import sys
+
+import torch
+
+from . import breaks as B
+from . import calls as C
+from . import side_effects as S
+from .graph import MetaEvalError
+from .source import NoSourceError
+from .values import UNKNOWN, LocalFunction, SymInt, TensorVar, Unknown
+from .frames import (AbstractSeq, BreakSignal, CannotCapture, FrameAtBreak, LoopBreak, LoopContinue,
+                     Opaque, Return)
+from .tensors import functional_setitem
+
+
+class Statements:
+    """Mixin of `Evaluator` (evaluator.py)."""
+
+    # ===================================================================== statements
+    def exec_block(self, stmts, scope, owner, extra=None):
+        level = [owner[0], owner[1], stmts, 0, extra]
+        scope.levels.append(level)
+        try:
+            for i, s in enumerate(stmts):
+                level[3] = i
+                self.exec_stmt(s, scope)
+        finally:
+            scope.levels.pop()
+
+    def exec_stmt(self, s, scope):
+        scope.completed = {}
+        mark = self._mark(scope)
+        try:
+            self._exec(s, scope)
+        except BreakSignal as b:
+            if self.abstract:
+                self._abstract_continue(b, s, scope)
+                return
+            if not b.frames or b.frames[-1].scope is not scope:
+                if b.whole_stmt and not b.frames:
+                    self._rollback(scope, mark)
+                b.frames.append(FrameAtBreak(scope, s, [list(l) for l in scope.levels],
+                                             dict(scope.completed), dict(scope.vars),
+                                             call=b.pending_call))
+                b.pending_call = None
+            raise
+
+    def _abstract_continue(self, b: BreakSignal, s, scope):
+        """Abstract domain: report the break; names the statement assigns become unknown."""
+        self.on_break(b.brk)
+        if isinstance(s, (ast.If, ast.While)) and b.cond is not None:
+            # both arms (and the loop body) are analysed like any code
+            self._exec_abstract_arms(s, scope, dict(scope.vars))
+            return
+        for name in _assigned_names(s):
+            scope.vars[name] = UNKNOWN
+
+    def _exec_abstract_arms(self, s, scope, saved):
+        arms = [s.body, s.orelse] if isinstance(s, ast.If) else [s.body]
+        results = []
+        for arm in arms:
+            scope.vars = dict(saved)
+            try:
+                self.exec_block(arm, scope, ("if", s))
+            except (Return, LoopBreak, LoopContinue):
+                pass
+            results.append(scope.vars)
+        scope.vars = _join(results)
+
+    def _mark(self, scope):
+        nodes = list(self.g.graph.nodes)
+        chain, s = [], scope  # rebind() updates the callers' variables too
+        while s is not None:
+            chain.append((s, dict(s.vars)))
+            s = s.parent if s.parent is not None else s.enclosing
+        return (nodes[-1] if nodes else None, chain, self.g.n_ops,
+                dict(self.mutated_inputs), dict(self._newer), self.effects.mark())
+
+    def _rollback(self, scope, mark):
+        last, chain, n_ops, mutated, newer, effects = mark
+        self.effects.rollback(effects)  # the statement makes its own mutations in Python
+        # in-place ops of the rolled-back statement did not happen (their nodes are erased)
+        self.mutated_inputs.clear()
+        self.mutated_inputs.update(mutated)
+        self._newer = newer
+        for n in reversed(list(self.g.graph.nodes)):
+            if n is last:
+                break
+            if n.op == "placeholder":
+                continue
+            if not n.users:
+                self.g.graph.erase_node(n)
+        for s, vars_ in chain:
+            s.vars.clear()
+            s.vars.update(vars_)
+        self.g.n_ops = n_ops
+
+    def _exec(self, s, scope):
+        m = getattr(self, "_stmt_" + type(s).__name__, None)
+        if m is None:
+            self.brk(B.UNSUPPORTED_STMT, s, scope, detail=f"`{type(s).__name__}` statement",
+                     whole_stmt=True)
+        m(s, scope)
+
+    def _stmt_Expr(self, s, scope):
+        self.eval(s.value, scope)
+
+    def _stmt_Global(self, s, scope):
+        # the declaration holds for the whole function: run as a break, a resume function
+        # would treat later writes to the name as local ones and lose them
+        kind = type(s).__name__.lower()
+        if self.abstract:
+            self.brk(B.UNSUPPORTED_STMT, s, scope, detail=f"`{kind}` statement", whole_stmt=True)
+        raise CannotCapture(f"`{kind} {', '.join(s.names)}` in {scope.fs.qualname}: "
+                            "functions with global/nonlocal declarations run eagerly")
+
+    _stmt_Nonlocal = _stmt_Global
+
+    def _stmt_Pass(self, s, scope):
+        pass
+
+    def _stmt_Return(self, s, scope):
+        raise Return(None if s.value is None else self.eval(s.value, scope))
+
+    def _stmt_Break(self, s, scope):
+        raise LoopBreak()
+
+    def _stmt_Continue(self, s, scope):
+        raise LoopContinue()
+
+    def _stmt_Assign(self, s, scope):
+        v = self.eval(s.value, scope)
+        for t in s.targets:
+            self.assign(t, v, scope)
+
+    def _stmt_AnnAssign(self, s, scope):
+        if s.value is not None:
+            self.assign(s.target, self.eval(s.value, scope), scope)
+
+    def _stmt_AugAssign(self, s, scope):
+        op = type(s.op).__name__
+        cur = self.eval(_as_load(s.target), scope)
+        rhs = self.eval(s.value, scope)
+        if isinstance(cur, TensorVar) and op in C.INPLACE_BINOPS:
+            v = self.tensor_method(cur, C.INPLACE_BINOPS[op], [rhs], {}, s, scope)
+        elif type(cur) is list and op == "Add":
+            self.effects.call(cur, "extend", [self.iterate(rhs, s, scope)], {})
+            v = cur
+        else:
+            v = self.binop(op, cur, rhs, s, scope)
+        self.assign(s.target, v, scope)
+
+    def _stmt_Delete(self, s, scope):
+        for t in s.targets:
+            if isinstance(t, ast.Name):
+                scope.vars.pop(t.id, None)
+                continue
+            obj = self.eval(t.value, scope) if isinstance(t, ast.Subscript) else None
+            if type(obj) in (list, dict):
+                self.effects.observe(obj)
+                self.effects.call(obj, "__delitem__", [self.container_key(t.slice, scope)], {})
+            elif isinstance(obj, Unknown):
+                pass
+            else:
+                self.brk(B.UNSUPPORTED_STMT, s, scope, detail="`del` of an item or attribute",
+                         whole_stmt=True)
+
+    def _stmt_Assert(self, s, scope):
+        v = self.eval(s.test, scope)
+        if isinstance(v, TensorVar):
+            self.brk(B.DATA_ASSERT, s.test, scope)
+        if isinstance(v, (Unknown, SymInt)):
+            return
+        if not v:
+            msg = self.eval(s.msg, scope) if s.msg is not None else None
+            raise AssertionError(msg) if msg is not None else AssertionError()
+
+    def _stmt_If(self, s, scope):
+        test = self.eval(s.test, scope)
+        t = self.truth(test, s.test, scope, kind=B.DATA_IF)
+        if t is UNKNOWN:
+            saved = dict(scope.vars)
+            self._exec_abstract_arms(s, scope, saved)
+            return
+        body = s.body if t else s.orelse
+        self.exec_block(body, scope, ("if", s))
+
+    def _stmt_While(self, s, scope):
+        for _ in range(MAX_UNROLL):
+            try:
+                test = self.eval(s.test, scope)
+            except BreakSignal as b:  # e.g. `while x.sum() > 0 and n < 3`, `while t.item()`:
+                # the test runs again on every iteration, so the whole loop runs in Python
+                raise BreakSignal(b.brk, whole_stmt=True, cond=b.cond) from None
+            t = self.truth(test, s.test, scope, kind=B.DATA_WHILE, whole_stmt=True)
+            if t is UNKNOWN:
+                self._abstract_loop_body(s, scope)
+                return
+            if not t:
+                self.exec_block(s.orelse, scope, ("if", s))
+                return
+            try:
+                self.exec_block(s.body, scope, ("while", s))
+            except LoopBreak:
+                return
+            except LoopContinue:
+                continue
+        self.brk(B.UNROLLABLE_LOOP, s, scope, detail=f"more than {MAX_UNROLL} iterations",
+                 whole_stmt=True)
+
+    def _stmt_For(self, s, scope):
+        it = self.eval(s.iter, scope)
+        if isinstance(it, Unknown) or (self.abstract and isinstance(it, TensorVar)):
+            self._abstract_loop_body(s, scope)
+            return
+        items = self.iterate(it, s.iter, scope, whole_stmt=True)
+        if len(items) > MAX_UNROLL:
+            self.brk(B.UNROLLABLE_LOOP, s.iter, scope,
+                     detail=f"{len(items)} iterations (limit {MAX_UNROLL})", whole_stmt=True)
+        has_jump = _has_loop_jump(s.body)
+        for i, item in enumerate(items):
+            self.assign(s.target, self.latest(item), scope)
+            try:
+                self.exec_block(s.body, scope, ("for", s), extra=items[i + 1:])
+            except LoopBreak:
+                return
+            except LoopContinue:
+                continue
+            except BreakSignal as b:
+                if has_jump and not self.abstract:
+                    # resuming mid-iteration would need break/continue outside a loop
+                    raise BreakSignal(b.brk.replace(code=B.UNROLLABLE_LOOP.code,
+                                                    title=B.UNROLLABLE_LOOP.title,
+                                                    explanation=B.UNROLLABLE_LOOP.explanation
+                                                    + f" (inside: {b.brk.title})"),
+                                      whole_stmt=True) from None
+                raise
+        self.exec_block(s.orelse, scope, ("if", s))
+
+    def _stmt_Try(self, s, scope):
+        """`try` is captured: an exception the evaluated code raises (a lookup on plain values,
+        a user's `raise`) goes to the first handler whose type matches, `else` runs after a body
+        that raised nothing, `finally` always. A graph break inside makes the whole statement run
+        in Python (a resume cannot re-enter the handlers)."""
+        try:
+            try:
+                self.in_try += 1
+                try:
+                    self.exec_block(s.body, scope, ("try", s))
+                finally:
+                    self.in_try -= 1
+            except NOT_USER_EXCEPTIONS:
+                raise
+            except Exception as exc:  # noqa: BLE001 (the user's code raised it: its handlers decide)
+                handler = self._handler_for(s.handlers, exc, scope)
+                if handler is None:
+                    raise
+                if handler.name:
+                    scope.vars[handler.name] = exc
+                self.exec_block(handler.body, scope, ("try", s))
+                if handler.name:
+                    scope.vars.pop(handler.name, None)  # Python unbinds it after the handler
+            else:
+                self.exec_block(s.orelse, scope, ("try", s))
+        except BreakSignal as b:
+            raise BreakSignal(b.brk, whole_stmt=True) from None
+        except BaseException:
+            self.exec_block(s.finalbody, scope, ("try", s))
+            raise
+        self.exec_block(s.finalbody, scope, ("try", s))
+
+    def _stmt_Raise(self, s, scope):
+        """Inside a captured `try` body, `raise` raises (a handler may take it); elsewhere the
+        statement runs in Python, after the graph of what came before it."""
+        if not self.in_try or self.abstract or s.exc is None:
+            self.brk(B.UNSUPPORTED_STMT, s, scope, detail="`Raise` statement", whole_stmt=True)
+        exc = self.eval(s.exc, scope)
+        cause = self.eval(s.cause, scope) if s.cause is not None else None
+        if isinstance(exc, type) and issubclass(exc, BaseException):
+            exc = exc()
+        if not isinstance(exc, BaseException):
+            self.brk(B.UNSUPPORTED_STMT, s, scope, detail="`Raise` statement", whole_stmt=True)
+        if s.cause is None:
+            raise exc
+        raise exc from cause
+
+    def _stmt_With(self, s, scope):
+        with contextlib.ExitStack() as stack:
+            for item in s.items:
+                cm = self.eval(item.context_expr, scope)
+                self.enter_context(cm, item, scope, stack)
+                if item.optional_vars is not None:
+                    self.assign(item.optional_vars, None, scope)
+            self.exec_block(s.body, scope, ("with", s))
+
+    def _stmt_Import(self, s, scope):
+        # only modules already imported: importing anew would run module code at capture time
+        for a in s.names:
+            root = a.name if a.asname else a.name.split(".")[0]
+            mod = sys.modules.get(a.name if a.asname else root)
+            if mod is None:
+                self.brk(B.UNSUPPORTED_STMT, s, scope, detail=f"import of {a.name} (not imported yet)",
+                         whole_stmt=True)
+            scope.vars[a.asname or root] = mod
+
+    def _stmt_ImportFrom(self, s, scope):
+        mod = sys.modules.get(s.module or "") if s.level == 0 else None
+        if mod is None:
+            self.brk(B.UNSUPPORTED_STMT, s, scope, detail=f"import from {s.module}", whole_stmt=True)
+        for a in s.names:
+            if not hasattr(mod, a.name):
+                self.brk(B.UNSUPPORTED_STMT, s, scope, detail=f"from {s.module} import {a.name}",
+                         whole_stmt=True)
+            scope.vars[a.asname or a.name] = getattr(mod, a.name)
+
+    def _stmt_FunctionDef(self, s, scope):
+        if s.decorator_list:
+            self.brk(B.UNSUPPORTED_STMT, s, scope, detail="decorated local function", whole_stmt=True)
+        scope.vars[s.name] = LocalFunction(s, scope, self._local_defaults(s.args, scope), s.name)
+
+    def _abstract_loop_body(self, s, scope):
+        if not isinstance(s, ast.While):
+            self.assign(s.target, UNKNOWN if not isinstance(self._peek_iter(s, scope), TensorVar)
+                        else TensorVar(None, None, None), scope)
+        saved = dict(scope.vars)
+        try:
+            self.exec_block(s.body, scope, ("while" if isinstance(s, ast.While) else "for", s))
+        except (LoopBreak, LoopContinue):
+            pass
+        scope.vars = _join([saved, scope.vars])
+
+    def _peek_iter(self, s, scope):
+        try:
+            return self.eval(s.iter, scope)
+        except BreakSignal:
+            return UNKNOWN
+
+    def _handler_for(self, handlers, exc, scope):
+        for h in handlers:
+            if h.type is None:
+                return h
+            types_ = self.eval(h.type, scope)
+            if isinstance(types_, Unknown) or isinstance(exc, types_):
+                return h
+        return None
+
+    def enter_context(self, cm, item, scope, stack):
+        if isinstance(cm, Unknown):
+            return
+        if isinstance(cm, (torch.no_grad, torch.enable_grad)) or type(cm).__name__ == "set_grad_enabled":
+            prev = self.grad_enabled
+            self.grad_enabled = not isinstance(cm, torch.no_grad) if not hasattr(cm, "mode") else cm.mode
+            stack.enter_context(torch.set_grad_enabled(self.grad_enabled))
+            stack.callback(lambda: setattr(self, "grad_enabled", prev))
+            return
+        if isinstance(cm, torch.autocast):
+            dtype = cm.fast_dtype if cm._enabled else None
+            self.autocast.append((cm.device, dtype))
+            stack.callback(self.autocast.pop)
+            return
+        self.brk(B.UNSUPPORTED_STMT, item.context_expr, scope,
+                 detail=f"context manager {type(cm).__name__}", whole_stmt=True)
+
+    def _local_defaults(self, args, scope):
+        d = {}
+        pos = [p.arg for p in args.posonlyargs + args.args]
+        for name, e in zip(pos[len(pos) - len(args.defaults):], args.defaults):
+            d[name] = self.eval(e, scope)
+        for p, e in zip(args.kwonlyargs, args.kw_defaults):
+            if e is not None:
+                d[p.arg] = self.eval(e, scope)
+        return d
+
+    # ===================================================================== assignment
+    def assign(self, target, v, scope):
+        if isinstance(target, ast.Name):
+            scope.vars[target.id] = v
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            items = self.iterate(v, target, scope)
+            star = [i for i, e in enumerate(target.elts) if isinstance(e, ast.Starred)]
+            if star:
+                k = star[0]
+                n_after = len(target.elts) - k - 1
+                if len(items) < len(target.elts) - 1:
+                    raise ValueError("not enough values to unpack")
+                parts = items[:k] + [list(items[k:len(items) - n_after])] + items[len(items) - n_after:]
+                for e, x in zip(target.elts, parts):
+                    self.assign(e.value if isinstance(e, ast.Starred) else e, x, scope)
+            else:
+                if len(items) != len(target.elts) and not isinstance(v, AbstractSeq):
+                    raise ValueError(f"cannot unpack {len(items)} values into {len(target.elts)}")
+                for e, x in zip(target.elts, items):
+                    self.assign(e, x, scope)
+        elif isinstance(target, ast.Subscript):
+            obj = self.eval(target.value, scope)
+            idx = self.eval(target.slice, scope)
+            if isinstance(obj, TensorVar):
+                new = self.op(functional_setitem, [obj, idx, v], {}, target, scope)
+                self.rebind(obj, new, scope, target)
+            elif type(obj) in (list, dict):
+                idx = self.specialize(idx, target, scope) if isinstance(idx, SymInt) else idx
+                if isinstance(obj, list):  # the index must be in range on the next call too
+                    self.effects.observe(obj)
+                self.effects.call(obj, "__setitem__", [idx, v], {})
+            elif isinstance(obj, Unknown):
+                pass
+            else:
+                self.brk(B.UNSUPPORTED_STMT, target, scope,
+                         detail=f"item assignment on {type(obj).__name__}", whole_stmt=True)
+        elif isinstance(target, ast.Attribute):
+            obj = self.eval(target.value, scope)
+            if isinstance(obj, Unknown):
+                return
+            src = None if self.abstract else self.value_sources.get(id(obj))
+            if (src is not None or self.abstract) and S.plain_setattr(obj, target.attr):
+                self.effects.setattr(obj, src, target.attr, v)
+                return
+            self.brk(B.UNSUPPORTED_STMT, target, scope,
+                     detail=f"attribute assignment `.{target.attr} = ...`", whole_stmt=True)
+        elif isinstance(target, ast.Starred):
+            self.assign(target.value, v, scope)
+        else:
+            self.brk(B.UNSUPPORTED_STMT, target, scope, whole_stmt=True)
+
+    def container_key(self, e, scope):
+        k = self.eval(e, scope)
+        return self.specialize(k, e, scope) if isinstance(k, SymInt) else k
+
+
+MAX_UNROLL = 512
+
+
+# raised by capture itself, not by the user's code: a captured `try` never handles them
+NOT_USER_EXCEPTIONS = (Return, LoopBreak, LoopContinue, CannotCapture, BreakSignal, Opaque,
+                        MetaEvalError, NoSourceError)
+
+
+def _join(frames):
+    """Abstract domain: variables after two arms of a branch."""
+    out = {}
+    keys = set().union(*[f.keys() for f in frames])
+    for k in keys:
+        vals = [f.get(k, UNKNOWN) for f in frames]
+        if all(v is vals[0] for v in vals):
+            out[k] = vals[0]
+        elif any(isinstance(v, TensorVar) for v in vals):
+            out[k] = next(v for v in vals if isinstance(v, TensorVar))
+        else:
+            out[k] = UNKNOWN
+    return out
+
+
+def _as_load(target):
+    t = copy.copy(target)
+    t.ctx = ast.Load()
+    return t
+
+
+def _assigned_names(s) -> set:
+    names = set()
+    for n in ast.walk(s):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            names.add(n.id)
+    return names
+
+
+def _has_loop_jump(body) -> bool:
+    for s in body:
+        for n in _walk_no_loops(s):
+            if isinstance(n, (ast.Break, ast.Continue)):
+                return True
+    return False
+
+
+def _walk_no_loops(node):
+    yield node
+    for c in ast.iter_child_nodes(node):
+        if isinstance(c, (ast.For, ast.While, ast.FunctionDef, ast.Lambda)):
+            continue
+        yield from _walk_no_loops(c)

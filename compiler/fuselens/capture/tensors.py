@@ -1,0 +1,473 @@
+"""Calls into torch: tensor attributes and methods, torch functions recorded as graph ops (`op`),
+in-place writes functionalized from the ops' schemas (`functionalize`, `rebind`: the base and
+every live view get the new value), autocast."""
+from __future__ import annotations
+
+import inspect
+import operator
+import types
+
+import torch
+
+from . import breaks as B
+from ..ops import effects as E
+from . import calls as C
+from .graph import MetaEvalError
+from .values import UNKNOWN, SymInt, SymShape, TensorVar, leaves
+from .frames import AbstractSeq
+
+
+class Tensors:
+    """Mixin of `Evaluator` (evaluator.py)."""
+
+    def input(self, t: torch.Tensor, src: str) -> TensorVar:
+        """A tensor from outside the graph: a graph input, guarded on its metadata."""
+        if self.abstract:
+            return self.g.abstract_input(src)
+        tv = self.g.input(t, src)
+        if tv.source == src:
+            self.sources.guard_tensor(src, t, self.dynamic.get(src, ()))
+        else:  # the same tensor reached by two names: guard the aliasing
+            self.sources.guard(f"{src} is {tv.source}", f"{src} is the same tensor as {tv.source}")
+        # read again after an in-place op on it (e.g. `self.buf.add_(1)`): the new value
+        return self.mutated_inputs.get(tv.source, tv)
+
+    def tensor_attr(self, t: TensorVar, attr, e, scope):
+        if attr in C.META_ATTRS:
+            if t.meta is None:
+                return UNKNOWN
+            if attr == "shape":
+                return self.sizes(t)
+            if attr == "ndim":
+                return t.meta.dim()
+            if attr == "device":
+                return t.device
+            return getattr(t.meta, attr)
+        if attr == "T":
+            return self.op(torch.Tensor.permute, [t, list(range(t.meta.dim()))[::-1]] if t.meta is not None
+                           else [t, 1, 0], {}, e, scope)
+        if attr == "mT":
+            return self.op(torch.Tensor.transpose, [t, -2, -1], {}, e, scope)
+        if attr in ("real", "imag", "data", "grad"):
+            if attr == "data":
+                return self.op(torch.Tensor.detach, [t], {}, e, scope)
+            self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"Tensor.{attr}")
+        if attr.startswith("is_") and isinstance(inspect.getattr_static(torch.Tensor, attr, None),
+                                                 types.GetSetDescriptorType):
+            # a flag of the tensor's kind (`is_nested`, `is_sparse`, `is_cpu`...): what an empty
+            # tensor of its dtype on its device says (the meta tensor would say `is_meta`)
+            if t.meta is None:
+                return UNKNOWN
+            return getattr(torch.empty(0, dtype=t.meta.dtype, device=t.device), attr)
+        if isinstance(inspect.getattr_static(torch.Tensor, attr, None), types.GetSetDescriptorType) \
+                and not callable(getattr(torch.Tensor, attr, None)):
+            return self.op(E.tensor_property(attr), [t], {}, e, scope)  # `x.H`, `x.mH`, `x.real`...
+        # a method: bound lazily
+        return TensorMethod(t, attr)
+
+    def sizes(self, t: TensorVar):
+        """`t.shape` as a tuple of ints, with SymInts for dynamic dims of graph inputs."""
+        shape = tuple(t.meta.shape)
+        src = t.source
+        dyn = self.dynamic.get(src, ()) if src is not None else ()
+        if src is None and self.dynamic and not self.abstract:
+            # an intermediate's meta shape holds the example sizes: pin the dynamic dims of
+            # the inputs (guarded) rather than bake sizes that may change into the graph
+            for s, obj in self.g.inputs:
+                for d in self.dynamic.get(s, ()):
+                    if isinstance(obj, torch.Tensor) and d < obj.dim():
+                        self.sources.guard(f"{s}.shape[{d}] == {obj.shape[d]}",
+                                           f"{s}.shape[{d}] (an intermediate's size is read)")
+        if not dyn:
+            return torch.Size(shape)
+        out = []
+        for d, n in enumerate(shape):
+            if d in dyn:
+                out.append(SymInt(n, f"{src}.shape[{d}]",
+                                  lambda d=d: self.g.sym_node(torch.ops.aten.sym_size.int, (t, d), shape[d])))
+            else:
+                out.append(n)
+        return SymShape(out)
+
+    # ----------------------------------------------------------------- tensor ops
+    def torch_call(self, fn, args, kwargs, e, scope):
+        if self.abstract and E.has_dynamic_output_shape(fn) and any(isinstance(a, TensorVar) for a in args):
+            self.brk(B.DYNAMIC_SHAPE, e, scope, detail=name_of(fn))
+        if fn in (torch.is_tensor,):
+            return isinstance(args[0], TensorVar)
+        if fn in C.STATE_QUERIES:
+            return fn(*args)
+        if fn is torch.Size:
+            return torch.Size(args[0])
+        return self.op(fn, args, kwargs, e, scope)
+
+    def tensor_method(self, t: TensorVar, name, args, kwargs, e, scope):
+        if name in C.DATA_READS:
+            self.brk(C.DATA_READS[name], e, scope, detail=f"Tensor.{name}()")
+        if self.abstract and E.has_dynamic_output_shape(getattr(torch.Tensor, name, None)):
+            self.brk(B.DYNAMIC_SHAPE, e, scope, detail=f"Tensor.{name}()")
+        if name in C.META_METHODS:
+            if t.meta is None:
+                return UNKNOWN
+            if name == "size":
+                s = self.sizes(t)
+                return s if not args and "dim" not in kwargs else s[args[0] if args else kwargs["dim"]]
+            if name == "dim" or name == "ndimension":
+                return t.meta.dim()
+            if name in ("numel", "nelement"):
+                s = self.sizes(t)
+                n = 1
+                for d in s:
+                    n = self.sym_arith(operator.mul, [n, d], e, scope) if isinstance(d, SymInt) \
+                        or isinstance(n, SymInt) else n * d
+                return n
+            if name == "get_device":
+                return -1 if t.device.type == "cpu" else t.device.index
+            return getattr(t.meta, name)(*args, **kwargs)
+        if name in ("backward", "register_hook", "retain_grad", "requires_grad_", "share_memory_",
+                    "resize_", "set_", "storage", "untyped_storage", "__array__", "data_ptr"):
+            self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"Tensor.{name}()", whole_stmt=True)
+        if name in ("__bool__", "__int__", "__float__", "__index__"):
+            self.brk(B.TENSOR_TO_PY, e, scope, detail=f"Tensor.{name}()")
+        method = getattr(torch.Tensor, name, None)
+        if method is None:
+            raise AttributeError(f"'Tensor' object has no attribute '{name}'")
+        return self.op(method, [t] + list(args), kwargs, e, scope)
+
+    def op(self, fn, args, kwargs, e, scope):
+        """Record `fn(*args, **kwargs)` on tensors into the graph. What the call writes and which
+        arguments its results view come from ATen's schemas (ops/effects.py), whatever its
+        spelling; a call that writes is functionalized (`functionalize`)."""
+        if self.autocast and not self.abstract:
+            args, kwargs = self.autocast_args(fn, args, kwargs, e, scope)
+        try:
+            out_meta, device, eff = self.g.evaluate(fn, args, kwargs)
+            if eff is not None and eff.writes:
+                return self.functionalize(fn, args, kwargs, eff, e, scope)
+            r = self.g.add(fn, args, kwargs, self.user_loc(e, scope), out_meta, device)
+        except MetaEvalError as err:
+            if getattr(err, "not_a_tensor", False) and isinstance(fn, types.FunctionType):
+                # torch's Python code answering a question (`_check_arg_device(x)`): interpreted
+                return self.inline(fn, args, kwargs, e, scope)
+            self.brk(B.DYNAMIC_SHAPE if err.dynamic_shape else B.UNSUPPORTED_OP, e, scope,
+                     detail=name_of(fn) if err.dynamic_shape else str(err)[:300])
+        if self.abstract:
+            if E.returns_sequence(fn, len(args), kwargs):
+                return AbstractSeq()
+            return r
+        outs = r if isinstance(r, (tuple, list)) else (r,)
+        tvs = eff.tensor_vars
+        for i, o in enumerate(outs):
+            if not isinstance(o, TensorVar):
+                continue
+            if eff.returns_arg[i] is not None and o is r:
+                return tvs[eff.returns_arg[i]]  # `x.float()` of a float tensor, `.contiguous()`...: x itself
+            a = eff.aliases[i]
+            if a is not None and args and tvs[a] is args[0]:
+                o.view_of = (args[0], fn, tuple(args[1:]), dict(kwargs), i if o is not r else None)
+        if not self.grad_enabled and isinstance(r, TensorVar) and any(
+                isinstance(a, TensorVar) and a.meta.requires_grad for a in list(args) + list(kwargs.values())):
+            # the graph runs with grad mode on: results computed under no_grad are detached
+            d = self.g.call(torch.Tensor.detach, [r], {}, self.user_loc(e, scope))
+            d.view_of = (r, torch.Tensor.detach, (), {}, None)
+            r = d
+        return r
+
+    def functionalize(self, fn, args, kwargs, eff, e, scope):
+        """A call that writes into tensor arguments, as out-of-place graph ops: each written
+        argument gets its new value (`rebind` writes it back into the tensor it views and
+        derives that tensor's other live views again), and the call returns what it returned
+        in eager (the written argument, as it is now)."""
+        tvs, loc = eff.tensor_vars, self.user_loc(e, scope)
+        form = eff.functional_form()
+        if any(w.metadata for w in eff.writes):  # squeeze_, t_, transpose_...: a new view
+            t = tvs[eff.writes[0].arg]
+            if form is None or len(eff.writes) != 1 or self.reaches_caller(t, scope):
+                self.brk(B.INPLACE_VIEW, e, scope, whole_stmt=True,
+                         detail=f"`{name_of(fn)}` changes the shape of a tensor the caller holds")
+            new = self.op(form[0], *self.fill_args(form, tvs), e, scope)
+            self._replace(t, new, scope)
+            return new
+        news = {}
+        if form is not None and not has_symint([args, kwargs]):
+            k = form[3]
+            new = self.op(form[0], *self.fill_args(form, tvs), e, scope)
+            if isinstance(new, TensorVar) and new.meta.shape == tvs[k].meta.shape:
+                if not torch.can_cast(new.meta.dtype, tvs[k].meta.dtype):
+                    # eager refuses (`logit_` of an int tensor): Python runs it and raises that
+                    self.brk(B.UNSUPPORTED_OP, e, scope, whole_stmt=True, detail=(
+                        f"result type {new.meta.dtype} can't be cast to {tvs[k].meta.dtype}"))
+                if new.meta.dtype != tvs[k].meta.dtype:  # in-place results keep the tensor's dtype
+                    new = self.op(torch.Tensor.to, [new, tvs[k].meta.dtype], {}, e, scope)
+                news[k] = new
+        fresh = []  # tensors of the result that are no argument (BatchNorm's output)
+        if not news:  # any other write: the call itself, run on copies of what it writes
+            written = eff.written
+            out = self.g.call(E.OnCopies(fn, tuple(written)), args, kwargs, loc)
+            news = dict(zip(written, out))
+            fresh = list(out[len(written):])
+        for k, new in news.items():
+            t = tvs[k]
+            if new is t:  # an identity on these values: nothing changes
+                continue
+            if not self.grad_enabled and t.meta.requires_grad:
+                # in eager, an in-place op under no_grad keeps t's autograd history (autograd
+                # does not see the change): new = t + (f(t) - t).detach()
+                delta = self.g.call(operator.sub, [new, t], {}, loc)
+                delta = self.g.call(torch.Tensor.detach, [delta], {}, loc)
+                new = self.g.call(operator.add, [t, delta], {}, loc)
+                new.meta.requires_grad_(True)
+            new.node.meta["writes"] = t.node  # eager wrote t in place: autograd's version check
+            self.rebind(t, new, scope, e)
+        if len(fresh) != eff.returns_arg.count(None):
+            self.brk(B.UNSUPPORTED_OP, e, scope, whole_stmt=True,
+                     detail=f"`{name_of(fn)}` writes into an argument and returns a new tensor")
+        fresh = iter(fresh)
+        results = [self.latest(tvs[k]) if k is not None else next(fresh) for k in eff.returns_arg]
+        if isinstance(eff.result, torch.Tensor):
+            return results[0]
+        if isinstance(eff.result, (tuple, list)) and len(results) == len(eff.result):
+            return type(eff.result)(results)  # a tuple, list or named tuple (torch.return_types)
+        return None
+
+    def fill_args(self, form, tvs):
+        """A functional form's (args, kwargs), its argument placeholders filled with TensorVars."""
+        def fill(v):
+            if isinstance(v, E.Arg):
+                return tvs[v.index]
+            if isinstance(v, (list, tuple)):
+                return type(v)(fill(x) for x in v)
+            return v
+        return [fill(a) for a in form[1]], {k: fill(v) for k, v in form[2].items()}
+
+    def reaches_caller(self, t: TensorVar, scope) -> bool:
+        """`t` is (a view of) a graph input: a change of its metadata would have to reach the
+        caller's tensor object."""
+        while t is not None:
+            if t.source is not None:
+                return True
+            t = t.view_of[0] if t.view_of is not None else None
+        return False
+
+    def autocast_args(self, fn, args, kwargs, e, scope):
+        device_type, dtype = self.autocast[-1]
+        if dtype is None:
+            return args, kwargs
+        fp32 = C.AUTOCAST_FP32_CPU if device_type == "cpu" else C.AUTOCAST_FP32
+        target = dtype if fn in C.AUTOCAST_LOWER else torch.float32 if fn in fp32 else None
+        if target is None:
+            return args, kwargs
+
+        def cast(a):
+            if isinstance(a, TensorVar) and a.meta is not None and a.meta.is_floating_point() \
+                    and a.meta.dtype != target and a.device.type == device_type:
+                return self.g.call(torch.Tensor.to, [a, target], {}, self.loc(e, scope))
+            return a
+        return [cast(a) for a in args], {k: cast(v) for k, v in kwargs.items()}
+
+    def rebind(self, old: TensorVar, new: TensorVar, scope, node):
+        """An in-place op gave `old` the value `new`. In-place ops are functionalized: the
+        base `old` views (if any) gets the new values written back (`functional_setitem` and friends),
+        every live view of that base is derived again from its new value, and every variable
+        holding an old TensorVar (in any live frame) now holds the new one. Graph inputs
+        mutated this way are written back by the runtime."""
+        if self.abstract:
+            self._replace(old, new, scope)
+            return
+        chain, root = [], old
+        while root.view_of is not None:
+            chain.append(root)
+            root = root.view_of[0]
+        if root.source is not None:
+            self.check_no_alias(root, node, scope)
+        new_root = new
+        # an alias of its parent (`detach`, `x[:]`, `view` to the same shape): the same elements
+        chain = [v for v in chain if not _same_layout(v.meta, v.view_of[0].meta)]
+        if all(v.view_of[1] in _SCATTER and v.view_of[4] is None
+               and v.meta.dtype == v.view_of[0].meta.dtype for v in chain):
+            for v in chain:  # write back level by level: view → its parent → ... → root
+                new_root = _SCATTER[v.view_of[1]](self, v.view_of[0], v.view_of, new_root, node, scope)
+        else:  # any other view (narrow, select, diagonal, an item of split...): by its strides
+            new_root = self.scatter_strided(root, old, new, node, scope)
+        replaced = {id(root): (root, new_root)}
+        for v in self.live_views(root, scope, also=old):
+            parent, fn, args, kwargs, item = v.view_of
+            p_new = replaced[id(parent)][1]
+            derived = self.op(fn, [p_new, *args], kwargs, node, scope)
+            if item is not None:
+                derived = derived[item]
+            replaced[id(v)] = (v, derived)
+        if old is not root:
+            new = replaced[id(old)][1]
+        for tv, tv_new in replaced.values():
+            self._replace(tv, tv_new, scope)
+
+    def scatter_strided(self, root: TensorVar, view: TensorVar, new: TensorVar, node, scope):
+        """`root` with `view`'s elements replaced by `new`, placed by the view's sizes, strides and
+        offset in root's storage (root dense, so that a copy of it keeps that layout)."""
+        r, v = root.meta, view.meta
+        if has_symint([self.sizes(root), self.sizes(view)]) or v.dtype != r.dtype \
+                or not _dense(r):
+            self.brk(B.INPLACE_VIEW, node, scope, whole_stmt=True,
+                     detail=f"through `{getattr(view.view_of[1], '__name__', view.view_of[1])}`")
+        # as_strided_scatter places by the strides of a contiguous copy of its input: scatter
+        # into root with its dims in memory order (a contiguous view), then put them back
+        order = sorted(range(r.dim()), key=lambda d: -r.stride(d))
+        base = self.op(torch.permute, [root, order], {}, node, scope) if order != list(range(r.dim())) else root
+        out = self.op(torch.as_strided_scatter, [base, new, tuple(v.size()), tuple(v.stride()),
+                                                 v.storage_offset() - r.storage_offset()], {}, node, scope)
+        if base is root:
+            return out
+        return self.op(torch.permute, [out, sorted(range(r.dim()), key=lambda d: order[d])], {}, node, scope)
+
+    def check_no_alias(self, inp: TensorVar, node, scope):
+        """An input written in place must not share memory with another input: the graph
+        reads each input once, so it would not see the write through the other name."""
+        t = self.sources.resolve(inp.source)
+        ptr = t.untyped_storage().data_ptr()
+        for src, other in self.g.inputs:
+            if src == inp.source or not isinstance(other, torch.Tensor) or other.numel() == 0:
+                continue
+            if other.untyped_storage().data_ptr() == ptr:
+                self.brk(B.INPLACE_VIEW, node, scope, whole_stmt=True,
+                         detail=f"`{inp.source}` shares memory with `{src}`")
+            self.sources.guard(f"{inp.source}.untyped_storage().data_ptr() != {src}.untyped_storage().data_ptr()",
+                               f"{inp.source} does not share memory with {src}")
+
+    def _replace(self, old, new, scope):
+        if new is old:  # the functional form gave its input back (`conj_physical` of a real tensor)
+            return
+        if old.source is not None:
+            new.source = None
+            self.mutated_inputs[old.source] = new
+        s = scope
+        while s is not None:
+            _replace_in(s.vars, old, new)
+            s = s.parent if s.parent is not None else s.enclosing
+        for k, v in list(self.mutated_inputs.items()):
+            if v is old:
+                self.mutated_inputs[k] = new
+        self._newer[id(old)] = (old, new)
+
+    def live_views(self, root, scope, also=None) -> list:
+        """TensorVars in live frames (and `also`) that view `root` (directly or through other
+        views), parents before their views."""
+        found: dict[int, TensorVar] = {}
+
+        def visit(value):
+            for v in leaves(value):
+                if isinstance(v, TensorVar):
+                    chain, p = [], v
+                    while p.view_of is not None:
+                        chain.append(p)
+                        p = p.view_of[0]
+                    if p is root:
+                        for c in chain:
+                            found[id(c)] = c
+        visit(also)
+        s = scope
+        while s is not None:
+            for v in s.vars.values():
+                visit(self.latest(v))
+            s = s.parent if s.parent is not None else s.enclosing
+
+        def depth(v):
+            d = 0
+            while v.view_of is not None:
+                v, d = v.view_of[0], d + 1
+            return d
+        return sorted(found.values(), key=depth)
+
+    def latest(self, v):
+        """A tensor's value after the in-place ops on it: references outside the frames'
+        variables (the items of a loop, nested containers) still hold the old TensorVar."""
+        while isinstance(v, TensorVar) and id(v) in self._newer:
+            v = self._newer[id(v)][1]
+        return v
+
+
+class TensorMethod:
+    __slots__ = ("t", "name")
+
+    def __init__(self, t, name):
+        self.t, self.name = t, name
+
+
+def _scatter_getitem(ev, base, view_of, new, node, scope):
+    _, _, (idx,), _, _ = view_of
+    return ev.op(functional_setitem, [base, idx, new], {}, node, scope)
+
+
+def _scatter_reshape(ev, base, view_of, new, node, scope):
+    return ev.op(torch.Tensor.reshape, [new, tuple(ev.sizes(base))], {}, node, scope)  # dynamic sizes stay symbolic
+
+
+def _scatter_transpose(ev, base, view_of, new, node, scope):
+    _, fn, args, kwargs, _ = view_of
+    return ev.op(fn, [new, *args], kwargs, node, scope)  # its own inverse
+
+
+def _scatter_permute(ev, base, view_of, new, node, scope):
+    dims = view_of[2][0] if len(view_of[2]) == 1 and isinstance(view_of[2][0], (list, tuple)) \
+        else view_of[2]
+    dims = [d % base.meta.dim() for d in dims]
+    inverse = sorted(range(len(dims)), key=lambda k: dims[k])
+    return ev.op(torch.Tensor.permute, [new, inverse], {}, node, scope)
+
+
+# how an in-place write through a view reaches its base (other views: a graph break)
+_SCATTER = {
+    operator.getitem: _scatter_getitem,
+    **{f: _scatter_reshape for f in (torch.Tensor.view, torch.Tensor.reshape, torch.reshape,
+                                     torch.Tensor.flatten, torch.flatten, torch.Tensor.squeeze,
+                                     torch.squeeze, torch.Tensor.unsqueeze, torch.unsqueeze,
+                                     torch.Tensor.view_as, torch.Tensor.unflatten)},
+    **{f: _scatter_transpose for f in (torch.Tensor.transpose, torch.transpose, torch.Tensor.t,
+                                       torch.t)},
+    torch.Tensor.permute: _scatter_permute, torch.permute: _scatter_permute,
+}
+
+
+def functional_setitem(x, idx, v):
+    """Functional `x[idx] = v` (capture functionalizes in-place writes)."""
+    out = x.clone()
+    out[idx] = v
+    return out
+
+
+def _same_layout(a, b) -> bool:
+    return a.dtype == b.dtype and tuple(a.size()) == tuple(b.size()) and a.stride() == b.stride() \
+        and a.storage_offset() == b.storage_offset()
+
+
+def _dense(t) -> bool:
+    """Non-overlapping and dense: its elements fill storage[offset : offset + numel]."""
+    dims = sorted((st, n) for n, st in zip(t.size(), t.stride()) if n != 1)
+    expected = 1
+    for st, n in dims:
+        if st != expected:
+            return False
+        expected *= n
+    return True
+
+
+def name_of(fn) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or str(fn)
+
+
+def has_symint(v) -> bool:
+    return any(isinstance(x, SymInt) for x in leaves(v))
+
+
+def _replace_in(d, old, new):
+    for k, v in list(d.items()):
+        if v is old:
+            d[k] = new
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                if x is old:
+                    v[i] = new
+        elif isinstance(v, tuple) and any(x is old for x in v):
+            d[k] = tuple(new if x is old else x for x in v)
+        elif isinstance(v, dict):
+            _replace_in(v, old, new)
