@@ -17,31 +17,28 @@ from . import log  # noqa: E402,F401  (FUSELENS_LOG)
 from .capture.breaks import GraphBreak, GraphBreakError
 from .capture.source import NoSourceError, function_source
 from .explain import Explanation, format_break
-from .runtime.compiled import CompiledFunction, collecting
+from .runtime.compiled import CompiledFunction, CompiledModule, collecting
 from .runtime.errors import FuselensWarning, InternalError
 
-__all__ = ["compile", "explain", "inspect", "GraphBreak", "GraphBreakError", "Explanation",
-           "FuselensWarning", "InternalError", "NoSourceError"]
+__all__ = ["compile", "compile_in_place", "explain", "inspect", "GraphBreak", "GraphBreakError", "Explanation",
+           "FuselensWarning", "InternalError", "NoSourceError", "CompiledModule"]
 
 _MODES = ("default", "reduce-overhead", "max-autotune")
 
 
 def compile(fn_or_module=None, *, mode="default", fullgraph=False, dynamic=None):
     """Compile a function or an nn.Module; usable as `@compile` or `@compile(mode=...)`.
-    A module is returned as itself with its forward compiled (parameters, state_dict and
-    train/eval are untouched)."""
-    if mode not in _MODES:
-        raise ValueError(f"fuselens.compile: unknown mode {mode!r}; use one of {', '.join(_MODES)}")
+    A module gives a `CompiledModule` that shares its parameters and buffers and runs its
+    forward compiled; the module itself stays eager (`compile_in_place` compiles it instead)."""
+    _check_mode(mode)
     if fn_or_module is None:
         return lambda f: compile(f, mode=mode, fullgraph=fullgraph, dynamic=dynamic)
-    if isinstance(fn_or_module, CompiledFunction):
+    if isinstance(fn_or_module, (CompiledFunction, CompiledModule)):
         return fn_or_module
     if isinstance(fn_or_module, nn.Module):
         mod = fn_or_module
-        cf = CompiledFunction(type(mod).forward, mode=mode, fullgraph=fullgraph, dynamic=dynamic)
-        mod.forward = cf.__get__(mod)
-        mod._fuselens_compiled = cf
-        return mod
+        return CompiledModule(mod, CompiledFunction(type(mod).forward, mode=mode, fullgraph=fullgraph,
+                                                    dynamic=dynamic))
     if isinstance(fn_or_module, types.MethodType):  # a bound method: compile its function
         return CompiledFunction(fn_or_module.__func__, mode=mode, fullgraph=fullgraph,
                                 dynamic=dynamic).__get__(fn_or_module.__self__)
@@ -51,11 +48,29 @@ def compile(fn_or_module=None, *, mode="default", fullgraph=False, dynamic=None)
     return CompiledFunction(fn_or_module, mode=mode, fullgraph=fullgraph, dynamic=dynamic)
 
 
+def compile_in_place(module: nn.Module, *, mode="default", fullgraph=False, dynamic=None) -> nn.Module:
+    """Compile `module`'s forward in place (as `nn.Module.compile()` does) and return the module:
+    its calls run compiled, its parameters, state_dict and train/eval mode are untouched."""
+    _check_mode(mode)
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"fuselens.compile_in_place expects an nn.Module, got {type(module).__name__}; "
+                        "use fuselens.compile for a function")
+    cf = CompiledFunction(type(module).forward, mode=mode, fullgraph=fullgraph, dynamic=dynamic)
+    module.forward = cf.__get__(module)
+    module._fuselens_compiled = cf
+    return module
+
+
+def _check_mode(mode):
+    if mode not in _MODES:
+        raise ValueError(f"fuselens.compile: unknown mode {mode!r}; use one of {', '.join(_MODES)}")
+
+
 def _compiled_of(obj) -> CompiledFunction | None:
     if isinstance(obj, CompiledFunction):
         return obj
-    if isinstance(obj, nn.Module):
-        return getattr(obj, "_fuselens_compiled", None)
+    if isinstance(obj, nn.Module):  # a CompiledModule, or a module compiled in place
+        return obj.__dict__.get("_fuselens_compiled")
     bound = getattr(obj, "__func__", None)
     return bound if isinstance(bound, CompiledFunction) else None
 
@@ -68,7 +83,9 @@ def explain(fn, *args, **kwargs) -> Explanation:
     target = fn
     if cf is not None:
         target = cf.original
-        if isinstance(fn, nn.Module):
+        if isinstance(fn, CompiledModule):
+            args = (fn._orig_mod,) + args
+        elif isinstance(fn, nn.Module):
             args = (fn,) + args
     elif isinstance(fn, nn.Module):
         target = type(fn).forward

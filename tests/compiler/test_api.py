@@ -31,17 +31,37 @@ def test_bound_method_compiles_and_explains():
     assert any("self.fc.weight" in s for s in ex.graphs[0].inputs)
 
 
-def test_compiled_module_is_the_same_module():
+def test_compiled_module_shares_the_module_and_leaves_it_eager():
     m = Net()
-    cm = fuselens.compile(m)
-    assert cm is m
-    assert set(dict(cm.named_parameters())) == {"fc.weight", "fc.bias"}
-    assert list(cm.state_dict()) == ["fc.weight", "fc.bias"]
+    cm = fuselens.compile(m)  # as torch.compile: a wrapper module, the original untouched
+    assert isinstance(cm, fuselens.CompiledModule) and cm._orig_mod is m
+    assert "forward" not in m.__dict__
+    assert dict(cm.named_parameters())["_orig_mod.fc.weight"] is m.fc.weight
+    assert list(cm.state_dict()) == ["_orig_mod.fc.weight", "_orig_mod.fc.bias"]
+    assert cm.fc is m.fc and cm.scaled.__func__ is Net.scaled  # other attributes: the module's
     x = torch.randn(2, 4)
-    torch.testing.assert_close(cm(x), Net.forward(m, x))
-    cm.eval()  # train/eval still work, and switch the cache entry (guarded on .training)
+    torch.testing.assert_close(cm(x), m(x))
+    assert len(fuselens.inspect(cm)) == 1
+    with torch.no_grad():
+        m.fc.weight.mul_(2)  # shared parameters: the compiled module sees the change
+    torch.testing.assert_close(cm(x), m(x))
+    cm.eval()  # reaches the module, and switches the cache entry (guarded on .training)
+    assert not m.training
     cm(x)
     assert len(fuselens.inspect(cm)) == 2
+    m(x)
+    assert len(fuselens.inspect(cm)) == 2  # calling the original runs eager
+
+
+def test_compile_in_place_keeps_the_module():
+    m = Net()
+    assert fuselens.compile_in_place(m) is m
+    assert list(m.state_dict()) == ["fc.weight", "fc.bias"]
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(m(x), Net.forward(m, x))
+    assert len(fuselens.inspect(m)) == 1
+    with pytest.raises(TypeError, match="use fuselens.compile for a function"):
+        fuselens.compile_in_place(lambda x: x)
 
 
 def test_bad_arguments_say_what_to_do():

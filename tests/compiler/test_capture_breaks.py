@@ -505,7 +505,7 @@ def test_variables_defined_before_break_are_live_after():
 
 # ------------------------------------------------------------------------------ unrollable loops
 class _Countdown:
-    """An iterable fuselens cannot see through (not a list/tuple/range)."""
+    """An iterable of a Python class: its `__iter__` is evaluated (an object read by guards)."""
 
     def __init__(self, n):
         self.n = n
@@ -514,12 +514,26 @@ class _Countdown:
         return iter(range(self.n))
 
 
-def test_loop_over_opaque_iterable_runs_in_python():
+def test_loop_over_object_with_python_iter_is_unrolled():
     def f(x, it):
         for i in it:
             x = x * 2 + i
         return x
-    _, ex = check(f, X, _Countdown(3), breaks=["FL160"])
+    check(f, X, _Countdown(3), graphs=1, breaks=[])
+    cf = fuselens.compile(f)
+    for n in (3, 4):  # `it.n` is guarded: another count is another unrolling
+        torch.testing.assert_close(cf(X, _Countdown(n)), f(X, _Countdown(n)))
+
+
+def test_loop_over_opaque_iterator_runs_in_python():
+    def f(x, it):
+        for i in it:
+            x = x * 2 + i
+        return x
+    cf = fuselens.compile(f)  # a generator object has no source to evaluate
+    torch.testing.assert_close(cf(X, (i for i in range(3))), f(X, (i for i in range(3))))
+    ex = fuselens.explain(f, X, (i for i in range(3)))
+    assert [b.code for b in ex.graph_breaks] == ["FL160"]
     assert ex.graph_breaks[0].line == line_of(f, "for i in")
 
 

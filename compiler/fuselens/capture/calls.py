@@ -3,6 +3,7 @@ which are pure Python functions it may fold on constants."""
 from __future__ import annotations
 
 import builtins
+import functools
 import logging
 import math
 import operator
@@ -104,6 +105,18 @@ def is_torch_function_query(fn) -> bool:
 
 _TORCH_FUNCTION_QUERIES = {torch._C._has_torch_function, torch._C._has_torch_function_unary,
                            torch._C._has_torch_function_variadic}
+
+
+def marked_constant(fn) -> bool:
+    """`fn`'s result is a constant of the process: `torch._dynamo.assume_constant_result` marked
+    it (transformers marks its install probes so), and torch.compile calls it at trace time."""
+    return getattr(fn, "_dynamo_marked_constant", False) is True
+
+
+def cache_wrapper(fn):
+    """The function a `functools.lru_cache`/`cache` wrapper calls (None if `fn` is no such
+    wrapper): a cache changes when a function runs, not what it returns."""
+    return fn.__wrapped__ if isinstance(fn, functools._lru_cache_wrapper) else None
 
 
 def compile_time_answer(fn):

@@ -18,11 +18,11 @@ from .side_effects import MUTABLE, SideEffects
 from .graph import GraphBuilder
 from .source import FunctionSource, NoSourceError, function_source
 from .values import UNKNOWN, LocalFunction, SymInt, TensorVar, Unknown, contains_tensor
-from .frames import BreakSignal, Return, Scope
+from .frames import BreakSignal, Return, Scope, is_generator
 from .statements import Statements
 from .expressions import Expressions
 from .tensors import Tensors
-from .objects import Objects
+from .objects import Objects, dataclass_generated_init
 
 MAX_INLINE_DEPTH = 40  # real models nest deep: decorators, layers, attention interfaces
 _TORCH_DIR = __import__("os").path.dirname(torch.__file__)
@@ -76,6 +76,10 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
                 fs = function_source(fn)
             except NoSourceError as e:
                 every = ([self_value] if self_value is not None else []) + list(args) + list(kwargs.values())
+                if every and dataclass_generated_init(fn, every[0]):
+                    # the `__init__` @dataclass wrote (no source), called by a wrapper of it
+                    return self.dataclass_init(every[0], every[1:len(every) - len(kwargs)], kwargs, fn,
+                                               call, caller)
                 if not self.abstract and not any(contains_tensor(v) or type(v) in MUTABLE
                                                  or isinstance(v, (Unknown, SymInt)) for v in every):
                     # Python with no source to read (a frozen module's `Mapping.get`) touching
@@ -98,11 +102,25 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
                     bound[k] = self.external_constant(v, None, k)
         scope = Scope(fs, caller, caller.depth + 1, bound, enclosing)
         scope.call_node = call
+        if is_generator(fs.node):
+            return self.run_generator(fs, scope)
         try:
             return self._run_body(fs, scope)
         except BreakSignal as b:
             b.pending_call = call
             raise
+
+    def run_generator(self, fs, scope):
+        """A generator function, run to its end when called: what it yields, in order, as an
+        iterator (sound where nothing it does depends on when its consumer runs: it runs only
+        code capture evaluates, whose effects are on the capture's models). A break inside
+        makes the statement that called it run in Python: a generator cannot be resumed."""
+        scope.yields = []
+        try:
+            self._run_body(fs, scope)
+        except BreakSignal as b:
+            raise BreakSignal(b.brk, whole_stmt=True) from None
+        return iter(scope.yields)
 
     def external_constant(self, v, cell, name):
         """A callee's closure variable (in `cell`) or default: a container is modelled."""

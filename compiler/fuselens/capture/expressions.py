@@ -282,6 +282,14 @@ class Expressions:
         r = self._comprehension(e, scope, lambda s: (self.eval(e.key, s), self.eval(e.value, s)))
         return r if isinstance(r, Unknown) else dict(r)
 
+    def _ex_Yield(self, e, scope):
+        scope.yields.append(None if e.value is None else self.eval(e.value, scope))
+        return None  # what `send` would pass in: the generator runs to its end, nothing is sent
+
+    def _ex_YieldFrom(self, e, scope):
+        scope.yields.extend(self.iterate(self.eval(e.value, scope), e, scope))
+        return None
+
     def _ex_Starred(self, e, scope):
         return self.eval(e.value, scope)
 
@@ -339,7 +347,7 @@ class Expressions:
         if isinstance(v, dict):
             return list(v)
         if isinstance(v, (range, str, set, frozenset, zip, enumerate, map, filter, type({}.items()),
-                          type({}.keys()), type({}.values()), reversed)):
+                          type({}.keys()), type({}.values()), reversed, type(iter([])))):
             return list(v)
         if isinstance(v, (nn.ModuleList, nn.Sequential)):
             src = self.value_sources.get(id(v))
@@ -353,6 +361,9 @@ class Expressions:
             return list(v.keys())
         if isinstance(v, Unknown):
             return AbstractSeq()
+        items = self.iterate_object(v, node, scope)
+        if items is not None:
+            return items
         self.brk(B.UNROLLABLE_LOOP, node, scope, detail=f"iteration over {type(v).__name__}",
                  whole_stmt=True)
 

@@ -68,6 +68,7 @@ class Scope:
         self.levels: list = []
         self.completed: dict = {}
         self.call_node: ast.Call | None = None  # the call in the parent that made this frame
+        self.yields: list | None = None  # a generator function's frame: what it yielded so far
 
     def lookup(self, name):
         if name in self.vars:
@@ -100,3 +101,17 @@ class AbstractSeq(list):
 
     def item(self):
         return TensorVar(None, None, None)
+
+
+def is_generator(node) -> bool:
+    """A `def` whose body yields (not counting functions and lambdas defined in it)."""
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    todo = list(node.body)
+    while todo:
+        n = todo.pop()
+        if isinstance(n, (ast.Yield, ast.YieldFrom)):
+            return True
+        if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            todo.extend(ast.iter_child_nodes(n))
+    return False

@@ -110,11 +110,11 @@ class Sources:
             for i, x in enumerate(v):
                 self.guard_argument(f"{src}[{i}]", x, dynamic)
         elif isinstance(v, dict):
-            keys = tuple(v.keys())
-            self.guard(f"type({src}) is dict and tuple({src}.keys()) == {keys!r}",
-                       f"{src}: dict with keys {keys!r}")
-            for k, x in v.items():
-                self.guard_argument(f"{src}[{k!r}]", x, dynamic)
+            keys = [self.key(k) for k in v]  # a key that is no literal (a class) by its constant
+            self.guard(f"type({src}) is dict and tuple({src}.keys()) == ({''.join(k + ', ' for k in keys)})",
+                       f"{src}: dict with keys {tuple(v.keys())!r}")
+            for k, x in zip(keys, v.values()):
+                self.guard_argument(f"{src}[{k}]", x, dynamic)
         elif type(v) is set and all(_is_literal(x) for x in v):
             self.guard(f"type({src}) is set and {src} == {v!r}" if v else
                        f"type({src}) is set and not {src}", f"{src} == {v!r}")
@@ -122,6 +122,12 @@ class Sources:
             self.guard_module(v, src)
         else:
             self.guard_value(src, v)
+
+    def key(self, k) -> str:
+        """A dict key as Python in a guard."""
+        if _is_literal(k) or k is None or type(k) is tuple and all(_is_literal(x) or x is None for x in k):
+            return repr(k)
+        return self.constant(k, getattr(k, "__name__", type(k).__name__))
 
     def global_state(self, device_types=("cpu", "cuda")) -> None:
         self.guard(f"torch.is_grad_enabled() is {torch.is_grad_enabled()}",

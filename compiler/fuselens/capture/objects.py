@@ -3,7 +3,9 @@ functions, modules, builtins, methods of containers, pure functions folded on co
 the builtins with tensor-aware behaviour."""
 from __future__ import annotations
 
+import collections.abc
 import copy
+import dataclasses
 import inspect
 import math
 import operator
@@ -18,10 +20,11 @@ from . import breaks as B
 from . import calls as C
 from . import side_effects as S
 from .side_effects import MUTABLE
-from .source import FunctionSource
+from .source import FunctionSource, NoSourceError, function_source
 from .values import (UNKNOWN, BoundUserMethod, LocalFunction, SymInt, TensorVar, Unknown,
                      contains_tensor, leaves)
 from .frames import AbstractSeq
+from .statements import MAX_UNROLL
 from .tensors import TensorMethod
 
 
@@ -40,6 +43,11 @@ class Objects:
             return v
         if isinstance(obj, nn.Module):
             return self.module_attr(obj, attr, e, scope)
+        if self.effects.is_fresh(obj):
+            desc = inspect.getattr_static(type(obj), attr, None)
+            if isinstance(desc, property) and isinstance(desc.fget, types.FunctionType):
+                return self.inline(desc.fget, [], {}, e, scope, self_value=obj)
+            return getattr(obj, attr)  # the capture's own object: what it holds, as is
         try:
             v = getattr(obj, attr)
         except AttributeError:
@@ -71,7 +79,7 @@ class Objects:
         return v
 
     def module_attr(self, mod, attr, e, scope):
-        if self.abstract:
+        if self.abstract or self.effects.is_fresh(mod):
             return getattr(mod, attr)
         src = self.value_sources.get(id(mod)) or self.sources.constant(mod, type(mod).__name__)
         self.value_sources[id(mod)] = src
@@ -108,10 +116,112 @@ class Objects:
                 if src is not None:
                     self.value_sources[id(v)] = f"{src}[{idx!r}]"
             return v
+        if self.effects.is_fresh(obj):
+            return self.call_special(obj, "__getitem__", [idx], e, scope)
         if isinstance(idx, TensorVar):
             self.brk(B.TENSOR_TO_PY, e, scope, detail="indexing a Python container with a tensor")
         self.effects.observe_item(obj, idx)
         return obj[idx]
+
+    # -- objects of Python classes that the captured code makes ---------------------------------
+    def new_object(self, cls, args, kwargs, e, scope):
+        """`cls(...)` for a class of Python code (a dataclass, transformers' `ModelOutput` and
+        caches): the object is allocated here and its `__init__` evaluated like any code. The
+        capture owns it (side_effects.py): it may hold tensors of the graph, its changes are
+        undone with a rolled-back statement, and it is rebuilt where it escapes."""
+        if type(cls).__call__ is not type.__call__ or issubclass(cls, (nn.Module, BaseException)):
+            self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"creating a `{cls.__qualname__}` object")
+        if isinstance(cls.__new__, types.FunctionType):
+            if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+                return cls(*args, **kwargs)  # a named tuple: its generated __new__ packs its arguments
+            self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"`{cls.__qualname__}` has its own __new__")
+        obj = cls.__new__(cls)
+        self.effects.fresh(obj)
+        init = cls.__init__
+        if not isinstance(init, types.FunctionType):  # object.__init__, dict.__init__: C code
+            self.effects.touch(obj)
+            init(obj, *args, **kwargs)
+        elif dataclass_generated_init(init, obj):
+            self.dataclass_init(obj, args, kwargs, init, e, scope)
+        else:
+            self.inline(init, args, kwargs, e, scope, self_value=obj)
+        return obj
+
+    def iterate_object(self, v, node, scope):
+        """The items of an object of a Python class: its own `__iter__` evaluated (a generator
+        runs to its end), or the sequence protocol (`v[0]`, `v[1]`... until IndexError) where
+        its class has none or takes `collections.abc.Sequence`'s. None: not iterable here."""
+        it = inspect.getattr_static(type(v), "__iter__", None)
+        if isinstance(it, types.FunctionType) and it is not collections.abc.Sequence.__iter__ \
+                and not _no_source(it):
+            return self.iterate(self.inline(it, [], {}, node, scope, self_value=v), node, scope)
+        if (it is None or it is collections.abc.Sequence.__iter__) \
+                and isinstance(inspect.getattr_static(type(v), "__getitem__", None), types.FunctionType):
+            items = []
+            for i in range(MAX_UNROLL + 1):
+                try:
+                    items.append(self.getitem(v, i, node, scope))
+                except IndexError:
+                    return items
+            self.brk(B.UNROLLABLE_LOOP, node, scope, whole_stmt=True,
+                     detail=f"more than {MAX_UNROLL} items of {type(v).__name__}")
+        return None
+
+    def dataclass_init(self, obj, args, kwargs, init, e, scope):
+        """What the `__init__` that `@dataclass` generates (it has no source) does: each field
+        from its argument, default or factory, through the class's own `__setattr__` unless
+        frozen, then `__post_init__` with the InitVar arguments."""
+        cls = type(obj)
+        if not self.effects.is_fresh(obj):
+            self.brk(B.UNKNOWN_CALL, e, scope, detail=f"{cls.__qualname__}.__init__ on an object from outside")
+        sig = inspect.signature(init)
+        bound = sig.bind(obj, *args, **kwargs)  # a TypeError here is eager's too
+        bound.apply_defaults()
+        values = dict(list(bound.arguments.items())[1:])
+        frozen = cls.__dataclass_params__.frozen
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for name, f in fields.items():
+            if f.init:
+                v = values[name]
+                if v is sig.parameters[name].default and f.default_factory is not dataclasses.MISSING:
+                    v = self.call(f.default_factory, [], {}, e, scope)
+            elif f.default is not dataclasses.MISSING:
+                v = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                v = self.call(f.default_factory, [], {}, e, scope)
+            else:
+                continue
+            if frozen:
+                self.effects.touch(obj)
+                object.__setattr__(obj, name, v)
+            else:
+                self.set_attribute(obj, name, v, e, scope)
+        if hasattr(cls, "__post_init__"):
+            initvars = [v for k, v in values.items() if k not in fields]
+            self.call(self.getattr(obj, "__post_init__", e, scope), initvars, {}, e, scope)
+
+    def call_special(self, obj, name, args, e, scope):
+        """`obj[k]`, `obj[k] = v`, `del obj[k]` on a fresh object: the class's own method
+        evaluated, or its builtin base's run on it (a C method only stores or reads)."""
+        method = getattr(type(obj), name)
+        if isinstance(method, types.FunctionType):
+            return self.inline(method, args, {}, e, scope, self_value=obj)
+        self.effects.touch(obj)
+        return method(obj, *args)
+
+    def set_attribute(self, obj, attr, v, e, scope):
+        """`obj.attr = v` on a fresh object: through the class's own `__setattr__` or property
+        setter (evaluated), else stored."""
+        setter = type(obj).__setattr__
+        if isinstance(setter, types.FunctionType):
+            self.inline(setter, [attr, v], {}, e, scope, self_value=obj)
+            return
+        desc = inspect.getattr_static(type(obj), attr, None)
+        if isinstance(desc, property) and isinstance(desc.fset, types.FunctionType):
+            self.inline(desc.fset, [v], {}, e, scope, self_value=obj)
+            return
+        self.effects.touch(obj)
+        setter(obj, attr, v)
 
     def call(self, fn, args, kwargs, e, scope):
         if isinstance(fn, TensorMethod):
@@ -128,6 +238,11 @@ class Objects:
             return self.inline(fn.fn, args, kwargs, e, scope, self_value=fn.self_value)
         if C.compile_time_answer(fn) is not None:
             return C.compile_time_answer(fn)
+        if C.cache_wrapper(fn) is not None:
+            return self.call(C.cache_wrapper(fn), args, kwargs, e, scope)
+        if C.marked_constant(fn) and not self.abstract and all(foldable(v) and not isinstance(v, (
+                TensorVar, SymInt)) for v in leaves([args, kwargs])):
+            return fn(*args, **kwargs)
         if C.is_usage_log(fn):
             return None
         if C.is_torch_function_query(fn) and all(
@@ -159,6 +274,12 @@ class Objects:
             return self.inline(fn.__func__, args, kwargs, e, scope, self_value=fn.__self__)
         if isinstance(fn, types.MethodType) and not isinstance(fn.__func__, types.BuiltinFunctionType):
             return self.inline(fn.__func__, args, kwargs, e, scope, self_value=fn.__self__)
+        owner = _c_method_self(fn, args)
+        if owner is not None and self.effects.is_fresh(owner):
+            # object.__setattr__, OrderedDict.__setitem__, dict.keys... (often through super())
+            # on an object the capture made: C code storing or reading references runs as is
+            self.effects.touch(owner)
+            return fn(*args, **kwargs)
         if isinstance(fn, types.BuiltinMethodType) and isinstance(fn.__self__, MUTABLE):
             return self.container_method(fn, args, kwargs, e, scope)
         if isinstance(fn, types.BuiltinMethodType) and type(fn.__self__) in _IMMUTABLE:
@@ -166,11 +287,16 @@ class Objects:
         if isinstance(fn, types.FunctionType) and _stdlib(fn) and not self.abstract and not any(
                 contains_tensor(v) or type(v) in MUTABLE or isinstance(v, (Unknown, SymInt))
                 for v in list(args) + list(kwargs.values())):
-            return fn(*args, **kwargs)  # the standard library on plain values (inspect, re...)
+            r = fn(*args, **kwargs)  # the standard library on plain values (inspect, re...)
+            if fn in (copy.copy, copy.deepcopy) and r is not args[0] and hasattr(r, "__dict__") \
+                    and not isinstance(r, (torch.Tensor, nn.Module, type, types.FunctionType)):
+                self.effects.fresh(r)  # a new object: the capture's own, as eager makes one each call
+            return r
         if isinstance(fn, (types.FunctionType,)):
             return self.inline(fn, args, kwargs, e, scope)
         if isinstance(fn, type) and issubclass(fn, (int, float, bool, str, tuple, list, dict, set,
-                                                   range, slice, enumerate, zip, reversed)):
+                                                   range, slice, enumerate, zip, reversed)) \
+                and not _runs_python(fn):
             return self.fold(fn, args, kwargs, e, scope)
         if isinstance(fn, (torch.dtype, torch.device)):
             self.brk(B.UNSUPPORTED_EXPR, e, scope)
@@ -179,11 +305,18 @@ class Objects:
         if C.is_pure_foldable(fn):
             return self.fold(fn, args, kwargs, e, scope)
         if isinstance(fn, type) and fn.__module__.startswith("torch"):
-            # constructing torch objects (Size, dtype, device...) with constant args
+            # constructing torch objects (Size, dtype, device, a parameterless module...) with
+            # constant args
             if not any(contains_tensor(a) for a in args):
-                return fn(*args, **kwargs)
-        if isinstance(fn, type):  # a class with Python source: the object runs in Python
-            self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"creating a `{fn.__qualname__}` object")
+                r = fn(*args, **kwargs)
+                if isinstance(r, nn.Module):
+                    if any(True for _ in r.parameters()) or any(True for _ in r.buffers()):
+                        self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=(
+                            f"a new `{fn.__name__}` with parameters on each call (make it in __init__)"))
+                    self.effects.fresh(r)  # the capture's own, as eager makes one on each call
+                return r
+        if isinstance(fn, type):
+            return self.new_object(fn, args, kwargs, e, scope)
         self.brk(B.UNKNOWN_CALL, e, scope,
                  detail=f"call to {getattr(fn, '__qualname__', type(fn).__name__)}")
 
@@ -222,6 +355,14 @@ class Objects:
         vals = list(args) + list(kwargs.values())
         if any(isinstance(a, Unknown) for a in vals):
             return UNKNOWN
+        if fn in (tuple, list, enumerate, zip, reversed) and args:
+            # they move items, not read them: the items come from capture's own iteration (a
+            # tensor's rows, an object's `__iter__` evaluated), whatever they are
+            n = len(args) if fn is zip else 1
+            r = fn(*[self.iterate(a, e, scope) for a in args[:n]], *args[n:], **kwargs)
+            return r if fn in (tuple, list) else list(r)
+        if fn is dict and len(args) == 1 and not isinstance(args[0], dict):
+            return dict(self.iterate(args[0], e, scope), **kwargs)  # pairs: `dict(obj.items())`
         if fn not in (isinstance, type, id, callable, hasattr, getattr):
             self.require_foldable(vals, e, scope)
             for v in vals:
@@ -229,22 +370,16 @@ class Objects:
         if any(isinstance(a, TensorVar) for a in vals) or fn is sum and contains_tensor(vals):
             if fn in (int, float, bool, complex):
                 self.brk(B.TENSOR_TO_PY, e, scope, detail=f"{fn.__name__}() of a tensor")
-            if fn in (tuple, list) and len(args) == 1:
-                return fn(self.iterate(args[0], e, scope))
             if fn is len and len(args) == 1 and isinstance(args[0], TensorVar):
                 if args[0].meta is None:
                     return UNKNOWN
                 return self.sizes(args[0])[0]
-            if fn in (enumerate, zip, reversed, sorted) and not any(isinstance(a, TensorVar) for a in args):
+            if fn is sorted and not any(isinstance(a, TensorVar) for a in args):
                 return list(fn(*args, **kwargs))
-            if fn in (enumerate, zip, reversed):
-                return list(fn(*[self.iterate(a, e, scope) if isinstance(a, TensorVar) else a for a in args]))
             if fn is math.sqrt or fn in (abs, pow, max, min, round):
                 m = {abs: torch.abs, pow: torch.pow}.get(fn)
                 if m is not None:
                     return self.op(m, args, kwargs, e, scope)
-            if fn in (tuple, list) or fn in (enumerate, zip):
-                return fn(*args)
             if fn is sum:
                 acc = args[1] if len(args) > 1 else 0
                 for x in self.iterate(args[0], e, scope):
@@ -279,7 +414,7 @@ class Objects:
     def call_module(self, mod, args, kwargs, e, scope):
         if mod._forward_hooks or mod._forward_pre_hooks or getattr(mod, "_backward_hooks", None):
             self.brk(B.UNKNOWN_CALL, e, scope, detail=f"{type(mod).__name__} has hooks")
-        if not self.abstract:
+        if not self.abstract and not self.effects.is_fresh(mod):
             src = self.value_sources.get(id(mod))
             if src is None:
                 src = self.sources.constant(mod, type(mod).__name__)
@@ -310,6 +445,36 @@ FOLDABLE_ATOMS = (int, float, complex, bool, str, bytes, type(None), range, slic
 _IMMUTABLE = (str, bytes, int, float, complex, bool, tuple, frozenset, range, type(None))
 
 
+def _runs_python(cls) -> bool:
+    """Making a `cls` runs Python code: its own `__new__` or `__init__`."""
+    return isinstance(cls.__new__, types.FunctionType) or isinstance(cls.__init__, types.FunctionType)
+
+
+def dataclass_generated_init(fn, obj) -> bool:
+    """`fn` is the `__init__` that `@dataclass` wrote for the class of `obj` (it has no source)."""
+    return isinstance(fn, types.FunctionType) and dataclasses.is_dataclass(type(obj)) \
+        and not isinstance(obj, type) and fn.__qualname__ == f"{type(obj).__qualname__}.__init__" \
+        and _no_source(fn)
+
+
+def _no_source(fn) -> bool:
+    try:
+        function_source(fn)
+    except NoSourceError:
+        return True
+    return False
+
+
+def _c_method_self(fn, args):
+    """The object a method written in C (`object.__setattr__`, `OrderedDict.__setitem__`,
+    a bound `dict.keys`) is called on; None for anything else."""
+    if isinstance(fn, (types.MethodWrapperType, types.BuiltinMethodType)):
+        return getattr(fn, "__self__", None)
+    if isinstance(fn, (types.WrapperDescriptorType, types.MethodDescriptorType)) and args:
+        return args[0]
+    return None
+
+
 def _stdlib(fn) -> bool:
     """A function of Python's standard library (its module is one of `sys.stdlib_module_names`)."""
     return (getattr(fn, "__module__", None) or "").split(".")[0] in sys.stdlib_module_names
@@ -329,6 +494,8 @@ def foldable(v) -> bool:
         return all(foldable(x) for x in v)
     if isinstance(v, (dict, types.MappingProxyType)):
         return all(foldable(k) and foldable(x) for k, x in v.items())
+    if isinstance(v, (collections.abc.KeysView, collections.abc.ValuesView, collections.abc.ItemsView)):
+        return all(foldable(x) for x in v)  # a view of a dict: what it shows
     return type(v).__module__ in ("enum",) or isinstance(v, __import__("enum").Enum)
 
 
@@ -409,10 +576,51 @@ def _b_super(ev, args, kwargs, e, scope):
     return super(*args)
 
 
-def _b_iter_next(ev, args, kwargs, e, scope):
-    ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="iter()/next()")
+def _b_setattr(ev, args, kwargs, e, scope):
+    obj, name, v = args
+    if ev.effects.is_fresh(obj):
+        ev.set_attribute(obj, name, v, e, scope)
+        return None
+    ev.brk(B.UNSUPPORTED_STMT, e, scope, detail=f"setattr() on a {type(obj).__name__} object from outside",
+           whole_stmt=True)
+
+
+def _b_delattr(ev, args, kwargs, e, scope):
+    obj, name = args
+    if ev.effects.is_fresh(obj):
+        deleter = type(obj).__delattr__
+        if isinstance(deleter, types.FunctionType):
+            return ev.inline(deleter, [name], {}, e, scope, self_value=obj)
+        ev.effects.touch(obj)
+        return deleter(obj, name)
+    ev.brk(B.UNSUPPORTED_STMT, e, scope, detail=f"delattr() on a {type(obj).__name__} object from outside",
+           whole_stmt=True)
+
+
+def _b_callable(ev, args, kwargs, e, scope):
+    (v,) = args
+    if isinstance(v, (LocalFunction, BoundUserMethod, TensorMethod)):
+        return True  # functions of the captured code, called by evaluating them
+    if isinstance(v, Unknown):
+        return UNKNOWN
+    return callable(v)
+
+
+def _b_iter(ev, args, kwargs, e, scope):
+    if len(args) != 1:
+        ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="iter() with a sentinel")
+    items = ev.iterate(args[0], e, scope)
+    return UNKNOWN if isinstance(items, AbstractSeq) else iter(items)
+
+
+def _b_next(ev, args, kwargs, e, scope):
+    """`next()` of an iterator capture made (`iter(...)`, a generator run to its end)."""
+    if not isinstance(args[0], type(iter([]))):
+        ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"next() of a {type(args[0]).__name__}")
+    return next(*args)
 
 
 _BUILTIN_HANDLERS = {len: _b_len, range: _b_range, getattr: _b_getattr, hasattr: _b_hasattr,
                      min: _b_minmax(min), max: _b_minmax(max), type: _b_type, super: _b_super,
-                     next: _b_iter_next}
+                     iter: _b_iter, next: _b_next, callable: _b_callable,
+                     setattr: _b_setattr, delattr: _b_delattr}

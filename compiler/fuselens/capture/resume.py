@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import side_effects as S
 from .frames import BreakSignal, FrameAtBreak
 from .source import FunctionSource, build_function
 from .values import LocalFunction, SymInt, SymShape, TensorVar
@@ -70,6 +71,7 @@ class Materializer:
         # `log.append(items)`, a resume) gets the very object, as in eager
         self.prelude: list[str] = []
         self._own: dict[int, tuple] = {}
+        self._n_own = 0
         self._replays = None
 
     def source(self, src: str) -> str:
@@ -157,11 +159,13 @@ class Materializer:
             # a named tuple of torch's (`x.max(dim=1)`): made again with its type
             inner = "".join(self.expr(x) + ", " for x in v)
             return f"torch.return_types.{type(v).__name__}(({inner}))"
+        if self.effects is not None and self.effects.is_fresh(v):
+            return self.fresh_object(v)
         if type(v) in (list, dict, set):
             hit = self._own.get(id(v))
             if hit is not None:
                 return hit[1]
-            name = f"__fl_m{len(self._own)}"
+            name = self.own_name()
             self._own[id(v)] = (v, name)
             if type(v) is list:
                 text = "[" + ", ".join(self.expr(x) for x in v) + "]"
@@ -177,6 +181,33 @@ class Materializer:
             return repr(v)
         return self.sources.constant(v, getattr(v, "__name__", type(v).__name__))
 
+
+    def own_name(self) -> str:
+        self._n_own += 1
+        return f"__fl_m{self._n_own}"
+
+    def fresh_object(self, v) -> str:
+        """An object of a Python class the captured code made: rebuilt from its state, once
+        (side_effects.rebuild), under one name."""
+        hit = self._own.get(id(v))
+        if hit is not None:
+            if hit[1] is None:
+                raise CannotResume(f"a {type(v).__name__} object that contains itself escapes")
+            return hit[1]
+        self._own[id(v)] = (v, None)  # being made
+        attrs, items = S.state(v)
+        a = "{" + ", ".join(f"{k!r}: {self.expr(x)}" for k, x in (attrs or {}).items()) + "}"
+        if items is None:
+            i = "None"
+        elif isinstance(v, dict):
+            i = "[" + ", ".join(f"({self.expr(k)}, {self.expr(x)})" for k, x in items) + "]"
+        else:
+            i = "[" + ", ".join(self.expr(x) for x in items) + "]"
+        name = self.own_name()
+        self._own[id(v)] = (v, name)
+        cls = self.sources.constant(type(v), type(v).__name__)
+        self.prelude.append(f"{name} = {self.sources.constant(S.rebuild, 'rebuild')}({cls}, {a}, {i})")
+        return name
 
     def view_expr(self, view_of) -> str:
         parent, fn, args, kwargs, item = view_of

@@ -17,12 +17,16 @@ An attribute assignment on an object from outside (`self.count += 1`, `obj.cache
 logged the same way: capture reads the assigned value back, the transformed function assigns.
 
 A container the function creates needs no replay: where it escapes (stored into a modelled
-container, returned, passed across a break) it is materialized with its contents."""
+container, returned, passed across a break) it is materialized with its contents. So is an
+object of a Python class the function creates (`ModelOutput(...)`, a cache, a dataclass): it is
+*fresh*, owned by the capture, changed in place during capture (each change snapshotted, so a
+rolled-back statement undoes it) and rebuilt with `rebuild` where it escapes."""
 from __future__ import annotations
 
 import copy
 import inspect
 import types
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch.nn as nn
@@ -49,6 +53,7 @@ class SideEffects:
         self.log: list[Mutation] = []
         self._observed: set[int] = set()
         self._attrs: dict[int, dict] = {}      # id(object) -> attributes assigned in capture
+        self._fresh: dict[int, object] = {}    # id(object) -> object made by the captured code
 
     def observe(self, v) -> None:
         """The capture reads the contents of `v`: if `v` is a model, what was read must hold
@@ -147,6 +152,17 @@ class SideEffects:
             return False, None
         return True, assigned[attr]
 
+    # -- objects the captured code made ---------------------------------------------------------
+    def fresh(self, obj) -> None:
+        self._fresh[id(obj)] = obj
+
+    def is_fresh(self, obj) -> bool:
+        return id(obj) in self._fresh and self._fresh[id(obj)] is obj
+
+    def touch(self, obj) -> None:
+        """`obj` (fresh) is about to change: its state is kept to undo the change."""
+        self.log.append(Mutation(obj, "__state__", (), {}, state(obj)))
+
     def mark(self) -> int:
         return len(self.log)
 
@@ -154,7 +170,9 @@ class SideEffects:
         """Undo the mutations logged since `mark` (newest first)."""
         while len(self.log) > mark:
             m = self.log.pop()
-            if m.name == "__setattr__":
+            if m.name == "__state__":
+                set_state(m.obj, m.before)
+            elif m.name == "__setattr__":
                 had, old = m.before
                 assigned = self._attrs[id(m.obj)]
                 if had:
@@ -191,6 +209,53 @@ def plain_setattr(obj, attr) -> bool:
     if hasattr(inspect.getattr_static(cls, attr, None), "__set__"):
         return False
     return not isinstance(obj, nn.Module) or attr not in obj._parameters and attr not in obj._modules
+
+
+def container_base(cls):
+    """The builtin container a class derives from (OrderedDict before dict: it keeps its own
+    order), whose C methods reach the items whatever the class overrides; None if none."""
+    for base in (OrderedDict, dict, list, set):
+        if issubclass(cls, base):
+            return base
+    return None
+
+
+def state(obj):
+    """What a fresh object holds: its attributes and its items (as its builtin base sees them)."""
+    base = container_base(type(obj))
+    items = None if base is None else list(base.items(obj)) if issubclass(base, dict) else list(base.__iter__(obj))
+    return (dict(vars(obj)) if hasattr(obj, "__dict__") else None), items
+
+
+def set_state(obj, st) -> None:
+    attrs, items = st
+    if attrs is not None:
+        vars(obj).clear()
+        vars(obj).update(attrs)
+    base = container_base(type(obj))
+    if base is None:
+        return
+    base.clear(obj)
+    if issubclass(base, dict):
+        for k, v in items:
+            base.__setitem__(obj, k, v)
+    elif base is list:
+        list.extend(obj, items)
+    else:
+        set.update(obj, items)
+
+
+def rebuild(cls, attrs: dict, items):
+    """A fresh object made again from its state (the transformed function calls this where the
+    object escapes): no `__init__` runs, the state is as capture left it."""
+    if issubclass(cls, tuple):
+        obj = tuple.__new__(cls, items)
+    else:
+        obj = cls.__new__(cls)
+        set_state(obj, (None, items))
+    if attrs:
+        vars(obj).update(attrs)
+    return obj
 
 
 def _is_key(k) -> bool:

@@ -169,6 +169,8 @@ class Statements:
                 self.effects.call(obj, "__delitem__", [self.container_key(t.slice, scope)], {})
             elif isinstance(obj, Unknown):
                 pass
+            elif self.effects.is_fresh(obj):
+                self.call_special(obj, "__delitem__", [self.container_key(t.slice, scope)], t, scope)
             else:
                 self.brk(B.UNSUPPORTED_STMT, s, scope, detail="`del` of an item or attribute",
                          whole_stmt=True)
@@ -412,12 +414,17 @@ class Statements:
                 self.effects.call(obj, "__setitem__", [idx, v], {})
             elif isinstance(obj, Unknown):
                 pass
+            elif self.effects.is_fresh(obj):
+                self.call_special(obj, "__setitem__", [idx, v], target, scope)
             else:
                 self.brk(B.UNSUPPORTED_STMT, target, scope,
                          detail=f"item assignment on {type(obj).__name__}", whole_stmt=True)
         elif isinstance(target, ast.Attribute):
             obj = self.eval(target.value, scope)
             if isinstance(obj, Unknown):
+                return
+            if self.effects.is_fresh(obj):
+                self.set_attribute(obj, target.attr, v, target, scope)
                 return
             src = None if self.abstract else self.value_sources.get(id(obj))
             if (src is not None or self.abstract) and S.plain_setattr(obj, target.attr):

@@ -159,6 +159,8 @@ def _call_torch(g, out, fn, args, kwargs, needs=None):
     vals = out.val if isinstance(out.val, (tuple, list)) else (out.val,)  # one per result
     zeros_for_missing = [gi if gi is not None or v is None else P.full(tuple(v.shape), 0, dtype=v.dtype)
                          for gi, v in zip(grads, vals)]  # None: a result that is no tensor
-    if any(isinstance(v, (list, tuple)) and any(isinstance(t, TVal) for t in v) for v in args):
-        raise NotImplementedError(f"gradient of {fn} with tensors inside lists")
+    if any(isinstance(v, (list, tuple)) and any(isinstance(t, TVal) and (t.val.is_floating_point() or t.val.is_complex())
+                                                for t in v) for v in args):
+        # (integer tensors inside lists, such as the indices of `x[rows, cols]`, need no gradient)
+        raise NotImplementedError(f"gradient of {fn} with floating-point tensors inside lists")
     return None, list(emit(prim.call_torch_vjp, fn, args, kwargs, zeros_for_missing, needs)), None

@@ -11,6 +11,7 @@ import types
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn as nn
 
 from ..capture import breaks as B
 from ..capture.capture import Capture, GraphInfo, capture
@@ -309,3 +310,25 @@ def _make_guard_fn(sig, guards, ns):
     g = dict(ns)
     exec(compile(f"{sig}\n    return {body}", "<fuselens-guard>", "exec"), g)
     return g["__fl_guard"]
+
+
+class CompiledModule(nn.Module):
+    """What `fuselens.compile(module)` returns, as `torch.compile` returns an OptimizedModule:
+    calling it runs the module's forward compiled. It holds the module as `_orig_mod` and shares
+    everything with it (parameters, buffers, train/eval mode; other attributes are read from
+    it); the original module stays eager. Its state_dict keys carry the `_orig_mod.` prefix, as
+    torch.compile's do."""
+
+    def __init__(self, mod: nn.Module, compiled: CompiledFunction):
+        super().__init__()
+        self._orig_mod = mod
+        self._fuselens_compiled = compiled
+
+    def forward(self, *args, **kwargs):
+        return self._fuselens_compiled(self._orig_mod, *args, **kwargs)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["_orig_mod"], name)
