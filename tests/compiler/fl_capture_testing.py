@@ -33,11 +33,15 @@ def assert_same(got, expected):
     elif isinstance(expected, dict):
         assert list(got) == list(expected)
         for k in expected:
-            assert_same(got[k], expected[k])
+            assert_same(dict.__getitem__(got, k), dict.__getitem__(expected, k))
+        if hasattr(expected, "__dict__"):  # a dict subclass with attributes (ModelOutput)
+            assert_same(vars(got), vars(expected))
     elif isinstance(expected, torch.Tensor):
         torch.testing.assert_close(got, expected, equal_nan=True)
         assert got.requires_grad == expected.requires_grad, \
             f"requires_grad: compiled {got.requires_grad}, eager {expected.requires_grad}"
+    elif hasattr(expected, "__dict__") and type(expected).__module__ not in ("builtins", "torch"):
+        assert_same(vars(got), vars(expected))  # an object of a Python class: what it holds
     else:
         assert got == expected
 

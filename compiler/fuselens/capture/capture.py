@@ -77,7 +77,7 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
         frame[name] = ev.wrap_external(v, src)
     graph_name = f"__fl_graph_{prefix}0"
     brk = None
-    writer = Writer(fs, sources, ev.mutated_inputs, prefix, ev.effects, ev.latest)
+    writer = Writer(fs, sources, ev.mutated_inputs, prefix, ev.effects, ev.latest, ev.value_sources)
     try:
         ret = ev.run(fs, frame)
         sig_text, consts = signature(fs.node.args, fs.defaults)

@@ -43,10 +43,14 @@ class Objects:
             return v
         if isinstance(obj, nn.Module):
             return self.module_attr(obj, attr, e, scope)
-        if self.effects.is_fresh(obj):
+        if not isinstance(obj, type):
+            # a property is code like any other: evaluated (natively it would read the real
+            # objects, not the capture's models of them, and guard nothing)
             desc = inspect.getattr_static(type(obj), attr, None)
-            if isinstance(desc, property) and isinstance(desc.fget, types.FunctionType):
+            if isinstance(desc, property) and isinstance(desc.fget, types.FunctionType) \
+                    and not _no_source(desc.fget):
                 return self.inline(desc.fget, [], {}, e, scope, self_value=obj)
+        if self.effects.is_fresh(obj):
             return getattr(obj, attr)  # the capture's own object: what it holds, as is
         try:
             v = getattr(obj, attr)
@@ -361,6 +365,9 @@ class Objects:
             n = len(args) if fn is zip else 1
             r = fn(*[self.iterate(a, e, scope) for a in args[:n]], *args[n:], **kwargs)
             return r if fn in (tuple, list) else list(r)
+        if fn in (sum, any, all, sorted, set, frozenset) and args:  # they read items one by one
+            args = [self.iterate(args[0], e, scope), *args[1:]]
+            vals = list(args) + list(kwargs.values())
         if fn is dict and len(args) == 1 and not isinstance(args[0], dict):
             return dict(self.iterate(args[0], e, scope), **kwargs)  # pairs: `dict(obj.items())`
         if fn not in (isinstance, type, id, callable, hasattr, getattr):

@@ -59,8 +59,11 @@ class Materializer:
     objects. Where mutations are replayed, the real objects are found by their sources at
     entry (`refs`): a replayed `xs.pop(0)` must not change what `xs[1]` names."""
 
-    def __init__(self, sources, mutated: dict, effects=None, latest=lambda v: v):
+    def __init__(self, sources, mutated: dict, effects=None, latest=lambda v: v, value_sources=None):
         self.sources = sources
+        # id(object) -> where this call finds it (an argument, `self.config`...): an object
+        # guarded by its type alone is named by its source, never frozen into a constant
+        self.value_sources = value_sources if value_sources is not None else {}
         self.outputs: list[TensorVar] = []
         self._out_index: dict[int, int] = {}
         self._mutated = mutated
@@ -179,6 +182,9 @@ class Materializer:
             return f"torch.Size({list(v)!r})" if "torch" in () else self.sources.constant(v, "size")
         if _is_literal(v):
             return repr(v)
+        src = self.value_sources.get(id(v))
+        if src is not None:
+            return self.source(src)
         return self.sources.constant(v, getattr(v, "__name__", type(v).__name__))
 
 
@@ -395,10 +401,10 @@ class Writer:
     """Generates the transformed function for one break."""
 
     def __init__(self, fs0: FunctionSource, sources, mutated, resume_prefix: str, effects=None,
-                 latest=lambda v: v):
+                 latest=lambda v: v, value_sources=None):
         self.fs0 = fs0
         self.sources = sources
-        self.mat = Materializer(sources, mutated, effects, latest)
+        self.mat = Materializer(sources, mutated, effects, latest, value_sources)
         self.resumes: list[Resume] = []
         self.helpers: list[str] = []   # plain generated functions (break handlers)
         self.prefix = resume_prefix

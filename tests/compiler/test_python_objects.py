@@ -1,0 +1,222 @@
+"""Objects of Python classes in captured code: made by it (dataclasses, transformers'
+ModelOutput, caches), passed in, iterated, copied; functions that are generators, cached or
+marked constant. Each compiled result equals eager's, in one graph where eager's code allows."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from collections import OrderedDict
+from typing import NamedTuple, Optional
+
+import torch
+
+import fuselens
+from fl_capture_testing import check
+
+X = torch.randn(4, 8)
+
+
+@dataclasses.dataclass
+class Output:
+    hidden: torch.Tensor
+    extra: Optional[torch.Tensor] = None
+    n: int = 3
+    log: list = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        self.log.append(self.n)
+
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    a: torch.Tensor
+    scale: float = 2.0
+
+
+class DictOutput(OrderedDict):
+    """transformers' ModelOutput in miniature: a dict and a dataclass whose attributes and items
+    are kept in step by its own __setattr__/__setitem__, indexed by name or by position."""
+
+    def __setattr__(self, name, value):
+        if value is not None:
+            super().__setitem__(name, value)
+        super().__setattr__(name, value)
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        super().__setattr__(key, value)
+
+    def __getitem__(self, k):
+        if isinstance(k, str):
+            return dict(self.items())[k]
+        return self.to_tuple()[k]
+
+    def to_tuple(self):
+        return tuple(self[k] for k in self.keys())
+
+
+@dataclasses.dataclass
+class ModelOut(DictOutput):
+    last: torch.Tensor = None
+    pooled: Optional[torch.Tensor] = None
+    attentions: Optional[torch.Tensor] = None
+
+
+class Cache:
+    def __init__(self):
+        self.layers = []
+
+    def update(self, k):
+        self.layers.append(k * 2)
+        return self.layers[-1]
+
+    @property
+    def size(self):
+        return len(self.layers)
+
+
+def test_dataclass_made_in_the_function():
+    def f(x):
+        o = Output(x.sin(), extra=x.cos())
+        o.n = o.n + 1
+        return o, Frozen(x * o.n)
+    _, ex = check(f, X, graphs=1, breaks=[])
+    o, fr = fuselens.compile(f)(X)
+    assert type(o) is Output and o.log == [3] and o.n == 4 and type(fr) is Frozen
+    assert fr.scale == 2.0
+
+
+def test_model_output_like_dict_with_its_own_setattr():
+    def f(x):
+        out = ModelOut(last=x.relu(), pooled=x.mean(0))
+        first = out[0]                    # by position: to_tuple() of the items not None
+        return out, first + out["pooled"], out.attentions is None, len(out), list(out.keys())
+    check(f, X, graphs=1, breaks=[])
+    out = fuselens.compile(f)(X)[0]
+    assert type(out) is ModelOut and list(out.keys()) == ["last", "pooled"]
+    assert out.last is out["last"]
+
+
+def test_cache_object_updated_by_its_methods():
+    def f(x):
+        cache = Cache()
+        for _ in range(3):
+            x = cache.update(x) + cache.size
+        return x, cache
+    check(f, X, graphs=1, breaks=[])
+    _, cache = fuselens.compile(f)(X)
+    assert type(cache) is Cache and len(cache.layers) == 3
+
+
+def test_object_made_before_a_break_is_rebuilt_with_its_contents(capsys):
+    def f(x):
+        cache = Cache()
+        cache.update(x)
+        print("python")           # a break: `cache` crosses it
+        cache.update(x + 1)
+        return cache.layers[0] + cache.layers[1], cache.size
+    check(f, X, graphs=2, breaks=["FL100"])
+
+
+def test_change_of_an_object_in_a_statement_run_in_python_happens_once(capsys):
+    def f(x):
+        cache = Cache()
+        cache.update(x), print("in the same statement")  # the whole statement runs in Python
+        return cache.size, cache.layers[0]
+    check(f, X, breaks=["FL100"])
+
+
+def test_returned_argument_object_is_this_calls_object(capsys):
+    """An object passed in is guarded by its type: returning it names this call's object (it
+    once returned the first call's, frozen as a constant)."""
+    def f(box, x):
+        y = x + 1
+        print("break")
+        return box, y
+    cf = fuselens.compile(f)
+    a, b = Cache(), Cache()
+    assert cf(a, X)[0] is a
+    assert cf(b, X)[0] is b
+
+
+class Steps:
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):           # a generator function
+        for i in range(self.n):
+            yield i + 1
+
+
+class Layers:
+    """The sequence protocol: iteration asks for items until IndexError."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i >= self.n:
+            raise IndexError(i)
+        return i * 10
+
+
+def pairs(xs):
+    yield from zip(xs, xs[1:])
+
+
+def test_generators_and_the_sequence_protocol():
+    def f(x, steps, layers):
+        for s in steps:
+            x = x * s
+        for a, b in pairs([1, 2, 3]):
+            x = x + a * b
+        return x + sum(layers), next(iter([x, 1]))
+    check(f, X, Steps(3), Layers(3), graphs=1, breaks=[])
+
+
+@functools.lru_cache
+def _cached_scale(n):
+    return n * 0.5
+
+
+def _probe():
+    return 7
+
+
+_probe._dynamo_marked_constant = True  # what torch._dynamo.assume_constant_result sets
+
+
+def test_cached_and_constant_marked_functions():
+    def f(x):
+        return x * _cached_scale(3) + _probe()
+    check(f, X, graphs=1, breaks=[])
+
+
+class Config:
+    def __init__(self):
+        self.layers = 2
+        self.heads = 4
+
+
+Pair = NamedTuple("Pair", [("a", torch.Tensor), ("b", torch.Tensor)])
+
+
+def test_copies_named_tuples_and_attribute_builtins():
+    def f(x, cfg):
+        c = copy.deepcopy(cfg)            # the copy is the function's own: it may change
+        c.layers = cfg.heads * 2
+        setattr(c, "heads", 1)
+        delattr(c, "heads")
+        p = Pair(x, x + c.layers)
+        return p.b * p.a, hasattr(c, "heads"), cfg.heads, callable(lambda: 0)
+    check(f, X, Config(), graphs=1, breaks=[])
+
+
+def test_parameterless_module_made_in_forward_keeps_one_cache_entry():
+    def f(x):
+        return torch.nn.Dropout(0.5).eval()(x) + torch.nn.ReLU()(x)
+    check(f, X, graphs=1, breaks=[], calls=3)
