@@ -115,6 +115,30 @@ def test_break_inside_try_runs_the_statement_in_python(capsys):
     assert capsys.readouterr().out.count("in try") == 4  # once each: eager, 2 compiled calls, explain
 
 
+def _inner_with_break(x):
+    y = x.sin() * 2
+    print("inner")                 # the break
+    return y.cos() + 1
+
+
+def _outer_with_try(x):
+    try:                           # as transformers wraps each forward
+        out = _inner_with_break(x * 3)
+    finally:
+        pass
+    return out.relu()
+
+
+def test_call_inside_a_statement_run_in_python_is_compiled_on_its_own(capsys):
+    """The `try` runs in Python because of the break inside the callee; the callee is compiled
+    on its own there (as torch.compile compiles each frame Python enters): its code before and
+    after its break still runs in graphs."""
+    check(_outer_with_try, torch.randn(3), calls=3)
+    ex = fuselens.explain(_outer_with_try, torch.randn(3))
+    ops = sorted(str(n.target) for g in ex.graphs for n in g.graph.nodes if n.op == "call_function")
+    assert any("sin" in o for o in ops) and any("cos" in o for o in ops), ops
+
+
 def _wraps(fn):
     import functools
 

@@ -119,7 +119,7 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
         try:
             self._run_body(fs, scope)
         except BreakSignal as b:
-            raise BreakSignal(b.brk, whole_stmt=True) from None
+            raise BreakSignal(b.brk, whole_stmt=True) from None  # (the generator itself runs eagerly)
         return iter(scope.yields)
 
     def external_constant(self, v, cell, name):

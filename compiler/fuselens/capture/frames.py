@@ -53,6 +53,20 @@ class BreakSignal(Exception):
         self.cond = cond
         self.frames: list[FrameAtBreak] = []   # innermost first
         self.pending_call = None
+        # whole statement: the calls in it that led to the break, compiled on their own when
+        # Python runs the statement (as each frame Python enters is compiled under torch.compile)
+        self.compile_calls: list[ast.Call] = []
+
+    def in_python(self, scope, brk=None) -> "BreakSignal":
+        """This break as one of the whole statement being run in `scope`: the call of `scope`
+        it came through (if any) is compiled there."""
+        out = BreakSignal(brk or self.brk, whole_stmt=True)
+        out.compile_calls = list(self.compile_calls)
+        if self.frames and self.frames[-1].scope is scope and self.frames[-1].call is not None:
+            out.compile_calls.append(self.frames[-1].call)
+        elif self.pending_call is not None:
+            out.compile_calls.append(self.pending_call)
+        return out
 
 
 class Scope:

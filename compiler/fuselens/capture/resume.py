@@ -229,6 +229,15 @@ class Materializer:
         return text if item is None else f"{text}[{item}]"
 
 
+def _position(node) -> tuple:
+    return node.lineno, node.col_offset, node.end_lineno, node.end_col_offset
+
+
+def _compiled_callee():
+    from ..runtime.compiled import compiled_callee  # the runtime imports capture: not at import time
+    return compiled_callee
+
+
 def _is_literal(v):
     if v is None or isinstance(v, (bool, int, str)):
         return True
@@ -448,7 +457,7 @@ class Writer:
         temps: dict[str, str] = {}
         s = frame.stmt
         if sig.whole_stmt:
-            stmt = s
+            stmt = self.compiling_calls(s, sig)
         else:
             stmt = substitute(s, frame.completed, self.mat, temps)
         if sig.cond is not None and isinstance(s, ast.If):
@@ -537,7 +546,7 @@ class Writer:
         uid = next(_UIDS)
         st, inn, cond = f"__fl_state{uid}", f"__fl_inner{uid}", f"__fl_cond{uid}"
         temps: dict[str, str] = {}
-        stmt = s if sig.whole_stmt else substitute(s, inner.completed, self.mat, temps)
+        stmt = self.compiling_calls(s, sig) if sig.whole_stmt else substitute(s, inner.completed, self.mat, temps)
         # -- the innermost frame: the helper that runs the break, and its continuation
         if sig.cond is not None and isinstance(s, ast.If):
             cur = ast.copy_location(ast.If(test=ast.Name(id=cond, ctx=ast.Load()),
@@ -599,6 +608,23 @@ class Writer:
         args = [st, f"({inner_lives}{',' if len(lives) == 2 else ''})"] + lives[-1]
         out.append(f"return {rname}({', '.join(args)})")
         return out
+
+    def compiling_calls(self, s, sig: BreakSignal):
+        """Statement `s`, which Python runs whole, with each call that led to the break
+        (`sig.compile_calls`) going to its callee compiled on its own: the callee's code before
+        and after its break still runs in graphs."""
+        where = {_position(c) for c in sig.compile_calls}
+        if not where:
+            return s
+        wrap = self.sources.constant(_compiled_callee(), "compiled")
+
+        class Rewrite(ast.NodeTransformer):
+            def visit_Call(self, node):
+                self.generic_visit(node)
+                if _position(node) in where:
+                    node.func = ast.Call(func=ast.Name(id=wrap, ctx=ast.Load()), args=[node.func], keywords=[])
+                return node
+        return ast.fix_missing_locations(Rewrite().visit(copy.deepcopy(s)))
 
     def generated(self, frame, name, params, body, consts=None):
         """A frame's continuation that capture inlines: a real Python function (for the eager

@@ -239,11 +239,10 @@ class Statements:
             except BreakSignal as b:
                 if has_jump and not self.abstract:
                     # resuming mid-iteration would need break/continue outside a loop
-                    raise BreakSignal(b.brk.replace(code=B.UNROLLABLE_LOOP.code,
-                                                    title=B.UNROLLABLE_LOOP.title,
-                                                    explanation=B.UNROLLABLE_LOOP.explanation
-                                                    + f" (inside: {b.brk.title})"),
-                                      whole_stmt=True) from None
+                    raise b.in_python(scope, b.brk.replace(code=B.UNROLLABLE_LOOP.code,
+                                                           title=B.UNROLLABLE_LOOP.title,
+                                                           explanation=B.UNROLLABLE_LOOP.explanation
+                                                           + f" (inside: {b.brk.title})")) from None
                 raise
         self.exec_block(s.orelse, scope, ("if", s))
 
@@ -273,7 +272,7 @@ class Statements:
             else:
                 self.exec_block(s.orelse, scope, ("try", s))
         except BreakSignal as b:
-            raise BreakSignal(b.brk, whole_stmt=True) from None
+            raise b.in_python(scope) from None
         except BaseException:
             self.exec_block(s.finalbody, scope, ("try", s))
             raise

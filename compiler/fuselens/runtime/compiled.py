@@ -5,9 +5,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import sys
 import threading
 import types
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -128,12 +128,13 @@ _COLLECT = threading.local()
 @contextlib.contextmanager
 def collecting():
     """Records every cache entry created (including resume functions') while active."""
-    prev = getattr(_COLLECT, "log", None)
+    prev = getattr(_COLLECT, "log", None), getattr(_COLLECT, "callees", None)
     _COLLECT.log = []
+    _COLLECT.callees = weakref.WeakKeyDictionary()  # callees compiled afresh: their entries seen too
     try:
         yield _COLLECT.log
     finally:
-        _COLLECT.log = prev
+        _COLLECT.log, _COLLECT.callees = prev
 
 
 def _log(entry):
@@ -332,3 +333,27 @@ class CompiledModule(nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(self._modules["_orig_mod"], name)
+
+
+_CALLEES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def compiled_callee(fn):
+    """`fn` compiled on its own (once per function), for a call inside a statement that runs
+    in Python after a graph break: a function or method with source gets its own cache entries;
+    anything else (a builtin, a module, code without source) is called as it is."""
+    if isinstance(fn, types.MethodType):
+        inner = compiled_callee(fn.__func__)
+        return fn if inner is fn.__func__ else types.MethodType(inner, fn.__self__)
+    if not isinstance(fn, types.FunctionType) or getattr(fn, "__fl_source__", None) is not None:
+        return fn
+    callees = getattr(_COLLECT, "callees", None)
+    callees = _CALLEES if callees is None else callees
+    cf = callees.get(fn)
+    if cf is None:
+        try:
+            function_source(fn)
+        except NoSourceError:
+            return fn
+        cf = callees[fn] = CompiledFunction(fn)
+    return cf
