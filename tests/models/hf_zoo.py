@@ -1,7 +1,9 @@
 """Tiny configurations of transformers' models (random weights, no downloads) and their inputs:
 the model zoo of tests/models and bench/models.py. Each entry makes (model, inputs); a model's
 loss is its own `loss` where it computes one (labels given), else the mean square of its first
-output."""
+output. Models that set `config.problem_type` on their first call with labels get it in the
+config up front: that first call changes the model, so the next one would recompile (as under
+torch.compile)."""
 from __future__ import annotations
 
 import torch
@@ -21,7 +23,8 @@ def _pixels(b=2, size=32):
 def _zoo():
     import transformers as T
     return {
-        "bert": lambda: (T.BertForSequenceClassification(T.BertConfig(vocab_size=VOCAB, **TEXT)),
+        "bert": lambda: (T.BertForSequenceClassification(T.BertConfig(
+                             vocab_size=VOCAB, problem_type="single_label_classification", **TEXT)),
                          dict(input_ids=_ids(), attention_mask=torch.ones(2, 7, dtype=torch.long),
                               labels=torch.tensor([0, 1]))),
         "roberta": lambda: (T.RobertaModel(T.RobertaConfig(vocab_size=VOCAB, **TEXT)),
@@ -60,7 +63,8 @@ def _zoo():
                                  mask_time_prob=0.0, layerdrop=0.0)),
                              dict(input_values=torch.randn(2, 400))),
         "resnet": lambda: (T.ResNetForImageClassification(T.ResNetConfig(
-                               embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], num_labels=3)),
+                               embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], num_labels=3,
+                               problem_type="single_label_classification")),
                            dict(pixel_values=_pixels(), labels=torch.tensor([0, 2]))),
         "convnext": lambda: (T.ConvNextModel(T.ConvNextConfig(num_stages=2, hidden_sizes=[16, 32], depths=[1, 1])),
                              dict(pixel_values=_pixels())),
@@ -71,9 +75,19 @@ def names():
     return list(_zoo())
 
 
-def make(name, seed=0):
+def make(name, seed=0, dropout=True):
+    """`dropout=False`: every dropout probability 0 (generated kernels draw their own random
+    numbers, so only a model without dropout equals eager bit for bit in train mode)."""
     torch.manual_seed(seed)
     model, inputs = _zoo()[name]()
+    if not dropout:
+        for m in model.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
+        for cfg in [model.config] + [getattr(model.config, k) for k in dir(model.config) if k.endswith("_config")]:
+            for k, v in list(vars(cfg).items()) if hasattr(cfg, "__dict__") else []:
+                if ("dropout" in k or "pdrop" in k) and isinstance(v, float):
+                    setattr(cfg, k, 0.0)
     return model, inputs
 
 

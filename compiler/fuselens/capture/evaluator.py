@@ -17,7 +17,7 @@ from . import breaks as B
 from .side_effects import MUTABLE, SideEffects
 from .graph import GraphBuilder
 from .source import FunctionSource, NoSourceError, function_source
-from .values import UNKNOWN, LocalFunction, SymInt, TensorVar, Unknown, contains_tensor
+from .values import UNKNOWN, LocalFunction, SymInt, TensorVar, Unknown, ValueSources, contains_tensor
 from .frames import BreakSignal, Return, Scope, is_generator
 from .statements import Statements
 from .expressions import Expressions
@@ -41,7 +41,7 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
         self.dynamic = dynamic or {}    # source expr -> set of dynamic dims
         self.autocast: list = []        # stack of (device_type, dtype) of active autocast
         self.grad_enabled = torch.is_grad_enabled()
-        self.value_sources: dict[int, str] = {}   # id(object) -> source expression
+        self.value_sources = ValueSources()   # object -> source expression
         self.mutated_inputs: dict[str, TensorVar] = {}  # input source -> its latest value
         self._newer: dict[int, tuple] = {}  # id(TensorVar) -> (it, its value after an in-place op)
         self.in_try = 0  # how many captured `try` bodies the evaluation is in (raise is captured there)

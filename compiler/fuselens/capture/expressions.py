@@ -66,7 +66,7 @@ class Expressions:
                         for i, x in enumerate(v))
             return v if all(a is b for a, b in zip(out, v)) else out
         if src is not None and not isinstance(v, (int, float, str, bool, type(None))):
-            self.value_sources[id(v)] = src
+            self.value_sources.set(v, src)
         return v
 
     def _ex_Attribute(self, e, scope):
@@ -350,12 +350,12 @@ class Expressions:
                           type({}.keys()), type({}.values()), reversed, type(iter([])))):
             return list(v)
         if isinstance(v, (nn.ModuleList, nn.Sequential)):
-            src = self.value_sources.get(id(v))
+            src = self.value_sources.get(v)
             items = list(v)
             if src is not None and not self.abstract:
                 self.sources.guard(f"len({src}) == {len(items)}", f"len({src})")
                 for i, m in enumerate(items):
-                    self.value_sources[id(m)] = f"{src}[{i}]"
+                    self.value_sources.set(m, f"{src}[{i}]")
             return items
         if isinstance(v, nn.ModuleDict):
             return list(v.keys())

@@ -105,13 +105,13 @@ class Sources:
         if isinstance(v, torch.Tensor):
             return  # guarded when it becomes a graph input
         if isinstance(v, (list, tuple)):
-            self.guard(f"type({src}) is {type(v).__name__} and len({src}) == {len(v)}",
+            self.guard(f"type({src}) is {self.type_name(v)} and len({src}) == {len(v)}",
                        f"{src}: {type(v).__name__} of length {len(v)}")
             for i, x in enumerate(v):
                 self.guard_argument(f"{src}[{i}]", x, dynamic)
         elif isinstance(v, dict):
             keys = [self.key(k) for k in v]  # a key that is no literal (a class) by its constant
-            self.guard(f"type({src}) is dict and tuple({src}.keys()) == ({''.join(k + ', ' for k in keys)})",
+            self.guard(f"type({src}) is {self.type_name(v)} and tuple({src}.keys()) == ({''.join(k + ', ' for k in keys)})",
                        f"{src}: dict with keys {tuple(v.keys())!r}")
             for k, x in zip(keys, v.values()):
                 self.guard_argument(f"{src}[{k}]", x, dynamic)
@@ -122,6 +122,12 @@ class Sources:
             self.guard_module(v, src)
         else:
             self.guard_value(src, v)
+
+    def type_name(self, v) -> str:
+        """`type(v)` in a guard: a builtin by its name, any other class (a named tuple, a dict
+        subclass such as ModelOutput) by its constant."""
+        t = type(v)
+        return t.__name__ if t in (list, tuple, dict) else self.constant(t, t.__name__)
 
     def key(self, k) -> str:
         """A dict key as Python in a guard."""

@@ -63,7 +63,7 @@ class Objects:
                 src = self.sources.attr_source(obj, attr)
                 return self.wrap_external(v, src)
             return v
-        src = self.value_sources.get(id(obj))
+        src = self.value_sources.get(obj)
         if src is not None and not self.abstract and not isinstance(v, torch.Tensor) \
                 and not isinstance(obj, (type, types.FunctionType)):
             self.sources.guard_value(f"{src}.{attr}", v)
@@ -79,14 +79,14 @@ class Objects:
                 return self.input(v, src)
             return self.input(v, f"{src}.{attr}")
         if src is not None and not isinstance(v, (int, float, str, bool, type(None))):
-            self.value_sources[id(v)] = f"{src}.{attr}"
+            self.value_sources.set(v, f"{src}.{attr}")
         return v
 
     def module_attr(self, mod, attr, e, scope):
         if self.abstract or self.effects.is_fresh(mod):
             return getattr(mod, attr)
-        src = self.value_sources.get(id(mod)) or self.sources.constant(mod, type(mod).__name__)
-        self.value_sources[id(mod)] = src
+        src = self.value_sources.get(mod) or self.sources.constant(mod, type(mod).__name__)
+        self.value_sources.set(mod, src)
         v = getattr(mod, attr)
         if attr == "training":
             self.sources.guard(f"{src}.training is {v}", f"{src}.training (train/eval mode)")
@@ -96,10 +96,15 @@ class Objects:
             # hyper-parameters such as Dropout.p: constants, guarded by value
             self.sources.guard(f"{src}.{attr} == {v!r}", f"{src}.{attr} (module attribute)")
         elif isinstance(v, nn.Module):
-            self.value_sources[id(v)] = f"{src}.{attr}"
+            self.value_sources.set(v, f"{src}.{attr}")
             self.sources.guard_module(v, f"{src}.{attr}")
         elif type(v) in MUTABLE or isinstance(v, tuple) and any(isinstance(x, torch.Tensor) for x in v):
             return self.wrap_external(v, f"{src}.{attr}")
+        elif hasattr(v, "__dict__") and not callable(v) and not isinstance(v, types.ModuleType):
+            # an object the module holds (a config): found there on each call, guarded by its
+            # type; what capture reads of it is guarded where it is read (getattr)
+            self.sources.guard_value(f"{src}.{attr}", v)
+            self.value_sources.set(v, f"{src}.{attr}")
         return v
 
     def getitem(self, obj, idx, e, scope):
@@ -116,9 +121,9 @@ class Objects:
         if isinstance(obj, nn.Module):  # ModuleList / Sequential / ModuleDict
             v = obj[idx]
             if isinstance(v, nn.Module) and not self.abstract:
-                src = self.value_sources.get(id(obj))
+                src = self.value_sources.get(obj)
                 if src is not None:
-                    self.value_sources[id(v)] = f"{src}[{idx!r}]"
+                    self.value_sources.set(v, f"{src}[{idx!r}]")
             return v
         if self.effects.is_fresh(obj):
             return self.call_special(obj, "__getitem__", [idx], e, scope)
@@ -213,6 +218,26 @@ class Objects:
         self.effects.touch(obj)
         return method(obj, *args)
 
+    def assign_attribute(self, obj, attr, v, e, scope):
+        """`obj.attr = v`: on a fresh object, made here; on an object from outside (found at a
+        source), its class's own `__setattr__` evaluated (a config's), a plain store logged and
+        replayed by the transformed function (side_effects.py)."""
+        if self.effects.is_fresh(obj):
+            self.set_attribute(obj, attr, v, e, scope)
+            return
+        src = None if self.abstract else self.value_sources.get(obj)
+        if src is not None or self.abstract:
+            setter = type(obj).__setattr__
+            if isinstance(setter, types.FunctionType) and not isinstance(obj, (nn.Module, type)) \
+                    and not _no_source(setter):
+                self.inline(setter, [attr, v], {}, e, scope, self_value=obj)
+                return
+            if S.plain_setattr(obj, attr):
+                self.effects.setattr(obj, src, attr, v)
+                return
+        self.brk(B.UNSUPPORTED_STMT, e, scope, detail=f"attribute assignment `.{attr} = ...`",
+                 whole_stmt=True)
+
     def set_attribute(self, obj, attr, v, e, scope):
         """`obj.attr = v` on a fresh object: through the class's own `__setattr__` or property
         setter (evaluated), else stored."""
@@ -279,6 +304,20 @@ class Objects:
         if isinstance(fn, types.MethodType) and not isinstance(fn.__func__, types.BuiltinFunctionType):
             return self.inline(fn.__func__, args, kwargs, e, scope, self_value=fn.__self__)
         owner = _c_method_self(fn, args)
+        if owner is not None and getattr(fn, "__name__", "") == "__setattr__" and len(args) >= 2 \
+                and not self.effects.is_fresh(owner) and not isinstance(owner, (nn.Module, type)):
+            # object.__setattr__, reached from a class's own __setattr__ (`super().__setattr__`):
+            # the store itself, on an object from outside
+            name, v = args[-2:]
+            src = None if self.abstract else self.value_sources.get(owner)
+            if src is None and not self.abstract:
+                self.brk(B.UNSUPPORTED_STMT, e, scope, whole_stmt=True,
+                         detail=f"attribute assignment `.{name} = ...` on an object of no known source")
+            self.effects.setattr(owner, src, name, v)
+            return None
+        if owner is not None and getattr(fn, "__name__", "") == "__getattribute__" and len(args) >= 1 \
+                and not self.effects.is_fresh(owner) and not isinstance(owner, (nn.Module, type)):
+            return self.getattr(owner, args[-1], e, scope)  # `super().__getattribute__(name)`: a read
         if owner is not None and self.effects.is_fresh(owner):
             # object.__setattr__, OrderedDict.__setitem__, dict.keys... (often through super())
             # on an object the capture made: C code storing or reading references runs as is
@@ -422,10 +461,10 @@ class Objects:
         if mod._forward_hooks or mod._forward_pre_hooks or getattr(mod, "_backward_hooks", None):
             self.brk(B.UNKNOWN_CALL, e, scope, detail=f"{type(mod).__name__} has hooks")
         if not self.abstract and not self.effects.is_fresh(mod):
-            src = self.value_sources.get(id(mod))
+            src = self.value_sources.get(mod)
             if src is None:
                 src = self.sources.constant(mod, type(mod).__name__)
-                self.value_sources[id(mod)] = src
+                self.value_sources.set(mod, src)
             # identity and .training, however the module was reached (a global, a list item)
             self.sources.guard_module(mod, src)
         fwd = type(mod).forward

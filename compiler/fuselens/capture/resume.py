@@ -28,7 +28,7 @@ import torch
 from . import side_effects as S
 from .frames import BreakSignal, FrameAtBreak
 from .source import FunctionSource, build_function
-from .values import LocalFunction, SymInt, SymShape, TensorVar
+from .values import LocalFunction, SymInt, SymShape, TensorVar, ValueSources
 
 
 _UIDS = itertools.count()
@@ -63,7 +63,7 @@ class Materializer:
         self.sources = sources
         # id(object) -> where this call finds it (an argument, `self.config`...): an object
         # guarded by its type alone is named by its source, never frozen into a constant
-        self.value_sources = value_sources if value_sources is not None else {}
+        self.value_sources = value_sources if value_sources is not None else ValueSources()
         self.outputs: list[TensorVar] = []
         self._out_index: dict[int, int] = {}
         self._mutated = mutated
@@ -182,7 +182,7 @@ class Materializer:
             return f"torch.Size({list(v)!r})" if "torch" in () else self.sources.constant(v, "size")
         if _is_literal(v):
             return repr(v)
-        src = self.value_sources.get(id(v))
+        src = self.value_sources.get(v)
         if src is not None:
             return self.source(src)
         return self.sources.constant(v, getattr(v, "__name__", type(v).__name__))

@@ -12,7 +12,6 @@ import torch
 
 from . import breaks as B
 from . import calls as C
-from . import side_effects as S
 from .graph import MetaEvalError
 from .source import NoSourceError
 from .values import UNKNOWN, LocalFunction, SymInt, TensorVar, Unknown
@@ -422,15 +421,7 @@ class Statements:
             obj = self.eval(target.value, scope)
             if isinstance(obj, Unknown):
                 return
-            if self.effects.is_fresh(obj):
-                self.set_attribute(obj, target.attr, v, target, scope)
-                return
-            src = None if self.abstract else self.value_sources.get(id(obj))
-            if (src is not None or self.abstract) and S.plain_setattr(obj, target.attr):
-                self.effects.setattr(obj, src, target.attr, v)
-                return
-            self.brk(B.UNSUPPORTED_STMT, target, scope,
-                     detail=f"attribute assignment `.{target.attr} = ...`", whole_stmt=True)
+            self.assign_attribute(obj, target.attr, v, target, scope)
         elif isinstance(target, ast.Starred):
             self.assign(target.value, v, scope)
         else:

@@ -103,3 +103,18 @@ def leaves(v):
 def contains_tensor(v) -> bool:
     return any(isinstance(x, TensorVar) for x in leaves(v))
 
+
+class ValueSources:
+    """Where each object reached from outside is found (`self.config`, an argument): by
+    identity, the objects kept alive (an id alone could be reused by a later object, which would
+    inherit a wrong source)."""
+
+    def __init__(self):
+        self._by_id: dict[int, tuple] = {}
+
+    def get(self, obj, default=None):
+        hit = self._by_id.get(id(obj))
+        return hit[1] if hit is not None and hit[0] is obj else default
+
+    def set(self, obj, src: str) -> None:
+        self._by_id[id(obj)] = (obj, src)
