@@ -26,8 +26,8 @@ from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
 from . import __version__
-from .analysis import PositionCodec, Result, Settings, analyze, break_json, function_at
-from .fixes import fixes_for_break, minimal_edit
+from .analysis import PositionCodec, Result, Settings, analyze, break_json, function_at, split_lines
+from .documents import LspLinesWorkspace
 from .jobs import run_worker
 
 log = logging.getLogger("fuselens_lsp")
@@ -58,6 +58,7 @@ class FuselensServer(LanguageServer):
         self.settings = Settings()
         self.trusted = False
         self.results: dict[str, Result] = {}
+        self.good: dict[str, Result] = {}       # the last result without a syntax error, per uri
         self.pending: dict[str, asyncio.Task] = {}
         self.runs: dict[tuple[str, str], dict] = {}       # (uri, qualname) -> worker result / error
         self.running: dict[tuple[str, str], asyncio.Event] = {}
@@ -95,6 +96,10 @@ class FuselensServer(LanguageServer):
         current = self.workspace.text_documents.get(uri)
         if current is None or current.version != version:
             return None  # stale: a newer edit has its own analysis scheduled
+        if res.syntax_error is None:
+            self.good[uri] = res
+        elif uri in self.good:
+            res = res.with_last_good(self.good[uri])
         self.results[uri] = res
         self.text_document_publish_diagnostics(
             lsp.PublishDiagnosticsParams(uri=uri, version=version, diagnostics=res.diagnostics))
@@ -175,6 +180,8 @@ server = FuselensServer()
 
 @server.feature(lsp.INITIALIZE)
 def on_initialize(ls: FuselensServer, params: lsp.InitializeParams):
+    # pygls made its workspace just before this handler; no document is open yet
+    ls.protocol._workspace = LspLinesWorkspace.like(ls.workspace)
     opts = params.initialization_options or {}
     ls.settings = Settings.from_dict(_get(opts, "settings"))
     ls.trusted = bool(_get(opts, "trusted", False))
@@ -216,6 +223,7 @@ def did_close(ls: FuselensServer, params: lsp.DidCloseTextDocumentParams):
     if task is not None:
         task.cancel()
     ls.results.pop(uri, None)
+    ls.good.pop(uri, None)
     ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri=uri, diagnostics=[]))
     ls.protocol.notify(NOTIFY_CHANGED, {"uri": uri})
 
@@ -232,12 +240,18 @@ async def code_lens(ls: FuselensServer, params: lsp.CodeLensParams):
     res = await ls.current(uri)
     if res is None:
         return []
-    codec = PositionCodec(res.source)
+    codec, old = PositionCodec(res.source), PositionCodec(res.stale_source)
     lenses = []
     for f in res.functions:
-        rng = codec.range(f.line, f.col, f.line, f.col)
+        stale = f.qualname in res.stale
+        rng = (old if stale else codec).range(f.line, f.col, f.line, f.col)
         kind = "compiled" if f.compiled else "not compiled"
         title = f"fuselens: {_plural(f.graph_count, 'graph')}, {_plural(len(f.breaks), 'graph break')} ({kind})"
+        if stale:
+            lines = len(codec.lines)
+            if rng.start.line >= lines:
+                continue
+            title += f" · stale: line {res.syntax_error[0]} has a syntax error"
         run = ls.runs.get((uri, f.qualname))
         if run is not None and run.get("status") == "ok" and (run.get("result") or {}).get("speedup"):
             title += f" · {run['result']['speedup']:.2f}× vs eager"
@@ -267,9 +281,11 @@ async def code_action(ls: FuselensServer, params: lsp.CodeActionParams):
         return []
     # the diagnostics we published that overlap the range (the client sends them in context;
     # we use our own, which are current)
-    targets = [d for d in res.diagnostics if _overlaps(d.range, params.range)]
+    # a stale diagnostic's fixes would be computed on a text that is gone
+    targets = [d for d in res.diagnostics if _overlaps(d.range, params.range) and not (d.data or {}).get("stale")]
     if not targets:
         return []
+    from .fixes import fixes_for_break, minimal_edit  # libcst: imported on first use, not at start
     filename = ls.filename(uri)
     doc = ls.workspace.get_text_document(uri)
     before = None
@@ -309,8 +325,8 @@ async def code_action(ls: FuselensServer, params: lsp.CodeActionParams):
             else:
                 l0, c0, l1, c1, text = fx.edit
                 codec = PositionCodec(res.source)
-                s = codec.to_lsp(l0 + 1, len(res.source.split("\n")[l0][:c0].encode()))
-                e = codec.to_lsp(l1 + 1, len(res.source.split("\n")[l1][:c1].encode()))
+                s = codec.to_lsp(l0 + 1, len(codec.lines[l0][:c0].encode()))
+                e = codec.to_lsp(l1 + 1, len(codec.lines[l1][:c1].encode()))
                 edit = lsp.TextEdit(range=lsp.Range(start=s, end=e), new_text=text)
                 title = fx.title
             actions.append(lsp.CodeAction(
@@ -325,7 +341,7 @@ async def code_action(ls: FuselensServer, params: lsp.CodeActionParams):
 def _suppression_only(source, filename, bj, qualname):
     from .fixes import Fix, NoFix, suppression_edit
     try:
-        edit = suppression_edit(source.split("\n"), bj["line"] + 1, bj["code"])
+        edit = suppression_edit(split_lines(source), bj["line"] + 1, bj["code"])
     except NoFix:
         return []
     return [Fix(f"fuselens: Suppress {bj['code']} on this line (`# fuselens: ignore[{bj['code']}]`)",
@@ -499,12 +515,13 @@ async def req_functions(ls: FuselensServer, params):
             continue
         fns = []
         for f in res.functions:
-            j = f.to_json()
+            j = f.to_json(stale=f.qualname in res.stale)
             j["run"] = _run_view(ls.runs.get((uri, f.qualname)))
             j["running"] = (uri, f.qualname) in ls.running
             fns.append(j)
-        docs.append({"uri": uri, "version": res.version, "syntaxError": list(res.syntax_error) if res.syntax_error else None,
-                     "functions": fns})
+        docs.append({"uri": uri, "version": res.version,
+                     "syntaxError": list(res.syntax_error) if res.syntax_error else None,
+                     "repaired": res.repaired, "stale": res.stale, "functions": fns})
     return {"documents": docs, "trusted": ls.trusted}
 
 
