@@ -59,6 +59,9 @@ class FuselensServer(LanguageServer):
         self.trusted = False
         self.results: dict[str, Result] = {}
         self.good: dict[str, Result] = {}       # the last result without a syntax error, per uri
+        # uri -> the breaks a Compile & benchmark run met in that file, as diagnostics; dropped
+        # when the file changes (an edit, or a new modification time on disk)
+        self.seen: dict[str, dict] = {}
         self.pending: dict[str, asyncio.Task] = {}
         self.runs: dict[tuple[str, str], dict] = {}       # (uri, qualname) -> worker result / error
         self.running: dict[tuple[str, str], asyncio.Event] = {}
@@ -101,11 +104,37 @@ class FuselensServer(LanguageServer):
         elif uri in self.good:
             res = res.with_last_good(self.good[uri])
         self.results[uri] = res
-        self.text_document_publish_diagnostics(
-            lsp.PublishDiagnosticsParams(uri=uri, version=version, diagnostics=res.diagnostics))
+        self.publish(uri)
         self.last_latency_ms = (time.perf_counter() - t_edit) * 1000
         self.protocol.notify(NOTIFY_CHANGED, {"uri": uri})
         return res
+
+    def publish(self, uri: str) -> None:
+        """The analysis' diagnostics and the breaks seen at run time (which win where both are)."""
+        res = self.results.get(uri)
+        seen = self.seen.get(uri)
+        if seen is not None and not _unchanged(seen, self.workspace.text_documents.get(uri)):
+            self.seen.pop(uri)
+            seen = None
+        diags = list(seen["diagnostics"]) if seen else []
+        have = {_diag_key(d) for d in diags}
+        diags += [d for d in (res.diagnostics if res else []) if _diag_key(d) not in have]
+        diags.sort(key=lambda d: (d.range.start.line, d.range.start.character))
+        self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
+            uri=uri, version=res.version if res else None, diagnostics=diags))
+
+    def record_run_breaks(self, qualname: str, breaks: list[dict]) -> None:
+        """Publishes the breaks a run's concrete capture found, on every workspace file they occur
+        in: at the break, and at each call on the way to it that is in another workspace file."""
+        from .seen import seen_diagnostics
+        roots = [os.path.realpath(r) for r in self.workspace_roots()]
+        docs = {os.path.realpath(self.filename(u)): d for u, d in self.workspace.text_documents.items()}
+        found = seen_diagnostics(qualname, breaks, roots, docs)
+        for path, (diags, doc, mtime) in found.items():
+            uri = doc.uri if doc is not None else _path_uri(path)
+            self.seen[uri] = {"diagnostics": diags, "version": doc.version if doc is not None else None,
+                              "path": path, "mtime": mtime}
+            self.publish(uri)
 
     async def current(self, uri: str) -> Result | None:
         """The analysis of the document's current version, waiting for a pending one."""
@@ -212,6 +241,8 @@ def did_open(ls: FuselensServer, params: lsp.DidOpenTextDocumentParams):
 @server.feature(lsp.TEXT_DOCUMENT_DID_CHANGE)
 def did_change(ls: FuselensServer, params: lsp.DidChangeTextDocumentParams):
     uri = params.text_document.uri
+    if ls.seen.pop(uri, None) is not None and uri not in ls.results:
+        ls.publish(uri)
     if uri in ls.results or uri in ls.pending:
         ls.schedule(uri, DEBOUNCE_S)
 
@@ -224,11 +255,33 @@ def did_close(ls: FuselensServer, params: lsp.DidCloseTextDocumentParams):
         task.cancel()
     ls.results.pop(uri, None)
     ls.good.pop(uri, None)
-    ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri=uri, diagnostics=[]))
+    ls.publish(uri)  # what a run saw stays (Problems lists closed files too)
     ls.protocol.notify(NOTIFY_CHANGED, {"uri": uri})
 
 
 # ---------------------------------------------------------------- code lens
+
+def _diag_key(d: lsp.Diagnostic) -> tuple:
+    return (d.code, d.range.start.line, d.range.start.character, d.range.end.line, d.range.end.character)
+
+
+def _unchanged(seen: dict, doc) -> bool:
+    if seen["version"] is not None:  # open when the run ended: any edit since drops it
+        return doc is not None and doc.version == seen["version"]
+    return _mtime(seen["path"]) == seen["mtime"]  # closed when the run ended: its file on disk
+
+
+def _mtime(path):
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _path_uri(path: str) -> str:
+    from pygls.uris import from_fs_path
+    return from_fs_path(path) or path
+
 
 def _plural(n, word):
     return f"{n} {word}" + ("" if n == 1 else "s")
@@ -436,6 +489,8 @@ async def compile_and_benchmark(ls: FuselensServer, *args):
                "uri": uri, "message": outcome.message, "stderr": outcome.stderr_tail[-4000:]}
     if outcome.result is not None:
         summary["result"] = outcome.result
+    if outcome.result is not None and outcome.result.get("breaks"):
+        ls.record_run_breaks(fn.qualname, outcome.result["breaks"])
     if outcome.status == "ok":
         summary["message"] = _summary_message(fn.qualname, outcome.result)
         ls.runs[key] = summary
