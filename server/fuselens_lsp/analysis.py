@@ -319,8 +319,13 @@ def analyze(source: str, uri: str, filename: str, version: int | None,
     # (code, range) -> diagnostic; a break inside a helper inlined into several functions is
     # reported once, with the strongest severity and every call chain as related information.
     by_key: dict[tuple, lsp.Diagnostic] = {}
+    # a helper a compiled function's break lies in (or passes through) is listed even when it
+    # does not use torch itself: the side panel shows it with the compiled functions
+    here = lambda fn: not fn or fn == filename  # noqa: E731
+    on_path = {q for fa in analysis.functions if fa.compiled for b in fa.breaks
+               for q in ([b.function] if here(b.filename) else []) + [fr.function for fr in b.stack if here(fr.filename)]}
     for fa in analysis.functions:
-        if not (fa.compiled or fa.uses_torch):
+        if not (fa.compiled or fa.uses_torch or fa.qualname in on_path):
             continue
         kept = [b for b in fa.breaks if not is_suppressed(lines, b)]
         info = FunctionInfo(fa.name, fa.qualname, fa.line, fa.col, fa.end_line, fa.end_col,

@@ -557,10 +557,27 @@ def _run_view(run: dict | None) -> dict | None:
             "hasTransformedSource": bool(r.get("transformedSource"))}
 
 
+def _break_path_functions(ls: FuselensServer) -> set[tuple[str, str]]:
+    """(file, qualname) of every function a compiled function's break lies in or is reached
+    through: the callees with breaks, which the side panel lists with the compiled functions."""
+    out = set()
+    for res in list(ls.results.values()):
+        for f in res.functions:
+            if not f.compiled:
+                continue
+            for b in f.breaks:
+                if b.filename and b.function:
+                    out.add((os.path.realpath(b.filename), b.function))
+                out.update((os.path.realpath(fr.filename), fr.function) for fr in b.stack if fr.filename)
+    return out
+
+
 @server.feature(REQ_FUNCTIONS)
 async def req_functions(ls: FuselensServer, params):
-    """{uri?} → {documents: [{uri, functions: [... + run, running]}]}"""
+    """{uri?} → {documents: [{uri, functions: [... + run, running, relevant]}]}; `relevant`: compiled,
+    run, or a callee a compiled function's break lies in (the side panel lists the rest apart)."""
     want = _get(params, "uri")
+    on_path = _break_path_functions(ls)
     docs = []
     for uri in list(ls.workspace.text_documents):
         if want and uri != want:
@@ -568,15 +585,20 @@ async def req_functions(ls: FuselensServer, params):
         res = ls.results.get(uri)
         if res is None:
             continue
+        path = os.path.realpath(ls.filename(uri))
         fns = []
         for f in res.functions:
             j = f.to_json(stale=f.qualname in res.stale)
             j["run"] = _run_view(ls.runs.get((uri, f.qualname)))
             j["running"] = (uri, f.qualname) in ls.running
+            j["relevant"] = bool(f.compiled or j["run"] or j["running"] or (path, f.qualname) in on_path)
             fns.append(j)
+        # what matters first: compiled (and run) functions, then callees with breaks, then the rest
+        fns.sort(key=lambda j: (not j["relevant"], not j["compiled"], j["line"]))
         docs.append({"uri": uri, "version": res.version,
                      "syntaxError": list(res.syntax_error) if res.syntax_error else None,
                      "repaired": res.repaired, "stale": res.stale, "functions": fns})
+    docs.sort(key=lambda d: not any(f["relevant"] for f in d["functions"]))
     return {"documents": docs, "trusted": ls.trusted}
 
 

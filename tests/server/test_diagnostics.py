@@ -227,3 +227,28 @@ async def test_changed_settings_reanalyse_open_files(session):
     session.client.workspace_did_change_configuration(lsp.DidChangeConfigurationParams(
         settings={"fuselens": {"informationSeverity": "hint"}}))
     assert [d.severity for d in await session.diagnostics(uri)] == [lsp.DiagnosticSeverity.Hint]
+
+
+async def test_side_panel_lists_compiled_functions_and_callees_with_breaks_first(session):
+    src = '''\
+    import torch
+
+
+    def unrelated(x):
+        return torch.cos(x)
+
+
+    def helper(x):
+        print("inside")
+        return x + 1
+
+
+    @torch.compile
+    def f(x):
+        return helper(x) * 2
+    '''
+    await session.init()
+    uri = await session.open("panel.py", src)
+    r = as_dict(await session.request("fuselens/functions", {"uri": uri}))
+    fns = r["documents"][0]["functions"]
+    assert [(f["qualname"], f["relevant"]) for f in fns] == [("f", True), ("helper", True), ("unrelated", False)]
