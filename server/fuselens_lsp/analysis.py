@@ -215,13 +215,18 @@ class Result:
 UNPARSEABLE = (SyntaxError, ValueError, UnicodeError, RecursionError, MemoryError)
 
 
-def _analyze_source(source: str, filename: str):
-    """The compiler's abstract-domain analysis; None and the reason when the text is unparseable."""
+def _analyze_source(source: str, filename: str, cache=None):
+    """The compiler's abstract-domain analysis (with `cache`, an incremental.IncrementalAnalyzer,
+    only of what changed); None and the reason when the text is unparseable."""
     from fuselens.capture.analyze import analyze_source  # imports torch: on the first analysis
     if "\r" in source:  # `ast` reads a string's lone `\r` as no line break at all
         source = _EOL_RE.sub("\n", source)
     try:
-        res = analyze_source(source, filename)
+        if cache is None:
+            res = analyze_source(source, filename)
+        else:
+            import ast
+            res = cache.analyze(source, filename, ast.parse(source, filename), analyze_source)
     except UNPARSEABLE as e:
         return None, _unparseable(source, e)
     return res, res.syntax_error
@@ -273,10 +278,10 @@ def _blank_broken_block(source: str, line: int) -> str | None:
     return "".join(lines[:start] + blank + lines[end:])
 
 
-def run_analysis(source: str, filename: str):
+def run_analysis(source: str, filename: str, cache=None):
     """Runs the abstract-domain analysis; on a syntax error, re-runs it with the broken top-level
     statement blanked out (up to 3 times). Returns (analysis, syntax_error, repaired)."""
-    res, err = _analyze_source(source, filename)
+    res, err = _analyze_source(source, filename, cache)
     if err is None:
         return res, None, False
     text, at = source, err
@@ -285,7 +290,7 @@ def run_analysis(source: str, filename: str):
         if fixed is None or fixed == text:
             break
         text = fixed
-        res, at = _analyze_source(text, filename)
+        res, at = _analyze_source(text, filename, cache)
         if at is None:
             return res, err, True
     return None, err, False
@@ -309,8 +314,8 @@ def _message(b) -> str:
 
 
 def analyze(source: str, uri: str, filename: str, version: int | None,
-            settings: Settings) -> Result:
-    analysis, err, repaired = run_analysis(source, filename)
+            settings: Settings, cache=None) -> Result:
+    analysis, err, repaired = run_analysis(source, filename, cache)
     if analysis is None:
         return Result(version, [], [], err, False, source)
     codec = PositionCodec(source)

@@ -13,7 +13,9 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
+import gc
 import logging
 import os
 import re
@@ -28,6 +30,7 @@ from pygls.uris import to_fs_path
 from . import __version__
 from .analysis import PositionCodec, Result, Settings, analyze, break_json, function_at, split_lines
 from .documents import LspLinesWorkspace
+from .incremental import IncrementalAnalyzer
 from .jobs import run_worker
 
 log = logging.getLogger("fuselens_lsp")
@@ -59,6 +62,7 @@ class FuselensServer(LanguageServer):
         self.trusted = False
         self.results: dict[str, Result] = {}
         self.good: dict[str, Result] = {}       # the last result without a syntax error, per uri
+        self.caches: dict[str, IncrementalAnalyzer] = {}  # per uri: per-function analysis results
         # uri -> the breaks a Compile & benchmark run met in that file, as diagnostics; dropped
         # when the file changes (an edit, or a new modification time on disk)
         self.seen: dict[str, dict] = {}
@@ -69,6 +73,7 @@ class FuselensServer(LanguageServer):
         self.fix_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fl-fixes")
         self.fix_cache: dict[tuple, list] = {}
         self.last_latency_ms: float | None = None
+        self.frozen = False
 
     # ------------------------------------------------------------ analysis
 
@@ -88,14 +93,22 @@ class FuselensServer(LanguageServer):
         version, text = doc.version, doc.source
         loop = asyncio.get_running_loop()
         try:
+            cache = self.caches.setdefault(uri, IncrementalAnalyzer())
             res = await loop.run_in_executor(self.analysis_pool, analyze, text, uri, self.filename(uri),
-                                             version, self.settings)
+                                             version, self.settings, cache)
         except Exception as e:
             log.exception("analysis failed")
             self.window_log_message(lsp.LogMessageParams(
                 type=lsp.MessageType.Error,
                 message=f"fuselens: analysis of {uri} failed: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
             res = Result(version, [], [], None, False, text)
+        if not self.frozen:
+            # torch, the compiler and the first file's analysis are long-lived: out of the
+            # collector's reach, a full collection no longer walks them (~100 ms per keystroke
+            # that triggers one, on a 3,000-line file)
+            gc.freeze()
+            atexit.register(gc.unfreeze)  # collectable again at exit (nanobind reports leaks otherwise)
+            self.frozen = True
         current = self.workspace.text_documents.get(uri)
         if current is None or current.version != version:
             return None  # stale: a newer edit has its own analysis scheduled
@@ -216,6 +229,20 @@ def on_initialize(ls: FuselensServer, params: lsp.InitializeParams):
     ls.trusted = bool(_get(opts, "trusted", False))
 
 
+@server.feature(lsp.INITIALIZED)
+def on_initialized(ls: FuselensServer, params: lsp.InitializedParams):
+    # `initialize` is answered without torch; import it now, in the analysis thread, so that it
+    # is (mostly) there when the first file opens
+    ls.analysis_pool.submit(_warm_up)
+
+
+def _warm_up():
+    try:
+        import fuselens.capture.analyze  # noqa: F401  (torch, the compiler)
+    except Exception:  # reported by the first analysis, with its file
+        log.debug("warm-up import failed", exc_info=True)
+
+
 @server.feature(NOTIFY_TRUST)
 def on_set_trusted(ls: FuselensServer, params):
     ls.trusted = bool(_get(params, "trusted", False))
@@ -247,6 +274,15 @@ def did_change(ls: FuselensServer, params: lsp.DidChangeTextDocumentParams):
         ls.schedule(uri, DEBOUNCE_S)
 
 
+@server.feature(lsp.TEXT_DOCUMENT_DID_SAVE)
+def did_save(ls: FuselensServer, params: lsp.DidSaveTextDocumentParams):
+    # the analysis of one file may read another's source (a callee in the workspace): the other
+    # files' cached results may no longer hold
+    for uri in list(ls.caches):
+        if uri != params.text_document.uri:
+            ls.caches.pop(uri)
+
+
 @server.feature(lsp.TEXT_DOCUMENT_DID_CLOSE)
 def did_close(ls: FuselensServer, params: lsp.DidCloseTextDocumentParams):
     uri = params.text_document.uri
@@ -255,6 +291,7 @@ def did_close(ls: FuselensServer, params: lsp.DidCloseTextDocumentParams):
         task.cancel()
     ls.results.pop(uri, None)
     ls.good.pop(uri, None)
+    ls.caches.pop(uri, None)
     ls.publish(uri)  # what a run saw stays (Problems lists closed files too)
     ls.protocol.notify(NOTIFY_CHANGED, {"uri": uri})
 

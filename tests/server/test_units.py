@@ -188,3 +188,12 @@ def test_related_information_names_the_call_made_at_each_level():
                    function="inner_helper")
     assert call_message(b, 0, "showcase") == "`showcase` calls `outer_helper` here; the break is in `inner_helper`"
     assert call_message(b, 1, "showcase") == "`outer_helper` calls `inner_helper` here (inlined into `showcase`)"
+
+
+def test_server_modules_do_not_import_torch_or_libcst():
+    import subprocess
+    import sys
+    code = ("import sys, fuselens_lsp.server, fuselens_lsp.analysis; "
+            "print(sorted(m for m in ('torch', 'libcst', 'fuselens') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
