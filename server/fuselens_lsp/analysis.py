@@ -201,9 +201,6 @@ class Result:
                               data={**(d.data or {}), "stale": True})
                for d in good.diagnostics if (d.data or {}).get("qualname") in names
                and d.range.start.line < n_lines]  # past the end of the text now: gone
-        if not self.functions:  # nothing analysed now: the positions are all the old version's
-            return Result(self.version, keep, old, self.syntax_error, self.repaired, good.source,
-                          None, sorted(names), good.source)
         diags = sorted(self.diagnostics + old, key=lambda d: (d.range.start.line, d.range.start.character))
         return Result(self.version, self.functions + keep, diags, self.syntax_error, self.repaired,
                       self.source, self.raw, sorted(names), good.source)

@@ -479,6 +479,10 @@ async def compile_and_benchmark(ls: FuselensServer, *args):
                if not isinstance(target, str) else f"No function `{target}` that uses torch in this file.")
         ls.window_show_message(lsp.ShowMessageParams(type=lsp.MessageType.Warning, message=msg))
         return {"ok": False, "error": msg}
+    if fn.qualname in res.stale:
+        msg = f"`{fn.qualname}` does not parse now (line {res.syntax_error[0]}: {res.syntax_error[2]})."
+        ls.window_show_message(lsp.ShowMessageParams(type=lsp.MessageType.Warning, message=msg))
+        return {"ok": False, "error": msg}
     key = (uri, fn.qualname)
     if key in ls.running:
         return {"ok": False, "error": f"`{fn.qualname}` is already being compiled."}

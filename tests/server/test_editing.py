@@ -110,6 +110,9 @@ async def test_syntax_error_mid_edit_keeps_the_last_results_marked_stale(session
         text_document=lsp.TextDocumentIdentifier(uri=uri), range=d.range,
         context=lsp.CodeActionContext(diagnostics=[d])))
     assert not actions
+    # nor a run of a text that does not parse
+    r = as_dict(await session.command(uri, "f"))
+    assert not r["ok"] and "does not parse now (line 6" in r["error"], r
     # fixed: fresh results, not stale
     await session.change(uri, BREAK_SRC)
     (d,) = await session.diagnostics(uri)
