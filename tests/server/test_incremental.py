@@ -90,3 +90,29 @@ def test_a_global_instance_leads_to_its_class():
         assert summary(got) == summary(full), body
         use = next(f for f in got.functions if f.qualname == "use")
         assert [b.code for b in use.breaks] == (["FL100"] if body == noisy else []), use.breaks
+
+
+def test_random_edits_keep_incremental_equal_to_full():
+    """Keystroke-like random edits (characters typed or deleted, lines split, joined, moved),
+    each compared with a full analysis: the same results or the same syntax error."""
+    rng = random.Random(7)
+    text = make_source(400)
+    inc = IncrementalAnalyzer()
+    alphabet = ["x", " ", "(", ")", ":", "\n", "    ", "print(x)\n", "torch.compile(", "1", "#", "."]
+    for step in range(40):
+        i = rng.randrange(len(text) + 1)
+        op = rng.random()
+        if op < 0.5:
+            text = text[:i] + rng.choice(alphabet) + text[i:]
+        elif op < 0.8:
+            text = text[:i] + text[i + rng.randint(1, 12):]
+        else:  # move a line elsewhere
+            lines = text.split("\n")
+            a, b = rng.randrange(len(lines)), rng.randrange(len(lines))
+            lines.insert(b, lines.pop(a))
+            text = "\n".join(lines)
+        full, err, rep = run_analysis(text, "/tmp/r.py")
+        got, err2, rep2 = run_analysis(text, "/tmp/r.py", inc)
+        assert (err, rep, full is None) == (err2, rep2, got is None), step
+        if full is not None:
+            assert summary(got) == summary(full), (step, text)
