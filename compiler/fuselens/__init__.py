@@ -102,10 +102,4 @@ def explain(fn, *args, **kwargs) -> Explanation:
     return Explanation(graphs, breaks, guards, list(log))
 
 
-def inspect(compiled) -> list:
-    """The cache entries of a compiled function or module (resume functions' included): each
-    with `guards`, `source` (transformed Python), `graphs`, `kernels` and `wrappers`."""
-    cf = _compiled_of(compiled)
-    if cf is None:
-        raise TypeError("fuselens.inspect expects what fuselens.compile returned")
-    return cf.all_entries()
+from .inspect import inspect  # noqa: E402  (the function; its types are fuselens.inspect's)

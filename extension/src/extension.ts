@@ -17,6 +17,7 @@ let output: vscode.LogOutputChannel;
 let tree: FunctionsProvider;
 let treeView: vscode.TreeView<Node>;
 let kernelDocs: KernelDocs;
+let status: vscode.StatusBarItem;
 const restarts: number[] = [];
 
 // ------------------------------------------------------------------ server process
@@ -112,10 +113,12 @@ async function startClient(ctx: vscode.ExtensionContext): Promise<void> {
 
 type Fn = {
   name: string; qualname: string; line: number; col: number; compiled: boolean; graphCount: number;
-  breakCount: number; breaks: any[]; run: any | null; running: boolean;
+  breakCount: number; breaks: any[]; run: any | null; running: boolean; relevant: boolean; stale: boolean;
 };
+type Doc = { uri: string; functions: Fn[]; syntaxError: [number, number, string] | null; stale: string[] };
 type Node =
   | { kind: 'file'; uri: string; fns: Fn[] }
+  | { kind: 'others'; uri: string; fns: Fn[] }
   | { kind: 'fn'; uri: string; fn: Fn }
   | { kind: 'info'; label: string; tooltip?: string; icon?: string; command?: vscode.Command; description?: string }
   | { kind: 'break'; uri: string; brk: any }
@@ -130,8 +133,12 @@ function ms(v: number | null | undefined): string {
 class FunctionsProvider implements vscode.TreeDataProvider<Node> {
   private emitter = new vscode.EventEmitter<Node | undefined>();
   readonly onDidChangeTreeData = this.emitter.event;
-  private docs: { uri: string; functions: Fn[] }[] = [];
+  docs: Doc[] = [];
   private timer: NodeJS.Timeout | undefined;
+  // built once per refresh, so that reveal() finds the very nodes the view shows, and their parents
+  private roots: Node[] = [];
+  private children = new Map<Node, Node[]>();
+  private parents = new Map<Node, Node>();
   fnNodes = new Map<string, Node>();
 
   refreshSoon(): void {
@@ -143,20 +150,54 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
     if (!client || client.state !== State.Running) { return; }
     try {
       const r: any = await client.sendRequest('fuselens/functions', {});
-      this.docs = (r?.documents ?? []).filter((d: any) => d.functions.length > 0);
+      this.docs = r?.documents ?? [];
     } catch (e) {
       output.appendLine(`fuselens/functions failed: ${e}`);
     }
+    this.build();
     this.emitter.fire(undefined);
+    updateStatus();
   }
 
-  getChildren(node?: Node): Node[] {
-    if (!node) {
-      this.fnNodes.clear();
-      if (this.docs.length === 1) { return this.fnChildren(this.docs[0].uri, this.docs[0].functions); }
-      return this.docs.map(d => ({ kind: 'file', uri: d.uri, fns: d.functions }) as Node);
+  // Compiled functions, the ones run, and callees a compiled function's break lies in come
+  // first; every other function that uses torch is behind a collapsed "other functions" node.
+  private build(): void {
+    this.children.clear(); this.parents.clear(); this.fnNodes.clear();
+    const docs = this.docs.filter(d => d.functions.length > 0);
+    const fileLevel = (d: Doc, parent?: Node): Node[] => {
+      const mine = d.functions.filter(f => f.relevant).map(fn => this.fnNode(d.uri, fn, parent));
+      const rest = d.functions.filter(f => !f.relevant);
+      if (rest.length) {
+        const o: Node = { kind: 'others', uri: d.uri, fns: rest };
+        this.children.set(o, rest.map(fn => this.fnNode(d.uri, fn, o)));
+        if (parent) { this.parents.set(o, parent); }
+        mine.push(o);
+      }
+      return mine;
+    };
+    if (docs.length === 1) {
+      this.roots = fileLevel(docs[0]);
+    } else {
+      this.roots = docs.map(d => {
+        const n: Node = { kind: 'file', uri: d.uri, fns: d.functions };
+        this.children.set(n, fileLevel(d, n));
+        return n;
+      });
     }
-    if (node.kind === 'file') { return this.fnChildren(node.uri, node.fns); }
+  }
+
+  private fnNode(uri: string, fn: Fn, parent?: Node): Node {
+    const n: Node = { kind: 'fn', uri, fn };
+    this.fnNodes.set(`${uri}#${fn.qualname}`, n);
+    if (parent) { this.parents.set(n, parent); }
+    return n;
+  }
+
+  docFor(uri: string): Doc | undefined { return this.docs.find(d => d.uri === uri); }
+
+  getChildren(node?: Node): Node[] {
+    if (!node) { return this.roots; }
+    if (node.kind === 'file' || node.kind === 'others') { return this.children.get(node) ?? []; }
     if (node.kind === 'fn') {
       const out: Node[] = [];
       const run = node.fn.run;
@@ -200,15 +241,7 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
     return [];
   }
 
-  private fnChildren(uri: string, fns: Fn[]): Node[] {
-    return fns.map(fn => {
-      const n: Node = { kind: 'fn', uri, fn };
-      this.fnNodes.set(`${uri}#${fn.qualname}`, n);
-      return n;
-    });
-  }
-
-  getParent(): Node | undefined { return undefined; }
+  getParent(node: Node): Node | undefined { return this.parents.get(node); }
 
   functionsWithRuns(): [string, string][] {
     return this.docs.flatMap(d => d.functions.filter(f => f.run?.hasTransformedSource).map(f => [d.uri, f.qualname] as [string, string]));
@@ -222,12 +255,20 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
         it.iconPath = vscode.ThemeIcon.File;
         return it;
       }
+      case 'others': {
+        const it = new vscode.TreeItem(`${node.fns.length} other function${node.fns.length === 1 ? '' : 's'} that use torch`, C.Collapsed);
+        it.description = 'not compiled';
+        it.tooltip = 'Functions that use torch but are not compiled, and are not on the way to a break of a compiled function';
+        it.iconPath = new vscode.ThemeIcon('filter');
+        it.id = `${node.uri}#others`;
+        return it;
+      }
       case 'fn': {
         const f = node.fn;
         const it = new vscode.TreeItem(f.qualname, f.run || f.breakCount || f.running ? C.Expanded : C.Collapsed);
         const parts = [`${f.graphCount} graph${f.graphCount === 1 ? '' : 's'}`, `${f.breakCount} break${f.breakCount === 1 ? '' : 's'}`];
         if (f.run?.speedup) { parts.push(`${f.run.speedup.toFixed(2)}× vs eager`); }
-        it.description = parts.join(' · ') + (f.compiled ? '' : ' · not compiled');
+        it.description = parts.join(' · ') + (f.compiled ? '' : ' · not compiled') + (f.stale ? ' · stale' : '');
         it.iconPath = new vscode.ThemeIcon(f.breakCount ? 'debug-breakpoint-unverified' : 'symbol-function');
         it.contextValue = f.run?.hasTransformedSource ? 'function-compiled-run' : 'function';
         it.id = `${node.uri}#${f.qualname}`;
@@ -360,6 +401,37 @@ class KernelDocs implements vscode.TextDocumentContentProvider, vscode.Definitio
 
 // ------------------------------------------------------------------ commands
 
+// Kernel, graph and transformed-code views share one editor column: the one a fuselens view is
+// already shown in, else the column right of the source; never a new column per click.
+function viewerColumn(sourceUri: string): vscode.ViewColumn {
+  const viewer = vscode.window.visibleTextEditors.find(e => e.document.uri.scheme === SCHEME && e.viewColumn);
+  if (viewer?.viewColumn) { return viewer.viewColumn; }
+  const src = vscode.window.visibleTextEditors.find(e => e.document.uri.toString() === sourceUri && e.viewColumn);
+  return src?.viewColumn ? src.viewColumn + 1 : vscode.ViewColumn.Beside;
+}
+
+// The status bar item: the active file's graph breaks, or why its results are stale.
+function updateStatus(): void {
+  const ed = vscode.window.activeTextEditor;
+  const d = ed && ed.document.languageId === 'python' ? tree.docFor(ed.document.uri.toString()) : undefined;
+  if (!d) { status.hide(); return; }
+  const breaks = d.functions.filter(f => f.compiled).reduce((n, f) => n + f.breakCount, 0);
+  if (d.syntaxError) {
+    const [line, , msg] = d.syntaxError;
+    status.text = `$(warning) fuselens: syntax error on line ${line}`;
+    status.tooltip = `Line ${line}: ${msg}.\n` + (d.stale.length
+      ? `Showing the last results that parsed for ${d.stale.map(q => '`' + q + '`').join(', ')} (marked stale) until it parses again.`
+      : 'The rest of the file is analysed without that statement.');
+    status.command = { command: 'vscode.open', title: 'Go to the syntax error',
+      arguments: [ed!.document.uri, { selection: new vscode.Range(line - 1, 0, line - 1, 0) }] };
+  } else {
+    status.text = `$(${breaks ? 'debug-breakpoint-unverified' : 'check'}) fuselens: ${breaks} graph break${breaks === 1 ? '' : 's'}`;
+    status.tooltip = 'Graph breaks in the compiled functions of this file';
+    status.command = 'fuselens.functions.focus';
+  }
+  status.show();
+}
+
 async function compileAndBenchmark(arg?: any, qualname?: string): Promise<void> {
   if (!client) { return; }
   let uri: string | undefined;
@@ -394,8 +466,10 @@ export async function activate(ctx: vscode.ExtensionContext): Promise<void> {
   tree = new FunctionsProvider();
   kernelDocs = new KernelDocs();
   treeView = vscode.window.createTreeView('fuselens.functions', { treeDataProvider: tree, showCollapseAll: true });
+  status = vscode.window.createStatusBarItem('fuselens.status', vscode.StatusBarAlignment.Left, 50);
+  status.name = 'fuselens';
   ctx.subscriptions.push(
-    output, treeView,
+    output, treeView, status,
     vscode.workspace.registerTextDocumentContentProvider(SCHEME, kernelDocs),
     vscode.languages.registerDefinitionProvider({ scheme: SCHEME, language: 'fuselens-triton' }, kernelDocs),
     vscode.languages.registerHoverProvider({ scheme: SCHEME, language: 'fuselens-triton' }, kernelDocs),
@@ -405,13 +479,13 @@ export async function activate(ctx: vscode.ExtensionContext): Promise<void> {
     vscode.commands.registerCommand('fuselens.openKernel', async (uri: string, qualname: string, graph: number, kernel: string) => {
       const doc = await vscode.workspace.openTextDocument(KernelDocs.kernelUri(uri, qualname, graph, kernel));
       await vscode.languages.setTextDocumentLanguage(doc, 'fuselens-triton');
-      await vscode.window.showTextDocument(doc, { preview: true, viewColumn: vscode.ViewColumn.Beside });
+      await vscode.window.showTextDocument(doc, { preview: true, viewColumn: viewerColumn(uri) });
     }),
     vscode.commands.registerCommand('fuselens.openGraph', async (uri: string, qualname: string, graph: number) => {
       const q = new URLSearchParams({ uri, qualname, graph: String(graph) }).toString();
       const doc = await vscode.workspace.openTextDocument(vscode.Uri.from({ scheme: SCHEME, path: `/${qualname}/graph${graph}.fl-graph`, query: q }));
       await vscode.languages.setTextDocumentLanguage(doc, 'fuselens-graph');
-      await vscode.window.showTextDocument(doc, { preview: true, viewColumn: vscode.ViewColumn.Beside });
+      await vscode.window.showTextDocument(doc, { preview: true, viewColumn: viewerColumn(uri) });
     }),
     vscode.commands.registerCommand('fuselens.showTransformedCode', async (arg?: any, qn?: string) => {
       let uri = typeof arg === 'string' ? arg : arg?.uri;
@@ -427,10 +501,7 @@ export async function activate(ctx: vscode.ExtensionContext): Promise<void> {
       if (!uri || !qualname) { void vscode.window.showWarningMessage('fuselens: select a function in the fuselens panel.'); return; }
       const q = new URLSearchParams({ uri, qualname }).toString();
       const doc = await vscode.workspace.openTextDocument(vscode.Uri.from({ scheme: SCHEME, path: `/${qualname}.transformed.py`, query: q }));
-      // beside the source: the column right of the editor that shows the function
-      const src = vscode.window.visibleTextEditors.find(e => e.document.uri.toString() === uri);
-      const column = src?.viewColumn ? src.viewColumn + 1 : vscode.ViewColumn.Beside;
-      await vscode.window.showTextDocument(doc, { preview: true, viewColumn: column });
+      await vscode.window.showTextDocument(doc, { preview: true, viewColumn: viewerColumn(uri) });
     }),
     vscode.commands.registerCommand('fuselens.restartServer', async () => {
       restarts.length = 0;
@@ -438,7 +509,7 @@ export async function activate(ctx: vscode.ExtensionContext): Promise<void> {
       await startClient(ctx);
     }),
     vscode.window.onDidChangeTextEditorSelection(e => kernelDocs.followCursor(e.textEditor)),
-    vscode.window.onDidChangeActiveTextEditor(ed => kernelDocs.followCursor(ed)),
+    vscode.window.onDidChangeActiveTextEditor(ed => { kernelDocs.followCursor(ed); updateStatus(); }),
     vscode.workspace.onDidGrantWorkspaceTrust(() => {
       void client?.sendNotification('fuselens/setTrusted', { trusted: true });
     }),

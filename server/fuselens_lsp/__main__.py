@@ -11,12 +11,10 @@ def main() -> int:
     if a.version:
         print(__version__)
         return 0
-    missing = []
-    for mod in ("pygls", "lsprotocol", "libcst", "torch", "fuselens"):
-        try:
-            __import__(mod)
-        except ImportError:
-            missing.append(mod)
+    # find_spec, not import: importing torch takes seconds, and `initialize` must not wait for it
+    # (the first analysis imports it, in the analysis thread)
+    from importlib.util import find_spec
+    missing = [mod for mod in ("pygls", "lsprotocol", "libcst", "torch", "fuselens") if find_spec(mod) is None]
     if missing:
         print(f"fuselens_lsp: {sys.executable} lacks {', '.join(missing)}; install them "
               "(pip install 'pygls>=2,<3' lsprotocol libcst torch, and fuselens) or point the "

@@ -49,12 +49,30 @@ class Settings:
         return s
 
 
+#: A line and its terminator as LSP (and Python's tokenizer) count lines: only `\n`, `\r\n` and
+#: `\r` end one (not `str.splitlines`' form feed, `\v`, U+0085, U+2028, ...).
+_LINE_RE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+_EOL_RE = re.compile(r"\r\n|\r|\n")
+
+
+def lines_with_ends(source: str) -> list[str]:
+    """`source.splitlines(True)`, splitting only where LSP does (an empty source has no line)."""
+    return _LINE_RE.findall(source)
+
+
+def split_lines(source: str) -> list[str]:
+    """`source.split("\\n")` for LSP line breaks: one entry per line, the last possibly empty."""
+    return _EOL_RE.split(source)
+
+
 class PositionCodec:
     """Converts between `ast` positions (1-based line, 0-based UTF-8 byte column) and LSP
-    positions (0-based line, UTF-16 code units), for one version of a document."""
+    positions (0-based line, UTF-16 code units), for one version of a document. Both count
+    lines the same way (`split_lines`)."""
 
     def __init__(self, source: str):
-        self.lines = source.split("\n")
+        self.source = source
+        self.lines = split_lines(source)
 
     def to_lsp(self, line: int, col: int) -> lsp.Position:
         i = max(line - 1, 0)
@@ -76,7 +94,7 @@ class PositionCodec:
 
     def offset(self, pos: lsp.Position) -> int:
         """Character offset (str index) of an LSP position."""
-        off = sum(len(t) + 1 for t in self.lines[:pos.line])
+        off = sum(len(t) for t in self._with_ends()[:pos.line])
         text = self.lines[pos.line] if pos.line < len(self.lines) else ""
         if text.isascii():
             return off + min(pos.character, len(text))
@@ -86,6 +104,12 @@ class PositionCodec:
                 return off + i
             units += 2 if ord(ch) > 0xFFFF else 1
         return off + len(text)
+
+    def _with_ends(self) -> list[str]:
+        ends = getattr(self, "_ends", None)
+        if ends is None:
+            ends = self._ends = lines_with_ends(self.source)
+        return ends
 
 
 def suppressed_codes(line_text: str) -> set[str] | None:
@@ -126,9 +150,9 @@ class FunctionInfo:
     breaks: list = field(default_factory=list)       # GraphBreak values (unsuppressed)
     suppressed: int = 0
 
-    def to_json(self) -> dict:
+    def to_json(self, stale: bool = False) -> dict:
         return {
-            "name": self.name, "qualname": self.qualname, "line": self.line - 1, "col": self.col,
+            "stale": stale, "name": self.name, "qualname": self.qualname, "line": self.line - 1, "col": self.col,
             "endLine": self.end_line - 1, "endCol": self.end_col, "compiled": self.compiled,
             "usesTorch": self.uses_torch, "graphCount": self.graph_count,
             "breakCount": len(self.breaks), "suppressed": self.suppressed,
@@ -153,23 +177,86 @@ class Result:
     repaired: bool = False          # analysed with the broken statement blanked out
     source: str = ""
     raw: object = None              # the SourceAnalysis
+    #: functions (and their diagnostics) carried over from the last version that parsed, because
+    #: this version does not: their positions are that version's (`stale_source`)
+    stale: list[str] = field(default_factory=list)
+    stale_source: str = ""
+
+    def with_last_good(self, good: "Result") -> "Result":
+        """This result of a version with a syntax error, plus what the last good version found in
+        the functions this one could not analyse, marked stale, so that an edit in progress does
+        not wipe the file's diagnostics and lenses."""
+        have = {f.qualname for f in self.functions}
+        keep = [f for f in good.functions if f.qualname not in have]
+        if not keep or good.syntax_error is not None:
+            return self
+        names = {f.qualname for f in keep}
+        n_lines = len(split_lines(self.source))
+        line = self.syntax_error[0]
+        note = (f"\n(stale: from the last version that parsed; line {line} has a syntax error: "
+                f"{self.syntax_error[2]})")
+        old = [lsp.Diagnostic(range=d.range, message=d.message + note, severity=d.severity, code=d.code,
+                              code_description=d.code_description, source=d.source,
+                              related_information=d.related_information,
+                              data={**(d.data or {}), "stale": True})
+               for d in good.diagnostics if (d.data or {}).get("qualname") in names
+               and d.range.start.line < n_lines]  # past the end of the text now: gone
+        diags = sorted(self.diagnostics + old, key=lambda d: (d.range.start.line, d.range.start.character))
+        return Result(self.version, self.functions + keep, diags, self.syntax_error, self.repaired,
+                      self.source, self.raw, sorted(names), good.source)
 
 
-def analyze_source(source: str, filename: str):
-    from fuselens.capture import analyze_source as _analyze
-    return _analyze(source, filename)
+#: What parsing or analysing a file that Python cannot compile may raise besides SyntaxError: a
+#: lone surrogate (UnicodeError), a NUL byte (ValueError), nesting or an expression too deep for
+#: the parser or for the analysis' recursion (RecursionError, MemoryError).
+UNPARSEABLE = (SyntaxError, ValueError, UnicodeError, RecursionError, MemoryError)
+
+
+def _analyze_source(source: str, filename: str, cache=None):
+    """The compiler's abstract-domain analysis (with `cache`, an incremental.IncrementalAnalyzer,
+    only of what changed); None and the reason when the text is unparseable."""
+    from fuselens.capture.analyze import analyze_source  # imports torch: on the first analysis
+    if "\r" in source:  # `ast` reads a string's lone `\r` as no line break at all
+        source = _EOL_RE.sub("\n", source)
+    try:
+        if cache is None:
+            res = analyze_source(source, filename)
+        else:
+            import ast
+            res = cache.analyze(source, filename, ast.parse(source, filename), analyze_source)
+    except UNPARSEABLE as e:
+        return None, _unparseable(source, e)
+    return res, res.syntax_error
+
+
+def _unparseable(source: str, e: BaseException) -> tuple[int, int, str]:
+    if isinstance(e, SyntaxError):
+        return (e.lineno or 1, max((e.offset or 1) - 1, 0), e.msg)
+    if isinstance(e, UnicodeError):
+        # a lone surrogate: point at it
+        for i, line in enumerate(split_lines(source)):
+            for j, ch in enumerate(line):
+                if 0xD800 <= ord(ch) <= 0xDFFF:
+                    return (i + 1, len(line[:j].encode("utf-8", "surrogatepass")), "lone surrogate in the text")
+        return (1, 0, f"not valid Unicode ({e.reason})")
+    if isinstance(e, ValueError):
+        i = source.find("\0")
+        if i >= 0:
+            return (source.count("\n", 0, i) + 1, 0, "NUL character in the text")
+        return (1, 0, str(e))
+    return (1, 0, "nesting too deep to analyse" if isinstance(e, RecursionError) else "file too large to analyse")
 
 
 def _blank_broken_block(source: str, line: int) -> str | None:
     """Blanks the top-level statement containing `line` (1-based), keeping line numbers, so that
     the rest of a file with a half-typed function can still be analysed."""
-    lines = source.split("\n")
+    lines = lines_with_ends(source)
     if not lines:
         return None
     i = min(max(line - 1, 0), len(lines) - 1)
 
     def top_level(j):
-        t = lines[j]
+        t = lines[j].rstrip("\r\n")
         return t.strip() != "" and not t[0].isspace() and not t.lstrip().startswith("#")
 
     start = i
@@ -184,25 +271,24 @@ def _blank_broken_block(source: str, line: int) -> str | None:
     # A block that starts with a decorator must run through its def.
     while end < len(lines) and lines[end - 1].startswith("@"):
         end += 1
-    out = lines[:start] + [""] * (end - start) + lines[end:]
-    return "\n".join(out)
+    blank = [t[len(t.rstrip("\r\n")):] for t in lines[start:end]]  # keep only the line breaks
+    return "".join(lines[:start] + blank + lines[end:])
 
 
-def run_analysis(source: str, filename: str):
+def run_analysis(source: str, filename: str, cache=None):
     """Runs the abstract-domain analysis; on a syntax error, re-runs it with the broken top-level
     statement blanked out (up to 3 times). Returns (analysis, syntax_error, repaired)."""
-    res = analyze_source(source, filename)
-    err = res.syntax_error
+    res, err = _analyze_source(source, filename, cache)
     if err is None:
         return res, None, False
-    text = source
+    text, at = source, err
     for _ in range(3):
-        fixed = _blank_broken_block(text, res.syntax_error[0])
+        fixed = _blank_broken_block(text, at[0])
         if fixed is None or fixed == text:
             break
         text = fixed
-        res = analyze_source(text, filename)
-        if res.syntax_error is None:
+        res, at = _analyze_source(text, filename, cache)
+        if at is None:
             return res, err, True
     return None, err, False
 
@@ -225,8 +311,8 @@ def _message(b) -> str:
 
 
 def analyze(source: str, uri: str, filename: str, version: int | None,
-            settings: Settings) -> Result:
-    analysis, err, repaired = run_analysis(source, filename)
+            settings: Settings, cache=None) -> Result:
+    analysis, err, repaired = run_analysis(source, filename, cache)
     if analysis is None:
         return Result(version, [], [], err, False, source)
     codec = PositionCodec(source)
@@ -235,8 +321,13 @@ def analyze(source: str, uri: str, filename: str, version: int | None,
     # (code, range) -> diagnostic; a break inside a helper inlined into several functions is
     # reported once, with the strongest severity and every call chain as related information.
     by_key: dict[tuple, lsp.Diagnostic] = {}
+    # a helper a compiled function's break lies in (or passes through) is listed even when it
+    # does not use torch itself: the side panel shows it with the compiled functions
+    here = lambda fn: not fn or fn == filename  # noqa: E731
+    on_path = {q for fa in analysis.functions if fa.compiled for b in fa.breaks
+               for q in ([b.function] if here(b.filename) else []) + [fr.function for fr in b.stack if here(fr.filename)]}
     for fa in analysis.functions:
-        if not (fa.compiled or fa.uses_torch):
+        if not (fa.compiled or fa.uses_torch or fa.qualname in on_path):
             continue
         kept = [b for b in fa.breaks if not is_suppressed(lines, b)]
         info = FunctionInfo(fa.name, fa.qualname, fa.line, fa.col, fa.end_line, fa.end_col,
@@ -256,14 +347,13 @@ def analyze(source: str, uri: str, filename: str, version: int | None,
             else:
                 continue
             related = []
-            for fr in b.stack:
+            for i, fr in enumerate(b.stack):
                 if fr.filename and fr.filename != filename:
                     continue
                 related.append(lsp.DiagnosticRelatedInformation(
                     location=lsp.Location(uri=uri, range=codec.range(fr.line, fr.col, fr.end_line,
                                                                      fr.end_col)),
-                    message=f"inlined into `{fa.qualname}` through this call to `{fr.function}`"
-                    if fr.function else f"inlined into `{fa.qualname}` here"))
+                    message=call_message(b, i, fa.qualname)))
             if b.stack and not same_file:
                 related.append(lsp.DiagnosticRelatedInformation(
                     location=lsp.Location(uri=_path_uri(b.filename),
@@ -290,6 +380,19 @@ def analyze(source: str, uri: str, filename: str, version: int | None,
     return Result(version, functions, diags, err, repaired, source, analysis)
 
 
+def call_message(b, i: int, compiled: str) -> str:
+    """Related information for frame `i` of a break's stack: the frame is a call made in
+    `stack[i].function`; what it calls is the next frame's function, or the innermost one."""
+    callee = b.stack[i + 1].function if i + 1 < len(b.stack) else b.function
+    caller = b.stack[i].function
+    msg = f"`{caller}` calls `{callee}` here" if caller else f"call to `{callee}`"
+    if caller != compiled:
+        msg += f" (inlined into `{compiled}`)"
+    if callee != b.function:
+        msg += f"; the break is in `{b.function}`"
+    return msg
+
+
 def _path_uri(path: str) -> str:
     from pygls.uris import from_fs_path
     return from_fs_path(path) or path
@@ -309,5 +412,5 @@ def count_breaks(analysis) -> dict[str, int]:
     return {f.qualname: len(f.breaks) for f in analysis.functions}
 
 
-__all__ = ["Settings", "PositionCodec", "FunctionInfo", "Result", "analyze", "run_analysis",
+__all__ = ["Settings", "PositionCodec", "split_lines", "lines_with_ends", "call_message", "FunctionInfo", "Result", "analyze", "run_analysis",
            "suppressed_codes", "is_suppressed", "function_at", "count_breaks"]

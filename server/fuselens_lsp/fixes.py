@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
-from .analysis import SUPPRESS_RE, count_breaks, run_analysis
+from .analysis import SUPPRESS_RE, count_breaks, lines_with_ends, run_analysis, split_lines
 
 PRINT_CODES = {"FL100", "FL101"}
 ITEM_CODE = "FL110"
@@ -54,7 +54,7 @@ def _char_col(lines: list[str], line: int, byte_col: int) -> int:
 class _Tree:
     def __init__(self, source: str):
         self.source = source
-        self.lines = source.split("\n")
+        self.lines = split_lines(source)
         self.module = cst.parse_module(source)
         self.wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
         self.pos = self.wrapper.resolve(PositionProvider)
@@ -341,7 +341,7 @@ def fixes_for_break(source: str, filename: str, brk: dict, qualname: str,
                     before: dict[str, int] | None = None) -> list[Fix]:
     """Fixes for one break (`brk` in the JSON form of `analysis.break_json`, 0-based lines)."""
     out: list[Fix] = []
-    lines = source.split("\n")
+    lines = split_lines(source)
     code = brk["code"]
     line, end_line = brk["line"] + 1, brk["endLine"] + 1
     spec = REWRITES.get(code)
@@ -385,7 +385,7 @@ def fixes_for_break(source: str, filename: str, brk: dict, qualname: str,
 
 def minimal_edit(old: str, new: str) -> tuple[int, int, str]:
     """(first_line, end_line_exclusive, replacement) covering the changed lines, 0-based."""
-    a, b = old.split("\n"), new.split("\n")
+    a, b = lines_with_ends(old), lines_with_ends(new)
     i = 0
     while i < min(len(a), len(b)) and a[i] == b[i]:
         i += 1
@@ -393,4 +393,4 @@ def minimal_edit(old: str, new: str) -> tuple[int, int, str]:
     while j < min(len(a), len(b)) - i and a[len(a) - 1 - j] == b[len(b) - 1 - j]:
         j += 1
     repl = b[i:len(b) - j]
-    return i, len(a) - j, "".join(t + "\n" for t in repl)
+    return i, len(a) - j, "".join(repl)

@@ -13,7 +13,9 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
+import gc
 import logging
 import os
 import re
@@ -26,8 +28,9 @@ from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
 from . import __version__
-from .analysis import PositionCodec, Result, Settings, analyze, break_json, function_at
-from .fixes import fixes_for_break, minimal_edit
+from .analysis import PositionCodec, Result, Settings, analyze, break_json, function_at, split_lines
+from .documents import LspLinesWorkspace
+from .incremental import IncrementalAnalyzer
 from .jobs import run_worker
 
 log = logging.getLogger("fuselens_lsp")
@@ -58,6 +61,11 @@ class FuselensServer(LanguageServer):
         self.settings = Settings()
         self.trusted = False
         self.results: dict[str, Result] = {}
+        self.good: dict[str, Result] = {}       # the last result without a syntax error, per uri
+        self.caches: dict[str, IncrementalAnalyzer] = {}  # per uri: per-function analysis results
+        # uri -> the breaks a Compile & benchmark run met in that file, as diagnostics; dropped
+        # when the file changes (an edit, or a new modification time on disk)
+        self.seen: dict[str, dict] = {}
         self.pending: dict[str, asyncio.Task] = {}
         self.runs: dict[tuple[str, str], dict] = {}       # (uri, qualname) -> worker result / error
         self.running: dict[tuple[str, str], asyncio.Event] = {}
@@ -65,6 +73,7 @@ class FuselensServer(LanguageServer):
         self.fix_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fl-fixes")
         self.fix_cache: dict[tuple, list] = {}
         self.last_latency_ms: float | None = None
+        self.frozen = False
 
     # ------------------------------------------------------------ analysis
 
@@ -84,23 +93,61 @@ class FuselensServer(LanguageServer):
         version, text = doc.version, doc.source
         loop = asyncio.get_running_loop()
         try:
+            cache = self.caches.setdefault(uri, IncrementalAnalyzer())
             res = await loop.run_in_executor(self.analysis_pool, analyze, text, uri, self.filename(uri),
-                                             version, self.settings)
+                                             version, self.settings, cache)
         except Exception as e:
             log.exception("analysis failed")
             self.window_log_message(lsp.LogMessageParams(
                 type=lsp.MessageType.Error,
                 message=f"fuselens: analysis of {uri} failed: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
             res = Result(version, [], [], None, False, text)
+        if not self.frozen:
+            # torch, the compiler and the first file's analysis are long-lived: out of the
+            # collector's reach, a full collection no longer walks them (~100 ms per keystroke
+            # that triggers one, on a 3,000-line file)
+            gc.freeze()
+            atexit.register(gc.unfreeze)  # collectable again at exit (nanobind reports leaks otherwise)
+            self.frozen = True
         current = self.workspace.text_documents.get(uri)
         if current is None or current.version != version:
             return None  # stale: a newer edit has its own analysis scheduled
+        if res.syntax_error is None:
+            self.good[uri] = res
+        elif uri in self.good:
+            res = res.with_last_good(self.good[uri])
         self.results[uri] = res
-        self.text_document_publish_diagnostics(
-            lsp.PublishDiagnosticsParams(uri=uri, version=version, diagnostics=res.diagnostics))
+        self.publish(uri)
         self.last_latency_ms = (time.perf_counter() - t_edit) * 1000
         self.protocol.notify(NOTIFY_CHANGED, {"uri": uri})
         return res
+
+    def publish(self, uri: str) -> None:
+        """The analysis' diagnostics and the breaks seen at run time (which win where both are)."""
+        res = self.results.get(uri)
+        seen = self.seen.get(uri)
+        if seen is not None and not _unchanged(seen, self.workspace.text_documents.get(uri)):
+            self.seen.pop(uri)
+            seen = None
+        diags = list(seen["diagnostics"]) if seen else []
+        have = {_diag_key(d) for d in diags}
+        diags += [d for d in (res.diagnostics if res else []) if _diag_key(d) not in have]
+        diags.sort(key=lambda d: (d.range.start.line, d.range.start.character))
+        self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
+            uri=uri, version=res.version if res else None, diagnostics=diags))
+
+    def record_run_breaks(self, qualname: str, breaks: list[dict]) -> None:
+        """Publishes the breaks a run's concrete capture found, on every workspace file they occur
+        in: at the break, and at each call on the way to it that is in another workspace file."""
+        from .seen import seen_diagnostics
+        roots = [os.path.realpath(r) for r in self.workspace_roots()]
+        docs = {os.path.realpath(self.filename(u)): d for u, d in self.workspace.text_documents.items()}
+        found = seen_diagnostics(qualname, breaks, roots, docs)
+        for path, (diags, doc, mtime) in found.items():
+            uri = doc.uri if doc is not None else _path_uri(path)
+            self.seen[uri] = {"diagnostics": diags, "version": doc.version if doc is not None else None,
+                              "path": path, "mtime": mtime}
+            self.publish(uri)
 
     async def current(self, uri: str) -> Result | None:
         """The analysis of the document's current version, waiting for a pending one."""
@@ -175,9 +222,25 @@ server = FuselensServer()
 
 @server.feature(lsp.INITIALIZE)
 def on_initialize(ls: FuselensServer, params: lsp.InitializeParams):
+    # pygls made its workspace just before this handler; no document is open yet
+    ls.protocol._workspace = LspLinesWorkspace.like(ls.workspace)
     opts = params.initialization_options or {}
     ls.settings = Settings.from_dict(_get(opts, "settings"))
     ls.trusted = bool(_get(opts, "trusted", False))
+
+
+@server.feature(lsp.INITIALIZED)
+def on_initialized(ls: FuselensServer, params: lsp.InitializedParams):
+    # `initialize` is answered without torch; import it now, in the analysis thread, so that it
+    # is (mostly) there when the first file opens
+    ls.analysis_pool.submit(_warm_up)
+
+
+def _warm_up():
+    try:
+        import fuselens.capture.analyze  # noqa: F401  (torch, the compiler)
+    except Exception:  # reported by the first analysis, with its file
+        log.debug("warm-up import failed", exc_info=True)
 
 
 @server.feature(NOTIFY_TRUST)
@@ -205,8 +268,19 @@ def did_open(ls: FuselensServer, params: lsp.DidOpenTextDocumentParams):
 @server.feature(lsp.TEXT_DOCUMENT_DID_CHANGE)
 def did_change(ls: FuselensServer, params: lsp.DidChangeTextDocumentParams):
     uri = params.text_document.uri
+    if ls.seen.pop(uri, None) is not None and uri not in ls.results:
+        ls.publish(uri)
     if uri in ls.results or uri in ls.pending:
         ls.schedule(uri, DEBOUNCE_S)
+
+
+@server.feature(lsp.TEXT_DOCUMENT_DID_SAVE)
+def did_save(ls: FuselensServer, params: lsp.DidSaveTextDocumentParams):
+    # the analysis of one file may read another's source (a callee in the workspace): the other
+    # files' cached results may no longer hold
+    for uri in list(ls.caches):
+        if uri != params.text_document.uri:
+            ls.caches.pop(uri)
 
 
 @server.feature(lsp.TEXT_DOCUMENT_DID_CLOSE)
@@ -216,11 +290,35 @@ def did_close(ls: FuselensServer, params: lsp.DidCloseTextDocumentParams):
     if task is not None:
         task.cancel()
     ls.results.pop(uri, None)
-    ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri=uri, diagnostics=[]))
+    ls.good.pop(uri, None)
+    ls.caches.pop(uri, None)
+    ls.publish(uri)  # what a run saw stays (Problems lists closed files too)
     ls.protocol.notify(NOTIFY_CHANGED, {"uri": uri})
 
 
 # ---------------------------------------------------------------- code lens
+
+def _diag_key(d: lsp.Diagnostic) -> tuple:
+    return (d.code, d.range.start.line, d.range.start.character, d.range.end.line, d.range.end.character)
+
+
+def _unchanged(seen: dict, doc) -> bool:
+    if seen["version"] is not None:  # open when the run ended: any edit since drops it
+        return doc is not None and doc.version == seen["version"]
+    return _mtime(seen["path"]) == seen["mtime"]  # closed when the run ended: its file on disk
+
+
+def _mtime(path):
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _path_uri(path: str) -> str:
+    from pygls.uris import from_fs_path
+    return from_fs_path(path) or path
+
 
 def _plural(n, word):
     return f"{n} {word}" + ("" if n == 1 else "s")
@@ -232,12 +330,18 @@ async def code_lens(ls: FuselensServer, params: lsp.CodeLensParams):
     res = await ls.current(uri)
     if res is None:
         return []
-    codec = PositionCodec(res.source)
+    codec, old = PositionCodec(res.source), PositionCodec(res.stale_source)
     lenses = []
     for f in res.functions:
-        rng = codec.range(f.line, f.col, f.line, f.col)
+        stale = f.qualname in res.stale
+        rng = (old if stale else codec).range(f.line, f.col, f.line, f.col)
         kind = "compiled" if f.compiled else "not compiled"
         title = f"fuselens: {_plural(f.graph_count, 'graph')}, {_plural(len(f.breaks), 'graph break')} ({kind})"
+        if stale:
+            lines = len(codec.lines)
+            if rng.start.line >= lines:
+                continue
+            title += f" · stale: line {res.syntax_error[0]} has a syntax error"
         run = ls.runs.get((uri, f.qualname))
         if run is not None and run.get("status") == "ok" and (run.get("result") or {}).get("speedup"):
             title += f" · {run['result']['speedup']:.2f}× vs eager"
@@ -267,9 +371,11 @@ async def code_action(ls: FuselensServer, params: lsp.CodeActionParams):
         return []
     # the diagnostics we published that overlap the range (the client sends them in context;
     # we use our own, which are current)
-    targets = [d for d in res.diagnostics if _overlaps(d.range, params.range)]
+    # a stale diagnostic's fixes would be computed on a text that is gone
+    targets = [d for d in res.diagnostics if _overlaps(d.range, params.range) and not (d.data or {}).get("stale")]
     if not targets:
         return []
+    from .fixes import fixes_for_break, minimal_edit  # libcst: imported on first use, not at start
     filename = ls.filename(uri)
     doc = ls.workspace.get_text_document(uri)
     before = None
@@ -309,8 +415,8 @@ async def code_action(ls: FuselensServer, params: lsp.CodeActionParams):
             else:
                 l0, c0, l1, c1, text = fx.edit
                 codec = PositionCodec(res.source)
-                s = codec.to_lsp(l0 + 1, len(res.source.split("\n")[l0][:c0].encode()))
-                e = codec.to_lsp(l1 + 1, len(res.source.split("\n")[l1][:c1].encode()))
+                s = codec.to_lsp(l0 + 1, len(codec.lines[l0][:c0].encode()))
+                e = codec.to_lsp(l1 + 1, len(codec.lines[l1][:c1].encode()))
                 edit = lsp.TextEdit(range=lsp.Range(start=s, end=e), new_text=text)
                 title = fx.title
             actions.append(lsp.CodeAction(
@@ -325,7 +431,7 @@ async def code_action(ls: FuselensServer, params: lsp.CodeActionParams):
 def _suppression_only(source, filename, bj, qualname):
     from .fixes import Fix, NoFix, suppression_edit
     try:
-        edit = suppression_edit(source.split("\n"), bj["line"] + 1, bj["code"])
+        edit = suppression_edit(split_lines(source), bj["line"] + 1, bj["code"])
     except NoFix:
         return []
     return [Fix(f"fuselens: Suppress {bj['code']} on this line (`# fuselens: ignore[{bj['code']}]`)",
@@ -371,6 +477,10 @@ async def compile_and_benchmark(ls: FuselensServer, *args):
     if fn is None:
         msg = ("No analysed function here: put the cursor inside a function that uses torch."
                if not isinstance(target, str) else f"No function `{target}` that uses torch in this file.")
+        ls.window_show_message(lsp.ShowMessageParams(type=lsp.MessageType.Warning, message=msg))
+        return {"ok": False, "error": msg}
+    if fn.qualname in res.stale:
+        msg = f"`{fn.qualname}` does not parse now (line {res.syntax_error[0]}: {res.syntax_error[2]})."
         ls.window_show_message(lsp.ShowMessageParams(type=lsp.MessageType.Warning, message=msg))
         return {"ok": False, "error": msg}
     key = (uri, fn.qualname)
@@ -420,6 +530,8 @@ async def compile_and_benchmark(ls: FuselensServer, *args):
                "uri": uri, "message": outcome.message, "stderr": outcome.stderr_tail[-4000:]}
     if outcome.result is not None:
         summary["result"] = outcome.result
+    if outcome.result is not None and outcome.result.get("breaks"):
+        ls.record_run_breaks(fn.qualname, outcome.result["breaks"])
     if outcome.status == "ok":
         summary["message"] = _summary_message(fn.qualname, outcome.result)
         ls.runs[key] = summary
@@ -486,10 +598,27 @@ def _run_view(run: dict | None) -> dict | None:
             "hasTransformedSource": bool(r.get("transformedSource"))}
 
 
+def _break_path_functions(ls: FuselensServer) -> set[tuple[str, str]]:
+    """(file, qualname) of every function a compiled function's break lies in or is reached
+    through: the callees with breaks, which the side panel lists with the compiled functions."""
+    out = set()
+    for res in list(ls.results.values()):
+        for f in res.functions:
+            if not f.compiled:
+                continue
+            for b in f.breaks:
+                if b.filename and b.function:
+                    out.add((os.path.realpath(b.filename), b.function))
+                out.update((os.path.realpath(fr.filename), fr.function) for fr in b.stack if fr.filename)
+    return out
+
+
 @server.feature(REQ_FUNCTIONS)
 async def req_functions(ls: FuselensServer, params):
-    """{uri?} → {documents: [{uri, functions: [... + run, running]}]}"""
+    """{uri?} → {documents: [{uri, functions: [... + run, running, relevant]}]}; `relevant`: compiled,
+    run, or a callee a compiled function's break lies in (the side panel lists the rest apart)."""
     want = _get(params, "uri")
+    on_path = _break_path_functions(ls)
     docs = []
     for uri in list(ls.workspace.text_documents):
         if want and uri != want:
@@ -497,14 +626,20 @@ async def req_functions(ls: FuselensServer, params):
         res = ls.results.get(uri)
         if res is None:
             continue
+        path = os.path.realpath(ls.filename(uri))
         fns = []
         for f in res.functions:
-            j = f.to_json()
+            j = f.to_json(stale=f.qualname in res.stale)
             j["run"] = _run_view(ls.runs.get((uri, f.qualname)))
             j["running"] = (uri, f.qualname) in ls.running
+            j["relevant"] = bool(f.compiled or j["run"] or j["running"] or (path, f.qualname) in on_path)
             fns.append(j)
-        docs.append({"uri": uri, "version": res.version, "syntaxError": list(res.syntax_error) if res.syntax_error else None,
-                     "functions": fns})
+        # what matters first: compiled (and run) functions, then callees with breaks, then the rest
+        fns.sort(key=lambda j: (not j["relevant"], not j["compiled"], j["line"]))
+        docs.append({"uri": uri, "version": res.version,
+                     "syntaxError": list(res.syntax_error) if res.syntax_error else None,
+                     "repaired": res.repaired, "stale": res.stale, "functions": fns})
+    docs.sort(key=lambda d: not any(f["relevant"] for f in d["functions"]))
     return {"documents": docs, "trusted": ls.trusted}
 
 

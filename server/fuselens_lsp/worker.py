@@ -360,160 +360,58 @@ def kernel_times_cuda(fn, args, kwargs) -> tuple[dict, float]:
 
 
 # ------------------------------------------------------------------ describing what fuselens made
+# Only `fuselens.inspect`'s plain data is read here (never the runtime's objects).
 
-def _loc_json(loc, path):
-    if loc is None:
-        return None
-    if isinstance(loc, dict):
-        loc = (loc.get("filename"), loc.get("line"), loc.get("col", 0), loc.get("end_line"), loc.get("end_col"))
-    if isinstance(loc, int):
-        return {"line": loc - 1, "col": 0, "endLine": loc - 1, "endCol": 0}
-    if isinstance(loc, (tuple, list)) and len(loc) >= 2:
-        if isinstance(loc[0], str) or loc[0] is None:
-            fname, rest = loc[0], list(loc[1:])
-        else:
-            fname, rest = None, list(loc)
-        if fname and os.path.realpath(fname) != os.path.realpath(path):
-            return None
-        line = rest[0]
-        col = rest[1] if len(rest) > 1 else 0
-        end_line = rest[2] if len(rest) > 2 and rest[2] else line
-        end_col = rest[3] if len(rest) > 3 and rest[3] is not None else col
-        return {"line": line - 1, "col": col, "endLine": end_line - 1, "endCol": end_col}
-    line = getattr(loc, "line", None)
-    if line is not None:
-        return _loc_json((getattr(loc, "filename", None), line, getattr(loc, "col", 0),
-                          getattr(loc, "end_line", line), getattr(loc, "end_col", 0)), path)
-    return None
-
-
-PROVENANCE_RE = re.compile(r"#.*?([\w./\\-]+\.py):(\d+)(?::(\d+))?")
+def _same_file(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def kernel_provenance(kernel, path, source: str = "") -> list[dict]:
-    """For each kernel source line that came from user code: {kernelLine, line, col, endLine,
-    endCol} (0-based). The codegen writes a provenance comment on each line it emits
-    (`tmp3 = tmp1 * tmp2  # model.py:12  y = x * w`); a dict {kernel line: location} in
-    `kernel.source_lines` is used where there are no comments."""
-    out = []
-    base = os.path.basename(path)
+    """For each kernel source line that came from the user's file: {kernelLine, line, col,
+    endLine, endCol} (0-based), the source line's non-blank extent."""
     src_lines = source.split("\n") if source else []
-
-    def whole_line(ln):  # 1-based source line -> its non-blank extent
-        text = src_lines[ln - 1] if 0 < ln <= len(src_lines) else ""
+    out = []
+    for p in kernel.provenance:
+        if not _same_file(p.filename, path):
+            continue
+        text = src_lines[p.line - 1] if 0 < p.line <= len(src_lines) else ""
         start = len(text) - len(text.lstrip())
-        return {"line": ln - 1, "col": start, "endLine": ln - 1, "endCol": len(text)}
-
-    for i, text in enumerate((getattr(kernel, "source", "") or "").split("\n")):
-        m = PROVENANCE_RE.search(text)
-        if m and os.path.basename(m.group(1)) == base:
-            out.append({"kernelLine": i, **whole_line(int(m.group(2)))})
-    if out:
-        return out
-    sl = getattr(kernel, "source_lines", None)
-    if isinstance(sl, dict):
-        for kline, loc in sorted(sl.items()):
-            j = _loc_json(loc, path)
-            if j is not None:
-                j["kernelLine"] = int(kline)
-                out.append(j)
+        out.append({"kernelLine": p.kernel_line, "line": p.line - 1, "col": start, "endLine": p.line - 1,
+                    "endCol": len(text)})
     return out
 
 
-def kernel_source_lines(kernel, path) -> list[int]:
-    """The (0-based) lines of the user's file that the kernel computes."""
-    lines = set()
-    for loc in getattr(kernel, "source_lines", None) or []:
-        if isinstance(loc, (tuple, list)) and len(loc) >= 2 and isinstance(loc[1], int):
-            if not loc[0] or os.path.realpath(loc[0]) == os.path.realpath(path):
-                lines.add(loc[1] - 1)
-    return sorted(lines)
-
-
-def graph_ir(g) -> str:
-    gm = getattr(g, "graph_module", None) or getattr(g, "gm", None) or g
-    graph = getattr(gm, "graph", None)
-    if graph is not None:
-        return str(graph)
-    return str(g)
-
-
-def graph_io_bytes(g) -> int | None:
-    """Bytes a graph must read (its tensor inputs) and write (its tensor outputs): the least
-    memory traffic of any implementation, used for the bandwidth of one-kernel graphs."""
-    gm = getattr(g, "graph_module", None) or getattr(g, "gm", None) or g
-    graph = getattr(gm, "graph", None)
-    if graph is None:
-        return None
-    import torch
-    total = 0
-
-    def nbytes(v):
-        return v.numel() * v.element_size() if isinstance(v, torch.Tensor) else 0
-    for n in graph.nodes:
-        if n.op == "placeholder":
-            total += nbytes(n.meta.get("val"))
-        elif n.op == "output":
-            outs = n.args[0] if isinstance(n.args[0], (tuple, list)) else [n.args[0]]
-            for o in outs:
-                if hasattr(o, "meta"):
-                    total += nbytes(o.meta.get("val"))
-    return total or None
-
-
-def graph_node_count(g) -> int | None:
-    gm = getattr(g, "graph_module", None) or getattr(g, "gm", None) or g
-    graph = getattr(gm, "graph", None)
-    if graph is None:
-        return None
-    return sum(1 for n in graph.nodes if n.op == "call_function")
+def kernel_json(k, path, source="") -> dict:
+    return {"name": k.name, "source": k.source, "provenance": kernel_provenance(k, path, source),
+            "sourceLines": sorted({line - 1 for f, line in k.source_lines if _same_file(f, path)}),
+            "bytes": k.bytes_moved, "timeMs": None, "share": None, "bandwidthGBs": None}
 
 
 def describe_compiled(compiled, path, source="") -> dict:
     import fuselens
     entries = fuselens.inspect(compiled)
-    graphs, transformed, guards = [], [], []
+    graphs = []
     for entry in entries:
-        src = getattr(entry, "source", None)
-        if src:
-            transformed.append(src)
-        guards.extend(str(g) for g in (getattr(entry, "guards", None) or []))
-        egraphs = list(getattr(entry, "graphs", None) or [])
-        calls = list(getattr(entry, "graph_calls", None) or [])
-        claimed = set()
-        for gi, g in enumerate(egraphs):
-            call = calls[gi] if gi < len(calls) else None
-            ks = getattr(call, "kernels", None) if call is not None else getattr(g, "kernels", None)
-            ks = list(ks or [])
-            claimed |= {id(k) for k in ks}
-            wrapper = getattr(call, "wrapper_source", None) if call is not None else getattr(g, "wrapper_source", None)
-            kjs = [kernel_json(k, path, source) for k in ks]
-            if len(kjs) == 1 and kjs[0]["bytes"] is None:
-                kjs[0]["bytes"] = graph_io_bytes(g)
-            graphs.append({"index": len(graphs), "ir": graph_ir(g), "nodeCount": graph_node_count(g),
-                           "kernels": kjs, "wrapper": wrapper, "function": getattr(entry, "function", "")})
-        rest = [k for k in (getattr(entry, "kernels", None) or []) if id(k) not in claimed]
-        if rest:
-            if graphs:
-                graphs[-1]["kernels"].extend(kernel_json(k, path, source) for k in rest)
-            else:
-                graphs.append({"index": 0, "ir": "", "nodeCount": None, "wrapper": None,
-                               "kernels": [kernel_json(k, path, source) for k in rest]})
-    return {"graphs": graphs, "transformedSource": "\n\n".join(transformed), "guards": guards,
-            "entries": len(entries)}
+        for g in entry.graphs:
+            kjs = [kernel_json(k, path, source) for k in g.kernels]
+            if len(kjs) == 1 and kjs[0]["bytes"] is None:  # dynamic sizes: the graph's own I/O
+                kjs[0]["bytes"] = g.io_bytes
+            graphs.append({"index": len(graphs), "ir": g.ir, "nodeCount": g.op_count, "kernels": kjs,
+                           "wrapper": g.wrapper, "function": entry.function})
+    return {"graphs": graphs, "transformedSource": "\n\n".join(e.source for e in entries if e.source),
+            "guards": [g.reason for e in entries for g in e.guards], "entries": len(entries)}
 
 
-def kernel_json(k, path, source="") -> dict:
-    nbytes = None
-    for attr in ("bytes_accessed", "num_bytes", "bytes"):
-        v = getattr(k, attr, None)
-        if isinstance(v, (int, float)):
-            nbytes = v
-            break
-    return {"name": getattr(k, "name", "kernel"), "source": getattr(k, "source", "") or "",
-            "provenance": kernel_provenance(k, path, source), "sourceLines": kernel_source_lines(k, path),
-            "bytes": nbytes,
-            "timeMs": None, "share": None, "bandwidthGBs": None}
+def break_json(b) -> dict:
+    """A break the concrete capture found, with its file (it may be in a callee's file) and the
+    calls that led there, for the server to publish where it occurs."""
+    return {"code": b.code, "title": b.title, "filename": os.path.realpath(b.filename) if b.filename else None,
+            "line": b.line - 1, "col": b.col, "endLine": (b.end_line or b.line) - 1, "endCol": b.end_col,
+            "explanation": b.explanation, "hint": b.hint, "docUrl": b.doc_url, "torchCode": b.torch_code,
+            "function": b.function,
+            "stack": [{"function": f.function, "filename": os.path.realpath(f.filename) if f.filename else None,
+                       "line": f.line - 1, "col": f.col, "endLine": (f.end_line or f.line) - 1, "endCol": f.end_col}
+                      for f in b.stack]}
 
 
 # ------------------------------------------------------------------ the job
@@ -551,11 +449,8 @@ def run_job(job: dict) -> dict:
 
     progress("capturing (fuselens.explain)", 25)
     expl = fuselens.explain(fn, *_detach_copy(args), **_detach_copy(kwargs))
-    result["graphCount"] = len(getattr(expl, "graphs", []) or [])
-    result["breaks"] = [{"code": b.code, "title": b.title, "line": b.line - 1, "col": b.col,
-                         "endLine": (b.end_line or b.line) - 1, "endCol": b.end_col,
-                         "explanation": b.explanation, "hint": b.hint, "docUrl": b.doc_url}
-                        for b in (getattr(expl, "graph_breaks", []) or [])]
+    result["graphCount"] = len(expl.graphs)
+    result["breaks"] = [break_json(b) for b in expl.graph_breaks]
     result["explanation"] = str(expl)
 
     progress("compiling with fuselens" + ("" if gpu else " (Triton interpreter: no GPU)"), 40)

@@ -6,7 +6,9 @@
 //   03 quick fix: Ctrl+. offers the verified fix; applying it rewrites the code, the squiggle goes
 //   04 "Compile & benchmark" from the code lens: the side panel shows functions → graphs → kernels
 //   05 click a kernel: its Triton source opens in a read-only editor with highlighting
-//   06 "Show transformed code" opens the transformed function beside the source
+//   06 "Show transformed code" opens the transformed function beside the source; kernel, graph and
+//      transformed code share one editor column
+//   07 a syntax error mid-edit: the squiggles stay (stale) and the status bar item says which line
 const { chromium } = require('playwright-core');
 const fs = require('fs');
 const os = require('os');
@@ -101,6 +103,9 @@ async function editorText() {
     await page.waitForFunction(() => document.querySelectorAll('.monaco-editor .squiggly-warning').length >= 2, null, { timeout: 30000 });
     log('squiggles visible', ((Date.now() - tOpen) / 1000).toFixed(1) + 's after open');
     await page.waitForSelector('.codelens-decoration a:has-text("Compile & benchmark")', { timeout: 30000 });
+    const statusItem = page.locator('.statusbar-item:has-text("fuselens:")').first();
+    await page.waitForSelector('.statusbar-item:has-text("graph break")', { timeout: 30000 });
+    log('status bar item:', (await statusItem.innerText()).trim());
     await shot('squiggle');
 
     // 02: hover the print() break
@@ -139,6 +144,9 @@ async function editorText() {
     await kernelRow.waitFor({ timeout: 240000 });
     await page.waitForSelector('.pane-body .monaco-list-row:has-text("graph 0")', { timeout: 10000 });
     log('side panel shows graphs and kernels:', (await kernelRow.innerText()).replace(/\s+/g, ' '));
+    // the function just benchmarked is selected and expanded
+    await page.waitForSelector('.pane-body .monaco-list-row.selected[aria-expanded="true"]:has-text("gelu_scale")', { timeout: 15000 });
+    log('gelu_scale revealed: selected and expanded');
     await page.waitForTimeout(500);
     await shot('side-panel');
     // the README's picture: a wider side panel, the remaining break's hover in the editor
@@ -173,11 +181,32 @@ async function editorText() {
     await page.waitForTimeout(300);
     await shot('kernel-source');
 
-    // 06: transformed code
+    // 06: the graph, then transformed code: in the kernel's column, not a new one each
+    const groups = () => page.locator('.editor-group-container').count();
+    await page.locator('.pane-body .monaco-list-row', { hasText: 'graph 0' }).first().click();
+    await page.waitForSelector('.tabs-container .tab.active:has-text(".fl-graph")', { timeout: 30000 });
     await page.locator('.pane-body .monaco-list-row', { hasText: 'Show transformed code' }).first().click();
     await page.waitForSelector('.tabs-container .tab.active:has-text("transformed.py")', { timeout: 30000 });
-    log('transformed code open');
+    const nGroups = await groups();
+    if (nGroups !== 2) { throw new Error(`kernel, graph and transformed code opened ${nGroups} editor columns, 2 expected`); }
+    log('transformed code open; kernel, graph and transformed code share one column');
     await shot('transformed-code');
+
+    // 07: a syntax error mid-edit keeps the squiggles and the status bar says why
+    await page.locator('.tabs-container .tab:has-text("showcase.py")').first().click();
+    await page.waitForSelector('.editor-group-container.active .tab.active:has-text("showcase.py")', { timeout: 10000 });
+    await toEndOfEditor();
+    await page.keyboard.type('y = +', { delay: 5 });  // no bracket: the editor would close it
+    const errLine = (await editorText()).split('\n').length;
+    await page.waitForSelector(`.statusbar-item:has-text("fuselens: syntax error on line ${errLine}")`, { timeout: 30000 });
+    await page.waitForTimeout(500);
+    const kept = await page.evaluate(() => document.querySelectorAll('.monaco-editor .squiggly-warning').length);
+    if (kept < 1) { throw new Error('a syntax error at the end of the file removed the diagnostics'); }
+    log(`syntax error on line ${errLine}: status bar says so, ${kept} squiggle(s) kept`);
+    await shot('syntax-error');
+    await page.keyboard.press('Shift+Home');
+    await page.keyboard.press('Delete');
+    await page.waitForSelector('.statusbar-item:has-text("graph break")', { timeout: 30000 });
     // 08: the language server dies; the extension restarts it and diagnostics come back
     const codeServerPid = Number(process.env.FUSELENS_E2E_CS_PID || 0);
     if (codeServerPid) {

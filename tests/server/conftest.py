@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -12,10 +13,14 @@ from lsprotocol import types as lsp
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
 SERVER = [sys.executable, "-m", "fuselens_lsp"]
+REPO = Path(__file__).resolve().parents[2]
+# pytest-lsp gives the server exactly this environment: without PYTHONPATH it would import the
+# fuselens_lsp and fuselens installed in the venv (another checkout's), not this one's
+SERVER_ENV = {**os.environ, "FUSELENS_INTERPRET": "1", "TRITON_INTERPRET": "1",
+              "PYTHONPATH": os.pathsep.join([str(REPO / "server"), str(REPO / "compiler")])}
 
 
-@pytest_lsp.fixture(config=ClientServerConfig(server_command=SERVER, server_env={"FUSELENS_INTERPRET": "1",
-                                                                                    "TRITON_INTERPRET": "1"}))
+@pytest_lsp.fixture(config=ClientServerConfig(server_command=SERVER, server_env=SERVER_ENV))
 async def client(lsp_client: LanguageClient):
     yield lsp_client
     await lsp_client.shutdown_session()

@@ -121,6 +121,8 @@ async def test_break_in_inlined_helper_has_related_information(session):
     rel = d.related_information[0]
     assert rel.location.uri == uri
     assert text_of(textwrap.dedent(src), rel.location.range).startswith("helper(x)")
+    # names the call made (the helper), not the function it is made in
+    assert rel.message == "`f` calls `helper` here", rel.message
 
 
 async def test_every_edit_reanalyses_and_half_typed_code_gives_no_stale_diagnostics(session):
@@ -139,7 +141,7 @@ async def test_every_edit_reanalyses_and_half_typed_code_gives_no_stale_diagnost
     diags = await session.diagnostics(uri)
     assert [(d.code, d.range.start.line) for d in diags] == [("FL100", 6)]
 
-    # broken everywhere: no diagnostics rather than stale ones
+    # broken everywhere, and shorter than the line of the last good diagnostic: nothing to keep
     await session.change(uri, "def (:\n")
     assert await session.diagnostics(uri) == []
 
@@ -225,3 +227,28 @@ async def test_changed_settings_reanalyse_open_files(session):
     session.client.workspace_did_change_configuration(lsp.DidChangeConfigurationParams(
         settings={"fuselens": {"informationSeverity": "hint"}}))
     assert [d.severity for d in await session.diagnostics(uri)] == [lsp.DiagnosticSeverity.Hint]
+
+
+async def test_side_panel_lists_compiled_functions_and_callees_with_breaks_first(session):
+    src = '''\
+    import torch
+
+
+    def unrelated(x):
+        return torch.cos(x)
+
+
+    def helper(x):
+        print("inside")
+        return x + 1
+
+
+    @torch.compile
+    def f(x):
+        return helper(x) * 2
+    '''
+    await session.init()
+    uri = await session.open("panel.py", src)
+    r = as_dict(await session.request("fuselens/functions", {"uri": uri}))
+    fns = r["documents"][0]["functions"]
+    assert [(f["qualname"], f["relevant"]) for f in fns] == [("f", True), ("helper", True), ("unrelated", False)]

@@ -157,3 +157,43 @@ def test_rewrite_where_refuses_dependent_assignments_and_other_statements():
 def test_non_bool_condition_is_converted():
     src = "import torch\ndef f(x, m):\n    if m:\n        y = x\n    else:\n        y = -x\n    return y\n"
     assert "    y = torch.where(m.bool(), x, -x)\n" in rewrite_where(_Tree(src), (3, 7), (3, 8))
+
+
+def test_worker_reports_bytes_moved_for_every_kernel_of_a_multi_kernel_graph(monkeypatch):
+    """Bandwidth needs each kernel's bytes; the worker used to read attributes no kernel has."""
+    import os
+    import torch
+    monkeypatch.setenv("FUSELENS_INTERPRET", "1")
+    import fuselens
+    from fuselens_lsp.worker import describe_compiled
+
+    def f(x):
+        m = x.softmax(-1)           # a row reduction ...
+        return m.sum(0) + x.amax()  # ... and reductions of other shapes: several kernels
+    cf = fuselens.compile(f)
+    x = torch.randn(16, 32)
+    torch.testing.assert_close(cf(x), f(x))
+    d = describe_compiled(cf, os.path.abspath(__file__), open(__file__).read())
+    kernels = [k for g in d["graphs"] for k in g["kernels"]]
+    assert len(d["graphs"]) == 1 and len(kernels) > 1, d
+    assert all(isinstance(k["bytes"], int) and k["bytes"] > 0 for k in kernels), [k["bytes"] for k in kernels]
+    assert all(k["sourceLines"] and k["provenance"] for k in kernels)
+
+
+def test_related_information_names_the_call_made_at_each_level():
+    from fuselens.capture.breaks import Frame, GraphBreak
+    from fuselens_lsp.analysis import call_message
+    b = GraphBreak("FL100", "print()", "", "", "m.py", 3, 4, 3, 12,
+                   (Frame("showcase", "m.py", 10, 4, 10, 15), Frame("outer_helper", "m.py", 6, 4, 6, 20)),
+                   function="inner_helper")
+    assert call_message(b, 0, "showcase") == "`showcase` calls `outer_helper` here; the break is in `inner_helper`"
+    assert call_message(b, 1, "showcase") == "`outer_helper` calls `inner_helper` here (inlined into `showcase`)"
+
+
+def test_server_modules_do_not_import_torch_or_libcst():
+    import subprocess
+    import sys
+    code = ("import sys, fuselens_lsp.server, fuselens_lsp.analysis; "
+            "print(sorted(m for m in ('torch', 'libcst', 'fuselens') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -42,6 +42,7 @@ class KernelInfo:
     name: str
     source: str
     source_lines: list  # sorted (filename, line) the kernel's lines came from
+    bytes_moved: int | None = None  # of the tensors it reads and writes; None with dynamic sizes
 
 
 @dataclass
@@ -88,8 +89,9 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
         itemsize = min((b.dtype.itemsize for b in writer.buffers.values()), default=4)
         kernel = launcher.TritonKernel(name, source, writer.mode, mode == "max-autotune", itemsize, pdl)
         kernels[id(step)] = (kernel, writer)
-        infos.append(KernelInfo(name, source, sorted(writer.source_lines)))
         tensors, scalars, sizes = writer.launch_signature()
+        infos.append(KernelInfo(name, source, sorted(writer.source_lines),
+                                _bytes_moved([writer.buffers[n] for n in tensors])))
         try:
             jobs += kernel.compile_jobs([writer.buffers[n].dtype for n in tensors],
                                         [0 if a == "seed" else a for a in scalars], sizes, torch.device(device))
@@ -98,6 +100,19 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
     source, call = generate_wrapper(lowered, sched, kernels, device)
     _log("codegen", "%s", lambda: "\n\n".join([info.source for info in infos] + [source]))
     return Program(call, infos, source, lowered.has_seed, jobs)
+
+
+def _bytes_moved(buffers) -> int | None:
+    """Bytes of the tensors a kernel takes (each read or written once): the traffic the
+    bandwidth figure divides by. None where a size is symbolic (a dynamic dim)."""
+    total = 0
+    for b in buffers:
+        try:
+            n = int(b.numel())
+        except TypeError:  # a symbolic size
+            return None
+        total += n * b.dtype.itemsize
+    return total
 
 
 def uses_triton(inputs) -> bool:

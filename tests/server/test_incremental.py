@@ -1,0 +1,118 @@
+"""Incremental analysis gives what a full analysis gives, after every kind of edit."""
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_latency import make_source  # noqa: E402
+
+from fuselens_lsp.analysis import run_analysis  # noqa: E402
+from fuselens_lsp.incremental import IncrementalAnalyzer  # noqa: E402
+
+
+def summary(analysis):
+    def brk(b):
+        return (b.code, b.filename, b.line, b.col, b.end_line, b.end_col, b.function,
+                tuple((f.function, f.line, f.col, f.end_line, f.end_col) for f in b.stack))
+    return [(f.qualname, f.line, f.col, f.end_line, f.end_col, f.compiled, f.uses_torch, f.graph_count,
+             tuple(brk(b) for b in f.breaks)) for f in analysis.functions]
+
+
+def edits(src: str, rng: random.Random):
+    """Edits of every kind an editor makes: inside a function, lines added and removed above
+    others, a helper's break removed, compile calls added and removed, imports changed."""
+    lines = src.split("\n")
+    body = [i for i, t in enumerate(lines) if t.startswith("    ") and "=" in t]
+    yield "type in a body", "\n".join(lines[:body[5]] + [lines[body[5]] + "  # x"] + lines[body[5] + 1:])
+    yield "blank lines at the top", "\n\n\n" + src
+    i = next(i for i, t in enumerate(lines) if t.startswith("def helper_"))
+    yield "new line inside a helper", "\n".join(lines[:i + 1] + ["    q = x.cos()"] + lines[i + 1:])
+    yield "helper loses its break", src.replace("    if b.max() > 0.9:\n        b = b * 0.5\n", "\n\n", 1)
+    yield "print added to a helper", src.replace("    a = x.exp()\n", "    a = x.exp()\n    print(a)\n", 1)
+    yield "a function compiled by a call", src + "\nh = torch.compile(helper_1)\n"
+    yield "a function that compiles another", src + "\ndef main():\n    return torch.compile(helper_1)\n"
+    yield "a module compiled through an instance", src + "\ndef build():\n    m = Block7(8)\n    return torch.compile(m)\n"
+    yield "decorator removed", src.replace("@torch.compile\n", "", 1)
+    yield "import removed", src.replace("import torch.nn.functional as F\n", "")
+    yield "a method added to a module", src.replace(
+        "    def forward(self, x):\n", "    def extra(self, x):\n        return x.item()\n\n    def forward(self, x):\n", 1)
+    for k in range(6):
+        ln = rng.choice(body)
+        yield f"random line {ln} duplicated", "\n".join(lines[:ln] + [lines[ln]] + lines[ln:])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_incremental_analysis_equals_full_analysis_after_each_edit(seed):
+    src = make_source(600)
+    inc = IncrementalAnalyzer()
+    full, _, _ = run_analysis(src, "/tmp/big.py")
+    got, _, _ = run_analysis(src, "/tmp/big.py", inc)
+    assert summary(got) == summary(full)
+    for what, text in edits(src, random.Random(seed)):
+        full, err, _ = run_analysis(text, "/tmp/big.py")
+        got, err2, _ = run_analysis(text, "/tmp/big.py", inc)
+        assert (err, summary(got)) == (err2, summary(full)), what
+        # and back to the original: everything from the cache, moved back
+        hits = inc.hits
+        got, _, _ = run_analysis(src, "/tmp/big.py", inc)
+        assert summary(got) == summary(run_analysis(src, "/tmp/big.py")[0]), what + " (undone)"
+        assert inc.hits > hits
+
+
+def test_which_class_an_instance_is_made_of_is_followed():
+    """`m = Block7(8)` then `torch.compile(m)` compiles Block7.forward: retargeting the
+    assignment (the compile call unchanged) moves compiled-ness to the other class."""
+    src = make_source(600)
+    inc = IncrementalAnalyzer()
+    for cls in ("Block7", "Block3", "Block7"):
+        text = src + f"\ndef build():\n    m = {cls}(8)\n    return torch.compile(m)\n"
+        got, _, _ = run_analysis(text, "/tmp/big.py", inc)
+        full, _, _ = run_analysis(text, "/tmp/big.py")
+        assert summary(got) == summary(full), cls
+        assert {f.qualname for f in got.functions if f.compiled and f.qualname.endswith("forward")} >= {f"{cls}.forward"}
+
+
+def test_a_global_instance_leads_to_its_class():
+    """A function that calls a module-level instance inlines the class's forward: editing the
+    class must re-analyse the function that uses the global."""
+    quiet = "        return x.sin()\n"
+    noisy = "        print(x)\n        return x.sin()\n"
+    text = ("import torch\nimport torch.nn as nn\n\n\nclass M(nn.Module):\n    def forward(self, x):\n{body}\n\n"
+            "model = M()\n\n\n@torch.compile\ndef use(x):\n    return model(x) * 2\n")
+    inc = IncrementalAnalyzer()
+    for body in (quiet, noisy, quiet):
+        got, _, _ = run_analysis(text.format(body=body), "/tmp/g.py", inc)
+        full, _, _ = run_analysis(text.format(body=body), "/tmp/g.py")
+        assert summary(got) == summary(full), body
+        use = next(f for f in got.functions if f.qualname == "use")
+        assert [b.code for b in use.breaks] == (["FL100"] if body == noisy else []), use.breaks
+
+
+def test_random_edits_keep_incremental_equal_to_full():
+    """Keystroke-like random edits (characters typed or deleted, lines split, joined, moved),
+    each compared with a full analysis: the same results or the same syntax error."""
+    rng = random.Random(7)
+    text = make_source(400)
+    inc = IncrementalAnalyzer()
+    alphabet = ["x", " ", "(", ")", ":", "\n", "    ", "print(x)\n", "torch.compile(", "1", "#", "."]
+    for step in range(40):
+        i = rng.randrange(len(text) + 1)
+        op = rng.random()
+        if op < 0.5:
+            text = text[:i] + rng.choice(alphabet) + text[i:]
+        elif op < 0.8:
+            text = text[:i] + text[i + rng.randint(1, 12):]
+        else:  # move a line elsewhere
+            lines = text.split("\n")
+            a, b = rng.randrange(len(lines)), rng.randrange(len(lines))
+            lines.insert(b, lines.pop(a))
+            text = "\n".join(lines)
+        full, err, rep = run_analysis(text, "/tmp/r.py")
+        got, err2, rep2 = run_analysis(text, "/tmp/r.py", inc)
+        assert (err, rep, full is None) == (err2, rep2, got is None), step
+        if full is not None:
+            assert summary(got) == summary(full), (step, text)
