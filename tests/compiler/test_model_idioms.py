@@ -185,6 +185,22 @@ class _Scaled(torch.nn.Linear):
         return super().forward(x) * 2
 
 
+class _ScaledPrinting(torch.nn.Linear):
+    def forward(self, x):
+        y = super().forward(x) * 2
+        print("break")                       # a break inside a method that uses super()
+        return super().forward(y).relu()     # ... and super() after it, in the resume
+
+
+class _Outer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _ScaledPrinting(3, 3)
+
+    def forward(self, x):
+        return self.inner(x) + 1             # the break is inside an inlined method
+
+
 def act_from_registry(x):
     act = _REG.get_interface("gelu", torch.relu)
     return act(x) * 2
@@ -193,6 +209,13 @@ def act_from_registry(x):
 def test_zero_argument_super():
     check(act_from_registry, torch.randn(3), graphs=1, breaks=[])
     check(_Scaled(3, 3), torch.randn(2, 3), graphs=1, breaks=[])
+
+
+def test_zero_argument_super_in_code_around_a_break(capsys):
+    """Generated functions (the transformed function, break helpers, resumes) have no
+    `__class__` cell: their `super()` is written `super(cls, self)`."""
+    check(_ScaledPrinting(3, 3), torch.randn(2, 3), breaks=["FL100"])
+    check(_Outer(), torch.randn(2, 3), breaks=["FL100"])
 
 
 LIB = '''

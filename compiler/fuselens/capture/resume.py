@@ -229,6 +229,20 @@ class Materializer:
         return text if item is None else f"{text}[{item}]"
 
 
+def _super_site(frame):
+    """(class, first parameter) of a method whose frame may use zero-argument `super()`."""
+    fs = frame.scope.fs
+    params = fs.params.posonlyargs + fs.params.args if fs.params is not None else []
+    if "__class__" not in fs.closure or not params:
+        return None
+    return fs.closure["__class__"], params[0].arg
+
+
+def _has_zero_arg_super(nodes) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "super"
+               and not n.args for st in nodes for n in ast.walk(st))
+
+
 def _position(node) -> tuple:
     return node.lineno, node.col_offset, node.end_lineno, node.end_col_offset
 
@@ -421,7 +435,7 @@ class Writer:
     def _function(self, frame, name, params, body, qualname, consts) -> FunctionSource:
         """A generated function continuing `frame`'s code, with the file's locations."""
         fs = frame.scope.fs
-        body = local_defs(frame, body) + list(body)
+        body, consts = self.explicit_super(frame, local_defs(frame, body) + list(body), consts)
         body = unbound_locals(fs.node, body, params) + body
         node = ast.FunctionDef(name=name, args=_args(params), body=body or [ast.Pass()],
                                decorator_list=[], returns=None, type_comment=None, type_params=[])
@@ -434,6 +448,25 @@ class Writer:
         return FunctionSource(name=name, qualname=qualname, filename=fs.filename, node=node,
                               globals=fs.globals, closure=dict(consts or {}), generated=True,
                               source_text=_unparse_fn(node))
+
+    def explicit_super(self, frame, stmts, consts=None):
+        """`super()` in code of a method, moved into a generated function (which has no
+        `__class__` cell and whose first parameter is not `self`), as `super(cls, self)`;
+        `cls` is a constant of the namespace (and of `consts`, for a generated function)."""
+        site = _super_site(frame)
+        if site is None or not _has_zero_arg_super(stmts):
+            return stmts, consts
+        cls, first = site
+        name = self.sources.constant(cls, cls.__name__)
+
+        class Explicit(ast.NodeTransformer):
+            def visit_Call(self, node):
+                self.generic_visit(node)
+                if isinstance(node.func, ast.Name) and node.func.id == "super" and not node.args:
+                    node.args = [ast.Name(id=name, ctx=ast.Load()), ast.Name(id=first, ctx=ast.Load())]
+                return node
+        out = [ast.fix_missing_locations(Explicit().visit(copy.deepcopy(st))) for st in stmts]
+        return out, {**(consts or {}), name: cls}
 
     def new_resume(self, frame: FrameAtBreak, params: list[str], body: list, tag: str,
                    consts=None) -> str:
@@ -448,6 +481,8 @@ class Writer:
         _bind_rest_items(frame, after)
         # local functions are defined again in the resume; what they close over is live
         names = (loaded_names(after) | loaded_names(local_defs(frame, after))) - _local_fn_names(frame)
+        if _super_site(frame) is not None and _has_zero_arg_super(after):
+            names.add(_super_site(frame)[1])  # `super()` becomes `super(cls, self)` there
         defined = set(frame.vars) | set(extra_defined)
         return sorted(n for n in names & defined)
 
@@ -460,6 +495,7 @@ class Writer:
             stmt = self.compiling_calls(s, sig)
         else:
             stmt = substitute(s, frame.completed, self.mat, temps)
+        stmt = self.explicit_super(frame, [stmt])[0][0]
         if sig.cond is not None and isinstance(s, ast.If):
             test = stmt.test
             then_name, then_params = self._branch_resume(frame, s.body, "then branch")
@@ -547,6 +583,7 @@ class Writer:
         st, inn, cond = f"__fl_state{uid}", f"__fl_inner{uid}", f"__fl_cond{uid}"
         temps: dict[str, str] = {}
         stmt = self.compiling_calls(s, sig) if sig.whole_stmt else substitute(s, inner.completed, self.mat, temps)
+        stmt = self.explicit_super(inner, [stmt])[0][0]
         # -- the innermost frame: the helper that runs the break, and its continuation
         if sig.cond is not None and isinstance(s, ast.If):
             cur = ast.copy_location(ast.If(test=ast.Name(id=cond, ctx=ast.Load()),
