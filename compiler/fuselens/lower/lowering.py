@@ -187,6 +187,10 @@ class Lowering:
             return self._lazy(shape, dtype, loc, self._slice_backward_fn(dtype, *args), args)
         if p is prim.cat:
             return self._lazy(shape, dtype, loc, self._cat_fn(shape, dtype, *args), args[0])
+        if p is prim.stop_gradient:
+            # autograd is done before lowering: here a detach is its input (as in eager, which
+            # aliases it), not a kernel copying an extern's result before the next extern reads it
+            return args[0]
         operands = args[1:] if p is prim.where else args
         tensor_dtypes = [a.dtype for a in operands if isinstance(a, TensorValue)]
         const_dtype = tensor_dtypes[0] if tensor_dtypes else dtype
