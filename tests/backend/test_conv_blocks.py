@@ -97,3 +97,21 @@ def test_detach_of_an_input_is_no_copy():
         torch.testing.assert_close(a, b)
         assert a.requires_grad == b.requires_grad is False
     assert got[1].data_ptr() == x.data_ptr()  # an alias, as eager's detach
+
+
+def test_identical_kernels_compile_once():
+    """A ResNet's repeated blocks generate the same kernel at several places in the graph: it is
+    one module (one cubin on a GPU), however its source lines and index in the graph differ."""
+    from fuselens.codegen import launcher
+    m = torch.nn.Sequential(model(), model(), model())
+    x = torch.randn(2, 8, 6, 6, device=DEVICE)
+    with torch.no_grad():
+        want = m(x)
+        before = len(launcher._modules)
+        got, kernels, _ = first_call(m, x)
+    torch.testing.assert_close(got, want)
+    assert len(kernels) == 6
+    compiled = {launcher.canonical(k.name, k.source) for k in fuselens.inspect(m)[0].kernels}
+    assert len(compiled) < len(kernels)
+    if DEVICE == "cpu":  # the interpreter loads every kernel it runs
+        assert len(launcher._modules) - before <= len(compiled)
