@@ -1,6 +1,7 @@
 """Convolution blocks as CNNs run them (ResNet's conv -> BatchNorm -> ReLU, residual add):
 compiled equals eager, and inference needs one pass after each convolution (no kernel copying a
 convolution's result, BatchNorm with its running statistics fused with the ReLU and the add)."""
+import re
 import warnings
 
 import pytest
@@ -115,3 +116,29 @@ def test_identical_kernels_compile_once():
     assert len(compiled) < len(kernels)
     if DEVICE == "cpu":  # the interpreter loads every kernel it runs
         assert len(launcher._modules) - before <= len(compiled)
+
+
+class PreNormBlock(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.n1, self.f1, self.n2, self.f2 = nn.LayerNorm(d), nn.Linear(d, d), nn.LayerNorm(d), nn.Linear(d, d)
+
+    def forward(self, x):
+        x = x + self.f1(self.n1(x))
+        return x + self.f2(self.n2(x))
+
+
+def test_residual_stream_is_stored_not_recomputed_by_every_later_kernel():
+    """x = x + f(x), block after block: each kernel reads a bounded number of buffers, however
+    deep the stack (recomputed, the residual stream made the n-th layer norm read n outputs)."""
+    d, depth = 16, 8
+    torch.manual_seed(0)
+    m = nn.Sequential(*[PreNormBlock(d) for _ in range(depth)]).to(DEVICE).eval()
+    x = torch.randn(2, 5, d, device=DEVICE)
+    with torch.no_grad():
+        want = m(x)
+        got, kernels, _ = first_call(m, x)
+    torch.testing.assert_close(got, want)
+    sources = [k.source for k in fuselens.inspect(m)[0].kernels]
+    reads = [len(set(re.findall(r"\bin_ptr\d+\b", s.split("):", 1)[0]))) for s in sources]
+    assert max(reads) <= 5, reads

@@ -20,6 +20,24 @@ INLINE_COST_LIMIT = 48
 # operations than this: reshapes that regroup dims across a transpose do not simplify, and each
 # one multiplies the index of every reshape after it (compile time exponential in their number)
 INDEX_OPS_LIMIT = 200
+# A lazy value that reads this many buffers or more and is used more than once is stored: each
+# consumer kernel would read all of them again (a transformer's residual stream, x + f(x) block
+# after block, made every layer norm re-read every earlier block's output: ViT-B's took 1 ms
+# each on an H100). Fewer reads recompute (softmax's exp(x - max) read by its sum and its divide).
+REALIZE_READS = 3
+
+
+def reads_of(values) -> frozenset:
+    """The buffers loads of these values read (lazy values' reads, views' buffers)."""
+    out = set()
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            out |= reads_of(v)
+        elif isinstance(v, View):
+            out.add(v.buf.name)
+        elif isinstance(v, Lazy):
+            out |= v.reads
+    return frozenset(out)
 
 
 class _Seed:
@@ -203,14 +221,17 @@ class Lowering:
             if p is prim.convert:
                 return ops().to_dtype(vals[0], kwargs["dtype"])
             return ops().pointwise(p, vals, dtype)
-        return self._lazy(shape, dtype, loc, fn, args)
+        v = self._lazy(shape, dtype, loc, fn, args)
+        if isinstance(v, Lazy) and len(node.users) > 1 and len(v.reads) >= REALIZE_READS:
+            return self.realize(v)
+        return v
 
     def _lazy(self, shape, dtype, loc, fn, inputs):
         def located(idx):  # kernel lines of this op carry its source location
             with ops().at(loc):
                 return fn(idx)
         cost = 1 + sum(a.cost for a in inputs if isinstance(a, Lazy))
-        v = Lazy(shape, dtype, located, cost, loc)
+        v = Lazy(shape, dtype, located, cost, loc, reads=reads_of(inputs))
         return self.realize(v) if cost > INLINE_COST_LIMIT else v
 
     def _slice_backward_fn(self, dtype, src, _shape, dim, start, end, step):
@@ -263,7 +284,7 @@ class Lowering:
                 return View(x.buf, out_shape, tuple(x.stride[d] for d in dims), x.offset)
             inverse = [dims.index(d) for d in range(len(dims))]
             return Lazy(out_shape, x.dtype, lambda idx: x.load([idx[i] for i in inverse]), x.cost, x.loc,
-                        permute_of=(x, tuple(dims)))
+                        permute_of=(x, tuple(dims)), reads=x.reads)
         if p is prim.expand:
             if isinstance(x, View):
                 lead = len(out_shape) - len(x.shape)
@@ -271,7 +292,7 @@ class Lowering:
                                               zip(x.shape, out_shape[lead:], x.stride))
                 return View(x.buf, out_shape, stride, x.offset)
             return Lazy(out_shape, x.dtype, lambda idx: x.load(broadcast_index(idx, out_shape, x.shape)), x.cost,
-                        x.loc)
+                        x.loc, reads=x.reads)
         if p is prim.slice:
             _, dim, start, end, step = args
             if isinstance(x, View):
@@ -283,7 +304,7 @@ class Lowering:
                 src = list(idx)
                 src[dim] = start + step * idx[dim]
                 return x.load(src)
-            return Lazy(out_shape, x.dtype, fn, x.cost, x.loc)
+            return Lazy(out_shape, x.dtype, fn, x.cost, x.loc, reads=x.reads)
         if p is prim.reshape:
             if isinstance(x, Lazy) and self.index_ops(x, out_shape) > INDEX_OPS_LIMIT:
                 x = self.realize(x)
@@ -292,7 +313,7 @@ class Lowering:
                 if stride is not None:
                     return View(x.buf, out_shape, stride, x.offset)
             return Lazy(out_shape, x.dtype, lambda idx: x.load(reshape_index(idx, out_shape, x.shape, ops())),
-                        getattr(x, "cost", 1), getattr(x, "loc", None))
+                        getattr(x, "cost", 1), getattr(x, "loc", None), reads=reads_of([x]))
         raise NotImplementedError(p)
 
     def index_ops(self, x, out_shape):
