@@ -151,10 +151,17 @@ def results(model, run, w):
 
 
 def max_error(got, want) -> float:
-    errs = [((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
-            for a, b in zip(got[0] + got[1], want[0] + want[1])]
+    """max|got - want| / max|want| over each output and gradient; a gradient's max|want| taken as
+    at least 1e-3 of the largest gradient's (a gradient that is zero in exact arithmetic, or
+    nearly, is rounding noise in both; the committed H100 run, without this floor, gave ResNet-50's
+    bf16 training step 2.0 for fuselens and Inductor alike: not re-measured since)."""
     if len(got[0]) != len(want[0]) or len(got[1]) != len(want[1]):
         return float("inf")
+    floor = 1e-3 * max([b.float().abs().max().item() for b in want[1]] or [0.0])
+    errs = [((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
+            for a, b in zip(got[0], want[0])]
+    errs += [((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(max(floor, 1e-30))).item()
+             for a, b in zip(got[1], want[1])]
     return max(errs, default=0.0)
 
 
