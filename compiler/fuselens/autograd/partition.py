@@ -93,12 +93,15 @@ class _FlowNet:
                         queue.append(v)
             if t not in level:
                 break
-            # per node, the neighbours not yet found useless this round (a dead end stays dead)
-            todo = {u: [v for v, c in cap[u].items() if c > 0 and level.get(v) == level[u] + 1] for u in level}
+            # per node reached this round, the next-level neighbours not yet found useless (a dead
+            # end stays dead within a round)
+            todo: dict = {}
             while True:
                 path, u = [], s
                 while u != t:  # walk down the levels, backing off dead ends
-                    nxt = todo[u]
+                    nxt = todo.get(u)
+                    if nxt is None:
+                        nxt = todo[u] = [v for v, c in cap[u].items() if c > 0 and level.get(v) == level[u] + 1]
                     while nxt and cap[u][nxt[-1]] <= 0:
                         nxt.pop()
                     if nxt:
