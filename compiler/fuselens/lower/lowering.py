@@ -20,21 +20,24 @@ INLINE_COST_LIMIT = 48
 # operations than this: reshapes that regroup dims across a transpose do not simplify, and each
 # one multiplies the index of every reshape after it (compile time exponential in their number)
 INDEX_OPS_LIMIT = 200
-# A lazy value that reads this many buffers or more and is used more than once is stored: each
-# consumer kernel would read all of them again (a transformer's residual stream, x + f(x) block
-# after block, made every layer norm re-read every earlier block's output: ViT-B's took 1 ms
-# each on an H100). Fewer reads recompute (softmax's exp(x - max) read by its sum and its divide).
-REALIZE_READS = 3
+# A lazy value used more than once is stored when a load of it reads this many times its own
+# elements or more: each consumer kernel would read all of that again, where storing it costs one
+# write and a read per consumer (none for a consumer fused into the kernel that computes it). A
+# transformer's residual stream, x + f(x) block after block, left lazy made every layer norm
+# re-read every earlier block's output (ViT-B's took 1 ms each on an H100). Less is recomputed:
+# softmax's exp(x - max), layer norm's (x - mean) * rstd in its backward (per-row vectors are small).
+REALIZE_READS = 2
 
 
 def reads_of(values) -> frozenset:
-    """The buffers loads of these values read (lazy values' reads, views' buffers)."""
+    """The buffers loads of these values read, as (name, elements) (lazy values' reads, views'
+    buffers)."""
     out = set()
     for v in values:
         if isinstance(v, (list, tuple)):
             out |= reads_of(v)
         elif isinstance(v, View):
-            out.add(v.buf.name)
+            out.add((v.buf.name, v.buf.numel()))
         elif isinstance(v, Lazy):
             out |= v.reads
     return frozenset(out)
@@ -222,7 +225,8 @@ class Lowering:
                 return ops().to_dtype(vals[0], kwargs["dtype"])
             return ops().pointwise(p, vals, dtype)
         v = self._lazy(shape, dtype, loc, fn, args)
-        if isinstance(v, Lazy) and len(node.users) > 1 and len(v.reads) >= REALIZE_READS:
+        if isinstance(v, Lazy) and len(node.users) > 1 and \
+                sum(n for _, n in v.reads) >= REALIZE_READS * math.prod(shape):
             return self.realize(v)
         return v
 
