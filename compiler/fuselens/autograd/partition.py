@@ -58,7 +58,7 @@ def _tangent_dependent(graph):
 
 
 class _FlowNet:
-    """A small directed flow network and its minimum cut (Edmonds-Karp). Importing networkx
+    """A small directed flow network and its minimum cut (Dinic). Importing networkx
     for this cost a cold first call more than the whole partition."""
 
     def __init__(self):
@@ -78,28 +78,49 @@ class _FlowNet:
 
     def minimum_cut_source_side(self, s, t) -> set:
         """Saturate a maximum flow, then return the nodes that cannot reach `t` in the residual
-        network (networkx's `minimum_cut` partition: the cut closest to the sink)."""
+        network (networkx's `minimum_cut` partition: the cut closest to the sink, the same for
+        every maximum flow). Dinic's algorithm: each round a BFS levels the residual network and
+        depth-first searches push flow along shortest paths until none is left (one BFS per
+        augmenting path, as Edmonds-Karp did, was 0.4 s of a ResNet-50 training compile)."""
         cap = self.cap
         while True:
-            parent, queue = {s: None}, collections.deque([s])
-            while queue and t not in parent:
+            level, queue = {s: 0}, collections.deque([s])
+            while queue:
                 u = queue.popleft()
                 for v, c in cap[u].items():
-                    if c > 0 and v not in parent:
-                        parent[v] = u
+                    if c > 0 and v not in level:
+                        level[v] = level[u] + 1
                         queue.append(v)
-            if t not in parent:
+            if t not in level:
                 break
-            path, v = [], t
-            while parent[v] is not None:
-                path.append((parent[v], v))
-                v = parent[v]
-            flow = min(cap[u][v] for u, v in path)
-            if flow == math.inf:
-                raise ValueError("unbounded flow: nothing to cut between forward and backward")
-            for u, v in path:
-                cap[u][v] -= flow
-                cap[v][u] += flow
+            # per node reached this round, the next-level neighbours not yet found useless (a dead
+            # end stays dead within a round)
+            todo: dict = {}
+            while True:
+                path, u = [], s
+                while u != t:  # walk down the levels, backing off dead ends
+                    nxt = todo.get(u)
+                    if nxt is None:
+                        nxt = todo[u] = [v for v, c in cap[u].items() if c > 0 and level.get(v) == level[u] + 1]
+                    while nxt and cap[u][nxt[-1]] <= 0:
+                        nxt.pop()
+                    if nxt:
+                        path.append(u)
+                        u = nxt[-1]
+                    elif path:
+                        u = path.pop()
+                        todo[u].pop()  # the edge into the dead end
+                    else:
+                        break
+                if u != t:
+                    break
+                path.append(t)
+                flow = min(cap[a][b] for a, b in zip(path, path[1:]))
+                if flow == math.inf:
+                    raise ValueError("unbounded flow: nothing to cut between forward and backward")
+                for a, b in zip(path, path[1:]):
+                    cap[a][b] -= flow
+                    cap[b][a] += flow
         reaches_sink, queue = {t}, collections.deque([t])
         while queue:  # backwards over edges with residual capacity
             v = queue.popleft()

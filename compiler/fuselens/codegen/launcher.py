@@ -336,6 +336,17 @@ def grid0(mode, sizes, config):
     return -(-sizes[0] // config.XBLOCK)
 
 
+_INDEX_SUFFIX = re.compile(r"_\d+$")
+
+
+def canonical(name: str, source: str) -> tuple[str, str]:
+    """(name, source) of the kernel as compiled: the name without its index in the graph
+    (`fl_poi_fused_add_relu_7` -> `fl_poi_fused_add_relu`), comments (source lines) dropped."""
+    base = _INDEX_SUFFIX.sub("", name)
+    lines = [line.split("  # ", 1)[0].rstrip() if "  # " in line else line for line in source.split("\n")]
+    return base, "\n".join(lines).replace(f"def {name}(", f"def {base}(", 1)
+
+
 class TritonKernel:
     """A generated kernel as the wrapper calls it: `kernel.run(*args, xnumel=..., rnumel=...)`,
     args being tensors first, then scalars.
@@ -347,6 +358,10 @@ class TritonKernel:
 
     def __init__(self, name, source, mode, max_autotune=False, itemsize=4, pdl=False):
         self.name, self.source, self.mode, self.max_autotune = name, source, mode, max_autotune
+        # what is compiled: the source without its position in the graph (the name's index) and
+        # without source-line comments, so identical kernels (a ResNet's blocks, a kernel in
+        # another graph or process) share one module, one cubin and its cache entry
+        self.compiled_name, self.compiled_source = canonical(name, source)
         self.pdl = pdl  # the source waits for the previous kernel (gdc_wait): launch it with PDL
         self.itemsize = itemsize  # of the narrowest dtype the kernel loads or stores
         self.best: dict = {}  # (device, xnumel, rnumel) -> Config
@@ -357,7 +372,7 @@ class TritonKernel:
     @property
     def fn(self):
         if self._fn is None:
-            self._fn = getattr(load_module(self.source), self.name)
+            self._fn = getattr(load_module(self.compiled_source), self.compiled_name)
         return self._fn
 
     def run(self, *args, xnumel, rnumel=None, xchunk=None):
@@ -406,7 +421,7 @@ class TritonKernel:
         if INTERPRET or device.type != "cuda" or not sizes[0]:
             return []
         index = device.index if device.index is not None else torch_cuda_device()
-        return [cubin_job(self.fn, self.source, self.name, self.specialize(args, sz, c)[0], c, index)
+        return [cubin_job(self.fn, self.compiled_source, self.compiled_name, self.specialize(args, sz, c)[0], c, index)
                 for args, sz, c in self.expected_launches(dtypes, scalars, sizes)]
 
     def launch_for(self, args, sizes, config):
@@ -416,7 +431,7 @@ class TritonKernel:
         launch = self._launches.get(key)
         if launch is None:
             device = key[1]
-            binary = load_binary(self.fn, self.source, self.name, spec, config, device)
+            binary = load_binary(self.fn, self.compiled_source, self.compiled_name, spec, config, device)
             launch = cuda.make_launch(binary, self.fn.params, spec, args, sizes, grid0(self.mode, sizes, config),
                                       device, self.pdl)
             self._launches[key] = launch
@@ -425,7 +440,8 @@ class TritonKernel:
     def autotune(self, args, sizes, candidates):
         """Time each config once per shape on the GPU (kernels are pure: outputs never alias inputs)."""
         device = torch_cuda_device()
-        compile_concurrently([cubin_job(self.fn, self.source, self.name, self.specialize(args, sizes, c)[0], c, device)
+        compile_concurrently([cubin_job(self.fn, self.compiled_source, self.compiled_name,
+                                        self.specialize(args, sizes, c)[0], c, device)
                               for c in candidates])
         timings, error = [], None
         for config in candidates:
@@ -517,7 +533,8 @@ def compile_concurrently(jobs):
     from . import cuda
     from ..runtime import stats
     directory = cubin_dir()
-    missing = [(k, f) for k, f in jobs if k not in _binaries and not os.path.exists(os.path.join(directory, k + ".json"))]
+    missing = list({k: (k, f) for k, f in jobs  # identical kernels compile once
+                    if k not in _binaries and not os.path.exists(os.path.join(directory, k + ".json"))}.values())
     if len(missing) < 2:
         return
     with stats.triton_compile(), ThreadPoolExecutor(len(missing)) as pool:

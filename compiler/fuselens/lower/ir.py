@@ -170,6 +170,7 @@ class Lazy(TensorValue):
     # (base Lazy, dims) when this is a permutation of another lazy value: stored, it is the base
     # stored in its own layout and viewed permuted (a transposed store would not coalesce)
     permute_of: tuple | None = None
+    reads: frozenset = frozenset()  # (buffer name, elements) a load of it reads (each consumer reads them all)
 
     def load(self, idx):
         return self.fn(idx)

@@ -20,6 +20,27 @@ INLINE_COST_LIMIT = 48
 # operations than this: reshapes that regroup dims across a transpose do not simplify, and each
 # one multiplies the index of every reshape after it (compile time exponential in their number)
 INDEX_OPS_LIMIT = 200
+# A lazy value used more than once is stored when a load of it reads this many times its own
+# elements or more: each consumer kernel would read all of that again, where storing it costs one
+# write and a read per consumer (none for a consumer fused into the kernel that computes it). A
+# transformer's residual stream, x + f(x) block after block, left lazy made every layer norm
+# re-read every earlier block's output (ViT-B's took 1 ms each on an H100). Less is recomputed:
+# softmax's exp(x - max), layer norm's (x - mean) * rstd in its backward (per-row vectors are small).
+REALIZE_READS = 2
+
+
+def reads_of(values) -> frozenset:
+    """The buffers loads of these values read, as (name, elements) (lazy values' reads, views'
+    buffers)."""
+    out = set()
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            out |= reads_of(v)
+        elif isinstance(v, View):
+            out.add((v.buf.name, v.buf.numel()))
+        elif isinstance(v, Lazy):
+            out |= v.reads
+    return frozenset(out)
 
 
 class _Seed:
@@ -187,6 +208,10 @@ class Lowering:
             return self._lazy(shape, dtype, loc, self._slice_backward_fn(dtype, *args), args)
         if p is prim.cat:
             return self._lazy(shape, dtype, loc, self._cat_fn(shape, dtype, *args), args[0])
+        if p is prim.stop_gradient:
+            # autograd is done before lowering: here a detach is its input (as in eager, which
+            # aliases it), not a kernel copying an extern's result before the next extern reads it
+            return args[0]
         operands = args[1:] if p is prim.where else args
         tensor_dtypes = [a.dtype for a in operands if isinstance(a, TensorValue)]
         const_dtype = tensor_dtypes[0] if tensor_dtypes else dtype
@@ -199,14 +224,18 @@ class Lowering:
             if p is prim.convert:
                 return ops().to_dtype(vals[0], kwargs["dtype"])
             return ops().pointwise(p, vals, dtype)
-        return self._lazy(shape, dtype, loc, fn, args)
+        v = self._lazy(shape, dtype, loc, fn, args)
+        if isinstance(v, Lazy) and len(node.users) > 1 and \
+                sum(n for _, n in v.reads) >= REALIZE_READS * math.prod(shape):
+            return self.realize(v)
+        return v
 
     def _lazy(self, shape, dtype, loc, fn, inputs):
         def located(idx):  # kernel lines of this op carry its source location
             with ops().at(loc):
                 return fn(idx)
         cost = 1 + sum(a.cost for a in inputs if isinstance(a, Lazy))
-        v = Lazy(shape, dtype, located, cost, loc)
+        v = Lazy(shape, dtype, located, cost, loc, reads=reads_of(inputs))
         return self.realize(v) if cost > INLINE_COST_LIMIT else v
 
     def _slice_backward_fn(self, dtype, src, _shape, dim, start, end, step):
@@ -259,7 +288,7 @@ class Lowering:
                 return View(x.buf, out_shape, tuple(x.stride[d] for d in dims), x.offset)
             inverse = [dims.index(d) for d in range(len(dims))]
             return Lazy(out_shape, x.dtype, lambda idx: x.load([idx[i] for i in inverse]), x.cost, x.loc,
-                        permute_of=(x, tuple(dims)))
+                        permute_of=(x, tuple(dims)), reads=x.reads)
         if p is prim.expand:
             if isinstance(x, View):
                 lead = len(out_shape) - len(x.shape)
@@ -267,7 +296,7 @@ class Lowering:
                                               zip(x.shape, out_shape[lead:], x.stride))
                 return View(x.buf, out_shape, stride, x.offset)
             return Lazy(out_shape, x.dtype, lambda idx: x.load(broadcast_index(idx, out_shape, x.shape)), x.cost,
-                        x.loc)
+                        x.loc, reads=x.reads)
         if p is prim.slice:
             _, dim, start, end, step = args
             if isinstance(x, View):
@@ -279,7 +308,7 @@ class Lowering:
                 src = list(idx)
                 src[dim] = start + step * idx[dim]
                 return x.load(src)
-            return Lazy(out_shape, x.dtype, fn, x.cost, x.loc)
+            return Lazy(out_shape, x.dtype, fn, x.cost, x.loc, reads=x.reads)
         if p is prim.reshape:
             if isinstance(x, Lazy) and self.index_ops(x, out_shape) > INDEX_OPS_LIMIT:
                 x = self.realize(x)
@@ -288,7 +317,7 @@ class Lowering:
                 if stride is not None:
                     return View(x.buf, out_shape, stride, x.offset)
             return Lazy(out_shape, x.dtype, lambda idx: x.load(reshape_index(idx, out_shape, x.shape, ops())),
-                        getattr(x, "cost", 1), getattr(x, "loc", None))
+                        getattr(x, "cost", 1), getattr(x, "loc", None), reads=reads_of([x]))
         raise NotImplementedError(p)
 
     def index_ops(self, x, out_shape):

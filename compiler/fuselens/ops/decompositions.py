@@ -571,6 +571,24 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     return P.cast(out, x.dtype)
 
 
+@register(F.batch_norm)
+def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    """Inference (running statistics): one pointwise expression, which fuses with the ReLU and
+    residual add around it (cuDNN's inference kernel is a pass of its own). Training writes the
+    running statistics: the extern."""
+    if training or running_mean is None or running_var is None or x.ndim < 2:
+        raise Unsupported("batch_norm with batch statistics")
+    shape = (x.shape[1],) + (1,) * (x.ndim - 2)
+    def per_channel(t):  # noqa: E306
+        return P.reshape(_upcast(t), shape)
+    y = P.mul(P.sub(_upcast(x), per_channel(running_mean)), P.rsqrt(P.add(per_channel(running_var), eps)))
+    if weight is not None:
+        y = P.mul(y, per_channel(weight))
+    if bias is not None:
+        y = P.add(y, per_channel(bias))
+    return P.cast(y, x.dtype)
+
+
 if hasattr(F, "rms_norm"):
     @register(F.rms_norm)
     def rms_norm(x, normalized_shape, weight=None, eps=None):

@@ -1,0 +1,144 @@
+"""Convolution blocks as CNNs run them (ResNet's conv -> BatchNorm -> ReLU, residual add):
+compiled equals eager, and inference needs one pass after each convolution (no kernel copying a
+convolution's result, BatchNorm with its running statistics fused with the ReLU and the add)."""
+import re
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fuselens
+from fl_backend_testing import DEVICE
+
+
+class Bottleneck(nn.Module):
+    def __init__(self, c=8, affine=True):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c, affine=affine)
+        self.c2, self.b2 = nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c, affine=affine)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        y = self.relu(self.b1(self.c1(x)))
+        return self.relu(self.b2(self.c2(y)) + x)
+
+
+def model(affine=True, dtype=torch.float32):
+    torch.manual_seed(0)
+    m = Bottleneck(affine=affine).to(DEVICE, dtype).eval()
+    with torch.no_grad():  # running statistics other than 0 and 1, so that they are used
+        for bn in (m.b1, m.b2):
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2)
+            if affine:
+                bn.weight.uniform_(0.5, 2)
+                bn.bias.uniform_(-1, 1)
+    return m
+
+
+def first_call(m, x):
+    compiled = fuselens.compile(m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an eager fallback fails the test
+        out = compiled(x)
+    (entry,) = fuselens.inspect(compiled)
+    return out, [k.name for k in entry.kernels], "\n".join(entry.wrappers)
+
+
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_inference_block_is_one_pass_after_each_convolution(affine, dtype):
+    x = torch.randn(2, 8, 6, 6, device=DEVICE, dtype=dtype)
+    want = model(affine, dtype)(x)
+    with torch.no_grad():
+        want_ng = model(affine, dtype)(x)
+        got, kernels, wrapper = first_call(model(affine, dtype), x)
+    torch.testing.assert_close(got, want_ng)
+    torch.testing.assert_close(got, want.detach())
+    assert not got.requires_grad
+    assert len(kernels) == 2, kernels  # BN+ReLU after the first conv, BN+add+ReLU after the second
+    assert not any("stop_gradient" in k or "copy" in k for k in kernels), kernels
+    assert "batch_norm" not in wrapper  # no extern BatchNorm
+
+
+def test_inference_under_autocast_equals_eager():
+    m = model()
+    x = torch.randn(2, 8, 6, 6, device=DEVICE)
+    device_type = "cuda" if DEVICE == "cuda" else "cpu"
+    with torch.no_grad(), torch.autocast(device_type, torch.bfloat16):
+        want = m(x)
+        got, kernels, _ = first_call(model(), x)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_training_block_still_equals_eager():
+    """Training BatchNorm (batch statistics, running statistics written) keeps eager's result."""
+    x = torch.randn(2, 8, 6, 6, device=DEVICE)
+    want_m, got_m = model().train(), model().train()
+    want = want_m(x)
+    got = fuselens.compile(got_m)(x)
+    torch.testing.assert_close(got, want)
+    want.sum().backward()
+    got.sum().backward()
+    for (n, a), (_, b) in zip(got_m.named_parameters(), want_m.named_parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=n)
+    for (n, a), (_, b) in zip(got_m.named_buffers(), want_m.named_buffers()):
+        torch.testing.assert_close(a, b, msg=n)
+
+
+def test_detach_of_an_input_is_no_copy():
+    def f(x):
+        return x.detach() * 2, x.detach()
+    x = torch.randn(4, 5, device=DEVICE, requires_grad=True)
+    got = fuselens.compile(f)(x)
+    want = f(x)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+        assert a.requires_grad == b.requires_grad is False
+    assert got[1].data_ptr() == x.data_ptr()  # an alias, as eager's detach
+
+
+def test_identical_kernels_compile_once():
+    """A ResNet's repeated blocks generate the same kernel at several places in the graph: it is
+    one module (one cubin on a GPU), however its source lines and index in the graph differ."""
+    from fuselens.codegen import launcher
+    m = torch.nn.Sequential(model(), model(), model())
+    x = torch.randn(2, 8, 6, 6, device=DEVICE)
+    with torch.no_grad():
+        want = m(x)
+        before = len(launcher._modules)
+        got, kernels, _ = first_call(m, x)
+    torch.testing.assert_close(got, want)
+    assert len(kernels) == 6
+    compiled = {launcher.canonical(k.name, k.source) for k in fuselens.inspect(m)[0].kernels}
+    assert len(compiled) < len(kernels)
+    if DEVICE == "cpu":  # the interpreter loads every kernel it runs
+        assert len(launcher._modules) - before <= len(compiled)
+
+
+class PreNormBlock(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.n1, self.f1, self.n2, self.f2 = nn.LayerNorm(d), nn.Linear(d, d), nn.LayerNorm(d), nn.Linear(d, d)
+
+    def forward(self, x):
+        x = x + self.f1(self.n1(x))
+        return x + self.f2(self.n2(x))
+
+
+def test_residual_stream_is_stored_not_recomputed_by_every_later_kernel():
+    """x = x + f(x), block after block: each kernel reads a bounded number of buffers, however
+    deep the stack (recomputed, the residual stream made the n-th layer norm read n outputs)."""
+    d, depth = 16, 8
+    torch.manual_seed(0)
+    m = nn.Sequential(*[PreNormBlock(d) for _ in range(depth)]).to(DEVICE).eval()
+    x = torch.randn(2, 5, d, device=DEVICE)
+    with torch.no_grad():
+        want = m(x)
+        got, kernels, _ = first_call(m, x)
+    torch.testing.assert_close(got, want)
+    sources = [k.source for k in fuselens.inspect(m)[0].kernels]
+    reads = [len(set(re.findall(r"\bin_ptr\d+\b", s.split("):", 1)[0]))) for s in sources]
+    assert max(reads) <= 5, reads
