@@ -607,3 +607,38 @@ def test_training_flag_guarded_for_module_reached_through_a_global():
             torch.testing.assert_close(cf(X), ref)
     finally:
         DROP.eval()
+
+
+def test_autocast_entered_around_the_compiled_call():
+    """An autocast the caller enters holds inside the compiled function, as in eager (capture
+    started with none: the graph computed in float32)."""
+    lin = nn.Linear(8, 8)
+    cf = fuselens.compile(lambda x: lin(x).relu())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want = cf(X), lin(X).relu()
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want)
+    got = cf(X)  # outside it again: another cache entry, float32
+    assert got.dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the graph itself casts (kernels know no autocast)
+        ex = fuselens.explain(lambda x: lin(x).relu(), X)
+    assert any(torch.bfloat16 in n.args for n in ex.graphs[0].graph.nodes), str(ex)
+
+
+def test_one_guard_keeps_inputs_written_in_place_unshared():
+    def f(a, b, c):
+        a.add_(1)
+        b.mul_(2)
+        return a + b + c
+    args = [torch.randn(4) for _ in range(3)]
+    ex = fuselens.explain(f, *args)
+    alias_guards = [g for g in ex.guards if "share no memory" in g.reason]
+    assert len(alias_guards) == 1
+    cf = fuselens.compile(f)
+    cf(*[t.clone() for t in args])
+    a, c = torch.randn(4), torch.randn(4)
+    b = c[:]  # b shares c's storage: the entry's guard fails, and the write reaches c as in eager
+    ea, ec = a.clone(), c.clone()
+    want = f(ea, ec[:], ec)
+    torch.testing.assert_close(cf(a, b, c), want)
+    torch.testing.assert_close(c, ec)

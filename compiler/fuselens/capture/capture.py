@@ -101,6 +101,7 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
                           sorted(l for l in builder.lines if l[0] == fs.filename) or sorted(builder.lines),
                           builder.n_ops, graph_name)
     ev.effects.guard_distinct()
+    sources.guard_unshared([s for s, o in builder.inputs if isinstance(o, torch.Tensor)])
     helpers = [(name, src, hfs.globals) for name, src, hfs in writer.helper_sources()]
     source = "\n\n\n".join([text] + [src for _, src, _ in helpers])
     guard_src = _guard_source(fs, sources)

@@ -22,6 +22,7 @@ class Sources:
         self._const_names: dict[int, str] = {}
         self._seen: set[str] = set()
         self.example = example  # parameter name -> example value, to resolve sources
+        self.written: list[str] = []  # inputs written in place: must share no storage
 
     # -- constants ---------------------------------------------------------------------------
     def constant(self, obj, hint: str = "c") -> str:
@@ -36,6 +37,18 @@ class Sources:
 
     def resolve(self, src: str):
         return eval(src, {"torch": torch, **self.constants}, dict(self.example))
+
+    def guard_unshared(self, inputs: list[str]) -> None:
+        """One guard for every input written in place: it shares its storage with no other of
+        the graph's `inputs` (each source read once: a guard per pair costs W x N lookups, a
+        ResNet's running statistics against its parameters)."""
+        if not self.written:
+            return
+        fn = self.constant(unshared, "unshared")
+        w = "".join(f"{s}, " for s in dict.fromkeys(self.written))
+        ins = "".join(f"{s}, " for s in inputs)
+        self.guard(f"{fn}(({w}), ({ins}))", f"{', '.join(dict.fromkeys(self.written))} share no memory "
+                   "with another input")
 
     # -- guards ----------------------------------------------------------------------------
     def guard(self, expr: str, reason: str) -> None:
@@ -144,6 +157,10 @@ class Sources:
             on = torch.is_autocast_enabled(dev)
             self.guard(f"torch.is_autocast_enabled({dev!r}) is {on}",
                        f"autocast on {dev} is {'on' if on else 'off'}")
+            if on:
+                dtype = torch.get_autocast_dtype(dev)
+                self.guard(f"torch.get_autocast_dtype({dev!r}) is {self.constant(dtype, str(dtype)[6:])}",
+                           f"autocast on {dev} computes in {dtype}")
 
 
 _STATIC_KINDS = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type,
@@ -156,3 +173,13 @@ def _is_literal(v) -> bool:
     if isinstance(v, tuple):
         return all(_is_literal(x) for x in v)
     return False
+
+
+def unshared(written, inputs) -> bool:
+    """Each tensor of `written` is the only one of `inputs` on its storage (empty ones aside)."""
+    count: dict[int, int] = {}
+    for t in inputs:
+        if isinstance(t, torch.Tensor) and t.numel():
+            p = t.untyped_storage().data_ptr()
+            count[p] = count.get(p, 0) + 1
+    return all(not t.numel() or count.get(t.untyped_storage().data_ptr(), 0) <= 1 for t in written)
