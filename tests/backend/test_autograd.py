@@ -591,3 +591,21 @@ def test_reduce_overhead_training_backward_after_a_later_call_raises():
     assert training_graphs(f).fw.graph is not None
     with pytest.raises(RuntimeError, match="overwrote"):
         loss.backward()
+
+
+def _attention_with_bias(q, k, v, bias):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias * 2)  # a tensor by keyword
+
+
+def _lerp_by_keyword(a, b, w):
+    return torch.lerp(a, end=b * 2, weight=w.sigmoid())
+
+
+@pytest.mark.parametrize("fn, shapes", [
+    (_attention_with_bias, [(2, 4, 7, 8), (2, 4, 7, 8), (2, 4, 7, 8), (1, 4, 7, 7)]),  # T5's position bias
+    (_lerp_by_keyword, [(3, 5), (3, 5), (3, 5)]),
+], ids=["sdpa-attn_mask", "lerp-end-weight"])
+def test_tensors_passed_by_keyword_get_their_gradients(fn, shapes):
+    """An extern differentiated through its keyword tensors too (the position bias of T5's
+    attention, an SDPA `attn_mask`, got no gradient: a silent zero)."""
+    check(fn, *[randn(*s) for s in shapes])

@@ -395,3 +395,30 @@ def test_multihead_attention_fast_path_in_eval(monkeypatch):
         return mha(q, q, q, need_weights=False)[0]
     with torch.no_grad():
         check(f, torch.randn(2, 5, 8), graphs=1, breaks=[])
+
+
+class _Rotary(torch.nn.Module):
+    """transformers' rotary embeddings: a forward decorated with `@torch.no_grad()`."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", torch.rand(4))
+
+    @torch.no_grad()
+    def forward(self, x):
+        return (x[..., None] * self.inv_freq).cos()
+
+
+class _WithRotary(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rotary = _Rotary()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(self.rotary(x)).sum(-1)
+
+
+def test_function_decorated_with_a_grad_mode():
+    x = torch.randn(2, 3, requires_grad=True)
+    check(_WithRotary(), x, graphs=1, breaks=[])

@@ -220,3 +220,25 @@ def test_parameterless_module_made_in_forward_keeps_one_cache_entry():
     def f(x):
         return torch.nn.Dropout(0.5).eval()(x) + torch.nn.ReLU()(x)
     check(f, X, graphs=1, breaks=[], calls=3)
+
+
+def test_context_manager_written_as_a_generator_runs_in_python(capsys):
+    """`@contextlib.contextmanager`: the generator's code before and after its `yield` runs
+    around the `with` body, in Python (running the generator to its end when called ran both
+    before the body)."""
+    import contextlib
+    order = []
+
+    @contextlib.contextmanager
+    def scope(tag):
+        order.append(f"enter {tag}")
+        yield
+        order.append(f"exit {tag}")
+
+    def f(x):
+        with scope("a"):
+            order.append("body")
+            y = x * 2
+        return y + 1
+    fuselens.compile(f)(X)
+    assert order == ["enter a", "body", "exit a"]

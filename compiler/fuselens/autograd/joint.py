@@ -94,10 +94,16 @@ def build_joint(fw: fx.Graph, requires_grad: list[bool], device, output_requires
             with b.at(n.meta.get("loc")):
                 if p is prim.call_torch:  # differentiated only where a gradient is needed
                     kwargs = {**kwargs, "needs": tuple(isinstance(a, fx.Node) and needs.get(a, False)
-                                                       for a in n.args[1])}
+                                                       for a in n.args[1]),
+                              "kw_needs": tuple(k for k, a in n.args[2].items()
+                                                if isinstance(a, fx.Node) and needs.get(a, False))}
                 arg_grads = p.vjp(g, env[n], *args, **kwargs)
                 for a_node, a_val, ga in zip(n.args, args, arg_grads):
-                    if isinstance(a_node, (list, tuple)):  # cat: one gradient per listed tensor
+                    if isinstance(a_node, dict) and isinstance(ga, dict):  # an extern's keyword tensors
+                        for k, sub_g in ga.items():
+                            if isinstance(a_node.get(k), fx.Node) and needs.get(a_node[k]):
+                                _accumulate(grads, a_node[k], sub_g)
+                    elif isinstance(a_node, (list, tuple)):  # cat: one gradient per listed tensor
                         for sub_node, sub_val, sub_g in zip(a_node, a_val, ga):
                             if isinstance(sub_node, fx.Node):  # not an index's slice or int
                                 _accumulate(grads, sub_node, _fit(sub_val, sub_g) if needs.get(sub_node) else None)

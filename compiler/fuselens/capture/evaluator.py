@@ -17,7 +17,8 @@ from . import breaks as B
 from .side_effects import MUTABLE, SideEffects
 from .graph import GraphBuilder
 from .source import FunctionSource, NoSourceError, function_source
-from .values import UNKNOWN, LocalFunction, SymInt, TensorVar, Unknown, ValueSources, contains_tensor
+from .values import (UNKNOWN, GeneratorCall, LocalFunction, SymInt, TensorVar, Unknown, ValueSources,
+                     contains_tensor)
 from .frames import BreakSignal, Return, Scope, is_generator
 from .statements import Statements
 from .expressions import Expressions
@@ -105,24 +106,28 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
         scope = Scope(fs, caller, caller.depth + 1, bound, enclosing)
         scope.call_node = call
         if is_generator(fs.node):
-            return self.run_generator(fs, scope)
+            return GeneratorCall(fs, scope)  # its body runs when it is iterated
         try:
             return self._run_body(fs, scope)
         except BreakSignal as b:
             b.pending_call = call
             raise
 
-    def run_generator(self, fs, scope):
-        """A generator function, run to its end when called: what it yields, in order, as an
-        iterator (sound where nothing it does depends on when its consumer runs: it runs only
-        code capture evaluates, whose effects are on the capture's models). A break inside
-        makes the statement that called it run in Python: a generator cannot be resumed."""
-        scope.yields = []
-        try:
-            self._run_body(fs, scope)
-        except BreakSignal as b:
-            raise BreakSignal(b.brk, whole_stmt=True) from None  # (the generator itself runs eagerly)
-        return iter(scope.yields)
+    def run_generator(self, gen: "GeneratorCall") -> list:
+        """What a generator yields, in order: its body run to its end where it is iterated (a
+        `for` loop, `list()`, `yield from`). Sound where its consumer only iterates it: its
+        effects are the capture's (models, fresh objects), and a consumer that stops early or
+        interleaves (`next()`, a context manager's generator) makes it a break instead. A
+        break inside makes the statement that iterates it run in Python (a generator cannot be
+        resumed)."""
+        if gen.items is None:
+            gen.fs_scope[1].yields = []
+            try:
+                self._run_body(*gen.fs_scope)
+            except BreakSignal as b:
+                raise BreakSignal(b.brk, whole_stmt=True) from None  # (the generator runs eagerly)
+            gen.items = gen.fs_scope[1].yields
+        return list(gen.items)
 
     def external_constant(self, v, cell, name):
         """A callee's closure variable (in `cell`) or default: a container is modelled."""

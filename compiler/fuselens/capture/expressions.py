@@ -13,7 +13,8 @@ import torch.nn as nn
 from . import breaks as B
 from . import calls as C
 from .side_effects import MUTABLE
-from .values import UNKNOWN, LocalFunction, SymInt, SymShape, TensorVar, Unknown, contains_tensor
+from .values import (UNKNOWN, GeneratorCall, LocalFunction, SymInt, SymShape, TensorVar, Unknown,
+                     contains_tensor)
 from .frames import AbstractSeq, Opaque, Scope
 from .objects import user_mapping
 
@@ -283,11 +284,15 @@ class Expressions:
         return r if isinstance(r, Unknown) else dict(r)
 
     def _ex_Yield(self, e, scope):
-        scope.yields.append(None if e.value is None else self.eval(e.value, scope))
+        v = None if e.value is None else self.eval(e.value, scope)
+        if scope.yields is not None:  # (the editor's walk of a generator's body collects nothing)
+            scope.yields.append(v)
         return None  # what `send` would pass in: the generator runs to its end, nothing is sent
 
     def _ex_YieldFrom(self, e, scope):
-        scope.yields.extend(self.iterate(self.eval(e.value, scope), e, scope))
+        items = self.iterate(self.eval(e.value, scope), e, scope)
+        if scope.yields is not None:
+            scope.yields.extend(items)
         return None
 
     def _ex_Starred(self, e, scope):
@@ -336,6 +341,8 @@ class Expressions:
             return list(v)
         if isinstance(v, AbstractSeq):
             return v
+        if isinstance(v, GeneratorCall):
+            return self.run_generator(v)
         if isinstance(v, TensorVar):
             if v.meta is None:
                 return AbstractSeq()

@@ -294,6 +294,11 @@ class Objects:
         if fn in _BUILTIN_HANDLERS:
             return _BUILTIN_HANDLERS[fn](self, args, kwargs, e, scope)
         if C.is_torch_callable(fn):
+            if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType) \
+                    and not isinstance(fn.__self__, (TensorVar, torch.Tensor)) and not contains_tensor([args, kwargs]):
+                # a method of one of torch's Python objects (`no_grad().clone()`, which a
+                # `@torch.no_grad()` decorator calls): code like the user's
+                return self.inline(fn.__func__, args, kwargs, e, scope, self_value=fn.__self__)
             if isinstance(fn, types.FunctionType) and not contains_tensor([args, kwargs]):
                 # torch's own Python helpers on plain values (`F._canonical_mask(None, ...)`,
                 # `F._none_or_dtype(None)`) are code like the user's: what they touch decides

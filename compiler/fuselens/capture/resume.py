@@ -28,7 +28,7 @@ import torch
 from . import side_effects as S
 from .frames import BreakSignal, FrameAtBreak
 from .source import FunctionSource, build_function
-from .values import LocalFunction, SymInt, SymShape, TensorVar, ValueSources
+from .values import GeneratorCall, LocalFunction, SymInt, SymShape, TensorVar, ValueSources
 
 
 _UIDS = itertools.count()
@@ -150,6 +150,8 @@ class Materializer:
             return "..."
         if isinstance(v, LocalFunction):
             raise CannotResume(f"local function {v.name!r} is live across a graph break")
+        if isinstance(v, GeneratorCall):
+            raise CannotResume("a generator not yet iterated is live across a graph break")
         if isinstance(v, SymShape):
             return "torch.Size([" + ", ".join(self.expr(x) for x in v) + "])"
         src = self.effects.source(v) if self.effects is not None else None

@@ -82,6 +82,16 @@ class LocalFunction:
     name: str = "<lambda>"
 
 
+class GeneratorCall:
+    """A call of a generator function, not run yet: capture runs its body when it is iterated
+    (Evaluator.run_generator); anything else done with it is a break."""
+    __slots__ = ("fs_scope", "items")
+
+    def __init__(self, fs, scope):
+        self.fs_scope = (fs, scope)
+        self.items = None  # what it yielded, once run
+
+
 @dataclass(eq=False)
 class BoundUserMethod:
     fn: object

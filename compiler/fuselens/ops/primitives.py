@@ -209,18 +209,21 @@ def _call_torch(fn, args, kwargs):
     return fn(*args, **kwargs)
 
 
-def _call_torch_vjp(fn, args, kwargs, grads, needs=None):
+def _call_torch_vjp(fn, args, kwargs, grads, needs=None, kw_needs=()):
     """Backward of an arbitrary torch call: recompute it under autograd and ask for the gradients
-    of the arguments that need one (`needs`; None: every differentiable one)."""
+    of the arguments that need one (`needs`, positional; None: every differentiable one) and of
+    the tensors passed by keyword in `kw_needs` (SDPA's `attn_mask`): one result per positional
+    argument, then one per name of `kw_needs`."""
     marked = [_differentiable(a) and need for a, need in zip(args, needs or (True,) * len(args))]
     leaves = [a.detach().requires_grad_(True) if m else a for a, m in zip(args, marked)]
+    kw_leaves = {k: v.detach().requires_grad_(True) if k in kw_needs else v for k, v in kwargs.items()}
     with torch.enable_grad():
-        out = fn(*leaves, **kwargs)
+        out = fn(*leaves, **kw_leaves)
     outs = [out] if isinstance(out, torch.Tensor) else list(out)
     pairs = [(o, g) for o, g in zip(outs, grads) if isinstance(o, torch.Tensor) and o.requires_grad]
-    wrt = [leaf for leaf, m in zip(leaves, marked) if m]
+    wrt = [leaf for leaf, m in zip(leaves, marked) if m] + [kw_leaves[k] for k in kw_needs]
     got = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True))
-    return tuple(next(got) if m else None for m in marked)
+    return tuple(next(got) if m else None for m in marked) + tuple(next(got) for _ in kw_needs)
 
 
 def _differentiable(a):

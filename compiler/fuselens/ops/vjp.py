@@ -152,15 +152,19 @@ rule(prim.embedding)(lambda g, out, indices, weight, padding_idx:
 
 
 @rule(prim.call_torch)
-def _call_torch(g, out, fn, args, kwargs, needs=None):
-    """`needs[i]`: argument i needs a gradient (BatchNorm's running stats do not, and torch
-    refuses to differentiate with respect to them)."""
+def _call_torch(g, out, fn, args, kwargs, needs=None, kw_needs=()):
+    """`needs[i]`: positional argument i needs a gradient (BatchNorm's running stats do not, and
+    torch refuses to differentiate with respect to them); `kw_needs`: the names of the tensors
+    passed by keyword that need one. Returns (None, one gradient per positional argument, a dict
+    of the keyword ones)."""
     grads = g if isinstance(g, (tuple, list)) else (g,)
     vals = out.val if isinstance(out.val, (tuple, list)) else (out.val,)  # one per result
     zeros_for_missing = [gi if gi is not None or v is None else P.full(tuple(v.shape), 0, dtype=v.dtype)
                          for gi, v in zip(grads, vals)]  # None: a result that is no tensor
-    if any(isinstance(v, (list, tuple)) and any(isinstance(t, TVal) and (t.val.is_floating_point() or t.val.is_complex())
-                                                for t in v) for v in args):
+    floating = lambda t: isinstance(t, TVal) and (t.val.is_floating_point() or t.val.is_complex())  # noqa: E731
+    if any(isinstance(v, (list, tuple)) and any(floating(t) for t in v) for v in [*args, *kwargs.values()]):
         # (integer tensors inside lists, such as the indices of `x[rows, cols]`, need no gradient)
         raise NotImplementedError(f"gradient of {fn} with floating-point tensors inside lists")
-    return None, list(emit(prim.call_torch_vjp, fn, args, kwargs, zeros_for_missing, needs)), None
+    kw_needs = tuple(k for k in kw_needs if floating(kwargs.get(k)))
+    res = list(emit(prim.call_torch_vjp, fn, args, kwargs, zeros_for_missing, needs, kw_needs))
+    return None, res[:len(args)], dict(zip(kw_needs, res[len(args):]))
