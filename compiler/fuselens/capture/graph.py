@@ -159,6 +159,7 @@ class GraphBuilder:
             raise MetaEvalError(f"{_name(target)}: {type(e).__name__}: {e}",
                                 getattr(e, "fl_dynamic_shape", False)) from None
         _check_device_kernel(fn, margs, mkwargs, device)
+        _check_out_dtypes(fn, margs, mkwargs, device)
         eff.tensor_vars = tvs
         return out_meta, device, eff
 
@@ -258,6 +259,41 @@ def _probe_device_kernel(fn, margs, mkwargs, device):
     except Exception:  # e.g. an empty reduction: refused for emptiness only
         pass
     return None
+
+
+def _check_out_dtypes(fn, margs, mkwargs, device):
+    """An `out=` tensor of another dtype than the op computes: eager casts into it or refuses
+    (`torch.complex` and `multinomial` want their exact dtype, most ops one it can be cast to),
+    a rule meta kernels skip. So the op runs on empty tensors on `device` with the given `out`
+    and with an `out` of the computed dtypes: an error only the first raises is eager's answer."""
+    outs = effects._flat_tensors(mkwargs.get("out"))
+    if not outs:
+        return
+    try:
+        res = effects._flat_tensors(fn(*margs, **{k: v for k, v in mkwargs.items() if k != "out"}))
+    except Exception:  # noqa: BLE001 - an op of out= only: nothing to compare with
+        return
+    if len(res) != len(outs) or all(r.dtype == o.dtype for r, o in zip(res, outs)):
+        return
+    leaves = torch.utils._pytree.tree_leaves((margs, mkwargs))
+    key = ("out", fn, device, tuple((v.dtype, v.dim()) if isinstance(v, torch.Tensor) else
+                                    v if isinstance(v, (torch.dtype, str, bool, type(None))) else type(v)
+                                    for v in leaves), tuple(r.dtype for r in res))
+    if key not in _KERNEL_ERRORS:
+        def probe(out_dtypes):
+            empty = lambda v: torch.empty((0,) * v.dim(), dtype=v.dtype, device=device) \
+                if isinstance(v, torch.Tensor) else v  # noqa: E731
+            it = iter(out_dtypes)
+            out = _map(mkwargs["out"], lambda o: torch.empty((0,) * o.dim(), dtype=next(it), device=device))
+            try:
+                fn(*_map(margs, empty), **{**_map(mkwargs, empty), "out": out})
+            except Exception as e:  # noqa: BLE001 - compared below
+                return f"{type(e).__name__}: {e}"
+            return None
+        given = probe([o.dtype for o in outs])
+        _KERNEL_ERRORS[key] = given if given is not None and given != probe([r.dtype for r in res]) else None
+    if _KERNEL_ERRORS[key] is not None:
+        raise MetaEvalError(f"{_name(fn)}: {_KERNEL_ERRORS[key]}")
 
 
 def _returns_bool(target, args) -> bool:

@@ -1,0 +1,61 @@
+"""Classes of bugs the OpInfo full matrix (tests/conformance, FUSELENS_OPINFO=full) found, each
+as a test of its class: compiled results equal eager's, errors included."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fl_capture_testing import check
+
+# a lambda that torch's own testing code defines (OpInfo's `op=lambda ...` of multinomial):
+# its module is torch's, but no graph can name it, so it is Python to inline
+_TORCH_LAMBDA = lambda x: torch.sin(x) * 2  # noqa: E731
+_TORCH_LAMBDA.__module__ = "torch.testing._internal.common_methods_invocations"
+
+
+def _calls_torch_lambda(x):
+    return _TORCH_LAMBDA(x) + 1
+
+
+def test_unnamed_python_function_of_torch_is_inlined():
+    check(_calls_torch_lambda, torch.randn(5), graphs=1, breaks=[])
+
+
+# out= of another dtype than the op computes: eager casts into it, or refuses (an exact dtype
+# for torch.complex and multinomial); meta kernels do not check it
+def _complex_out(a, b, out):
+    return torch.complex(a, b, out=out) * 1
+
+
+def _multinomial_out(p, out):
+    return torch.multinomial(p, 2, out=out)
+
+
+def _add_out(a, b, out):
+    return torch.add(a, b, out=out) + 1
+
+
+def _raises_as_eager(fn, *args):
+    try:
+        fn(*[a.clone() for a in args])
+    except RuntimeError as e:
+        expected = str(e)
+    else:
+        pytest.fail("eager does not raise")
+    import fuselens
+    with pytest.raises(RuntimeError) as got:
+        fuselens.compile(fn)(*[a.clone() for a in args])
+    assert str(got.value) == expected
+
+
+@pytest.mark.parametrize("fn, args", [
+    (_complex_out, (torch.randn(3), torch.randn(3), torch.zeros(3, dtype=torch.complex128))),
+    (_multinomial_out, (torch.rand(4), torch.zeros(2, dtype=torch.float64))),
+    (_add_out, (torch.randn(3), torch.randn(3), torch.zeros(3, dtype=torch.int64))),
+], ids=["complex exact dtype", "multinomial long", "add cannot cast"])
+def test_out_of_a_dtype_eager_refuses_raises_its_error(fn, args):
+    _raises_as_eager(fn, *args)
+
+
+def test_out_of_a_dtype_eager_casts_into():
+    check(_add_out, torch.randn(3), torch.randn(3), torch.zeros(3, dtype=torch.float64), graphs=1, breaks=[])
