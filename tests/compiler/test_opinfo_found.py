@@ -59,3 +59,17 @@ def test_out_of_a_dtype_eager_refuses_raises_its_error(fn, args):
 
 def test_out_of_a_dtype_eager_casts_into():
     check(_add_out, torch.randn(3), torch.randn(3), torch.zeros(3, dtype=torch.float64), graphs=1, breaks=[])
+
+
+# a tensor of another layout than strided (sparse): a graph input whose every op runs in Python
+# (FL180), never an internal error; its layout is guarded
+def _sparse_mm(a, b):
+    return torch.sparse.mm(a, b) * 2 + b.sum()
+
+
+@pytest.mark.parametrize("layout", ["csr", "csc", "coo"])
+def test_non_strided_input_breaks_where_used(layout):
+    dense = torch.tensor([[0., 1., 0., 2.], [3., 0., 0., 0.], [0., 0., 4., 5.]])
+    a = getattr(dense, f"to_sparse_{layout}")() if layout != "coo" else dense.to_sparse()
+    cf, ex = check(_sparse_mm, a, torch.randn(4, 2), breaks=["FL180"])
+    torch.testing.assert_close(cf(dense, torch.ones(4, 2)), _sparse_mm(dense, torch.ones(4, 2)))

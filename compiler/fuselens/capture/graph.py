@@ -21,7 +21,10 @@ class MetaEvalError(Exception):
 
 
 def to_meta(t: torch.Tensor) -> torch.Tensor:
-    m = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
+    if t.layout != torch.strided:  # sparse, mkldnn: no strides; every op on it runs in Python
+        m = torch.empty(tuple(t.shape), dtype=t.dtype, layout=t.layout, device="meta")
+    else:
+        m = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
     if t.requires_grad and t.is_floating_point() or t.is_complex() and t.requires_grad:
         m.requires_grad_(True)
     return m
@@ -128,6 +131,10 @@ class GraphBuilder:
         if self.abstract:
             return None, device, None
         tvs = _tensor_vars(args, kwargs)
+        other = next((tv.meta.layout for tv in tvs if tv.meta.layout != torch.strided), None)
+        if other is not None:  # graphs hold strided tensors only (kernels index by strides)
+            raise MetaEvalError(f"{_name(target)}: an argument of layout {other}: only strided "
+                                "tensors are captured")
         metas = effects.stand_ins([_stand_in_spec(tv) for tv in tvs])
         by_id = {id(tv): m for tv, m in zip(tvs, metas)}
         as_meta = lambda v: by_id[id(v)] if isinstance(v, TensorVar) else _as_meta(v)  # noqa: E731
