@@ -35,3 +35,34 @@ def _matrix_rank_out(a, out):
 ], ids=["0-d", "batched"])
 def test_out_returns_the_out_tensors(fn, args):
     _same_as_eager(fn, *args)
+
+
+# floor division of floats is eager's algorithm ((a - fmod(a, b)) / b), not floor of the rounded
+# quotient: 1. // 0.1 == 9.
+def _floordiv(a, b):
+    return a // b, torch.div(a, b, rounding_mode="floor"), torch.floor_divide(a, b) * 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_float_floor_division(dtype):
+    a = torch.tensor([1.0, -1.0, 5.0, 7.0, -7.5, 3.0], dtype=dtype)
+    b = torch.tensor([0.1, 0.1, 0.5, -2.0, 2.5, 0.3], dtype=dtype)
+    _same_as_eager(_floordiv, a, b)
+
+
+# integer and bool inputs of ops that compute in floating point: the default float dtype,
+# before any step (logsumexp), and primitives that have no bool kernel (abs) not reached
+def _logsumexp(x):
+    return torch.logsumexp(x, 0), torch.logsumexp(x, (0, 1), keepdim=True)
+
+
+def _isinf(x):
+    return torch.isinf(x), torch.isfinite(x)
+
+
+@pytest.mark.parametrize("x", [torch.tensor([[3, 9, 0], [1, 2, 8]]),
+                               torch.tensor([[True, False, True], [False, False, True]])],
+                         ids=["int64", "bool"])
+@pytest.mark.parametrize("fn", [_logsumexp, _isinf])
+def test_integer_and_bool_inputs_of_float_math(fn, x):
+    _same_as_eager(fn, x)

@@ -117,8 +117,11 @@ def div(a, b, *, rounding_mode=None):
     dtype = P.result_type(a, b)
     if not dtype.is_floating_point:
         raise Unsupported("integer division")
+    if rounding_mode == "floor":
+        # eager floors (a - fmod(a, b)) / b, not the rounded quotient: 1. // 0.1 is 9, not 10
+        raise Unsupported("floor division (eager's algorithm goes through fmod)")
     q = P.div(a, b)
-    return P.floor(q) if rounding_mode == "floor" else P.where(P.lt(q, 0), P.ceil(q), P.floor(q))
+    return P.where(P.lt(q, 0), P.ceil(q), P.floor(q))
 
 
 @register(_method("__rtruediv__"))
@@ -517,11 +520,13 @@ def var_mean(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
 
 @register(*_t("logsumexp"))
 def logsumexp(x, dim, keepdim=False):
-    y = _upcast(x)
+    # integers and bools: computed in the default float dtype (torch's integer-to-float promotion)
+    dtype = x.dtype if x.dtype.is_floating_point else torch.get_default_dtype()
+    y = _upcast(P.cast(x, dtype))
     m = P.amax(y, dim, True)
     m = P.where(P.eq(P.abs(m), math.inf), 0.0, m)
     out = P.add(P.log(P.sum(P.exp(P.sub(y, m)), dim, True)), m)
-    return P.cast(out if keepdim else P.squeeze_dims(out, P.norm_dims(dim, y.ndim)), x.dtype)
+    return P.cast(out if keepdim else P.squeeze_dims(out, P.norm_dims(dim, y.ndim)), dtype)
 
 
 @register(*_t("norm"), torch.linalg.vector_norm)

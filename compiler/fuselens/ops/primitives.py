@@ -209,6 +209,10 @@ def _call_torch(fn, args, kwargs):
     return fn(*args, **kwargs)
 
 
+# autograd nodes whose backward raises (`derivative for aten::floor_divide is not implemented`)
+RAISING_NODES = ("torch::autograd::NotImplemented", "torch::autograd::Error")
+
+
 def _call_torch_vjp(fn, args, kwargs, grads, needs=None):
     """Backward of an arbitrary torch call: recompute it under autograd and ask for the gradients
     of the arguments that need one (`needs`; None: every differentiable one)."""
@@ -217,7 +221,12 @@ def _call_torch_vjp(fn, args, kwargs, grads, needs=None):
     with torch.enable_grad():
         out = fn(*leaves, **kwargs)
     outs = [out] if isinstance(out, torch.Tensor) else list(out)
-    pairs = [(o, g) for o, g in zip(outs, grads) if isinstance(o, torch.Tensor) and o.requires_grad]
+    # a result whose derivative torch does not implement (floor_divide): the compiled backward
+    # raises eager's error before it would need this gradient (runtime/training.py)
+    pairs = [(o, g) for o, g in zip(outs, grads) if isinstance(o, torch.Tensor) and o.requires_grad
+             and o.grad_fn.name() not in RAISING_NODES]
+    if not pairs:
+        return (None,) * len(args)
     wrt = [leaf for leaf, m in zip(leaves, marked) if m]
     got = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True))
     return tuple(next(got) if m else None for m in marked)
