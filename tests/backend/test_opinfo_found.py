@@ -66,3 +66,24 @@ def _isinf(x):
 @pytest.mark.parametrize("fn", [_logsumexp, _isinf])
 def test_integer_and_bool_inputs_of_float_math(fn, x):
     _same_as_eager(fn, x)
+
+
+# a half-precision conv2d with a bias rounds once, as eager's kernel (bias added before rounding)
+def _conv_bias(x, w, b):
+    return torch.nn.functional.conv2d(x, w, b, padding=1, groups=2)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_half_precision_conv_with_bias_rounds_once(batched):
+    torch.manual_seed(0)
+    x = torch.randn(*((2,) if batched else ()), 4, 6, 6).bfloat16()
+    w, b = torch.randn(4, 2, 3, 3).bfloat16(), (torch.randn(4) * 3).bfloat16()
+    want = _conv_bias(x, w, b)
+    got = fuselens.compile(_conv_bias)(x, w, b)
+    assert torch.equal(got, want)
+    xs, ws, bs = (t.clone().requires_grad_() for t in (x, w, b))
+    fuselens.compile(_conv_bias)(xs, ws, bs).float().sum().backward()
+    xe, we, be = (t.clone().requires_grad_() for t in (x, w, b))
+    _conv_bias(xe, we, be).float().sum().backward()
+    for a, e in ((xs, xe), (ws, we), (bs, be)):
+        torch.testing.assert_close(a.grad, e.grad, rtol=1.6e-2, atol=1e-2)

@@ -1061,6 +1061,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     if isinstance(padding, str):
         raise Unsupported("string padding")
     x, weight = _same_dtype(x, weight)
+    if bias is not None and _is_half(x.dtype):  # eager adds the bias before it rounds, once
+        return emit(prim.conv2d, x, weight, bias, _pair(stride), _pair(padding), _pair(dilation), groups)
     out = emit(prim.conv2d, x, weight, None, _pair(stride), _pair(padding), _pair(dilation), groups)
     # an unbatched input (C, H, W) gives an unbatched result: the bias broadcasts over (C, 1, 1)
     return out if bias is None else P.add(out, P.reshape(bias, (-1, 1, 1) if x.ndim == 3 else (1, -1, 1, 1)))

@@ -143,8 +143,11 @@ def _sdpa(g, out, q, k, v, scale):
 @rule(prim.conv2d)
 def _conv2d(g, out, x, weight, bias, stride, padding, dilation, groups):
     common = (stride, padding, dilation, groups)
+    # the bias broadcasts as (C, 1, 1) over a batched or unbatched result
+    db = None if bias is None else P.sum_to(g, (bias.shape[0], 1, 1))
     return (emit(prim.conv2d_backward, g, x, weight, *common, "input"),
-            emit(prim.conv2d_backward, g, x, weight, *common, "weight"), None)
+            emit(prim.conv2d_backward, g, x, weight, *common, "weight"),
+            None if db is None else P.reshape(db, bias.shape))
 
 
 rule(prim.embedding)(lambda g, out, indices, weight, padding_idx:
