@@ -87,3 +87,14 @@ def test_half_precision_conv_with_bias_rounds_once(batched):
     _conv_bias(xe, we, be).float().sum().backward()
     for a, e in ((xs, xe), (ws, we), (bs, be)):
         torch.testing.assert_close(a.grad, e.grad, rtol=1.6e-2, atol=1e-2)
+
+
+# ops over zero-size tensors whose decomposition reduces over an empty dim (softmax's amax):
+# the result is empty (or torch's identity), as eager's
+def _over_empty(x):
+    return torch.softmax(x, 1), torch.log_softmax(x, 0), torch.logsumexp(x, 0)
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (3, 0)])
+def test_ops_over_zero_size_dims(shape):
+    _same_as_eager(_over_empty, torch.randn(shape))
