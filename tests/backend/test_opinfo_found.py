@@ -98,3 +98,15 @@ def _over_empty(x):
 @pytest.mark.parametrize("shape", [(0, 3), (3, 0)])
 def test_ops_over_zero_size_dims(shape):
     _same_as_eager(_over_empty, torch.randn(shape))
+
+
+# arange of an integer dtype from float bounds: torch truncates them first (and, for int64,
+# takes the length from the truncated values)
+def _arange_int(x):
+    return (x + torch.arange(-0.9, 2.1, 2.0, dtype=torch.int64).sum(),
+            torch.arange(2.1, -2.9, -1.0, dtype=torch.int64), torch.arange(0.0, -8.000001, -4.0, dtype=torch.int64),
+            torch.arange(-2.5, 3.7, 1.5, dtype=torch.int32), torch.arange(1.1, 5.1, 2.0, dtype=torch.int16))
+
+
+def test_integer_arange_of_float_bounds():
+    _same_as_eager(_arange_int, torch.zeros(2))

@@ -972,6 +972,12 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, layout=None, pin
             torch.get_default_dtype()
     if dtype.is_floating_point:
         return P.add(P.mul(P.cast(P.iota(length), dtype), step), start)
+    # an integer dtype: torch truncates start, end and step to integers first; for int64 the
+    # length comes from them too (integer division rounding to zero), as its kernel computes it
+    start, end, step = int(start), int(end), int(step)
+    if dtype == torch.int64:
+        n = end - start + step - (step > 0) + (step < 0)
+        length = builtins.max(abs(n) // abs(step) * (1 if (n >= 0) == (step > 0) else -1), 0)
     return P.iota(length, start, step, dtype=dtype)
 
 
