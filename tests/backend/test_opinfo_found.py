@@ -110,3 +110,48 @@ def _arange_int(x):
 
 def test_integer_arange_of_float_bounds():
     _same_as_eager(_arange_int, torch.zeros(2))
+
+
+# gradients at NaN inputs are eager's: clamp gives a NaN element none (its mask min <= x <= max
+# fails), maximum/minimum give both operands the whole gradient (neither loses to a NaN)
+@pytest.mark.parametrize("fn", [
+    lambda x, y: x.clamp(-0.5, 0.5), lambda x, y: torch.nn.functional.hardtanh(x),
+    lambda x, y: (x * 1).clamp_(min=0.0), lambda x, y: torch.maximum(x, y),
+    lambda x, y: torch.minimum(y, x), lambda x, y: torch.clamp(x, min=y),
+], ids=["clamp", "hardtanh", "clamp_", "maximum", "minimum", "clamp tensor bound"])
+def test_gradients_at_nan_inputs(fn):
+    nan = float("nan")
+    x0 = torch.tensor([0.2, nan, 3.0, -5.0, nan, 0.5])
+    y0 = torch.tensor([0.1, 1.0, nan, -5.0, nan, 0.5])
+    f = lambda x, y: fn(x, y) * torch.arange(1.0, 7.0)  # noqa: E731
+
+    def grads(g):
+        x, y = x0.clone().requires_grad_(), y0.clone().requires_grad_()
+        out = g(x, y)
+        out.backward(torch.ones(6))
+        return out.detach(), x.grad, y.grad
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FuselensWarning)
+        got = grads(fuselens.compile(f))
+    for a, e in zip(got, grads(f)):
+        torch.testing.assert_close(a, e, equal_nan=True)
+
+
+# a result of another layout than its kernel's buffer (a transposed product) is no view: a
+# caller may write into it in place with autograd on, as into eager's result
+def _transposed_result(x, y):
+    return (x - y).T.contiguous().T * torch.where(x > y, y, x * 0.5), x.t() * 3
+
+
+def test_results_in_another_layout_can_be_written_in_place():
+    x0, y0 = torch.randn(4, 5), torch.randn(4, 5)
+    outs = {}
+    for name, fn in (("eager", _transposed_result), ("compiled", fuselens.compile(_transposed_result))):
+        x, y = x0.clone().requires_grad_(), y0.clone().requires_grad_()
+        a, b = fn(x, y)
+        a.mul_(2)
+        b.add_(1)
+        (a.sum() + b.sum()).backward()
+        outs[name] = (a.detach(), b.detach(), x.grad, y.grad)
+    for c, e in zip(outs["compiled"], outs["eager"]):
+        torch.testing.assert_close(c, e)

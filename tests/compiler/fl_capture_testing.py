@@ -2,6 +2,8 @@
 inputs, compare results and input mutations, and count graphs/breaks with explain."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 import fuselens
@@ -38,8 +40,10 @@ def assert_same(got, expected):
         torch.testing.assert_close(got, expected, equal_nan=True)
         assert got.requires_grad == expected.requires_grad, \
             f"requires_grad: compiled {got.requires_grad}, eager {expected.requires_grad}"
+    elif isinstance(expected, float) and math.isnan(expected):  # a NaN read into Python
+        assert isinstance(got, float) and math.isnan(got), f"{got!r} where eager has nan"
     else:
-        assert got == expected
+        assert got == expected, f"{got!r} where eager has {expected!r}"
 
 
 def check(fn, *args, graphs=None, breaks=None, calls=2, seed=0, **kwargs):

@@ -264,20 +264,27 @@ def softplus(x, beta=1.0, threshold=20.0):
 
 @register(*_t("clamp", "clip"))
 def clamp(x, min=None, max=None, inplace=False):
-    out = x
+    # eager's clamp_backward masks by min <= x <= max: a NaN x, or a NaN tensor bound, gets none
+    return _clamp(x, min, max, nan_gets_gradient=False)
+
+
+def _clamp(x, min, max, nan_gets_gradient):
+    out = x if nan_gets_gradient or not x.dtype.is_floating_point else P.where(P.eq(x, x), x, math.nan)
     for bound, past in ((min, P.lt), (max, P.gt)):
-        if bound is not None:
-            # a NaN bound gives NaN, as torch's clamp propagates it (a NaN x stays: no comparison holds)
-            take = past(out, bound)
-            if isinstance(bound, TVal):
-                take = P.logical_or(take, P.ne(bound, bound))
-            elif isinstance(bound, float) and math.isnan(bound):
-                take = P.eq(out, out)  # everywhere x is not NaN
-            out = P.where(take, P.cast(bound, P.result_type(out, bound)), out)
+        if bound is None:
+            continue
+        out = P.where(past(out, bound), P.cast(bound, P.result_type(out, bound)), out)
+        # a NaN bound gives NaN, as torch's clamp propagates it (a NaN x stays: no comparison holds)
+        if isinstance(bound, TVal) and bound.dtype.is_floating_point:
+            out = P.where(P.ne(bound, bound), math.nan, out)
+        elif isinstance(bound, float) and math.isnan(bound):
+            out = P.where(P.eq(out, out), bound, out)
     return out
 
 
-DECOMPOSITIONS[F.hardtanh] = lambda x, min_val=-1.0, max_val=1.0, inplace=False: clamp(x, min_val, max_val)
+# hardtanh's backward masks by NOT (x <= min or x >= max): a NaN x gets the gradient
+DECOMPOSITIONS[F.hardtanh] = lambda x, min_val=-1.0, max_val=1.0, inplace=False: \
+    _clamp(x, min_val, max_val, nan_gets_gradient=True)
 DECOMPOSITIONS[_method("clamp_min")] = lambda x, min: clamp(x, min=min)
 DECOMPOSITIONS[_method("clamp_max")] = lambda x, max: clamp(x, max=max)
 DECOMPOSITIONS[torch.clamp_min] = DECOMPOSITIONS[_method("clamp_min")]
