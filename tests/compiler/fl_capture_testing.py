@@ -15,7 +15,8 @@ def clone_tree(v):
         c.requires_grad_(v.requires_grad)
         return c
     if isinstance(v, tuple):
-        return tuple(clone_tree(x) for x in v)
+        items = [clone_tree(x) for x in v]  # a named tuple or a structseq keeps its type
+        return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
     if isinstance(v, list):
         return [clone_tree(x) for x in v]
     if isinstance(v, dict):

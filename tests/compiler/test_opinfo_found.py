@@ -73,3 +73,16 @@ def test_non_strided_input_breaks_where_used(layout):
     a = getattr(dense, f"to_sparse_{layout}")() if layout != "coo" else dense.to_sparse()
     cf, ex = check(_sparse_mm, a, torch.randn(4, 2), breaks=["FL180"])
     torch.testing.assert_close(cf(dense, torch.ones(4, 2)), _sparse_mm(dense, torch.ones(4, 2)))
+
+
+# a named tuple argument: its type is guarded by identity (a guard naming the bare class name
+# failed on every call, so every call recompiled)
+Scale = __import__("collections").namedtuple("Scale", "factor shift")
+
+
+def _scaled(x, s):
+    return x * s.factor + s.shift
+
+
+def test_named_tuple_argument_hits_the_cache():
+    check(_scaled, torch.randn(4), Scale(2.0, 1), graphs=1, breaks=[])

@@ -108,7 +108,9 @@ class Sources:
         if isinstance(v, torch.Tensor):
             return  # guarded when it becomes a graph input
         if isinstance(v, (list, tuple)):
-            self.guard(f"type({src}) is {type(v).__name__} and len({src}) == {len(v)}",
+            # a subclass (a named tuple, torch.return_types.sort) is named by a constant
+            t = type(v).__name__ if type(v) in (list, tuple) else self.constant(type(v), type(v).__name__)
+            self.guard(f"type({src}) is {t} and len({src}) == {len(v)}",
                        f"{src}: {type(v).__name__} of length {len(v)}")
             for i, x in enumerate(v):
                 self.guard_argument(f"{src}[{i}]", x, dynamic)
