@@ -155,3 +155,19 @@ def test_results_in_another_layout_can_be_written_in_place():
         outs[name] = (a.detach(), b.detach(), x.grad, y.grad)
     for c, e in zip(outs["compiled"], outs["eager"]):
         torch.testing.assert_close(c, e)
+
+
+# known gap: the compiled backward is one program of every output's cotangent; an output the
+# loss ignores gets zeros there, and 0 * NaN in its VJP (a NaN the forward computed) reaches the
+# gradients of the outputs the loss uses. Eager's backward never runs the ignored output's VJP.
+def _nan_in_ignored_output(x):
+    return torch.sigmoid(x.sum(1, keepdim=True) * x), x * 2
+
+
+@pytest.mark.xfail(strict=True, reason="zero cotangents of ignored outputs meet NaN (runtime/training.py)")
+def test_nan_in_an_output_the_loss_ignores():
+    def grad(fn):
+        x = torch.tensor([[float("nan"), 1.0], [2.0, 3.0]], requires_grad=True)
+        fn(x)[1].sum().backward()
+        return x.grad
+    torch.testing.assert_close(grad(fuselens.compile(_nan_in_ignored_output)), grad(_nan_in_ignored_output))
