@@ -128,3 +128,23 @@ def test_writes_under_no_grad_keep_autograd_history():
     import fuselens
     for got, want in zip(grads(fuselens.compile(_written_under_no_grad)), grads(_written_under_no_grad)):
         torch.testing.assert_close(got, want)
+
+
+# a torch function given a function as an argument: a graph's code names tensors and constants
+# only, so the call runs in Python (FL180) instead of an internal error generating that code
+def _seeded_dropout(x):
+    from torch.testing._utils import wrapper_set_seed
+    return wrapper_set_seed(torch.nn.functional.dropout, x * 2, p=0.0) + 1
+
+
+def test_function_argument_of_a_torch_function_breaks():
+    check(_seeded_dropout, torch.randn(5), breaks=["FL180"])
+
+
+# Tensor.to with bools among its positional arguments (non_blocking, copy)
+def _to_positional(x):
+    return x.to("cpu", torch.float64, False, True) + 1, x.to(torch.int32, True)
+
+
+def test_tensor_to_with_positional_bools():
+    check(_to_positional, torch.randn(4) * 10, graphs=1, breaks=[])

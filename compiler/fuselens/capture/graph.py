@@ -131,6 +131,9 @@ class GraphBuilder:
         if self.abstract:
             return None, device, None
         tvs = _tensor_vars(args, kwargs)
+        fn_arg = next((v for v in leaves([args, kwargs]) if callable(v) and not isinstance(v, (TensorVar, type))), None)
+        if fn_arg is not None:  # a graph's code names tensors and constants only
+            raise MetaEvalError(f"{_name(target)}: a function as an argument ({_name(fn_arg)})")
         other = next((tv.meta.layout for tv in tvs if tv.meta.layout != torch.strided), None)
         if other is not None:  # graphs hold strided tensors only (kernels index by strides)
             raise MetaEvalError(f"{_name(target)}: an argument of layout {other}: only strided "
@@ -148,7 +151,7 @@ class GraphBuilder:
                 d = _parse_device(a) if not isinstance(a, (torch.dtype, bool)) else None
                 if d is not None:
                     device = d
-            margs = [a if _parse_device(a) is None or isinstance(a, (torch.dtype, bool, torch.Tensor))
+            margs = [a if isinstance(a, (torch.dtype, bool, torch.Tensor)) or _parse_device(a) is None
                      else "meta" for a in margs]
         elif target is torch.Tensor.cuda:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
