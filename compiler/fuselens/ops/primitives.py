@@ -183,6 +183,9 @@ conv2d = Primitive("conv2d", torch.nn.functional.conv2d, "extern")
 
 
 def _conv2d_backward(grad, x, weight, stride, padding, dilation, groups, which):
+    if x.dim() == 3:  # an unbatched (C, H, W) input: ATen's backward takes a batch of one
+        out = _conv2d_backward(grad.unsqueeze(0), x.unsqueeze(0), weight, stride, padding, dilation, groups, which)
+        return out.squeeze(0) if which == "input" else out
     mask = [which == "input", which == "weight", False]
     outs = torch.ops.aten.convolution_backward(grad, x, weight, None, stride, padding, dilation, False,
                                                [0, 0], groups, mask)
