@@ -2,6 +2,8 @@
 inputs, compare results and input mutations, and count graphs/breaks with explain."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 import fuselens
@@ -13,7 +15,8 @@ def clone_tree(v):
         c.requires_grad_(v.requires_grad)
         return c
     if isinstance(v, tuple):
-        return tuple(clone_tree(x) for x in v)
+        items = [clone_tree(x) for x in v]  # a named tuple or a structseq keeps its type
+        return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
     if isinstance(v, list):
         return [clone_tree(x) for x in v]
     if isinstance(v, dict):
@@ -40,10 +43,12 @@ def assert_same(got, expected):
         torch.testing.assert_close(got, expected, equal_nan=True)
         assert got.requires_grad == expected.requires_grad, \
             f"requires_grad: compiled {got.requires_grad}, eager {expected.requires_grad}"
+    elif isinstance(expected, float) and math.isnan(expected):  # a NaN read into Python
+        assert isinstance(got, float) and math.isnan(got), f"{got!r} where eager has nan"
     elif hasattr(expected, "__dict__") and type(expected).__module__ not in ("builtins", "torch"):
         assert_same(vars(got), vars(expected))  # an object of a Python class: what it holds
     else:
-        assert got == expected
+        assert got == expected, f"{got!r} where eager has {expected!r}"
 
 
 def check(fn, *args, graphs=None, breaks=None, calls=2, seed=0, **kwargs):

@@ -4,7 +4,8 @@ included), compiled output == eager output on random inputs.
 Each program is Python source written to a file and imported (so `inspect.getsource` works).
 It is called eagerly and compiled on the same inputs, then on new values of the same shape
 (other branches of data-dependent ifs), then on other row counts (a recompile, then dynamic
-dims). Results, input mutations and everything the program printed must match; if eager
+dims); a third of the programs get NaN in their inputs after the first call. Results, input
+mutations and everything the program printed must match; if eager
 raises, the compiled call must raise the same exception type.
 
     FUSELENS_DIFF_N=1000 pytest tests/compiler/test_differential.py     # more programs
@@ -37,7 +38,17 @@ class ProgramGen:
              "{}.relu()", "{}.abs()", "F.gelu({})", "F.silu({})", "-{}", "{}.neg().exp().tanh()",
              "({0} - {0}.mean(dim=-1, keepdim=True))", "{}.softmax(-1)", "{}.clamp(-3, 3)",
              "{}.flip(-1)", "{}.T.contiguous().T", "{0}.view(-1).reshape({0}.shape)",
-             "torch.cumsum({}, dim=1) * 0.1", "{}.float()", "{}[:, :]", "{}.T.T"]
+             "torch.cumsum({}, dim=1) * 0.1", "{}.float()", "{}[:, :]", "{}.T.T",
+             # dtype casts: bf16 round trips (the rounded value), int<->float, bool
+             "{}.bfloat16().float()", "{}.to(torch.bfloat16).relu().to(torch.float32)",
+             "({} * 3).long().float()", "(({} * 2).int().to(torch.float32) / 2)", "({} > 0).float()",
+             "torch.where({0}.bool(), {0}, 1.0)", "({0}.bfloat16() * 3 + 1).float()",
+             "({0} * 4).to(torch.int64).bfloat16().float()",
+             # max/min/argmax (NaN propagates: inputs may hold NaN)
+             "({0} - {0}.amax(dim=1, keepdim=True))", "({0} * 0 + {0}.max(dim=1, keepdim=True).values)",
+             "({0} + {0}.min(dim=0, keepdim=True)[0])", "({0}.argmax(dim=1, keepdim=True) + {0})",
+             "torch.maximum({0}, {0}.flip(0))", "torch.minimum({0}, {0}.amin())",
+             "({0} + {0}.max())", "({0}.clamp(min=0) + {0}.argmin())"]
     # Views (and `.float()`, which returns its input) end up in variables that in-place ops
     # then write through: capture tracks views and derives them again from their base.
     BINOPS = ["+", "-", "*"]
@@ -300,6 +311,9 @@ def run_program(seed: int, tmp_dir) -> None:
     calls = []
     for rows in (4, 4, 6, 7):
         calls.append((torch.randn(rows, cols, generator=rng), torch.randn(rows, cols, generator=rng), k))
+    if seed % 3 == 0:  # NaN in the inputs (max/min/argmax and data-dependent ifs see them)
+        for x, _, _ in calls[1:]:
+            x[seed % x.shape[0], seed % cols] = float("nan")
     cf = fuselens.compile(mod.f)
     for i, args in enumerate(calls):
         expected, eager_args, eager_text = _run(mod.f, mod, args)
@@ -335,5 +349,7 @@ def test_generator_covers_the_constructs():
     text = "\n".join(ProgramGen(s).program() for s in range(60))
     for needle in ("print(", ".item()", "if ", "for ", "def h0", ".add_(", "[0] =", "+=",
                    "torch.relu_(", "inplace=True", "out=", "[1:].mul_(2).add_(1)",
-                   "torch.no_grad()", "while ", "break", "nonzero", "torch.stack([", ".tolist()"):
+                   "torch.no_grad()", "while ", "break", "nonzero", "torch.stack([", ".tolist()",
+                   ".bfloat16().float()", ".long().float()", "> 0).float()", ".argmax(dim=1",
+                   ".amax(dim=1", "torch.maximum("):
         assert needle in text, needle

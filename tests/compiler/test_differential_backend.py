@@ -1,6 +1,7 @@
 """The random programs of test_differential.py through the real backend (fused Triton kernels,
 in the interpreter on CPU) and with gradients: compiled results, mutated inputs and the
-gradients of the inputs equal eager's."""
+gradients of the inputs equal eager's, on three row counts (the last one with dynamic dims),
+NaN in the inputs of a third of the programs."""
 import os
 
 import pytest
@@ -76,8 +77,10 @@ def test_random_program_real_backend_with_gradients(seed, tmp_path, monkeypatch)
     rng = torch.Generator().manual_seed(seed)
     cols, k = mod.LIN.in_features, seed % 4 + 1
     cf = fuselens.compile(mod.f)
-    for rows in (4, 6):
+    for call, rows in enumerate((4, 6, 7)):  # the third size: dims go dynamic (dynamic kernels)
         x0, y0 = torch.randn(rows, cols, generator=rng), torch.randn(rows, cols, generator=rng)
+        if seed % 3 == 0 and call > 0:  # NaN in an input (max/min/argmax, casts)
+            x0[seed % rows, seed % cols] = float("nan")
         want, want_in, want_g = _forward_backward(mod.f, mod, x0, y0, k)
         got, got_in, got_g = _forward_backward(cf, mod, x0, y0, k)
         got_err = _LAST_ERROR.pop(cf, None)
@@ -100,7 +103,14 @@ def test_random_program_real_backend_with_gradients(seed, tmp_path, monkeypatch)
             assert not isinstance(got_g, type), f"backward failed compiled only: {got_err}"
             for g, w, x in zip(got_g, want_g, (x0, y0)):
                 zero = torch.zeros_like(x)  # "no gradient" (None) and a zero gradient agree
-                torch.testing.assert_close(zero if g is None else g, zero if w is None else w,
-                                           rtol=1e-4, atol=1e-5)
+                g, w = zero if g is None else g, zero if w is None else w
+                if x0.isnan().any():
+                    # known gaps with a NaN input, elsewhere the gradients must be eager's: an
+                    # output the loss ignores gets a zero cotangent, and 0 * NaN in its VJP
+                    # reaches other gradients (test_nan_in_an_output_the_loss_ignores, xfail);
+                    # a write under no_grad passes no gradient to a non-finite element
+                    keep = ~(g.isnan() & ~w.isnan()) & ~x0.isnan()
+                    g, w = g[keep], w[keep]
+                torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5, equal_nan=True)
         except AssertionError as e:
             raise AssertionError(f"{e}\n{where}") from None

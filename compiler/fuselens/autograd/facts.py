@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-# autograd nodes whose backward raises (`derivative for aten::floor_divide is not implemented`)
-_RAISING_NODES = ("torch::autograd::NotImplemented", "torch::autograd::Error")
+from ..ops.primitives import RAISING_NODES
 
 
 @dataclass
@@ -57,7 +56,7 @@ class _MetaRun(fx.Interpreter):
             args = (args[0], *("meta" if _is_device(a) else a for a in args[1:]))
         result = super().call_function(target, args, kwargs)
         if isinstance(target, torch._ops.OpOverload) and isinstance(result, torch.Tensor) and \
-                result.grad_fn is not None and result.grad_fn.name() in _RAISING_NODES:
+                result.grad_fn is not None and result.grad_fn.name() in RAISING_NODES:
             # capture's functional form of an in-place op (`aten.copy` for `copy_`) may have no
             # derivative where the op eager ran has one: ask that op, on a copy of what it writes
             inplace = _inplace_overload(target)
@@ -127,7 +126,7 @@ def _walk(roots, leaf_bit, saved_storages):
                 stack.append((fn, True))
                 stack.extend((c, False) for c in children if c not in memo)
                 continue
-            error = _error_message(fn) if fn.name() in _RAISING_NODES else None
+            error = _error_message(fn) if fn.name() in RAISING_NODES else None
             try:
                 saved_storages.update(_storage(t) for t in _saved_tensors(fn))
             except RuntimeError as e:  # a saved value written in place after it was saved

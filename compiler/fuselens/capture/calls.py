@@ -7,6 +7,7 @@ import functools
 import logging
 import math
 import operator
+import sys
 import types
 import warnings
 
@@ -68,12 +69,28 @@ def is_torch_callable(fn) -> bool:
         return False  # a continuation fuselens generated (for a frame of torch's own modules too)
     mod = getattr(fn, "__module__", None) or ""
     if mod == "torch" or mod.startswith("torch.") or mod.startswith("torch._C"):
-        return True
+        # a Python function of torch's is an op only where the graph can name it, as its code
+        # will (`torch.nn.functional.relu`); a lambda or local function (OpInfo's `op=lambda`)
+        # is Python to inline
+        return not isinstance(fn, types.FunctionType) or _named(fn)
     self_ = getattr(fn, "__self__", None)
     if isinstance(self_, types.ModuleType) and self_.__name__.startswith("torch"):
         return True
     qual = getattr(fn, "__qualname__", "")
     return qual.startswith("TensorBase.") or qual.startswith("Tensor.")
+
+
+def _named(fn) -> bool:
+    """`fn` is reached from its module by its name or qualified name (Tensor's Python methods)."""
+    mod = sys.modules.get(fn.__module__)
+    if mod is None:
+        return False
+    if getattr(mod, fn.__name__, None) is fn or fn.__qualname__.startswith(("Tensor.", "TensorBase.")):
+        return True
+    obj = mod
+    for part in fn.__qualname__.split("."):
+        obj = getattr(obj, part, None)
+    return obj is fn
 
 
 def is_logging_call(fn) -> bool:

@@ -21,7 +21,10 @@ class MetaEvalError(Exception):
 
 
 def to_meta(t: torch.Tensor) -> torch.Tensor:
-    m = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
+    if t.layout != torch.strided:  # sparse, mkldnn: no strides; every op on it runs in Python
+        m = torch.empty(tuple(t.shape), dtype=t.dtype, layout=t.layout, device="meta")
+    else:
+        m = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
     if t.requires_grad and t.is_floating_point() or t.is_complex() and t.requires_grad:
         m.requires_grad_(True)
     return m
@@ -128,6 +131,13 @@ class GraphBuilder:
         if self.abstract:
             return None, device, None
         tvs = _tensor_vars(args, kwargs)
+        fn_arg = next((v for v in leaves([args, kwargs]) if callable(v) and not isinstance(v, (TensorVar, type))), None)
+        if fn_arg is not None:  # a graph's code names tensors and constants only
+            raise MetaEvalError(f"{_name(target)}: a function as an argument ({_name(fn_arg)})")
+        other = next((tv.meta.layout for tv in tvs if tv.meta.layout != torch.strided), None)
+        if other is not None:  # graphs hold strided tensors only (kernels index by strides)
+            raise MetaEvalError(f"{_name(target)}: an argument of layout {other}: only strided "
+                                "tensors are captured")
         metas = effects.stand_ins([_stand_in_spec(tv) for tv in tvs])
         by_id = {id(tv): m for tv, m in zip(tvs, metas)}
         as_meta = lambda v: by_id[id(v)] if isinstance(v, TensorVar) else _as_meta(v)  # noqa: E731
@@ -141,7 +151,7 @@ class GraphBuilder:
                 d = _parse_device(a) if not isinstance(a, (torch.dtype, bool)) else None
                 if d is not None:
                     device = d
-            margs = [a if _parse_device(a) is None or isinstance(a, (torch.dtype, bool, torch.Tensor))
+            margs = [a if isinstance(a, (torch.dtype, bool, torch.Tensor)) or _parse_device(a) is None
                      else "meta" for a in margs]
         elif target is torch.Tensor.cuda:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
@@ -159,6 +169,7 @@ class GraphBuilder:
             raise MetaEvalError(f"{_name(target)}: {type(e).__name__}: {e}",
                                 getattr(e, "fl_dynamic_shape", False)) from None
         _check_device_kernel(fn, margs, mkwargs, device)
+        _check_out_dtypes(fn, margs, mkwargs, device)
         eff.tensor_vars = tvs
         return out_meta, device, eff
 
@@ -258,6 +269,41 @@ def _probe_device_kernel(fn, margs, mkwargs, device):
     except Exception:  # e.g. an empty reduction: refused for emptiness only
         pass
     return None
+
+
+def _check_out_dtypes(fn, margs, mkwargs, device):
+    """An `out=` tensor of another dtype than the op computes: eager casts into it or refuses
+    (`torch.complex` and `multinomial` want their exact dtype, most ops one it can be cast to),
+    a rule meta kernels skip. So the op runs on empty tensors on `device` with the given `out`
+    and with an `out` of the computed dtypes: an error only the first raises is eager's answer."""
+    outs = effects._flat_tensors(mkwargs.get("out"))
+    if not outs:
+        return
+    try:
+        res = effects._flat_tensors(fn(*margs, **{k: v for k, v in mkwargs.items() if k != "out"}))
+    except Exception:  # noqa: BLE001 - an op of out= only: nothing to compare with
+        return
+    if len(res) != len(outs) or all(r.dtype == o.dtype for r, o in zip(res, outs)):
+        return
+    leaves = torch.utils._pytree.tree_leaves((margs, mkwargs))
+    key = ("out", fn, device, tuple((v.dtype, v.dim()) if isinstance(v, torch.Tensor) else
+                                    v if isinstance(v, (torch.dtype, str, bool, type(None))) else type(v)
+                                    for v in leaves), tuple(r.dtype for r in res))
+    if key not in _KERNEL_ERRORS:
+        def probe(out_dtypes):
+            empty = lambda v: torch.empty((0,) * v.dim(), dtype=v.dtype, device=device) \
+                if isinstance(v, torch.Tensor) else v  # noqa: E731
+            it = iter(out_dtypes)
+            out = _map(mkwargs["out"], lambda o: torch.empty((0,) * o.dim(), dtype=next(it), device=device))
+            try:
+                fn(*_map(margs, empty), **{**_map(mkwargs, empty), "out": out})
+            except Exception as e:  # noqa: BLE001 - compared below
+                return f"{type(e).__name__}: {e}"
+            return None
+        given = probe([o.dtype for o in outs])
+        _KERNEL_ERRORS[key] = given if given is not None and given != probe([r.dtype for r in res]) else None
+    if _KERNEL_ERRORS[key] is not None:
+        raise MetaEvalError(f"{_name(fn)}: {_KERNEL_ERRORS[key]}")
 
 
 def _returns_bool(target, args) -> bool:

@@ -81,7 +81,10 @@ class Sources:
         parts = [f"type({src}) is {self.constant(type(t), type(t).__name__)}",
                  f"{src}.dtype is {self.constant(t.dtype, str(t.dtype).replace('torch.', ''))}",
                  f"{src}.device == {self.constant(t.device, 'dev_' + t.device.type)}"]
-        if dynamic:
+        if t.layout != torch.strided:  # sparse: no strides; a strided tensor fails this guard
+            parts.append(f"{src}.layout is {self.constant(t.layout, str(t.layout).replace('torch.', ''))}")
+            parts.append(f"{src}.shape == {tuple(t.shape)}")
+        elif dynamic:
             parts.append(f"{src}.dim() == {t.dim()}")
             parts += [f"{src}.shape[{d}] == {n}" for d, n in enumerate(t.shape) if d not in dynamic]
             parts.append(f"{src}.is_contiguous() is {t.is_contiguous()}")

@@ -111,8 +111,10 @@ class WrapperWriter:
         self.kernels = kernels  # id(FusedKernel) -> (TritonKernel, KernelWriter)
         self.lines: list[str] = []
         self.consts: list = []
-        # kernel outputs allocated in the layout of the one reshape of them the program returns
-        # (a bias gradient's (1, n) sum returned as (n,)): no `.view` call per call
+        # kernel outputs allocated in the layout of the one reshape or permutation of them the
+        # program returns (a bias gradient's (1, n) sum returned as (n,)): no `.view` call per
+        # call, and the output is no view (autograd refuses in-place writes into a view that a
+        # custom Function returned)
         self.allocated_as: dict = {}
         self.namespace = {"torch": torch, "prims": types.SimpleNamespace(**PRIMITIVES), "reinterpret": reinterpret,
                           "ensure_layout": ensure_layout, "consts": self.consts, "operator": operator, "math": math,
@@ -203,7 +205,7 @@ class WrapperWriter:
         for name, views in returned.items():
             if len(views) == 1 and name in written and name not in read_by_extern:
                 (shape, stride, kind), = views
-                if kind == "view":
+                if kind in ("view", "permute"):  # the same memory, read by kernels by pointer
                     self.allocated_as[name] = (shape, stride)
         pool: dict = {}  # (shape, stride, dtype) -> names of dead buffers
         # (shape, stride, dtype) -> names of live tensors of that dense layout: a new buffer like one

@@ -164,7 +164,14 @@ def _unary(p, float_only=True):
 
 
 neg = _unary(prim.neg, float_only=False)
-abs = _unary(prim.abs, float_only=False)
+
+
+def abs(x):  # noqa: A001 - the primitive's name
+    # a bool is its own absolute value (the primitive, run by torch, has no bool kernel);
+    # torch.abs of a bool tensor is refused at capture, as eager refuses it
+    return x if x.dtype == torch.bool else emit(prim.abs, x)
+
+
 exp, exp2, log, log1p = (_unary(p) for p in (prim.exp, prim.exp2, prim.log, prim.log1p))
 sqrt, rsqrt, sin, cos = (_unary(p) for p in (prim.sqrt, prim.rsqrt, prim.sin, prim.cos))
 tanh, sigmoid, erf = (_unary(p) for p in (prim.tanh, prim.sigmoid, prim.erf))

@@ -117,8 +117,11 @@ def div(a, b, *, rounding_mode=None):
     dtype = P.result_type(a, b)
     if not dtype.is_floating_point:
         raise Unsupported("integer division")
+    if rounding_mode == "floor":
+        # eager floors (a - fmod(a, b)) / b, not the rounded quotient: 1. // 0.1 is 9, not 10
+        raise Unsupported("floor division (eager's algorithm goes through fmod)")
     q = P.div(a, b)
-    return P.floor(q) if rounding_mode == "floor" else P.where(P.lt(q, 0), P.ceil(q), P.floor(q))
+    return P.where(P.lt(q, 0), P.ceil(q), P.floor(q))
 
 
 @register(_method("__rtruediv__"))
@@ -261,20 +264,27 @@ def softplus(x, beta=1.0, threshold=20.0):
 
 @register(*_t("clamp", "clip"))
 def clamp(x, min=None, max=None, inplace=False):
-    out = x
+    # eager's clamp_backward masks by min <= x <= max: a NaN x, or a NaN tensor bound, gets none
+    return _clamp(x, min, max, nan_gets_gradient=False)
+
+
+def _clamp(x, min, max, nan_gets_gradient):
+    out = x if nan_gets_gradient or not x.dtype.is_floating_point else P.where(P.eq(x, x), x, math.nan)
     for bound, past in ((min, P.lt), (max, P.gt)):
-        if bound is not None:
-            # a NaN bound gives NaN, as torch's clamp propagates it (a NaN x stays: no comparison holds)
-            take = past(out, bound)
-            if isinstance(bound, TVal):
-                take = P.logical_or(take, P.ne(bound, bound))
-            elif isinstance(bound, float) and math.isnan(bound):
-                take = P.eq(out, out)  # everywhere x is not NaN
-            out = P.where(take, P.cast(bound, P.result_type(out, bound)), out)
+        if bound is None:
+            continue
+        out = P.where(past(out, bound), P.cast(bound, P.result_type(out, bound)), out)
+        # a NaN bound gives NaN, as torch's clamp propagates it (a NaN x stays: no comparison holds)
+        if isinstance(bound, TVal) and bound.dtype.is_floating_point:
+            out = P.where(P.ne(bound, bound), math.nan, out)
+        elif isinstance(bound, float) and math.isnan(bound):
+            out = P.where(P.eq(out, out), bound, out)
     return out
 
 
-DECOMPOSITIONS[F.hardtanh] = lambda x, min_val=-1.0, max_val=1.0, inplace=False: clamp(x, min_val, max_val)
+# hardtanh's backward masks by NOT (x <= min or x >= max): a NaN x gets the gradient
+DECOMPOSITIONS[F.hardtanh] = lambda x, min_val=-1.0, max_val=1.0, inplace=False: \
+    _clamp(x, min_val, max_val, nan_gets_gradient=True)
 DECOMPOSITIONS[_method("clamp_min")] = lambda x, min: clamp(x, min=min)
 DECOMPOSITIONS[_method("clamp_max")] = lambda x, max: clamp(x, max=max)
 DECOMPOSITIONS[torch.clamp_min] = DECOMPOSITIONS[_method("clamp_min")]
@@ -517,11 +527,13 @@ def var_mean(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
 
 @register(*_t("logsumexp"))
 def logsumexp(x, dim, keepdim=False):
-    y = _upcast(x)
+    # integers and bools: computed in the default float dtype (torch's integer-to-float promotion)
+    dtype = x.dtype if x.dtype.is_floating_point else torch.get_default_dtype()
+    y = _upcast(P.cast(x, dtype))
     m = P.amax(y, dim, True)
     m = P.where(P.eq(P.abs(m), math.inf), 0.0, m)
     out = P.add(P.log(P.sum(P.exp(P.sub(y, m)), dim, True)), m)
-    return P.cast(out if keepdim else P.squeeze_dims(out, P.norm_dims(dim, y.ndim)), x.dtype)
+    return P.cast(out if keepdim else P.squeeze_dims(out, P.norm_dims(dim, y.ndim)), dtype)
 
 
 @register(*_t("norm"), torch.linalg.vector_norm)
@@ -985,6 +997,12 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, layout=None, pin
             torch.get_default_dtype()
     if dtype.is_floating_point:
         return P.add(P.mul(P.cast(P.iota(length), dtype), step), start)
+    # an integer dtype: torch truncates start, end and step to integers first; for int64 the
+    # length comes from them too (integer division rounding to zero), as its kernel computes it
+    start, end, step = int(start), int(end), int(step)
+    if dtype == torch.int64:
+        n = end - start + step - (step > 0) + (step < 0)
+        length = builtins.max(abs(n) // abs(step) * (1 if (n >= 0) == (step > 0) else -1), 0)
     return P.iota(length, start, step, dtype=dtype)
 
 
@@ -1074,6 +1092,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     if isinstance(padding, str):
         raise Unsupported("string padding")
     x, weight = _same_dtype(x, weight)
+    if bias is not None and _is_half(x.dtype):  # eager adds the bias before it rounds, once
+        return emit(prim.conv2d, x, weight, bias, _pair(stride), _pair(padding), _pair(dilation), groups)
     out = emit(prim.conv2d, x, weight, None, _pair(stride), _pair(padding), _pair(dilation), groups)
     # an unbatched input (C, H, W) gives an unbatched result: the bias broadcasts over (C, 1, 1)
     return out if bias is None else P.add(out, P.reshape(bias, (-1, 1, 1) if x.ndim == 3 else (1, -1, 1, 1)))

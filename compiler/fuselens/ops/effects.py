@@ -249,6 +249,7 @@ def run(fn, args, kwargs, tensors: list[torch.Tensor]):
     except Exception as e:
         e.fl_dynamic_shape = failed_on_dynamic_shape(rec.calls)
         raise
+    result = _returned(result, kwargs.get("out"))
     eff = Effects(trace=rec.calls, stand_ins=list(tensors), result=result)
     storages = [_storage_key(t) for t in tensors]
     for op, a, k in rec.calls:
@@ -328,6 +329,26 @@ def _flat_tensors(v):
     return []
 
 
+def _returned(result, out):
+    """What a call given `out=` returns: torch's Python API returns the `out=` tensors themselves;
+    some meta paths return other tensors of the same values (linalg.matrix_rank), which the real
+    run does not."""
+    outs = _flat_tensors(out)
+    if outs and len(_flat_tensors(result)) == len(outs):
+        return _refill(result, iter(outs))
+    return result
+
+
+def _refill(v, it):
+    """`v` with its tensors replaced, in order, by those of `it` (a named tuple keeps its type)."""
+    if isinstance(v, torch.Tensor):
+        return next(it)
+    if isinstance(v, (list, tuple)):
+        items = [_refill(x, it) for x in v]
+        return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)  # structseqs take a list
+    return v
+
+
 def _byte_range(t):
     if t.numel() == 0:
         return None
@@ -380,7 +401,8 @@ class OnCopies:
             if isinstance(v, (list, tuple)):
                 return type(v)(sub(x) for x in v)
             return v
-        result = self.fn(*[sub(a) for a in args], **{k: sub(v) for k, v in kwargs.items()})
+        kwargs = {k: sub(v) for k, v in kwargs.items()}
+        result = _returned(self.fn(*[sub(a) for a in args], **kwargs), kwargs.get("out"))
         written = tuple(copies[id(distinct[i])] for i in self.written)
         return written + tuple(t for t in _flat_tensors(result) if not any(t is w for w in written))
 

@@ -183,6 +183,9 @@ conv2d = Primitive("conv2d", torch.nn.functional.conv2d, "extern")
 
 
 def _conv2d_backward(grad, x, weight, stride, padding, dilation, groups, which):
+    if x.dim() == 3:  # an unbatched (C, H, W) input: ATen's backward takes a batch of one
+        out = _conv2d_backward(grad.unsqueeze(0), x.unsqueeze(0), weight, stride, padding, dilation, groups, which)
+        return out.squeeze(0) if which == "input" else out
     mask = [which == "input", which == "weight", False]
     outs = torch.ops.aten.convolution_backward(grad, x, weight, None, stride, padding, dilation, False,
                                                [0, 0], groups, mask)
@@ -209,6 +212,10 @@ def _call_torch(fn, args, kwargs):
     return fn(*args, **kwargs)
 
 
+# autograd nodes whose backward raises (`derivative for aten::floor_divide is not implemented`)
+RAISING_NODES = ("torch::autograd::NotImplemented", "torch::autograd::Error")
+
+
 def _call_torch_vjp(fn, args, kwargs, grads, needs=None, kw_needs=()):
     """Backward of an arbitrary torch call: recompute it under autograd and ask for the gradients
     of the arguments that need one (`needs`, positional; None: every differentiable one) and of
@@ -220,7 +227,12 @@ def _call_torch_vjp(fn, args, kwargs, grads, needs=None, kw_needs=()):
     with torch.enable_grad():
         out = fn(*leaves, **kw_leaves)
     outs = [out] if isinstance(out, torch.Tensor) else list(out)
-    pairs = [(o, g) for o, g in zip(outs, grads) if isinstance(o, torch.Tensor) and o.requires_grad]
+    # a result whose derivative torch does not implement (floor_divide): the compiled backward
+    # raises eager's error before it would need this gradient (runtime/training.py)
+    pairs = [(o, g) for o, g in zip(outs, grads) if isinstance(o, torch.Tensor) and o.requires_grad
+             and o.grad_fn.name() not in RAISING_NODES]
+    if not pairs:
+        return (None,) * (len(args) + len(kw_needs))
     wrt = [leaf for leaf, m in zip(leaves, marked) if m] + [kw_leaves[k] for k in kw_needs]
     got = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True))
     return tuple(next(got) if m else None for m in marked) + tuple(next(got) for _ in kw_needs)

@@ -67,7 +67,18 @@ def decompose(target, args, kwargs, node=None):
             return with_result_dtypes(fn(*args, **kwargs), eager_result(target, args, kwargs, node))
         except Unsupported:
             pass
+        except RuntimeError:
+            # a step refuses a zero-size tensor (`amax` over an empty dim inside softmax) where the
+            # op itself gives an empty result: torch's op computes it (there is nothing to compute)
+            if not _has_empty((args, kwargs)):
+                raise
     return extern_call(target, args, kwargs, node)
+
+
+def _has_empty(tree) -> bool:
+    found = []
+    map_aggregate(tree, lambda a: found.append(a) if isinstance(a, TVal) and isinstance(a.val, torch.Tensor) and a.val.numel() == 0 else None)
+    return bool(found)
 
 
 def eager_result(target, args, kwargs, node):

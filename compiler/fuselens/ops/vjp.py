@@ -69,18 +69,19 @@ def _pow(g, out, a, b):
     return ga, gb
 
 
-def _extremum_vjp(first_wins):
-    # as ATen: ties split the gradient evenly
+def _extremum_vjp(loses):
+    # as ATen: ties split the gradient evenly, an operand that loses gets none; neither loses
+    # to a NaN, so both get the whole gradient there
     def fn(g, out, a, b):
         half = P.mul(g, 0.5)
-        ga = P.where(P.eq(a, b), half, P.where(first_wins(a, b), g, 0.0))
-        gb = P.where(P.eq(a, b), half, P.where(first_wins(a, b), 0.0, g))
+        ga = P.where(P.eq(a, b), half, P.where(loses(a, b), 0.0, g))
+        gb = P.where(P.eq(a, b), half, P.where(loses(b, a), 0.0, g))
         return ga, gb
     return fn
 
 
-rule(prim.maximum)(_extremum_vjp(P.gt))
-rule(prim.minimum)(_extremum_vjp(P.lt))
+rule(prim.maximum)(_extremum_vjp(P.lt))
+rule(prim.minimum)(_extremum_vjp(P.gt))
 
 
 # --- reductions (keepdim: `g` has the reduced shape with 1s) --------------------------------------
@@ -143,8 +144,11 @@ def _sdpa(g, out, q, k, v, scale):
 @rule(prim.conv2d)
 def _conv2d(g, out, x, weight, bias, stride, padding, dilation, groups):
     common = (stride, padding, dilation, groups)
+    # the bias broadcasts as (C, 1, 1) over a batched or unbatched result
+    db = None if bias is None else P.sum_to(g, (bias.shape[0], 1, 1))
     return (emit(prim.conv2d_backward, g, x, weight, *common, "input"),
-            emit(prim.conv2d_backward, g, x, weight, *common, "weight"), None)
+            emit(prim.conv2d_backward, g, x, weight, *common, "weight"),
+            None if db is None else P.reshape(db, bias.shape))
 
 
 rule(prim.embedding)(lambda g, out, indices, weight, padding_idx:

@@ -1,0 +1,175 @@
+"""Classes of bugs the OpInfo full matrix (tests/conformance, FUSELENS_OPINFO=full) found in the
+whole pipeline, kernels included: compiled results equal eager's and nothing falls back."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import fuselens
+from fuselens import FuselensWarning
+
+
+def _same_as_eager(fn, *args):
+    """fn compiled == eager on copies of args (results and what was written), with no fallback."""
+    e_args = [a.clone() for a in args]
+    c_args = [a.clone() for a in args]
+    want = fn(*e_args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FuselensWarning)
+        got = fuselens.compile(fn)(*c_args)
+    torch.testing.assert_close(got, want, equal_nan=True)
+    torch.testing.assert_close(c_args, e_args, equal_nan=True)
+
+
+# out= of a call whose meta run returns other tensors than `out` (a composite below the
+# dispatcher): torch returns the out tensors themselves
+def _matrix_rank_out(a, out):
+    return torch.linalg.matrix_rank(a, out=out)
+
+
+@pytest.mark.parametrize("fn, args", [
+    (_matrix_rank_out, (torch.randn(3, 3), torch.zeros((), dtype=torch.int64))),
+    (_matrix_rank_out, (torch.randn(2, 3, 3), torch.zeros(2, dtype=torch.int64))),
+], ids=["0-d", "batched"])
+def test_out_returns_the_out_tensors(fn, args):
+    _same_as_eager(fn, *args)
+
+
+# floor division of floats is eager's algorithm ((a - fmod(a, b)) / b), not floor of the rounded
+# quotient: 1. // 0.1 == 9.
+def _floordiv(a, b):
+    return a // b, torch.div(a, b, rounding_mode="floor"), torch.floor_divide(a, b) * 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_float_floor_division(dtype):
+    a = torch.tensor([1.0, -1.0, 5.0, 7.0, -7.5, 3.0], dtype=dtype)
+    b = torch.tensor([0.1, 0.1, 0.5, -2.0, 2.5, 0.3], dtype=dtype)
+    _same_as_eager(_floordiv, a, b)
+
+
+# integer and bool inputs of ops that compute in floating point: the default float dtype,
+# before any step (logsumexp), and primitives that have no bool kernel (abs) not reached
+def _logsumexp(x):
+    return torch.logsumexp(x, 0), torch.logsumexp(x, (0, 1), keepdim=True)
+
+
+def _isinf(x):
+    return torch.isinf(x), torch.isfinite(x)
+
+
+@pytest.mark.parametrize("x", [torch.tensor([[3, 9, 0], [1, 2, 8]]),
+                               torch.tensor([[True, False, True], [False, False, True]])],
+                         ids=["int64", "bool"])
+@pytest.mark.parametrize("fn", [_logsumexp, _isinf])
+def test_integer_and_bool_inputs_of_float_math(fn, x):
+    _same_as_eager(fn, x)
+
+
+# a half-precision conv2d with a bias rounds once, as eager's kernel (bias added before rounding)
+def _conv_bias(x, w, b):
+    return torch.nn.functional.conv2d(x, w, b, padding=1, groups=2)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_half_precision_conv_with_bias_rounds_once(batched):
+    torch.manual_seed(0)
+    x = torch.randn(*((2,) if batched else ()), 4, 6, 6).bfloat16()
+    w, b = torch.randn(4, 2, 3, 3).bfloat16(), (torch.randn(4) * 3).bfloat16()
+    want = _conv_bias(x, w, b)
+    xs, ws, bs = (t.clone().requires_grad_() for t in (x, w, b))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FuselensWarning)
+        got = fuselens.compile(_conv_bias)(x, w, b)
+        fuselens.compile(_conv_bias)(xs, ws, bs).float().sum().backward()
+    assert torch.equal(got, want)
+    xe, we, be = (t.clone().requires_grad_() for t in (x, w, b))
+    _conv_bias(xe, we, be).float().sum().backward()
+    for a, e in ((xs, xe), (ws, we), (bs, be)):
+        torch.testing.assert_close(a.grad, e.grad, rtol=1.6e-2, atol=1e-2)
+
+
+# ops over zero-size tensors whose decomposition reduces over an empty dim (softmax's amax):
+# the result is empty (or torch's identity), as eager's
+def _over_empty(x):
+    return torch.softmax(x, 1), torch.log_softmax(x, 0), torch.logsumexp(x, 0)
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (3, 0)])
+def test_ops_over_zero_size_dims(shape):
+    _same_as_eager(_over_empty, torch.randn(shape))
+
+
+# arange of an integer dtype from float bounds: torch truncates them first (and, for int64,
+# takes the length from the truncated values)
+def _arange_int(x):
+    return (x + torch.arange(-0.9, 2.1, 2.0, dtype=torch.int64).sum(),
+            torch.arange(2.1, -2.9, -1.0, dtype=torch.int64), torch.arange(0.0, -8.000001, -4.0, dtype=torch.int64),
+            torch.arange(-2.5, 3.7, 1.5, dtype=torch.int32), torch.arange(1.1, 5.1, 2.0, dtype=torch.int16))
+
+
+def test_integer_arange_of_float_bounds():
+    _same_as_eager(_arange_int, torch.zeros(2))
+
+
+# gradients at NaN inputs are eager's: clamp gives a NaN element none (its mask min <= x <= max
+# fails), maximum/minimum give both operands the whole gradient (neither loses to a NaN)
+@pytest.mark.parametrize("fn", [
+    lambda x, y: x.clamp(-0.5, 0.5), lambda x, y: torch.nn.functional.hardtanh(x),
+    lambda x, y: (x * 1).clamp_(min=0.0), lambda x, y: torch.maximum(x, y),
+    lambda x, y: torch.minimum(y, x), lambda x, y: torch.clamp(x, min=y),
+], ids=["clamp", "hardtanh", "clamp_", "maximum", "minimum", "clamp tensor bound"])
+def test_gradients_at_nan_inputs(fn):
+    nan = float("nan")
+    x0 = torch.tensor([0.2, nan, 3.0, -5.0, nan, 0.5])
+    y0 = torch.tensor([0.1, 1.0, nan, -5.0, nan, 0.5])
+    f = lambda x, y: fn(x, y) * torch.arange(1.0, 7.0)  # noqa: E731
+
+    def grads(g):
+        x, y = x0.clone().requires_grad_(), y0.clone().requires_grad_()
+        out = g(x, y)
+        out.backward(torch.ones(6))
+        return out.detach(), x.grad, y.grad
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FuselensWarning)
+        got = grads(fuselens.compile(f))
+    for a, e in zip(got, grads(f)):
+        torch.testing.assert_close(a, e, equal_nan=True)
+
+
+# a result of another layout than its kernel's buffer (a transposed product) is no view: a
+# caller may write into it in place with autograd on, as into eager's result
+def _transposed_result(x, y):
+    return (x - y).T.contiguous().T * torch.where(x > y, y, x * 0.5), x.t() * 3
+
+
+def test_results_in_another_layout_can_be_written_in_place():
+    x0, y0 = torch.randn(4, 5), torch.randn(4, 5)
+    outs = {}
+    for name, fn in (("eager", _transposed_result), ("compiled", fuselens.compile(_transposed_result))):
+        x, y = x0.clone().requires_grad_(), y0.clone().requires_grad_()
+        a, b = fn(x, y)
+        a.mul_(2)
+        b.add_(1)
+        (a.sum() + b.sum()).backward()
+        outs[name] = (a.detach(), b.detach(), x.grad, y.grad)
+    for c, e in zip(outs["compiled"], outs["eager"]):
+        torch.testing.assert_close(c, e)
+
+
+# known gap: the compiled backward is one program of every output's cotangent; an output the
+# loss ignores gets zeros there, and 0 * NaN in its VJP (a NaN the forward computed) reaches the
+# gradients of the outputs the loss uses. Eager's backward never runs the ignored output's VJP.
+def _nan_in_ignored_output(x):
+    return torch.sigmoid(x.sum(1, keepdim=True) * x), x * 2
+
+
+@pytest.mark.xfail(strict=True, reason="zero cotangents of ignored outputs meet NaN (runtime/training.py)")
+def test_nan_in_an_output_the_loss_ignores():
+    def grad(fn):
+        x = torch.tensor([[float("nan"), 1.0], [2.0, 3.0]], requires_grad=True)
+        fn(x)[1].sum().backward()
+        return x.grad
+    torch.testing.assert_close(grad(fuselens.compile(_nan_in_ignored_output)), grad(_nan_in_ignored_output))
