@@ -80,6 +80,8 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
                     # the `__init__` @dataclass wrote (no source), called by a wrapper of it
                     return self.dataclass_init(every[0], every[1:len(every) - len(kwargs)], kwargs, fn,
                                                call, caller)
+                if self.abstract and not contains_tensor(every):
+                    return UNKNOWN  # the editor cannot see into it, nor tell that a graph would
                 if not self.abstract and not any(contains_tensor(v) or type(v) in MUTABLE
                                                  or isinstance(v, (Unknown, SymInt)) for v in every):
                     # Python with no source to read (a frozen module's `Mapping.get`) touching

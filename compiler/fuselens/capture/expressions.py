@@ -246,12 +246,12 @@ class Expressions:
                 out.append(make(inner))
                 return
             g = gens[0]
-            it = self.eval(g.iter, inner)
-            if isinstance(it, Unknown) or (self.abstract and isinstance(it, TensorVar)):
-                self.assign(g.target, UNKNOWN, inner)
+            items = self.iterate(self.eval(g.iter, inner), g.iter, inner)
+            if isinstance(items, AbstractSeq):  # abstract: unknown length, analysed once
+                self.assign(g.target, items.item(), inner)
                 make(inner)
                 raise Opaque()
-            for item in self.iterate(it, g.iter, inner):
+            for item in items:
                 self.assign(g.target, item, inner)
                 ok = True
                 for cond in g.ifs:
@@ -360,7 +360,9 @@ class Expressions:
         if isinstance(v, nn.ModuleDict):
             return list(v.keys())
         if isinstance(v, Unknown):
-            return AbstractSeq()
+            return AbstractSeq(UNKNOWN)
+        if hasattr(type(v), "__fl_abstract_iter__"):  # the editor's stand-ins (analyze.py)
+            return AbstractSeq(v.__fl_abstract_iter__())
         items = self.iterate_object(v, node, scope)
         if items is not None:
             return items
