@@ -11,7 +11,9 @@ reports. A location is the innermost line of a break's stack that lies in the an
 from __future__ import annotations
 
 import importlib
+import logging
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -76,19 +78,47 @@ def _located(stack, files):
     return None
 
 
+class _GraphBreakLog(logging.Handler):
+    """Dynamo's graph-break log (TORCH_LOGS=graph_breaks): every break, with its user stack the
+    first time a location breaks (`explain`'s break_reasons leave some out: a data-dependent
+    `if` in a frame Dynamo then skips)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.stacks = []
+
+    def emit(self, record):
+        text = record.getMessage()
+        at = re.search(r"in user code at (.+):(\d+)\s*$", text.splitlines()[0])
+        frames = [(f, int(n)) for f, n in re.findall(r'^\s*File "(.+?)", line (\d+)', text, re.M)]
+        if at is not None:
+            self.stacks.append(frames + [(at.group(1), int(at.group(2)))])
+
+
 def _dynamo_breaks(runs, files):
-    found = set()
+    log = _GraphBreakLog()
+    logger = logging.getLogger("torch._dynamo.symbolic_convert.__graph_breaks")
+    torch._logging.set_logs(graph_breaks=True)
+    logger.addHandler(log)
     torch._dynamo.config.suppress_errors = True  # (a Dynamo failure in a resumed frame: eager there)
-    for fn, kwargs in runs:
+    stacks = []
+    try:
+        for fn, kwargs in runs:
+            torch._dynamo.reset()
+            ex = torch._dynamo.explain(fn)(**kwargs)
+            stacks += [[(f.filename, f.lineno) for f in r.user_stack] for r in ex.break_reasons]
+    finally:
         torch._dynamo.reset()
-        ex = torch._dynamo.explain(fn)(**kwargs)
-        for r in ex.break_reasons:
-            loc = _located([(f.filename, f.lineno) for f in r.user_stack], files)
-            if loc is not None:
-                found.add(loc)
-    torch._dynamo.reset()
-    torch._dynamo.config.suppress_errors = False
-    return found
+        torch._dynamo.config.suppress_errors = False
+        logger.removeHandler(log)
+        torch._logging.set_logs()
+    # a repeated break's record names only its innermost line: located as its first record was
+    seen = {}
+    for stack in log.stacks + stacks:
+        loc = _located(stack, files)
+        if loc is not None:
+            seen[stack[-1]] = loc
+    return {seen[st[-1]] for st in log.stacks + stacks if st[-1] in seen}
 
 
 class _FX:  # graphs run as their FX modules: only capture's breaks matter here
@@ -120,14 +150,18 @@ def _concrete_breaks(runs, files, monkeypatch):
 
 
 def _diagnostics(files):
+    """(function, code, location, the calls on its way in the file): the calls are where the
+    editor shows the break as related information, and where Dynamo, which breaks in the frame
+    that makes the call too, reports it again."""
     out = []
     for path in files:
         with open(path, encoding="utf-8") as f:
             analysis = analyze_source(f.read(), path)
         for fa in analysis.functions:
             for b in fa.breaks:
-                loc = _located([(f.filename, f.line) for f in b.stack] + [(b.filename, b.line)], {path})
-                out.append((fa.qualname, b.code, loc or (path, b.line)))
+                stack = [(os.path.realpath(f.filename), f.line) for f in b.stack]
+                loc = _located(stack + [(b.filename, b.line)], {path})
+                out.append((fa.qualname, b.code, loc or (path, b.line), {s for s in stack if s[0] == path}))
     return out
 
 
@@ -141,14 +175,14 @@ def test_corpus_precision_recall(monkeypatch):
         concrete = _concrete_breaks(runs, files, monkeypatch)
     diags = _diagnostics(sorted(files))
     confirmed = [d for d in diags if d[2] in dynamo or d[2] in concrete]
-    reported = {d[2] for d in diags}
+    reported = {d[2] for d in diags} | {s for d in diags for s in d[3]}
     found = dynamo & reported
     precision = len(confirmed) / len(diags) if diags else 1.0
     recall = len(found) / len(dynamo) if dynamo else 1.0
     short = lambda loc: f"{os.path.basename(loc[0])}:{loc[1]}"  # noqa: E731
     print(f"\ncorpus: {len(diags)} diagnostics in {len(files)} files; precision {precision:.3f} "
           f"({len(confirmed)}/{len(diags)}), recall {recall:.3f} ({len(found)}/{len(dynamo)})")
-    print("  unconfirmed:", sorted({f"{q} {c} {short(l)}" for q, c, l in diags if (q, c, l) not in confirmed}))
+    print("  unconfirmed:", sorted({f"{d[0]} {d[1]} {short(d[2])}" for d in diags if d not in confirmed}))
     print("  missed:", sorted(short(loc) for loc in dynamo - reported))
     assert precision >= PRECISION_FLOOR
     assert recall >= RECALL_FLOOR

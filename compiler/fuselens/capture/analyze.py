@@ -60,8 +60,9 @@ def _descriptor(f: ast.FunctionDef, env) -> str | None:
 
 
 class AbstractClass:
-    def __init__(self, node: ast.ClassDef, env: dict, filename: str, bases: list):
-        self.node, self.env, self.filename, self.bases = node, env, filename, bases
+    def __init__(self, node: ast.ClassDef, env: dict, filename: str):
+        self.node, self.env, self.filename = node, env, filename
+        self._bases: list | None = None
         self.methods = {f.name: f for f in node.body if isinstance(f, ast.FunctionDef)}
         self.class_attrs = {}
         for st in node.body:
@@ -69,6 +70,13 @@ class AbstractClass:
                 for t in st.targets:
                     if isinstance(t, ast.Name):
                         self.class_attrs[t.id] = st.value.value
+
+    @property
+    def bases(self) -> list:
+        if self._bases is None:  # when first needed: a base may live in another module's source
+            self._bases = []
+            self._bases = [_resolve(b, self.env) for b in self.node.bases]
+        return self._bases
 
     @property
     def is_module(self) -> bool:
@@ -285,18 +293,48 @@ class SourceModule:
             return UNKNOWN
 
 
+def _module_file(path: str) -> str | None:
+    for candidate in (path + ".py", os.path.join(path, "__init__.py")):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
 def _relative_module(filename: str, level: int, module: str | None, name: str):
-    """The module file `from <level dots><module> import <name>` names in the file's package, as
-    a SourceModule; UNKNOWN where `name` is not a module there (a name of the package's code)."""
+    """What `from <level dots><module> import <name>` names in the file's package: a module (a
+    SourceModule), or a name defined in one (read when first used); UNKNOWN if not found."""
     base = os.path.dirname(os.path.abspath(filename))
     for _ in range(level - 1):
         base = os.path.dirname(base)
-    parts = (module.split(".") if module else []) + [name]
-    path = os.path.join(base, *parts)
-    for candidate in (path + ".py", os.path.join(path, "__init__.py")):
-        if os.path.isfile(candidate):
-            return SourceModule(candidate)
-    return UNKNOWN
+    package = os.path.join(base, *(module.split(".") if module else []))
+    sub = _module_file(os.path.join(package, name))
+    if sub is not None:
+        return SourceModule(sub)
+    owner = _module_file(package)
+    return UNKNOWN if owner is None else LazyName(SourceModule(owner), name)
+
+
+class LazyName:
+    """A name imported from another module's source, in a ModuleEnv until first read."""
+
+    def __init__(self, module: SourceModule, name: str):
+        self.module, self.name = module, name
+
+
+class ModuleEnv(dict):
+    """A module's names; those imported from the package's other modules resolved when read
+    (reading every module a file imports from would parse the whole package)."""
+
+    def __getitem__(self, key):
+        v = dict.__getitem__(self, key)
+        if isinstance(v, LazyName):
+            dict.__setitem__(self, key, UNKNOWN)  # (an import cycle reads it as unknown)
+            v = getattr(v.module, v.name)
+            dict.__setitem__(self, key, v)
+        return v
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
 
 
 def _returned_value(fs: FunctionSource, depth=0):
@@ -334,7 +372,7 @@ class AbstractMethod:
 
 
 def module_env(tree: ast.Module, filename: str) -> dict:
-    env: dict = {"__name__": "__fuselens_abstract__"}
+    env: dict = ModuleEnv({"__name__": "__fuselens_abstract__"})
     for s in tree.body:
         if isinstance(s, ast.Import):
             for a in s.names:
@@ -356,8 +394,7 @@ def module_env(tree: ast.Module, filename: str) -> dict:
         elif isinstance(s, ast.FunctionDef):
             env[s.name] = FunctionSource(s.name, s.name, filename, s, env)
         elif isinstance(s, ast.ClassDef):
-            bases = [_resolve(b, env) for b in s.bases]
-            env[s.name] = AbstractClass(s, env, filename, bases)
+            env[s.name] = AbstractClass(s, env, filename)
         elif isinstance(s, (ast.Assign, ast.AnnAssign)):
             targets = s.targets if isinstance(s, ast.Assign) else [s.target]
             value = _top_level_value(s.value, env) if s.value is not None else UNKNOWN
@@ -489,7 +526,7 @@ def _analyze_function(f, qualname, env, filename, compiled, cls) -> FunctionAnal
         fs = cls.function_source(f) if cls is not None else FunctionSource(f.name, qualname, filename, f, env)
         kind = _descriptor(f, env) if cls is not None else None
         builder = GraphBuilder(abstract=True)
-        ev = Evaluator(builder, abstract=True, on_break=found.append)
+        ev = Evaluator(builder, abstract=True, on_break=lambda b: _keep(b, ev, filename, found))
         frame = {}
         params = f.args.posonlyargs + f.args.args
         defaults = dict(zip([p.arg for p in params][len(params) - len(f.args.defaults):],
@@ -518,6 +555,14 @@ def _analyze_function(f, qualname, env, filename, compiled, cls) -> FunctionAnal
     graphs = (1 if n_ops else 0) + len(uniq)
     return FunctionAnalysis(f.name, qualname, f.lineno, f.col_offset, f.end_lineno or f.lineno,
                             f.end_col_offset or 0, compiled, uses, graphs, uniq)
+
+
+def _keep(b, ev, filename, found):
+    """A break on a path that may not run is reported where the user sees the condition (an
+    unknown branch in this file); in code read from another file (a library's) only where the
+    path to it is certain: there its conditions are a config's or the library's own state."""
+    if all(f == filename for f in ev.uncertain):
+        found.append(b)
 
 
 def _abstract_param(p: ast.arg, default, builder):

@@ -14,7 +14,7 @@ from . import breaks as B
 from . import calls as C
 from .side_effects import MUTABLE
 from .values import UNKNOWN, LocalFunction, SymInt, SymShape, TensorVar, Unknown, contains_tensor
-from .frames import AbstractSeq, Opaque, Scope
+from .frames import AbstractKwargs, AbstractSeq, Opaque, Scope
 from .objects import user_mapping
 
 
@@ -299,15 +299,19 @@ class Expressions:
         args = []
         for a in e.args:
             if isinstance(a, ast.Starred):
-                args.extend(self.iterate(self.eval(a.value, scope), a, scope))
+                items = self.iterate(self.eval(a.value, scope), a, scope)
+                if isinstance(items, AbstractSeq):  # abstract: how many arguments is unknown
+                    return UNKNOWN
+                args.extend(items)
             else:
                 args.append(self.eval(a, scope))
         kwargs = {}
         for k in e.keywords:
             v = self.eval(k.value, scope)
             if k.arg is None:
-                if isinstance(v, Unknown):
-                    return UNKNOWN
+                if isinstance(v, Unknown):  # abstract: the call is analysed with what is known
+                    kwargs = AbstractKwargs(kwargs)
+                    continue
                 kwargs.update(self.observed(v))
             else:
                 kwargs[k.arg] = v

@@ -128,6 +128,11 @@ class AbstractSeq(list):
         return iter([self.item() for _ in range(8)])
 
 
+class AbstractKwargs(dict):
+    """Abstract domain: keyword arguments with more of them unknown (`f(x, **kwargs)` where
+    `kwargs` is unknown): a callee's `**` parameter receives an unknown value."""
+
+
 def is_generator(node) -> bool:
     """A `def` whose body yields (not counting functions and lambdas defined in it)."""
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -645,6 +645,8 @@ def _b_setattr(ev, args, kwargs, e, scope):
     if ev.effects.is_fresh(obj):
         ev.set_attribute(obj, name, v, e, scope)
         return None
+    if ev.abstract and (isinstance(obj, Unknown) or hasattr(type(obj), "__fl_abstract_getattr__")):
+        return None  # an object the editor only stands in for
     ev.brk(B.UNSUPPORTED_STMT, e, scope, detail=f"setattr() on a {type(obj).__name__} object from outside",
            whole_stmt=True)
 
@@ -679,6 +681,8 @@ def _b_iter(ev, args, kwargs, e, scope):
 
 def _b_next(ev, args, kwargs, e, scope):
     """`next()` of an iterator capture made (`iter(...)`, a generator run to its end)."""
+    if ev.abstract and not isinstance(args[0], type(iter([]))):
+        return UNKNOWN
     if not isinstance(args[0], type(iter([]))):
         ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"next() of a {type(args[0]).__name__}")
     return next(*args)

@@ -74,15 +74,19 @@ class Statements:
     def _exec_abstract_arms(self, s, scope, saved):
         arms = [s.body, s.orelse] if isinstance(s, ast.If) else [s.body, []]
         results = []
-        for arm in arms:
-            scope.vars = dict(saved)
-            try:
-                self.exec_block(arm, scope, ("if", s))
-            except PathEnd:
-                continue  # an arm that raises adds nothing to what follows
-            except (Return, LoopBreak, LoopContinue):
-                pass
-            results.append(scope.vars)
+        self.uncertain.append(scope.fs.filename)
+        try:
+            for arm in arms:
+                scope.vars = dict(saved)
+                try:
+                    self.exec_block(arm, scope, ("if", s))
+                except PathEnd:
+                    continue  # an arm that raises adds nothing to what follows
+                except (Return, LoopBreak, LoopContinue):
+                    pass
+                results.append(scope.vars)
+        finally:
+            self.uncertain.pop()
         if not results:
             raise PathEnd()
         scope.vars = _join(results)
