@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib
 import logging
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -22,8 +23,6 @@ from .values import UNKNOWN, BoundUserMethod, TensorVar, Unknown
 # Modules whose names the analysis may resolve by importing them (libraries, never user code).
 SAFE_MODULES = ("torch", "math", "operator", "functools", "itertools", "logging", "warnings",
                 "numpy", "collections", "typing", "dataclasses", "fuselens")
-_NOT_TENSOR_ANNOTATIONS = {"int", "float", "bool", "str", "bytes", "list", "tuple", "dict",
-                           "Optional[int]", "Optional[float]", "Sequence[int]"}
 
 
 @dataclass
@@ -47,54 +46,138 @@ class SourceAnalysis:
 
 
 # -- abstract stand-ins for the file's classes and their instances --------------------------
+# They answer the evaluator through its hooks: `__fl_abstract_getattr__` (attribute reads),
+# `__fl_abstract_call__`, `__fl_abstract_iter__` (items of unknown number), `__fl_abstract_super__`.
+_DESCRIPTORS = {"staticmethod", "classmethod", "property"}
+
+
+def _descriptor(f: ast.FunctionDef, env) -> str | None:
+    """Which of staticmethod/classmethod/property decorates `f` (None: a plain method)."""
+    for d in f.decorator_list:
+        if isinstance(d, ast.Name) and d.id in _DESCRIPTORS and d.id not in env:
+            return d.id
+    return None
+
+
 class AbstractClass:
-    def __init__(self, node: ast.ClassDef, env: dict, filename: str, bases: list):
-        self.node, self.env, self.filename, self.bases = node, env, filename, bases
+    def __init__(self, node: ast.ClassDef, env: dict, filename: str):
+        self.node, self.env, self.filename = node, env, filename
+        self._bases: list | None = None
         self.methods = {f.name: f for f in node.body if isinstance(f, ast.FunctionDef)}
+        self.class_attrs = {}
+        for st in node.body:
+            if isinstance(st, ast.Assign) and isinstance(st.value, ast.Constant):
+                for t in st.targets:
+                    if isinstance(t, ast.Name):
+                        self.class_attrs[t.id] = st.value.value
+
+    @property
+    def bases(self) -> list:
+        if self._bases is None:  # when first needed: a base may live in another module's source
+            self._bases = []
+            self._bases = [_resolve(b, self.env) for b in self.node.bases]
+        return self._bases
 
     @property
     def is_module(self) -> bool:
         return any(isinstance(b, type) and issubclass(b, nn.Module) or
                    isinstance(b, AbstractClass) and b.is_module for b in self.bases)
 
+    def function_source(self, f: ast.FunctionDef) -> FunctionSource:
+        # `__class__`: what zero-argument super() reads in a method of this class
+        return FunctionSource(f.name, f"{self.node.name}.{f.name}", self.filename, f, self.env,
+                              closure={"__class__": self})
+
     def method_source(self, name) -> FunctionSource | None:
-        f = self.methods.get(name)
+        found = self.find(name)
+        return None if found is None or found[1] is None else found[0].function_source(found[1])
+
+    def find(self, name):
+        """(the class that defines `name`, its def or None for a class attribute), searching the
+        bases parsed from the file in order; None where it is not found there."""
+        if name in self.methods:
+            return self, self.methods[name]
+        if name in self.class_attrs:
+            return self, None
+        for b in self.bases:
+            if isinstance(b, AbstractClass):
+                hit = b.find(name)
+                if hit is not None:
+                    return hit
+        return None
+
+    def lookup(self, name, instance, ev, e, scope):
+        """`name` read on `instance` (None: on the class) as Python's descriptors would give it."""
+        found = self.find(name)
+        if found is None:
+            return UNKNOWN  # a base the editor did not parse (nn.Module, a library class)
+        owner, f = found
         if f is None:
-            for b in self.bases:
-                if isinstance(b, AbstractClass):
-                    fs = b.method_source(name)
-                    if fs is not None:
-                        return fs
-            return None
-        return FunctionSource(f.name, f"{self.node.name}.{f.name}", self.filename, f, self.env)
+            return owner.class_attrs[name]
+        fs, kind = owner.function_source(f), _descriptor(f, owner.env)
+        if kind == "staticmethod":
+            return fs
+        if kind == "classmethod":
+            return BoundUserMethod(fs, self)
+        if kind == "property":
+            return UNKNOWN if instance is None else ev.inline(fs, [], {}, e, scope, self_value=instance)
+        return fs if instance is None else BoundUserMethod(fs, instance)
+
+    def __fl_abstract_getattr__(self, ev, attr, e, scope):
+        return self.lookup(attr, None, ev, e, scope)
 
     def __fl_abstract_call__(self, ev, args, kwargs, e, scope):
         return AbstractInstance(self)
 
+    def __fl_abstract_super__(self, instance):
+        return AbstractSuper(self, instance)
+
+
+class AbstractSuper:
+    """`super()` in a method of a class parsed from the file: lookups start at its bases."""
+
+    def __init__(self, cls: AbstractClass, instance):
+        self.cls, self.instance = cls, instance
+
+    def __fl_abstract_getattr__(self, ev, attr, e, scope):
+        for b in self.cls.bases:
+            if isinstance(b, AbstractClass) and b.find(attr) is not None:
+                inst = self.instance if isinstance(self.instance, AbstractInstance) else None
+                return b.lookup(attr, inst, ev, e, scope)
+        return UNKNOWN
+
 
 class AbstractInstance:
-    """`self` (or an instance made in `__init__`): attributes from `self.x = ...` in __init__."""
+    """`self` (or an instance made in `__init__`): attributes from `self.x = ...` in the
+    `__init__`s of its class and of the bases parsed from the file."""
 
     def __init__(self, cls: AbstractClass):
         self.cls = cls
-        self.attrs: dict = {}
-        init = cls.methods.get("__init__")
-        if init is not None:
-            for s in ast.walk(init):
-                if isinstance(s, ast.Assign):
-                    for t in s.targets:
-                        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) \
-                                and t.value.id == "self":
-                            self.attrs[t.attr] = _static_value(s.value, cls.env)
+        self._attrs: dict | None = None
 
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        if name in self.attrs:
-            return self.attrs[name]
-        fs = self.cls.method_source(name)
-        if fs is not None:
-            return BoundUserMethod(fs, self)
+    @property
+    def attrs(self) -> dict:
+        if self._attrs is None:  # lazily: instances nest (a model holds its layers)
+            self._attrs = {}
+            for c in reversed(_abstract_mro(self.cls)):
+                init = c.methods.get("__init__")
+                for st in ast.walk(init) if init is not None else ():
+                    if isinstance(st, ast.Assign):
+                        for t in st.targets:
+                            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) \
+                                    and t.value.id == "self":
+                                self._attrs[t.attr] = _static_value(st.value, c.env)
+        return self._attrs
+
+    def __fl_abstract_getattr__(self, ev, attr, e, scope):
+        if attr in self.attrs:
+            return self.attrs[attr]
+        return self.cls.lookup(attr, self, ev, e, scope)
+
+    def __getitem__(self, idx):
+        return UNKNOWN
+
+    def __fl_abstract_iter__(self):
         return UNKNOWN
 
     def __fl_abstract_call__(self, ev, args, kwargs, e, scope):
@@ -104,19 +187,49 @@ class AbstractInstance:
         return ev.inline(fs, args, kwargs, e, scope, self_value=self)
 
 
+def _abstract_mro(cls: AbstractClass) -> list:
+    out = [cls]
+    for b in cls.bases:
+        if isinstance(b, AbstractClass):
+            out += [c for c in _abstract_mro(b) if c not in out]
+    return out
+
+
 class AbstractModule:
-    """An instance of a torch.nn module class, constructed with unknown arguments."""
+    """An instance of a torch.nn module class, constructed with unknown arguments; a container
+    (ModuleList, Sequential, ModuleDict) knows what it holds where the construction says
+    (`nn.ModuleList([Layer(config) for _ in ...])`)."""
 
-    def __init__(self, cls):
+    def __init__(self, cls, element=UNKNOWN):
         self.cls = cls
+        self.element = element
 
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
+    def __fl_abstract_getattr__(self, ev, attr, e, scope):
         return UNKNOWN
+
+    def __fl_abstract_iter__(self):
+        return self.element if issubclass(self.cls, (nn.ModuleList, nn.Sequential)) else UNKNOWN
+
+    def __getitem__(self, idx):
+        return self if isinstance(idx, slice) else self.element
 
     def __fl_abstract_call__(self, ev, args, kwargs, e, scope):
         return TensorVar(None, None, None)
+
+
+_CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
+
+
+def _element(call: ast.Call, env):
+    """What a module container made by `call` holds, if its items are all alike."""
+    items = list(call.args)
+    if len(items) == 1 and isinstance(items[0], (ast.List, ast.Tuple)):
+        items = items[0].elts
+    elif len(items) == 1 and isinstance(items[0], (ast.ListComp, ast.GeneratorExp)):
+        items = [items[0].elt]
+    values = [_static_value(x, env) for x in items]
+    kinds = {(type(v), getattr(v, "cls", None)) for v in values}
+    return values[0] if len(kinds) == 1 and not isinstance(values[0], Unknown) else UNKNOWN
 
 
 def _static_value(expr, env):
@@ -126,7 +239,7 @@ def _static_value(expr, env):
     if isinstance(expr, ast.Call):
         f = _resolve(expr.func, env)
         if isinstance(f, type) and issubclass(f, nn.Module):
-            return AbstractModule(f)
+            return AbstractModule(f, _element(expr, env) if issubclass(f, _CONTAINERS) else UNKNOWN)
         if isinstance(f, AbstractClass):
             return AbstractInstance(f)
     return UNKNOWN
@@ -153,8 +266,113 @@ def _safe_import(name: str):
         return UNKNOWN
 
 
+class SourceModule:
+    """A module of the package the file belongs to (`from ...utils import logging`), known from
+    its source: read and parsed when a name of it is first used, never imported."""
+
+    _cache: dict = {}  # (path, mtime) -> its names
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def _env(self) -> dict:
+        key = (self.path, os.path.getmtime(self.path))
+        env = SourceModule._cache.get(key)
+        if env is None:
+            with open(self.path, encoding="utf-8") as f:
+                env = module_env(ast.parse(f.read(), self.path), self.path)
+            SourceModule._cache[key] = env
+        return env
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            return self._env().get(name, UNKNOWN)
+        except (OSError, SyntaxError, ValueError, RecursionError):
+            return UNKNOWN
+
+
+def _module_file(path: str) -> str | None:
+    for candidate in (path + ".py", os.path.join(path, "__init__.py")):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _relative_module(filename: str, level: int, module: str | None, name: str):
+    """What `from <level dots><module> import <name>` names in the file's package: a module (a
+    SourceModule), or a name defined in one (read when first used); UNKNOWN if not found."""
+    base = os.path.dirname(os.path.abspath(filename))
+    for _ in range(level - 1):
+        base = os.path.dirname(base)
+    package = os.path.join(base, *(module.split(".") if module else []))
+    sub = _module_file(os.path.join(package, name))
+    if sub is not None:
+        return SourceModule(sub)
+    owner = _module_file(package)
+    return UNKNOWN if owner is None else LazyName(SourceModule(owner), name)
+
+
+class LazyName:
+    """A name imported from another module's source, in a ModuleEnv until first read."""
+
+    def __init__(self, module: SourceModule, name: str):
+        self.module, self.name = module, name
+
+
+class ModuleEnv(dict):
+    """A module's names; those imported from the package's other modules resolved when read
+    (reading every module a file imports from would parse the whole package)."""
+
+    def __getitem__(self, key):
+        v = dict.__getitem__(self, key)
+        if isinstance(v, LazyName):
+            dict.__setitem__(self, key, UNKNOWN)  # (an import cycle reads it as unknown)
+            v = getattr(v.module, v.name)
+            dict.__setitem__(self, key, v)
+        return v
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+
+def _returned_value(fs: FunctionSource, depth=0):
+    """What a call of a function known from source returns where all its `return`s agree (an
+    object of a library class: transformers' `get_logger` returns `logging.getLogger(name)`),
+    else unknown."""
+    rets = [n.value for n in ast.walk(fs.node) if isinstance(n, ast.Return) and n.value is not None]
+    vals = [_top_level_value(r, fs.globals, depth + 1) for r in rets] if depth < 4 else []
+    if vals and all(isinstance(v, AbstractObject) and v.cls is vals[0].cls for v in vals):
+        return vals[0]
+    return UNKNOWN
+
+
+class AbstractObject:
+    """An object of a library class, not made: what the editor knows is its type."""
+
+    def __init__(self, cls: type):
+        self.cls = cls
+
+    def __fl_abstract_getattr__(self, ev, attr, e, scope):
+        return AbstractMethod(self.cls, attr)
+
+
+class AbstractMethod:
+    """`obj.name` of an AbstractObject, called: every method of a logger is a logging call
+    (torch.compile breaks on each: GB0291), whatever adds it (transformers' `warning_once`)."""
+
+    def __init__(self, cls: type, name: str):
+        self.cls, self.name = cls, name
+
+    def __fl_abstract_call__(self, ev, args, kwargs, e, scope):
+        if issubclass(self.cls, (logging.Logger, logging.LoggerAdapter)):
+            ev.brk(B.LOGGING, e, scope, detail=f"call to {self.cls.__name__}.{self.name}")
+        return UNKNOWN
+
+
 def module_env(tree: ast.Module, filename: str) -> dict:
-    env: dict = {"__name__": "__fuselens_abstract__"}
+    env: dict = ModuleEnv({"__name__": "__fuselens_abstract__"})
     for s in tree.body:
         if isinstance(s, ast.Import):
             for a in s.names:
@@ -163,7 +381,10 @@ def module_env(tree: ast.Module, filename: str) -> dict:
                 else:
                     root = a.name.split(".")[0]
                     env[root] = _safe_import(root)
-        elif isinstance(s, ast.ImportFrom) and s.module and s.level == 0:
+        elif isinstance(s, ast.ImportFrom) and s.level > 0:
+            for a in s.names:  # the package's own modules: read, never imported
+                env[a.asname or a.name] = _relative_module(filename, s.level, s.module, a.name)
+        elif isinstance(s, ast.ImportFrom) and s.module:
             mod = _safe_import(s.module)
             for a in s.names:
                 v = getattr(mod, a.name, UNKNOWN) if not isinstance(mod, Unknown) else UNKNOWN
@@ -173,8 +394,7 @@ def module_env(tree: ast.Module, filename: str) -> dict:
         elif isinstance(s, ast.FunctionDef):
             env[s.name] = FunctionSource(s.name, s.name, filename, s, env)
         elif isinstance(s, ast.ClassDef):
-            bases = [_resolve(b, env) for b in s.bases]
-            env[s.name] = AbstractClass(s, env, filename, bases)
+            env[s.name] = AbstractClass(s, env, filename)
         elif isinstance(s, (ast.Assign, ast.AnnAssign)):
             targets = s.targets if isinstance(s, ast.Assign) else [s.target]
             value = _top_level_value(s.value, env) if s.value is not None else UNKNOWN
@@ -184,7 +404,7 @@ def module_env(tree: ast.Module, filename: str) -> dict:
     return env
 
 
-def _top_level_value(expr, env):
+def _top_level_value(expr, env, depth=0):
     try:
         return ast.literal_eval(expr)
     except Exception:
@@ -192,7 +412,9 @@ def _top_level_value(expr, env):
     if isinstance(expr, ast.Call):
         f = _resolve(expr.func, env)
         if f is logging.getLogger:  # a logger: calls on it are logging breaks
-            return logging.getLogger("fuselens.abstract")
+            return AbstractObject(logging.Logger)
+        if isinstance(f, FunctionSource):
+            return _returned_value(f, depth)
         if isinstance(f, type) and issubclass(f, nn.Module):
             return AbstractModule(f)
         if isinstance(f, AbstractClass):
@@ -301,17 +523,18 @@ def _analyze_function(f, qualname, env, filename, compiled, cls) -> FunctionAnal
     found: list[B.GraphBreak] = []
     n_ops = 0
     if compiled or uses:
-        fs = FunctionSource(f.name, qualname, filename, f, env)
+        fs = cls.function_source(f) if cls is not None else FunctionSource(f.name, qualname, filename, f, env)
+        kind = _descriptor(f, env) if cls is not None else None
         builder = GraphBuilder(abstract=True)
-        ev = Evaluator(builder, abstract=True, on_break=found.append)
+        ev = Evaluator(builder, abstract=True, on_break=lambda b: _keep(b, ev, filename, found))
         frame = {}
         params = f.args.posonlyargs + f.args.args
         defaults = dict(zip([p.arg for p in params][len(params) - len(f.args.defaults):],
                             f.args.defaults))
         defaults.update({p.arg: d for p, d in zip(f.args.kwonlyargs, f.args.kw_defaults) if d})
         for i, p in enumerate(params + f.args.kwonlyargs):
-            if i == 0 and cls is not None and p.arg == "self":
-                frame[p.arg] = AbstractInstance(cls)
+            if i == 0 and cls is not None and kind != "staticmethod":
+                frame[p.arg] = cls if kind == "classmethod" else AbstractInstance(cls)
             else:
                 frame[p.arg] = _abstract_param(p, defaults.get(p.arg), builder)
         if f.args.vararg:
@@ -334,10 +557,18 @@ def _analyze_function(f, qualname, env, filename, compiled, cls) -> FunctionAnal
                             f.end_col_offset or 0, compiled, uses, graphs, uniq)
 
 
+def _keep(b, ev, filename, found):
+    """A break on a path that may not run is reported where the user sees the condition (an
+    unknown branch in this file); in code read from another file (a library's) only where the
+    path to it is certain: there its conditions are a config's or the library's own state."""
+    if all(f == filename for f in ev.uncertain):
+        found.append(b)
+
+
 def _abstract_param(p: ast.arg, default, builder):
     """A parameter is taken for a tensor unless its annotation or default says otherwise."""
     ann = ast.unparse(p.annotation) if p.annotation is not None else ""
-    if ann in _NOT_TENSOR_ANNOTATIONS:
+    if ann and "Tensor" not in ann:  # `int`, `tuple[int, int]`, `LlamaConfig`, `Cache | None`
         return UNKNOWN
     if isinstance(default, ast.Constant) or isinstance(default, (ast.Tuple, ast.List)):
         return UNKNOWN

@@ -19,7 +19,7 @@ from .graph import GraphBuilder
 from .source import FunctionSource, NoSourceError, function_source
 from .values import (UNKNOWN, GeneratorCall, LocalFunction, SymInt, TensorVar, Unknown, ValueSources,
                      contains_tensor)
-from .frames import BreakSignal, Return, Scope, is_generator
+from .frames import AbstractKwargs, BreakSignal, Return, Scope, is_generator
 from .statements import Statements
 from .expressions import Expressions
 from .tensors import Tensors
@@ -49,6 +49,7 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
         self._newer: dict[int, tuple] = {}  # id(TensorVar) -> (it, its value after an in-place op)
         self.in_try = 0  # how many captured `try` bodies the evaluation is in (raise is captured there)
         self.effects = SideEffects(sources)  # containers from outside are modelled, mutations replayed
+        self.uncertain: list[str] = []  # abstract: files of the arms of unknown branches being walked
 
     # ===================================================================== functions
     def run(self, fs: FunctionSource, bound: dict) -> object:
@@ -83,6 +84,8 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
                     # the `__init__` @dataclass wrote (no source), called by a wrapper of it
                     return self.dataclass_init(every[0], every[1:len(every) - len(kwargs)], kwargs, fn,
                                                call, caller)
+                if self.abstract and not contains_tensor(every):
+                    return UNKNOWN  # the editor cannot see into it, nor tell that a graph would
                 if not self.abstract and not any(contains_tensor(v) or type(v) in MUTABLE
                                                  or isinstance(v, (Unknown, SymInt)) for v in every):
                     # Python with no source to read (a frozen module's `Mapping.get`) touching
@@ -95,6 +98,8 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
         try:
             bound = self.bind(fs, args, kwargs)
         except TypeError as e:
+            if self.abstract:  # (from values the editor does not know, or a TypeError in eager too)
+                return UNKNOWN
             self.brk(B.UNSUPPORTED_EXPR, call, caller, detail=f"cannot bind arguments: {e}")
         if isinstance(fn, FunctionSource) or not isinstance(fn, LocalFunction):
             for k, v in fs.closure.items():
@@ -164,7 +169,7 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
             else:
                 raise TypeError(f"{fs.name}() got an unexpected keyword argument '{k}'")
         if a.kwarg is not None:
-            out[a.kwarg.arg] = kw
+            out[a.kwarg.arg] = UNKNOWN if isinstance(kwargs, AbstractKwargs) else kw
         for name in pos + [p.arg for p in a.kwonlyargs]:
             if name not in out:
                 if name in fs.defaults:

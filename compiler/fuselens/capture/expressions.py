@@ -15,7 +15,7 @@ from . import calls as C
 from .side_effects import MUTABLE
 from .values import (UNKNOWN, GeneratorCall, LocalFunction, SymInt, SymShape, TensorVar, Unknown,
                      contains_tensor)
-from .frames import AbstractSeq, Opaque, Scope
+from .frames import AbstractKwargs, AbstractSeq, Opaque, Scope
 from .objects import user_mapping
 
 
@@ -247,12 +247,12 @@ class Expressions:
                 out.append(make(inner))
                 return
             g = gens[0]
-            it = self.eval(g.iter, inner)
-            if isinstance(it, Unknown) or (self.abstract and isinstance(it, TensorVar)):
-                self.assign(g.target, UNKNOWN, inner)
+            items = self.iterate(self.eval(g.iter, inner), g.iter, inner)
+            if isinstance(items, AbstractSeq):  # abstract: unknown length, analysed once
+                self.assign(g.target, items.item(), inner)
                 make(inner)
                 raise Opaque()
-            for item in self.iterate(it, g.iter, inner):
+            for item in items:
                 self.assign(g.target, item, inner)
                 ok = True
                 for cond in g.ifs:
@@ -304,15 +304,19 @@ class Expressions:
         args = []
         for a in e.args:
             if isinstance(a, ast.Starred):
-                args.extend(self.iterate(self.eval(a.value, scope), a, scope))
+                items = self.iterate(self.eval(a.value, scope), a, scope)
+                if isinstance(items, AbstractSeq):  # abstract: how many arguments is unknown
+                    return UNKNOWN
+                args.extend(items)
             else:
                 args.append(self.eval(a, scope))
         kwargs = {}
         for k in e.keywords:
             v = self.eval(k.value, scope)
             if k.arg is None:
-                if isinstance(v, Unknown):
-                    return UNKNOWN
+                if isinstance(v, Unknown):  # abstract: the call is analysed with what is known
+                    kwargs = AbstractKwargs(kwargs)
+                    continue
                 kwargs.update(self.observed(v))
             else:
                 kwargs[k.arg] = v
@@ -367,7 +371,9 @@ class Expressions:
         if isinstance(v, nn.ModuleDict):
             return list(v.keys())
         if isinstance(v, Unknown):
-            return AbstractSeq()
+            return AbstractSeq(UNKNOWN)
+        if hasattr(type(v), "__fl_abstract_iter__"):  # the editor's stand-ins (analyze.py)
+            return AbstractSeq(v.__fl_abstract_iter__())
         items = self.iterate_object(v, node, scope)
         if items is not None:
             return items

@@ -18,6 +18,11 @@ class Return(Exception):
         self.value = value
 
 
+class PathEnd(Exception):
+    """Abstract domain: the path being analysed raises here (a `raise`): it ends, and is no graph
+    break (whatever the exception, the code after it does not run on this path)."""
+
+
 class LoopBreak(Exception):
     pass
 
@@ -108,13 +113,24 @@ class Opaque(Exception):
 
 
 class AbstractSeq(list):
-    """Abstract domain: a sequence of tensors of unknown length (e.g. `x.split(n)`)."""
+    """Abstract domain: a sequence of unknown length whose items are all like `element`: tensors
+    of unknown shape by default (`x.split(n)`), unknown values (unpacking an unknown), the
+    layers of a module list. A loop over it analyses its body once."""
 
-    def __iter__(self):
-        return iter([TensorVar(None, None, None) for _ in range(8)])
+    def __init__(self, element=None):
+        super().__init__()
+        self.element = element  # None: a tensor (a new TensorVar for each item)
 
     def item(self):
-        return TensorVar(None, None, None)
+        return TensorVar(None, None, None) if self.element is None else self.element
+
+    def __iter__(self):  # unpacking: as many items as targets (zip stops at the shorter)
+        return iter([self.item() for _ in range(8)])
+
+
+class AbstractKwargs(dict):
+    """Abstract domain: keyword arguments with more of them unknown (`f(x, **kwargs)` where
+    `kwargs` is unknown): a callee's `**` parameter receives an unknown value."""
 
 
 def is_generator(node) -> bool:

@@ -38,6 +38,8 @@ class Objects:
             return self.tensor_attr(obj, attr, e, scope)
         if isinstance(obj, AbstractSeq):
             return UNKNOWN
+        if hasattr(type(obj), "__fl_abstract_getattr__"):  # the editor's stand-ins (analyze.py)
+            return obj.__fl_abstract_getattr__(self, attr, e, scope)
         assigned, v = self.effects.getattr(obj, attr)
         if assigned:
             return v
@@ -365,6 +367,8 @@ class Objects:
                 return r
         if isinstance(fn, type):
             return self.new_object(fn, args, kwargs, e, scope)
+        if self.abstract and not contains_tensor([args, kwargs]):
+            return UNKNOWN  # on values the editor does not know (NumPy, a library's C code): silent
         self.brk(B.UNKNOWN_CALL, e, scope,
                  detail=f"call to {getattr(fn, '__qualname__', type(fn).__name__)}")
 
@@ -407,7 +411,12 @@ class Objects:
             # they move items, not read them: the items come from capture's own iteration (a
             # tensor's rows, an object's `__iter__` evaluated), whatever they are
             n = len(args) if fn is zip else 1
-            r = fn(*[self.iterate(a, e, scope) for a in args[:n]], *args[n:], **kwargs)
+            seqs = [self.iterate(a, e, scope) for a in args[:n]]
+            if any(isinstance(q, AbstractSeq) for q in seqs):  # abstract: of unknown length
+                one = [q.item() if isinstance(q, AbstractSeq) else UNKNOWN for q in seqs]
+                return AbstractSeq((UNKNOWN, one[0]) if fn is enumerate else tuple(one) if fn is zip
+                                   else one[0])
+            r = fn(*seqs, *args[n:], **kwargs)
             return r if fn in (tuple, list) else list(r)
         if fn in (sum, any, all, sorted, set, frozenset) and args:  # they read items one by one
             args = [self.iterate(args[0], e, scope), *args[1:]]
@@ -557,7 +566,7 @@ def _b_len(ev, args, kwargs, e, scope):
         if v.meta is None:
             return UNKNOWN
         return ev.sizes(v)[0]
-    if isinstance(v, (Unknown, AbstractSeq)):
+    if isinstance(v, (Unknown, AbstractSeq)) or hasattr(type(v), "__fl_abstract_iter__"):
         return UNKNOWN
     ev.effects.observe_len(v)
     return len(v)
@@ -587,6 +596,8 @@ def _b_hasattr(ev, args, kwargs, e, scope):
         return UNKNOWN
     if isinstance(obj, TensorVar):
         return hasattr(torch.Tensor, name) or name in C.META_ATTRS
+    if hasattr(type(obj), "__fl_abstract_getattr__"):  # the editor's stand-ins: known, or unknown
+        return True if not isinstance(ev.getattr(obj, name, e, scope), Unknown) else UNKNOWN
     return ev.effects.getattr(obj, name)[0] or hasattr(obj, name)
 
 
@@ -620,8 +631,15 @@ def _b_super(ev, args, kwargs, e, scope):
         fs = scope.fs
         params = fs.params.posonlyargs + fs.params.args
         if "__class__" not in fs.closure or not params:
+            if ev.abstract:  # a method the editor does not know the class of: nothing known
+                return UNKNOWN
             ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="super() outside a method")
         args = [fs.closure["__class__"], scope.vars.get(params[0].arg)]
+    if hasattr(type(args[0]), "__fl_abstract_super__"):  # a class the editor parsed (analyze.py)
+        return args[0].__fl_abstract_super__(*args[1:])
+    if ev.abstract and any(isinstance(a, Unknown) or hasattr(type(a), "__fl_abstract_getattr__")
+                           for a in args):
+        return UNKNOWN
     if any(isinstance(a, (TensorVar, Unknown)) for a in args):
         ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="super() of a tensor")
     return super(*args)
@@ -632,6 +650,8 @@ def _b_setattr(ev, args, kwargs, e, scope):
     if ev.effects.is_fresh(obj):
         ev.set_attribute(obj, name, v, e, scope)
         return None
+    if ev.abstract and (isinstance(obj, Unknown) or hasattr(type(obj), "__fl_abstract_getattr__")):
+        return None  # an object the editor only stands in for
     ev.brk(B.UNSUPPORTED_STMT, e, scope, detail=f"setattr() on a {type(obj).__name__} object from outside",
            whole_stmt=True)
 
@@ -666,6 +686,8 @@ def _b_iter(ev, args, kwargs, e, scope):
 
 def _b_next(ev, args, kwargs, e, scope):
     """`next()` of an iterator capture made (`iter(...)`, a generator run to its end)."""
+    if ev.abstract and not isinstance(args[0], type(iter([]))):
+        return UNKNOWN
     if not isinstance(args[0], type(iter([]))):
         ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"next() of a {type(args[0]).__name__}")
     return next(*args)

@@ -16,7 +16,7 @@ from .graph import MetaEvalError
 from .source import NoSourceError
 from .values import UNKNOWN, LocalFunction, SymInt, TensorVar, Unknown
 from .frames import (AbstractSeq, BreakSignal, CannotCapture, FrameAtBreak, LoopBreak, LoopContinue,
-                     Opaque, Return)
+                     Opaque, PathEnd, Return)
 from .tensors import functional_setitem
 
 
@@ -51,6 +51,15 @@ class Statements:
                                              call=b.pending_call))
                 b.pending_call = None
             raise
+        except NOT_USER_EXCEPTIONS:
+            raise
+        except Exception:
+            if not self.abstract:
+                raise
+            # the editor's walk: an error here comes from values it does not know (a config's,
+            # a library's); what the statement assigns is unknown, the walk goes on
+            for name in _assigned_names(s):
+                scope.vars[name] = UNKNOWN
 
     def _abstract_continue(self, b: BreakSignal, s, scope):
         """Abstract domain: report the break; names the statement assigns become unknown."""
@@ -63,15 +72,23 @@ class Statements:
             scope.vars[name] = UNKNOWN
 
     def _exec_abstract_arms(self, s, scope, saved):
-        arms = [s.body, s.orelse] if isinstance(s, ast.If) else [s.body]
+        arms = [s.body, s.orelse] if isinstance(s, ast.If) else [s.body, []]
         results = []
-        for arm in arms:
-            scope.vars = dict(saved)
-            try:
-                self.exec_block(arm, scope, ("if", s))
-            except (Return, LoopBreak, LoopContinue):
-                pass
-            results.append(scope.vars)
+        self.uncertain.append(scope.fs.filename)
+        try:
+            for arm in arms:
+                scope.vars = dict(saved)
+                try:
+                    self.exec_block(arm, scope, ("if", s))
+                except PathEnd:
+                    continue  # an arm that raises adds nothing to what follows
+                except (Return, LoopBreak, LoopContinue):
+                    pass
+                results.append(scope.vars)
+        finally:
+            self.uncertain.pop()
+        if not results:
+            raise PathEnd()
         scope.vars = _join(results)
 
     def _mark(self, scope):
@@ -219,10 +236,10 @@ class Statements:
 
     def _stmt_For(self, s, scope):
         it = self.eval(s.iter, scope)
-        if isinstance(it, Unknown) or (self.abstract and isinstance(it, TensorVar)):
-            self._abstract_loop_body(s, scope)
-            return
         items = self.iterate(it, s.iter, scope, whole_stmt=True)
+        if isinstance(items, AbstractSeq):  # abstract: unknown length, the body analysed once
+            self._abstract_loop_body(s, scope, items.item())
+            return
         if len(items) > MAX_UNROLL:
             self.brk(B.UNROLLABLE_LOOP, s.iter, scope,
                      detail=f"{len(items)} iterations (limit {MAX_UNROLL})", whole_stmt=True)
@@ -280,7 +297,9 @@ class Statements:
     def _stmt_Raise(self, s, scope):
         """Inside a captured `try` body, `raise` raises (a handler may take it); elsewhere the
         statement runs in Python, after the graph of what came before it."""
-        if not self.in_try or self.abstract or s.exc is None:
+        if self.abstract:
+            raise PathEnd()  # eager raises here too: no break, the path ends
+        if not self.in_try or s.exc is None:
             self.brk(B.UNSUPPORTED_STMT, s, scope, detail="`Raise` statement", whole_stmt=True)
         exc = self.eval(s.exc, scope)
         cause = self.eval(s.cause, scope) if s.cause is not None else None
@@ -306,6 +325,8 @@ class Statements:
         for a in s.names:
             root = a.name if a.asname else a.name.split(".")[0]
             mod = sys.modules.get(a.name if a.asname else root)
+            if mod is None and self.abstract:  # what the import finds depends on the installation
+                mod = UNKNOWN
             if mod is None:
                 self.brk(B.UNSUPPORTED_STMT, s, scope, detail=f"import of {a.name} (not imported yet)",
                          whole_stmt=True)
@@ -313,6 +334,10 @@ class Statements:
 
     def _stmt_ImportFrom(self, s, scope):
         mod = sys.modules.get(s.module or "") if s.level == 0 else None
+        if mod is None and self.abstract:
+            for a in s.names:
+                scope.vars[a.asname or a.name] = UNKNOWN
+            return
         if mod is None:
             self.brk(B.UNSUPPORTED_STMT, s, scope, detail=f"import from {s.module}", whole_stmt=True)
         for a in s.names:
@@ -326,22 +351,20 @@ class Statements:
             self.brk(B.UNSUPPORTED_STMT, s, scope, detail="decorated local function", whole_stmt=True)
         scope.vars[s.name] = LocalFunction(s, scope, self._local_defaults(s.args, scope), s.name)
 
-    def _abstract_loop_body(self, s, scope):
-        if not isinstance(s, ast.While):
-            self.assign(s.target, UNKNOWN if not isinstance(self._peek_iter(s, scope), TensorVar)
-                        else TensorVar(None, None, None), scope)
+    def _abstract_loop_body(self, s, scope, item=None):
+        """Abstract domain: a loop of unknown length (`item`: what a `for` binds), its body
+        analysed once; what follows joins the states with and without it."""
         saved = dict(scope.vars)
+        if not isinstance(s, ast.While):
+            self.assign(s.target, item, scope)
         try:
             self.exec_block(s.body, scope, ("while" if isinstance(s, ast.While) else "for", s))
         except (LoopBreak, LoopContinue):
             pass
+        except PathEnd:  # the body may not run at all
+            scope.vars = saved
+            return
         scope.vars = _join([saved, scope.vars])
-
-    def _peek_iter(self, s, scope):
-        try:
-            return self.eval(s.iter, scope)
-        except BreakSignal:
-            return UNKNOWN
 
     def _handler_for(self, handlers, exc, scope):
         for h in handlers:
@@ -353,8 +376,8 @@ class Statements:
         return None
 
     def enter_context(self, cm, item, scope, stack):
-        if isinstance(cm, Unknown):
-            return
+        if isinstance(cm, Unknown) or self.abstract and isinstance(cm, TensorVar):
+            return  # (abstract: what an unknown call made, taken for a tensor, may be anything)
         if isinstance(cm, (torch.no_grad, torch.enable_grad)) or type(cm).__name__ == "set_grad_enabled":
             prev = self.grad_enabled
             self.grad_enabled = not isinstance(cm, torch.no_grad) if not hasattr(cm, "mode") else cm.mode
@@ -385,6 +408,11 @@ class Statements:
             scope.vars[target.id] = v
         elif isinstance(target, (ast.Tuple, ast.List)):
             items = self.iterate(v, target, scope)
+            if isinstance(items, AbstractSeq):  # abstract: unknown length, an item for each target
+                for e in target.elts:
+                    starred = isinstance(e, ast.Starred)
+                    self.assign(e.value if starred else e, items if starred else items.item(), scope)
+                return
             star = [i for i, e in enumerate(target.elts) if isinstance(e, ast.Starred)]
             if star:
                 k = star[0]
@@ -395,7 +423,7 @@ class Statements:
                 for e, x in zip(target.elts, parts):
                     self.assign(e.value if isinstance(e, ast.Starred) else e, x, scope)
             else:
-                if len(items) != len(target.elts) and not isinstance(v, AbstractSeq):
+                if len(items) != len(target.elts) and not isinstance(items, AbstractSeq):
                     raise ValueError(f"cannot unpack {len(items)} values into {len(target.elts)}")
                 for e, x in zip(target.elts, items):
                     self.assign(e, x, scope)
@@ -437,7 +465,7 @@ MAX_UNROLL = 512
 
 # raised by capture itself, not by the user's code: a captured `try` never handles them
 NOT_USER_EXCEPTIONS = (Return, LoopBreak, LoopContinue, CannotCapture, BreakSignal, Opaque,
-                        MetaEvalError, NoSourceError)
+                        MetaEvalError, NoSourceError, PathEnd)
 
 
 def _join(frames):

@@ -97,6 +97,8 @@ class Tensors:
             return isinstance(args[0], TensorVar)
         if fn in C.STATE_QUERIES:
             return fn(*args)
+        if self.abstract and not args and not kwargs:
+            return UNKNOWN  # a query of the process's state (`_get_deterministic_algorithms()`)
         if fn is torch.Size:
             return torch.Size(args[0])
         return self.op(fn, args, kwargs, e, scope)
