@@ -422,3 +422,17 @@ class _WithRotary(torch.nn.Module):
 def test_function_decorated_with_a_grad_mode():
     x = torch.randn(2, 3, requires_grad=True)
     check(_WithRotary(), x, graphs=1, breaks=[])
+
+
+class _RotaryWithBreak(_Rotary):
+    @torch.no_grad()
+    def forward(self, x):
+        y = (x[..., None] * self.inv_freq).cos()
+        print("break")              # inside the grad-mode decorator's `with ctx_factory():`
+        return y * 2
+
+
+def test_break_inside_a_grad_mode_decorator(capsys):
+    m = _WithRotary()
+    m.rotary = _RotaryWithBreak()
+    check(m, torch.randn(2, 3, requires_grad=True))

@@ -62,10 +62,12 @@ class Expressions:
             return self.input(v, src)
         if type(v) in MUTABLE and not self.abstract:
             return self.effects.model(v, src, self.wrap_external)
-        if type(v) is tuple:
-            out = tuple(self.wrap_external(x, None if src is None else f"{src}[{i}]")
-                        for i, x in enumerate(v))
-            return v if all(a is b for a, b in zip(out, v)) else out
+        if type(v) is tuple or isinstance(v, tuple) and (hasattr(v, "_fields") or hasattr(type(v), "n_fields")):
+            out = [self.wrap_external(x, None if src is None else f"{src}[{i}]") for i, x in enumerate(v)]
+            if all(a is b for a, b in zip(out, v)):
+                return v
+            # a named tuple or a structseq (torch.return_types.sort) keeps its type: `.values`
+            return tuple(out) if type(v) is tuple else type(v)(*out) if hasattr(v, "_fields") else type(v)(out)
         if src is not None and not isinstance(v, (int, float, str, bool, type(None))):
             self.value_sources.set(v, src)
         return v

@@ -296,6 +296,11 @@ class Objects:
         if fn in _BUILTIN_HANDLERS:
             return _BUILTIN_HANDLERS[fn](self, args, kwargs, e, scope)
         if C.is_torch_callable(fn):
+            if self.abstract and isinstance(fn, (types.FunctionType, types.MethodType)) \
+                    and not contains_tensor([args, kwargs]):
+                # the editor does not walk torch's own Python on plain values (`torch.compile`
+                # itself): what it would find there is torch's, not the user's, and depends on state
+                return UNKNOWN
             if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType) \
                     and not isinstance(fn.__self__, (TensorVar, torch.Tensor)) and not contains_tensor([args, kwargs]):
                 # a method of one of torch's Python objects (`no_grad().clone()`, which a
@@ -446,6 +451,13 @@ class Objects:
                     acc = self.binop("Add", acc, x, e, scope)
                 return acc
             self.brk(B.TENSOR_TO_PY, e, scope, detail=f"{getattr(fn, '__name__', fn)}() of a tensor")
+        if fn in (map, filter) and args and isinstance(args[0], LocalFunction):
+            # a function of the evaluated code (`filter(lambda x: ..., xs)`): called item by item
+            f, columns = args[0], [self.iterate(a, e, scope) for a in args[1:]]
+            if fn is map:
+                return [self.call(f, list(t), {}, e, scope) for t in zip(*columns)]
+            return [x for x in columns[0]
+                    if self.truth(self.call(f, [x], {}, e, scope), e, scope, kind=B.DATA_IF)]
         args = [self.specialize(a, e, scope) if isinstance(a, SymInt) else a for a in args]
         containers = [(a, S.contents(a)) for a in args if type(a) in MUTABLE]
         r = fn(*args, **kwargs)

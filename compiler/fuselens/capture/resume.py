@@ -643,7 +643,7 @@ class Writer:
             inner_call = f"{name}({st}, {inn}[:-1], *{inn}[-1])"
         inner_lives = ", ".join("(" + "".join(e + ", " for e in l) + ")" for l in lives[:-1])
         call_break = f"{st} = {hname}({', '.join(h_args)})"
-        out = _with_lines(call_break, frames[1:])
+        out = _with_lines(call_break, frames[1:], self.mat)
         args = [st, f"({inner_lives}{',' if len(lives) == 2 else ''})"] + lives[-1]
         out.append(f"return {rname}({', '.join(args)})")
         return out
@@ -677,18 +677,25 @@ class Writer:
         return [(n, ast.unparse(h), fs) for n, h, fs in self.helpers]
 
 
-def _with_lines(text, outer_frames):
-    """`text` inside the `with` blocks of the enclosing frames (outermost first)."""
+def _with_lines(text, outer_frames, mat):
+    """`text` inside the `with` blocks of the enclosing frames (outermost first). Their items
+    are code of those frames: a name of the frame's (`with ctx_factory():` in torch's grad-mode
+    decorator) is written as the value it has there."""
     withs = []
     for fr in reversed(outer_frames):
         for owner, node, *_ in fr.levels:
             if owner == "with":
-                withs.append(node)
+                withs.append((node, fr))
     if not withs:
         return [text]
     src = text
-    for node in reversed(withs):
-        items = ", ".join(ast.unparse(i) for i in node.items)
+    for node, fr in reversed(withs):
+        class Bind(ast.NodeTransformer):
+            def visit_Name(self, n):
+                if isinstance(n.ctx, ast.Load) and n.id in fr.vars:
+                    return ast.parse(mat.expr(fr.vars[n.id]), mode="eval").body
+                return n
+        items = ", ".join(ast.unparse(Bind().visit(copy.deepcopy(i))) for i in node.items)
         src = f"with {items}:\n" + "\n".join("    " + l for l in src.splitlines())
     return [src]
 
