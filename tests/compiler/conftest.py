@@ -10,12 +10,13 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT / "compiler") not in sys.path:
-    sys.path.insert(0, str(ROOT / "compiler"))
+for p in (ROOT / "compiler", ROOT / "tests"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
 
 import fuselens  # noqa: E402
 from fuselens import FuselensWarning  # noqa: E402
-from fuselens.runtime import backend  # noqa: E402
+from fl_fx_backend import use_fx_backend  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -31,15 +32,4 @@ def _strict_fuselens_warnings():
 def _eager_backend(monkeypatch):
     """These are capture tests: graphs run as their FX modules so that a backend change can't
     make them slow or fail them (tests of the backend live with the backend)."""
-
-    class _FX:
-        kernels: list = []
-        wrapper_source = None
-
-        def __init__(self, gm):
-            self.gm = gm
-
-        def __call__(self, *inputs):
-            return self.gm(*inputs)
-
-    monkeypatch.setattr(backend, "compile_graph", lambda gm, inputs, **kw: _FX(gm))
+    use_fx_backend(monkeypatch)

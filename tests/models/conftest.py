@@ -9,7 +9,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-for p in (ROOT / "compiler", HERE):
+for p in (ROOT / "compiler", ROOT / "tests", HERE):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 

@@ -14,7 +14,7 @@ import torch
 
 import fuselens
 import hf_zoo
-from fuselens.runtime import backend
+from fl_fx_backend import use_fx_backend
 
 
 def assert_close_tree(got, want, path="out"):
@@ -45,16 +45,7 @@ def dynamo_counts(model, inputs):
 def fx_backend(monkeypatch):
     """Graphs run as their FX modules: these tests are about capture (the kernels of every
     primitive are tested in tests/backend and tests/conformance)."""
-    class _FX:
-        kernels: list = []
-        wrapper_source = None
-
-        def __init__(self, gm):
-            self.gm = gm
-
-        def __call__(self, *inputs):
-            return self.gm(*inputs)
-    monkeypatch.setattr(backend, "compile_graph", lambda gm, inputs, **kw: _FX(gm))
+    use_fx_backend(monkeypatch)
 
 
 def run_and_compare(name, train, calls=3, dropout=True):
