@@ -609,3 +609,34 @@ def test_tensors_passed_by_keyword_get_their_gradients(fn, shapes):
     """An extern differentiated through its keyword tensors too (the position bias of T5's
     attention, an SDPA `attn_mask`, got no gradient: a silent zero)."""
     check(fn, *[randn(*s) for s in shapes])
+
+
+def _logits_loss(x, w, b, w2, target):
+    h = torch.tanh(F.linear(x, w, b))  # addmm: K and N unaligned
+    return F.cross_entropy(h @ w2.t(), target), h  # mm: N unaligned (an odd vocabulary)
+
+
+def test_unaligned_gemms_are_padded_with_values_and_gradients_unchanged(monkeypatch):
+    # on a GPU, half-precision GEMMs with a dim off cuBLAS's 16-byte alignment run 3-5x slower
+    # kernels (GPT-2's 50257-word LM head); forced here for any device and size
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from fuselens.ops import decompositions
+    monkeypatch.setattr(decompositions, "_gemm_alignment", lambda dtype: 8)
+    monkeypatch.setattr(decompositions, "PAD_GEMM_MIN", 0)
+    inputs = [randn(6, 13), randn(11, 13), randn(11), randn(21, 11), torch.randint(0, 21, (6,), device=DEVICE)]
+    cg = check(_logits_loss, *inputs, atol=1e-4, rtol=1e-4)
+
+    class GemmShapes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.shapes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+                self.shapes.append([tuple(t.shape) for t in args[-2:]])
+            return func(*args, **(kwargs or {}))
+    leaves = [t.requires_grad_() for t in inputs[:4]]
+    with GemmShapes() as mode:
+        loss, h = cg(*leaves, inputs[4])
+        (loss + h.sum()).backward()
+    assert len(mode.shapes) == 6 and all(d % 8 == 0 for a, b in mode.shapes for d in (*a, *b)), mode.shapes

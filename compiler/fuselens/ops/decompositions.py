@@ -1035,9 +1035,50 @@ def _same_dtype(a, b):
     return P.cast(a, dtype), P.cast(b, dtype)
 
 
+# GEMMs at least this large (M*N*K) get their unaligned dims padded (`_gemm`)
+PAD_GEMM_MIN = 1 << 30
+
+
+def _gemm_alignment(dtype):
+    """Elements per 16 bytes where cuBLAS needs 16-byte aligned leading dims for its fast kernels
+    (half precision on a GPU: an odd vocabulary size runs SIMT/`align1` kernels 3-5x slower);
+    None: no padding."""
+    return 8 if P.builder().device.type == "cuda" and _is_half(dtype) else None
+
+
+def _gemm(p, a, b, bias=None):
+    """`p` (mm or addmm) of a (M, K) and b (K, N), each dim zero-padded to cuBLAS's alignment when
+    it is not aligned and the product is large: padded K columns meet only zeros, padded M rows
+    and N columns are sliced off, so values are the GEMM's own. The pads are pointwise ops that fuse
+    into the kernels producing the operands, and the VJPs through pad and slice keep the
+    backward's GEMMs aligned too (the gradient arrives padded)."""
+    (m, k), n = a.shape, b.shape[1]
+    align = _gemm_alignment(a.dtype)
+    pm, pk, pn = ((-m) % align, (-k) % align, (-n) % align) if align else (0, 0, 0)
+    if not (pm or pk or pn) or m * n * k < PAD_GEMM_MIN:
+        return emit(p, *([] if bias is None else [bias]), a, b)
+    a = _zero_pad(a, (m + pm, k + pk))  # (m: the backward's weight gradient sums over it)
+    b = _zero_pad(b, (k + pk, n + pn))
+    bias = None if bias is None else _zero_pad(bias, (n + pn,))
+    return P.slice(P.slice(emit(p, *([] if bias is None else [bias]), a, b), 0, 0, m), 1, 0, n)
+
+
+def _zero_pad(x, shape):
+    """`x` with zeros after its end in each dim to make `shape`; a transposed matrix (a linear's
+    weight) padded in its own layout, then transposed: a copy, not a transposing copy."""
+    if x.node.target is prim.permute and x.node.args[1] == (1, 0):
+        src = x.node.args[0]
+        return P.transpose(_zero_pad(TVal(src, src.meta["val"]), shape[::-1]), 0, 1)
+    for dim, size in enumerate(shape):
+        if size != x.shape[dim]:
+            grown = x.shape[:dim] + (size,) + x.shape[dim + 1:]
+            x = emit(prim.slice_backward, x, grown, dim, 0, x.shape[dim], 1)
+    return x
+
+
 @register(*_t("mm"))
 def mm(a, b):
-    return emit(prim.mm, *_same_dtype(a, b))
+    return _gemm(prim.mm, *_same_dtype(a, b))
 
 
 @register(*_t("bmm"))
@@ -1055,7 +1096,7 @@ def matmul(a, b):
     if b.ndim == 1:
         return P.squeeze_dims(matmul(a, P.unsqueeze(b, 1)), (a.ndim - 1,))
     if b.ndim == 2:
-        out = emit(prim.mm, P.reshape(a, (-1, a.shape[-1])), b)
+        out = _gemm(prim.mm, P.reshape(a, (-1, a.shape[-1])), b)
         return P.reshape(out, a.shape[:-1] + (b.shape[-1],))
     batch = P.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     a3 = P.reshape(P.expand(a, batch + a.shape[-2:]), (-1,) + a.shape[-2:])
@@ -1069,7 +1110,7 @@ def linear(x, weight, bias=None):
             and x.dtype == weight.dtype == bias.dtype and x.dtype in (torch.float16, torch.bfloat16, torch.float32)):
         # one extern call as eager's: cuBLAS adds the bias in its epilogue (a separate bias add
         # costs a pass over the output when nothing else fuses with it)
-        out = emit(prim.addmm, bias, P.reshape(x, (-1, x.shape[-1])), P.transpose(weight, 0, 1))
+        out = _gemm(prim.addmm, P.reshape(x, (-1, x.shape[-1])), P.transpose(weight, 0, 1), bias)
         return P.reshape(out, x.shape[:-1] + (weight.shape[0],))
     out = matmul(x, P.transpose(weight, 0, 1))
     return out if bias is None else P.add(out, bias)
