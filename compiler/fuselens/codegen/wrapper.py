@@ -159,12 +159,12 @@ class WrapperWriter:
             fn, args, kwargs = call.args
             parts = [self.value(a) for a in args] + [f"{k}={self.value(v)}" for k, v in kwargs.items()]
             return f"{self.value(fn)}({', '.join(parts)})"
-        if call.prim.name == "addmm" and not call.kwargs:
-            bias, x, wt = call.args
+        if call.prim.name in ("addmm", "mm") and not call.kwargs:
+            *bias, x, wt = call.args
             if isinstance(wt, View) and len(wt.shape) == 2 and view_kind(wt) == "permute" and \
-                    permutation(wt) == (1, 0) and isinstance(bias, View) and len(bias.shape) == 1:
-                # what F.linear calls for a 2-D input and a bias, made in C++: one call, no `.t()`
-                return f"torch.nn.functional.linear({self.value(x)}, {wt.buf.name}, {self.value(bias)})"
+                    permutation(wt) == (1, 0) and all(isinstance(b, View) and len(b.shape) == 1 for b in bias):
+                # what F.linear calls for a 2-D input (and a bias), made in C++: one call, no `.t()`
+                return f"torch.nn.functional.linear({self.value(x)}, {wt.buf.name}{''.join(', ' + self.value(b) for b in bias)})"
         parts = [self.value(a) for a in call.args] + [f"{k}={self.value(v)}" for k, v in call.kwargs.items()]
         return f"{torch_name(call.prim.impl) or 'prims.' + call.prim.name}({', '.join(parts)})"
 
