@@ -95,6 +95,21 @@ CASES = {
             def forward(self, x, **kwargs):
                 return self.layer(x, **kwargs)
     ''',
+    # modules and parameters made in forward from values the editor does not know: a module whose
+    # __init__ makes parameters on every path breaks (a new one on each call), one that makes none
+    # (ReLU, LayerNorm without affine) does not, nn.Parameter(...) does
+    "new_modules_and_parameters_from_unknown_sizes": '''
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 4)
+            def forward(self, x):
+                self.fc = nn.Linear(x.shape[-1], 4)
+                self.act = nn.ReLU()
+                self.norm = nn.LayerNorm(x.shape[-1], elementwise_affine=False)
+                self.fc.weight = nn.Parameter(self.fc.weight.clone())
+                return self.act(self.fc(x))
+    ''',
 }
 
 
@@ -209,3 +224,22 @@ def test_unknown_branch_in_another_file_is_not_claimed(tmp_path):
             return x
     ''')
     assert ("FL101", 11) in _abstract(model)
+
+
+def test_property_with_a_setter_reads_its_getter(tmp_path):
+    """`@name.setter` defines a second `def name`: reading `self.name` still runs the getter (a
+    logging call there breaks under torch.compile: GB0291)."""
+    path = tmp_path / "fl_property.py"
+    path.write_text(HEAD + "import logging\nlog = logging.getLogger(__name__)\n" + textwrap.dedent('''
+        class M(nn.Module):
+            @property
+            def scale(self):
+                log.warning("reading scale")
+                return 2
+            @scale.setter
+            def scale(self, v):
+                pass
+            def forward(self, x):
+                return x * self.scale
+    ''') + TAIL)
+    assert _abstract(path) == {("FL101", 9)}

@@ -63,7 +63,10 @@ class AbstractClass:
     def __init__(self, node: ast.ClassDef, env: dict, filename: str):
         self.node, self.env, self.filename = node, env, filename
         self._bases: list | None = None
-        self.methods = {f.name: f for f in node.body if isinstance(f, ast.FunctionDef)}
+        # a property's `@name.setter` / `.deleter` defs do not replace its getter when read
+        self.methods = {f.name: f for f in node.body if isinstance(f, ast.FunctionDef)
+                        and not any(isinstance(d, ast.Attribute) and d.attr in ("setter", "deleter")
+                                    for d in f.decorator_list)}
         self.class_attrs = {}
         for st in node.body:
             if isinstance(st, ast.Assign) and isinstance(st.value, ast.Constant):

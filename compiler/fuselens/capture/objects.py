@@ -3,9 +3,11 @@ functions, modules, builtins, methods of containers, pure functions folded on co
 the builtins with tensor-aware behaviour."""
 from __future__ import annotations
 
+import ast
 import collections.abc
 import copy
 import dataclasses
+import functools
 import inspect
 import math
 import operator
@@ -363,6 +365,8 @@ class Objects:
             # constructing torch objects (Size, dtype, device, a parameterless module...) with
             # constant args
             if not any(contains_tensor(a) for a in args):
+                if self.abstract and any(isinstance(v, Unknown) for v in leaves([args, kwargs])):
+                    return self.abstract_torch_object(fn, e, scope)
                 r = fn(*args, **kwargs)
                 if isinstance(r, nn.Module):
                     if any(True for _ in r.parameters()) or any(True for _ in r.buffers()):
@@ -376,6 +380,18 @@ class Objects:
             return UNKNOWN  # on values the editor does not know (NumPy, a library's C code): silent
         self.brk(B.UNKNOWN_CALL, e, scope,
                  detail=f"call to {getattr(fn, '__qualname__', type(fn).__name__)}")
+
+    def abstract_torch_object(self, cls, e, scope):
+        """Abstract domain: a torch class made from arguments the editor does not know. A module
+        whose `__init__` makes parameters or buffers on every path, and a class with its own
+        `__new__` (`nn.Parameter`), break where the concrete domain breaks on them."""
+        if issubclass(cls, nn.Module):
+            if _makes_state(cls):
+                self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=(
+                    f"a new `{cls.__name__}` with parameters on each call (make it in __init__)"))
+        elif isinstance(cls.__new__, types.FunctionType):
+            self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"`{cls.__qualname__}` has its own __new__")
+        return UNKNOWN
 
     def container_method(self, fn, args, kwargs, e, scope):
         """list.append, dict.get...: on the capture's containers (its own, or models of the
@@ -545,6 +561,50 @@ def _c_method_self(fn, args):
     if isinstance(fn, (types.WrapperDescriptorType, types.MethodDescriptorType)) and args:
         return args[0]
     return None
+
+
+_STATE_MAKERS = ("register_parameter", "register_buffer")
+
+
+@functools.lru_cache(maxsize=None)
+def _makes_state(cls, depth=0) -> bool:
+    """Making a `cls` (a torch module class) gives it a parameter or buffer whatever its
+    arguments: its `__init__`, read from source, makes one (`Parameter(...)`, `register_buffer`,
+    or `super().__init__(...)` of a class that does) on every path through it."""
+    init = cls.__dict__.get("__init__")
+    if init is None:
+        return depth < 8 and any(_makes_state(b, depth + 1) for b in cls.__bases__
+                                 if issubclass(b, nn.Module) and b is not nn.Module)
+    try:
+        fs = function_source(init)
+    except NoSourceError:
+        return False
+
+    def call_makes(c) -> bool:
+        f = c.func
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+        if name in _STATE_MAKERS:  # a tensor made here (an argument passed on may be None)
+            return len(c.args) > 1 and isinstance(c.args[1], ast.Call)
+        if isinstance(f, ast.Name) and isinstance(fs.globals.get(f.id), type) \
+                and issubclass(fs.globals[f.id], nn.Parameter):
+            return True
+        if name == "__init__" and isinstance(f.value, ast.Call) and getattr(f.value.func, "id", "") == "super":
+            return depth < 8 and any(_makes_state(b, depth + 1) for b in cls.__bases__
+                                     if issubclass(b, nn.Module) and b is not nn.Module)
+        return False
+
+    def every_path(stmts) -> bool:
+        for st in stmts:
+            if isinstance(st, ast.If):
+                if every_path(st.body) and every_path(st.orelse):
+                    return True
+            elif isinstance(st, (ast.Return, ast.Raise)):
+                return False
+            elif not isinstance(st, (ast.For, ast.While, ast.Try, ast.With, ast.FunctionDef)) and any(
+                    isinstance(n, ast.Call) and call_makes(n) for n in ast.walk(st)):
+                return True
+        return False
+    return every_path(fs.node.body)
 
 
 def _stdlib(fn) -> bool:
