@@ -212,18 +212,22 @@ class Result:
 UNPARSEABLE = (SyntaxError, ValueError, UnicodeError, RecursionError, MemoryError)
 
 
-def _analyze_source(source: str, filename: str, cache=None):
+def _analyze_source(source: str, filename: str, cache=None, compiled_classes=frozenset()):
     """The compiler's abstract-domain analysis (with `cache`, an incremental.IncrementalAnalyzer,
-    only of what changed); None and the reason when the text is unparseable."""
+    only of what changed); None and the reason when the text is unparseable.
+    `compiled_classes`: the file's classes that other workspace files compile."""
+    import functools
     from fuselens.capture.analyze import analyze_source  # imports torch: on the first analysis
     if "\r" in source:  # `ast` reads a string's lone `\r` as no line break at all
         source = _EOL_RE.sub("\n", source)
+    run = functools.partial(analyze_source, compiled_classes=compiled_classes)
     try:
         if cache is None:
-            res = analyze_source(source, filename)
+            res = run(source, filename)
         else:
             import ast
-            res = cache.analyze(source, filename, ast.parse(source, filename), analyze_source)
+            res = cache.analyze(source, filename, ast.parse(source, filename), run,
+                                key=",".join(sorted(compiled_classes)))
     except UNPARSEABLE as e:
         return None, _unparseable(source, e)
     return res, res.syntax_error
@@ -275,10 +279,10 @@ def _blank_broken_block(source: str, line: int) -> str | None:
     return "".join(lines[:start] + blank + lines[end:])
 
 
-def run_analysis(source: str, filename: str, cache=None):
+def run_analysis(source: str, filename: str, cache=None, compiled_classes=frozenset()):
     """Runs the abstract-domain analysis; on a syntax error, re-runs it with the broken top-level
     statement blanked out (up to 3 times). Returns (analysis, syntax_error, repaired)."""
-    res, err = _analyze_source(source, filename, cache)
+    res, err = _analyze_source(source, filename, cache, compiled_classes)
     if err is None:
         return res, None, False
     text, at = source, err
@@ -287,7 +291,7 @@ def run_analysis(source: str, filename: str, cache=None):
         if fixed is None or fixed == text:
             break
         text = fixed
-        res, at = _analyze_source(text, filename, cache)
+        res, at = _analyze_source(text, filename, cache, compiled_classes)
         if at is None:
             return res, err, True
     return None, err, False
@@ -311,8 +315,8 @@ def _message(b) -> str:
 
 
 def analyze(source: str, uri: str, filename: str, version: int | None,
-            settings: Settings, cache=None) -> Result:
-    analysis, err, repaired = run_analysis(source, filename, cache)
+            settings: Settings, cache=None, compiled_classes=frozenset()) -> Result:
+    analysis, err, repaired = run_analysis(source, filename, cache, compiled_classes)
     if analysis is None:
         return Result(version, [], [], err, False, source)
     codec = PositionCodec(source)

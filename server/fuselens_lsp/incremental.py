@@ -83,7 +83,8 @@ class IncrementalAnalyzer:
         self.limit = limit
         self.hits = self.misses = 0
 
-    def analyze(self, source: str, filename: str, tree: ast.Module, analyze_source) -> Result:
+    def analyze(self, source: str, filename: str, tree: ast.Module, analyze_source, key: str = "") -> Result:
+        """`key`: what else `analyze_source` depends on (the classes other files compile)."""
         lines = lines_with_ends(source)
         units, context = [], []
         for s in tree.body:
@@ -130,7 +131,7 @@ class IncrementalAnalyzer:
         classes = {s.name for s in tree.body if isinstance(s, ast.ClassDef)}
         # which functions and classes are compiled may follow from any unit's compile(...) calls
         # and instance assignments (capture's _compiled_names reads them all)
-        everywhere = _digest(ctx_text, *[u.compiles for u in units],
+        everywhere = _digest(key, ctx_text, *[u.compiles for u in units],
                              *[t for u in units for name, t in u.instances if name in classes])
         keys, reach = {}, {}
         for u in units:

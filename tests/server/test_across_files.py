@@ -1,0 +1,82 @@
+"""Across files (issue 17): `torch.compile(Net())` in train.py makes `Net.forward` in model.py
+compiled code, so model.py's diagnostics follow what the workspace compiles: they appear when
+train.py compiles the class (open, or only on disk), and go when the compile call goes."""
+from __future__ import annotations
+
+import pytest
+from lsprotocol import types as lsp
+
+pytestmark = pytest.mark.asyncio
+
+MODEL = '''\
+import torch.nn as nn
+
+
+def helper(x):
+    print("scaling")
+    return x * 2
+
+
+class Net(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            x = x + 1
+        return helper(x)
+'''
+
+TRAIN = '''\
+import torch
+from model import Net
+
+net = Net()
+fast = torch.compile(net)
+'''
+
+TRAIN_WITHOUT_COMPILE = '''\
+import torch
+from model import Net
+
+net = Net()
+'''
+
+
+async def _wait(session, uri, want, timeout=60.0):
+    """The diagnostics of `uri` once their codes are `want` (a re-analysis triggered by another
+    file's edit publishes on its own)."""
+    import asyncio
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while True:
+        diags = session.client.diagnostics.get(uri)
+        if diags is not None and sorted(d.code for d in diags) == want:
+            return diags
+        if loop.time() > end:
+            raise TimeoutError(f"{uri}: {[d.code for d in diags or []]}, want {want}")
+        await asyncio.sleep(0.05)
+
+
+async def test_class_compiled_in_another_file_gets_diagnostics(session):
+    # only compiled code gets diagnostics here, so what appears is what the other file compiles
+    await session.init(settings={"informationSeverity": "off"})
+    model = await session.open("model.py", MODEL, save=True)
+    assert await session.diagnostics(model) == []  # nothing compiles Net yet
+
+    await session.open("train.py", TRAIN)
+    diags = await _wait(session, model, ["FL100", "FL120"])
+    assert all(d.severity == lsp.DiagnosticSeverity.Warning for d in diags)
+    by_code = {d.code: d for d in diags}
+    assert by_code["FL120"].range.start.line == 10  # `if x.sum() > 0` in Net.forward
+    # the break inside `helper`, which forward calls: related information names the call
+    related = by_code["FL100"].related_information or []
+    assert any(r.location.range.start.line == 12 for r in related)
+
+    # the compile call removed (an unsaved edit of the open train.py): the diagnostics go
+    await session.change(session.uri("train.py"), TRAIN_WITHOUT_COMPILE)
+    await _wait(session, model, [])
+
+
+async def test_compile_site_in_a_file_that_is_not_open(session, tmp_path):
+    (tmp_path / "train.py").write_text(TRAIN)
+    await session.init(settings={"informationSeverity": "off"})
+    model = await session.open("model.py", MODEL, save=True)
+    await _wait(session, model, ["FL100", "FL120"])
