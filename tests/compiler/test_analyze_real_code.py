@@ -110,6 +110,16 @@ CASES = {
                 self.fc.weight = nn.Parameter(self.fc.weight.clone())
                 return self.act(self.fc(x))
     ''',
+    # NumPy on values computed from the input, its result made into a tensor: capture breaks at
+    # each NumPy call it cannot see into (DistilBERT's sinusoidal tables)
+    "numpy_data_reaching_torch": '''
+        import numpy as np
+        class M(nn.Module):
+            def forward(self, x):
+                n = x.shape[-1]
+                table = np.arange(n) / 2.0
+                return x * torch.FloatTensor(np.sin(table))
+    ''',
 }
 
 
@@ -243,3 +253,20 @@ def test_property_with_a_setter_reads_its_getter(tmp_path):
                 return x * self.scale
     ''') + TAIL)
     assert _abstract(path) == {("FL101", 9)}
+
+
+def test_numpy_work_of_its_own_is_not_claimed(tmp_path):
+    """NumPy whose result never reaches torch (a preprocessing helper: Whisper's
+    `_compute_mask_indices`) is no tensor code: torch.compile traces it; the editor claims
+    nothing there, though capture would break on its calls."""
+    path = tmp_path / "fl_numpy_own.py"
+    path.write_text(HEAD + "import numpy as np\n" + textwrap.dedent('''
+        def spans(n):
+            idx = np.arange(n) * 2
+            return np.concatenate([idx, idx])
+        class M(nn.Module):
+            def forward(self, x):
+                self.spans = spans(x.shape[0])
+                return x * 2
+    ''') + TAIL)
+    assert _abstract(path) == set()

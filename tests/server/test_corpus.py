@@ -32,12 +32,13 @@ from fuselens.capture.analyze import analyze_source  # noqa: E402
 from fl_fx_backend import use_fx_backend  # noqa: E402
 
 MODELS = ["bert", "gpt2", "llama", "t5", "vit", "whisper", "distilbert", "roberta", "clip", "mistral"]
-# issue 17 asks for precision >= 0.95 (held) and recall >= 0.90; recall's floor is the value
-# reached (8/10). Missed: the break in `self.loss_function` (GPT-2 with labels: a logging call on
-# an unknown branch of PreTrainedModel's property, in modeling_utils.py, which the editor does not
-# claim), and NumPy on plain values in `_create_sinusoidal_embeddings` (silent)
+# issue 17 asks for precision >= 0.95 (held) and recall >= 0.90 (reached: 9/10). Missed: the break
+# in `self.loss_function` (GPT-2 with labels: a logging call on a branch of PreTrainedModel's
+# property in modeling_utils.py that depends on the model's state, `loss_type` and
+# `_loss_function`, which the editor does not claim: a break on an undecidable branch of another
+# file is not claimed, as those of the attention interface's config checks would all be wrong)
 PRECISION_FLOOR = 0.95
-RECALL_FLOOR = 0.8
+RECALL_FLOOR = 0.9
 
 
 def _path(name):

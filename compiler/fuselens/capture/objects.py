@@ -23,7 +23,7 @@ from . import calls as C
 from . import side_effects as S
 from .side_effects import MUTABLE
 from .source import FunctionSource, NoSourceError, function_source
-from .values import (UNKNOWN, BoundUserMethod, LocalFunction, SymInt, TensorVar, Unknown,
+from .values import (UNKNOWN, BoundUserMethod, ForeignData, LocalFunction, SymInt, TensorVar, Unknown,
                      contains_tensor, leaves)
 from .frames import AbstractSeq
 from .statements import MAX_UNROLL
@@ -119,7 +119,7 @@ class Objects:
                 self.brk(B.DYNAMIC_SHAPE, e, scope, detail="boolean-mask indexing")
             return self.op(operator.getitem, [obj, idx], {}, e, scope)
         if isinstance(obj, (Unknown, AbstractSeq)) or isinstance(idx, Unknown):
-            return obj.item() if isinstance(obj, AbstractSeq) else UNKNOWN
+            return obj.item() if isinstance(obj, AbstractSeq) else ForeignData.merge(obj) or UNKNOWN
         if isinstance(idx, SymInt):
             idx = self.specialize(idx, e, scope)
         if isinstance(obj, nn.Module):  # ModuleList / Sequential / ModuleDict
@@ -257,6 +257,11 @@ class Objects:
         setter(obj, attr, v)
 
     def call(self, fn, args, kwargs, e, scope):
+        if self.abstract and (isinstance(fn, TensorMethod) or C.is_torch_callable(fn) or isinstance(fn, type)
+                              and fn.__module__.startswith("torch")):
+            for v in leaves([args, kwargs]):  # NumPy's data reaches torch: its calls' breaks stand
+                for b in (v.breaks if isinstance(v, ForeignData) else ()):
+                    self.on_break(b)
         if isinstance(fn, TensorMethod):
             return self.tensor_method(fn.t, fn.name, args, kwargs, e, scope)
         if isinstance(fn, Unknown):
@@ -377,7 +382,13 @@ class Objects:
         if isinstance(fn, type):
             return self.new_object(fn, args, kwargs, e, scope)
         if self.abstract and not contains_tensor([args, kwargs]):
-            return UNKNOWN  # on values the editor does not know (NumPy, a library's C code): silent
+            if not _c_callable(fn) or self.uncertain:
+                return UNKNOWN  # on values the editor does not know (a library's object): silent
+            # capture breaks here (it cannot see into C code): claimed where the result reaches
+            # torch (ForeignData), not on NumPy work of its own
+            return ForeignData.merge(*leaves([args, kwargs]), extra=[B.make_break(
+                B.UNKNOWN_CALL, self.loc(e, scope), stack=self.stack(scope), function=scope.fs.qualname,
+                detail=f"call to {getattr(fn, '__qualname__', type(fn).__name__)}")])
         self.brk(B.UNKNOWN_CALL, e, scope,
                  detail=f"call to {getattr(fn, '__qualname__', type(fn).__name__)}")
 
@@ -605,6 +616,13 @@ def _makes_state(cls, depth=0) -> bool:
                 return True
         return False
     return every_path(fs.node.body)
+
+
+def _c_callable(fn) -> bool:
+    """A function or bound method written in C (`np.power`, `np.sin`): reached at the end of
+    `Evaluator.call` (not a container's or a constant's method), calling it is the concrete
+    domain's UNKNOWN_CALL break whatever its arguments are."""
+    return callable(fn) and not isinstance(fn, (type, types.FunctionType, types.MethodType))
 
 
 def _stdlib(fn) -> bool:
