@@ -225,9 +225,7 @@ def _analyze_source(source: str, filename: str, cache=None, compiled_classes=fro
         if cache is None:
             res = run(source, filename)
         else:
-            import ast
-            res = cache.analyze(source, filename, ast.parse(source, filename), run,
-                                key=",".join(sorted(compiled_classes)))
+            res = cache.analyze(source, filename, run, key=",".join(sorted(compiled_classes)))
     except UNPARSEABLE as e:
         return None, _unparseable(source, e)
     return res, res.syntax_error
@@ -330,48 +328,30 @@ def analyze(source: str, uri: str, filename: str, version: int | None,
     here = lambda fn: not fn or fn == filename  # noqa: E731
     on_path = {q for fa in analysis.functions if fa.compiled for b in fa.breaks
                for q in ([b.function] if here(b.filename) else []) + [fr.function for fr in b.stack if here(fr.filename)]}
+    # a function whose analysis came from the cache unchanged (incremental.py) has the same
+    # FunctionAnalysis object, at the same place in an unchanged text: its ranges are reused
+    memo = cache.memo if cache is not None else {}
+    fresh = {}
     for fa in analysis.functions:
         if not (fa.compiled or fa.uses_torch or fa.qualname in on_path):
             continue
-        kept = [b for b in fa.breaks if not is_suppressed(lines, b)]
-        info = FunctionInfo(fa.name, fa.qualname, fa.line, fa.col, fa.end_line, fa.end_col,
-                            fa.compiled, fa.uses_torch, fa.graph_count, kept,
-                            len(fa.breaks) - len(kept))
-        functions.append(info)
         sev = _severity(fa, settings)
-        if sev is None:
-            continue
-        for b in kept:
-            same_file = not b.filename or b.filename == filename
-            if same_file:
-                rng = codec.range(b.line, b.col, b.end_line, b.end_col)
-            elif b.stack:  # break in another file: show it on the outermost call
-                f0 = b.stack[0]
-                rng = codec.range(f0.line, f0.col, f0.end_line, f0.end_col)
-            else:
-                continue
-            related = []
-            for i, fr in enumerate(b.stack):
-                if fr.filename and fr.filename != filename:
-                    continue
-                related.append(lsp.DiagnosticRelatedInformation(
-                    location=lsp.Location(uri=uri, range=codec.range(fr.line, fr.col, fr.end_line,
-                                                                     fr.end_col)),
-                    message=call_message(b, i, fa.qualname)))
-            if b.stack and not same_file:
-                related.append(lsp.DiagnosticRelatedInformation(
-                    location=lsp.Location(uri=_path_uri(b.filename),
-                                          range=lsp.Range(start=lsp.Position(line=b.line - 1, character=b.col),
-                                                          end=lsp.Position(line=(b.end_line or b.line) - 1,
-                                                                           character=b.end_col))),
-                    message=f"the break itself: {b.title}"))
-            key = (b.code, rng.start.line, rng.start.character, rng.end.line, rng.end.character)
+        got = memo.get(id(fa))
+        if got is None or got[0] is not fa or got[1] != sev:
+            kept = [b for b in fa.breaks if not is_suppressed(lines, b)]
+            got = (fa, sev, kept, _entries(fa, kept, codec, uri, filename) if sev is not None else [])
+        fresh[id(fa)] = got
+        kept = got[2]
+        functions.append(FunctionInfo(fa.name, fa.qualname, fa.line, fa.col, fa.end_line, fa.end_col,
+                                      fa.compiled, fa.uses_torch, fa.graph_count, kept,
+                                      len(fa.breaks) - len(kept)))
+        for key, rng, b, related in got[3]:
             d = by_key.get(key)
             if d is None:
                 d = lsp.Diagnostic(
                     range=rng, message=_message(b), severity=sev, code=b.code,
                     code_description=lsp.CodeDescription(href=b.doc_url), source=SOURCE,
-                    related_information=related or None,
+                    related_information=list(related) or None,
                     data={"qualname": fa.qualname, "code": b.code})
                 by_key[key] = d
             else:
@@ -379,9 +359,42 @@ def analyze(source: str, uri: str, filename: str, version: int | None,
                     d.severity = sev
                     d.data = {"qualname": fa.qualname, "code": b.code}
                 if related:
-                    d.related_information = (d.related_information or []) + related
+                    d.related_information = (d.related_information or []) + list(related)
+    if cache is not None:
+        cache.memo = fresh
     diags = sorted(by_key.values(), key=lambda d: (d.range.start.line, d.range.start.character))
     return Result(version, functions, diags, err, repaired, source, analysis)
+
+
+def _entries(fa, kept, codec: PositionCodec, uri: str, filename: str) -> list[tuple]:
+    """(key, range, break, related information) of each of `fa`'s kept breaks."""
+    out = []
+    for b in kept:
+        same_file = not b.filename or b.filename == filename
+        if same_file:
+            rng = codec.range(b.line, b.col, b.end_line, b.end_col)
+        elif b.stack:  # break in another file: show it on the outermost call
+            f0 = b.stack[0]
+            rng = codec.range(f0.line, f0.col, f0.end_line, f0.end_col)
+        else:
+            continue
+        related = []
+        for i, fr in enumerate(b.stack):
+            if fr.filename and fr.filename != filename:
+                continue
+            related.append(lsp.DiagnosticRelatedInformation(
+                location=lsp.Location(uri=uri, range=codec.range(fr.line, fr.col, fr.end_line, fr.end_col)),
+                message=call_message(b, i, fa.qualname)))
+        if b.stack and not same_file:
+            related.append(lsp.DiagnosticRelatedInformation(
+                location=lsp.Location(uri=_path_uri(b.filename),
+                                      range=lsp.Range(start=lsp.Position(line=b.line - 1, character=b.col),
+                                                      end=lsp.Position(line=(b.end_line or b.line) - 1,
+                                                                       character=b.end_col))),
+                message=f"the break itself: {b.title}"))
+        key = (b.code, rng.start.line, rng.start.character, rng.end.line, rng.end.character)
+        out.append((key, rng, b, tuple(related)))
+    return out
 
 
 def call_message(b, i: int, compiled: str) -> str:
