@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 
-_IMPORT_OR_COMPILE = re.compile(r"\bimport\b|\bcompile\b")
+_IMPORT_OR_COMPILE = re.compile(r"\b(?:import|compile)\b")
 _NAME = re.compile(r"[A-Za-z_]\w*")
 
 
@@ -19,11 +19,17 @@ def _key(text: str) -> tuple:
     """The lines a file's compile sites can depend on: its imports and compile calls, and the
     assignments to the names those calls use (`net = Net()` before `torch.compile(net)`). An
     edit elsewhere (most keystrokes) keeps the key, and the file is not parsed again."""
-    lines = text.split("\n")
-    hits = [ln.strip() for ln in lines if _IMPORT_OR_COMPILE.search(ln)]
+    hits, last = [], -1
+    for m in _IMPORT_OR_COMPILE.finditer(text):  # the lines these words are on, once each
+        a = text.rfind("\n", 0, m.start()) + 1
+        if a != last:
+            b = text.find("\n", m.end())
+            hits.append(text[a:b if b >= 0 else len(text)])
+            last = a
     names = {n for ln in hits if "compile" in ln for n in _NAME.findall(ln)}
-    assigned = [ln.strip() for ln in lines if "=" in ln
-                and (m := re.match(r"\s*([A-Za-z_]\w*)\s*=[^=]", ln)) and m.group(1) in names]
+    if not names:
+        return tuple(hits), ()
+    assigned = re.findall(r"^[ \t]*(?:" + "|".join(sorted(names)) + r")[ \t]*=(?!=).*$", text, re.M)
     return tuple(hits), tuple(assigned)
 
 

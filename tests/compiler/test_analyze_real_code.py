@@ -270,3 +270,20 @@ def test_numpy_work_of_its_own_is_not_claimed(tmp_path):
                 return x * 2
     ''') + TAIL)
     assert _abstract(path) == set()
+
+
+def test_class_of_an_installed_library_compiled_in_a_script(tmp_path):
+    """`torch.compile(GPT2ForSequenceClassification(...))` in a script names the class in the
+    installed transformers' modeling file (found on sys.path and read, not imported)."""
+    transformers = pytest.importorskip("transformers")
+    from fuselens.capture.analyze import compiled_elsewhere
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent('''
+        import torch
+        from transformers.models.gpt2.modeling_gpt2 import GPT2ForSequenceClassification
+        model = GPT2ForSequenceClassification(config)
+        fast = torch.compile(model)
+    '''))
+    import os
+    path = os.path.realpath(os.path.join(os.path.dirname(transformers.__file__), "models", "gpt2", "modeling_gpt2.py"))
+    assert compiled_elsewhere(script.read_text(), str(script)) == {(path, "GPT2ForSequenceClassification")}

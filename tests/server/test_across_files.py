@@ -80,3 +80,33 @@ async def test_compile_site_in_a_file_that_is_not_open(session, tmp_path):
     await session.init(settings={"informationSeverity": "off"})
     model = await session.open("model.py", MODEL, save=True)
     await _wait(session, model, ["FL100", "FL120"])
+
+
+HELPERS = '''\
+def scale(x):
+    print("scaling")
+    return x + 1
+'''
+
+STEP = '''\
+import torch
+import helpers
+
+
+@torch.compile
+def step(x):
+    y = helpers.scale(x)
+    return y * 2
+'''
+
+
+async def test_break_in_a_callee_of_another_file_is_shown_at_the_call(session, tmp_path):
+    (tmp_path / "helpers.py").write_text(HELPERS)  # not open: read from disk
+    await session.init()
+    uri = await session.open("step.py", STEP)
+    diags = await _wait(session, uri, ["FL100"])
+    d = diags[0]
+    assert d.severity == lsp.DiagnosticSeverity.Warning
+    assert d.range.start.line == 6  # `helpers.scale(x)`
+    where = {(r.location.uri, r.location.range.start.line) for r in d.related_information or []}
+    assert (session.uri("helpers.py"), 1) in where  # the print itself

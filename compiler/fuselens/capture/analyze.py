@@ -9,6 +9,7 @@ import ast
 import importlib
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -375,18 +376,22 @@ class AbstractMethod:
 
 
 def _source_import(filename: str, module: str, name: str | None = None):
-    """`import <module>` / `from <module> import <name>` of a module beside the file (a script's
-    directory is the first place Python looks: the user's other files), read from its source,
-    never imported; None if there is no such file."""
-    package = os.path.join(os.path.dirname(os.path.abspath(filename)), *module.split("."))
-    if name is not None:
-        sub = _module_file(os.path.join(package, name))
-        if sub is not None:
-            return SourceModule(sub)
-    owner = _module_file(package)
-    if owner is None:
+    """`import <module>` / `from <module> import <name>` read from source, never imported: a
+    module beside the file (a script's directory is the first place Python looks: the user's
+    other files), else one of an installed library (on sys.path; not the standard library's,
+    which stays unknown); None if there is no such file."""
+    if module.split(".")[0] in sys.stdlib_module_names:
         return None
-    return SourceModule(owner) if name is None else LazyName(SourceModule(owner), name)
+    for d in [os.path.dirname(os.path.abspath(filename))] + [p for p in sys.path if p]:
+        package = os.path.join(d, *module.split("."))
+        if name is not None:
+            sub = _module_file(os.path.join(package, name))
+            if sub is not None:
+                return SourceModule(sub)
+        owner = _module_file(package)
+        if owner is not None:
+            return SourceModule(owner) if name is None else LazyName(SourceModule(owner), name)
+    return None
 
 
 def _import(filename: str, module: str):
