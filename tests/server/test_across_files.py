@@ -110,3 +110,24 @@ async def test_break_in_a_callee_of_another_file_is_shown_at_the_call(session, t
     assert d.range.start.line == 6  # `helpers.scale(x)`
     where = {(r.location.uri, r.location.range.start.line) for r in d.related_information or []}
     assert (session.uri("helpers.py"), 1) in where  # the print itself
+
+
+async def test_script_compiling_an_installed_transformers_model(session, tmp_path):
+    """The issue's scenario: a workspace script compiles transformers' GPT-2 classifier; the
+    installed modeling file, opened, shows the break of the compiled forward (its logger's
+    `warning_once` on `inputs_embeds` without a pad token: GB0291) as a warning."""
+    transformers = pytest.importorskip("transformers")
+    import os
+    path = os.path.join(os.path.dirname(transformers.__file__), "models", "gpt2", "modeling_gpt2.py")
+    (tmp_path / "train.py").write_text(
+        "import torch\n"
+        "from transformers.models.gpt2.modeling_gpt2 import GPT2ForSequenceClassification\n"
+        "model = torch.compile(GPT2ForSequenceClassification(config))\n")
+    await session.init(settings={"informationSeverity": "off"})
+    from pathlib import Path
+    uri = Path(path).as_uri()
+    session.client.text_document_did_open(lsp.DidOpenTextDocumentParams(text_document=lsp.TextDocumentItem(
+        uri=uri, language_id="python", version=1, text=open(path, encoding="utf-8").read())))
+    diags = await session.diagnostics(uri)
+    warned = [d for d in diags if d.code == "FL101" and (d.data or {}).get("qualname") == "GPT2ForSequenceClassification.forward"]
+    assert warned and all(d.severity == lsp.DiagnosticSeverity.Warning for d in warned)
