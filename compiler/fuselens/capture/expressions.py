@@ -183,6 +183,8 @@ class Expressions:
     def binop(self, op, a, b, e, scope):
         fn = C.BINOPS[op]
         if isinstance(a, TensorVar) or isinstance(b, TensorVar):
+            if self.abstract:
+                self.foreign_reaches_torch([a, b])
             return self.op(fn, [a, b], {}, e, scope)
         if isinstance(a, (Unknown, AbstractSeq)) or isinstance(b, (Unknown, AbstractSeq)):
             return ForeignData.merge(a, b) or UNKNOWN

@@ -259,9 +259,7 @@ class Objects:
     def call(self, fn, args, kwargs, e, scope):
         if self.abstract and (isinstance(fn, TensorMethod) or C.is_torch_callable(fn) or isinstance(fn, type)
                               and fn.__module__.startswith("torch")):
-            for v in leaves([args, kwargs]):  # NumPy's data reaches torch: its calls' breaks stand
-                for b in (v.breaks if isinstance(v, ForeignData) else ()):
-                    self.on_break(b)
+            self.foreign_reaches_torch([args, kwargs])
         if isinstance(fn, TensorMethod):
             return self.tensor_method(fn.t, fn.name, args, kwargs, e, scope)
         if isinstance(fn, Unknown):
@@ -391,6 +389,13 @@ class Objects:
                 detail=f"call to {getattr(fn, '__qualname__', type(fn).__name__)}")])
         self.brk(B.UNKNOWN_CALL, e, scope,
                  detail=f"call to {getattr(fn, '__qualname__', type(fn).__name__)}")
+
+    def foreign_reaches_torch(self, values):
+        """Abstract domain: NumPy's data (ForeignData) among `values` reaches torch: the breaks
+        of the calls that made it are claimed."""
+        for v in leaves(values):
+            for b in (v.breaks if isinstance(v, ForeignData) else ()):
+                self.on_break(b)
 
     def abstract_torch_object(self, cls, e, scope):
         """Abstract domain: a torch class made from arguments the editor does not know. A module
