@@ -42,10 +42,12 @@ class CompileSites:
         self.scanned = False
         self.limit_files = limit_files
 
-    def scan(self, roots: list[str], skip_dirs: set[str]) -> None:
-        """Reads the workspace's Python files that mention `compile`, once."""
+    def scan(self, roots: list[str], skip_dirs: set[str]) -> set[str]:
+        """Reads the workspace's Python files that mention `compile`, once (again after
+        `invalidate`); returns the files whose compiled classes changed."""
+        affected: set[str] = set()
         if self.scanned:
-            return
+            return affected
         self.scanned = True
         seen = 0
         for root in roots:
@@ -56,7 +58,7 @@ class CompileSites:
                         continue
                     seen += 1
                     if seen > self.limit_files:
-                        return
+                        return affected
                     path = os.path.realpath(os.path.join(dirpath, fn))
                     if path in self.keys:
                         continue  # (open: its document's text is already in)
@@ -65,8 +67,15 @@ class CompileSites:
                             text = f.read()
                     except (OSError, UnicodeError):
                         continue
-                    if "compile" in text:
-                        self.update(path, text)
+                    if "compile" in text or path in self.by_file:
+                        affected |= self.update(path, text)
+        return affected
+
+    def invalidate(self) -> None:
+        """A file was saved: what the others compile may resolve differently (a class renamed,
+        moved): every file is read again at the next scan."""
+        self.keys.clear()
+        self.scanned = False
 
     def update(self, path: str, text: str) -> set[str]:
         """`path`'s compile sites from `text`; returns the files whose compiled classes changed."""

@@ -131,8 +131,8 @@ class FuselensServer(LanguageServer):
         text, then the file analysed with the classes other files compile. Also returns the
         files whose compiled classes this text changed."""
         path = self.filename(uri)
-        self.sites.scan(self.workspace_roots(), SKIP_DIRS)
-        affected = self.sites.update(path, text)
+        affected = self.sites.scan(self.workspace_roots(), SKIP_DIRS)
+        affected |= self.sites.update(path, text)
         res = analyze(text, uri, path, version, self.settings, cache, self.sites.compiled_in(path))
         return res, affected
 
@@ -305,8 +305,7 @@ def did_save(ls: FuselensServer, params: lsp.DidSaveTextDocumentParams):
     for uri in list(ls.caches):
         if uri != params.text_document.uri:
             ls.caches.pop(uri)
-    ls.sites.keys.clear()
-    ls.sites.scanned = False
+    ls.sites.invalidate()
 
 
 @server.feature(lsp.TEXT_DOCUMENT_DID_CLOSE)
