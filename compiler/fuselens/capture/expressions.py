@@ -183,7 +183,7 @@ class Expressions:
     def binop(self, op, a, b, e, scope):
         fn = C.BINOPS[op]
         if isinstance(a, TensorVar) or isinstance(b, TensorVar):
-            if self.abstract:
+            if self.foreign:
                 self.foreign_reaches_torch([a, b])
             return self.op(fn, [a, b], {}, e, scope)
         if isinstance(a, (Unknown, AbstractSeq)) or isinstance(b, (Unknown, AbstractSeq)):

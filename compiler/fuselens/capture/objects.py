@@ -257,8 +257,8 @@ class Objects:
         setter(obj, attr, v)
 
     def call(self, fn, args, kwargs, e, scope):
-        if self.abstract and (isinstance(fn, TensorMethod) or C.is_torch_callable(fn) or isinstance(fn, type)
-                              and fn.__module__.startswith("torch")):
+        if self.foreign and (isinstance(fn, TensorMethod) or C.is_torch_callable(fn) or isinstance(fn, type)
+                             and fn.__module__.startswith("torch")):
             self.foreign_reaches_torch([args, kwargs])
         if isinstance(fn, TensorMethod):
             return self.tensor_method(fn.t, fn.name, args, kwargs, e, scope)
@@ -384,6 +384,7 @@ class Objects:
                 return UNKNOWN  # on values the editor does not know (a library's object): silent
             # capture breaks here (it cannot see into C code): claimed where the result reaches
             # torch (ForeignData), not on NumPy work of its own
+            self.foreign = True
             return ForeignData.merge(*leaves([args, kwargs]), extra=[B.make_break(
                 B.UNKNOWN_CALL, self.loc(e, scope), stack=self.stack(scope), function=scope.fs.qualname,
                 detail=f"call to {getattr(fn, '__qualname__', type(fn).__name__)}")])
