@@ -74,6 +74,11 @@ async def test_class_compiled_in_another_file_gets_diagnostics(session):
     await session.change(session.uri("train.py"), TRAIN_WITHOUT_COMPILE)
     await _wait(session, model, [])
 
+    # train.py closed without saving: its text on disk compiles Net again
+    session.client.text_document_did_close(lsp.DidCloseTextDocumentParams(
+        text_document=lsp.TextDocumentIdentifier(uri=session.uri("train.py"))))
+    await _wait(session, model, ["FL100", "FL120"])
+
 
 async def test_compile_site_in_a_file_that_is_not_open(session, tmp_path):
     (tmp_path / "train.py").write_text(TRAIN)
