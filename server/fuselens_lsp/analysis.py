@@ -212,18 +212,20 @@ class Result:
 UNPARSEABLE = (SyntaxError, ValueError, UnicodeError, RecursionError, MemoryError)
 
 
-def _analyze_source(source: str, filename: str, cache=None):
+def _analyze_source(source: str, filename: str, cache=None, compiled_classes=frozenset()):
     """The compiler's abstract-domain analysis (with `cache`, an incremental.IncrementalAnalyzer,
-    only of what changed); None and the reason when the text is unparseable."""
+    only of what changed); None and the reason when the text is unparseable.
+    `compiled_classes`: the file's classes that other workspace files compile."""
+    import functools
     from fuselens.capture.analyze import analyze_source  # imports torch: on the first analysis
     if "\r" in source:  # `ast` reads a string's lone `\r` as no line break at all
         source = _EOL_RE.sub("\n", source)
+    run = functools.partial(analyze_source, compiled_classes=compiled_classes)
     try:
         if cache is None:
-            res = analyze_source(source, filename)
+            res = run(source, filename)
         else:
-            import ast
-            res = cache.analyze(source, filename, ast.parse(source, filename), analyze_source)
+            res = cache.analyze(source, filename, run, key=",".join(sorted(compiled_classes)))
     except UNPARSEABLE as e:
         return None, _unparseable(source, e)
     return res, res.syntax_error
@@ -275,10 +277,10 @@ def _blank_broken_block(source: str, line: int) -> str | None:
     return "".join(lines[:start] + blank + lines[end:])
 
 
-def run_analysis(source: str, filename: str, cache=None):
+def run_analysis(source: str, filename: str, cache=None, compiled_classes=frozenset()):
     """Runs the abstract-domain analysis; on a syntax error, re-runs it with the broken top-level
     statement blanked out (up to 3 times). Returns (analysis, syntax_error, repaired)."""
-    res, err = _analyze_source(source, filename, cache)
+    res, err = _analyze_source(source, filename, cache, compiled_classes)
     if err is None:
         return res, None, False
     text, at = source, err
@@ -287,7 +289,7 @@ def run_analysis(source: str, filename: str, cache=None):
         if fixed is None or fixed == text:
             break
         text = fixed
-        res, at = _analyze_source(text, filename, cache)
+        res, at = _analyze_source(text, filename, cache, compiled_classes)
         if at is None:
             return res, err, True
     return None, err, False
@@ -311,8 +313,8 @@ def _message(b) -> str:
 
 
 def analyze(source: str, uri: str, filename: str, version: int | None,
-            settings: Settings, cache=None) -> Result:
-    analysis, err, repaired = run_analysis(source, filename, cache)
+            settings: Settings, cache=None, compiled_classes=frozenset()) -> Result:
+    analysis, err, repaired = run_analysis(source, filename, cache, compiled_classes)
     if analysis is None:
         return Result(version, [], [], err, False, source)
     codec = PositionCodec(source)
@@ -326,48 +328,30 @@ def analyze(source: str, uri: str, filename: str, version: int | None,
     here = lambda fn: not fn or fn == filename  # noqa: E731
     on_path = {q for fa in analysis.functions if fa.compiled for b in fa.breaks
                for q in ([b.function] if here(b.filename) else []) + [fr.function for fr in b.stack if here(fr.filename)]}
+    # a function whose analysis came from the cache unchanged (incremental.py) has the same
+    # FunctionAnalysis object, at the same place in an unchanged text: its ranges are reused
+    memo = cache.memo if cache is not None else {}
+    fresh = {}
     for fa in analysis.functions:
         if not (fa.compiled or fa.uses_torch or fa.qualname in on_path):
             continue
-        kept = [b for b in fa.breaks if not is_suppressed(lines, b)]
-        info = FunctionInfo(fa.name, fa.qualname, fa.line, fa.col, fa.end_line, fa.end_col,
-                            fa.compiled, fa.uses_torch, fa.graph_count, kept,
-                            len(fa.breaks) - len(kept))
-        functions.append(info)
         sev = _severity(fa, settings)
-        if sev is None:
-            continue
-        for b in kept:
-            same_file = not b.filename or b.filename == filename
-            if same_file:
-                rng = codec.range(b.line, b.col, b.end_line, b.end_col)
-            elif b.stack:  # break in another file: show it on the outermost call
-                f0 = b.stack[0]
-                rng = codec.range(f0.line, f0.col, f0.end_line, f0.end_col)
-            else:
-                continue
-            related = []
-            for i, fr in enumerate(b.stack):
-                if fr.filename and fr.filename != filename:
-                    continue
-                related.append(lsp.DiagnosticRelatedInformation(
-                    location=lsp.Location(uri=uri, range=codec.range(fr.line, fr.col, fr.end_line,
-                                                                     fr.end_col)),
-                    message=call_message(b, i, fa.qualname)))
-            if b.stack and not same_file:
-                related.append(lsp.DiagnosticRelatedInformation(
-                    location=lsp.Location(uri=_path_uri(b.filename),
-                                          range=lsp.Range(start=lsp.Position(line=b.line - 1, character=b.col),
-                                                          end=lsp.Position(line=(b.end_line or b.line) - 1,
-                                                                           character=b.end_col))),
-                    message=f"the break itself: {b.title}"))
-            key = (b.code, rng.start.line, rng.start.character, rng.end.line, rng.end.character)
+        got = memo.get(id(fa))
+        if got is None or got[0] is not fa or got[1] != sev:
+            kept = [b for b in fa.breaks if not is_suppressed(lines, b)]
+            got = (fa, sev, kept, _entries(fa, kept, codec, uri, filename) if sev is not None else [])
+        fresh[id(fa)] = got
+        kept = got[2]
+        functions.append(FunctionInfo(fa.name, fa.qualname, fa.line, fa.col, fa.end_line, fa.end_col,
+                                      fa.compiled, fa.uses_torch, fa.graph_count, kept,
+                                      len(fa.breaks) - len(kept)))
+        for key, rng, b, related in got[3]:
             d = by_key.get(key)
             if d is None:
                 d = lsp.Diagnostic(
                     range=rng, message=_message(b), severity=sev, code=b.code,
                     code_description=lsp.CodeDescription(href=b.doc_url), source=SOURCE,
-                    related_information=related or None,
+                    related_information=list(related) or None,
                     data={"qualname": fa.qualname, "code": b.code})
                 by_key[key] = d
             else:
@@ -375,9 +359,42 @@ def analyze(source: str, uri: str, filename: str, version: int | None,
                     d.severity = sev
                     d.data = {"qualname": fa.qualname, "code": b.code}
                 if related:
-                    d.related_information = (d.related_information or []) + related
+                    d.related_information = (d.related_information or []) + list(related)
+    if cache is not None:
+        cache.memo = fresh
     diags = sorted(by_key.values(), key=lambda d: (d.range.start.line, d.range.start.character))
     return Result(version, functions, diags, err, repaired, source, analysis)
+
+
+def _entries(fa, kept, codec: PositionCodec, uri: str, filename: str) -> list[tuple]:
+    """(key, range, break, related information) of each of `fa`'s kept breaks."""
+    out = []
+    for b in kept:
+        same_file = not b.filename or b.filename == filename
+        if same_file:
+            rng = codec.range(b.line, b.col, b.end_line, b.end_col)
+        elif b.stack:  # break in another file: show it on the outermost call
+            f0 = b.stack[0]
+            rng = codec.range(f0.line, f0.col, f0.end_line, f0.end_col)
+        else:
+            continue
+        related = []
+        for i, fr in enumerate(b.stack):
+            if fr.filename and fr.filename != filename:
+                continue
+            related.append(lsp.DiagnosticRelatedInformation(
+                location=lsp.Location(uri=uri, range=codec.range(fr.line, fr.col, fr.end_line, fr.end_col)),
+                message=call_message(b, i, fa.qualname)))
+        if b.stack and not same_file:
+            related.append(lsp.DiagnosticRelatedInformation(
+                location=lsp.Location(uri=_path_uri(b.filename),
+                                      range=lsp.Range(start=lsp.Position(line=b.line - 1, character=b.col),
+                                                      end=lsp.Position(line=(b.end_line or b.line) - 1,
+                                                                       character=b.end_col))),
+                message=f"the break itself: {b.title}"))
+        key = (b.code, rng.start.line, rng.start.character, rng.end.line, rng.end.character)
+        out.append((key, rng, b, tuple(related)))
+    return out
 
 
 def call_message(b, i: int, compiled: str) -> str:

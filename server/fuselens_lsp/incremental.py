@@ -44,6 +44,20 @@ class _Cached:
 
 
 @dataclass
+class _Stmt:
+    """A top-level statement: its node (whose own line numbers are `offset` lines behind where
+    it is now: it was parsed alone or before lines were added above it) and its span now."""
+    node: ast.stmt
+    start: int          # 1-based, first decorator included
+    end: int
+    offset: int
+
+
+def _first_line(s) -> int:
+    return min([d.lineno for d in getattr(s, "decorator_list", ())] + [s.lineno])
+
+
+@dataclass
 class Result:
     functions: list
     syntax_error: tuple | None = None
@@ -82,28 +96,83 @@ class IncrementalAnalyzer:
         self.unit_facts: dict[str, tuple] = {}   # unit text hash -> (refs, facts)
         self.limit = limit
         self.hits = self.misses = 0
+        self.prev: tuple | None = None  # (lines, outline) of the last text analysed
+        self.reach_by_shape: tuple | None = None  # (names of the units, the units each reaches)
+        self.memo: dict = {}  # analysis.analyze's per-function results, by FunctionAnalysis
 
-    def analyze(self, source: str, filename: str, tree: ast.Module, analyze_source) -> Result:
+    def outline(self, source: str, filename: str) -> list[_Stmt]:
+        """The file's top-level statements. After an edit inside one statement only that
+        statement is parsed again (a 3,000-line file takes 30-100 ms to parse): the text around
+        it is unchanged and each top-level statement parses on its own, so the file parses as
+        before. Anything else (an edit between statements, a statement split or merged, a
+        syntax error) parses the whole file, which raises the error `ast.parse` gives."""
+        lines = lines_with_ends(source)
+        prev, self.prev = self.prev, None
+        stmts = self._reparse_one(prev, lines, filename) if prev is not None else None
+        if stmts is None:
+            tree = ast.parse(source, filename)
+            stmts = [_Stmt(s, _first_line(s), s.end_lineno, 0) for s in tree.body]
+        self.prev = (lines, stmts)
+        return stmts
+
+    @staticmethod
+    def _reparse_one(prev, lines: list[str], filename: str) -> list[_Stmt] | None:
+        old, stmts = prev
+        n = min(len(old), len(lines))
+        p = 0
+        while p < n and old[p] == lines[p]:
+            p += 1
+        if p == len(old) == len(lines):
+            return stmts
+        q = 0
+        while q < n - p and old[-1 - q] == lines[-1 - q]:
+            q += 1
+        delta = len(lines) - len(old)
+        for i, st in enumerate(stmts):  # the statement holding every changed line (1-based span)
+            if st.start - 1 <= p and len(old) - q <= st.end:
+                break
+        else:
+            return None
+        chunk = "".join(lines[st.start - 1:st.end + delta])
+        if not chunk.endswith("\n"):
+            return None
+        try:
+            body = ast.parse(chunk, filename).body
+        except (SyntaxError, ValueError):
+            return None  # (the whole file, parsed, reports it)
+        if len(body) != 1 or _first_line(body[0]) != 1:
+            return None
+        new = _Stmt(body[0], st.start, st.start - 1 + body[0].end_lineno, st.start - 1)
+        moved = [dataclasses.replace(x, start=x.start + delta, end=x.end + delta, offset=x.offset + delta)
+                 for x in stmts[i + 1:]] if delta else stmts[i + 1:]
+        return stmts[:i] + [new] + moved
+
+    def analyze(self, source: str, filename: str, analyze_source, key: str = "") -> Result:
+        """`key`: what else `analyze_source` depends on (the classes other files compile).
+        Raises what `ast.parse` raises on a text that does not parse."""
         lines = lines_with_ends(source)
         units, context = [], []
-        for s in tree.body:
+        outline = self.outline(source, filename)
+        for st in outline:
+            s = st.node
             if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                start = min([d.lineno for d in s.decorator_list] + [s.lineno])
-                text = "".join(lines[start - 1:s.end_lineno])
+                start = st.start
+                text = "".join(lines[start - 1:st.end])
                 th = _digest(text)
                 rf = self.unit_facts.get(th)
                 if rf is None:
                     rf = self.unit_facts[th] = _facts(s)
-                units.append(_Unit(s.name, start, s.end_lineno, text, *rf, th))
+                units.append(_Unit(s.name, start, st.end, text, *rf, th))
             else:
-                context.append(s)
+                context.append(st)
         if len(self.unit_facts) > self.limit:
             self.unit_facts.clear()
-        ctx_text = "".join("".join(lines[s.lineno - 1:s.end_lineno]) for s in context)
+        ctx_text = "".join("".join(lines[st.start - 1:st.end]) for st in context)
         # a global the context binds (`model = Block3(64)`) leads to the units its statement
         # names: a unit that uses the global can reach (inline) them
         ctx_vars: dict[str, set] = {}
-        for s in context:
+        for st in context:
+            s = st.node
             refs = _facts(s)[0]
             for n in ast.walk(s):
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
@@ -127,16 +196,21 @@ class IncrementalAnalyzer:
                         todo.extend(u.refs)
             return out
 
-        classes = {s.name for s in tree.body if isinstance(s, ast.ClassDef)}
+        classes = {st.node.name for st in outline if isinstance(st.node, ast.ClassDef)}
         # which functions and classes are compiled may follow from any unit's compile(...) calls
         # and instance assignments (capture's _compiled_names reads them all)
-        everywhere = _digest(ctx_text, *[u.compiles for u in units],
+        everywhere = _digest(key, ctx_text, *[u.compiles for u in units],
                              *[t for u in units for name, t in u.instances if name in classes])
+        # which units each unit reaches follows from names alone: kept (as positions in the
+        # file's list of units) while no unit's name or names used change, as when typing
+        shape = (tuple((u.name, u.refs) for u in units), tuple(sorted((k, frozenset(v)) for k, v in ctx_vars.items())))
+        if self.reach_by_shape is None or self.reach_by_shape[0] != shape:
+            index = {id(u): i for i, u in enumerate(units)}
+            self.reach_by_shape = (shape, [sorted({index[id(x)] for x in closure(u.refs | {u.name})} | {i})
+                                           for i, u in enumerate(units)])
         keys, reach = {}, {}
-        for u in units:
-            r = {id(x): x for x in closure(u.refs | {u.name})}
-            r[id(u)] = u
-            reach[id(u)] = sorted(r.values(), key=lambda x: x.start)
+        for u, positions in zip(units, self.reach_by_shape[1]):
+            reach[id(u)] = [units[j] for j in positions]
             keys[id(u)] = _digest(everywhere, u.h, *[x.h for x in reach[id(u)]])
 
         out: dict[int, list] = {}

@@ -29,6 +29,7 @@ from pygls.uris import to_fs_path
 
 from . import __version__
 from .analysis import PositionCodec, Result, Settings, analyze, break_json, function_at, split_lines
+from .compile_sites import CompileSites
 from .documents import LspLinesWorkspace
 from .incremental import IncrementalAnalyzer
 from .jobs import run_worker
@@ -63,6 +64,7 @@ class FuselensServer(LanguageServer):
         self.results: dict[str, Result] = {}
         self.good: dict[str, Result] = {}       # the last result without a syntax error, per uri
         self.caches: dict[str, IncrementalAnalyzer] = {}  # per uri: per-function analysis results
+        self.sites = CompileSites()  # which classes of which files the workspace compiles
         # uri -> the breaks a Compile & benchmark run met in that file, as diagnostics; dropped
         # when the file changes (an edit, or a new modification time on disk)
         self.seen: dict[str, dict] = {}
@@ -92,10 +94,11 @@ class FuselensServer(LanguageServer):
         doc = self.workspace.get_text_document(uri)
         version, text = doc.version, doc.source
         loop = asyncio.get_running_loop()
+        affected: set[str] = set()
         try:
             cache = self.caches.setdefault(uri, IncrementalAnalyzer())
-            res = await loop.run_in_executor(self.analysis_pool, analyze, text, uri, self.filename(uri),
-                                             version, self.settings, cache)
+            res, affected = await loop.run_in_executor(self.analysis_pool, self._analyze_document, text, uri,
+                                                       version, cache)
         except Exception as e:
             log.exception("analysis failed")
             self.window_log_message(lsp.LogMessageParams(
@@ -120,7 +123,27 @@ class FuselensServer(LanguageServer):
         self.publish(uri)
         self.last_latency_ms = (time.perf_counter() - t_edit) * 1000
         self.protocol.notify(NOTIFY_CHANGED, {"uri": uri})
+        self.reanalyze_files(affected - {os.path.realpath(self.filename(uri))})
         return res
+
+    def _analyze_document(self, text: str, uri: str, version, cache) -> tuple[Result, set[str]]:
+        """In the analysis thread: the workspace's compile sites brought up to date with this
+        text, then the file analysed with the classes other files compile. Also returns the
+        files whose compiled classes this text changed."""
+        path = self.filename(uri)
+        affected = self.sites.scan(self.workspace_roots(), SKIP_DIRS)
+        affected |= self.sites.update(path, text)
+        res = analyze(text, uri, path, version, self.settings, cache, self.sites.compiled_in(path))
+        return res, affected
+
+    def reanalyze_files(self, paths: set[str]) -> None:
+        """Re-analyses the open documents of `paths` (another file now compiles their classes, or
+        no longer does)."""
+        if not paths:
+            return
+        for u in list(self.workspace.text_documents):
+            if os.path.realpath(self.filename(u)) in paths and (u in self.results or u in self.pending):
+                self.schedule(u, 0)
 
     def publish(self, uri: str) -> None:
         """The analysis' diagnostics and the breaks seen at run time (which win where both are)."""
@@ -276,11 +299,13 @@ def did_change(ls: FuselensServer, params: lsp.DidChangeTextDocumentParams):
 
 @server.feature(lsp.TEXT_DOCUMENT_DID_SAVE)
 def did_save(ls: FuselensServer, params: lsp.DidSaveTextDocumentParams):
-    # the analysis of one file may read another's source (a callee in the workspace): the other
-    # files' cached results may no longer hold
+    # the analysis of one file may read another's source (a callee in the workspace, a class
+    # compiled in another file): the other files' cached results and compile sites may no
+    # longer hold
     for uri in list(ls.caches):
         if uri != params.text_document.uri:
             ls.caches.pop(uri)
+    ls.sites.invalidate()
 
 
 @server.feature(lsp.TEXT_DOCUMENT_DID_CLOSE)
@@ -294,6 +319,13 @@ def did_close(ls: FuselensServer, params: lsp.DidCloseTextDocumentParams):
     ls.caches.pop(uri, None)
     ls.publish(uri)  # what a run saw stays (Problems lists closed files too)
     ls.protocol.notify(NOTIFY_CHANGED, {"uri": uri})
+    # its compile sites are its text on disk again (an unsaved edit is gone)
+    asyncio.ensure_future(_reread_sites(ls, ls.filename(uri)))
+
+
+async def _reread_sites(ls: FuselensServer, path: str) -> None:
+    loop = asyncio.get_running_loop()
+    ls.reanalyze_files(await loop.run_in_executor(ls.analysis_pool, ls.sites.reread, path))
 
 
 # ---------------------------------------------------------------- code lens

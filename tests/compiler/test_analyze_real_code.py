@@ -95,6 +95,32 @@ CASES = {
             def forward(self, x, **kwargs):
                 return self.layer(x, **kwargs)
     ''',
+    # modules and parameters made in forward from values the editor does not know: a module whose
+    # __init__ makes parameters on every path breaks (a new one on each call), one that makes none
+    # (ReLU, LayerNorm without affine) does not, nn.Parameter(...) does
+    "new_modules_and_parameters_from_unknown_sizes": '''
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 4)
+            def forward(self, x):
+                self.fc = nn.Linear(x.shape[-1], 4)
+                self.act = nn.ReLU()
+                self.norm = nn.LayerNorm(x.shape[-1], elementwise_affine=False)
+                self.fc.weight = nn.Parameter(self.fc.weight.clone())
+                return self.act(self.fc(x))
+    ''',
+    # NumPy on values computed from the input, its result made into a tensor: capture breaks at
+    # each NumPy call it cannot see into (DistilBERT's sinusoidal tables)
+    "numpy_data_reaching_torch": '''
+        import numpy as np
+        class M(nn.Module):
+            def forward(self, x):
+                n = x.shape[-1]
+                table = np.arange(n) / 2.0
+                y = x * torch.FloatTensor(np.sin(table))
+                return y + np.cos(table)
+    ''',
 }
 
 
@@ -209,3 +235,56 @@ def test_unknown_branch_in_another_file_is_not_claimed(tmp_path):
             return x
     ''')
     assert ("FL101", 11) in _abstract(model)
+
+
+def test_property_with_a_setter_reads_its_getter(tmp_path):
+    """`@name.setter` defines a second `def name`: reading `self.name` still runs the getter (a
+    logging call there breaks under torch.compile: GB0291)."""
+    path = tmp_path / "fl_property.py"
+    path.write_text(HEAD + "import logging\nlog = logging.getLogger(__name__)\n" + textwrap.dedent('''
+        class M(nn.Module):
+            @property
+            def scale(self):
+                log.warning("reading scale")
+                return 2
+            @scale.setter
+            def scale(self, v):
+                pass
+            def forward(self, x):
+                return x * self.scale
+    ''') + TAIL)
+    assert _abstract(path) == {("FL101", 9)}
+
+
+def test_numpy_work_of_its_own_is_not_claimed(tmp_path):
+    """NumPy whose result never reaches torch (a preprocessing helper: Whisper's
+    `_compute_mask_indices`) is no tensor code: torch.compile traces it; the editor claims
+    nothing there, though capture would break on its calls."""
+    path = tmp_path / "fl_numpy_own.py"
+    path.write_text(HEAD + "import numpy as np\n" + textwrap.dedent('''
+        def spans(n):
+            idx = np.arange(n) * 2
+            return np.concatenate([idx, idx])
+        class M(nn.Module):
+            def forward(self, x):
+                self.spans = spans(x.shape[0])
+                return x * 2
+    ''') + TAIL)
+    assert _abstract(path) == set()
+
+
+def test_class_of_an_installed_library_compiled_in_a_script(tmp_path):
+    """`torch.compile(GPT2ForSequenceClassification(...))` in a script names the class in the
+    installed transformers' modeling file (found on sys.path and read, not imported)."""
+    transformers = pytest.importorskip("transformers")
+    from fuselens.capture.analyze import compiled_elsewhere
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent('''
+        import torch
+        from transformers.models.gpt2.modeling_gpt2 import GPT2ForSequenceClassification
+        model = GPT2ForSequenceClassification(config)
+        fast = torch.compile(model)
+    '''))
+    import os
+    path = os.path.realpath(os.path.join(os.path.dirname(transformers.__file__), "models", "gpt2", "modeling_gpt2.py"))
+    assert compiled_elsewhere(script.read_text(), str(script)) == {(path, "GPT2ForSequenceClassification")}

@@ -32,14 +32,13 @@ from fuselens.capture.analyze import analyze_source  # noqa: E402
 from fl_fx_backend import use_fx_backend  # noqa: E402
 
 MODELS = ["bert", "gpt2", "llama", "t5", "vit", "whisper", "distilbert", "roberta", "clip", "mistral"]
-# issue 17 asks for precision >= 0.95 (held) and recall >= 0.90; recall's floor is the value
-# reached (6/10). Missed: the break in `self.loss_function` (GPT-2 with labels: a logging call on
-# an unknown branch of PreTrainedModel's property, in modeling_utils.py, which the editor does not
-# claim), NumPy on plain values in `_create_sinusoidal_embeddings` (silent), and DistilBERT's
-# `resize_position_embeddings` replacing a submodule and a parameter (modules made from unknown
-# arguments are not modelled)
+# issue 17 asks for precision >= 0.95 (held) and recall >= 0.90 (reached: 9/10). Missed: the break
+# in `self.loss_function` (GPT-2 with labels: a logging call on a branch of PreTrainedModel's
+# property in modeling_utils.py that depends on the model's state, `loss_type` and
+# `_loss_function`, which the editor does not claim: a break on an undecidable branch of another
+# file is not claimed, as those of the attention interface's config checks would all be wrong)
 PRECISION_FLOOR = 0.95
-RECALL_FLOOR = 0.6
+RECALL_FLOOR = 0.9
 
 
 def _path(name):
@@ -73,6 +72,9 @@ def _runs():
     model = T.DistilBertModel(T.DistilBertConfig(vocab_size=hf_zoo.VOCAB, dim=32, n_layers=2, n_heads=4,
                                                  hidden_dim=37))
     out.append((model.resize_position_embeddings, dict(new_num_position_embeddings=16)))
+    model = T.DistilBertModel(T.DistilBertConfig(vocab_size=hf_zoo.VOCAB, dim=32, n_layers=2, n_heads=4,
+                                                 hidden_dim=37, max_position_embeddings=8))
+    out.append((model.resize_position_embeddings, dict(new_num_position_embeddings=12)))  # (it grows)
     return out
 
 
@@ -170,9 +172,9 @@ def test_corpus_precision_recall(monkeypatch):
     files = {os.path.realpath(_path(n)) for n in MODELS}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        runs = _runs()
-        dynamo = _dynamo_breaks(runs, files)
-        concrete = _concrete_breaks(runs, files, monkeypatch)
+        # each witness on objects of its own: the runs change them (a resize runs once)
+        dynamo = _dynamo_breaks(_runs(), files)
+        concrete = _concrete_breaks(_runs(), files, monkeypatch)
     diags = _diagnostics(sorted(files))
     confirmed = [d for d in diags if d[2] in dynamo or d[2] in concrete]
     reported = {d[2] for d in diags} | {s for d in diags for s in d[3]}

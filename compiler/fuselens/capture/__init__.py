@@ -5,7 +5,7 @@ from .source import NoSourceError
 __all__ = ["GraphBreak", "GraphBreakError", "NoSourceError", "analyze_source"]
 
 
-def analyze_source(source: str, filename: str):
+def analyze_source(source: str, filename: str, compiled_classes=frozenset()):
     """Abstract-domain analysis of a file's functions for the editor (executes no user code)."""
     from .analyze import analyze_source as _analyze
-    return _analyze(source, filename)
+    return _analyze(source, filename, compiled_classes)

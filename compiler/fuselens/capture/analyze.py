@@ -9,6 +9,7 @@ import ast
 import importlib
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -63,7 +64,10 @@ class AbstractClass:
     def __init__(self, node: ast.ClassDef, env: dict, filename: str):
         self.node, self.env, self.filename = node, env, filename
         self._bases: list | None = None
-        self.methods = {f.name: f for f in node.body if isinstance(f, ast.FunctionDef)}
+        # a property's `@name.setter` / `.deleter` defs do not replace its getter when read
+        self.methods = {f.name: f for f in node.body if isinstance(f, ast.FunctionDef)
+                        and not any(isinstance(d, ast.Attribute) and d.attr in ("setter", "deleter")
+                                    for d in f.decorator_list)}
         self.class_attrs = {}
         for st in node.body:
             if isinstance(st, ast.Assign) and isinstance(st.value, ast.Constant):
@@ -371,16 +375,42 @@ class AbstractMethod:
         return UNKNOWN
 
 
+def _source_import(filename: str, module: str, name: str | None = None):
+    """`import <module>` / `from <module> import <name>` read from source, never imported: a
+    module beside the file (a script's directory is the first place Python looks: the user's
+    other files), else one of an installed library (on sys.path; not the standard library's,
+    which stays unknown); None if there is no such file."""
+    if module.split(".")[0] in sys.stdlib_module_names:
+        return None
+    for d in [os.path.dirname(os.path.abspath(filename))] + [p for p in sys.path if p]:
+        package = os.path.join(d, *module.split("."))
+        if name is not None:
+            sub = _module_file(os.path.join(package, name))
+            if sub is not None:
+                return SourceModule(sub)
+        owner = _module_file(package)
+        if owner is not None:
+            return SourceModule(owner) if name is None else LazyName(SourceModule(owner), name)
+    return None
+
+
+def _import(filename: str, module: str):
+    v = _safe_import(module)
+    if isinstance(v, Unknown) and module.split(".")[0] not in SAFE_MODULES:
+        v = _source_import(filename, module) or UNKNOWN
+    return v
+
+
 def module_env(tree: ast.Module, filename: str) -> dict:
     env: dict = ModuleEnv({"__name__": "__fuselens_abstract__"})
     for s in tree.body:
         if isinstance(s, ast.Import):
             for a in s.names:
                 if a.asname:
-                    env[a.asname] = _safe_import(a.name)
+                    env[a.asname] = _import(filename, a.name)
                 else:
                     root = a.name.split(".")[0]
-                    env[root] = _safe_import(root)
+                    env[root] = _import(filename, root)
         elif isinstance(s, ast.ImportFrom) and s.level > 0:
             for a in s.names:  # the package's own modules: read, never imported
                 env[a.asname or a.name] = _relative_module(filename, s.level, s.module, a.name)
@@ -390,6 +420,8 @@ def module_env(tree: ast.Module, filename: str) -> dict:
                 v = getattr(mod, a.name, UNKNOWN) if not isinstance(mod, Unknown) else UNKNOWN
                 if isinstance(v, Unknown) and not isinstance(mod, Unknown):
                     v = _safe_import(f"{s.module}.{a.name}")
+                if isinstance(mod, Unknown) and s.module.split(".")[0] not in SAFE_MODULES:
+                    v = _source_import(filename, s.module, a.name) or UNKNOWN
                 env[a.asname or a.name] = v
         elif isinstance(s, ast.FunctionDef):
             env[s.name] = FunctionSource(s.name, s.name, filename, s, env)
@@ -429,16 +461,27 @@ def _is_compile(fn_value) -> bool:
     return fn_value is torch.compile or fn_value is fuselens.compile
 
 
-def _compiled_names(tree, env) -> tuple[set, set]:
-    """Names of functions and classes whose instances are compiled in this file."""
-    fns, classes = set(), set()
-    instances: dict[str, str] = {}
+def _compiled_names(tree, env) -> tuple[set, list]:
+    """Names of the functions compiled in this file, and the classes (AbstractClass values, of
+    this file or another one it imports) whose instances are compiled here:
+    `torch.compile(f)`, `torch.compile(Net())`, `m = Net(); torch.compile(m)`, `m.compile()`,
+    `torch.compile(m.forward)`, with `fuselens.compile` alike."""
+    fns, classes = set(), []
+    instances: dict[str, AbstractClass] = {}
+
+    def cls_of(expr):
+        v = _resolve(expr, env)
+        return v if isinstance(v, AbstractClass) else None
+
+    def add(c):
+        if c is not None and all(c is not k for k in classes):
+            classes.append(c)
+
     for n in ast.walk(tree):
-        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and \
-                isinstance(n.value.func, ast.Name) and isinstance(env.get(n.value.func.id), AbstractClass):
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and cls_of(n.value.func) is not None:
             for t in n.targets:
                 if isinstance(t, ast.Name):
-                    instances[t.id] = n.value.func.id
+                    instances[t.id] = cls_of(n.value.func)
     for n in ast.walk(tree):
         if not isinstance(n, ast.Call):
             continue
@@ -446,21 +489,35 @@ def _compiled_names(tree, env) -> tuple[set, set]:
         if _is_compile(f) and n.args:
             a = n.args[0]
             if isinstance(a, ast.Name):
-                if isinstance(env.get(a.id), AbstractClass):
-                    classes.add(a.id)
+                if cls_of(a) is not None:
+                    add(cls_of(a))
                 elif a.id in instances:
-                    classes.add(instances[a.id])
+                    add(instances[a.id])
                 else:
                     fns.add(a.id)
-            elif isinstance(a, ast.Call) and isinstance(a.func, ast.Name):
-                classes.add(a.func.id)
+            elif isinstance(a, ast.Call):
+                add(cls_of(a.func))
             elif isinstance(a, ast.Attribute) and isinstance(a.value, ast.Name) and a.attr == "forward":
-                if a.value.id in instances:
-                    classes.add(instances[a.value.id])
+                add(instances.get(a.value.id))
         elif isinstance(n.func, ast.Attribute) and n.func.attr == "compile" and \
                 isinstance(n.func.value, ast.Name) and n.func.value.id in instances:
-            classes.add(instances[n.func.value.id])
+            add(instances[n.func.value.id])
     return fns, classes
+
+
+def compiled_elsewhere(source: str, filename: str) -> set[tuple[str, str]]:
+    """(file, class name) of each class defined in another file whose instances this file
+    compiles: that file's `forward` of the class is compiled code (read, never executed)."""
+    if "compile" not in source:
+        return set()
+    try:
+        tree = ast.parse(source, filename)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return set()
+    env = module_env(tree, filename)
+    here = os.path.realpath(filename)
+    return {(os.path.realpath(c.filename), c.node.name) for c in _compiled_names(tree, env)[1]
+            if os.path.realpath(c.filename) != here}
 
 
 def _decorated_compiled(f: ast.FunctionDef, env) -> bool:
@@ -497,13 +554,17 @@ def _uses_torch(f, env) -> bool:
 
 
 # -- the analysis ----------------------------------------------------------------------------
-def analyze_source(source: str, filename: str) -> SourceAnalysis:
+def analyze_source(source: str, filename: str, compiled_classes=frozenset()) -> SourceAnalysis:
+    """`compiled_classes`: names of this file's classes whose instances other files compile
+    (see `compiled_elsewhere`)."""
     try:
         tree = ast.parse(source, filename)
     except SyntaxError as e:
         return SourceAnalysis([], (e.lineno or 1, max((e.offset or 1) - 1, 0), e.msg))
     env = module_env(tree, filename)
-    fns, classes = _compiled_names(tree, env)
+    fns, compiled = _compiled_names(tree, env)
+    classes = set(compiled_classes) | {s.name for s in tree.body if isinstance(s, ast.ClassDef)
+                                       and any(env.get(s.name) is c for c in compiled)}
     out = []
     for s in tree.body:
         if isinstance(s, ast.FunctionDef):

@@ -50,6 +50,7 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
         self.in_try = 0  # how many captured `try` bodies the evaluation is in (raise is captured there)
         self.effects = SideEffects(sources)  # containers from outside are modelled, mutations replayed
         self.uncertain: list[str] = []  # abstract: files of the arms of unknown branches being walked
+        self.foreign = False  # abstract: a ForeignData was made (NumPy's data may reach torch)
 
     # ===================================================================== functions
     def run(self, fs: FunctionSource, bound: dict) -> object:

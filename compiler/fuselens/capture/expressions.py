@@ -13,8 +13,8 @@ import torch.nn as nn
 from . import breaks as B
 from . import calls as C
 from .side_effects import MUTABLE
-from .values import (UNKNOWN, GeneratorCall, LocalFunction, SymInt, SymShape, TensorVar, Unknown,
-                     contains_tensor)
+from .values import (UNKNOWN, ForeignData, GeneratorCall, LocalFunction, SymInt, SymShape, TensorVar,
+                     Unknown, contains_tensor)
 from .frames import AbstractKwargs, AbstractSeq, Opaque, Scope
 from .objects import user_mapping
 
@@ -183,9 +183,11 @@ class Expressions:
     def binop(self, op, a, b, e, scope):
         fn = C.BINOPS[op]
         if isinstance(a, TensorVar) or isinstance(b, TensorVar):
+            if self.foreign:
+                self.foreign_reaches_torch([a, b])
             return self.op(fn, [a, b], {}, e, scope)
         if isinstance(a, (Unknown, AbstractSeq)) or isinstance(b, (Unknown, AbstractSeq)):
-            return UNKNOWN
+            return ForeignData.merge(a, b) or UNKNOWN
         if isinstance(a, SymInt) or isinstance(b, SymInt):
             return self.sym_arith(fn, [a, b], e, scope)
         if isinstance(a, (list, tuple)) and contains_tensor(a) and op == "Mult":

@@ -3,9 +3,11 @@ functions, modules, builtins, methods of containers, pure functions folded on co
 the builtins with tensor-aware behaviour."""
 from __future__ import annotations
 
+import ast
 import collections.abc
 import copy
 import dataclasses
+import functools
 import inspect
 import math
 import operator
@@ -21,7 +23,7 @@ from . import calls as C
 from . import side_effects as S
 from .side_effects import MUTABLE
 from .source import FunctionSource, NoSourceError, function_source
-from .values import (UNKNOWN, BoundUserMethod, LocalFunction, SymInt, TensorVar, Unknown,
+from .values import (UNKNOWN, BoundUserMethod, ForeignData, LocalFunction, SymInt, TensorVar, Unknown,
                      contains_tensor, leaves)
 from .frames import AbstractSeq
 from .statements import MAX_UNROLL
@@ -117,7 +119,7 @@ class Objects:
                 self.brk(B.DYNAMIC_SHAPE, e, scope, detail="boolean-mask indexing")
             return self.op(operator.getitem, [obj, idx], {}, e, scope)
         if isinstance(obj, (Unknown, AbstractSeq)) or isinstance(idx, Unknown):
-            return obj.item() if isinstance(obj, AbstractSeq) else UNKNOWN
+            return obj.item() if isinstance(obj, AbstractSeq) else ForeignData.merge(obj) or UNKNOWN
         if isinstance(idx, SymInt):
             idx = self.specialize(idx, e, scope)
         if isinstance(obj, nn.Module):  # ModuleList / Sequential / ModuleDict
@@ -255,6 +257,9 @@ class Objects:
         setter(obj, attr, v)
 
     def call(self, fn, args, kwargs, e, scope):
+        if self.foreign and (isinstance(fn, TensorMethod) or C.is_torch_callable(fn) or isinstance(fn, type)
+                             and fn.__module__.startswith("torch")):
+            self.foreign_reaches_torch([args, kwargs])
         if isinstance(fn, TensorMethod):
             return self.tensor_method(fn.t, fn.name, args, kwargs, e, scope)
         if isinstance(fn, Unknown):
@@ -363,6 +368,8 @@ class Objects:
             # constructing torch objects (Size, dtype, device, a parameterless module...) with
             # constant args
             if not any(contains_tensor(a) for a in args):
+                if self.abstract and any(isinstance(v, Unknown) for v in leaves([args, kwargs])):
+                    return self.abstract_torch_object(fn, e, scope)
                 r = fn(*args, **kwargs)
                 if isinstance(r, nn.Module):
                     if any(True for _ in r.parameters()) or any(True for _ in r.buffers()):
@@ -373,9 +380,35 @@ class Objects:
         if isinstance(fn, type):
             return self.new_object(fn, args, kwargs, e, scope)
         if self.abstract and not contains_tensor([args, kwargs]):
-            return UNKNOWN  # on values the editor does not know (NumPy, a library's C code): silent
+            if not _c_callable(fn) or self.uncertain:
+                return UNKNOWN  # on values the editor does not know (a library's object): silent
+            # capture breaks here (it cannot see into C code): claimed where the result reaches
+            # torch (ForeignData), not on NumPy work of its own
+            self.foreign = True
+            return ForeignData.merge(*leaves([args, kwargs]), extra=[B.make_break(
+                B.UNKNOWN_CALL, self.loc(e, scope), stack=self.stack(scope), function=scope.fs.qualname,
+                detail=f"call to {getattr(fn, '__qualname__', type(fn).__name__)}")])
         self.brk(B.UNKNOWN_CALL, e, scope,
                  detail=f"call to {getattr(fn, '__qualname__', type(fn).__name__)}")
+
+    def foreign_reaches_torch(self, values):
+        """Abstract domain: NumPy's data (ForeignData) among `values` reaches torch: the breaks
+        of the calls that made it are claimed."""
+        for v in leaves(values):
+            for b in (v.breaks if isinstance(v, ForeignData) else ()):
+                self.on_break(b)
+
+    def abstract_torch_object(self, cls, e, scope):
+        """Abstract domain: a torch class made from arguments the editor does not know. A module
+        whose `__init__` makes parameters or buffers on every path, and a class with its own
+        `__new__` (`nn.Parameter`), break where the concrete domain breaks on them."""
+        if issubclass(cls, nn.Module):
+            if _makes_state(cls):
+                self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=(
+                    f"a new `{cls.__name__}` with parameters on each call (make it in __init__)"))
+        elif isinstance(cls.__new__, types.FunctionType):
+            self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"`{cls.__qualname__}` has its own __new__")
+        return UNKNOWN
 
     def container_method(self, fn, args, kwargs, e, scope):
         """list.append, dict.get...: on the capture's containers (its own, or models of the
@@ -545,6 +578,57 @@ def _c_method_self(fn, args):
     if isinstance(fn, (types.WrapperDescriptorType, types.MethodDescriptorType)) and args:
         return args[0]
     return None
+
+
+_STATE_MAKERS = ("register_parameter", "register_buffer")
+
+
+@functools.lru_cache(maxsize=None)
+def _makes_state(cls, depth=0) -> bool:
+    """Making a `cls` (a torch module class) gives it a parameter or buffer whatever its
+    arguments: its `__init__`, read from source, makes one (`Parameter(...)`, `register_buffer`,
+    or `super().__init__(...)` of a class that does) on every path through it."""
+    init = cls.__dict__.get("__init__")
+    if init is None:
+        return depth < 8 and any(_makes_state(b, depth + 1) for b in cls.__bases__
+                                 if issubclass(b, nn.Module) and b is not nn.Module)
+    try:
+        fs = function_source(init)
+    except NoSourceError:
+        return False
+
+    def call_makes(c) -> bool:
+        f = c.func
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+        if name in _STATE_MAKERS:  # a tensor made here (an argument passed on may be None)
+            return len(c.args) > 1 and isinstance(c.args[1], ast.Call)
+        if isinstance(f, ast.Name) and isinstance(fs.globals.get(f.id), type) \
+                and issubclass(fs.globals[f.id], nn.Parameter):
+            return True
+        if name == "__init__" and isinstance(f.value, ast.Call) and getattr(f.value.func, "id", "") == "super":
+            return depth < 8 and any(_makes_state(b, depth + 1) for b in cls.__bases__
+                                     if issubclass(b, nn.Module) and b is not nn.Module)
+        return False
+
+    def every_path(stmts) -> bool:
+        for st in stmts:
+            if isinstance(st, ast.If):
+                if every_path(st.body) and every_path(st.orelse):
+                    return True
+            elif isinstance(st, (ast.Return, ast.Raise)):
+                return False
+            elif not isinstance(st, (ast.For, ast.While, ast.Try, ast.With, ast.FunctionDef)) and any(
+                    isinstance(n, ast.Call) and call_makes(n) for n in ast.walk(st)):
+                return True
+        return False
+    return every_path(fs.node.body)
+
+
+def _c_callable(fn) -> bool:
+    """A function or bound method written in C (`np.power`, `np.sin`): reached at the end of
+    `Evaluator.call` (not a container's or a constant's method), calling it is the concrete
+    domain's UNKNOWN_CALL break whatever its arguments are."""
+    return callable(fn) and not isinstance(fn, (type, types.FunctionType, types.MethodType))
 
 
 def _stdlib(fn) -> bool:

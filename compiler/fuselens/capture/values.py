@@ -73,6 +73,24 @@ class Unknown:
 UNKNOWN = Unknown()
 
 
+class ForeignData(Unknown):
+    """Abstract domain: what a C function the capture cannot see into (NumPy's) returned on a
+    path that certainly runs, with the breaks of the calls that made it (`breaks`). Capture
+    breaks at each such call, but NumPy work of its own (a preprocessing helper) is no tensor
+    code: the editor claims those breaks where the data reaches torch."""
+    __slots__ = ("breaks",)
+
+    def __init__(self, breaks=()):
+        super().__init__("foreign data")
+        self.breaks = tuple(breaks)
+
+    @staticmethod
+    def merge(*values, extra=()) -> "ForeignData | None":
+        """The ForeignData made from `values` (None if none of them is one)."""
+        found = [b for v in values if isinstance(v, ForeignData) for b in v.breaks]
+        return ForeignData(found + list(extra)) if found or extra else None
+
+
 @dataclass(eq=False)
 class LocalFunction:
     """A `def` or `lambda` evaluated inside captured code: inlined when called."""
