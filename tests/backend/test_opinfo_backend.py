@@ -159,6 +159,31 @@ def test_results_in_another_layout_can_be_written_in_place():
         torch.testing.assert_close(c, e)
 
 
+# a write autograd does not record (under no_grad, into a detached alias) leaves the tensor its
+# history: its kernels write the values, its backward passes the gradient through every element
+# (tests/compiler/test_opinfo_capture.py has the spellings; here the kernels and the VJP)
+def _unrecorded_writes(x, y):
+    with torch.no_grad():
+        y[0] = 2.0
+        x.unsqueeze(0).tanh_()
+        y.t()[1].mul_(x[0])
+    y.detach()[1, 0] = float("inf")
+    return y * x, x.exp()
+
+
+def test_writes_autograd_does_not_record_keep_history():
+    def run(fn):
+        x0 = torch.tensor([[1.0, 2.0], [3.0, -1.0]], requires_grad=True)
+        y0 = torch.tensor([[1.0, 1e8], [4.0, 5.0]], requires_grad=True)
+        a, b = fn(x0 * 1, y0 * 1)
+        (a.sum() + b.sum()).backward()
+        return a.detach(), b.detach(), x0.grad, y0.grad
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FuselensWarning)
+        got = run(fuselens.compile(_unrecorded_writes))
+    torch.testing.assert_close(got, run(_unrecorded_writes), equal_nan=True)
+
+
 # known gap: the compiled backward is one program of every output's cotangent; an output the
 # loss ignores gets zeros there, and 0 * NaN in its VJP (a NaN the forward computed) reaches the
 # gradients of the outputs the loss uses. Eager's backward never runs the ignored output's VJP.

@@ -212,13 +212,6 @@ class Tensors:
             t = tvs[k]
             if new is t:  # an identity on these values: nothing changes
                 continue
-            if not self.grad_enabled and t.meta.requires_grad:
-                # in eager, an in-place op under no_grad keeps t's autograd history (autograd
-                # does not see the change): new = t + (f(t) - t).detach()
-                delta = self.g.call(operator.sub, [new, t], {}, loc)
-                delta = self.g.call(torch.Tensor.detach, [delta], {}, loc)
-                new = self.g.call(operator.add, [t, delta], {}, loc)
-                new.meta.requires_grad_(True)
             new.node.meta["writes"] = t.node  # eager wrote t in place: autograd's version check
             self.rebind(t, new, scope, e)
         if len(fresh) != eff.returns_arg.count(None):
@@ -272,7 +265,9 @@ class Tensors:
         base `old` views (if any) gets the new values written back (`functional_setitem` and friends),
         every live view of that base is derived again from its new value, and every variable
         holding an old TensorVar (in any live frame) now holds the new one. Graph inputs
-        mutated this way are written back by the runtime."""
+        mutated this way are written back by the runtime.
+        A write autograd does not record (under no_grad, or into a detached alias) leaves the
+        base its history: its new value is `unrecorded_write(base, values)`."""
         if self.abstract:
             self._replace(old, new, scope)
             return
@@ -280,6 +275,7 @@ class Tensors:
         while root.view_of is not None:
             chain.append(root)
             root = root.view_of[0]
+        recorded = self.grad_enabled and not any(_untracked(v) for v in chain)
         if root.source is not None:
             self.check_no_alias(root, node, scope)
         new_root = new
@@ -291,14 +287,26 @@ class Tensors:
                 new_root = _SCATTER[v.view_of[1]](self, v.view_of[0], v.view_of, new_root, node, scope)
         else:  # any other view (narrow, select, diagonal, an item of split...): by its strides
             new_root = self.scatter_strided(root, old, new, node, scope)
+        if not recorded and root.meta.requires_grad:
+            new_root = self.g.call(E.unrecorded_write, [root, new_root], {}, self.user_loc(node, scope))
+            new_root.meta.requires_grad_(True)
+        elif not recorded and new_root.meta.requires_grad:
+            new_root = self.g.call(torch.Tensor.detach, [new_root], {}, self.user_loc(node, scope))
         replaced = {id(root): (root, new_root)}
-        for v in self.live_views(root, scope, also=old):
-            parent, fn, args, kwargs, item = v.view_of
-            p_new = replaced[id(parent)][1]
-            derived = self.op(fn, [p_new, *args], kwargs, node, scope)
-            if item is not None:
-                derived = derived[item]
-            replaced[id(v)] = (v, derived)
+        # the views are derived again as eager's view tracking does, in grad mode: those autograd
+        # does not track hold their `detach` (a view taken under no_grad has one, `op`)
+        grad_mode, self.grad_enabled = self.grad_enabled, True
+        try:
+            with torch.enable_grad():
+                for v in self.live_views(root, scope, also=old):
+                    parent, fn, args, kwargs, item = v.view_of
+                    p_new = replaced[id(parent)][1]
+                    derived = self.op(fn, [p_new, *args], kwargs, node, scope)
+                    if item is not None:
+                        derived = derived[item]
+                    replaced[id(v)] = (v, derived)
+        finally:
+            self.grad_enabled = grad_mode
         if old is not root:
             new = replaced[id(old)][1]
         for tv, tv_new in replaced.values():
@@ -434,6 +442,13 @@ def functional_setitem(x, idx, v):
     out = x.clone()
     out[idx] = v
     return out
+
+
+def _untracked(view: TensorVar) -> bool:
+    """A view autograd does not track: a write into it is not recorded on its base (`detach`,
+    a view taken under no_grad, of another dtype)."""
+    parent, fn = view.view_of[0], view.view_of[1]
+    return fn in (torch.Tensor.detach, torch.detach) or (parent.meta.requires_grad and not view.meta.requires_grad)
 
 
 def _same_layout(a, b) -> bool:

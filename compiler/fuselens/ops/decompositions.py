@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from . import builder as P
 from . import primitives as prim
 from .builder import TVal, emit
+from .effects import unrecorded_write
 
 DECOMPOSITIONS: dict = {}
 
@@ -776,6 +777,11 @@ def clone(x, memory_format=torch.preserve_format):
 @register(*_t("detach"))
 def detach(x):
     return emit(prim.stop_gradient, x)
+
+
+@register(unrecorded_write)
+def _unrecorded_write(t, v):
+    return emit(prim.unrecorded_write, t, P.cast(v, t.dtype))
 
 
 @register(*_t("narrow"))
