@@ -270,3 +270,23 @@ def test_outputs_the_loss_ignores_contribute_nothing_traced_graph(fn):
         outs[1 if fn is not _sqrt_of_zero else 0].sum().backward()
         grads.append(x0.grad)
     torch.testing.assert_close(*grads, equal_nan=True)
+
+
+# max/min over a dim give the gradient to the element at their index, as eager's (amax/amin
+# share it among ties, and a NaN extreme makes theirs NaN)
+def _extremes_over_a_dim(x):
+    return x.min(dim=0)[0], x.max(-1, keepdim=True).values * 2, torch.max(x, 1)[0].exp()
+
+
+@pytest.mark.parametrize("x", [[[1.0, 2.0], [1.0, 0.0]], [[_NAN, 2.0], [1.0, 0.0]], [[3.0, 3.0], [3.0, 3.0]]],
+                         ids=["tie", "NaN", "all equal"])
+def test_max_min_over_a_dim_differentiate_at_their_index(x):
+    grads = []
+    for fn in (fuselens.compile(_extremes_over_a_dim), _extremes_over_a_dim):
+        x0 = torch.tensor(x, requires_grad=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FuselensWarning)
+            outs = fn(x0)
+        sum(o.sum() for o in outs).backward()
+        grads.append(x0.grad)
+    torch.testing.assert_close(*grads, equal_nan=True)

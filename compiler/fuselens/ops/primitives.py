@@ -93,8 +93,9 @@ logical_not = _pointwise("logical_not", torch.logical_not, "({0} == 0)")
 copy = _pointwise("copy", torch.clone, "{0}")
 # identity whose VJP is zero (detach)
 stop_gradient = _pointwise("stop_gradient", torch.Tensor.detach, "{0}")
-# the value of its second operand, the gradient of its first (effects.unrecorded_write)
-unrecorded_write = _pointwise("unrecorded_write", lambda t, v: v.expand_as(t).clone(), "{1}")
+# the value of its second operand, the gradient path of its first: a write autograd does not
+# record (effects.unrecorded_write), max/min over a dim (the gradient goes to the index)
+with_value = _pointwise("with_value", lambda t, v: v.expand_as(t).clone(), "{1}")
 
 # --- pointwise: binary (operands broadcast; the builder casts them to one dtype first) ----------
 add = _pointwise("add", torch.add, "{0} + {1}")
