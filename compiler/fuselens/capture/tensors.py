@@ -11,6 +11,7 @@ import torch
 
 from . import breaks as B
 from ..ops import effects as E
+from . import autocast as AC
 from . import calls as C
 from .graph import MetaEvalError
 from .values import UNKNOWN, SymInt, SymShape, TensorVar, leaves
@@ -245,16 +246,22 @@ class Tensors:
         return False
 
     def autocast_args(self, fn, args, kwargs, e, scope):
+        """The arguments as autocast hands them to `fn`: the graph has no autocast, so capture
+        casts them (what to, torch's autocast answers: capture/autocast.py)."""
         device_type, dtype = self.autocast[-1]
         if dtype is None:
             return args, kwargs
-        fp32 = C.AUTOCAST_FP32_CPU if device_type == "cpu" else C.AUTOCAST_FP32
-        target = dtype if fn in C.AUTOCAST_LOWER else torch.float32 if fn in fp32 else None
+        target = AC.cast_to(fn, args, kwargs, device_type, dtype)
+        if target is AC.REFUSED:
+            self.brk(B.UNSUPPORTED_OP, e, scope, detail=(
+                f"`{name_of(fn)}` under autocast raises, or computes in several dtypes: it runs in Python"))
         if target is None:
             return args, kwargs
 
         def cast(a):
-            if isinstance(a, TensorVar) and a.meta is not None and a.meta.is_floating_point() \
+            if isinstance(a, (list, tuple)) and not isinstance(a, torch.Size):
+                return type(a)(cast(x) for x in a)
+            if isinstance(a, TensorVar) and a.meta is not None and a.meta.dtype in AC.CASTS \
                     and a.meta.dtype != target and a.device.type == device_type:
                 return self.g.call(torch.Tensor.to, [a, target], {}, self.loc(e, scope))
             return a
