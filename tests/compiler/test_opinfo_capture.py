@@ -178,6 +178,74 @@ def _written_through_detach(x, y):
     return y * y, x + 1
 
 
+# a view taken under no_grad of a tensor that requires grad, written in place in grad mode
+# (itself, a view of it, after its base changed) or read there after a write: eager refuses,
+# and so does the compiled call
+def _no_grad_view_written(y):
+    with torch.no_grad():
+        v = y[0]
+    v.fill_(1.5)
+    return y * 2
+
+
+def _view_of_a_no_grad_view_written(y):
+    with torch.no_grad():
+        v = y.unsqueeze(0)
+    v[0, 1:].fill_(1.5)
+    return y * 2
+
+
+def _no_grad_view_written_after_its_base(y):
+    with torch.no_grad():
+        v = y[0]
+    y.mul_(2)
+    v.add_(1)
+    return y * 2
+
+
+def _detached_no_grad_view_written(y):  # a detach: no view autograd tracks, eager allows it
+    with torch.no_grad():
+        v, w = y[0], y.detach()[1]
+    v.detach().fill_(1.5)
+    w.mul_(3)
+    return y * 2
+
+
+def _no_grad_view_read_after_a_write(y):
+    with torch.no_grad():
+        v = y[0]
+        v.fill_(1.5)
+    return y * v.sum()
+
+
+def _no_grad_view_read_before_a_write(y):
+    with torch.no_grad():
+        v = y[0]
+    s = v.sum()
+    with torch.no_grad():
+        y.mul_(2)
+    return y * s
+
+
+@pytest.mark.parametrize("fn", [_no_grad_view_written, _view_of_a_no_grad_view_written,
+                                _no_grad_view_written_after_its_base, _detached_no_grad_view_written,
+                                _no_grad_view_read_after_a_write, _no_grad_view_read_before_a_write],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_a_view_taken_under_no_grad_written_in_grad_mode_as_eager(fn):
+    import fuselens
+    y0 = torch.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    outcomes = []
+    for f in (fn, fuselens.compile(fn)):
+        try:
+            outcomes.append(f(y0 * 1).detach())
+        except RuntimeError as e:
+            outcomes.append(str(e))
+    if isinstance(outcomes[0], str):
+        assert outcomes[1] == outcomes[0]
+    else:
+        torch.testing.assert_close(outcomes[1], outcomes[0])
+
+
 def _under_no_grad_of_a_value_needing_grad(x, y):
     with torch.no_grad():
         y[1] = x[1] * 3

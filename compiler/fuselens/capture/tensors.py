@@ -141,6 +141,10 @@ class Tensors:
         """Record `fn(*args, **kwargs)` on tensors into the graph. What the call writes and which
         arguments its results view come from ATen's schemas (ops/effects.py), whatever its
         spelling; a call that writes is functionalized (`functionalize`)."""
+        if self.grad_enabled and not self.deriving_views and any(isinstance(a, TensorVar) and a.node is not None
+                                     and a.node.meta.get("no_grad_view_written") for a in leaves([args, kwargs])):
+            # eager refuses; capture stops, the eager run it falls back to raises that
+            raise RuntimeError("a view created in no_grad mode is used in grad mode after a write into its base")
         if self.autocast and not self.abstract:
             args, kwargs = self.autocast_args(fn, args, kwargs, e, scope)
         try:
@@ -173,6 +177,8 @@ class Tensors:
             # the graph runs with grad mode on: results computed under no_grad are detached
             d = self.g.call(torch.Tensor.detach, [r], {}, self.user_loc(e, scope))
             d.view_of = (r, torch.Tensor.detach, (), {}, None)
+            if r.view_of is not None and r.view_of[1] not in _DETACH and r.view_of[0].meta.requires_grad:
+                d.node.meta["no_grad_view"] = True  # a write into it in grad mode: eager raises
             r = d
         return r
 
@@ -283,6 +289,13 @@ class Tensors:
             chain.append(root)
             root = root.view_of[0]
         recorded = self.grad_enabled and not any(_untracked(v) for v in chain)
+        if self.grad_enabled:
+            for v in chain:  # up to a detach of the user's, after which autograd sees no view
+                if v.node.meta.get("no_grad_view"):
+                    # eager refuses; capture stops, the eager run it falls back to raises that
+                    raise RuntimeError("a view created in no_grad mode is modified in place with grad mode enabled")
+                if v.view_of[1] in _DETACH:
+                    break
         if root.source is not None:
             self.check_no_alias(root, node, scope)
         new_root = new
@@ -302,7 +315,7 @@ class Tensors:
         replaced = {id(root): (root, new_root)}
         # the views are derived again as eager's view tracking does, in grad mode: those autograd
         # does not track hold their `detach` (a view taken under no_grad has one, `op`)
-        grad_mode, self.grad_enabled = self.grad_enabled, True
+        grad_mode, self.grad_enabled, self.deriving_views = self.grad_enabled, True, True
         try:
             with torch.enable_grad():
                 for v in self.live_views(root, scope, also=old):
@@ -311,9 +324,11 @@ class Tensors:
                     derived = self.op(fn, [p_new, *args], kwargs, node, scope)
                     if item is not None:
                         derived = derived[item]
+                    if v.node.meta.get("no_grad_view"):  # eager also refuses to read it in grad mode now
+                        derived.node.meta.update(no_grad_view=True, no_grad_view_written=True)
                     replaced[id(v)] = (v, derived)
         finally:
-            self.grad_enabled = grad_mode
+            self.grad_enabled, self.deriving_views = grad_mode, False
         if old is not root:
             new = replaced[id(old)][1]
         for tv, tv_new in replaced.values():
@@ -455,7 +470,10 @@ def _untracked(view: TensorVar) -> bool:
     """A view autograd does not track: a write into it is not recorded on its base (`detach`,
     a view taken under no_grad, of another dtype)."""
     parent, fn = view.view_of[0], view.view_of[1]
-    return fn in (torch.Tensor.detach, torch.detach) or (parent.meta.requires_grad and not view.meta.requires_grad)
+    return fn in _DETACH or (parent.meta.requires_grad and not view.meta.requires_grad)
+
+
+_DETACH = (torch.Tensor.detach, torch.detach)
 
 
 def _same_layout(a, b) -> bool:
