@@ -135,3 +135,17 @@ def _transposed_conv(x, y):
                                 _cat_of_mixed, _losses_autocast_runs_in_float32, _transposed_conv], ids=lambda f: f.__name__.strip("_"))
 def test_compiled_under_autocast_equals_eager(op):
     check(_under_autocast(op), torch.randn(4, 8), torch.randn(4, 8), graphs=1, breaks=[])
+
+
+_LAYER = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, dropout=0.0)
+
+
+def _encoder_layer(x):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return _LAYER(x)
+
+
+def test_torch_python_autocast_runs_in_several_dtypes_is_interpreted():
+    """F.multi_head_attention_forward: its projections in bfloat16, its softmax where autocast puts
+    it; recorded as one call on cast arguments it would all compute in one dtype."""
+    check(_encoder_layer, torch.randn(2, 3, 16), graphs=1, breaks=[])

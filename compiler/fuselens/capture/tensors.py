@@ -146,7 +146,10 @@ class Tensors:
             # eager refuses; capture stops, the eager run it falls back to raises that
             raise RuntimeError("a view created in no_grad mode is used in grad mode after a write into its base")
         if self.autocast and not self.abstract:
-            args, kwargs = self.autocast_args(fn, args, kwargs, e, scope)
+            cast = self.autocast_args(fn, args, kwargs, e, scope)
+            if cast is None:  # torch's Python that autocast runs in several dtypes: its calls one by one
+                return self.inline(fn, args, kwargs, e, scope)
+            args, kwargs = cast
         try:
             out_meta, device, eff = self.g.evaluate(fn, args, kwargs)
             if eff is not None and eff.writes:
@@ -253,12 +256,15 @@ class Tensors:
 
     def autocast_args(self, fn, args, kwargs, e, scope):
         """The arguments as autocast hands them to `fn`: the graph has no autocast, so capture
-        casts them (what to, torch's autocast answers: capture/autocast.py)."""
+        casts them (what to, torch's autocast answers: capture/autocast.py). None: `fn` is a
+        Python function to interpret instead."""
         device_type, dtype = self.autocast[-1]
         if dtype is None:
             return args, kwargs
         target = AC.cast_to(fn, args, kwargs, device_type, dtype)
         if target is AC.REFUSED:
+            if isinstance(fn, types.FunctionType):
+                return None
             self.brk(B.UNSUPPORTED_OP, e, scope, detail=(
                 f"`{name_of(fn)}` under autocast raises, or computes in several dtypes: it runs in Python"))
         if target is None:
