@@ -141,8 +141,8 @@ class Tensors:
         """Record `fn(*args, **kwargs)` on tensors into the graph. What the call writes and which
         arguments its results view come from ATen's schemas (ops/effects.py), whatever its
         spelling; a call that writes is functionalized (`functionalize`)."""
-        if self.grad_enabled and not self.deriving_views and any(isinstance(a, TensorVar) and a.node is not None
-                                     and a.node.meta.get("no_grad_view_written") for a in leaves([args, kwargs])):
+        if self.grad_enabled and not self.deriving_views and any(
+                isinstance(a, TensorVar) and a.node.meta.get("no_grad_view_written") for a in leaves([args, kwargs])):
             # eager refuses; capture stops, the eager run it falls back to raises that
             raise RuntimeError("a view created in no_grad mode is used in grad mode after a write into its base")
         if self.autocast and not self.abstract:
@@ -321,7 +321,8 @@ class Tensors:
         replaced = {id(root): (root, new_root)}
         # the views are derived again as eager's view tracking does, in grad mode: those autograd
         # does not track hold their `detach` (a view taken under no_grad has one, `op`)
-        grad_mode, self.grad_enabled, self.deriving_views = self.grad_enabled, True, True
+        grad_mode, deriving = self.grad_enabled, self.deriving_views
+        self.grad_enabled = self.deriving_views = True
         try:
             with torch.enable_grad():
                 for v in self.live_views(root, scope, also=old):
@@ -334,7 +335,7 @@ class Tensors:
                         derived.node.meta.update(no_grad_view=True, no_grad_view_written=True)
                     replaced[id(v)] = (v, derived)
         finally:
-            self.grad_enabled, self.deriving_views = grad_mode, False
+            self.grad_enabled, self.deriving_views = grad_mode, deriving
         if old is not root:
             new = replaced[id(old)][1]
         for tv, tv_new in replaced.values():
