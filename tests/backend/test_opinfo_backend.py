@@ -290,3 +290,13 @@ def test_max_min_over_a_dim_differentiate_at_their_index(x):
         sum(o.sum() for o in outs).backward()
         grads.append(x0.grad)
     torch.testing.assert_close(*grads, equal_nan=True)
+
+
+def test_max_over_a_dim_without_gradients_computes_no_index():
+    """The index routes max's gradient only: a graph without autograd computes the values alone."""
+    def f(x):
+        return torch.max(x, 1)[0] * 2
+    cf = fuselens.compile(f)
+    cf(torch.randn(4, 8))
+    wrapper = fuselens.inspect(cf)[0].graphs[0].wrapper
+    assert "argmax" not in wrapper and "with_value" not in wrapper, wrapper
