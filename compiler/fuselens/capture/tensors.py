@@ -142,7 +142,8 @@ class Tensors:
         arguments its results view come from ATen's schemas (ops/effects.py), whatever its
         spelling; a call that writes is functionalized (`functionalize`)."""
         if self.grad_enabled and not self.deriving_views and any(
-                isinstance(a, TensorVar) and a.node.meta.get("no_grad_view_written") for a in leaves([args, kwargs])):
+                isinstance(a, TensorVar) and a.node is not None and a.node.meta.get("no_grad_view_written")
+                for a in leaves([args, kwargs])):
             # eager refuses; capture stops, the eager run it falls back to raises that
             raise RuntimeError("a view created in no_grad mode is used in grad mode after a write into its base")
         if self.autocast and not self.abstract:
