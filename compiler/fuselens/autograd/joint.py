@@ -15,6 +15,7 @@ from torch.fx.node import map_aggregate
 from ..ops import builder as P
 from ..ops import primitives as prim
 from ..ops.builder import GraphBuilder, TVal
+from ..ops.trace import values_only
 
 
 @dataclass
@@ -117,7 +118,7 @@ def build_joint(fw: fx.Graph, requires_grad: list[bool], device, output_requires
             g = grads.get(n)
             grad_values.append(_fit(env[n], g) if g is not None else P.zeros_like(env[n]))
         b.output([env[o] if isinstance(o, fx.Node) else o for o in outputs] + grad_values)
-    b.graph.eliminate_dead_code()
+    values_only(b.graph)
     return JointGraph(b.graph, len(primals), len(outputs), tangent_outputs, grad_inputs)
 
 

@@ -12,7 +12,6 @@ import types
 import warnings
 
 import torch
-import torch.nn.functional as F
 
 from . import breaks as B
 
@@ -23,20 +22,6 @@ DATA_READS = {"item": B.ITEM, "tolist": B.TOLIST, "numpy": B.NUMPY}
 META_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride", "is_contiguous",
                 "element_size", "get_device", "is_floating_point", "is_complex", "data_ptr"}
 META_ATTRS = {"shape", "dtype", "device", "ndim", "requires_grad", "layout", "is_leaf"}
-
-# Autocast: ops that run in the lower-precision dtype / in float32 (CUDA lists, abridged).
-AUTOCAST_LOWER = {F.linear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm,
-                  torch.addbmm, F.conv1d, F.conv2d, F.conv3d, torch.einsum, operator.matmul,
-                  torch.Tensor.matmul, torch.Tensor.mm, torch.Tensor.bmm,
-                  F.scaled_dot_product_attention}
-AUTOCAST_FP32 = {torch.exp, torch.log, torch.pow, torch.softmax, F.softmax, F.log_softmax,
-                 torch.log_softmax, F.layer_norm, F.group_norm, torch.sum, torch.cumsum,
-                 F.cross_entropy, F.nll_loss, F.mse_loss, torch.Tensor.exp, torch.Tensor.log,
-                 torch.Tensor.pow, torch.Tensor.softmax, torch.Tensor.log_softmax,
-                 torch.Tensor.sum, torch.rsqrt, torch.Tensor.rsqrt, torch.norm, torch.Tensor.norm,
-                 F.normalize, torch.prod, torch.Tensor.prod, torch.log1p, torch.expm1}
-# CPU autocast keeps far fewer ops in float32 (softmax, exp, layer_norm... stay low precision)
-AUTOCAST_FP32_CPU = {F.mse_loss, F.nll_loss, F.cross_entropy, torch.prod, torch.Tensor.prod}
 
 # Pure functions folded when every argument is a known constant.
 _PURE_BUILTINS = {

@@ -11,6 +11,7 @@ import torch
 
 from . import breaks as B
 from ..ops import effects as E
+from . import autocast as AC
 from . import calls as C
 from .graph import MetaEvalError
 from .values import UNKNOWN, SymInt, SymShape, TensorVar, leaves
@@ -140,8 +141,16 @@ class Tensors:
         """Record `fn(*args, **kwargs)` on tensors into the graph. What the call writes and which
         arguments its results view come from ATen's schemas (ops/effects.py), whatever its
         spelling; a call that writes is functionalized (`functionalize`)."""
+        if self.grad_enabled and not self.deriving_views and any(
+                isinstance(a, TensorVar) and a.node is not None and a.node.meta.get("no_grad_view_written")
+                for a in leaves([args, kwargs])):
+            # eager refuses; capture stops, the eager run it falls back to raises that
+            raise RuntimeError("a view created in no_grad mode is used in grad mode after a write into its base")
         if self.autocast and not self.abstract:
-            args, kwargs = self.autocast_args(fn, args, kwargs, e, scope)
+            cast = self.autocast_args(fn, args, kwargs, e, scope)
+            if cast is None:  # torch's Python that autocast runs in several dtypes: its calls one by one
+                return self.inline(fn, args, kwargs, e, scope)
+            args, kwargs = cast
         try:
             out_meta, device, eff = self.g.evaluate(fn, args, kwargs)
             if eff is not None and eff.writes:
@@ -172,6 +181,8 @@ class Tensors:
             # the graph runs with grad mode on: results computed under no_grad are detached
             d = self.g.call(torch.Tensor.detach, [r], {}, self.user_loc(e, scope))
             d.view_of = (r, torch.Tensor.detach, (), {}, None)
+            if r.view_of is not None and r.view_of[1] not in _DETACH and r.view_of[0].meta.requires_grad:
+                d.node.meta["no_grad_view"] = True  # a write into it in grad mode: eager raises
             r = d
         return r
 
@@ -212,13 +223,6 @@ class Tensors:
             t = tvs[k]
             if new is t:  # an identity on these values: nothing changes
                 continue
-            if not self.grad_enabled and t.meta.requires_grad:
-                # in eager, an in-place op under no_grad keeps t's autograd history (autograd
-                # does not see the change): new = t + (f(t) - t).detach()
-                delta = self.g.call(operator.sub, [new, t], {}, loc)
-                delta = self.g.call(torch.Tensor.detach, [delta], {}, loc)
-                new = self.g.call(operator.add, [t, delta], {}, loc)
-                new.meta.requires_grad_(True)
             new.node.meta["writes"] = t.node  # eager wrote t in place: autograd's version check
             self.rebind(t, new, scope, e)
         if len(fresh) != eff.returns_arg.count(None):
@@ -252,16 +256,25 @@ class Tensors:
         return False
 
     def autocast_args(self, fn, args, kwargs, e, scope):
+        """The arguments as autocast hands them to `fn`: the graph has no autocast, so capture
+        casts them (what to, torch's autocast answers: capture/autocast.py). None: `fn` is a
+        Python function to interpret instead."""
         device_type, dtype = self.autocast[-1]
         if dtype is None:
             return args, kwargs
-        fp32 = C.AUTOCAST_FP32_CPU if device_type == "cpu" else C.AUTOCAST_FP32
-        target = dtype if fn in C.AUTOCAST_LOWER else torch.float32 if fn in fp32 else None
+        target = AC.cast_to(fn, args, kwargs, device_type, dtype)
+        if target is AC.REFUSED:
+            if isinstance(fn, types.FunctionType):
+                return None
+            self.brk(B.UNSUPPORTED_OP, e, scope, detail=(
+                f"`{name_of(fn)}` under autocast raises, or computes in several dtypes: it runs in Python"))
         if target is None:
             return args, kwargs
 
         def cast(a):
-            if isinstance(a, TensorVar) and a.meta is not None and a.meta.is_floating_point() \
+            if isinstance(a, (list, tuple)) and not isinstance(a, torch.Size):
+                return type(a)(cast(x) for x in a)
+            if isinstance(a, TensorVar) and a.meta is not None and a.meta.dtype in AC.CASTS \
                     and a.meta.dtype != target and a.device.type == device_type:
                 return self.g.call(torch.Tensor.to, [a, target], {}, self.loc(e, scope))
             return a
@@ -272,7 +285,9 @@ class Tensors:
         base `old` views (if any) gets the new values written back (`functional_setitem` and friends),
         every live view of that base is derived again from its new value, and every variable
         holding an old TensorVar (in any live frame) now holds the new one. Graph inputs
-        mutated this way are written back by the runtime."""
+        mutated this way are written back by the runtime.
+        A write autograd does not record (under no_grad, or into a detached alias) leaves the
+        base its history: its new value is `unrecorded_write(base, values)`."""
         if self.abstract:
             self._replace(old, new, scope)
             return
@@ -280,6 +295,14 @@ class Tensors:
         while root.view_of is not None:
             chain.append(root)
             root = root.view_of[0]
+        recorded = self.grad_enabled and not any(_untracked(v) for v in chain)
+        if self.grad_enabled:
+            for v in chain:  # up to a detach of the user's, after which autograd sees no view
+                if v.node.meta.get("no_grad_view"):
+                    # eager refuses; capture stops, the eager run it falls back to raises that
+                    raise RuntimeError("a view created in no_grad mode is modified in place with grad mode enabled")
+                if v.view_of[1] in _DETACH:
+                    break
         if root.source is not None:
             self.check_no_alias(root, node, scope)
         new_root = new
@@ -291,14 +314,29 @@ class Tensors:
                 new_root = _SCATTER[v.view_of[1]](self, v.view_of[0], v.view_of, new_root, node, scope)
         else:  # any other view (narrow, select, diagonal, an item of split...): by its strides
             new_root = self.scatter_strided(root, old, new, node, scope)
+        if not recorded and root.meta.requires_grad:
+            new_root = self.g.call(E.unrecorded_write, [root, new_root], {}, self.user_loc(node, scope))
+            new_root.meta.requires_grad_(True)
+        elif not recorded and new_root.meta.requires_grad:
+            new_root = self.g.call(torch.Tensor.detach, [new_root], {}, self.user_loc(node, scope))
         replaced = {id(root): (root, new_root)}
-        for v in self.live_views(root, scope, also=old):
-            parent, fn, args, kwargs, item = v.view_of
-            p_new = replaced[id(parent)][1]
-            derived = self.op(fn, [p_new, *args], kwargs, node, scope)
-            if item is not None:
-                derived = derived[item]
-            replaced[id(v)] = (v, derived)
+        # the views are derived again as eager's view tracking does, in grad mode: those autograd
+        # does not track hold their `detach` (a view taken under no_grad has one, `op`)
+        grad_mode, deriving = self.grad_enabled, self.deriving_views
+        self.grad_enabled = self.deriving_views = True
+        try:
+            with torch.enable_grad():
+                for v in self.live_views(root, scope, also=old):
+                    parent, fn, args, kwargs, item = v.view_of
+                    p_new = replaced[id(parent)][1]
+                    derived = self.op(fn, [p_new, *args], kwargs, node, scope)
+                    if item is not None:
+                        derived = derived[item]
+                    if v.node.meta.get("no_grad_view"):  # eager also refuses to read it in grad mode now
+                        derived.node.meta.update(no_grad_view=True, no_grad_view_written=True)
+                    replaced[id(v)] = (v, derived)
+        finally:
+            self.grad_enabled, self.deriving_views = grad_mode, deriving
         if old is not root:
             new = replaced[id(old)][1]
         for tv, tv_new in replaced.values():
@@ -434,6 +472,16 @@ def functional_setitem(x, idx, v):
     out = x.clone()
     out[idx] = v
     return out
+
+
+def _untracked(view: TensorVar) -> bool:
+    """A view autograd does not track: a write into it is not recorded on its base (`detach`,
+    a view taken under no_grad, of another dtype)."""
+    parent, fn = view.view_of[0], view.view_of[1]
+    return fn in _DETACH or (parent.meta.requires_grad and not view.meta.requires_grad)
+
+
+_DETACH = (torch.Tensor.detach, torch.detach)
 
 
 def _same_layout(a, b) -> bool:

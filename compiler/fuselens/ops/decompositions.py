@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from . import builder as P
 from . import primitives as prim
 from .builder import TVal, emit
+from .effects import unrecorded_write
 
 DECOMPOSITIONS: dict = {}
 
@@ -464,7 +465,17 @@ def _max_min(p_reduce, p_binary, p_arg):
             return p_reduce(x, None, False)
         # argmax/argmin take no bools: the index of the first True is that of the first 1
         arg_of = P.cast(x, torch.uint8) if x.dtype == torch.bool else x
-        return p_reduce(x, dim, keepdim), emit(p_arg, arg_of, dim, keepdim)
+        index = emit(p_arg, arg_of, dim, keepdim)
+        values = p_reduce(x, dim, keepdim)
+        if not x.dtype.is_floating_point or x.ndim == 0:
+            return values, index
+        # the gradient goes to the element at the index, as ATen's (not shared among ties, nor NaN
+        # where the extreme is NaN, as amax/amin's)
+        d = dim % x.ndim
+        at = index if keepdim else P.unsqueeze(index, d)
+        positions = P.reshape(P.iota(x.shape[d]), [x.shape[d] if i == d else 1 for i in range(x.ndim)])
+        picked = P.sum(P.where(P.eq(positions, at), x, 0.0), d, keepdim)
+        return emit(prim.with_value, picked, P.cast(values, picked.dtype)), index
     return fn
 
 
@@ -776,6 +787,11 @@ def clone(x, memory_format=torch.preserve_format):
 @register(*_t("detach"))
 def detach(x):
     return emit(prim.stop_gradient, x)
+
+
+@register(unrecorded_write)
+def _unrecorded_write(t, v):
+    return emit(prim.with_value, t, P.cast(v, t.dtype))
 
 
 @register(*_t("narrow"))

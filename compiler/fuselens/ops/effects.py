@@ -410,6 +410,23 @@ class OnCopies:
         return self.__name__
 
 
+class _UnrecordedWrite(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t, v):
+        return v.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def unrecorded_write(t, v):
+    """`t` after a write that autograd does not record (in place under no_grad, or through a
+    detached alias): the values `v`, with t's gradient path, as eager leaves t's history as it was
+    (its gradient reaches t's inputs through every element, those written included)."""
+    return _UnrecordedWrite.apply(t, v)
+
+
 @functools.lru_cache(maxsize=None)
 def tensor_property(name: str):
     """A tensor-valued property of torch.Tensor (`H`, `mH`, `real`) as a function, for the graph."""

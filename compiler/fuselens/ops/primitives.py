@@ -93,6 +93,10 @@ logical_not = _pointwise("logical_not", torch.logical_not, "({0} == 0)")
 copy = _pointwise("copy", torch.clone, "{0}")
 # identity whose VJP is zero (detach)
 stop_gradient = _pointwise("stop_gradient", torch.Tensor.detach, "{0}")
+# the value of its second operand, the gradient path of its first: a write autograd does not
+# record (effects.unrecorded_write), max/min over a dim (the gradient goes to the index). Never
+# lowered: once the VJPs are built (or none is to be), it is its value (trace.values_only)
+with_value = _pointwise("with_value", lambda t, v: v.expand_as(t).clone(), None)
 
 # --- pointwise: binary (operands broadcast; the builder casts them to one dtype first) ----------
 add = _pointwise("add", torch.add, "{0} + {1}")

@@ -137,3 +137,15 @@ def to_primitive_graph(gm: fx.GraphModule, example_inputs, device) -> fx.Graph:
                 raise NotImplementedError(f"{node.op} nodes ({node.target}) are not part of the capture contract")
     rewrite_attention(b.graph)
     return b.graph
+
+
+def values_only(graph: fx.Graph) -> fx.Graph:
+    """`graph` once no gradient is to be taken through it (an inference graph, a joint graph whose
+    VJPs are built): `with_value(t, v)` is `v`, and what only routed a gradient (`t`) goes."""
+    for n in list(graph.nodes):
+        if n.op == "call_function" and n.target is prim.with_value:
+            value = n.args[1]
+            n.replace_all_uses_with(value)
+            graph.erase_node(n)
+    graph.eliminate_dead_code()
+    return graph

@@ -21,7 +21,7 @@ from ..codegen import launcher
 from ..codegen.triton import generate_kernel
 from ..codegen.wrapper import generate_wrapper
 from ..lower import lower_graph
-from ..ops import to_primitive_graph
+from ..ops import to_primitive_graph, values_only
 from ..schedule.fusion import FusedKernel, schedule
 from .cudagraphs import TrainingGraphs
 from .training import compile_training
@@ -213,7 +213,7 @@ class CompiledGraph:
                                    "\n".join(f"# {label}\n{p.wrapper_source}"
                                              for label, p in zip(("forward", "backward"), programs)), check)
         else:
-            prim_graph = to_primitive_graph(self.gm, inputs, device)
+            prim_graph = values_only(to_primitive_graph(self.gm, inputs, device))
             programs = [build_program(prim_graph, device, self.mode, dynamic)]
             spec = _Specialization(programs[0], programs[0].kernels, programs[0].wrapper_source)
         compile_ahead(programs)  # the first call's forward and backward kernels together

@@ -8,6 +8,7 @@ from torch.autograd.function import once_differentiable
 
 from ..ops import to_primitive_graph
 from ..ops.trace import meta_like
+from ..autograd.cotangents import without_tangents
 from ..autograd.facts import eager_autograd
 from ..autograd.joint import build_joint
 from ..autograd.partition import partition
@@ -23,6 +24,7 @@ class _StridedPrograms:
         self.graph, self.device, self.mode, self.dynamic, self.build = graph, device, mode, dynamic, build_program
         self.first_kernel_index = first_kernel_index
         self.programs: dict = {}
+        self.variants: dict = {}  # frozenset of undefined tangents -> _StridedPrograms
 
     def get(self, inputs):
         key = tuple((t.shape, t.stride(), t.dtype) if isinstance(t, torch.Tensor) else None for t in inputs)
@@ -37,6 +39,15 @@ class _StridedPrograms:
         program = self.get(inputs)
         program.compile_ahead()  # a layout first seen here: its kernels together (no-op later)
         return program(*inputs)
+
+    def without(self, missing: frozenset) -> "_StridedPrograms":
+        """The backward programs for calls where the tangents `missing` (indices) are undefined."""
+        variant = self.variants.get(missing)
+        if variant is None:
+            graph = without_tangents(self.graph, missing, self.device)
+            variant = self.variants[missing] = _StridedPrograms(graph, self.device, self.mode, self.dynamic,
+                                                                self.build, self.first_kernel_index)
+        return variant
 
 
 class _State:
@@ -107,11 +118,15 @@ class CompiledFunction(torch.autograd.Function):
         if graphs is not None:
             graphs.check(ctx.run)  # before the saved values are unpacked (a copy may have bumped a version)
         saved = ctx.saved_tensors[:ctx.num_saved]  # (all unpacked: each one's version is checked)
-        tangents = [g if g is not None else torch.zeros(shape, dtype=dtype, device=state.device)
-                    for g, shape, dtype in zip((grad_outputs[j] for j in state.tangent_outputs), ctx.tangent_shapes,
-                                               state.tangent_dtypes)]
-        args = (*saved, *tangents)
-        grads = state.backward(*args) if graphs is None else graphs.backward(ctx.run, *args)
+        given = [grad_outputs[j] for j in state.tangent_outputs]
+        if all(g is not None for g in given):  # the common case: one program over every gradient
+            args = (*saved, *given)
+            grads = state.backward(*args) if graphs is None else graphs.backward(ctx.run, *args)
+        else:  # eager runs no VJP from an output without a gradient: a program without its terms
+            missing = frozenset(k for k, g in enumerate(given) if g is None)
+            tangents = [g if g is not None else torch.zeros(shape, dtype=dtype, device=state.device)  # unread
+                        for g, shape, dtype in zip(given, ctx.tangent_shapes, state.tangent_dtypes)]
+            grads = state.backward.without(missing)(*saved, *tangents)
         result = [None] * state.num_slots
         for slot, k in state.gradient_slots(defined):
             result[slot] = grads[k]

@@ -1,0 +1,135 @@
+"""What autocast does to a call, asked of torch itself rather than of a list kept by hand.
+
+The call runs on fake tensors of its arguments' shapes and dtypes on the autocast's device type,
+with that device's autocast on and off (ATen's autocast kernels are registered for every device
+type whether or not the machine has one: fake CUDA tensors get the CUDA policy on a CPU-only
+machine). Autocast casts the call's arguments (ATen's cast of them shows in the ATen ops the call
+runs), or has an op compute in float32 (its results' dtypes differ with autocast on and off). The graph has no autocast (kernels know none), so capture
+casts the arguments itself and records the call on them; that is eager's computation only if the
+ATen ops the call runs are the same as under autocast (an op computing in float32 inside a call
+that autocast runs in float16 would not be): a third run, on the cast arguments with autocast
+off, must run the same ATen ops with results of the same dtypes, or the call runs in Python.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map
+
+from .values import SymInt, TensorVar
+
+REFUSED = object()  # eager raises under autocast, or runs ATen ops the graph could not: Python runs it
+# ATen's autocast casts floating-point tensors other than float64 (`is_eligible`, autocast_mode.h)
+CASTS = (torch.float16, torch.bfloat16, torch.float32)
+_cache: dict = {}
+
+
+def cast_to(fn, args, kwargs, device_type: str, dtype: torch.dtype):
+    """The dtype autocast on `device_type` (computing in `dtype`) casts the float16/bfloat16/
+    float32 tensor arguments of `fn(*args, **kwargs)` (TensorVars) on that device to; None where
+    it casts none; REFUSED where eager under autocast raises, computes what a call on cast
+    arguments would not, or fake tensors cannot run the call."""
+    spec = tree_map(lambda v: _Tensor(v.meta.dtype, tuple(v.meta.shape), v.meta.stride(), v.device)
+                    if isinstance(v, TensorVar)
+                    else v.hint if isinstance(v, SymInt) else v, (args, kwargs))
+    try:
+        key = (fn, device_type, dtype, repr(spec))
+        hash(key)
+    except TypeError:
+        key = None
+    if key is not None and key in _cache:
+        return _cache[key]
+    answer = _probe(fn, spec, device_type, dtype)
+    if key is not None:
+        _cache[key] = answer
+    return answer
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    dtype: torch.dtype
+    shape: tuple
+    stride: tuple
+    device: torch.device
+
+
+class _Trace(TorchDispatchMode):
+    """The ATen ops a call runs (below autocast: after its casts), with their results' dtypes,
+    and the dtypes autocast cast the call's own tensor arguments to."""
+
+    def __init__(self, inputs):
+        super().__init__()
+        self.inputs = {id(t) for t in inputs}
+        self.ops, self.casts = [], set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket is torch.ops.aten._to_copy and args and id(args[0]) in self.inputs:
+            self.casts.add(out.dtype)
+        else:
+            self.ops.append((func.overloadpacket, tuple(t.dtype for t in tree_leaves(out)
+                                                          if isinstance(t, torch.Tensor))))
+        return out
+
+
+def _probe(fn, spec, device_type, dtype):
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        def fake(v, cast=None):
+            if isinstance(v, _Tensor):
+                d = cast if cast is not None and v.dtype in CASTS else v.dtype
+                return torch.empty_strided(v.shape, v.stride, dtype=d, device=v.device)
+            return v
+        on = _run(fn, tree_map(fake, spec), device_type, dtype)
+        off = _run(fn, tree_map(fake, spec), device_type, None)
+        if on is None:  # eager raises under autocast, or the probe cannot tell what it does
+            return REFUSED
+        results, casts = on[0], on[2]
+        if len(casts) > 1:
+            return REFUSED
+        if casts:  # ATen's cast of the arguments (lower precision, float32, the widest of them)
+            target = next(iter(casts))
+        else:  # or an op told to compute in float32 (`softmax(x, dtype=torch.float32)`)
+            floats = [d for d in results if d.is_floating_point]
+            if off is None or results == off[0] or not floats:
+                return None
+            target = floats[0]
+        cast = _run(fn, tree_map(lambda v: fake(v, target), spec), device_type, None)
+        if cast is None or _computing(cast[1]) != _computing(on[1]) or cast[0] != results:
+            return REFUSED
+        return target
+
+
+def _computing(ops):
+    """The ATen ops of a trace less its device queries and casts (autocast's, of intermediates)."""
+    return [op for op in ops if op[0] not in (torch.ops.aten._to_copy, torch.ops.prim.device)]
+
+
+def _run(fn, args_kwargs, device_type, dtype):
+    """(dtypes of the tensor results, ATen trace, dtypes autocast cast arguments to) of the call
+    under autocast computing in `dtype` on `device_type` (None: autocast off there); None if it
+    raises."""
+    args, kwargs = args_kwargs
+    enabled, previous = torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+    cache = torch.is_autocast_cache_enabled()
+    torch.set_autocast_enabled(device_type, dtype is not None)
+    if dtype is not None:
+        torch.set_autocast_dtype(device_type, dtype)
+    torch.set_autocast_cache_enabled(False)
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)  # it logs each meta kernel that raises: here an answer
+    try:
+        with _Trace([t for t in tree_leaves(args_kwargs) if isinstance(t, torch.Tensor)]) as trace:
+            out = fn(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - eager raises here, or fake tensors cannot run it
+        return None
+    finally:
+        torch.set_autocast_enabled(device_type, enabled)
+        torch.set_autocast_dtype(device_type, previous)
+        torch.set_autocast_cache_enabled(cache)
+        log.setLevel(level)
+    return tuple(t.dtype for t in tree_leaves(out) if isinstance(t, torch.Tensor)), trace.ops, trace.casts

@@ -1,0 +1,151 @@
+"""Autocast: what it does to a call is asked of torch (capture/autocast.py), on fake tensors of the
+call's arguments, so CUDA's policy holds on a machine without a GPU. Checked against PyTorch's own
+autocast test lists (the ops each policy covers, with arguments), and compiled == eager on CPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.testing._internal.autocast_test_lists import AutocastCPUTestLists, AutocastTestLists
+from torch.utils._pytree import tree_map
+
+from fl_capture_testing import check
+from fuselens.capture.autocast import REFUSED, cast_to
+from fuselens.capture.values import TensorVar
+
+# fake tensors cannot run these (cuDNN-only kernels, fused RNN cells without a meta kernel):
+# capture leaves them to Python, under the real autocast
+_NOT_PROBED = {"cudnn_convolution", "cudnn_convolution_transpose", "gru_cell", "grid_sampler"}
+
+
+def _entries(device):
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        lists = AutocastTestLists(torch.device(device)) if device == "cuda" else AutocastCPUTestLists(device)
+    if device == "cuda":
+        lower = [("torch_fp16", torch), ("nn_fp16", torch._C._nn), ("linalg_fp16", torch._C._linalg),
+                 ("methods_fp16", torch.Tensor)]
+        fp32 = [("torch_fp32", torch), ("nn_fp32", torch._C._nn), ("methods_fp32", torch.Tensor)]
+    else:
+        lower, fp32 = [("torch_16", torch), ("nn_16", torch._C._nn)], [("torch_fp32", torch), ("nn_fp32", torch._C._nn)]
+    for policy, groups in (("lower", lower), ("fp32", fp32), ("promote", [("torch_need_autocast_promote", torch)])):
+        for list_name, owner in groups:
+            for entry in getattr(lists, list_name):
+                name, rest = entry[0], entry[1:]
+                if isinstance(rest[0], str):  # einsum: its equation, then its operands
+                    args, rest = (rest[0], *rest[1]), rest[2:]
+                else:
+                    args, rest = rest[0], rest[1:]
+                kwargs = next((r for r in rest if isinstance(r, dict)), {})
+                yield pytest.param(policy, getattr(owner, name), args, kwargs, id=f"{device}-{list_name}-{name}")
+    for name, args, owner in getattr(lists, "banned", ()):
+        yield pytest.param("banned", getattr(owner, name), args, {}, id=f"{device}-banned-{name}")
+
+
+def _runs_in_float32_on_cpu(fn, args, kwargs) -> bool:
+    """The list's arguments fit the op (einsum's equation does not fit its operands there)."""
+    def real(v):
+        if isinstance(v, torch.Tensor):
+            return torch.ones(v.shape, dtype=torch.float32 if v.is_floating_point() else v.dtype)
+        return v
+    try:
+        fn(*tree_map(real, tuple(args)), **tree_map(real, kwargs))
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+def _var(v):
+    if isinstance(v, torch.Tensor):
+        meta = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+        return TensorVar(None, meta, v.device)
+    return v
+
+
+@pytest.mark.parametrize("device, amp_dtype", [("cuda", torch.float16), ("cpu", torch.bfloat16)])
+def test_autocast_policy_is_pytorchs(device, amp_dtype):
+    wrong = []
+    for p in _entries(device):
+        policy, fn, args, kwargs = p.values
+        floats = [t.dtype for t in torch.utils._pytree.tree_leaves(args) if isinstance(t, torch.Tensor)
+                  and t.is_floating_point()]
+        want = {"lower": amp_dtype, "fp32": torch.float32, "banned": REFUSED,
+                "promote": max(floats, key=lambda d: d.itemsize)}[policy]
+        if policy == "fp32" and all(d == torch.float32 for d in floats):
+            want = None  # already float32: nothing to cast
+        if policy != "banned" and not _runs_in_float32_on_cpu(fn, args, kwargs):
+            want = REFUSED  # eager raises: Python runs it and raises
+        got = cast_to(fn, tree_map(_var, tuple(args)), tree_map(_var, kwargs), device, amp_dtype)
+        if got != want and not (got is REFUSED and fn.__name__ in _NOT_PROBED):
+            wrong.append(f"{p.id}: {got} (want {want})")
+    assert not wrong, "\n".join(wrong)
+
+
+_W = torch.randn(6, 8)
+_B = torch.randn(6)
+_K = torch.randn(3, 2, 3, 3)
+
+
+def _under_autocast(op):
+    def f(x, y):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return op(x, y)
+    f.__name__ = f"autocast_{op.__name__}"
+    return f
+
+
+def _linear(x, y):
+    return F.linear(x, _W, _B) + y.sum()
+
+
+def _matmul_then_softmax(x, y):
+    return torch.softmax(x @ y.T, -1)
+
+
+def _cross_entropy(x, y):
+    return F.cross_entropy(x @ y.T, torch.tensor([0, 1, 2, 3]))
+
+
+def _mse_and_prod(x, y):
+    return F.mse_loss(x, y) + x.prod(1)
+
+
+def _conv(x, y):
+    return F.conv2d(x.reshape(1, 2, 4, 4), _K, padding=1).exp()
+
+
+def _bmm_mixed(x, y):
+    return torch.bmm(x.bfloat16().unsqueeze(0), y.T.unsqueeze(0)).double()
+
+
+def _cat_of_mixed(x, y):
+    return torch.cat([x.bfloat16(), y]) * 3
+
+
+def _losses_autocast_runs_in_float32(x, y):
+    return F.l1_loss(x @ y.T, y @ x.T) + F.huber_loss(x.bfloat16(), y) + F.binary_cross_entropy_with_logits(
+        (x @ y.T).sin(), torch.sigmoid(x @ y.T))
+
+
+def _transposed_conv(x, y):
+    return F.conv_transpose2d(x.reshape(1, 2, 4, 4), _K.transpose(0, 1)) + y.sum()
+
+
+@pytest.mark.parametrize("op", [_linear, _matmul_then_softmax, _cross_entropy, _mse_and_prod, _conv, _bmm_mixed,
+                                _cat_of_mixed, _losses_autocast_runs_in_float32, _transposed_conv], ids=lambda f: f.__name__.strip("_"))
+def test_compiled_under_autocast_equals_eager(op):
+    check(_under_autocast(op), torch.randn(4, 8), torch.randn(4, 8), graphs=1, breaks=[])
+
+
+_LAYER = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, dropout=0.0)
+
+
+def _encoder_layer(x):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return _LAYER(x)
+
+
+def test_torch_python_autocast_runs_in_several_dtypes_is_interpreted():
+    """F.multi_head_attention_forward: its projections in bfloat16, its softmax where autocast puts
+    it; recorded as one call on cast arguments it would all compute in one dtype."""
+    check(_encoder_layer, torch.randn(2, 3, 16), graphs=1, breaks=[])
