@@ -176,7 +176,13 @@ class _Specialization:
     check: object = None  # callable(*inputs): exercises what `run` alone would not (the backward)
     verified: bool = False  # ran once without error
     eager: bool = False  # the backend failed for these inputs: `run` is the graph run eagerly
-    store: tuple | None = None  # (program-cache key, what to store) once a call ran it without error
+    cache_entry: tuple | None = None  # (program-cache key, what it stores): stored once a call ran it
+    stored: bool = False
+
+    def ran_new_backward(self):
+        """A backward program for a new layout ran: stored with the rest, for the next process."""
+        if self.cache_entry and self.verified:
+            program_cache.store(*self.cache_entry)
 
 
 class CompiledGraph:
@@ -242,7 +248,7 @@ class CompiledGraph:
             graphs = TrainingGraphs if self.mode == "reduce-overhead" and device.type == "cuda" and \
                 not launcher.INTERPRET else None
             run, check, programs, made = compile_training(self.gm, inputs, device, self.mode, dynamic, build_program,
-                                                          graphs, cached)
+                                                          graphs, cached, lambda: spec.ran_new_backward())
             spec = _Specialization(run, [k for p in programs for k in p.kernels],
                                    "\n".join(f"# {label}\n{p.wrapper_source}"
                                              for label, p in zip(("forward", "backward"), programs)), check)
@@ -251,13 +257,13 @@ class CompiledGraph:
                 build_program(to_primitive_graph(self.gm, inputs, device), device, self.mode, dynamic)
             programs = [made]
             spec = _Specialization(made, made.kernels, made.wrapper_source)
+        spec.cache_entry, spec.stored = (key, made) if key else None, cached is not None
         if cached is not None:
             stats.backend["cache_hits"] += 1
             stats.backend["cache_load_seconds"] += time.perf_counter() - start
         else:
             stats.backend["compiles"] += 1
             stats.backend["seconds"] += time.perf_counter() - start
-            spec.store = (key, made) if key else None
         compile_ahead(programs)  # the first call's forward and backward kernels together
         return spec
 
@@ -295,9 +301,9 @@ class CompiledGraph:
             spec.check(*inputs)
         out = spec.run(*inputs)
         spec.verified = True
-        if spec.store:  # what compiled and ran, for the next process
-            program_cache.store(*spec.store)
-            spec.store = None
+        if spec.cache_entry and not spec.stored:  # what compiled and ran, for the next process
+            program_cache.store(*spec.cache_entry)
+            spec.stored = True
         return out
 
     def _eager_spec(self):

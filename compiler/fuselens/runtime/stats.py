@@ -7,8 +7,10 @@ import contextlib
 import time
 
 _triton_seconds = 0.0
-# the backend compiling a graph's programs (ops -> ... -> codegen) vs loading them from the program cache
-backend = {"compiles": 0, "seconds": 0.0, "cache_hits": 0, "cache_load_seconds": 0.0}
+# the backend compiling a graph's programs (ops -> ... -> codegen) vs loading them from the program
+# cache; backward_layouts: backward programs compiled at a backward call for a layout of its
+# inputs not compiled ahead (their time is in `seconds`)
+backend = {"compiles": 0, "seconds": 0.0, "cache_hits": 0, "cache_load_seconds": 0.0, "backward_layouts": 0}
 
 
 @contextlib.contextmanager

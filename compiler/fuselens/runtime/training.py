@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -13,10 +14,11 @@ from ..ops.trace import meta_like
 from ..autograd.facts import eager_autograd
 from ..autograd.joint import build_joint
 from ..autograd.partition import partition
+from . import stats
 
 
 def layout_key(inputs):
-    return tuple((tuple(t.shape), t.stride(), t.dtype) if isinstance(t, torch.Tensor) else None for t in inputs)
+    return tuple((t.shape, t.stride(), t.dtype) if isinstance(t, torch.Tensor) else None for t in inputs)
 
 
 class _StridedPrograms:
@@ -25,26 +27,36 @@ class _StridedPrograms:
     the saved values with the forward's, unless saved-tensor hooks (`save_on_cpu`, offloading)
     hand back copies of another layout: both are looked at on every call. `graph()`: the
     backward graph (a program-cache hit has its programs only: partitioned again when a new
-    layout comes)."""
+    layout comes). `ran_new()`: called after a layout's program first ran (the program cache
+    stores it with the others)."""
 
-    def __init__(self, graph, device, mode, dynamic, build_program, first_kernel_index):
+    def __init__(self, graph, device, mode, dynamic, build_program, first_kernel_index, programs, ran_new=None):
         self.graph, self.device, self.mode, self.dynamic, self.build = graph, device, mode, dynamic, build_program
-        self.first_kernel_index = first_kernel_index
-        self.programs: dict = {}
+        self.first_kernel_index, self.programs, self.ran_new = first_kernel_index, programs, ran_new
 
     def get(self, inputs):
+        return self._get(inputs)[0]
+
+    def _get(self, inputs):
         key = layout_key(inputs)
         program = self.programs.get(key)
-        if program is None:
-            vals = [meta_like(t) for t in inputs]
-            program = self.programs[key] = self.build(self.graph(), self.device, self.mode, self.dynamic,
-                                                      input_vals=vals, first_kernel_index=self.first_kernel_index)
-        return program
+        if program is not None:
+            return program, False
+        start = time.perf_counter()
+        vals = [meta_like(t) for t in inputs]
+        program = self.programs[key] = self.build(self.graph(), self.device, self.mode, self.dynamic,
+                                                  input_vals=vals, first_kernel_index=self.first_kernel_index)
+        stats.backend["backward_layouts"] += 1
+        stats.backend["seconds"] += time.perf_counter() - start
+        return program, True
 
     def __call__(self, *inputs):
-        program = self.get(inputs)
+        program, new = self._get(inputs)
         program.compile_ahead()  # a layout first seen here: its kernels together (no-op later)
-        return program(*inputs)
+        out = program(*inputs)
+        if new and self.ran_new is not None:
+            self.ran_new()
+        return out
 
 
 class _State:
@@ -157,9 +169,8 @@ class Compiled:
     backward: dict  # layout_key of the backward's inputs -> Program (the layout compiled ahead)
 
 
-def _partition(gm, inputs, device, eager):
+def _partition(gm, inputs, requires_grad, device, eager):
     prim_graph = to_primitive_graph(gm, inputs, device)
-    requires_grad = [isinstance(t, torch.Tensor) and t.requires_grad for t in inputs]
     joint = build_joint(prim_graph, requires_grad, device, eager.output_requires_grad)
     private_inputs = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and i not in eager.saved_inputs]
     parts = partition(joint, private_inputs, [j for j in range(joint.num_fw_outputs) if j not in eager.saved_outputs])
@@ -167,14 +178,16 @@ def _partition(gm, inputs, device, eager):
     return joint, parts
 
 
-def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=None, cached=None):
+def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=None, cached=None, ran_new=None):
     """Forward and backward programs for `gm` at these inputs: (run, check, [forward, backward],
     compiled), the backward being the program for contiguous gradients. `graphs(forward, backward,
     num_outputs)`: what replays them (mode="reduce-overhead"), or None. `cached`: the `Compiled`
-    of an earlier compile of this graph for these inputs (the program cache): no graph work."""
+    of an earlier compile of this graph for these inputs (the program cache): no graph work.
+    `ran_new()`: called when a backward program compiled for a new layout has run."""
+    requires_grad = [isinstance(t, torch.Tensor) and t.requires_grad for t in inputs]
     if cached is None:
         eager = eager_autograd(gm, inputs)
-        joint, parts = _partition(gm, inputs, device, eager)
+        joint, parts = _partition(gm, inputs, requires_grad, device, eager)
         forward = build_program(parts.forward, device, mode, dynamic)
         # the backward is compiled now (shown with the forward) for the saved values in the layouts the
         # forward stores them in (their traced ones) and contiguous gradients; others compile on first use
@@ -184,22 +197,21 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=No
                     torch.empty(v.shape, dtype=v.dtype, device="meta") for i, v in enumerate(bw_vals)]
         compiled = Compiled(eager, parts.num_fw_outputs, joint.tangent_outputs, joint.grad_inputs,
                             [v.dtype for v in bw_vals[num_saved:]], list(parts.saved), forward, {})
-        backward = _StridedPrograms(lambda: parts.backward, device, mode, dynamic, build_program, len(forward.kernels))
+        backward = _StridedPrograms(lambda: parts.backward, device, mode, dynamic, build_program, len(forward.kernels),
+                                    compiled.backward, ran_new)
         bw_program = backward.get(expected)
-        compiled.backward = dict(backward.programs)
     else:
         compiled, eager, forward = cached, cached.eager, cached.forward
         metas = [meta_like(t) for t in inputs]
 
         def graph():  # the same partition as the compile that was stored (it is a function of gm and inputs)
-            parts = _partition(gm, metas, device, eager)[1]
+            parts = _partition(gm, metas, requires_grad, device, eager)[1]
             if list(parts.saved) != compiled.saved:
                 raise RuntimeError(f"the backward of a cached program saves {compiled.saved}, partitioned again "
                                    f"{list(parts.saved)}")
             return parts.backward
         backward = _StridedPrograms(functools.cache(graph), device, mode, dynamic, build_program,
-                                    len(forward.kernels))
-        backward.programs.update(compiled.backward)
+                                    len(forward.kernels), compiled.backward, ran_new)
         bw_program = next(iter(compiled.backward.values()))
     state = _State(forward, backward, compiled.num_fw_outputs, compiled.tangent_outputs, compiled.grad_inputs,
                    len(inputs), eager, compiled.tangent_dtypes, device)
