@@ -38,24 +38,26 @@ class _StridedPrograms:
         return self._get(inputs)[0]
 
     def _get(self, inputs):
+        """(program, seconds it took to build or None where it was there)."""
         key = layout_key(inputs)
         program = self.programs.get(key)
         if program is not None:
-            return program, False
+            return program, None
         start = time.perf_counter()
         vals = [meta_like(t) for t in inputs]
         program = self.programs[key] = self.build(self.graph(), self.device, self.mode, self.dynamic,
                                                   input_vals=vals, first_kernel_index=self.first_kernel_index)
-        stats.backend["backward_layouts"] += 1
-        stats.backend["seconds"] += time.perf_counter() - start
-        return program, True
+        return program, time.perf_counter() - start
 
     def __call__(self, *inputs):
-        program, new = self._get(inputs)
+        program, seconds = self._get(inputs)
         program.compile_ahead()  # a layout first seen here: its kernels together (no-op later)
         out = program(*inputs)
-        if new and self.ran_new is not None:
-            self.ran_new()
+        if seconds is not None:
+            stats.backend["backward_layouts"] += 1
+            stats.backend["seconds"] += seconds
+            if self.ran_new is not None:
+                self.ran_new()
         return out
 
 
