@@ -216,6 +216,16 @@ def test_cache_off(cache, monkeypatch):
     assert counts() == (2, 0) and not cache.exists()
 
 
+def test_cache_directory_unusable(cache, recwarn):
+    """Where entries cannot be written (the directory is a file), graphs compile, and nothing warns."""
+    import fuselens
+    cache.write_text("")
+    compiled_call(scale, X, W)
+    compiled_call(scale, X, W)
+    assert counts() == (2, 0)
+    assert not [w for w in recwarn if issubclass(w.category, fuselens.FuselensWarning)]
+
+
 def test_graph_without_stable_name_is_not_stored(cache):
     """A target no other process can name (a lambda): compiled every time, never stored."""
     import torch.fx as fx

@@ -48,7 +48,9 @@ def enabled() -> bool:
 
 
 def directory() -> str:
-    return os.path.join(launcher.cache_dir(), "programs")
+    path = os.path.join(launcher.cache_dir(), "programs")
+    os.makedirs(path, exist_ok=True)
+    return path
 
 
 class Unstable(Exception):
@@ -157,11 +159,10 @@ def key(gm: fx.GraphModule, inputs, mode, dynamic_dims) -> str | None:
 
 def load(k: str, kind: type):
     """The entry stored under `k` (an instance of `kind`), or None: absent, or unreadable (logged)."""
-    path = os.path.join(directory(), k)
     try:
-        with open(path, "rb") as f:
+        with open(os.path.join(directory(), k), "rb") as f:
             blob = f.read()
-    except OSError:
+    except OSError:  # absent (or no cache directory can be made)
         return None
     try:
         head, digest, payload = blob[:len(FORMAT)], blob[len(FORMAT):len(FORMAT) + 32], blob[len(FORMAT) + 32:]
@@ -183,14 +184,15 @@ def store(k: str, entry) -> None:
     except Exception as e:  # a constant of the program that cannot be pickled
         _log.debug("program cache: entry %s not stored (%s: %s)", k, type(e).__name__, e)
         return
-    path = os.path.join(directory(), k)
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    tmp = None
     try:
-        os.makedirs(directory(), exist_ok=True)
+        path = os.path.join(directory(), k)
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         with open(tmp, "wb") as f:
             f.write(FORMAT + hashlib.sha256(payload).digest() + payload)
         os.replace(tmp, path)
     except OSError as e:
         _log.debug("program cache: entry %s not stored (%s)", k, e)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)

@@ -168,7 +168,7 @@ class Compiled:
     tangent_dtypes: list
     saved: list  # the names of the values the forward saves for the backward
     forward: object  # Program
-    backward: dict  # layout_key of the backward's inputs -> Program (the layout compiled ahead)
+    backward: dict  # layout_key of the backward's inputs -> Program: the one compiled ahead first
 
 
 def _partition(gm, inputs, requires_grad, device, eager):
