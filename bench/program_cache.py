@@ -97,6 +97,8 @@ def child(name, mode):
         args = ()
     model.train(mode == "train")
     fn = fuselens.compile(model)
+    import warnings
+    warnings.simplefilter("error", fuselens.FuselensWarning)  # a graph run eagerly would not be timed
     start = time.perf_counter()
     with torch.set_grad_enabled(mode == "train"):
         out = fn(*args, **kwargs)
@@ -123,8 +125,12 @@ def measure(row, repeat):
                 out = subprocess.run([sys.executable, __file__, "--child", name, mode], env=env, check=True,
                                      capture_output=True, text=True).stdout
                 res = json.loads(out.strip().splitlines()[-1])
-                best[kind] = {k: min(v, best[kind][k]) if isinstance(v, float) else v for k, v in res.items()} \
-                    if kind in best else res
+                res["counts"] = [f"{res['compiles']}/{res['hits']}" +
+                                 (f"+{res['backward_layouts']}bw" if res["backward_layouts"] else "")]
+                if kind in best:
+                    res = {k: min(v, best[kind][k]) if isinstance(v, float) else
+                           best[kind][k] + v if k == "counts" else v for k, v in res.items()}
+                best[kind] = res
     return best
 
 
@@ -132,13 +138,13 @@ def main(argv):
     repeat = 3
     if argv[:1] == ["--repeat"]:
         repeat, argv = int(argv[1]), argv[2:]
-    print(f"{'row':16} {'':5} " + " ".join(f"{f:>10}" for f in FIELDS) + "  compiles/hits")
+    print(f"{'row':16} {'':5} " + " ".join(f"{f:>10}" for f in FIELDS) + "  compiles/hits of each run")
     for row in argv or ROWS:
         best = measure(row, repeat)
         for kind in ("cold", "warm"):
             r = best[kind]
             print(f"{row:16} {kind:5} " + " ".join(f"{r[f]:10.3f}" for f in FIELDS) +
-                  f"  {r['compiles']}/{r['hits']}" + (f" +{r['backward_layouts']} bw" if r["backward_layouts"] else ""),
+                  "  " + " ".join(r["counts"]),
                   flush=True)
 
 
