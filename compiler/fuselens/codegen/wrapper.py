@@ -116,9 +116,6 @@ class WrapperWriter:
         # call, and the output is no view (autograd refuses in-place writes into a view that a
         # custom Function returned)
         self.allocated_as: dict = {}
-        self.namespace = {"torch": torch, "prims": types.SimpleNamespace(**PRIMITIVES), "reinterpret": reinterpret,
-                          "ensure_layout": ensure_layout, "consts": self.consts, "operator": operator, "math": math,
-                          "constants": {}}
 
     def value(self, v) -> str:
         if isinstance(v, View):
@@ -273,7 +270,6 @@ class WrapperWriter:
                 if constant:
                     out.append("        " + "; ".join(f"constants[{n!r}] = {n}" for n in writer.out_args))
                     out.append("    " + "; ".join(f"{n} = constants[{n!r}]" for n in writer.out_args))
-                self.namespace[kernel.name] = kernel
             for name in [n for n, last in last_use.items() if last == i and n not in keep]:
                 buf = self.buffer(name)
                 # an extern's result may be a view of its input: such memory is never handed on
@@ -300,10 +296,16 @@ class WrapperWriter:
 
 
 def generate_wrapper(graph: LoweredGraph, sched: Schedule, kernels: dict, device):
-    """Source of `call(*inputs)` and the function itself."""
+    """Source of `call(*inputs)`, the function itself, and the objects its source names as `consts[i]`."""
     writer = WrapperWriter(graph, sched, kernels)
     source = writer.generate()
-    namespace = dict(writer.namespace, device=torch.device(device))
-    code = compile(source, "<fuselens wrapper>", "exec")
-    exec(code, namespace)
-    return source, namespace["call"]
+    return source, load_wrapper(source, [k for k, _ in kernels.values()], writer.consts, device), writer.consts
+
+
+def load_wrapper(source: str, kernels, consts: list, device):
+    """The function `call` of a wrapper's source, with the kernels (TritonKernels) it launches by name."""
+    namespace = {"torch": torch, "prims": types.SimpleNamespace(**PRIMITIVES), "reinterpret": reinterpret,
+                 "ensure_layout": ensure_layout, "consts": consts, "operator": operator, "math": math,
+                 "constants": {}, "device": torch.device(device), **{k.name: k for k in kernels}}
+    exec(compile(source, "<fuselens wrapper>", "exec"), namespace)
+    return namespace["call"]

@@ -8,10 +8,13 @@ do not contain sizes, so a new shape reuses the kernels already compiled. If any
 fails for a graph, or its compiled program raises where the graph run eagerly does not, that
 graph runs eagerly for those inputs (errors.fall_back: one warning naming the cause); an error
 that the eager graph raises too is the user's program's and is raised as eager raises it.
+Once a graph's programs have run without error they are stored on disk (runtime/program_cache.py):
+a later process that captures the same graph for the same inputs loads them instead of compiling.
 """
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -19,12 +22,13 @@ import torch.fx as fx
 
 from ..codegen import launcher
 from ..codegen.triton import generate_kernel
-from ..codegen.wrapper import generate_wrapper
+from ..codegen.wrapper import generate_wrapper, load_wrapper
 from ..lower import lower_graph
 from ..ops import to_primitive_graph, values_only
 from ..schedule.fusion import FusedKernel, schedule
+from . import program_cache, stats
 from .cudagraphs import TrainingGraphs
-from .training import compile_training
+from .training import Compiled, compile_training
 from .errors import fall_back
 
 SPECIALIZATION_LIMIT = 8
@@ -48,12 +52,18 @@ class KernelInfo:
 @dataclass
 class Program:
     """One primitive graph compiled for one set of input shapes: `call(*inputs[, seed])`.
-    `compile_jobs`: its kernels' cubins as its first call will need them (codegen/launcher.py)."""
+    `compile_jobs`: its kernels' cubins as its first call will need them (codegen/launcher.py).
+    `made_from`: what `load_program` makes it again from (sources, no graph): how it is pickled
+    into the program cache (runtime/program_cache.py)."""
     call: object
     kernels: list
     wrapper_source: str
     has_seed: bool
     compile_jobs: list = field(default_factory=list)
+    made_from: dict = field(default_factory=dict, repr=False)
+
+    def __reduce__(self):
+        return load_program, (self.made_from,)
 
     def compile_ahead(self):
         if self.compile_jobs:  # built but not yet compiled ahead (a backward for a new layout)
@@ -81,7 +91,7 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
     _log("lower", "buffers:\n%s", lowered.describe)
     sched = schedule(lowered)
     _log("schedule", "kernels:\n%s", sched.describe)
-    kernels, infos, jobs = {}, [], []
+    kernels, infos, launches = {}, [], []
     fused = [s for s in sched.steps if isinstance(s, FusedKernel)]
     pdl = launcher.supports_pdl(torch.device(device))
     for i, step in enumerate(fused):
@@ -92,14 +102,34 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
         tensors, scalars, sizes = writer.launch_signature()
         infos.append(KernelInfo(name, source, sorted(writer.source_lines),
                                 _bytes_moved([writer.buffers[n] for n in tensors])))
-        try:
-            jobs += kernel.compile_jobs([writer.buffers[n].dtype for n in tensors],
-                                        [0 if a == "seed" else a for a in scalars], sizes, torch.device(device))
-        except Exception as e:  # a prediction only: the launch compiles what it needs anyway
-            logging.getLogger("fuselens.codegen").debug("%s: no compile ahead (%s)", name, e)
-    source, call = generate_wrapper(lowered, sched, kernels, device)
+        launches.append(([writer.buffers[n].dtype for n in tensors], [0 if a == "seed" else a for a in scalars],
+                         sizes))
+    source, call, consts = generate_wrapper(lowered, sched, kernels, device)
     _log("codegen", "%s", lambda: "\n\n".join([info.source for info in infos] + [source]))
-    return Program(call, infos, source, lowered.has_seed, jobs)
+    kernel_objects = [k for k, _ in kernels.values()]
+    made_from = dict(source=source, device=str(device), has_seed=lowered.has_seed, infos=infos, consts=consts,
+                     kernels=[(k.name, k.source, k.mode, k.max_autotune, k.itemsize, k.pdl) for k in kernel_objects],
+                     launches=launches)
+    return Program(call, infos, source, lowered.has_seed, _compile_jobs(kernel_objects, launches, device), made_from)
+
+
+def load_program(made_from: dict) -> Program:
+    """A program made again from what build_program generated (`Program.made_from`): no graph work."""
+    kernels = [launcher.TritonKernel(*args) for args in made_from["kernels"]]
+    device = made_from["device"]
+    call = load_wrapper(made_from["source"], kernels, made_from["consts"], device)
+    return Program(call, made_from["infos"], made_from["source"], made_from["has_seed"],
+                   _compile_jobs(kernels, made_from["launches"], device), made_from)
+
+
+def _compile_jobs(kernels, launches, device):
+    jobs = []
+    for kernel, (dtypes, scalars, sizes) in zip(kernels, launches):
+        try:
+            jobs += kernel.compile_jobs(dtypes, scalars, sizes, torch.device(device))
+        except Exception as e:  # a prediction only: the launch compiles what it needs anyway
+            logging.getLogger("fuselens.codegen").debug("%s: no compile ahead (%s)", kernel.name, e)
+    return jobs
 
 
 def _bytes_moved(buffers) -> int | None:
@@ -146,6 +176,13 @@ class _Specialization:
     check: object = None  # callable(*inputs): exercises what `run` alone would not (the backward)
     verified: bool = False  # ran once without error
     eager: bool = False  # the backend failed for these inputs: `run` is the graph run eagerly
+    cache_entry: tuple | None = None  # (program-cache key, what it stores): stored once a call ran it
+    stored: bool = False
+
+    def ran_new_backward(self):
+        """A backward program for a new layout ran: stored with the rest, for the next process."""
+        if self.cache_entry and self.verified:
+            program_cache.store(*self.cache_entry)
 
 
 class CompiledGraph:
@@ -204,18 +241,29 @@ class CompiledGraph:
         needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
         if launcher.INTERPRET:
             launcher.check_interpreter()
+        start = time.perf_counter()
+        key = program_cache.key(self.gm, inputs, self.mode, self.dynamic_dims)
+        cached = program_cache.load(key, Compiled if needs_grad else Program) if key else None
         if needs_grad:
             graphs = TrainingGraphs if self.mode == "reduce-overhead" and device.type == "cuda" and \
                 not launcher.INTERPRET else None
-            run, check, programs = compile_training(self.gm, inputs, device, self.mode, dynamic, build_program,
-                                                    graphs)
+            run, check, programs, made = compile_training(self.gm, inputs, device, self.mode, dynamic, build_program,
+                                                          graphs, cached, lambda: spec.ran_new_backward())
             spec = _Specialization(run, [k for p in programs for k in p.kernels],
                                    "\n".join(f"# {label}\n{p.wrapper_source}"
                                              for label, p in zip(("forward", "backward"), programs)), check)
         else:
-            prim_graph = values_only(to_primitive_graph(self.gm, inputs, device))
-            programs = [build_program(prim_graph, device, self.mode, dynamic)]
-            spec = _Specialization(programs[0], programs[0].kernels, programs[0].wrapper_source)
+            made = cached if cached is not None else \
+                build_program(values_only(to_primitive_graph(self.gm, inputs, device)), device, self.mode, dynamic)
+            programs = [made]
+            spec = _Specialization(made, made.kernels, made.wrapper_source)
+        spec.cache_entry, spec.stored = (key, made) if key else None, cached is not None
+        if cached is not None:
+            stats.backend["cache_hits"] += 1
+            stats.backend["cache_load_seconds"] += time.perf_counter() - start
+        else:
+            stats.backend["compiles"] += 1
+            stats.backend["seconds"] += time.perf_counter() - start
         compile_ahead(programs)  # the first call's forward and backward kernels together
         return spec
 
@@ -253,6 +301,9 @@ class CompiledGraph:
             spec.check(*inputs)
         out = spec.run(*inputs)
         spec.verified = True
+        if spec.cache_entry and not spec.stored:  # what compiled and ran, for the next process
+            program_cache.store(*spec.cache_entry)
+            spec.stored = True
         return out
 
     def _eager_spec(self):

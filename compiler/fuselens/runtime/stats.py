@@ -1,11 +1,16 @@
 """Process-wide compile-time counters, so benchmarks can report fuselens's own compile time
-apart from Triton's compilation of the kernel source."""
+apart from Triton's compilation of the kernel source, and the program cache's part
+(runtime/program_cache.py) apart from the backend's."""
 from __future__ import annotations
 
 import contextlib
 import time
 
 _triton_seconds = 0.0
+# the backend compiling a graph's programs (ops -> ... -> codegen) vs loading them from the program
+# cache; backward_layouts: backward programs compiled at a backward call for a layout of its
+# inputs not compiled ahead (their time is in `seconds`)
+backend = {"compiles": 0, "seconds": 0.0, "cache_hits": 0, "cache_load_seconds": 0.0, "backward_layouts": 0}
 
 
 @contextlib.contextmanager

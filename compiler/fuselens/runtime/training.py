@@ -1,7 +1,10 @@
 """Running a partitioned graph under torch.autograd: forward and backward are both compiled programs."""
 from __future__ import annotations
 
+import functools
 import logging
+import time
+from dataclasses import dataclass
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -12,52 +15,71 @@ from ..autograd.cotangents import without_tangents
 from ..autograd.facts import eager_autograd
 from ..autograd.joint import build_joint
 from ..autograd.partition import partition
+from . import stats
+
+
+def layout_key(inputs):
+    return tuple((t.shape, t.stride(), t.dtype) if isinstance(t, torch.Tensor) else None for t in inputs)
 
 
 class _StridedPrograms:
     """A compiled backward program per layout of its inputs: compiled at its first call and again
     only for new layouts. The incoming gradients come with whatever strides the caller gave them;
     the saved values with the forward's, unless saved-tensor hooks (`save_on_cpu`, offloading)
-    hand back copies of another layout: both are looked at on every call."""
+    hand back copies of another layout: both are looked at on every call. `graph()`: the
+    backward graph (a program-cache hit has its programs only: partitioned again when a new
+    layout comes). `ran_new()`: called after a layout's program first ran (the program cache
+    stores it with the others)."""
 
-    def __init__(self, graph, device, mode, dynamic, build_program, first_kernel_index):
+    def __init__(self, graph, device, mode, dynamic, build_program, first_kernel_index, programs, ran_new=None):
         self.graph, self.device, self.mode, self.dynamic, self.build = graph, device, mode, dynamic, build_program
-        self.first_kernel_index = first_kernel_index
-        self.programs: dict = {}
-        self.variants: dict = {}  # frozenset of undefined tangents -> _StridedPrograms
+        self.first_kernel_index, self.programs, self.ran_new = first_kernel_index, programs, ran_new
+        self.variants: dict = {}  # frozenset of undefined tangents -> _StridedPrograms (not stored)
 
     def get(self, inputs):
-        key = tuple((t.shape, t.stride(), t.dtype) if isinstance(t, torch.Tensor) else None for t in inputs)
+        return self._get(inputs)[0]
+
+    def _get(self, inputs):
+        """(program, seconds it took to build or None where it was there)."""
+        key = layout_key(inputs)
         program = self.programs.get(key)
-        if program is None:
-            vals = [meta_like(t) for t in inputs]
-            program = self.programs[key] = self.build(self.graph, self.device, self.mode, self.dynamic,
-                                                      input_vals=vals, first_kernel_index=self.first_kernel_index)
-        return program
+        if program is not None:
+            return program, None
+        start = time.perf_counter()
+        vals = [meta_like(t) for t in inputs]
+        program = self.programs[key] = self.build(self.graph(), self.device, self.mode, self.dynamic,
+                                                  input_vals=vals, first_kernel_index=self.first_kernel_index)
+        return program, time.perf_counter() - start
 
     def __call__(self, *inputs):
-        program = self.get(inputs)
+        program, seconds = self._get(inputs)
         program.compile_ahead()  # a layout first seen here: its kernels together (no-op later)
-        return program(*inputs)
+        out = program(*inputs)
+        if seconds is not None:
+            stats.backend["backward_layouts"] += 1
+            stats.backend["seconds"] += seconds
+            if self.ran_new is not None:
+                self.ran_new()
+        return out
 
     def without(self, missing: frozenset) -> "_StridedPrograms":
         """The backward programs for calls where the tangents `missing` (indices) are undefined."""
         variant = self.variants.get(missing)
         if variant is None:
-            graph = without_tangents(self.graph, missing, self.device)
-            variant = self.variants[missing] = _StridedPrograms(graph, self.device, self.mode, self.dynamic,
-                                                                self.build, self.first_kernel_index)
+            graph = without_tangents(self.graph(), missing, self.device)
+            variant = self.variants[missing] = _StridedPrograms(lambda: graph, self.device, self.mode, self.dynamic,
+                                                                self.build, self.first_kernel_index, {})
         return variant
 
 
 class _State:
     def __init__(self, forward, backward, num_fw_outputs, tangent_outputs, grad_inputs, num_inputs, eager,
-                 tangent_vals, device):
+                 tangent_dtypes, device):
         self.forward, self.backward = forward, backward
         self.graphs = None  # mode="reduce-overhead": runtime/cudagraphs.py TrainingGraphs
         self.num_fw_outputs, self.tangent_outputs = num_fw_outputs, tangent_outputs
         # an unused output's tangent is zeros of its dtype, contiguous (as the backward is compiled)
-        self.tangent_dtypes, self.device = [v.dtype for v in tangent_vals], device
+        self.tangent_dtypes, self.device = tangent_dtypes, device
         self.non_differentiable = [i for i in range(num_fw_outputs) if not eager.output_requires_grad[i]]
         # kept for backward only for autograd's version check, as eager keeps them
         self.checked_inputs, self.checked_outputs = sorted(eager.saved_inputs), sorted(eager.saved_outputs)
@@ -150,31 +172,70 @@ def apply(state, *inputs):
     return _apply(state, *inputs)
 
 
-def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=None):
-    """Forward and backward programs for `gm` at these inputs: (run, check, [forward, backward]),
-    the backward being the program for contiguous gradients. `graphs(forward, backward,
-    num_outputs)`: what replays them (mode="reduce-overhead"), or None."""
-    eager = eager_autograd(gm, inputs)
+@dataclass
+class Compiled:
+    """What compile_training made of a graph, without its graphs: what the program cache stores
+    (runtime/program_cache.py; the programs pickle as their sources)."""
+    eager: object  # autograd/facts.py EagerAutograd
+    num_fw_outputs: int
+    tangent_outputs: list
+    grad_inputs: list
+    tangent_dtypes: list
+    saved: list  # the names of the values the forward saves for the backward
+    forward: object  # Program
+    backward: dict  # layout_key of the backward's inputs -> Program: the one compiled ahead first
+
+
+def _partition(gm, inputs, requires_grad, device, eager):
     prim_graph = to_primitive_graph(gm, inputs, device)
-    requires_grad = [isinstance(t, torch.Tensor) and t.requires_grad for t in inputs]
     joint = build_joint(prim_graph, requires_grad, device, eager.output_requires_grad)
     private_inputs = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and i not in eager.saved_inputs]
     parts = partition(joint, private_inputs, [j for j in range(joint.num_fw_outputs) if j not in eager.saved_outputs])
     logging.getLogger("fuselens.autograd").debug("forward saves for backward: %s", ", ".join(parts.saved))
-    forward = build_program(parts.forward, device, mode, dynamic)
-    # the backward is compiled now (shown with the forward) for the saved values in the layouts the
-    # forward stores them in (their traced ones) and contiguous gradients; others compile on first use
-    bw_vals = [n.meta["val"] for n in parts.backward.nodes if n.op == "placeholder"]
-    num_saved = len(parts.saved)
-    expected = [v if i < num_saved or not isinstance(v, torch.Tensor) else
-                torch.empty(v.shape, dtype=v.dtype, device="meta") for i, v in enumerate(bw_vals)]
-    backward = _StridedPrograms(parts.backward, device, mode, dynamic, build_program, len(forward.kernels))
-    state = _State(forward, backward, parts.num_fw_outputs, joint.tangent_outputs, joint.grad_inputs, len(inputs),
-                   eager, bw_vals[num_saved:], device)
-    bw_program = backward.get(expected)
+    return joint, parts
+
+
+def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=None, cached=None, ran_new=None):
+    """Forward and backward programs for `gm` at these inputs: (run, check, [forward, backward],
+    compiled), the backward being the program for contiguous gradients. `graphs(forward, backward,
+    num_outputs)`: what replays them (mode="reduce-overhead"), or None. `cached`: the `Compiled`
+    of an earlier compile of this graph for these inputs (the program cache): no graph work.
+    `ran_new()`: called when a backward program compiled for a new layout has run."""
+    requires_grad = [isinstance(t, torch.Tensor) and t.requires_grad for t in inputs]
+    if cached is None:
+        eager = eager_autograd(gm, inputs)
+        joint, parts = _partition(gm, inputs, requires_grad, device, eager)
+        forward = build_program(parts.forward, device, mode, dynamic)
+        # the backward is compiled now (shown with the forward) for the saved values in the layouts the
+        # forward stores them in (their traced ones) and contiguous gradients; others compile on first use
+        bw_vals = [n.meta["val"] for n in parts.backward.nodes if n.op == "placeholder"]
+        num_saved = len(parts.saved)
+        expected = [v if i < num_saved or not isinstance(v, torch.Tensor) else
+                    torch.empty(v.shape, dtype=v.dtype, device="meta") for i, v in enumerate(bw_vals)]
+        compiled = Compiled(eager, parts.num_fw_outputs, joint.tangent_outputs, joint.grad_inputs,
+                            [v.dtype for v in bw_vals[num_saved:]], list(parts.saved), forward, {})
+        backward = _StridedPrograms(lambda: parts.backward, device, mode, dynamic, build_program, len(forward.kernels),
+                                    compiled.backward, ran_new)
+        bw_program = backward.get(expected)
+    else:
+        compiled, eager, forward = cached, cached.eager, cached.forward
+        metas = [meta_like(t) for t in inputs]
+
+        def graph():  # the same partition as the compile that was stored (it is a function of gm and inputs)
+            parts = _partition(gm, metas, requires_grad, device, eager)[1]
+            if list(parts.saved) != compiled.saved:
+                raise RuntimeError(f"the backward of a cached program saves {compiled.saved}, partitioned again "
+                                   f"{list(parts.saved)}")
+            return parts.backward
+        backward = _StridedPrograms(functools.cache(graph), device, mode, dynamic, build_program,
+                                    len(forward.kernels), compiled.backward, ran_new)
+        bw_program = next(iter(compiled.backward.values()))
+    state = _State(forward, backward, compiled.num_fw_outputs, compiled.tangent_outputs, compiled.grad_inputs,
+                   len(inputs), eager, compiled.tangent_dtypes, device)
     # a replay would freeze a random op's seed; graphs read tensors only (no sizes passed as values)
-    if graphs is not None and not forward.has_seed and all(isinstance(v, torch.Tensor) for v in (*inputs, *bw_vals)):
-        state.graphs = graphs(forward, backward, parts.num_fw_outputs)
+    if graphs is not None and not forward.has_seed and all(isinstance(v, torch.Tensor) for v in inputs) and \
+            all(t is not None for t in next(iter(compiled.backward))):
+        state.graphs = graphs(forward, backward, compiled.num_fw_outputs)
 
     def run(*xs):
         return apply(state, *xs)
@@ -184,6 +245,6 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=No
         here, where the graph can still run eagerly, rather than inside backward()."""
         with torch.no_grad(), torch.random.fork_rng(devices=[]):  # leaves the seed sequence as it was
             outs = forward(*xs)
-            tangents = [outs[i].new_zeros(outs[i].shape) for i in joint.tangent_outputs]  # contiguous, as compiled
-            backward(*outs[parts.num_fw_outputs:], *tangents)
-    return run, check, [forward, bw_program]
+            tangents = [outs[i].new_zeros(outs[i].shape) for i in compiled.tangent_outputs]  # contiguous, as compiled
+            backward(*outs[compiled.num_fw_outputs:], *tangents)
+    return run, check, [forward, bw_program], compiled
