@@ -6,7 +6,9 @@ from __future__ import annotations
 import ast
 import contextlib
 import copy
+import inspect
 import sys
+import types
 
 import torch
 
@@ -312,13 +314,65 @@ class Statements:
         raise exc from cause
 
     def _stmt_With(self, s, scope):
-        with contextlib.ExitStack() as stack:
-            for item in s.items:
-                cm = self.eval(item.context_expr, scope)
+        self._with_items(s, s.items, scope)
+
+    def _with_items(self, s, items, scope):
+        """`with a, b: body` is `with a: with b: body`. Grad mode and autocast are the
+        evaluator's state; a context manager whose `__enter__`/`__exit__` are Python code
+        (`contextlib.nullcontext`, a user's class) is interpreted as Python runs it."""
+        if not items:
+            self.exec_block(s.body, scope, ("with", s))
+            return
+        item = items[0]
+        cm = self.eval(item.context_expr, scope)
+        methods = _python_cm_methods(cm)
+        if methods is None:
+            with contextlib.ExitStack() as stack:
                 self.enter_context(cm, item, scope, stack)
                 if item.optional_vars is not None:
                     self.assign(item.optional_vars, None, scope)
-            self.exec_block(s.body, scope, ("with", s))
+                self._with_items(s, items[1:], scope)
+            return
+        self._python_with(s, items, cm, methods, scope)
+
+    def _python_with(self, s, items, cm, methods, scope):
+        """The body between `__enter__` (its result bound by `as`) and `__exit__`: with
+        (None, None, None) after a normal end, with the exception the body raised otherwise
+        (a true result suppresses it). Their effects are the capture's (modelled, replayed
+        once). A graph break in the body, in `__enter__` or in `__exit__` makes the whole
+        statement run in Python: a resume would enter the manager a second time."""
+        item, (enter, exit_) = items[0], methods
+        at = item.context_expr
+        try:
+            v = self.inline(enter, [], {}, at, scope, self_value=cm)
+            if item.optional_vars is not None:
+                self.assign(item.optional_vars, v, scope)
+            try:
+                self.in_try += 1  # a `raise` in the body is captured: __exit__ may suppress it
+                try:
+                    self._with_items(s, items[1:], scope)
+                finally:
+                    self.in_try -= 1
+            except NOT_USER_EXCEPTIONS:
+                raise
+            except Exception as exc:  # noqa: BLE001 (the user's code raised it: __exit__ decides)
+                if self.abstract:
+                    raise
+                suppress = self.inline(exit_, [type(exc), exc, exc.__traceback__], {}, at, scope,
+                                       self_value=cm)
+                if isinstance(suppress, (TensorVar, SymInt, Unknown)):
+                    self.brk(B.UNSUPPORTED_STMT, at, scope, whole_stmt=True,
+                             detail="`__exit__` result that is not a Python value")
+                if not suppress:
+                    raise
+                return
+            self.inline(exit_, [None, None, None], {}, at, scope, self_value=cm)
+        except BreakSignal as b:
+            if self.abstract or b.whole_stmt and not b.frames:  # (an inner `with` item's already)
+                raise
+            if b.frames[-1].scope is scope:  # from the body: its call is compiled on its own
+                raise b.in_python(scope) from None
+            raise BreakSignal(b.brk, whole_stmt=True) from None  # from __enter__/__exit__
 
     def _stmt_Import(self, s, scope):
         # only modules already imported: importing anew would run module code at capture time
@@ -466,6 +520,20 @@ MAX_UNROLL = 512
 # raised by capture itself, not by the user's code: a captured `try` never handles them
 NOT_USER_EXCEPTIONS = (Return, LoopBreak, LoopContinue, CannotCapture, BreakSignal, Opaque,
                         MetaEvalError, NoSourceError, PathEnd)
+
+
+def _python_cm_methods(cm):
+    """(`__enter__`, `__exit__`) of a context manager whose class defines both in Python with
+    source (what the evaluator can interpret), else None."""
+    enter = inspect.getattr_static(type(cm), "__enter__", None)
+    exit_ = inspect.getattr_static(type(cm), "__exit__", None)
+    # torch's own (grad mode, autocast) are enter_context's; a generator's cannot be
+    # interpreted (its code after `yield` runs at exit)
+    if isinstance(enter, types.FunctionType) and isinstance(exit_, types.FunctionType) \
+            and not type(cm).__module__.startswith("torch") \
+            and not isinstance(cm, contextlib._GeneratorContextManagerBase):
+        return enter, exit_
+    return None
 
 
 def _join(frames):
