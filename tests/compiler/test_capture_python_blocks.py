@@ -205,3 +205,69 @@ def test_context_manager_from_generator_runs_in_python():
         return f
     run_both(make, X)
     assert counts(make([]), X) == (1, ["FL150"])
+
+
+# ------------------------------------------------------------------------------ loops
+def layerdrop(x, layers, p):
+    """transformers' LayerDrop: a data-dependent `if` with `continue` in a loop over layers."""
+    for w in layers:
+        if torch.rand([]) < p:
+            continue
+        x = torch.tanh(x @ w)
+    return x
+
+
+W = [torch.randn(8, 8) * 0.3 for _ in range(3)]
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0])
+def test_data_dependent_continue_resumes_inside_the_loop(p):
+    """Each iteration's `if` is a break (as under torch.compile); the rest of the iteration and
+    the next ones continue in resumes: one graph per layer run."""
+    _, ex = check(layerdrop, X, W, p, breaks=["FL120"] * 3)
+    if p == 0.0:  # every layer runs: 3 graphs of (rand, layer) and a last one of (layer)
+        assert len(ex.graphs) == 4
+    if p == 1.0:  # no layer runs: the three draws
+        assert len(ex.graphs) == 3
+
+
+def test_loop_break_else_and_side_effects_after_a_resume():
+    def make(log):
+        def f(x):
+            for i in range(5):
+                x = x * 2
+                if x.abs().sum() > 100:
+                    log.append(("big", i))
+                    break
+                log.append(i)
+                if i == 1:
+                    continue
+                x = x - 1
+            else:
+                log.append("no break")
+                x = -x
+            return x, i
+        return f
+    run_both(make, X)
+    run_both(make, X * 0.001)  # no break: the loop's `else` runs
+
+
+def test_value_read_mid_iteration_then_continue_and_break_in_while():
+    def make(log):
+        def f(x):
+            i, acc = 0, x
+            while i < 6:
+                i += 1
+                v = (acc * i).sum().item()
+                log.append(round(v, 3))
+                if v > 10:
+                    continue
+                if i == 4:
+                    break
+                acc = acc + v
+            return acc, i
+        return f
+    for x in (torch.tensor([0.5, -0.2]), torch.tensor([3.5, 1.2])):
+        run_both(make, x)
+    g, codes = counts(make([]), torch.tensor([0.5, -0.2]))
+    assert codes == ["FL110"] * 6 and g == 6  # one value read per iteration (6 iterations)

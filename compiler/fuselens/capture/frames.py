@@ -145,3 +145,22 @@ def is_generator(node) -> bool:
         if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
             todo.extend(ast.iter_child_nodes(n))
     return False
+
+
+def has_loop_jump(body) -> bool:
+    """Whether `body` has a `break`/`continue` of the loop it is in (not of a loop inside)."""
+    for s in body:
+        for n in _walk_no_loops(s):
+            if isinstance(n, (ast.Break, ast.Continue)):
+                return True
+    return False
+
+
+def _walk_no_loops(node):
+    yield node
+    for c in ast.iter_child_nodes(node):
+        if isinstance(c, (ast.For, ast.While)):
+            for o in c.orelse:  # a loop's `else` is outside it
+                yield from _walk_no_loops(o)
+        elif not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            yield from _walk_no_loops(c)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import side_effects as S
-from .frames import BreakSignal, FrameAtBreak
+from .frames import BreakSignal, FrameAtBreak, has_loop_jump
 from .source import FunctionSource, build_function
 from .values import GeneratorCall, LocalFunction, SymInt, SymShape, TensorVar, ValueSources
 
@@ -325,11 +325,25 @@ def _wrap(owner, node, inner, extra):
                                              body=node.body, orelse=node.orelse,
                                              type_comment=None), node)
             loop._fl_items = rest
-            return inner + [loop]
-        return inner + list(node.orelse)
+            return _rest_of_iteration(inner, [loop], node)
+        return _rest_of_iteration(inner, list(node.orelse), node)
     if owner == "while":
-        return inner + [node]
+        return _rest_of_iteration(inner, [node], node)
     return inner  # function body, static if
+
+
+def _rest_of_iteration(inner, after, loop):
+    """The rest of a loop's current iteration, then `after` (its next iterations, or its
+    `else`). Where the rest has a `continue`/`break` of the loop, it runs in a one-pass loop
+    whose `else` is `after`: `continue` ends the pass and goes on to `after`, `break` skips it,
+    as in the loop itself."""
+    if not has_loop_jump(inner):
+        return inner + after
+    once = ast.For(target=ast.Name(id="__fl_once", ctx=ast.Store()),
+                   iter=ast.Tuple(elts=[ast.Constant(value=0)], ctx=ast.Load()),
+                   body=inner, orelse=after, type_comment=None)
+    ast.copy_location(once, inner[0] if inner else loop)
+    return [ast.fix_missing_locations(once)]
 
 
 class _RestItems:
@@ -485,7 +499,7 @@ class Writer:
         names = (loaded_names(after) | loaded_names(local_defs(frame, after))) - _local_fn_names(frame)
         if _super_site(frame) is not None and _has_zero_arg_super(after):
             names.add(_super_site(frame)[1])  # `super()` becomes `super(cls, self)` there
-        defined = set(frame.vars) | set(extra_defined)
+        defined = (set(frame.vars) | set(extra_defined)) - {"__fl_once"}  # (a one-pass loop's own)
         return sorted(n for n in names & defined)
 
     def handler(self, frame: FrameAtBreak, sig: BreakSignal) -> tuple[list, list[str]]:

@@ -18,7 +18,7 @@ from .graph import MetaEvalError
 from .source import NoSourceError
 from .values import UNKNOWN, LocalFunction, SymInt, TensorVar, Unknown
 from .frames import (AbstractSeq, BreakSignal, CannotCapture, FrameAtBreak, LoopBreak, LoopContinue,
-                     Opaque, PathEnd, Return)
+                     Opaque, PathEnd, Return, has_loop_jump)
 from .tensors import functional_setitem
 
 
@@ -233,6 +233,8 @@ class Statements:
                 return
             except LoopContinue:
                 continue
+            except BreakSignal as b:
+                raise self._loop_break(b, scope) from None
         self.brk(B.UNROLLABLE_LOOP, s, scope, detail=f"more than {MAX_UNROLL} iterations",
                  whole_stmt=True)
 
@@ -245,7 +247,6 @@ class Statements:
         if len(items) > MAX_UNROLL:
             self.brk(B.UNROLLABLE_LOOP, s.iter, scope,
                      detail=f"{len(items)} iterations (limit {MAX_UNROLL})", whole_stmt=True)
-        has_jump = _has_loop_jump(s.body)
         for i, item in enumerate(items):
             self.assign(s.target, self.latest(item), scope)
             try:
@@ -255,14 +256,25 @@ class Statements:
             except LoopContinue:
                 continue
             except BreakSignal as b:
-                if has_jump and not self.abstract:
-                    # resuming mid-iteration would need break/continue outside a loop
-                    raise b.in_python(scope, b.brk.replace(code=B.UNROLLABLE_LOOP.code,
-                                                           title=B.UNROLLABLE_LOOP.title,
-                                                           explanation=B.UNROLLABLE_LOOP.explanation
-                                                           + f" (inside: {b.brk.title})")) from None
-                raise
+                raise self._loop_break(b, scope) from None
         self.exec_block(s.orelse, scope, ("if", s))
+
+    def _loop_break(self, b: BreakSignal, scope) -> BreakSignal:
+        """A break inside a loop body resumes mid-iteration (resume.py runs the rest of the
+        iteration in a one-pass loop, so its `continue`/`break` keep their meaning), unless the
+        statement Python runs is itself a `continue`/`break` of this loop (`if t.item(): break`):
+        outside any loop, the transformed function cannot run it; then the loop runs in Python.
+        A data-dependent `if` is not run by Python: each branch continues in its own resume."""
+        if self.abstract or not b.frames or b.frames[-1].scope is not scope:
+            return b
+        stmt = b.frames[-1].stmt
+        if not has_loop_jump([stmt]):
+            return b
+        if len(b.frames) == 1 and b.cond is not None and isinstance(stmt, ast.If) and not b.whole_stmt:
+            return b
+        return b.in_python(scope, b.brk.replace(
+            code=B.UNROLLABLE_LOOP.code, title=B.UNROLLABLE_LOOP.title,
+            explanation=B.UNROLLABLE_LOOP.explanation + f" (inside: {b.brk.title})"))
 
     def _stmt_Try(self, s, scope):
         """`try` is captured: an exception the evaluated code raises (a lookup on plain values,
@@ -563,19 +575,3 @@ def _assigned_names(s) -> set:
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
             names.add(n.id)
     return names
-
-
-def _has_loop_jump(body) -> bool:
-    for s in body:
-        for n in _walk_no_loops(s):
-            if isinstance(n, (ast.Break, ast.Continue)):
-                return True
-    return False
-
-
-def _walk_no_loops(node):
-    yield node
-    for c in ast.iter_child_nodes(node):
-        if isinstance(c, (ast.For, ast.While, ast.FunctionDef, ast.Lambda)):
-            continue
-        yield from _walk_no_loops(c)
