@@ -151,8 +151,10 @@ class Expressions:
     def _ex_BoolOp(self, e, scope):
         is_and = isinstance(e.op, ast.And)
         v = None
-        for x in e.values:
+        for i, x in enumerate(e.values):
             v = self.eval(x, scope)
+            if i == len(e.values) - 1:
+                return v  # Python returns the last operand as is: its truth is not asked
             t = self.truth(v, x, scope, kind=B.DATA_IF)
             if t is UNKNOWN:
                 return UNKNOWN

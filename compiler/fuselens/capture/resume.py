@@ -314,6 +314,9 @@ def continuation(levels, include_current: bool, current=None) -> list:
 
 
 def _wrap(owner, node, inner, extra):
+    if owner == "try":  # a break in its body (statements.py): the rest of the body, re-entered
+        return [ast.copy_location(ast.Try(body=inner or [ast.Pass()], handlers=node.handlers,
+                                          orelse=node.orelse, finalbody=node.finalbody), node)]
     if owner == "with":
         return [ast.copy_location(ast.With(items=node.items, body=inner or [ast.Pass()],
                                            type_comment=None), node)] if inner else []
@@ -531,7 +534,30 @@ class Writer:
             reads |= set(params) - stored_names([s])
         elif body is not None:
             tail = [ast.Return(value=ast.Constant(value=None))]
-        return with_wrappers(frame.levels, [stmt]) + tail, temps, reads
+        run = with_wrappers(frame.levels, [stmt])
+        if _in_try(frame.levels):
+            run, exc_reads = self._raising_into_try(frame, run)
+            reads |= exc_reads
+        return run + tail, temps, reads
+
+    def _raising_into_try(self, frame, run):
+        """`run` (the breaking statement, in the transformed function) inside enclosing `try`
+        bodies: what it raises goes to a plain function that raises it again inside the same
+        blocks (handlers, `else`, `finally` and the rest of the function run in Python, as after
+        an exception in eager). The frame's variables reach it as the transformed function's
+        `locals()`: those the statement assigned before raising are bound, as in eager."""
+        uid = next(_UIDS)
+        body = continuation(frame.levels, False, current=_raise_exc(frame.stmt))
+        live = self.live(frame, body, stored_names([frame.stmt]))
+        name = self.sources.constant(self.generated(frame, f"__fl_raise{uid}", ["__fl_exc", "__fl_l"],
+                                                    _unpack_locals(live, frame.stmt) + body),
+                                     "raise_into_try")
+        catch = ast.parse(f"try:\n    pass\nexcept BaseException as __fl_exc:\n"
+                          f"    return {name}(__fl_exc, locals())").body[0]
+        for n in ast.walk(catch):
+            ast.copy_location(n, frame.stmt)
+        catch.body = run
+        return [catch], set(live)
 
     def _branch_resume(self, frame, branch, tag):
         levels = [list(l) for l in frame.levels] + [["if", frame.stmt, branch, -1, None]]
@@ -655,12 +681,39 @@ class Writer:
             fn = self.generated(fr, name, params, body, consts=consts)
             consts = {name: fn}
             inner_call = f"{name}({st}, {inn}[:-1], *{inn}[-1])"
-        inner_lives = ", ".join("(" + "".join(e + ", " for e in l) + ")" for l in lives[:-1])
         call_break = f"{st} = {hname}({', '.join(h_args)})"
         out = _with_lines(call_break, frames[1:], self.mat)
-        args = [st, f"({inner_lives}{',' if len(lives) == 2 else ''})"] + lives[-1]
-        out.append(f"return {rname}({', '.join(args)})")
+        if any(_in_try(fr.levels) for fr in frames[1:]):
+            xname, xlives = self._raising_chain(frames, uid)
+            out = ["try:"] + ["    " + l for o in out for l in o.splitlines()] + [
+                "except BaseException as __fl_exc:",
+                f"    return {xname}({', '.join(_chain_args('__fl_exc', xlives))})"]
+        out.append(f"return {rname}({', '.join(_chain_args(st, lives))})")
         return out
+
+    def _raising_chain(self, frames, uid):
+        """What the break helper raises, raised again in each enclosing frame where the call
+        that led to it was, inside the frame's blocks (its `try` statements decide): plain
+        functions, one per enclosing frame, each calling the one inside it as the normal
+        continuation does. Returns (the outermost's name, each frame's live values)."""
+        consts, inner_call, lives = {}, None, []
+        name = None
+        for i, fr in enumerate(frames[1:], start=1):
+            ftemps: dict[str, str] = {}
+            if inner_call is None:  # the frame that called the breaking one: raises there
+                cur = [_raise_exc(fr.call)]
+            else:
+                first = ast.parse(f"__fl_ret = {inner_call}").body[0]
+                for n in ast.walk(first):
+                    ast.copy_location(n, fr.call)
+                cur = [first, substitute(fr.stmt, fr.completed, self.mat, ftemps, replace_call=fr.call)]
+            body = continuation(fr.levels, False, current=cur)
+            own = list(ftemps) + [n for n in self.live(fr, body) if n not in ftemps]
+            lives.append([ftemps[n] if n in ftemps else self.mat.expr(fr.vars[n]) for n in own])
+            name = f"__fl_raise{uid}_{i}"
+            consts = {name: self.generated(fr, name, ["__fl_exc", "__fl_xinn"] + own, body, consts=consts)}
+            inner_call = f"{name}(__fl_exc, __fl_xinn[:-1], *__fl_xinn[-1])"
+        return self.sources.constant(consts[name], "raise_into_try"), lives
 
     def compiling_calls(self, s, sig: BreakSignal):
         """Statement `s`, which Python runs whole, with each call that led to the break
@@ -712,6 +765,35 @@ def _with_lines(text, outer_frames, mat):
         items = ", ".join(ast.unparse(Bind().visit(copy.deepcopy(i))) for i in node.items)
         src = f"with {items}:\n" + "\n".join("    " + l for l in src.splitlines())
     return [src]
+
+
+def _chain_args(first, lives) -> list[str]:
+    """Arguments of the outermost function of a chain of frame continuations: `first`, the
+    inner frames' live values (a tuple of tuples, innermost first), the outermost's own."""
+    inner = ", ".join("(" + "".join(e + ", " for e in l) + ")" for l in lives[:-1])
+    return [first, f"({inner}{',' if len(lives) == 2 else ''})"] + lives[-1]
+
+
+def _in_try(levels) -> bool:
+    return any(owner == "try" for owner, *_ in levels)
+
+
+def _raise_exc(at):
+    """`raise __fl_exc`, at `at`'s location (the statement or call that raised)."""
+    r = ast.Raise(exc=ast.Name(id="__fl_exc", ctx=ast.Load()), cause=None)
+    for n in ast.walk(r):
+        ast.copy_location(n, at)
+    return r
+
+
+def _unpack_locals(names, at) -> list:
+    """`if 'n' in __fl_l: n = __fl_l['n']` for each name: one the statement did not get to
+    assign stays unbound (reading it raises UnboundLocalError, as in eager)."""
+    out = [ast.parse(f"if {n!r} in __fl_l:\n    {n} = __fl_l[{n!r}]").body[0] for n in names]
+    for st in out:
+        for n in ast.walk(st):
+            ast.copy_location(n, at)
+    return out
 
 
 def _args(params):

@@ -279,8 +279,11 @@ class Statements:
     def _stmt_Try(self, s, scope):
         """`try` is captured: an exception the evaluated code raises (a lookup on plain values,
         a user's `raise`) goes to the first handler whose type matches, `else` runs after a body
-        that raised nothing, `finally` always. A graph break inside makes the whole statement run
-        in Python (a resume cannot re-enter the handlers)."""
+        that raised nothing, `finally` always. A graph break in the body resumes inside the
+        statement (resume.py re-enters the `try`, and gives what the breaking statement raises
+        to its handlers); one in a handler, `else` or `finally` makes the whole statement run in
+        Python."""
+        in_body = True
         try:
             try:
                 self.in_try += 1
@@ -291,6 +294,7 @@ class Statements:
             except NOT_USER_EXCEPTIONS:
                 raise
             except Exception as exc:  # noqa: BLE001 (the user's code raised it: its handlers decide)
+                in_body = False
                 handler = self._handler_for(s.handlers, exc, scope)
                 if handler is None:
                     raise
@@ -300,13 +304,28 @@ class Statements:
                 if handler.name:
                     scope.vars.pop(handler.name, None)  # Python unbinds it after the handler
             else:
+                in_body = False
                 self.exec_block(s.orelse, scope, ("try", s))
         except BreakSignal as b:
+            if in_body and self._resumable_in_try(b, scope):
+                raise
             raise b.in_python(scope) from None
         except BaseException:
             self.exec_block(s.finalbody, scope, ("try", s))
             raise
         self.exec_block(s.finalbody, scope, ("try", s))
+
+    def _resumable_in_try(self, b: BreakSignal, scope) -> bool:
+        """Whether a break in a `try` body can resume inside it. The statement Python runs at
+        the break is given a handler that passes its exception on to the `try` (resume.py);
+        that needs the frame's variables where it runs: in the function being compiled itself,
+        not in a break helper of an inlined callee (its `try` runs in Python, the callee
+        compiled on its own). A `return` there would skip the `finally`."""
+        if self.abstract or not b.frames or b.frames[-1].scope is not scope:
+            return False
+        if len(b.frames) > 1:  # from a call in this frame: this frame's code after it resumes
+            return True
+        return scope.parent is None and not isinstance(b.frames[0].stmt, ast.Return)
 
     def _stmt_Raise(self, s, scope):
         """Inside a captured `try` body, `raise` raises (a handler may take it); elsewhere the
