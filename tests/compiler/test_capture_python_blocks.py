@@ -271,3 +271,152 @@ def test_value_read_mid_iteration_then_continue_and_break_in_while():
         run_both(make, x)
     g, codes = counts(make([]), torch.tensor([0.5, -0.2]))
     assert codes == ["FL110"] * 6 and g == 6  # one value read per iteration (6 iterations)
+
+
+# ------------------------------------------------------------------------------ try
+def test_break_in_try_body_resumes_inside_the_try():
+    """The rest of the body, `else` and `finally` continue in a graph after the break, and an
+    exception raised there goes to the handler."""
+    def make(log):
+        def f(x):
+            y = x + 1
+            try:
+                z = y * 2
+                v = z.sum().item()
+                log.append(v > 0)
+                if v > 0:
+                    raise KeyError("positive")
+                z = z - v
+            except KeyError as e:
+                log.append(str(e))
+                z = y * 3
+            else:
+                log.append("else")
+            finally:
+                log.append("finally")
+                z = z + 1
+            return z
+        return f
+    run_both(make, X)
+    run_both(make, -X.abs())
+    assert counts(make([]), -X.abs()) == (2, ["FL110"])
+
+
+@pytest.mark.parametrize("handled", [True, False])
+def test_exception_of_the_breaking_statement_goes_to_the_handlers(handled):
+    """`.item()` of a tensor with several elements raises where Python runs it: the `try`
+    around it decides, as in eager (its `finally` runs once)."""
+    def make(log):
+        def f(x):
+            try:
+                y = x * 2
+                v = y.item()
+                log.append("not reached")
+            except (RuntimeError if handled else KeyError):
+                log.append("handled")
+                v = -1.0
+            finally:
+                log.append("finally")
+            return y + v
+        return f
+    run_both(make, X)
+
+
+def test_break_in_a_callee_inside_the_callers_try_finally():
+    """transformers' output-capturing wrapper: `try: out = forward(...) finally: reset()`. The
+    callee's break resumes inside the caller's `try` (no frame compiled twice: one break).
+    What the breaking statement raises (`.item()` of 2 elements) passes through the wrapper's
+    `finally` to the handler of the function compiled, as in eager."""
+    def make(log):
+        def forward(x, k, bad):
+            h = torch.tanh(x)
+            n = h[0, :k].item()
+            if bad:
+                raise ValueError(f"bad {n > 0}")
+            return h * n
+
+        def wrapper(x, k, bad):
+            log.append("set")
+            try:
+                out = forward(x, k, bad)
+            finally:
+                log.append("reset")
+            return out + 1
+
+        def f(x, k=1, bad=False):
+            try:
+                return wrapper(x * 2, k, bad) - 1
+            except RuntimeError as e:
+                log.append(type(e).__name__)
+                return x
+        return f
+    run_both(make, X)
+    run_both(make, X, 1, True)
+    run_both(make, X, 2)
+    assert counts(make([]), X) == (2, ["FL110"])
+
+
+def test_exception_after_the_break_in_a_callee_reaches_the_callers_handler():
+    def make(log):
+        def forward(x):
+            n = x.sum().item()
+            log.append("after break")
+            return {}[n > 0]  # KeyError, raised in the resumed code
+
+        def f(x):
+            try:
+                out = forward(x)
+            except KeyError as e:
+                log.append(("caught", e.args))
+                out = x * 0
+            return out
+        return f
+    run_both(make, X)
+
+
+def test_break_in_a_handler_runs_the_try_in_python():
+    def make(log):
+        def f(x):
+            try:
+                y = {}["missing"]
+            except KeyError:
+                log.append(x.sum().item() > 0)
+                y = x * 2
+            finally:
+                log.append("finally")
+            return y + 1
+        return f
+    run_both(make, X)
+    assert counts(make([]), X)[1] == ["FL110"]
+
+
+def test_return_of_a_breaking_expression_inside_try_finally():
+    """`return v.item()` in a `try`: the `finally` runs before the function returns (the
+    statement runs in Python with its `try`)."""
+    def make(log):
+        def f(x):
+            try:
+                y = x * 2
+                return y.sum().item()
+            finally:
+                log.append("finally")
+        return f
+    run_both(make, X, calls=3)
+
+
+def test_try_inside_a_loop_with_continue():
+    def make(log):
+        def f(x):
+            for i in range(4):
+                try:
+                    x = x * 2
+                    if x.sum() > 0:
+                        continue
+                    log.append(i)
+                finally:
+                    log.append(("finally", i))
+                x = x - 1
+            return x
+        return f
+    run_both(make, X)
+    run_both(make, -X.abs())
