@@ -185,26 +185,95 @@ def test_break_in_exit_runs_the_with_in_python(capsys):
     assert counts(make([]), X)[1] == ["FL100"]
 
 
-def test_context_manager_from_generator_runs_in_python():
-    """`@contextlib.contextmanager`: its code after `yield` runs at exit, which the evaluator
-    does not interpret (a generator runs to its end when called): the `with` runs in Python."""
+def make_scope(log, suppress=()):
+    """A `@contextlib.contextmanager` with code before and after its `yield`, in a `try`."""
+    @contextlib.contextmanager
+    def scope(tag, scale):
+        log.append(("enter", tag))
+        try:
+            v = yield scale * 2
+            log.append(("sent", v))
+        except suppress as e:
+            log.append(("handled", type(e).__name__))
+        finally:
+            log.append(("exit", tag))
+    return scope
+
+
+def test_context_manager_generator_is_interpreted_around_the_body():
     def make(log):
-        @contextlib.contextmanager
-        def scope():
-            log.append("enter")
-            try:
-                yield 2
-            finally:
-                log.append("exit")
+        scope = make_scope(log)
 
         def f(x):
-            with scope() as k:
+            with scope("a", 3) as k:
                 log.append("body")
                 y = x * k
             return y + 1
         return f
+    run_both(make, X, calls=3)
+    assert counts(make([]), X) == (1, [])
+
+
+@pytest.mark.parametrize("suppress", [(), KeyError], ids=["raised", "handled"])
+def test_exception_in_body_is_thrown_into_the_generator(suppress):
+    def make(log):
+        scope = make_scope(log, suppress)
+
+        def f(x):
+            y = x + 1
+            with scope("b", 1):
+                y = y * 2
+                {}["missing"]
+            return y
+        return f
     run_both(make, X)
-    assert counts(make([]), X) == (1, ["FL150"])
+
+
+def test_context_manager_generator_with_a_break_in_the_body_runs_in_python():
+    def make(log):
+        scope = make_scope(log)
+
+        def f(x):
+            with scope("c", 2) as k:
+                y = x * k
+                log.append(y.sum().item() > 0)
+            return y - 1
+        return f
+    run_both(make, X, calls=3)
+    assert counts(make([]), X)[1] == ["FL110"]
+
+
+def test_grad_mode_set_around_the_yield_holds_in_the_body():
+    """`with torch.no_grad(): yield`: the body runs without grad, as in eager (the `with` runs
+    in Python: the evaluator's grad-mode block ends where the generator is suspended)."""
+    w = torch.randn(8, requires_grad=True)
+
+    @contextlib.contextmanager
+    def frozen():
+        with torch.no_grad():
+            yield
+
+    def f(x):
+        with frozen():
+            y = x * w
+        return y, x * w
+    check(f, X)
+
+
+def test_context_manager_generator_that_yields_twice_raises_as_in_eager():
+    def make(log):
+        @contextlib.contextmanager
+        def twice():
+            yield 1
+            log.append("between")
+            yield 2
+
+        def f(x):
+            with twice() as k:
+                y = x * k
+            return y
+        return f
+    run_both(make, X)
 
 
 # ------------------------------------------------------------------------------ loops

@@ -27,6 +27,15 @@ class LoopBreak(Exception):
     pass
 
 
+class Suspend(Exception):
+    """A `@contextlib.contextmanager` generator reached its `yield` (statements.py): what it
+    yields, and the block positions of the yield statement, where its exit continues."""
+
+    def __init__(self, value, levels):
+        self.value = value
+        self.levels = levels
+
+
 class LoopContinue(Exception):
     pass
 
@@ -88,6 +97,7 @@ class Scope:
         self.completed: dict = {}
         self.call_node: ast.Call | None = None  # the call in the parent that made this frame
         self.yields: list | None = None  # a generator function's frame: what it yielded so far
+        self.suspends = False  # a context manager's generator: its `yield` suspends the frame
 
     def lookup(self, name):
         if name in self.vars:

@@ -15,10 +15,10 @@ import torch
 from . import breaks as B
 from . import calls as C
 from .graph import MetaEvalError
-from .source import NoSourceError
+from .source import NoSourceError, function_source
 from .values import UNKNOWN, LocalFunction, SymInt, TensorVar, Unknown
 from .frames import (AbstractSeq, BreakSignal, CannotCapture, FrameAtBreak, LoopBreak, LoopContinue,
-                     Opaque, PathEnd, Return, has_loop_jump)
+                     Opaque, PathEnd, Return, Suspend, has_loop_jump)
 from .tensors import functional_setitem
 
 
@@ -310,6 +310,10 @@ class Statements:
             if in_body and self._resumable_in_try(b, scope):
                 raise
             raise b.in_python(scope) from None
+        except Suspend:
+            if not in_body:  # (a yield in a handler: the exit would not know the exception)
+                self.brk(B.UNSUPPORTED_EXPR, s, scope, detail="`yield` in an exception handler")
+            raise  # the rest of the `try` runs at the generator's exit (_generator_with)
         except BaseException:
             self.exec_block(s.finalbody, scope, ("try", s))
             raise
@@ -356,13 +360,20 @@ class Statements:
             return
         item = items[0]
         cm = self.eval(item.context_expr, scope)
+        if self._made_by_contextmanager(cm):
+            self._generator_with(s, items, cm, scope)
+            return
         methods = _python_cm_methods(cm)
         if methods is None:
-            with contextlib.ExitStack() as stack:
-                self.enter_context(cm, item, scope, stack)
-                if item.optional_vars is not None:
-                    self.assign(item.optional_vars, None, scope)
-                self._with_items(s, items[1:], scope)
+            try:
+                with contextlib.ExitStack() as stack:
+                    self.enter_context(cm, item, scope, stack)
+                    if item.optional_vars is not None:
+                        self.assign(item.optional_vars, None, scope)
+                    self._with_items(s, items[1:], scope)
+            except Suspend:  # grad mode set around a `yield` stays on in the caller's body
+                self.brk(B.UNSUPPORTED_EXPR, item.context_expr, scope, whole_stmt=True,
+                         detail="`yield` inside a grad-mode or autocast block")
             return
         self._python_with(s, items, cm, methods, scope)
 
@@ -398,12 +409,97 @@ class Statements:
                     raise
                 return
             self.inline(exit_, [None, None, None], {}, at, scope, self_value=cm)
+        except Suspend:
+            self.brk(B.UNSUPPORTED_EXPR, at, scope, whole_stmt=True,
+                     detail="`yield` inside a context manager written in Python")
         except BreakSignal as b:
             if self.abstract or b.whole_stmt and not b.frames:  # (an inner `with` item's already)
                 raise
             if b.frames[-1].scope is scope:  # from the body: its call is compiled on its own
                 raise b.in_python(scope) from None
             raise BreakSignal(b.brk, whole_stmt=True) from None  # from __enter__/__exit__
+
+    def _made_by_contextmanager(self, cm) -> bool:
+        """A `@contextlib.contextmanager` object this call made (one from outside may have been
+        entered already: its generator is not this call's to run)."""
+        if self.abstract or type(cm) is not contextlib._GeneratorContextManager:
+            return False
+        if self.value_sources.get(cm) is not None:
+            return False
+        try:
+            function_source(cm.func)
+        except NoSourceError:
+            return False
+        return True
+
+    def _generator_with(self, s, items, cm, scope):
+        """`with` a `@contextlib.contextmanager` object: its generator function's body runs to
+        its `yield` (what it yields bound by `as`), the `with` body, then the rest of the
+        generator from the `yield` (statements after it, in its enclosing `try`/`with`/loops:
+        resume.continuation), or, where the body raised, that rest with the exception raised
+        at the `yield` (the generator's handlers decide; ending without raising suppresses it).
+        Anything else (a second `yield`, a graph break in the generator or in the body) makes
+        the whole `with` run in Python."""
+        from .resume import continuation  # (resume.py imports the evaluator's modules)
+        item, at = items[0], items[0].context_expr
+        gen = self.inline(cm.func, list(cm.args), dict(cm.kwds), at, scope)
+        fs, gscope = gen.fs_scope
+        gscope.suspends = True
+        try:
+            try:
+                self._run_body(fs, gscope)
+                raise RuntimeError("generator didn't yield")  # (contextlib's error)
+            except Suspend as sus:
+                suspended = sus
+            if item.optional_vars is not None:
+                self.assign(item.optional_vars, suspended.value, scope)
+            at_yield = suspended.levels[-1][2][suspended.levels[-1][3]]
+            resumed = []  # `v = yield`: v is None (nothing is sent)
+            if isinstance(at_yield, ast.Assign):
+                resumed = [ast.copy_location(ast.Assign(targets=at_yield.targets,
+                                                        value=ast.Constant(value=None)), at_yield)]
+            try:
+                self.in_try += 1
+                try:
+                    self._with_items(s, items[1:], scope)
+                finally:
+                    self.in_try -= 1
+            except NOT_USER_EXCEPTIONS:
+                raise
+            except Exception as exc:  # noqa: BLE001 (the user's code raised it: the generator decides)
+                gscope.vars["__fl_exc"] = exc
+                thrown = ast.copy_location(ast.Raise(exc=ast.Name(id="__fl_exc", ctx=ast.Load()),
+                                                     cause=None), at_yield)
+                ast.fix_missing_locations(thrown)
+                try:
+                    self._generator_exit(fs, gscope, continuation(suspended.levels, False, current=[thrown]))
+                except Exception as out:  # noqa: BLE001
+                    if out is exc:
+                        raise
+                    raise out from exc
+                return  # the generator ended: the exception is suppressed
+            self._generator_exit(fs, gscope, continuation(suspended.levels, False, current=resumed))
+        except Suspend:
+            self.brk(B.UNSUPPORTED_EXPR, at, scope, whole_stmt=True,
+                     detail="context manager generator that yields more than once")
+        except BreakSignal as b:
+            if b.whole_stmt and not b.frames:
+                raise
+            if b.frames[-1].scope is scope:
+                raise b.in_python(scope) from None
+            raise BreakSignal(b.brk, whole_stmt=True) from None
+
+    def _generator_exit(self, fs, gscope, rest):
+        for n in (x for st in rest for x in ast.walk(st)):
+            if isinstance(n, ast.Name) and hasattr(n, "_fl_value"):  # a loop's rest items
+                gscope.vars[n.id] = n._fl_value
+        self.in_try += 1  # the exception raised at the `yield` is the generator's to handle
+        try:
+            self.exec_block(rest, gscope, ("body", fs.node))
+        except Return:
+            pass
+        finally:
+            self.in_try -= 1
 
     def _stmt_Import(self, s, scope):
         # only modules already imported: importing anew would run module code at capture time
@@ -550,7 +646,7 @@ MAX_UNROLL = 512
 
 # raised by capture itself, not by the user's code: a captured `try` never handles them
 NOT_USER_EXCEPTIONS = (Return, LoopBreak, LoopContinue, CannotCapture, BreakSignal, Opaque,
-                        MetaEvalError, NoSourceError, PathEnd)
+                        MetaEvalError, NoSourceError, PathEnd, Suspend)
 
 
 def _python_cm_methods(cm):
