@@ -19,6 +19,7 @@ from .source import NoSourceError, function_source
 from .values import UNKNOWN, LocalFunction, SymInt, TensorVar, Unknown
 from .frames import (AbstractSeq, BreakSignal, CannotCapture, FrameAtBreak, LoopBreak, LoopContinue,
                      Opaque, PathEnd, Return, Suspend, has_loop_jump)
+from .resume import continuation
 from .tensors import functional_setitem
 
 
@@ -440,7 +441,6 @@ class Statements:
         at the `yield` (the generator's handlers decide; ending without raising suppresses it).
         Anything else (a second `yield`, a graph break in the generator or in the body) makes
         the whole `with` run in Python."""
-        from .resume import continuation  # (resume.py imports the evaluator's modules)
         item, at = items[0], items[0].context_expr
         gen = self.inline(cm.func, list(cm.args), dict(cm.kwds), at, scope)
         fs, gscope = gen.fs_scope
