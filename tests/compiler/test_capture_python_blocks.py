@@ -147,6 +147,7 @@ def test_nested_items_enter_and_exit_in_order():
             return y
         return f
     run_both(make, X)
+    assert counts(make([]), X) == (1, [])
 
 
 def test_break_inside_user_context_manager_runs_the_with_in_python():
@@ -181,8 +182,9 @@ def test_break_in_exit_runs_the_with_in_python(capsys):
                 y = x * 2
             return y + 1
         return f
-    run_both(make, X)
-    assert counts(make([]), X)[1] == ["FL100"]
+    run_both(make, X, calls=3)
+    assert capsys.readouterr().out.count("exit") == 6  # once per call, eager's 3 and compiled 3
+    assert counts(make([]), X) == (1, ["FL100"])
 
 
 def make_scope(log, suppress=()):
@@ -319,6 +321,8 @@ def test_loop_break_else_and_side_effects_after_a_resume():
         return f
     run_both(make, X)
     run_both(make, X * 0.001)  # no break: the loop's `else` runs
+    # X: the sum passes 100 in the second iteration: one `if` per iteration run
+    assert counts(make([]), X) == (2, ["FL120"] * 2)
 
 
 def test_value_read_mid_iteration_then_continue_and_break_in_while():
@@ -489,3 +493,4 @@ def test_try_inside_a_loop_with_continue():
         return f
     run_both(make, X)
     run_both(make, -X.abs())
+    assert counts(make([]), -X.abs())[1] == ["FL120"] * 4  # one `if` per iteration
