@@ -13,7 +13,7 @@ import torch
 import fuselens
 from fl_capture_testing import check
 
-X = torch.randn(4, 8)
+X = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))  # counts depend on values
 
 
 class Counting:
@@ -494,3 +494,38 @@ def test_try_inside_a_loop_with_continue():
     run_both(make, X)
     run_both(make, -X.abs())
     assert counts(make([]), -X.abs())[1] == ["FL120"] * 4  # one `if` per iteration
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_break_in_a_callees_own_try(k):
+    """The callee's `try` around its break resumes inside it too: the break helper hands what
+    the breaking statement raises (`.item()` of k > 1 elements) back to the callee's handlers,
+    whose code (a `return` from the handler, the `finally`, a re-raise) then continues, and so
+    do the caller's blocks."""
+    def make(log):
+        def layer(h, k):
+            try:
+                h = torch.tanh(h)
+                n = h[0, :k].item()
+                log.append("read")
+                h = h * n
+            except RuntimeError:
+                log.append("handled")
+                if k == 3:
+                    raise
+                return h - 1
+            finally:
+                log.append("layer finally")
+            return h + 1
+
+        def f(x, k):
+            try:
+                y = layer(x * 2, k)
+            except RuntimeError:
+                log.append("caller handled")
+                y = x
+            return y.sum(0)
+        return f
+    run_both(make, X, k)
+    if k == 1:
+        assert counts(make([]), X, k) == (2, ["FL110"])

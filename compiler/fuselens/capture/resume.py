@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import itertools
 import operator
 import re
@@ -626,6 +627,7 @@ class Writer:
         temps: dict[str, str] = {}
         stmt = self.compiling_calls(s, sig) if sig.whole_stmt else substitute(s, inner.completed, self.mat, temps)
         stmt = self.explicit_super(inner, [stmt])[0][0]
+        x_live: list[str] = []  # the helper's variables its exceptional continuation reads
         # -- the innermost frame: the helper that runs the break, and its continuation
         if sig.cond is not None and isinstance(s, ast.If):
             cur = ast.copy_location(ast.If(test=ast.Name(id=cond, ctx=ast.Load()),
@@ -643,10 +645,12 @@ class Writer:
             cont_body = continuation(inner.levels, False)
             live = self.live(inner, cont_body, stored_names([s])) if cont_body else []
             ret = ast.Tuple(elts=[ast.Name(id=n, ctx=ast.Load()) for n in live], ctx=ast.Load())
-            h_body = with_wrappers(inner.levels, [stmt]) + [
-                ast.Return(value=ret if cont_body else ast.Constant(value=None))]
+            run = with_wrappers(inner.levels, [stmt])
+            if _in_try(inner.levels):
+                run, x_live = self._helper_raising(inner, run, uid)
+            h_body = run + [ast.Return(value=ret if cont_body else ast.Constant(value=None))]
             cont_params = live if cont_body else None
-        h_params = sorted(loaded_names(h_body) & set(inner.vars)) + list(temps)
+        h_params = sorted((loaded_names(h_body) | set(x_live)) & set(inner.vars)) + list(temps)
         h_body = unbound_locals(inner.scope.fs.node, h_body, set(inner.vars)) + h_body
         hname = f"__fl_break_{self.prefix}{len(self.helpers)}"
         helper = ast.FunctionDef(name=hname, args=_args(h_params), body=h_body, decorator_list=[],
@@ -683,36 +687,58 @@ class Writer:
             inner_call = f"{name}({st}, {inn}[:-1], *{inn}[-1])"
         call_break = f"{st} = {hname}({', '.join(h_args)})"
         out = _with_lines(call_break, frames[1:], self.mat)
-        if any(_in_try(fr.levels) for fr in frames[1:]):
+        if any(_in_try(fr.levels) for fr in frames):
             xname, xlives = self._raising_chain(frames, uid)
+            thunk = f"{self.sources.constant(functools.partial, 'partial')}(" \
+                    f"{self.sources.constant(_reraise, 'reraise')}, __fl_exc)"
             out = ["try:"] + ["    " + l for o in out for l in o.splitlines()] + [
                 "except BaseException as __fl_exc:",
-                f"    return {xname}({', '.join(_chain_args('__fl_exc', xlives))})"]
+                f"    return {xname}({', '.join(_chain_args(thunk, xlives))})"]
+            if _in_try(inner.levels):
+                out += [f"if type({st}) is {self.sources.constant(Raised, 'Raised')}:",
+                        f"    return {xname}({', '.join(_chain_args(f'{st}.call', xlives))})"]
         out.append(f"return {rname}({', '.join(_chain_args(st, lives))})")
         return out
 
+    def _helper_raising(self, inner, run, uid):
+        """The break helper's statement `run` inside `try` bodies of its own frame: what it
+        raises is returned as `Raised`, whose call runs the rest of the frame (a plain function)
+        with the exception raised again inside the same blocks, from the helper's variables.
+        Returns (statements, names that function reads)."""
+        body = continuation(inner.levels, False, current=_raise_exc(inner.stmt))
+        live = self.live(inner, body, stored_names([inner.stmt]))
+        fn = self.generated(inner, f"__fl_raise{uid}_0", ["__fl_exc", "__fl_l"],
+                            _unpack_locals(live, inner.stmt) + body)
+        catch = ast.parse(f"try:\n    pass\nexcept BaseException as __fl_exc:\n"
+                          f"    return {self.sources.constant(Raised, 'Raised')}("
+                          f"{self.sources.constant(functools.partial, 'partial')}("
+                          f"{self.sources.constant(fn, 'raise_into_try')}, __fl_exc, locals()))").body[0]
+        for n in ast.walk(catch):
+            ast.copy_location(n, inner.stmt)
+        catch.body = run
+        return [catch], live
+
     def _raising_chain(self, frames, uid):
-        """What the break helper raises, raised again in each enclosing frame where the call
-        that led to it was, inside the frame's blocks (its `try` statements decide): plain
+        """The enclosing frames' code after the call that led to the break, where the breaking
+        frame ended with an exception: each frame goes on from that call inside its blocks (its
+        `try` statements decide), the call's result being `__fl_xcall()` (which raises the
+        exception, or runs the rest of the breaking frame: see `_helper_raising`). Plain
         functions, one per enclosing frame, each calling the one inside it as the normal
         continuation does. Returns (the outermost's name, each frame's live values)."""
-        consts, inner_call, lives = {}, None, []
+        consts, inner_call, lives = {}, "__fl_xcall()", []
         name = None
         for i, fr in enumerate(frames[1:], start=1):
             ftemps: dict[str, str] = {}
-            if inner_call is None:  # the frame that called the breaking one: raises there
-                cur = [_raise_exc(fr.call)]
-            else:
-                first = ast.parse(f"__fl_ret = {inner_call}").body[0]
-                for n in ast.walk(first):
-                    ast.copy_location(n, fr.call)
-                cur = [first, substitute(fr.stmt, fr.completed, self.mat, ftemps, replace_call=fr.call)]
+            first = ast.parse(f"__fl_ret = {inner_call}").body[0]
+            for n in ast.walk(first):
+                ast.copy_location(n, fr.call)
+            cur = [first, substitute(fr.stmt, fr.completed, self.mat, ftemps, replace_call=fr.call)]
             body = continuation(fr.levels, False, current=cur)
             own = list(ftemps) + [n for n in self.live(fr, body) if n not in ftemps]
             lives.append([ftemps[n] if n in ftemps else self.mat.expr(fr.vars[n]) for n in own])
             name = f"__fl_raise{uid}_{i}"
-            consts = {name: self.generated(fr, name, ["__fl_exc", "__fl_xinn"] + own, body, consts=consts)}
-            inner_call = f"{name}(__fl_exc, __fl_xinn[:-1], *__fl_xinn[-1])"
+            consts = {name: self.generated(fr, name, ["__fl_xcall", "__fl_xinn"] + own, body, consts=consts)}
+            inner_call = f"{name}(__fl_xcall, __fl_xinn[:-1], *__fl_xinn[-1])"
         return self.sources.constant(consts[name], "raise_into_try"), lives
 
     def compiling_calls(self, s, sig: BreakSignal):
@@ -765,6 +791,19 @@ def _with_lines(text, outer_frames, mat):
         items = ", ".join(ast.unparse(Bind().visit(copy.deepcopy(i))) for i in node.items)
         src = f"with {items}:\n" + "\n".join("    " + l for l in src.splitlines())
     return [src]
+
+
+class Raised:
+    """What a break helper returns where its statement raised inside a `try` of its frame:
+    `call()` runs the rest of that frame from there (write_inlined)."""
+    __slots__ = ("call",)
+
+    def __init__(self, call):
+        self.call = call
+
+
+def _reraise(exc):
+    raise exc
 
 
 def _chain_args(first, lives) -> list[str]:

@@ -321,16 +321,12 @@ class Statements:
         self.exec_block(s.finalbody, scope, ("try", s))
 
     def _resumable_in_try(self, b: BreakSignal, scope) -> bool:
-        """Whether a break in a `try` body can resume inside it. The statement Python runs at
-        the break is given a handler that passes its exception on to the `try` (resume.py);
-        that needs the frame's variables where it runs: in the function being compiled itself,
-        not in a break helper of an inlined callee (its `try` runs in Python, the callee
-        compiled on its own). A `return` there would skip the `finally`."""
+        """Whether a break in a `try` body can resume inside it: the statement Python runs at
+        the break is given a handler that passes its exception on to the `try` (resume.py),
+        unless it is a `return` (Python would return without the `finally`)."""
         if self.abstract or not b.frames or b.frames[-1].scope is not scope:
             return False
-        if len(b.frames) > 1:  # from a call in this frame: this frame's code after it resumes
-            return True
-        return scope.parent is None and not isinstance(b.frames[0].stmt, ast.Return)
+        return len(b.frames) > 1 or not isinstance(b.frames[0].stmt, ast.Return)
 
     def _stmt_Raise(self, s, scope):
         """Inside a captured `try` body, `raise` raises (a handler may take it); elsewhere the
