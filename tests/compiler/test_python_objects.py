@@ -222,10 +222,10 @@ def test_parameterless_module_made_in_forward_keeps_one_cache_entry():
     check(f, X, graphs=1, breaks=[], calls=3)
 
 
-def test_context_manager_written_as_a_generator_runs_in_python(capsys):
+def test_context_manager_written_as_a_generator_runs_around_the_body(capsys):
     """`@contextlib.contextmanager`: the generator's code before and after its `yield` runs
-    around the `with` body, in Python (running the generator to its end when called ran both
-    before the body)."""
+    around the `with` body (running the generator to its end when called ran both before the
+    body); more in test_capture_python_blocks.py."""
     import contextlib
     order = []
 

@@ -74,19 +74,9 @@ def run_and_compare(name, train, calls=3, dropout=True):
     return model, ref, inputs, cm
 
 
-# Wav2Vec2 in train mode sets `hidden_states.requires_grad = True` on an intermediate (a new
-# autograd leaf: a break, as under torch.compile) inside transformers' `try`-wrapped forward;
-# fuselens runs that `try` in Python and compiles the callee again, so the one break is
-# counted in each of the 3 frames it passes through (torch.compile: 3 graphs, 2 breaks).
-SHORT = {("wav2vec2", True): "3 breaks where torch.compile counts 2 (a break inside `try` "
-                             "re-counted per frame; fuselens: 2 graphs, torch.compile 3)"}
-
-
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 @pytest.mark.parametrize("name", hf_zoo.names())
-def test_model_compiles_whole_equal_to_eager(name, train, fx_backend, request):
-    if (name, train) in SHORT:
-        request.applymarker(pytest.mark.xfail(reason=SHORT[name, train], strict=True))
+def test_model_compiles_whole_equal_to_eager(name, train, fx_backend):
     model, ref, inputs, _ = run_and_compare(name, train)
     ex = fuselens.explain(model, **inputs)
     graphs, breaks = dynamo_counts(ref, inputs)

@@ -95,8 +95,8 @@ UNKNOWN_CALL = _kind(
     "GB0147")
 UNSUPPORTED_STMT = _kind(
     "FL150", "Statement not supported in a graph",
-    "This statement (e.g. try/except, del, global, a generator, an unknown context manager) "
-    "cannot be captured: it runs in Python between graphs.",
+    "This statement (e.g. del, global, a generator, a context manager of C code) cannot be "
+    "captured: it runs in Python between graphs.",
     "Move it outside the compiled function, or rewrite it with supported constructs.",
     "GB0142")
 UNSUPPORTED_EXPR = _kind(
@@ -106,8 +106,8 @@ UNSUPPORTED_EXPR = _kind(
     "GB0147")
 UNROLLABLE_LOOP = _kind(
     "FL160", "Loop that cannot be unrolled",
-    "The loop iterates over something not known at compile time (a tensor, an iterator, or its body "
-    "uses break/continue around a graph break): the loop runs in Python.",
+    "The loop iterates over something not known at compile time (a tensor, an iterator), or the "
+    "statement at a graph break in its body is a break/continue of it: the loop runs in Python.",
     "Iterate over a range, list, tuple or nn.ModuleList of fixed length.",
     "GB0147")
 INLINE_DEPTH = _kind(

@@ -15,7 +15,7 @@ from . import calls as C
 from .side_effects import MUTABLE
 from .values import (UNKNOWN, ForeignData, GeneratorCall, LocalFunction, SymInt, SymShape, TensorVar,
                      Unknown, contains_tensor)
-from .frames import AbstractKwargs, AbstractSeq, Opaque, Scope
+from .frames import AbstractKwargs, AbstractSeq, Opaque, Scope, Suspend
 from .objects import user_mapping
 
 
@@ -151,8 +151,10 @@ class Expressions:
     def _ex_BoolOp(self, e, scope):
         is_and = isinstance(e.op, ast.And)
         v = None
-        for x in e.values:
+        for i, x in enumerate(e.values):
             v = self.eval(x, scope)
+            if i == len(e.values) - 1:
+                return v  # Python returns the last operand as is: its truth is not asked
             t = self.truth(v, x, scope, kind=B.DATA_IF)
             if t is UNKNOWN:
                 return UNKNOWN
@@ -289,6 +291,12 @@ class Expressions:
 
     def _ex_Yield(self, e, scope):
         v = None if e.value is None else self.eval(e.value, scope)
+        if scope.suspends:
+            _, _, stmts, idx, _ = scope.levels[-1]
+            st = stmts[idx]
+            if not isinstance(st, (ast.Expr, ast.Assign)) or st.value is not e:  # `f((yield))`
+                self.brk(B.UNSUPPORTED_EXPR, e, scope, detail="`yield` inside an expression")
+            raise Suspend(v, [list(l) for l in scope.levels])
         if scope.yields is not None:  # (the editor's walk of a generator's body collects nothing)
             scope.yields.append(v)
         return None  # what `send` would pass in: the generator runs to its end, nothing is sent

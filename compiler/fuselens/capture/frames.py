@@ -27,6 +27,15 @@ class LoopBreak(Exception):
     pass
 
 
+class Suspend(Exception):
+    """A `@contextlib.contextmanager` generator reached its `yield` (statements.py): what it
+    yields, and the block positions of the yield statement, where its exit continues."""
+
+    def __init__(self, value, levels):
+        self.value = value
+        self.levels = levels
+
+
 class LoopContinue(Exception):
     pass
 
@@ -88,6 +97,7 @@ class Scope:
         self.completed: dict = {}
         self.call_node: ast.Call | None = None  # the call in the parent that made this frame
         self.yields: list | None = None  # a generator function's frame: what it yielded so far
+        self.suspends = False  # a context manager's generator: its `yield` suspends the frame
 
     def lookup(self, name):
         if name in self.vars:
@@ -145,3 +155,22 @@ def is_generator(node) -> bool:
         if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
             todo.extend(ast.iter_child_nodes(n))
     return False
+
+
+def has_loop_jump(body) -> bool:
+    """Whether `body` has a `break`/`continue` of the loop it is in (not of a loop inside)."""
+    for s in body:
+        for n in _walk_no_loops(s):
+            if isinstance(n, (ast.Break, ast.Continue)):
+                return True
+    return False
+
+
+def _walk_no_loops(node):
+    yield node
+    for c in ast.iter_child_nodes(node):
+        if isinstance(c, (ast.For, ast.While)):
+            for o in c.orelse:  # a loop's `else` is outside it
+                yield from _walk_no_loops(o)
+        elif not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            yield from _walk_no_loops(c)

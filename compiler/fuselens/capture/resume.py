@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import itertools
 import operator
 import re
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import side_effects as S
-from .frames import BreakSignal, FrameAtBreak
+from .frames import BreakSignal, FrameAtBreak, has_loop_jump
 from .source import FunctionSource, build_function
 from .values import GeneratorCall, LocalFunction, SymInt, SymShape, TensorVar, ValueSources
 
@@ -314,6 +315,9 @@ def continuation(levels, include_current: bool, current=None) -> list:
 
 
 def _wrap(owner, node, inner, extra):
+    if owner == "try":  # a break in its body (statements.py): the rest of the body, re-entered
+        return [ast.copy_location(ast.Try(body=inner or [ast.Pass()], handlers=node.handlers,
+                                          orelse=node.orelse, finalbody=node.finalbody), node)]
     if owner == "with":
         return [ast.copy_location(ast.With(items=node.items, body=inner or [ast.Pass()],
                                            type_comment=None), node)] if inner else []
@@ -325,11 +329,25 @@ def _wrap(owner, node, inner, extra):
                                              body=node.body, orelse=node.orelse,
                                              type_comment=None), node)
             loop._fl_items = rest
-            return inner + [loop]
-        return inner + list(node.orelse)
+            return _rest_of_iteration(inner, [loop], node)
+        return _rest_of_iteration(inner, list(node.orelse), node)
     if owner == "while":
-        return inner + [node]
+        return _rest_of_iteration(inner, [node], node)
     return inner  # function body, static if
+
+
+def _rest_of_iteration(inner, after, loop):
+    """The rest of a loop's current iteration, then `after` (its next iterations, or its
+    `else`). Where the rest has a `continue`/`break` of the loop, it runs in a one-pass loop
+    whose `else` is `after`: `continue` ends the pass and goes on to `after`, `break` skips it,
+    as in the loop itself."""
+    if not has_loop_jump(inner):
+        return inner + after
+    once = ast.For(target=ast.Name(id="__fl_once", ctx=ast.Store()),
+                   iter=ast.Tuple(elts=[ast.Constant(value=0)], ctx=ast.Load()),
+                   body=inner, orelse=after, type_comment=None)
+    ast.copy_location(once, inner[0] if inner else loop)
+    return [ast.fix_missing_locations(once)]
 
 
 class _RestItems:
@@ -485,7 +503,7 @@ class Writer:
         names = (loaded_names(after) | loaded_names(local_defs(frame, after))) - _local_fn_names(frame)
         if _super_site(frame) is not None and _has_zero_arg_super(after):
             names.add(_super_site(frame)[1])  # `super()` becomes `super(cls, self)` there
-        defined = set(frame.vars) | set(extra_defined)
+        defined = (set(frame.vars) | set(extra_defined)) - {"__fl_once"}  # (a one-pass loop's own)
         return sorted(n for n in names & defined)
 
     def handler(self, frame: FrameAtBreak, sig: BreakSignal) -> tuple[list, list[str]]:
@@ -517,7 +535,30 @@ class Writer:
             reads |= set(params) - stored_names([s])
         elif body is not None:
             tail = [ast.Return(value=ast.Constant(value=None))]
-        return with_wrappers(frame.levels, [stmt]) + tail, temps, reads
+        run = with_wrappers(frame.levels, [stmt])
+        if _in_try(frame.levels):
+            run, exc_reads = self._raising_into_try(frame, run)
+            reads |= exc_reads
+        return run + tail, temps, reads
+
+    def _raising_into_try(self, frame, run):
+        """`run` (the breaking statement, in the transformed function) inside enclosing `try`
+        bodies: what it raises goes to a plain function that raises it again inside the same
+        blocks (handlers, `else`, `finally` and the rest of the function run in Python, as after
+        an exception in eager). The frame's variables reach it as the transformed function's
+        `locals()`: those the statement assigned before raising are bound, as in eager."""
+        uid = next(_UIDS)
+        body = continuation(frame.levels, False, current=_raise_exc(frame.stmt))
+        live = self.live(frame, body, stored_names([frame.stmt]))
+        name = self.sources.constant(self.generated(frame, f"__fl_raise{uid}", ["__fl_exc", "__fl_l"],
+                                                    _unpack_locals(live, frame.stmt) + body),
+                                     "raise_into_try")
+        catch = ast.parse(f"try:\n    pass\nexcept BaseException as __fl_exc:\n"
+                          f"    return {name}(__fl_exc, locals())").body[0]
+        for n in ast.walk(catch):
+            ast.copy_location(n, frame.stmt)
+        catch.body = run
+        return [catch], set(live)
 
     def _branch_resume(self, frame, branch, tag):
         levels = [list(l) for l in frame.levels] + [["if", frame.stmt, branch, -1, None]]
@@ -586,6 +627,7 @@ class Writer:
         temps: dict[str, str] = {}
         stmt = self.compiling_calls(s, sig) if sig.whole_stmt else substitute(s, inner.completed, self.mat, temps)
         stmt = self.explicit_super(inner, [stmt])[0][0]
+        x_live: list[str] = []  # the helper's variables its exceptional continuation reads
         # -- the innermost frame: the helper that runs the break, and its continuation
         if sig.cond is not None and isinstance(s, ast.If):
             cur = ast.copy_location(ast.If(test=ast.Name(id=cond, ctx=ast.Load()),
@@ -603,10 +645,12 @@ class Writer:
             cont_body = continuation(inner.levels, False)
             live = self.live(inner, cont_body, stored_names([s])) if cont_body else []
             ret = ast.Tuple(elts=[ast.Name(id=n, ctx=ast.Load()) for n in live], ctx=ast.Load())
-            h_body = with_wrappers(inner.levels, [stmt]) + [
-                ast.Return(value=ret if cont_body else ast.Constant(value=None))]
+            run = with_wrappers(inner.levels, [stmt])
+            if _in_try(inner.levels):
+                run, x_live = self._helper_raising(inner, run, uid)
+            h_body = run + [ast.Return(value=ret if cont_body else ast.Constant(value=None))]
             cont_params = live if cont_body else None
-        h_params = sorted(loaded_names(h_body) & set(inner.vars)) + list(temps)
+        h_params = sorted((loaded_names(h_body) | set(x_live)) & set(inner.vars)) + list(temps)
         h_body = unbound_locals(inner.scope.fs.node, h_body, set(inner.vars)) + h_body
         hname = f"__fl_break_{self.prefix}{len(self.helpers)}"
         helper = ast.FunctionDef(name=hname, args=_args(h_params), body=h_body, decorator_list=[],
@@ -641,12 +685,61 @@ class Writer:
             fn = self.generated(fr, name, params, body, consts=consts)
             consts = {name: fn}
             inner_call = f"{name}({st}, {inn}[:-1], *{inn}[-1])"
-        inner_lives = ", ".join("(" + "".join(e + ", " for e in l) + ")" for l in lives[:-1])
         call_break = f"{st} = {hname}({', '.join(h_args)})"
         out = _with_lines(call_break, frames[1:], self.mat)
-        args = [st, f"({inner_lives}{',' if len(lives) == 2 else ''})"] + lives[-1]
-        out.append(f"return {rname}({', '.join(args)})")
+        if any(_in_try(fr.levels) for fr in frames):
+            xname, xlives = self._raising_chain(frames, uid)
+            thunk = f"{self.sources.constant(functools.partial, 'partial')}(" \
+                    f"{self.sources.constant(_reraise, 'reraise')}, __fl_exc)"
+            out = ["try:"] + ["    " + l for o in out for l in o.splitlines()] + [
+                "except BaseException as __fl_exc:",
+                f"    return {xname}({', '.join(_chain_args(thunk, xlives))})"]
+            if _in_try(inner.levels):
+                out += [f"if type({st}) is {self.sources.constant(Raised, 'Raised')}:",
+                        f"    return {xname}({', '.join(_chain_args(f'{st}.call', xlives))})"]
+        out.append(f"return {rname}({', '.join(_chain_args(st, lives))})")
         return out
+
+    def _helper_raising(self, inner, run, uid):
+        """The break helper's statement `run` inside `try` bodies of its own frame: what it
+        raises is returned as `Raised`, whose call runs the rest of the frame (a plain function)
+        with the exception raised again inside the same blocks, from the helper's variables.
+        Returns (statements, names that function reads)."""
+        body = continuation(inner.levels, False, current=_raise_exc(inner.stmt))
+        live = self.live(inner, body, stored_names([inner.stmt]))
+        fn = self.generated(inner, f"__fl_raise{uid}_0", ["__fl_exc", "__fl_l"],
+                            _unpack_locals(live, inner.stmt) + body)
+        catch = ast.parse(f"try:\n    pass\nexcept BaseException as __fl_exc:\n"
+                          f"    return {self.sources.constant(Raised, 'Raised')}("
+                          f"{self.sources.constant(functools.partial, 'partial')}("
+                          f"{self.sources.constant(fn, 'raise_into_try')}, __fl_exc, locals()))").body[0]
+        for n in ast.walk(catch):
+            ast.copy_location(n, inner.stmt)
+        catch.body = run
+        return [catch], live
+
+    def _raising_chain(self, frames, uid):
+        """The enclosing frames' code after the call that led to the break, where the breaking
+        frame ended with an exception: each frame goes on from that call inside its blocks (its
+        `try` statements decide), the call's result being `__fl_xcall()` (which raises the
+        exception, or runs the rest of the breaking frame: see `_helper_raising`). Plain
+        functions, one per enclosing frame, each calling the one inside it as the normal
+        continuation does. Returns (the outermost's name, each frame's live values)."""
+        consts, inner_call, lives = {}, "__fl_xcall()", []
+        name = None
+        for i, fr in enumerate(frames[1:], start=1):
+            ftemps: dict[str, str] = {}
+            first = ast.parse(f"__fl_ret = {inner_call}").body[0]
+            for n in ast.walk(first):
+                ast.copy_location(n, fr.call)
+            cur = [first, substitute(fr.stmt, fr.completed, self.mat, ftemps, replace_call=fr.call)]
+            body = continuation(fr.levels, False, current=cur)
+            own = list(ftemps) + [n for n in self.live(fr, body) if n not in ftemps]
+            lives.append([ftemps[n] if n in ftemps else self.mat.expr(fr.vars[n]) for n in own])
+            name = f"__fl_raise{uid}_{i}"
+            consts = {name: self.generated(fr, name, ["__fl_xcall", "__fl_xinn"] + own, body, consts=consts)}
+            inner_call = f"{name}(__fl_xcall, __fl_xinn[:-1], *__fl_xinn[-1])"
+        return self.sources.constant(consts[name], "raise_into_try"), lives
 
     def compiling_calls(self, s, sig: BreakSignal):
         """Statement `s`, which Python runs whole, with each call that led to the break
@@ -698,6 +791,48 @@ def _with_lines(text, outer_frames, mat):
         items = ", ".join(ast.unparse(Bind().visit(copy.deepcopy(i))) for i in node.items)
         src = f"with {items}:\n" + "\n".join("    " + l for l in src.splitlines())
     return [src]
+
+
+class Raised:
+    """What a break helper returns where its statement raised inside a `try` of its frame:
+    `call()` runs the rest of that frame from there (write_inlined)."""
+    __slots__ = ("call",)
+
+    def __init__(self, call):
+        self.call = call
+
+
+def _reraise(exc):
+    raise exc
+
+
+def _chain_args(first, lives) -> list[str]:
+    """Arguments of the outermost function of a chain of frame continuations: `first`, the
+    inner frames' live values (a tuple of tuples, innermost first), the outermost's own."""
+    inner = ", ".join("(" + "".join(e + ", " for e in l) + ")" for l in lives[:-1])
+    return [first, f"({inner}{',' if len(lives) == 2 else ''})"] + lives[-1]
+
+
+def _in_try(levels) -> bool:
+    return any(owner == "try" for owner, *_ in levels)
+
+
+def _raise_exc(at):
+    """`raise __fl_exc`, at `at`'s location (the statement or call that raised)."""
+    r = ast.Raise(exc=ast.Name(id="__fl_exc", ctx=ast.Load()), cause=None)
+    for n in ast.walk(r):
+        ast.copy_location(n, at)
+    return r
+
+
+def _unpack_locals(names, at) -> list:
+    """`if 'n' in __fl_l: n = __fl_l['n']` for each name: one the statement did not get to
+    assign stays unbound (reading it raises UnboundLocalError, as in eager)."""
+    out = [ast.parse(f"if {n!r} in __fl_l:\n    {n} = __fl_l[{n!r}]").body[0] for n in names]
+    for st in out:
+        for n in ast.walk(st):
+            ast.copy_location(n, at)
+    return out
 
 
 def _args(params):

@@ -6,17 +6,20 @@ from __future__ import annotations
 import ast
 import contextlib
 import copy
+import inspect
 import sys
+import types
 
 import torch
 
 from . import breaks as B
 from . import calls as C
 from .graph import MetaEvalError
-from .source import NoSourceError
+from .source import NoSourceError, function_source
 from .values import UNKNOWN, LocalFunction, SymInt, TensorVar, Unknown
 from .frames import (AbstractSeq, BreakSignal, CannotCapture, FrameAtBreak, LoopBreak, LoopContinue,
-                     Opaque, PathEnd, Return)
+                     Opaque, PathEnd, Return, Suspend, has_loop_jump)
+from .resume import continuation
 from .tensors import functional_setitem
 
 
@@ -231,6 +234,8 @@ class Statements:
                 return
             except LoopContinue:
                 continue
+            except BreakSignal as b:
+                raise self._loop_break(b, scope) from None
         self.brk(B.UNROLLABLE_LOOP, s, scope, detail=f"more than {MAX_UNROLL} iterations",
                  whole_stmt=True)
 
@@ -243,7 +248,6 @@ class Statements:
         if len(items) > MAX_UNROLL:
             self.brk(B.UNROLLABLE_LOOP, s.iter, scope,
                      detail=f"{len(items)} iterations (limit {MAX_UNROLL})", whole_stmt=True)
-        has_jump = _has_loop_jump(s.body)
         for i, item in enumerate(items):
             self.assign(s.target, self.latest(item), scope)
             try:
@@ -253,20 +257,34 @@ class Statements:
             except LoopContinue:
                 continue
             except BreakSignal as b:
-                if has_jump and not self.abstract:
-                    # resuming mid-iteration would need break/continue outside a loop
-                    raise b.in_python(scope, b.brk.replace(code=B.UNROLLABLE_LOOP.code,
-                                                           title=B.UNROLLABLE_LOOP.title,
-                                                           explanation=B.UNROLLABLE_LOOP.explanation
-                                                           + f" (inside: {b.brk.title})")) from None
-                raise
+                raise self._loop_break(b, scope) from None
         self.exec_block(s.orelse, scope, ("if", s))
+
+    def _loop_break(self, b: BreakSignal, scope) -> BreakSignal:
+        """A break inside a loop body resumes mid-iteration (resume.py runs the rest of the
+        iteration in a one-pass loop, so its `continue`/`break` keep their meaning), unless the
+        statement Python runs is itself a `continue`/`break` of this loop (`if t.item(): break`):
+        outside any loop, the transformed function cannot run it; then the loop runs in Python.
+        A data-dependent `if` is not run by Python: each branch continues in its own resume."""
+        if self.abstract or not b.frames or b.frames[-1].scope is not scope:
+            return b
+        stmt = b.frames[-1].stmt
+        if not has_loop_jump([stmt]):
+            return b
+        if len(b.frames) == 1 and b.cond is not None and isinstance(stmt, ast.If) and not b.whole_stmt:
+            return b
+        return b.in_python(scope, b.brk.replace(
+            code=B.UNROLLABLE_LOOP.code, title=B.UNROLLABLE_LOOP.title,
+            explanation=B.UNROLLABLE_LOOP.explanation + f" (inside: {b.brk.title})"))
 
     def _stmt_Try(self, s, scope):
         """`try` is captured: an exception the evaluated code raises (a lookup on plain values,
         a user's `raise`) goes to the first handler whose type matches, `else` runs after a body
-        that raised nothing, `finally` always. A graph break inside makes the whole statement run
-        in Python (a resume cannot re-enter the handlers)."""
+        that raised nothing, `finally` always. A graph break in the body resumes inside the
+        statement (resume.py re-enters the `try`, and gives what the breaking statement raises
+        to its handlers); one in a handler, `else` or `finally` makes the whole statement run in
+        Python."""
+        in_body = True
         try:
             try:
                 self.in_try += 1
@@ -277,6 +295,7 @@ class Statements:
             except NOT_USER_EXCEPTIONS:
                 raise
             except Exception as exc:  # noqa: BLE001 (the user's code raised it: its handlers decide)
+                in_body = False
                 handler = self._handler_for(s.handlers, exc, scope)
                 if handler is None:
                     raise
@@ -286,13 +305,28 @@ class Statements:
                 if handler.name:
                     scope.vars.pop(handler.name, None)  # Python unbinds it after the handler
             else:
+                in_body = False
                 self.exec_block(s.orelse, scope, ("try", s))
         except BreakSignal as b:
+            if in_body and self._resumable_in_try(b, scope):
+                raise
             raise b.in_python(scope) from None
+        except Suspend:
+            if not in_body:  # (a yield in a handler: the exit would not know the exception)
+                self.brk(B.UNSUPPORTED_EXPR, s, scope, detail="`yield` in an exception handler")
+            raise  # the rest of the `try` runs at the generator's exit (_generator_with)
         except BaseException:
             self.exec_block(s.finalbody, scope, ("try", s))
             raise
         self.exec_block(s.finalbody, scope, ("try", s))
+
+    def _resumable_in_try(self, b: BreakSignal, scope) -> bool:
+        """Whether a break in a `try` body can resume inside it: the statement Python runs at
+        the break is given a handler that passes its exception on to the `try` (resume.py),
+        unless it is a `return` (Python would return without the `finally`)."""
+        if self.abstract or not b.frames or b.frames[-1].scope is not scope:
+            return False
+        return len(b.frames) > 1 or not isinstance(b.frames[0].stmt, ast.Return)
 
     def _stmt_Raise(self, s, scope):
         """Inside a captured `try` body, `raise` raises (a handler may take it); elsewhere the
@@ -312,13 +346,156 @@ class Statements:
         raise exc from cause
 
     def _stmt_With(self, s, scope):
-        with contextlib.ExitStack() as stack:
-            for item in s.items:
-                cm = self.eval(item.context_expr, scope)
-                self.enter_context(cm, item, scope, stack)
-                if item.optional_vars is not None:
-                    self.assign(item.optional_vars, None, scope)
+        self._with_items(s, s.items, scope)
+
+    def _with_items(self, s, items, scope):
+        """`with a, b: body` is `with a: with b: body`. Grad mode and autocast are the
+        evaluator's state; a context manager whose `__enter__`/`__exit__` are Python code
+        (`contextlib.nullcontext`, a user's class) is interpreted as Python runs it."""
+        if not items:
             self.exec_block(s.body, scope, ("with", s))
+            return
+        item = items[0]
+        cm = self.eval(item.context_expr, scope)
+        if self._made_by_contextmanager(cm):
+            self._generator_with(s, items, cm, scope)
+            return
+        methods = _python_cm_methods(cm)
+        if methods is None:
+            try:
+                with contextlib.ExitStack() as stack:
+                    self.enter_context(cm, item, scope, stack)
+                    if item.optional_vars is not None:
+                        self.assign(item.optional_vars, None, scope)
+                    self._with_items(s, items[1:], scope)
+            except Suspend:  # grad mode set around a `yield` stays on in the caller's body
+                self.brk(B.UNSUPPORTED_EXPR, item.context_expr, scope, whole_stmt=True,
+                         detail="`yield` inside a grad-mode or autocast block")
+            return
+        self._python_with(s, items, cm, methods, scope)
+
+    def _python_with(self, s, items, cm, methods, scope):
+        """The body between `__enter__` (its result bound by `as`) and `__exit__`: with
+        (None, None, None) after a normal end, with the exception the body raised otherwise
+        (a true result suppresses it). Their effects are the capture's (modelled, replayed
+        once). A graph break in the body, in `__enter__` or in `__exit__` makes the whole
+        statement run in Python: a resume would enter the manager a second time."""
+        item, (enter, exit_) = items[0], methods
+        at = item.context_expr
+        try:
+            v = self.inline(enter, [], {}, at, scope, self_value=cm)
+            if item.optional_vars is not None:
+                self.assign(item.optional_vars, v, scope)
+            try:
+                self.in_try += 1  # a `raise` in the body is captured: __exit__ may suppress it
+                try:
+                    self._with_items(s, items[1:], scope)
+                finally:
+                    self.in_try -= 1
+            except NOT_USER_EXCEPTIONS:
+                raise
+            except Exception as exc:  # noqa: BLE001 (the user's code raised it: __exit__ decides)
+                if self.abstract:
+                    raise
+                suppress = self.inline(exit_, [type(exc), exc, exc.__traceback__], {}, at, scope,
+                                       self_value=cm)
+                if isinstance(suppress, (TensorVar, SymInt, Unknown)):
+                    self.brk(B.UNSUPPORTED_STMT, at, scope, whole_stmt=True,
+                             detail="`__exit__` result that is not a Python value")
+                if not suppress:
+                    raise
+                return
+            self.inline(exit_, [None, None, None], {}, at, scope, self_value=cm)
+        except Suspend:
+            self.brk(B.UNSUPPORTED_EXPR, at, scope, whole_stmt=True,
+                     detail="`yield` inside a context manager written in Python")
+        except BreakSignal as b:
+            if self.abstract or b.whole_stmt and not b.frames:  # (an inner `with` item's already)
+                raise
+            if b.frames[-1].scope is scope:  # from the body: its call is compiled on its own
+                raise b.in_python(scope) from None
+            raise BreakSignal(b.brk, whole_stmt=True) from None  # from __enter__/__exit__
+
+    def _made_by_contextmanager(self, cm) -> bool:
+        """A `@contextlib.contextmanager` object this call made (one from outside may have been
+        entered already: its generator is not this call's to run)."""
+        if self.abstract or type(cm) is not contextlib._GeneratorContextManager:
+            return False
+        if self.value_sources.get(cm) is not None:
+            return False
+        try:
+            function_source(cm.func)
+        except NoSourceError:
+            return False
+        return True
+
+    def _generator_with(self, s, items, cm, scope):
+        """`with` a `@contextlib.contextmanager` object: its generator function's body runs to
+        its `yield` (what it yields bound by `as`), the `with` body, then the rest of the
+        generator from the `yield` (statements after it, in its enclosing `try`/`with`/loops:
+        resume.continuation), or, where the body raised, that rest with the exception raised
+        at the `yield` (the generator's handlers decide; ending without raising suppresses it).
+        Anything else (a second `yield`, a graph break in the generator or in the body) makes
+        the whole `with` run in Python."""
+        item, at = items[0], items[0].context_expr
+        gen = self.inline(cm.func, list(cm.args), dict(cm.kwds), at, scope)
+        fs, gscope = gen.fs_scope
+        gscope.suspends = True
+        try:
+            try:
+                self._run_body(fs, gscope)
+                raise RuntimeError("generator didn't yield")  # (contextlib's error)
+            except Suspend as sus:
+                suspended = sus
+            if item.optional_vars is not None:
+                self.assign(item.optional_vars, suspended.value, scope)
+            at_yield = suspended.levels[-1][2][suspended.levels[-1][3]]
+            resumed = []  # `v = yield`: v is None (nothing is sent)
+            if isinstance(at_yield, ast.Assign):
+                resumed = [ast.copy_location(ast.Assign(targets=at_yield.targets,
+                                                        value=ast.Constant(value=None)), at_yield)]
+            try:
+                self.in_try += 1
+                try:
+                    self._with_items(s, items[1:], scope)
+                finally:
+                    self.in_try -= 1
+            except NOT_USER_EXCEPTIONS:
+                raise
+            except Exception as exc:  # noqa: BLE001 (the user's code raised it: the generator decides)
+                gscope.vars["__fl_exc"] = exc
+                thrown = ast.copy_location(ast.Raise(exc=ast.Name(id="__fl_exc", ctx=ast.Load()),
+                                                     cause=None), at_yield)
+                ast.fix_missing_locations(thrown)
+                try:
+                    self._generator_exit(fs, gscope, continuation(suspended.levels, False, current=[thrown]))
+                except Exception as out:  # noqa: BLE001
+                    if out is exc:
+                        raise
+                    raise out from exc
+                return  # the generator ended: the exception is suppressed
+            self._generator_exit(fs, gscope, continuation(suspended.levels, False, current=resumed))
+        except Suspend:
+            self.brk(B.UNSUPPORTED_EXPR, at, scope, whole_stmt=True,
+                     detail="context manager generator that yields more than once")
+        except BreakSignal as b:
+            if b.whole_stmt and not b.frames:
+                raise
+            if b.frames[-1].scope is scope:
+                raise b.in_python(scope) from None
+            raise BreakSignal(b.brk, whole_stmt=True) from None
+
+    def _generator_exit(self, fs, gscope, rest):
+        for n in (x for st in rest for x in ast.walk(st)):
+            if isinstance(n, ast.Name) and hasattr(n, "_fl_value"):  # a loop's rest items
+                gscope.vars[n.id] = n._fl_value
+        self.in_try += 1  # the exception raised at the `yield` is the generator's to handle
+        try:
+            self.exec_block(rest, gscope, ("body", fs.node))
+        except Return:
+            pass
+        finally:
+            self.in_try -= 1
 
     def _stmt_Import(self, s, scope):
         # only modules already imported: importing anew would run module code at capture time
@@ -465,7 +642,21 @@ MAX_UNROLL = 512
 
 # raised by capture itself, not by the user's code: a captured `try` never handles them
 NOT_USER_EXCEPTIONS = (Return, LoopBreak, LoopContinue, CannotCapture, BreakSignal, Opaque,
-                        MetaEvalError, NoSourceError, PathEnd)
+                        MetaEvalError, NoSourceError, PathEnd, Suspend)
+
+
+def _python_cm_methods(cm):
+    """(`__enter__`, `__exit__`) of a context manager whose class defines both in Python with
+    source (what the evaluator can interpret), else None."""
+    enter = inspect.getattr_static(type(cm), "__enter__", None)
+    exit_ = inspect.getattr_static(type(cm), "__exit__", None)
+    # torch's own (grad mode, autocast) are enter_context's; a generator's cannot be
+    # interpreted (its code after `yield` runs at exit)
+    if isinstance(enter, types.FunctionType) and isinstance(exit_, types.FunctionType) \
+            and not type(cm).__module__.startswith("torch") \
+            and not isinstance(cm, contextlib._GeneratorContextManagerBase):
+        return enter, exit_
+    return None
 
 
 def _join(frames):
@@ -495,19 +686,3 @@ def _assigned_names(s) -> set:
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
             names.add(n.id)
     return names
-
-
-def _has_loop_jump(body) -> bool:
-    for s in body:
-        for n in _walk_no_loops(s):
-            if isinstance(n, (ast.Break, ast.Continue)):
-                return True
-    return False
-
-
-def _walk_no_loops(node):
-    yield node
-    for c in ast.iter_child_nodes(node):
-        if isinstance(c, (ast.For, ast.While, ast.FunctionDef, ast.Lambda)):
-            continue
-        yield from _walk_no_loops(c)
