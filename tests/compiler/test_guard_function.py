@@ -125,3 +125,12 @@ def test_source_read_twice_behind_a_condition_is_not_read_early(value, want):
 def test_source_read_twice_after_a_length_guard(n, want):
     exprs = ["type(x) is list and len(x) == 3", "x[2] == 7", "x[2] > 0"]
     assert _holds(exprs, "x", {}, x=[5, 6, 7][:n] if n < 3 else [5, 6, 7]) is want
+
+
+def test_a_comprehensions_own_variable_is_not_a_source():
+    # `x` inside the generator is its own variable, not the parameter `x` read elsewhere
+    exprs = ["x.a == 1", "x.a == 1 and all(x.a > 0 for x in ys)"]
+    o, p = Obj(), Obj()
+    o.a, p.a = 1, -1
+    assert _holds(exprs, "x, ys", {}, x=o, ys=[o]) is True
+    assert _holds(exprs, "x, ys", {}, x=o, ys=[p]) is False

@@ -239,6 +239,8 @@ def unshared(written, inputs) -> bool:
 #   unconditionally (where reading it raises, that condition, or one before it, fails anyway).
 _CHAIN = (ast.Attribute, ast.Subscript)
 _MODULE_DICTS = ("_parameters", "_buffers", "_modules")
+# scopes of their own (a name there may be their variable, not a source): left as written
+_SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 
 def guard_function(guards, sig_text: str, constants: dict) -> str:
@@ -285,7 +287,7 @@ def _roots(function_text, constants) -> set:
 
 
 def _parse(guards) -> list:
-    """The guards' expressions, parsed in one call (one per guard costs ~10x more)."""
+    """The guards' expressions, parsed together."""
     if not guards:
         return []
     return ast.parse("(\n" + ",\n".join(g.expr for g in guards) + ",\n)", mode="eval").body.elts
@@ -308,8 +310,9 @@ _NO_KEY = object()
 
 def _source_key(node, roots):
     """A source's text (a parameter or constant, or an attribute or constant-keyed item of one, at
-    any depth) as the rewrites compare them (not `ast.unparse`: a model's guards hold ~25k
-    sources, ~1 s to unparse), or None for any other expression."""
+    any depth) as the rewrites compare them (not `ast.unparse`: ResNet-50's guards hold ~25k
+    sources, whose unparsing was most of the guard function's build), or None for any other
+    expression."""
     if isinstance(node, ast.Name):
         return node.id if node.id in roots else None
     if isinstance(node, ast.Attribute):
@@ -370,6 +373,8 @@ class _Rewrite:
         if isinstance(node, _CHAIN):
             node.value, base_key = self.visit(node.value)
             return self._chain(node, base_key)
+        if isinstance(node, _SCOPES):
+            return node, None
         for field, value in ast.iter_fields(node):
             if isinstance(value, list):
                 setattr(node, field, [self.visit(v)[0] if isinstance(v, ast.AST) else v for v in value])
@@ -489,11 +494,11 @@ class _Hoist:
             node.left = self.visit(node.left, sure, False)
             node.comparators = [self.visit(c, sure and i == 0, False) for i, c in enumerate(node.comparators)]
             return node
-        lazy = isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp))
+        if isinstance(node, _SCOPES):
+            return node
         for field, value in ast.iter_fields(node):
             if isinstance(value, list):
-                setattr(node, field, [self.visit(v, sure and not lazy, False) if isinstance(v, ast.AST) else v
-                                      for v in value])
+                setattr(node, field, [self.visit(v, sure, False) if isinstance(v, ast.AST) else v for v in value])
             elif isinstance(value, ast.AST):
-                setattr(node, field, self.visit(value, sure and not lazy, False))
+                setattr(node, field, self.visit(value, sure, False))
         return node
