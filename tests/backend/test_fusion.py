@@ -49,7 +49,7 @@ def test_fuses_into_one_kernel(fn, inputs, name):
     assert [k.name for k in cg.kernels] == [name]
     torch.testing.assert_close(out[0], fn(*args))
     # intermediates of a single fused kernel never touch memory: only the output is allocated
-    assert len(re.findall(r"= torch\.empty_(strided|like)\(", cg.wrapper_source)) == 1
+    assert len(re.findall(r"= empty\(", cg.wrapper_source)) == 1
 
 
 def test_pure_views_need_no_kernel_and_alias_the_input():
@@ -194,30 +194,17 @@ def test_buffer_reuse():
     assert "buf2 = buf0; del buf0  # reuse" in cg.wrapper_source
 
 
-def test_buffers_of_a_live_tensors_layout_are_allocated_like_it():
-    # torch.empty_like costs half the host time of torch.empty_strided; the buffers it makes must
-    # still have exactly the layout the kernels index (an input's, per-row values')
+def test_buffers_are_allocated_in_the_layouts_kernels_index():
+    # each buffer by its size, strides and dtype (codegen/wrapper.py allocators): an output's
+    # layout is eager's, per-row values keep their (n, 1) strides
     x, y = randn(9, 13), randn(9, 1)
-    cg = check(lambda x: torch.sin(x) * 2, x, grad=False)
-    assert re.findall(r"= torch\.empty_(?:strided|like)\(\w*", cg.wrapper_source) == ["= torch.empty_like(arg0"]
+    out = check(lambda x: torch.sin(x.t()) * 2, x, grad=False)(x)
+    assert out[0].stride() == (1, 13)
 
     def f(x, y):
-        return x.sum(1, keepdim=True), x.amax(1, keepdim=True) + y
+        return x.sum(1, keepdim=True), x.amax(1, keepdim=True).to(torch.float64) + y
     cg = check(f, x, y, grad=False)
-    assert re.findall(r"= torch\.empty_(?:strided|like)\(\w*", cg.wrapper_source) == ["= torch.empty_like(arg1"] * 2
-    assert [o.stride() for o in cg(x, y)] == [(1, 1), (1, 1)]
-
-
-@pytest.mark.parametrize("shape,stride,dense", [
-    ((4, 6), (6, 1), True), ((4, 6), (1, 4), True), ((2, 3, 4), (4, 8, 1), True), ((1, 6), (100, 1), True),
-    ((4, 6), (8, 1), False), ((4, 6), (0, 1), False), ((4, 6), (1, 1), False), ((1, 1), (1, 1), False),
-])
-def test_empty_like_reproduces_every_layout_the_wrapper_treats_as_dense(shape, stride, dense):
-    from fuselens.codegen.wrapper import is_dense
-    assert is_dense(shape, stride) is dense
-    if dense:
-        template = torch.empty(1000)[:1].as_strided(shape, stride)
-        assert torch.empty_like(template).stride() == stride
+    assert [(o.stride(), o.dtype) for o in cg(x, y)] == [((1, 1), torch.float32), ((1, 1), torch.float64)]
 
 
 def test_memory_read_by_extern_calls_is_not_reused():

@@ -125,6 +125,35 @@ def test_launch_error_names_the_kernel(monkeypatch):
         launch(x)
 
 
+def test_wrapper_call_binds_the_launch_for_its_sizes_only(monkeypatch):
+    # the wrapper calls `k.launch(*args) or k.run(*args, xnumel=...)`: `launch` must only ever be
+    # a launch function built for the sizes of that call (they are not among its arguments)
+    monkeypatch.setattr(launcher, "INTERPRET", False)
+    built = []
+
+    def launch_for(self, args, sizes, config):
+        def launch(*a):
+            refuse = a[0] is not args[0]  # as a real one refuses arguments it was not built for
+            calls.append((sizes, refuse))
+            return not refuse
+        built.append(sizes)
+        return launch
+    monkeypatch.setattr(launcher.TritonKernel, "launch_for", launch_for)
+    calls = []
+    k = launcher.TritonKernel("fl_poi_k_0", "source", "pointwise")
+    k.call_sizes = (64,)
+    x, y = torch.empty(64), torch.empty(64)
+    assert not k.launch(x)  # nothing bound before a first run
+    k.run(x, xnumel=32)  # not the wrapper's call: its launch is not bound
+    assert not k.launch(x) and built == [(32,)]
+    k.run(x, xnumel=64)
+    assert k.launch(x) and built == [(32,), (64,)]
+    assert not k.launch(y)  # refused: run builds one for these arguments, bound in its place
+    k.run(y, xnumel=64)
+    assert k.launch(y) and built == [(32,), (64,), (64,)]
+    assert all(sizes == (64,) for sizes, _ in calls[1:])
+
+
 COMPILE = '''
 import torch
 from fuselens.codegen import cuda, launcher

@@ -347,9 +347,17 @@ def canonical(name: str, source: str) -> tuple[str, str]:
     return base, "\n".join(lines).replace(f"def {name}(", f"def {base}(", 1)
 
 
+def _refuse(*args):
+    return False
+
+
 class TritonKernel:
-    """A generated kernel as the wrapper calls it: `kernel.run(*args, xnumel=..., rnumel=...)`,
-    args being tensors first, then scalars.
+    """A generated kernel as the wrapper calls it: `kernel.launch(*args) or kernel.run(*args,
+    xnumel=..., rnumel=...)`, args being tensors first, then scalars. `launch` is the launch
+    function run() last used for the sizes of the kernel's one call in its wrapper
+    (`call_sizes`, which the wrapper sets), bound once there is one: it refuses (False) arguments
+    it was not built for, and run() then finds or builds another. Called this way, a launch costs
+    one attribute read and one call more than the launch function itself.
 
     On a GPU, fuselens compiles and launches the kernel itself (cuda.py): the first launch per
     (config, argument specialization) compiles a cubin with Triton's compiler stages (timed under
@@ -366,7 +374,8 @@ class TritonKernel:
         self.itemsize = itemsize  # of the narrowest dtype the kernel loads or stores
         self.best: dict = {}  # (device, xnumel, rnumel) -> Config
         self._fn = None
-        self._fast: dict = {}  # (xnumel, rnumel) -> the last launch function used for those sizes
+        self.launch = _refuse
+        self.call_sizes = None  # (xnumel,), (xnumel, rnumel) or (xnumel, rnumel, xchunk)
         self._launches: dict = {}  # (config, device, sizes, specialization, scalars) -> launch function
 
     @property
@@ -376,13 +385,12 @@ class TritonKernel:
         return self._fn
 
     def run(self, *args, xnumel, rnumel=None, xchunk=None):
-        fast = self._fast.get((xnumel, rnumel))
-        if fast is not None and fast(*args):
-            return
         if xnumel == 0:
             return
-        device = next(a.device for a in args if hasattr(a, "device"))
         sizes = (xnumel,) if rnumel is None else (xnumel, rnumel) if xchunk is None else (xnumel, rnumel, xchunk)
+        if sizes == self.call_sizes and self.launch(*args):
+            return
+        device = next(a.device for a in args if hasattr(a, "device"))
         key = (str(device), xnumel, rnumel)
         config = self.best.get(key)
         if config is None:
@@ -394,7 +402,8 @@ class TritonKernel:
                 self.fn[(grid0(self.mode, sizes, config),)](*args, *sizes, **config.kwargs())
             return
         launch = self.launch_for(args, sizes, config)
-        self._fast[(xnumel, rnumel)] = launch
+        if sizes == self.call_sizes:
+            self.launch = launch
         if not launch(*args):
             raise RuntimeError(f"{self.name}: a launch built for these arguments refused them")
 

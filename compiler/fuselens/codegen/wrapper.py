@@ -61,19 +61,6 @@ def view_kind(v: View):
     return None
 
 
-def is_dense(shape, stride) -> bool:
-    """Static, of more than one element, and non-overlapping and dense: `torch.empty_like` of a
-    tensor of this layout has exactly this layout."""
-    if not all(isinstance(x, int) for x in (*shape, *stride)) or math.prod(shape) <= 1:
-        return False
-    expected = 1
-    for size, st in sorted(((sz, st) for sz, st in zip(shape, stride) if sz != 1), key=lambda p: p[1]):
-        if st != expected:
-            return False
-        expected *= size
-    return True
-
-
 def ensure_layout(t, size, stride):
     """Extern results are read by kernels with the strides meta execution predicted; copy if they differ.
     None where the kernel returned no tensor in that place (attention's weights, not asked for)."""
@@ -105,9 +92,20 @@ def torch_name(fn):
     return None
 
 
+def allocators(device: torch.device) -> dict:
+    """The wrapper's names for allocating buffers on `device`: `empty(size, stride, dtype)`."""
+    def on_device(size, stride, dtype):
+        return torch.empty_strided(size, stride, dtype=dtype, device=device)
+    fast = getattr(torch._C._dynamo.guards, f"_empty_strided_{device.type}", None)
+    if device.type == "cuda" and fast is not None:  # current device checked per call
+        return {"empty_current": fast, "empty_on": on_device, "current_device": torch._C._cuda_getDevice}
+    return {"empty": fast if device.type == "cpu" and fast is not None else on_device}
+
+
 class WrapperWriter:
-    def __init__(self, graph: LoweredGraph, sched: Schedule, kernels: dict):
+    def __init__(self, graph: LoweredGraph, sched: Schedule, kernels: dict, device):
         self.graph, self.sched = graph, sched
+        self.device = torch.device(device)
         self.kernels = kernels  # id(FusedKernel) -> (TritonKernel, KernelWriter)
         self.lines: list[str] = []
         self.consts: list = []
@@ -205,25 +203,13 @@ class WrapperWriter:
                 if kind in ("view", "permute"):  # the same memory, read by kernels by pointer
                     self.allocated_as[name] = (shape, stride)
         pool: dict = {}  # (shape, stride, dtype) -> names of dead buffers
-        # (shape, stride, dtype) -> names of live tensors of that dense layout: a new buffer like one
-        # of them is `torch.empty_like(it)`, half the host time of `torch.empty_strided` (its keyword
-        # arguments and two tuples are parsed on every call)
-        like: dict = {}
-
-        def alive(name, shape, stride, dtype):
-            if is_dense(shape, stride):
-                like.setdefault((shape, stride, dtype), []).append(name)
-
-        def dead(name):
-            for names in like.values():
-                if name in names:
-                    names.remove(name)
         constants: set = set()  # buffers the program keeps (never handed on to another buffer)
         out = self.lines
         out.append(f"def call({', '.join(params)}):")
-        for b in g.inputs:
-            if b is not None:
-                alive(b.name, b.shape, b.stride, b.dtype)  # its layout is the program's key: the strides are exact
+        if "empty_current" in allocators(self.device) and any(isinstance(s, FusedKernel) for s in self.sched.steps):
+            # torch's allocator without the dispatcher (what Inductor's wrappers call; ~2 us a buffer
+            # less than torch.empty_strided), on the current device: the graph's, or else a slower one
+            out.append(f"    empty = empty_current if current_device() == {self.device.index or 0} else empty_on")
         for i, step in enumerate(self.sched.steps):
             if isinstance(step, ExternCall):
                 loc = [step.loc[:2]] if step.loc else []
@@ -236,8 +222,6 @@ class WrapperWriter:
                     out.append(f"    {buf.name} = ensure_layout({step.name}[{buf.item}], {buf.shape}, {buf.stride})")
                 if step.result is None:
                     out.append(f"    del {step.name}")
-                for buf in results + list(step.items):  # ensure_layout gave them these strides
-                    alive(buf.name, buf.shape, buf.stride, buf.dtype)
             else:
                 kernel, writer = self.kernels[id(step)]
                 constant = self.is_constant(writer, keep | read_by_aliasing_extern)
@@ -254,26 +238,23 @@ class WrapperWriter:
                     if pool.get(key) and not constant:
                         old = pool[key].pop()
                         out.append(f"    {name} = {old}; del {old}  # reuse")
-                    elif like.get(key):
-                        out.append(f"{indent}{name} = torch.empty_like({like[key][0]})")
                     else:
-                        out.append(f"{indent}{name} = torch.empty_strided({shape}, {stride}, "
-                                   f"dtype={buf.dtype}, device=device)")
-                    alive(name, shape, stride, buf.dtype)
+                        out.append(f"{indent}{name} = empty({shape}, {stride}, {buf.dtype})")
                 tensors, scalars, sizes = writer.launch_signature()
-                args = tensors + [str(a) for a in scalars]
+                args = ", ".join(tensors + [str(a) for a in scalars])
+                kernel.call_sizes = tuple(sizes)
                 sizes = ", ".join(f"{k}={v}" for k, v in zip(("xnumel", "rnumel", "xchunk"), sizes))
                 if writer.xnumel == 0:
                     out.append(f"{indent}# {kernel.name}: empty, nothing to compute")
-                else:
-                    out.append(f"{indent}{kernel.name}.run({', '.join(args)}, {sizes}){lines_comment(writer.source_lines)}")
+                else:  # the launch function bound at the first call, or the way to one (launcher.py)
+                    out.append(f"{indent}{kernel.name}.launch({args}) or {kernel.name}.run({args}, {sizes})"
+                               f"{lines_comment(writer.source_lines)}")
                 if constant:
                     out.append("        " + "; ".join(f"constants[{n!r}] = {n}" for n in writer.out_args))
                     out.append("    " + "; ".join(f"{n} = constants[{n!r}]" for n in writer.out_args))
             for name in [n for n, last in last_use.items() if last == i and n not in keep]:
                 buf = self.buffer(name)
                 # an extern's result may be a view of its input: such memory is never handed on
-                dead(name)
                 if isinstance(buf, ComputedBuffer) and name not in read_by_extern and name not in constants:
                     pool.setdefault((buf.shape, buf.stride, buf.dtype), []).append(name)
                 else:
@@ -297,15 +278,16 @@ class WrapperWriter:
 
 def generate_wrapper(graph: LoweredGraph, sched: Schedule, kernels: dict, device):
     """Source of `call(*inputs)`, the function itself, and the objects its source names as `consts[i]`."""
-    writer = WrapperWriter(graph, sched, kernels)
+    writer = WrapperWriter(graph, sched, kernels, device)
     source = writer.generate()
     return source, load_wrapper(source, [k for k, _ in kernels.values()], writer.consts, device), writer.consts
 
 
 def load_wrapper(source: str, kernels, consts: list, device):
     """The function `call` of a wrapper's source, with the kernels (TritonKernels) it launches by name."""
+    device = torch.device(device)
     namespace = {"torch": torch, "prims": types.SimpleNamespace(**PRIMITIVES), "reinterpret": reinterpret,
                  "ensure_layout": ensure_layout, "consts": consts, "operator": operator, "math": math,
-                 "constants": {}, "device": torch.device(device), **{k.name: k for k in kernels}}
+                 "constants": {}, "device": device, **allocators(device), **{k.name: k for k in kernels}}
     exec(compile(source, "<fuselens wrapper>", "exec"), namespace)
     return namespace["call"]

@@ -326,7 +326,8 @@ class CompiledModule(nn.Module):
         self._fuselens_compiled = compiled
 
     def forward(self, *args, **kwargs):
-        return self._fuselens_compiled(self._orig_mod, *args, **kwargs)
+        # from its dict: `self._orig_mod` is nn.Module.__getattr__, Python on every call
+        return self._fuselens_compiled(self._modules["_orig_mod"], *args, **kwargs)
 
     def __getattr__(self, name):
         try:
