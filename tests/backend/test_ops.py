@@ -3,6 +3,7 @@ import math
 import operator
 
 import pytest
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -236,3 +237,24 @@ def test_reductions_of_ints_and_bools():
     def f(i, x):
         return i.sum(), i.amax(0), (x > 0).sum(1), (x > 0).any(), i.prod(1), i.float().mean()
     check(f, torch.randint(-3, 4, (5, 3), device=DEVICE), t(5, 3))
+
+
+_TABLE = np.arange(4, dtype=np.float32)
+
+
+def test_numpy_array_argument_through_the_backend():
+    # capture puts the array into the graph module as an attribute (a get_attr node): the backend
+    # reads it when the graph runs, so a write into the array between calls is seen
+    import warnings
+    import fuselens
+    fn = lambda x: x * 2 + torch.tensor(_TABLE, dtype=torch.float32, device=x.device)  # noqa: E731
+    cf = fuselens.compile(fn)
+    x = torch.ones(4, device=DEVICE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(cf(x), fn(x))
+        _TABLE[0] = 10.0
+        try:
+            torch.testing.assert_close(cf(x), fn(x))
+        finally:
+            _TABLE[0] = 0.0

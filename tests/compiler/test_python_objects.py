@@ -9,6 +9,7 @@ import functools
 from collections import OrderedDict
 from typing import NamedTuple, Optional
 
+import numpy as np
 import torch
 
 import fuselens
@@ -242,3 +243,22 @@ def test_context_manager_written_as_a_generator_runs_around_the_body(capsys):
         return y + 1
     fuselens.compile(f)(X)
     assert order == ["enter a", "body", "exit a"]
+
+
+# a NumPy array as an argument of a torch call: the graph's code cannot write it as a literal
+# (it printed as `array([...])`, a NameError when the graph ran); it is an attribute of the graph
+# module, read when the graph runs, so a write into the array between calls is seen
+_TABLE = np.arange(4, dtype=np.float32)
+
+
+def _add_table(x):
+    return x * 2 + torch.tensor(_TABLE, dtype=torch.float32)
+
+
+def test_numpy_array_argument_of_a_torch_call():
+    cf, _ = check(_add_table, torch.ones(4), graphs=1, breaks=[])
+    _TABLE[0] = 10.0
+    try:
+        assert cf(torch.ones(4)).tolist() == [12.0, 3.0, 4.0, 5.0]
+    finally:
+        _TABLE[0] = 0.0

@@ -64,6 +64,7 @@ class GraphBuilder:
         self._input_by_id: dict[int, TensorVar] = {}
         self.n_ops = 0
         self.lines: set[tuple[str, int]] = set()
+        self.constants: dict[str, object] = {}  # attributes of the graph module (`_as_node`)
 
     # -- inputs --------------------------------------------------------------------------
     def input(self, obj, source: str, loc=None) -> TensorVar:
@@ -175,8 +176,8 @@ class GraphBuilder:
 
     def add(self, target, args, kwargs, loc, out_meta, device, *, n_outputs=None):
         """The graph node of a call `evaluate` ran: a TensorVar, or a tuple of them."""
-        node_args = _map(args, _as_node)
-        node_kwargs = _map(kwargs, _as_node)
+        node_args = _map(args, self._as_node)
+        node_kwargs = _map(kwargs, self._as_node)
         node = self.graph.call_function(target, tuple(node_args), node_kwargs)
         node.meta["loc"] = loc
         node.meta["device"] = device
@@ -193,6 +194,18 @@ class GraphBuilder:
                 else 1 if isinstance(a, (Unknown, SymInt)) else a for a in args))
             return tv
         return self._wrap(node, out_meta, device, loc)
+
+    def _as_node(self, v):
+        """A call's argument in the graph: a constant the graph's code cannot spell (a NumPy array
+        would print as `array([...])`) is an attribute of the graph module."""
+        v = _as_node(v)
+        if isinstance(v, fx.Node) or isinstance(v, _LITERALS) or callable(v):
+            return v
+        name = f"_const{len(self.constants)}"
+        self.constants[name] = v
+        node = self.graph.get_attr(name)
+        node.meta.update(val=v, loc=None, device=None)
+        return node
 
     def _wrap(self, node, out_meta, device, loc):
         if isinstance(out_meta, torch.Tensor):
@@ -229,7 +242,10 @@ class GraphBuilder:
     def output(self, values: list) -> fx.GraphModule:
         self.graph.output(tuple(_as_node(v) for v in values))
         self.graph.eliminate_dead_code()
-        return fx.GraphModule(torch.nn.Module(), self.graph)
+        root = torch.nn.Module()
+        for name, v in self.constants.items():
+            setattr(root, name, v)
+        return fx.GraphModule(root, self.graph)
 
 
 def _check_device_kernel(fn, margs, mkwargs, device):
@@ -325,6 +341,11 @@ def _map(v, f):
     if isinstance(v, slice):
         return slice(_map(v.start, f), _map(v.stop, f), _map(v.step, f))
     return f(v)
+
+
+# constants a graph's code writes as themselves (`repr`), besides functions and types
+_LITERALS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout,
+             torch.memory_format, torch.Size, slice, type(Ellipsis))
 
 
 def _as_node(v):

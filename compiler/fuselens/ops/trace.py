@@ -129,6 +129,8 @@ def to_primitive_graph(gm: fx.GraphModule, example_inputs, device) -> fx.Graph:
                 kwargs = map_aggregate(dict(node.kwargs), lambda a: env[a] if isinstance(a, fx.Node) else a)
                 with b.at(node.meta.get("loc")):
                     env[node] = decompose(normalize_target(node), args, kwargs, node)
+            elif node.op == "get_attr" and not isinstance(getattr(gm, node.target), torch.Tensor):
+                env[node] = getattr(gm, node.target)  # a constant argument capture could not spell
             elif node.op == "output":
                 out = node.args[0]
                 out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
