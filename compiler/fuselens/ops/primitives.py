@@ -93,6 +93,9 @@ logical_not = _pointwise("logical_not", torch.logical_not, "({0} == 0)")
 copy = _pointwise("copy", torch.clone, "{0}")
 # identity whose VJP is zero (detach)
 stop_gradient = _pointwise("stop_gradient", torch.Tensor.detach, "{0}")
+# identity whose VJP is `rule(g, *inputs)` (one gradient per input), not the VJP of how the value
+# was computed: a decomposition's closed-form gradient (batch norm's)
+with_vjp = _pointwise("with_vjp", lambda x, inputs, rule: x, "{0}")
 
 # --- pointwise: binary (operands broadcast; the builder casts them to one dtype first) ----------
 add = _pointwise("add", torch.add, "{0} + {1}")

@@ -1,0 +1,138 @@
+"""Normalizations as primitives: layer norm, RMS norm, batch norm (inference and training).
+
+Training batch norm writes its running statistics: the decomposition returns their new values
+as `Written` (capture's functionalization hands the call over as `OnCopies`, whose results are
+the written tensors' new values, then the output; trace.py matches them). Its gradient is the
+closed form of ATen's backward (`with_vjp`), so the backward's reductions are sum(g) and
+sum(g * xhat) over one domain: one kernel, fused with the ReLU backward that produces g.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from . import builder as P
+from . import primitives as prim
+from .builder import emit
+from .decompositions import Unsupported, _upcast, register
+
+
+@dataclass
+class Written:
+    """What a decomposition of a call that writes into tensor arguments returns: the call's
+    result, and (argument, its new value) for each argument it writes."""
+    result: object
+    writes: list
+
+
+def _normalized_dims(x, normalized_shape):
+    n = len(normalized_shape) if isinstance(normalized_shape, (tuple, list, torch.Size)) else 1
+    return tuple(range(x.ndim - n, x.ndim))
+
+
+@register(F.layer_norm)
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    y = _upcast(x)
+    dims = _normalized_dims(x, normalized_shape)
+    count = math.prod(x.shape[d] for d in dims)
+    centered = P.sub(y, P.div(P.sum(y, dims, True), count))
+    var_ = P.div(P.sum(P.mul(centered, centered), dims, True), count)
+    out = P.mul(centered, P.rsqrt(P.add(var_, eps)))
+    if weight is not None:
+        out = P.mul(out, weight)
+    if bias is not None:
+        out = P.add(out, bias)
+    return P.cast(out, x.dtype)
+
+
+if hasattr(F, "rms_norm"):
+    @register(F.rms_norm)
+    def rms_norm(x, normalized_shape, weight=None, eps=None):
+        y = _upcast(x)
+        dims = _normalized_dims(x, normalized_shape)
+        count = math.prod(x.shape[d] for d in dims)
+        eps = torch.finfo(y.dtype).eps if eps is None else eps  # ATen's: of the compute dtype
+        # as ATen's composite: normalized in fp32, rounded to x's dtype, then scaled
+        out = P.cast(P.mul(y, P.rsqrt(P.add(P.div(P.sum(P.mul(y, y), dims, True), count), eps))), x.dtype)
+        return out if weight is None else P.mul(out, weight)
+
+
+@register(F.batch_norm)
+def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    """Inference (running statistics): one pointwise expression, which fuses with the ReLU and
+    residual add around it (cuDNN's inference kernel is a pass of its own). Training (batch
+    statistics): the per-channel mean and biased variance as reductions over every dim but the
+    channels, computed in fp32 (ATen's accumulate type) and read by the same pointwise
+    expression; the running statistics, if given, updated as ATen does (`Written`)."""
+    if x.ndim < 2 or not x.dtype.is_floating_point or not isinstance(momentum, (int, float)):
+        raise Unsupported("batch_norm of fewer than 2 dims or not floating point")
+    shape = (x.shape[1],) + (1,) * (x.ndim - 2)
+
+    def per_channel(t):
+        return P.reshape(_upcast(t), shape)
+    w = None if weight is None else per_channel(weight)
+    b = None if bias is None else per_channel(bias)
+    if not training:
+        if running_mean is None or running_var is None:
+            raise Unsupported("batch_norm in inference without running statistics")  # eager raises
+        y = P.mul(P.sub(_upcast(x), per_channel(running_mean)), P.rsqrt(P.add(per_channel(running_var), eps)))
+        y = _affine(y, w, b)
+    else:
+        if (running_mean is None) != (running_var is None):
+            raise Unsupported("batch_norm with one running statistic")
+        dims = (0,) + tuple(range(2, x.ndim))
+        n = math.prod(x.shape[d] for d in dims)
+        if n <= 1:  # eager raises for one value per channel; none gives NaN statistics
+            raise Unsupported("batch_norm with at most one value per channel")
+        xf = _upcast(x)
+        mean = P.div(P.sum(xf, dims, True), n)
+        centered = P.sub(xf, mean)
+        var = P.div(P.sum(P.mul(centered, centered), dims, True), n)
+        rstd = P.rsqrt(P.add(var, eps))
+        y = emit(prim.with_vjp, _affine(P.mul(centered, rstd), w, b), [xf, mean, rstd, w, b], _BatchNormVJP(dims, n))
+    y = P.cast(y, x.dtype)
+    if not training or running_mean is None:
+        return y
+    # running statistics: eager updates them without autograd, from the unbiased variance,
+    # in the accumulate type, stored in their own dtype
+    stats = [P.reshape(emit(prim.stop_gradient, s), (x.shape[1],)) for s in (mean, P.mul(var, n / (n - 1)))]
+    new = [P.cast(P.add(P.mul(s, momentum), P.mul(_upcast(r), 1 - momentum)), r.dtype)
+           for s, r in zip(stats, (running_mean, running_var))]
+    return Written(y, [(running_mean, new[0]), (running_var, new[1])])
+
+
+def _affine(y, w, b):
+    y = y if w is None else P.mul(y, w)
+    return y if b is None else P.add(y, b)
+
+
+@register(torch.batch_norm)
+def torch_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled):
+    return batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+class _BatchNormVJP:
+    """The gradients of y = (x - mean) * rstd * w + b, mean and rstd being x's batch statistics
+    over `dims` (`n` values per channel), as ATen's backward kernels compute them (CPU and CUDA
+    alike): two reductions, sum(g) and sum(g * (x - mean)), and
+    dx = (g - sum(g) / n - (x - mean) * sum(g * (x - mean)) * rstd^2 / n) * rstd * w."""
+
+    def __init__(self, dims, n):
+        self.dims, self.n = dims, n
+
+    def __call__(self, g, xf, mean, rstd, w, b):
+        centered = P.sub(xf, mean)
+        sum_g = P.sum(g, self.dims, True)
+        sum_g_centered = P.sum(P.mul(g, centered), self.dims, True)
+        proj = P.mul(P.div(sum_g_centered, self.n), P.mul(rstd, rstd))
+        scale = rstd if w is None else P.mul(rstd, w)
+        dx = P.mul(P.sub(P.sub(g, P.div(sum_g, self.n)), P.mul(centered, proj)), scale)
+        # per-channel gradients in the shape of the weight and bias as given (C, 1, ...)
+        dw = None if w is None else P.reshape(P.mul(sum_g_centered, rstd), w.shape)
+        return [dx, None, None, dw, None if b is None else P.reshape(sum_g, b.shape)]
+
+    def __repr__(self):
+        return f"batch_norm_vjp(dims={self.dims}, n={self.n})"
