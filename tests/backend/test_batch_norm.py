@@ -1,0 +1,195 @@
+"""BatchNorm in training mode (batch statistics) as primitives: compiled equals eager in outputs,
+gradients of the input, weight and bias, and the running statistics and batch count left in
+the module's buffers, for every BatchNorm a user writes (1d/2d/3d, affine or not, running
+statistics tracked or not, cumulative averaging, eval mode without running statistics, half
+precision and mixed dtypes); and no BatchNorm extern is left: the statistics, the normalization
+and the ReLU/residual around it share kernels, forward and backward."""
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fuselens
+from fl_backend_testing import DEVICE
+
+BN = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d, 5: nn.BatchNorm3d}
+SHAPES = {2: (6, 3), 3: (3, 4, 5), 4: (2, 3, 4, 5), 5: (2, 3, 2, 3, 4)}
+# reductions sum in another order than ATen's kernels (statistics and gradients are per-channel sums)
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+
+
+def assert_close(a, b, dtype, msg=None):
+    """Within `TOL`, relative to the largest value of a half-precision result: a sum with
+    cancellation (the weight's gradient) rounds to an ulp of its terms, not of itself."""
+    tol = dict(TOL[dtype])
+    if dtype != torch.float32:
+        tol["atol"] *= max(1.0, b.abs().max().item())
+    torch.testing.assert_close(a, b, msg=msg, **tol)
+
+
+def make(ndim, module_dtype, affine=True, track=True, momentum=0.1):
+    torch.manual_seed(0)
+    m = BN[ndim](SHAPES[ndim][1], affine=affine, track_running_stats=track, momentum=momentum)
+    m = m.to(DEVICE, module_dtype)
+    with torch.no_grad():  # running statistics and parameters other than 0 and 1, so that they are used
+        if track:
+            m.running_mean.uniform_(-1, 1)
+            m.running_var.uniform_(0.5, 2)
+        if affine:
+            m.weight.uniform_(0.5, 2)
+            m.bias.uniform_(-1, 1)
+    return m
+
+
+def steps(m, xs, grads, compiled):
+    """Forward and backward of each batch: the outputs and the input gradients."""
+    f = fuselens.compile(m) if compiled else m
+    outs, dxs = [], []
+    for x, g in zip(xs, grads):
+        x = x.clone().requires_grad_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # an eager fallback fails the test
+            y = f(x)
+            y.backward(g)
+        outs.append(y.detach())
+        dxs.append(x.grad)
+    return outs, dxs
+
+
+def check(ndim, x_dtype, module_dtype, train=True, n_steps=2, **kw):
+    want_m, got_m = make(ndim, module_dtype, **kw).train(train), make(ndim, module_dtype, **kw).train(train)
+    torch.manual_seed(1)
+    xs = [torch.randn(SHAPES[ndim], device=DEVICE).mul(2).add(0.5).to(x_dtype) for _ in range(n_steps)]
+    grads = [torch.randn(SHAPES[ndim], device=DEVICE).to(x_dtype) for _ in range(n_steps)]
+    want, want_dx = steps(want_m, xs, grads, compiled=False)
+    got, got_dx = steps(got_m, xs, grads, compiled=True)
+    dtype = x_dtype if module_dtype == torch.float32 else module_dtype
+    for a, b in zip(got + got_dx, want + want_dx):
+        assert a.dtype == b.dtype
+        assert_close(a, b, dtype)
+    for (n, a), (_, b) in zip(got_m.named_parameters(), want_m.named_parameters()):
+        assert_close(a.grad, b.grad, dtype, msg=n)
+    for (n, a), (_, b) in zip(got_m.named_buffers(), want_m.named_buffers()):
+        assert not a.requires_grad
+        assert_close(a, b, dtype, msg=n)
+
+
+@pytest.mark.parametrize("ndim", [2, 3, 4, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_training_equals_eager(ndim, dtype):
+    check(ndim, dtype, dtype)
+
+
+@pytest.mark.parametrize("kw", [dict(affine=False), dict(track=False), dict(momentum=None),
+                                dict(affine=False, track=False)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_training_options_equal_eager(kw, dtype):
+    check(4, dtype, dtype, **kw)
+
+
+def test_half_input_with_float_parameters_equals_eager():
+    """A bf16 activation into a float32 BatchNorm (as under autocast): normalized in fp32,
+    the output bf16, the running statistics float32."""
+    check(4, torch.bfloat16, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_eval_without_running_statistics_uses_batch_statistics(dtype):
+    check(4, dtype, dtype, train=False, track=False)
+
+
+def test_one_value_per_channel_raises_as_eager():
+    m = make(4, torch.float32).train()
+    x = torch.randn(1, 3, 1, 1, device=DEVICE)
+    with pytest.raises(ValueError) as want:
+        m(x)
+    with pytest.raises(ValueError) as got:
+        fuselens.compile(m)(x)
+    assert str(got.value) == str(want.value)
+
+
+def test_running_statistics_are_written_in_place():
+    """The module's buffers are the same tensors after the step, updated (a user holding them,
+    or an optimizer state, sees the new values)."""
+    m = make(4, torch.float32).train()
+    mean, var, count = m.running_mean, m.running_var, m.num_batches_tracked
+    before = mean.clone()
+    fuselens.compile(m)(torch.randn(SHAPES[4], device=DEVICE))
+    assert m.running_mean is mean and m.running_var is var and m.num_batches_tracked is count
+    assert not torch.equal(mean, before) and count.item() == 1
+
+
+def wrappers(compiled):
+    """The code of the forward and backward wrappers, without the source-line comments."""
+    (entry,) = fuselens.inspect(compiled)
+    code = "\n".join(line.split("  # ")[0] for line in "\n".join(entry.wrappers).splitlines())
+    return code.split("# backward")
+
+
+class Block(nn.Module):
+    """ResNet's basic block: conv -> BN -> ReLU -> conv -> BN, + residual, ReLU."""
+
+    def __init__(self, c=4):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.c2, self.b2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        y = torch.relu(self.b1(self.c1(x)))
+        return torch.relu(self.b2(self.c2(y)) + x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_resnet_block_trains_with_one_kernel_per_batch_norm(dtype):
+    torch.manual_seed(0)
+    want_m = Block().to(DEVICE, dtype).train()
+    got_m = Block().to(DEVICE, dtype).train()
+    got_m.load_state_dict(want_m.state_dict())
+    x = torch.randn(2, 4, 5, 5, device=DEVICE, dtype=dtype)
+    compiled = fuselens.compile(got_m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = compiled(x)
+        got.sum().backward()
+    want = want_m(x)
+    want.sum().backward()
+    assert_close(got, want, dtype)
+    for (n, a), (_, b) in zip(got_m.named_parameters(), want_m.named_parameters()):
+        assert_close(a.grad, b.grad, dtype, msg=n)
+    for (n, a), (_, b) in zip(got_m.named_buffers(), want_m.named_buffers()):
+        assert_close(a, b, dtype, msg=n)
+    forward, backward = wrappers(compiled)
+    assert "batch_norm" not in forward + backward  # no extern BatchNorm, forward or backward
+    # forward: statistics + normalization + ReLU (+ residual) + running statistics, one kernel
+    # per BatchNorm; backward: the ReLU backward, sum(g), sum(g * (x - mean)) and dx, one kernel each
+    assert forward.count(".run(") == 2, forward
+    assert backward.count(".run(") == 2, backward
+
+
+def test_block_under_autocast_trains_as_eager():
+    """Mixed precision (the usual bf16 training): convolutions in bf16, BatchNorm given a bf16
+    input with float32 parameters and statistics (it is on no autocast list): its output bf16
+    (float32 after the residual add of the float32 input), its statistics float32."""
+    torch.manual_seed(0)
+    want_m = Block().to(DEVICE).train()
+    got_m = Block().to(DEVICE).train()
+    got_m.load_state_dict(want_m.state_dict())
+    x = torch.randn(2, 4, 5, 5, device=DEVICE)
+    device_type = "cuda" if DEVICE == "cuda" else "cpu"
+    compiled = fuselens.compile(got_m)
+    with torch.autocast(device_type, torch.bfloat16):
+        want = want_m(x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = compiled(x)
+    assert got.dtype == want.dtype
+    want.float().sum().backward()
+    got.float().sum().backward()
+    assert_close(got, want, torch.bfloat16)
+    for (n, a), (_, b) in zip(got_m.named_parameters(), want_m.named_parameters()):
+        assert_close(a.grad, b.grad, torch.bfloat16, msg=n)
+    for (n, a), (_, b) in zip(got_m.named_buffers(), want_m.named_buffers()):
+        assert a.dtype == b.dtype
+        assert_close(a, b, torch.bfloat16, msg=n)
+    assert "batch_norm" not in "".join(wrappers(compiled))
