@@ -28,9 +28,9 @@ def assert_close(a, b, dtype, msg=None):
     torch.testing.assert_close(a, b, msg=msg, **tol)
 
 
-def make(ndim, module_dtype, affine=True, track=True, momentum=0.1):
+def make(ndim, module_dtype, affine=True, track=True, momentum=0.1, shape=None):
     torch.manual_seed(0)
-    m = BN[ndim](SHAPES[ndim][1], affine=affine, track_running_stats=track, momentum=momentum)
+    m = BN[ndim]((shape or SHAPES[ndim])[1], affine=affine, track_running_stats=track, momentum=momentum)
     m = m.to(DEVICE, module_dtype)
     with torch.no_grad():  # running statistics and parameters other than 0 and 1, so that they are used
         if track:
@@ -57,11 +57,13 @@ def steps(m, xs, grads, compiled):
     return outs, dxs
 
 
-def check(ndim, x_dtype, module_dtype, train=True, n_steps=2, **kw):
-    want_m, got_m = make(ndim, module_dtype, **kw).train(train), make(ndim, module_dtype, **kw).train(train)
+def check(ndim, x_dtype, module_dtype, train=True, n_steps=2, shape=None, **kw):
+    shape = shape or SHAPES[ndim]
+    want_m = make(ndim, module_dtype, shape=shape, **kw).train(train)
+    got_m = make(ndim, module_dtype, shape=shape, **kw).train(train)
     torch.manual_seed(1)
-    xs = [torch.randn(SHAPES[ndim], device=DEVICE).mul(2).add(0.5).to(x_dtype) for _ in range(n_steps)]
-    grads = [torch.randn(SHAPES[ndim], device=DEVICE).to(x_dtype) for _ in range(n_steps)]
+    xs = [torch.randn(shape, device=DEVICE).mul(2).add(0.5).to(x_dtype) for _ in range(n_steps)]
+    grads = [torch.randn(shape, device=DEVICE).to(x_dtype) for _ in range(n_steps)]
     want, want_dx = steps(want_m, xs, grads, compiled=False)
     got, got_dx = steps(got_m, xs, grads, compiled=True)
     dtype = x_dtype if module_dtype == torch.float32 else module_dtype
@@ -86,6 +88,13 @@ def test_training_equals_eager(ndim, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_training_options_equal_eager(kw, dtype):
     check(4, dtype, dtype, **kw)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 48, 48), (3, 2, 5000)], ids=str)
+def test_training_with_more_values_per_channel_than_a_block_equals_eager(shape):
+    """The statistics and the gradient's sums in two stages (rows per sample, then over the
+    batch: schedule/fusion.py's split_outer_inner_reductions)."""
+    check(len(shape), torch.float32, torch.float32, n_steps=1, shape=shape)
 
 
 def test_half_input_with_float_parameters_equals_eager():

@@ -88,11 +88,10 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
         if n <= 1:  # eager raises for one value per channel; none gives NaN statistics
             raise Unsupported("batch_norm with at most one value per channel")
         xf = _upcast(x)
-        mean = P.div(P.sum(xf, dims, True), n)
-        centered = P.sub(xf, mean)
-        var = P.div(P.sum(P.mul(centered, centered), dims, True), n)
+        mean, var = _batch_stats(xf, dims, n)
         rstd = P.rsqrt(P.add(var, eps))
-        y = emit(prim.with_vjp, _affine(P.mul(centered, rstd), w, b), [xf, mean, rstd, w, b], _BatchNormVJP(dims, n))
+        y = _affine(P.mul(P.sub(xf, mean), rstd), w, b)
+        y = emit(prim.with_vjp, y, [xf, mean, rstd, w, b], _BatchNormVJP(dims, n))
     y = P.cast(y, x.dtype)
     if not training or running_mean is None:
         return y
@@ -102,6 +101,20 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
     new = [P.cast(P.add(P.mul(s, momentum), P.mul(_upcast(r), 1 - momentum)), r.dtype)
            for s, r in zip(stats, (running_mean, running_var))]
     return Written(y, [(running_mean, new[0]), (running_var, new[1])])
+
+
+def _batch_stats(xf, dims, n):
+    """Mean and biased variance over `dims`, from one pass over x: sums of d = x - k and of d^2,
+    k being the channel's first element (shifted, the variance E[d^2] - E[d]^2 loses no
+    precision to a mean far from 0). Two sums of one input over one domain share a kernel; a
+    variance from x - mean would need the mean first, a second pass over x."""
+    k = xf
+    for d in dims:
+        k = P.slice(k, d, 0, 1)
+    shifted = P.sub(xf, k)
+    m1 = P.div(P.sum(shifted, dims, True), n)
+    m2 = P.div(P.sum(P.mul(shifted, shifted), dims, True), n)
+    return P.add(k, m1), P.maximum(P.sub(m2, P.mul(m1, m1)), 0.0)
 
 
 def _affine(y, w, b):

@@ -50,8 +50,13 @@ def keep_shape(shape, red_dims):
 
 
 def row_shapes(shape, red_dims):
-    """Shapes of per-row values in a kernel over `shape` reducing `red_dims` (keepdim or not)."""
-    return keep_shape(shape, red_dims), tuple(s for d, s in enumerate(shape) if d not in red_dims)
+    """Shapes of per-row values in a kernel over `shape` reducing `red_dims` (keepdim or not;
+    without the kept dims' trailing 1s too: the per-channel [C] of a kernel over [N, C, 1, 1])."""
+    kept = tuple(s for d, s in enumerate(shape) if d not in red_dims)
+    squeezed = kept
+    while squeezed and squeezed[-1] == 1:
+        squeezed = squeezed[:-1]
+    return keep_shape(shape, red_dims), kept, squeezed
 
 
 def body_shape(buf: ComputedBuffer):
@@ -92,6 +97,35 @@ def set_chunk(partial, stage2, chunk):
     pshape = tuple(-(-rows // chunk) if d == first else s for d, s in enumerate(stage2.shape))
     partial.shape, partial.stride, partial.chunk = pshape, contiguous_strides(pshape), chunk
     stage2.body, stage2.in_shape, stage2.red_dims = buffer_view(partial).load, pshape, (first,)
+
+
+def split_outer_inner_reductions(graph: LoweredGraph):
+    """A reduction of dims on both sides of the kept ones (BatchNorm's statistics: [N, C, H, W]
+    over N, H and W) with rows too long for one block is split in two: stage 1 reduces the inner
+    dims (rows of H*W contiguous elements, one per (n, c): N*C programs, each row in registers,
+    where the whole reduction had C programs looping over N*H*W strided elements, one loop per
+    reduction); stage 2 (the original buffer, which keeps its name, shape and readers) reduces
+    stage 1's [N, C, 1, 1] over the outer dims (a column reduction, itself split in two when
+    long, `split_column_reductions`)."""
+    steps = []
+    for buf in graph.steps:
+        steps.append(buf)
+        if not isinstance(buf, ComputedBuffer) or buf.kind != "reduction":
+            continue
+        dims = [d for d, s in enumerate(buf.in_shape) if s != 1]
+        kept = [d for d in dims if d not in buf.red_dims]
+        inner = tuple(d for d in dims if d in buf.red_dims and kept and d > max(kept))
+        outer = tuple(d for d in buf.red_dims if d not in inner)
+        rnumel = math.prod(buf.in_shape[d] for d in buf.red_dims)
+        if not inner or not any(buf.in_shape[d] != 1 for d in outer) or rnumel <= PERSISTENT_RNUMEL_MAX:
+            continue
+        shape = keep_shape(buf.in_shape, inner)
+        rows = ComputedBuffer(f"{buf.name}_rows", shape, contiguous_strides(shape), compute_dtype(buf.dtype),
+                              body=buf.body, kind="reduction", in_shape=buf.in_shape, red_dims=inner,
+                              reduce=buf.reduce, loc=buf.loc)
+        buf.body, buf.in_shape, buf.red_dims = buffer_view(rows).load, shape, outer
+        steps[-1:] = [rows, buf]
+    graph.steps = steps
 
 
 def split_column_reductions(graph: LoweredGraph):
@@ -324,6 +358,7 @@ class Scheduler:
 
 
 def schedule(graph: LoweredGraph) -> Schedule:
+    split_outer_inner_reductions(graph)
     pairs = split_column_reductions(graph)
     sched = Scheduler(graph).run()
     # partials that found no row kernel to join: longer chunks (the column tiles give the
