@@ -324,10 +324,12 @@ class Scheduler:
             candidates = [k for k in steps if isinstance(k, FusedKernel)]
             scored = [(self.fusion_score(k, step), k) for k in candidates]
             scored = [(s, k) for s, k in scored if s]
-            last = steps[-1] if steps and isinstance(steps[-1], FusedKernel) else None
-            if not scored and last is not None and self.fusion_score(last, step) == 0 \
-                    and self.domain_for(last, step) == (last.shape, last.red_dims):
-                scored = [(0, last)]  # no traffic in common, but one launch fewer (horizontal fusion)
+            if not scored:  # no traffic in common, but one launch fewer (horizontal fusion): the
+                # latest kernel that iterates a domain it fits (a saved copy of a bias [C] joins
+                # the kernel of per-channel statistics before the [N, C, H, W] normalization)
+                later = [] if not steps or isinstance(steps[-1], ExternCall) else candidates[::-1]
+                scored = next(([(0, k)] for k in later if self.fusion_score(k, step) == 0
+                               and self.domain_for(k, step) == (k.shape, k.red_dims)), [])
             if scored:
                 _, best = max(scored, key=lambda sk: (sk[0], self.position[id(sk[1])]))
                 best.shape, best.red_dims = self.domain_for(best, step)
