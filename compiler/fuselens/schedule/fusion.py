@@ -11,8 +11,8 @@ variables, which the scheduler checks by comparing index expressions.
 
 Nodes are visited in order; each joins the kernel where fusion saves the most memory traffic
 (bytes of intermediate buffers no longer written and read back, plus inputs read once instead of
-twice). With nothing in common with any kernel, a node still joins the last kernel if it iterates
-the same domain (one launch fewer); otherwise it starts a new kernel.
+twice). With nothing in common with any kernel, a node still joins the latest kernel since the
+last extern call whose domain it fits as it is (one launch fewer); otherwise it starts a new kernel.
 """
 from __future__ import annotations
 
