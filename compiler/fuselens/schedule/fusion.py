@@ -11,8 +11,8 @@ variables, which the scheduler checks by comparing index expressions.
 
 Nodes are visited in order; each joins the kernel where fusion saves the most memory traffic
 (bytes of intermediate buffers no longer written and read back, plus inputs read once instead of
-twice). With nothing in common with any kernel, a node still joins the latest kernel since the
-last extern call whose domain it fits as it is (one launch fewer); otherwise it starts a new kernel.
+twice). With nothing in common with any kernel, a node still joins the latest kernel whose domain
+it fits as it is (one launch fewer); otherwise it starts a new kernel.
 """
 from __future__ import annotations
 
@@ -327,8 +327,7 @@ class Scheduler:
             if not scored:  # no traffic in common, but one launch fewer (horizontal fusion): the
                 # latest kernel that iterates a domain it fits (a saved copy of a bias [C] joins
                 # the kernel of per-channel statistics before the [N, C, H, W] normalization)
-                later = [] if not steps or isinstance(steps[-1], ExternCall) else candidates[::-1]
-                scored = next(([(0, k)] for k in later if self.fusion_score(k, step) == 0
+                scored = next(([(0, k)] for k in reversed(candidates) if self.fusion_score(k, step) == 0
                                and self.domain_for(k, step) == (k.shape, k.red_dims)), [])
             if scored:
                 _, best = max(scored, key=lambda sk: (sk[0], self.position[id(sk[1])]))
