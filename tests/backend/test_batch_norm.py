@@ -107,6 +107,39 @@ def test_eval_without_running_statistics_uses_batch_statistics(dtype):
     check(4, dtype, dtype, train=False, track=False)
 
 
+SPELLINGS = {
+    "F.batch_norm": lambda x, w, b, rm, rv: torch.nn.functional.batch_norm(x, rm, rv, w, b, True, 0.3, 1e-3).relu(),
+    "torch.batch_norm": lambda x, w, b, rm, rv: torch.batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5, False) * 2,
+}
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_functional_spellings_equal_eager(spelling, channels_last):
+    """The functions themselves, with their momentum and eps, on an input of any layout: the
+    result in eager's layout, the running statistics passed in written."""
+    fn = SPELLINGS[spelling]
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 5, device=DEVICE)
+    x = x.to(memory_format=torch.channels_last) if channels_last else x
+    params = [torch.rand(3, device=DEVICE) for _ in range(2)]
+    stats = [torch.rand(3, device=DEVICE), torch.rand(3, device=DEVICE) + 0.5]
+    want_args = [x.clone().requires_grad_(), *(p.clone().requires_grad_() for p in params), *(t.clone() for t in stats)]
+    got_args = [x.clone().requires_grad_(), *(p.clone().requires_grad_() for p in params), *(t.clone() for t in stats)]
+    want = fn(*want_args)
+    compiled = fuselens.compile(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = compiled(*got_args)
+    assert got.stride() == want.stride()
+    assert_close(got, want, torch.float32)
+    want.sum().backward()
+    got.sum().backward()
+    for a, b in zip(got_args, want_args):
+        assert_close(a.grad if b.requires_grad else a, b.grad if b.requires_grad else b, torch.float32)
+    assert "batch_norm" not in "".join(wrappers(compiled))
+
+
 def test_one_value_per_channel_raises_as_eager():
     m = make(4, torch.float32).train()
     x = torch.randn(1, 3, 1, 1, device=DEVICE)
