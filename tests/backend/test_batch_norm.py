@@ -90,10 +90,11 @@ def test_training_options_equal_eager(kw, dtype):
     check(4, dtype, dtype, **kw)
 
 
-@pytest.mark.parametrize("shape", [(2, 3, 48, 48), (3, 2, 5000)], ids=str)
+@pytest.mark.parametrize("shape", [(2, 3, 48, 48), (3, 2, 5000), (2, 2, 72, 72), (3000, 5)], ids=str)
 def test_training_with_more_values_per_channel_than_a_block_equals_eager(shape):
     """The statistics and the gradient's sums in two stages (rows per sample, then over the
-    batch: schedule/fusion.py's split_outer_inner_reductions)."""
+    batch: schedule/fusion.py's split_outer_inner_reductions; rows longer than a block looped;
+    BatchNorm1d of a large batch: a column reduction in two stages)."""
     check(len(shape), torch.float32, torch.float32, n_steps=1, shape=shape)
 
 
