@@ -64,51 +64,39 @@ if hasattr(F, "rms_norm"):
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
     """Inference (running statistics): one pointwise expression, which fuses with the ReLU and
     residual add around it (cuDNN's inference kernel is a pass of its own). Training (batch
-    statistics): the per-channel mean and biased variance as reductions over every dim but the
-    channels, computed in fp32 (ATen's accumulate type) and read by the same pointwise
-    expression; the running statistics, if given, updated as ATen does (`Written`)."""
-    if x.ndim < 2 or not x.dtype.is_floating_point or not isinstance(momentum, (int, float)):
-        raise Unsupported("batch_norm of fewer than 2 dims or not floating point")
-    shape = (x.shape[1],) + (1,) * (x.ndim - 2)
-
-    def per_channel(t):
-        return P.reshape(_upcast(t), shape)
-    w = None if weight is None else per_channel(weight)
-    b = None if bias is None else per_channel(bias)
+    statistics, also nn.BatchNorm's eval without running statistics): the per-channel mean and
+    biased variance over every dim but the channels (`_normalize_batch`); the running
+    statistics, if given, updated as ATen does (`Written`)."""
+    if x.ndim < 2 or not x.dtype.is_floating_point or not isinstance(momentum, (int, float)) \
+            or (running_mean is None) != (running_var is None):
+        raise Unsupported("batch_norm of these arguments")
+    w, b = _per_channel(x, weight), _per_channel(x, bias)
     if not training:
-        if running_mean is None or running_var is None:
+        if running_mean is None:
             raise Unsupported("batch_norm in inference without running statistics")  # eager raises
-        y = P.mul(P.sub(_upcast(x), per_channel(running_mean)), P.rsqrt(P.add(per_channel(running_var), eps)))
-        y = _affine(y, w, b)
-    else:
-        if (running_mean is None) != (running_var is None):
-            raise Unsupported("batch_norm with one running statistic")
-        dims = (0,) + tuple(range(2, x.ndim))
-        n = math.prod(x.shape[d] for d in dims)
-        if n <= 1:  # eager raises for one value per channel; none gives NaN statistics
-            raise Unsupported("batch_norm with at most one value per channel")
-        xf = _upcast(x)
-        mean, var = _batch_stats(xf, dims, n)
-        rstd = P.rsqrt(P.add(var, eps))
-        y = emit(prim.with_vjp, _affine(P.mul(P.sub(xf, mean), rstd), w, b), [xf, mean, rstd, w, b],
-                 _BatchNormVJP(dims, n))
-    y = P.cast(y, x.dtype)
-    if not training or running_mean is None:
+        mean, rstd = _per_channel(x, running_mean), P.rsqrt(P.add(_per_channel(x, running_var), eps))
+        return P.cast(_affine(P.mul(P.sub(_upcast(x), mean), rstd), w, b), x.dtype)
+    dims = (0,) + tuple(range(2, x.ndim))
+    y, mean, unbiased_var = _normalize_batch(x, dims, w, b, eps)
+    if running_mean is None:
         return y
-    # running statistics: eager updates them without autograd, from the unbiased variance,
-    # in the accumulate type, stored in their own dtype
-    stats = [P.reshape(emit(prim.stop_gradient, s), (x.shape[1],)) for s in (mean, P.mul(var, n / (n - 1)))]
-    new = [P.cast(P.add(P.mul(s, momentum), P.mul(_upcast(r), 1 - momentum)), r.dtype)
-           for s, r in zip(stats, (running_mean, running_var))]
-    return Written(y, [(running_mean, new[0]), (running_var, new[1])])
+    c = (x.shape[1],)
+    return Written(y, [(running_mean, _running(P.reshape(mean, c), running_mean, momentum)),
+                       (running_var, _running(P.reshape(unbiased_var, c), running_var, momentum))])
+
+
+@register(torch.batch_norm)
+def torch_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled):
+    return batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
 
 
 @register(F.instance_norm)
 def instance_norm(x, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
                   momentum=0.1, eps=1e-5):
     """Batch norm of each sample on its own (ATen's: batch norm of x viewed as [1, N*C, ...],
-    the statistics repeated per sample): statistics per (sample, channel) over the spatial dims;
-    the running statistics, updated per sample as batch norm would, averaged over the samples."""
+    the running statistics repeated per sample): statistics per (sample, channel) over the
+    spatial dims; the running statistics, updated per sample as batch norm's, averaged over the
+    samples."""
     if not use_input_stats:  # the running statistics: batch norm's inference
         return batch_norm(x, running_mean, running_var, weight, bias, False, momentum, eps)
     if x.ndim < 3 or not x.dtype.is_floating_point or not isinstance(momentum, (int, float)) \
@@ -119,24 +107,13 @@ def instance_norm(x, running_mean=None, running_var=None, weight=None, bias=None
         # and rounds them: results differ from statistics kept in fp32 by an ulp of x where the
         # output cancels (OpInfo's samples); not reproduced here, the extern keeps eager's
         raise Unsupported("half-precision instance_norm")
-    dims = tuple(range(2, x.ndim))
-    n = math.prod(x.shape[d] for d in dims)
-    if n <= 1:  # eager raises at one value per instance
-        raise Unsupported("instance_norm with at most one value per instance")
-    shape = (x.shape[1],) + (1,) * (x.ndim - 2)
-    w, b = (None if t is None else P.reshape(_upcast(t), shape) for t in (weight, bias))
-    xf = _upcast(x)
-    mean, var = _batch_stats(xf, dims, n)
-    rstd = P.rsqrt(P.add(var, eps))
-    y = emit(prim.with_vjp, _affine(P.mul(P.sub(xf, mean), rstd), w, b), [xf, mean, rstd, w, b],
-             _BatchNormVJP(dims, n))
-    y = P.cast(y, x.dtype)
+    y, mean, unbiased_var = _normalize_batch(x, tuple(range(2, x.ndim)), _per_channel(x, weight),
+                                             _per_channel(x, bias), eps)
     if running_mean is None:
         return y
-    stats = [P.reshape(emit(prim.stop_gradient, s), x.shape[:2]) for s in (mean, P.mul(var, n / (n - 1)))]
     new = []
-    for s, r in zip(stats, (running_mean, running_var)):
-        per_sample = P.cast(P.add(P.mul(s, momentum), P.mul(_upcast(r), 1 - momentum)), r.dtype)
+    for s, r in ((mean, running_mean), (unbiased_var, running_var)):
+        per_sample = _running(P.reshape(s, x.shape[:2]), r, momentum)
         new.append(P.cast(P.div(P.sum(_upcast(per_sample), (0,)), x.shape[0]), r.dtype))
     return Written(y, [(running_mean, new[0]), (running_var, new[1])])
 
@@ -144,6 +121,32 @@ def instance_norm(x, running_mean=None, running_var=None, weight=None, bias=None
 @register(torch.instance_norm)
 def torch_instance_norm(x, weight, bias, running_mean, running_var, use_input_stats, momentum, eps, cudnn_enabled):
     return instance_norm(x, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)
+
+
+def _per_channel(x, t):
+    """A per-channel tensor in fp32, shaped to broadcast against x ([C, 1, ...])."""
+    return None if t is None else P.reshape(_upcast(t), (x.shape[1],) + (1,) * (x.ndim - 2))
+
+
+def _normalize_batch(x, dims, w, b, eps):
+    """x normalized by its statistics over `dims`, in fp32 (ATen's accumulate type), with the
+    gradient of ATen's backward (`_BatchNormVJP`); and those statistics, detached (eager updates
+    running statistics without autograd): the mean and the unbiased variance."""
+    n = math.prod(x.shape[d] for d in dims)
+    if n <= 1:  # eager raises for one value per channel (or instance); none gives NaN statistics
+        raise Unsupported("normalization over at most one value")
+    xf = _upcast(x)
+    mean, var = _batch_stats(xf, dims, n)
+    rstd = P.rsqrt(P.add(var, eps))
+    y = emit(prim.with_vjp, _affine(P.mul(P.sub(xf, mean), rstd), w, b), [xf, mean, rstd, w, b],
+             _BatchNormVJP(dims, n))
+    stats = (emit(prim.stop_gradient, mean), emit(prim.stop_gradient, P.mul(var, n / (n - 1))))
+    return (P.cast(y, x.dtype),) + stats
+
+
+def _running(stat, running, momentum):
+    """ATen's running-statistic update, in fp32, stored in the statistic's dtype."""
+    return P.cast(P.add(P.mul(stat, momentum), P.mul(_upcast(running), 1 - momentum)), running.dtype)
 
 
 def _batch_stats(xf, dims, n):
@@ -163,11 +166,6 @@ def _batch_stats(xf, dims, n):
 def _affine(y, w, b):
     y = y if w is None else P.mul(y, w)
     return y if b is None else P.add(y, b)
-
-
-@register(torch.batch_norm)
-def torch_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled):
-    return batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
 
 
 class _BatchNormVJP:
