@@ -295,3 +295,24 @@ def test_instance_norm_equals_eager(kw, train, ndim, dtype):
     if dtype == torch.float32:
         code = "".join(wrappers(compiled))
         assert len(torch_calls(code)) == count_increments(code)
+
+
+def test_write_whose_decomposition_writes_nothing_stays_one_extern():
+    """A call capture runs on copies of what it writes whose decomposition has no written values
+    (in-place dropout): the call itself, with nothing of the attempt left in the graph (no seed
+    drawn from torch's generator: the same numbers as eager's after torch.manual_seed)."""
+    def f(x):
+        y = x * 2
+        torch.nn.functional.dropout(y, 0.5, True, inplace=True)
+        return y + 1
+    x = torch.ones(8, 8, device=DEVICE)
+    compiled = fuselens.compile(f)
+    torch.manual_seed(0)
+    want = f(x)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = compiled(x)
+    torch.testing.assert_close(got, want)
+    (code,) = wrappers(compiled)
+    assert code.startswith("def call(arg0):") and len(torch_calls(code)) == 1

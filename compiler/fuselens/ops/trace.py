@@ -90,19 +90,36 @@ def decompose(target, args, kwargs, node=None):
         except (TypeError, ValueError):
             fn = None
     if fn is not None:
+        b = P.builder()
+        state = (next(reversed(b.graph.nodes), None), b._seed)
         try:
             out = fn(*args, **kwargs)
             if isinstance(out, Written):  # writes in place: only its OnCopies form has them as results
                 raise Unsupported("a write into an argument")
             return with_result_dtypes(out, eager_result(target, args, kwargs, node))
         except Unsupported:
-            pass
+            _undo(b, *state)
         except RuntimeError:
             # a step refuses a zero-size tensor (`amax` over an empty dim inside softmax) where the
             # op itself gives an empty result: torch's op computes it (there is nothing to compute)
             if not _has_empty((args, kwargs)):
                 raise
+            _undo(b, *state)
     return extern_call(target, args, kwargs, node)
+
+
+def _undo(b, last, seed):
+    """Remove what a decomposition that gave up emitted: its nodes (dead nodes would still be
+    lowered: a reduction is a kernel whether or not anything reads it), and the graph's seed if
+    it made it (a seed input draws from torch's generator on every call)."""
+    for n in list(reversed(b.graph.nodes)):
+        if n is last:
+            break
+        if n.op != "placeholder":
+            b.graph.erase_node(n)
+    if seed is None and b._seed is not None:
+        b.graph.erase_node(b._seed.node)
+        b._seed = None
 
 
 def _has_empty(tree) -> bool:

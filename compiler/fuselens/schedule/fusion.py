@@ -103,8 +103,7 @@ def split_outer_inner_reductions(graph: LoweredGraph):
     """A reduction of dims on both sides of the kept ones (BatchNorm's statistics: [N, C, H, W]
     over N, H and W) with rows too long for one block is split in two: stage 1 reduces the inner
     dims (rows of H*W contiguous elements, one per (n, c): N*C programs, each row in registers,
-    where the whole reduction had C programs looping over N*H*W strided elements, one loop per
-    reduction); stage 2 (the original buffer, which keeps its name, shape and readers) reduces
+    where the whole reduction had C programs looping over N*H*W strided elements); stage 2 (the original buffer, which keeps its name, shape and readers) reduces
     stage 1's [N, C, 1, 1] over the outer dims (a column reduction, itself split in two when
     long, `split_column_reductions`)."""
     steps = []
