@@ -1,6 +1,8 @@
 """Column reductions (reducing the outer dims) in two stages: partials fused into the kernel
 that walks the same rows, then a small reduction of the partials (schedule/fusion.py)."""
 import logging
+import math
+import re
 
 import pytest
 import torch
@@ -152,3 +154,20 @@ def test_a_kernel_launched_early_reads_what_the_kernel_before_it_wrote(mode):
         torch.testing.assert_close(f(x).clone(), torch.sin(x).sum(0) * 2, rtol=1e-4, atol=1e-3)
     kernels = fuselens.inspect(f)[0].kernels
     assert len(kernels) == 2 and all(k.source.count("gdc_wait()") == 1 for k in kernels)
+
+
+@pytest.mark.parametrize("op", ["sum", "amax", "amin", "mean"])
+@pytest.mark.parametrize("shape,dims", [((3, 4, 40, 45), (0, 2, 3)), ((5, 3, 1000), (0, 2)),
+                                        ((2, 3, 2, 20, 60), (0, 1, 3, 4))])
+def test_reduction_around_kept_dims_in_two_stages(caplog, op, shape, dims):
+    """Dims reduced on both sides of the kept ones (BatchNorm's statistics), longer than a block:
+    stage 1 reduces the inner dims (contiguous rows, one program per outer x kept index), stage 2
+    the outer ones; never a kernel looping over all the reduced elements of a kept index."""
+    def f(x):
+        return getattr(torch, op)(x, dims)
+    x = randn(*shape)
+    cg, scheds = schedules(caplog, f, x, grad=False)
+    inner = [d for d in dims if d > max(set(range(len(shape))) - set(dims))]
+    assert f"reducing dims {inner}" in scheds[0][0], scheds[0]
+    rnumels = [int(n) for n in re.findall(r"rnumel=(\d+)", cg.wrapper_source)]
+    assert max(rnumels) < math.prod(shape[d] for d in dims), cg.wrapper_source

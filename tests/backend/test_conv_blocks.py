@@ -75,18 +75,21 @@ def test_inference_under_autocast_equals_eager():
 
 
 def test_training_block_still_equals_eager():
-    """Training BatchNorm (batch statistics, running statistics written) keeps eager's result."""
+    """Training BatchNorm (batch statistics, running statistics written) keeps eager's result
+    (to the rounding of per-channel sums taken in another order than ATen's: the convolutions'
+    weight gradients, sums over every position, differ from eager's by a few 1e-5)."""
     x = torch.randn(2, 8, 6, 6, device=DEVICE)
     want_m, got_m = model().train(), model().train()
     want = want_m(x)
     got = fuselens.compile(got_m)(x)
-    torch.testing.assert_close(got, want)
+    tol = dict(rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got, want, **tol)
     want.sum().backward()
     got.sum().backward()
     for (n, a), (_, b) in zip(got_m.named_parameters(), want_m.named_parameters()):
-        torch.testing.assert_close(a.grad, b.grad, msg=n)
+        torch.testing.assert_close(a.grad, b.grad, msg=n, **tol)
     for (n, a), (_, b) in zip(got_m.named_buffers(), want_m.named_buffers()):
-        torch.testing.assert_close(a, b, msg=n)
+        torch.testing.assert_close(a, b, msg=n, **tol)
 
 
 def test_detach_of_an_input_is_no_copy():

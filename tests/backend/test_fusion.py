@@ -131,6 +131,20 @@ def test_looped_reduction(monkeypatch):
     check(manual_softmax, randn(4, 700), grad=False)
 
 
+def test_looped_reductions_that_read_none_of_each_other_share_one_loop(monkeypatch):
+    """sum(x) and sum(x * x) (a one-pass variance) read the row once; a reduction that reads
+    another's result (layer norm's variance of x - mean) loops after it."""
+    monkeypatch.setattr(triton_codegen, "PERSISTENT_RNUMEL_MAX", 16)
+
+    def moments(x):
+        s1, s2 = x.sum(-1, keepdim=True), (x * x).sum(-1, keepdim=True)
+        return s2 / 100 - (s1 / 100) ** 2
+    cg = check(moments, randn(3, 100), grad=False)
+    assert cg.kernels[0].source.count("for roffset in range(0, rnumel, RBLOCK):") == 1
+    cg = check(manual_layer_norm, randn(3, 100), randn(100), randn(100), grad=False)
+    assert cg.kernels[0].source.count("for roffset in range(0, rnumel, RBLOCK):") == 3
+
+
 def test_persistent_kernels_issue_their_loads_before_the_reductions():
     # w and b are read after the row's mean and variance: loaded first, their latency overlaps
     # the reductions (layer norm forward on an H100: 94.1 -> 93.7 us)

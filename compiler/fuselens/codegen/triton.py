@@ -6,8 +6,9 @@ line (`tmp7 = tmp3 * tmp5  # model.py:12 ...`), with common subexpressions reuse
   pointwise   1-D blocks of XBLOCK elements.
   persistent  reductions with rows of up to PERSISTENT_RNUMEL_MAX elements: a block holds
               XBLOCK whole rows (RBLOCK >= rnumel), every reduction and epilogue is straight-line.
-  looped      longer rows: each reduction loops over the row in RBLOCK chunks; values that must
-              be stored are computed in a final loop.
+  looped      longer rows: each reduction loops over the row in RBLOCK chunks (consecutive
+              reductions that read none of each other in one loop); values that must be stored
+              are computed in a final loop.
   chunked     kernels computing partials (stage 1 of a column reduction, schedule/fusion.py):
               program p walks rows [p*xchunk, (p+1)*xchunk) in blocks of XBLOCK rows and keeps
               one accumulator per partial in registers; after the loop it stores them as row p
@@ -554,7 +555,8 @@ class KernelWriter:
             elif buf.kind == "reduction":
                 epilogue_open = self.close(epilogue_open)
                 if looped:
-                    self.values[buf.name] = self.looped_reduction(buf)
+                    if buf.name not in self.values:
+                        self.looped_reductions(self._independent_run(buf))
                 else:
                     self.values[buf.name] = self.reduction(buf, looped=False)
                 if buf.name in stores:
@@ -579,18 +581,50 @@ class KernelWriter:
             loop.__exit__(None, None, None)
         return None
 
-    def looped_reduction(self, buf):
-        dtype = compute_dtype(buf.dtype)
-        acc = self.new_tmp("xr")
-        with self.at(buf.loc):
-            self.emit(f"{acc} = tl.full([XBLOCK, RBLOCK], {neutral(buf.reduce, dtype)}, {TL_DTYPES[dtype]})")
-            with self.row_loop():
-                value = self.reduction(buf, looped=True)
-                combined = REDUCE_COMBINE[buf.reduce].format(acc, value)
-                self.emit(f"{acc} = tl.where(rmask, {combined}, {acc})")
-            result = self.cse(REDUCE_FINAL[buf.reduce].format(acc) + "[:, None]", dtype)
-            self.varies[result.expr] = frozenset("x")
-            return self.round(result, buf.dtype)
+    def _independent_run(self, buf):
+        """`buf` and the reductions right after it in the kernel that read none of them (directly
+        or through the kernel's pointwise buffers): one loop over the row computes them all, so a
+        row is read once for sum(x) and sum(x * x) (BatchNorm's statistics, its backward's sums)."""
+        nodes = self.kernel.nodes
+        run = [buf]
+        for nxt in nodes[nodes.index(buf) + 1:]:
+            if nxt.kind != "reduction" or self._reads_any(nxt, {b.name for b in run}):
+                break
+            run.append(nxt)
+        return run
+
+    def _reads_any(self, buf, names):
+        todo, seen = [buf], set()
+        while todo:
+            for src in self._direct_reads(todo.pop()):
+                if src.name in names:
+                    return True
+                dep = self.group.get(src.name)
+                if dep is not None and dep.kind == "pointwise" and src.name not in seen:
+                    seen.add(src.name)
+                    todo.append(dep)
+        return False
+
+    def looped_reductions(self, bufs):
+        """Reductions of a looped kernel, none reading another, in one loop over the row."""
+        accs = []
+        for buf in bufs:
+            dtype = compute_dtype(buf.dtype)
+            accs.append(self.new_tmp("xr"))
+            self.emit(f"{accs[-1]} = tl.full([XBLOCK, RBLOCK], {neutral(buf.reduce, dtype)}, {TL_DTYPES[dtype]})",
+                      loc=buf.loc)
+        with self.row_loop():
+            for buf, acc in zip(bufs, accs):
+                with self.at(buf.loc):
+                    value = self.reduction(buf, looped=True)
+                    combined = REDUCE_COMBINE[buf.reduce].format(acc, value)
+                    self.emit(f"{acc} = tl.where(rmask, {combined}, {acc})")
+        for buf, acc in zip(bufs, accs):
+            with self.at(buf.loc):
+                dtype = compute_dtype(buf.dtype)
+                result = self.cse(REDUCE_FINAL[buf.reduce].format(acc) + "[:, None]", dtype)
+                self.varies[result.expr] = frozenset("x")
+                self.values[buf.name] = self.round(result, buf.dtype)
 
     # --- the whole kernel -------------------------------------------------------------------------
     def kernel_name(self):

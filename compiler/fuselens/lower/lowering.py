@@ -208,7 +208,7 @@ class Lowering:
             return self._lazy(shape, dtype, loc, self._slice_backward_fn(dtype, *args), args)
         if p is prim.cat:
             return self._lazy(shape, dtype, loc, self._cat_fn(shape, dtype, *args), args[0])
-        if p is prim.stop_gradient:
+        if p in (prim.stop_gradient, prim.with_vjp):
             # autograd is done before lowering: here a detach is its input (as in eager, which
             # aliases it), not a kernel copying an extern's result before the next extern reads it
             return args[0]

@@ -574,56 +574,6 @@ def log_softmax(x, dim=None, _stacklevel=3, dtype=None):
     return P.cast(P.sub(shifted, P.log(P.sum(P.exp(shifted), dim, True))), dtype or x.dtype)
 
 
-def _normalized_dims(x, normalized_shape):
-    n = len(normalized_shape) if isinstance(normalized_shape, (tuple, list, torch.Size)) else 1
-    return tuple(range(x.ndim - n, x.ndim))
-
-
-@register(F.layer_norm)
-def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    y = _upcast(x)
-    dims = _normalized_dims(x, normalized_shape)
-    count = math.prod(x.shape[d] for d in dims)
-    centered = P.sub(y, P.div(P.sum(y, dims, True), count))
-    var_ = P.div(P.sum(P.mul(centered, centered), dims, True), count)
-    out = P.mul(centered, P.rsqrt(P.add(var_, eps)))
-    if weight is not None:
-        out = P.mul(out, weight)
-    if bias is not None:
-        out = P.add(out, bias)
-    return P.cast(out, x.dtype)
-
-
-@register(F.batch_norm)
-def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
-    """Inference (running statistics): one pointwise expression, which fuses with the ReLU and
-    residual add around it (cuDNN's inference kernel is a pass of its own). Training writes the
-    running statistics: the extern."""
-    if training or running_mean is None or running_var is None or x.ndim < 2:
-        raise Unsupported("batch_norm with batch statistics")
-    shape = (x.shape[1],) + (1,) * (x.ndim - 2)
-    def per_channel(t):  # noqa: E306
-        return P.reshape(_upcast(t), shape)
-    y = P.mul(P.sub(_upcast(x), per_channel(running_mean)), P.rsqrt(P.add(per_channel(running_var), eps)))
-    if weight is not None:
-        y = P.mul(y, per_channel(weight))
-    if bias is not None:
-        y = P.add(y, per_channel(bias))
-    return P.cast(y, x.dtype)
-
-
-if hasattr(F, "rms_norm"):
-    @register(F.rms_norm)
-    def rms_norm(x, normalized_shape, weight=None, eps=None):
-        y = _upcast(x)
-        dims = _normalized_dims(x, normalized_shape)
-        count = math.prod(x.shape[d] for d in dims)
-        eps = torch.finfo(y.dtype).eps if eps is None else eps  # ATen's: of the compute dtype
-        # as ATen's composite: normalized in fp32, rounded to x's dtype, then scaled
-        out = P.cast(P.mul(y, P.rsqrt(P.add(P.div(P.sum(P.mul(y, y), dims, True), count), eps))), x.dtype)
-        return out if weight is None else P.mul(out, weight)
-
-
 @register(F.dropout, torch.dropout)
 def dropout(x, p=0.5, training=True, inplace=False):
     if not training or p == 0:
@@ -1206,3 +1156,6 @@ def aten_fill(x, value):
 @register(torch.ops.aten.zero.default)
 def aten_zero(x):
     return _over(x, 0)
+
+
+from . import normalization  # noqa: E402,F401  (registers layer_norm, batch_norm, rms_norm)

@@ -97,6 +97,9 @@ stop_gradient = _pointwise("stop_gradient", torch.Tensor.detach, "{0}")
 # record (effects.unrecorded_write), max/min over a dim (the gradient goes to the index). Never
 # lowered: once the VJPs are built (or none is to be), it is its value (trace.values_only)
 with_value = _pointwise("with_value", lambda t, v: v.expand_as(t).clone(), None)
+# identity whose VJP is `rule(g, *inputs)` (one gradient per input), not the VJP of how the value
+# was computed: a decomposition's closed-form gradient (batch norm's)
+with_vjp = _pointwise("with_vjp", lambda x, inputs, rule: x, "{0}")
 
 # --- pointwise: binary (operands broadcast; the builder casts them to one dtype first) ----------
 add = _pointwise("add", torch.add, "{0} + {1}")

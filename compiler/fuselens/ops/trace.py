@@ -1,6 +1,7 @@
 """Torch-level FX graph -> primitive FX graph, by running each node's decomposition on TVals."""
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -12,6 +13,8 @@ from . import primitives as prim
 from .attention import rewrite_attention
 from .builder import GraphBuilder, TVal, emit
 from .decompositions import DECOMPOSITIONS, Unsupported
+from .effects import OnCopies
+from .normalization import Written
 
 
 def normalize_target(node: fx.Node):
@@ -44,7 +47,12 @@ def extern_call(target, args, kwargs, node=None):
 def _decomposition(target):
     """The decomposition of a torch spelling; an ATen overload (capture emits the functional
     overloads of in-place writes) uses its Python binding's: `torch.Tensor.<op>`, `torch.<op>`
-    or `F.<op>`, generated from the same schema (arguments that do not bind go extern)."""
+    or `F.<op>`, generated from the same schema (arguments that do not bind go extern). A call
+    run on copies of what it writes (`OnCopies`) uses the decomposition of the call, if that
+    returns the written values (`Written`)."""
+    if isinstance(target, OnCopies):
+        fn = _decomposition(target.fn)
+        return None if fn is None else _on_copies(fn, target.written)
     fn = DECOMPOSITIONS.get(target)
     if fn is None and isinstance(target, torch._ops.OpOverload):
         name = target._schema.name.split("::")[1]
@@ -55,6 +63,25 @@ def _decomposition(target):
     return fn
 
 
+def _on_copies(fn, written):
+    """`fn`'s decomposition giving what `OnCopies(fn, written)` returns: the new values of the
+    written arguments (their indices among the distinct tensor arguments), then the result."""
+    @functools.wraps(fn)  # its signature is what decompose() checks arguments against
+    def decomposition(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if not isinstance(out, Written):
+            raise Unsupported("the decomposition writes nothing where the call writes")
+        distinct = []
+        map_aggregate((args, kwargs), lambda a: distinct.append(a) if isinstance(a, TVal) and
+                      not any(a is d for d in distinct) else None)
+        new = {id(arg): value for arg, value in out.writes}
+        if sorted(id(distinct[i]) for i in written) != sorted(new):
+            raise Unsupported("the decomposition writes other arguments than the call")
+        result = out.result if isinstance(out.result, (tuple, list)) else (out.result,)
+        return tuple(new[id(distinct[i])] for i in written) + tuple(result)
+    return decomposition
+
+
 def decompose(target, args, kwargs, node=None):
     fn = _decomposition(target)
     if fn is not None:
@@ -63,16 +90,36 @@ def decompose(target, args, kwargs, node=None):
         except (TypeError, ValueError):
             fn = None
     if fn is not None:
+        b = P.builder()
+        state = (next(reversed(b.graph.nodes), None), b._seed)
         try:
-            return with_result_dtypes(fn(*args, **kwargs), eager_result(target, args, kwargs, node))
+            out = fn(*args, **kwargs)
+            if isinstance(out, Written):  # writes in place: only its OnCopies form has them as results
+                raise Unsupported("a write into an argument")
+            return with_result_dtypes(out, eager_result(target, args, kwargs, node))
         except Unsupported:
-            pass
+            _undo(b, *state)
         except RuntimeError:
             # a step refuses a zero-size tensor (`amax` over an empty dim inside softmax) where the
             # op itself gives an empty result: torch's op computes it (there is nothing to compute)
             if not _has_empty((args, kwargs)):
                 raise
+            _undo(b, *state)
     return extern_call(target, args, kwargs, node)
+
+
+def _undo(b, last, seed):
+    """Remove what a decomposition that gave up emitted: its nodes (dead nodes would still be
+    lowered: a reduction is a kernel whether or not anything reads it), and the graph's seed if
+    it made it (a seed input draws from torch's generator on every call)."""
+    for n in list(reversed(b.graph.nodes)):
+        if n is last:
+            break
+        if n.op != "placeholder":
+            b.graph.erase_node(n)
+    if seed is None and b._seed is not None:
+        b.graph.erase_node(b._seed.node)
+        b._seed = None
 
 
 def _has_empty(tree) -> bool:

@@ -56,6 +56,7 @@ rule(prim.sigmoid)(lambda g, out, x: (P.mul(g, P.mul(out, P.sub(1.0, out))),))
 rule(prim.erf)(lambda g, out, x: (P.mul(g, P.mul(2 / math.sqrt(math.pi), P.exp(P.neg(P.mul(x, x))))),))
 rule(prim.convert)(lambda g, out, x, dtype: (P.cast(g, x.dtype) if x.dtype.is_floating_point else None,))
 rule(prim.where)(lambda g, out, c, a, b: (None, P.where(c, g, 0.0), P.where(c, 0.0, g)))
+rule(prim.with_vjp)(lambda g, out, x, inputs, rule: (None, rule(g, *inputs), None))
 
 
 @rule(prim.pow)

@@ -11,8 +11,8 @@ variables, which the scheduler checks by comparing index expressions.
 
 Nodes are visited in order; each joins the kernel where fusion saves the most memory traffic
 (bytes of intermediate buffers no longer written and read back, plus inputs read once instead of
-twice). With nothing in common with any kernel, a node still joins the last kernel if it iterates
-the same domain (one launch fewer); otherwise it starts a new kernel.
+twice). With nothing in common with any kernel, a node still joins the latest kernel whose domain
+it fits as it is (one launch fewer); otherwise it starts a new kernel.
 """
 from __future__ import annotations
 
@@ -50,8 +50,13 @@ def keep_shape(shape, red_dims):
 
 
 def row_shapes(shape, red_dims):
-    """Shapes of per-row values in a kernel over `shape` reducing `red_dims` (keepdim or not)."""
-    return keep_shape(shape, red_dims), tuple(s for d, s in enumerate(shape) if d not in red_dims)
+    """Shapes of per-row values in a kernel over `shape` reducing `red_dims` (keepdim or not;
+    without the kept dims' trailing 1s too: the per-channel [C] of a kernel over [N, C, 1, 1])."""
+    kept = tuple(s for d, s in enumerate(shape) if d not in red_dims)
+    squeezed = kept
+    while squeezed and squeezed[-1] == 1:
+        squeezed = squeezed[:-1]
+    return keep_shape(shape, red_dims), kept, squeezed
 
 
 def body_shape(buf: ComputedBuffer):
@@ -92,6 +97,34 @@ def set_chunk(partial, stage2, chunk):
     pshape = tuple(-(-rows // chunk) if d == first else s for d, s in enumerate(stage2.shape))
     partial.shape, partial.stride, partial.chunk = pshape, contiguous_strides(pshape), chunk
     stage2.body, stage2.in_shape, stage2.red_dims = buffer_view(partial).load, pshape, (first,)
+
+
+def split_outer_inner_reductions(graph: LoweredGraph):
+    """A reduction of dims on both sides of the kept ones (BatchNorm's statistics: [N, C, H, W]
+    over N, H and W) with rows too long for one block is split in two: stage 1 reduces the inner
+    dims (rows of H*W contiguous elements, one per (n, c): N*C programs, each row in registers,
+    where the whole reduction had C programs looping over N*H*W strided elements); stage 2 (the original buffer, which keeps its name, shape and readers) reduces
+    stage 1's [N, C, 1, 1] over the outer dims (a column reduction, itself split in two when
+    long, `split_column_reductions`)."""
+    steps = []
+    for buf in graph.steps:
+        steps.append(buf)
+        if not isinstance(buf, ComputedBuffer) or buf.kind != "reduction":
+            continue
+        dims = [d for d, s in enumerate(buf.in_shape) if s != 1]
+        kept = [d for d in dims if d not in buf.red_dims]
+        inner = tuple(d for d in dims if d in buf.red_dims and kept and d > max(kept))
+        outer = tuple(d for d in buf.red_dims if d not in inner)
+        rnumel = math.prod(buf.in_shape[d] for d in buf.red_dims)
+        if not inner or not any(buf.in_shape[d] != 1 for d in outer) or rnumel <= PERSISTENT_RNUMEL_MAX:
+            continue
+        shape = keep_shape(buf.in_shape, inner)
+        rows = ComputedBuffer(f"{buf.name}_rows", shape, contiguous_strides(shape), compute_dtype(buf.dtype),
+                              body=buf.body, kind="reduction", in_shape=buf.in_shape, red_dims=inner,
+                              reduce=buf.reduce, loc=buf.loc)
+        buf.body, buf.in_shape, buf.red_dims = buffer_view(rows).load, shape, outer
+        steps[-1:] = [rows, buf]
+    graph.steps = steps
 
 
 def split_column_reductions(graph: LoweredGraph):
@@ -290,10 +323,11 @@ class Scheduler:
             candidates = [k for k in steps if isinstance(k, FusedKernel)]
             scored = [(self.fusion_score(k, step), k) for k in candidates]
             scored = [(s, k) for s, k in scored if s]
-            last = steps[-1] if steps and isinstance(steps[-1], FusedKernel) else None
-            if not scored and last is not None and self.fusion_score(last, step) == 0 \
-                    and self.domain_for(last, step) == (last.shape, last.red_dims):
-                scored = [(0, last)]  # no traffic in common, but one launch fewer (horizontal fusion)
+            if not scored:  # no traffic in common, but one launch fewer (horizontal fusion): the
+                # latest kernel that iterates a domain it fits (a saved copy of a bias [C] joins
+                # the kernel of per-channel statistics before the [N, C, H, W] normalization)
+                scored = next(([(0, k)] for k in reversed(candidates) if self.fusion_score(k, step) == 0
+                               and self.domain_for(k, step) == (k.shape, k.red_dims)), [])
             if scored:
                 _, best = max(scored, key=lambda sk: (sk[0], self.position[id(sk[1])]))
                 best.shape, best.red_dims = self.domain_for(best, step)
@@ -324,6 +358,7 @@ class Scheduler:
 
 
 def schedule(graph: LoweredGraph) -> Schedule:
+    split_outer_inner_reductions(graph)
     pairs = split_column_reductions(graph)
     sched = Scheduler(graph).run()
     # partials that found no row kernel to join: longer chunks (the column tiles give the

@@ -1,0 +1,197 @@
+"""Normalizations as primitives: layer norm, RMS norm, batch norm (inference and training).
+
+Training batch norm writes its running statistics: the decomposition returns their new values
+as `Written` (capture's functionalization hands the call over as `OnCopies`, whose results are
+the written tensors' new values, then the output; trace.py matches them). Its gradient is the
+closed form of ATen's backward (`with_vjp`), so the backward's reductions are sum(g) and
+sum(g * xhat) over one domain: one kernel, fused with the ReLU backward that produces g.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from . import builder as P
+from . import primitives as prim
+from .builder import emit
+from .decompositions import Unsupported, _is_half, _upcast, register
+
+
+@dataclass
+class Written:
+    """What a decomposition of a call that writes into tensor arguments returns: the call's
+    result, and (argument, its new value) for each argument it writes."""
+    result: object
+    writes: list
+
+
+def _normalized_dims(x, normalized_shape):
+    n = len(normalized_shape) if isinstance(normalized_shape, (tuple, list, torch.Size)) else 1
+    return tuple(range(x.ndim - n, x.ndim))
+
+
+@register(F.layer_norm)
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    y = _upcast(x)
+    dims = _normalized_dims(x, normalized_shape)
+    count = math.prod(x.shape[d] for d in dims)
+    centered = P.sub(y, P.div(P.sum(y, dims, True), count))
+    var_ = P.div(P.sum(P.mul(centered, centered), dims, True), count)
+    out = P.mul(centered, P.rsqrt(P.add(var_, eps)))
+    if weight is not None:
+        out = P.mul(out, weight)
+    if bias is not None:
+        out = P.add(out, bias)
+    return P.cast(out, x.dtype)
+
+
+if hasattr(F, "rms_norm"):
+    @register(F.rms_norm)
+    def rms_norm(x, normalized_shape, weight=None, eps=None):
+        y = _upcast(x)
+        dims = _normalized_dims(x, normalized_shape)
+        count = math.prod(x.shape[d] for d in dims)
+        eps = torch.finfo(y.dtype).eps if eps is None else eps  # ATen's: of the compute dtype
+        # as ATen's composite: normalized in fp32, rounded to x's dtype, then scaled
+        out = P.cast(P.mul(y, P.rsqrt(P.add(P.div(P.sum(P.mul(y, y), dims, True), count), eps))), x.dtype)
+        return out if weight is None else P.mul(out, weight)
+
+
+@register(F.batch_norm)
+def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    """Inference (running statistics): one pointwise expression, which fuses with the ReLU and
+    residual add around it (cuDNN's inference kernel is a pass of its own). Training (batch
+    statistics, also nn.BatchNorm's eval without running statistics): the per-channel mean and
+    biased variance over every dim but the channels (`_normalize_batch`); the running
+    statistics, if given, updated as ATen does (`Written`)."""
+    if x.ndim < 2 or not x.dtype.is_floating_point or not isinstance(momentum, (int, float)) \
+            or (running_mean is None) != (running_var is None):
+        raise Unsupported("batch_norm of these arguments")
+    w, b = _per_channel(x, weight), _per_channel(x, bias)
+    if not training:
+        if running_mean is None:
+            raise Unsupported("batch_norm in inference without running statistics")  # eager raises
+        mean, rstd = _per_channel(x, running_mean), P.rsqrt(P.add(_per_channel(x, running_var), eps))
+        return P.cast(_affine(P.mul(P.sub(_upcast(x), mean), rstd), w, b), x.dtype)
+    dims = (0,) + tuple(range(2, x.ndim))
+    y, mean, unbiased_var = _normalize_batch(x, dims, w, b, eps)
+    if running_mean is None:
+        return y
+    c = (x.shape[1],)
+    return Written(y, [(running_mean, _running(P.reshape(mean, c), running_mean, momentum)),
+                       (running_var, _running(P.reshape(unbiased_var, c), running_var, momentum))])
+
+
+@register(torch.batch_norm)
+def torch_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled):
+    return batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+@register(F.instance_norm)
+def instance_norm(x, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
+                  momentum=0.1, eps=1e-5):
+    """Batch norm of each sample on its own (ATen's: batch norm of x viewed as [1, N*C, ...],
+    the running statistics repeated per sample): statistics per (sample, channel) over the
+    spatial dims; the running statistics, updated per sample as batch norm's, averaged over the
+    samples."""
+    if not use_input_stats:  # the running statistics: batch norm's inference
+        return batch_norm(x, running_mean, running_var, weight, bias, False, momentum, eps)
+    if x.ndim < 3 or not x.dtype.is_floating_point or not isinstance(momentum, (int, float)) \
+            or (running_mean is None) != (running_var is None):
+        raise Unsupported("instance_norm of these arguments")
+    if _is_half(x.dtype):
+        # ATen's CPU kernel keeps the statistics of a half-precision instance norm in its dtype
+        # and rounds them: results differ from statistics kept in fp32 by an ulp of x where the
+        # output cancels (OpInfo's samples); not reproduced here, the extern keeps eager's
+        raise Unsupported("half-precision instance_norm")
+    y, mean, unbiased_var = _normalize_batch(x, tuple(range(2, x.ndim)), _per_channel(x, weight),
+                                             _per_channel(x, bias), eps)
+    if running_mean is None:
+        return y
+    new = []
+    for s, r in ((mean, running_mean), (unbiased_var, running_var)):
+        per_sample = _running(P.reshape(s, x.shape[:2]), r, momentum)
+        new.append(P.cast(P.div(P.sum(_upcast(per_sample), (0,)), x.shape[0]), r.dtype))
+    return Written(y, [(running_mean, new[0]), (running_var, new[1])])
+
+
+@register(torch.instance_norm)
+def torch_instance_norm(x, weight, bias, running_mean, running_var, use_input_stats, momentum, eps, cudnn_enabled):
+    return instance_norm(x, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)
+
+
+def _per_channel(x, t):
+    """A per-channel tensor in fp32, shaped to broadcast against x ([C, 1, ...])."""
+    return None if t is None else P.reshape(_upcast(t), (x.shape[1],) + (1,) * (x.ndim - 2))
+
+
+def _normalize_batch(x, dims, w, b, eps):
+    """x normalized by its statistics over `dims`, in fp32 (ATen's accumulate type), with the
+    gradient of ATen's backward (`_BatchNormVJP`); and those statistics, detached (eager updates
+    running statistics without autograd): the mean and the unbiased variance."""
+    n = math.prod(x.shape[d] for d in dims)
+    if n <= 1:  # eager raises for one value per channel (or instance); none gives NaN statistics
+        raise Unsupported("normalization over at most one value")
+    xf = _upcast(x)
+    mean, var = _batch_stats(xf, dims, n)
+    rstd = P.rsqrt(P.add(var, eps))
+    y = emit(prim.with_vjp, _affine(P.mul(P.sub(xf, mean), rstd), w, b), [xf, mean, rstd, w, b],
+             _BatchNormVJP(dims, n))
+    stats = (emit(prim.stop_gradient, mean), emit(prim.stop_gradient, P.mul(var, n / (n - 1))))
+    return (P.cast(y, x.dtype),) + stats
+
+
+def _running(stat, running, momentum):
+    """ATen's running-statistic update, in fp32, stored in the statistic's dtype."""
+    return P.cast(P.add(P.mul(stat, momentum), P.mul(_upcast(running), 1 - momentum)), running.dtype)
+
+
+def _batch_stats(xf, dims, n):
+    """Mean and biased variance over `dims`, from one pass over x: sums of d = x - k and of d^2,
+    k being the channel's first element (shifted, the variance E[d^2] - E[d]^2 loses no
+    precision to a mean far from 0). Two sums of one input over one domain share a kernel; a
+    variance from x - mean would need the mean first, a second pass over x."""
+    k = xf
+    for d in dims:
+        k = P.slice(k, d, 0, 1)
+    shifted = P.sub(xf, k)
+    m1 = P.div(P.sum(shifted, dims, True), n)
+    m2 = P.div(P.sum(P.mul(shifted, shifted), dims, True), n)
+    return P.add(k, m1), P.maximum(P.sub(m2, P.mul(m1, m1)), 0.0)
+
+
+def _affine(y, w, b):
+    y = y if w is None else P.mul(y, w)
+    return y if b is None else P.add(y, b)
+
+
+class _BatchNormVJP:
+    """The gradients of y = (x - mean) * rstd * w + b, mean and rstd being x's batch statistics
+    over `dims` (`n` values per channel), as ATen's backward kernels compute them (CPU and CUDA
+    alike): two reductions, sum(g) and sum(g * (x - mean)), and
+    dx = (g - sum(g) / n - (x - mean) * sum(g * (x - mean)) * rstd^2 / n) * rstd * w."""
+
+    def __init__(self, dims, n):
+        self.dims, self.n = dims, n
+
+    def __call__(self, g, xf, mean, rstd, w, b):
+        centered = P.sub(xf, mean)
+        sum_g = P.sum(g, self.dims, True)
+        sum_g_centered = P.sum(P.mul(g, centered), self.dims, True)
+        proj = P.mul(P.div(sum_g_centered, self.n), P.mul(rstd, rstd))
+        scale = rstd if w is None else P.mul(rstd, w)
+        dx = P.mul(P.sub(P.sub(g, P.div(sum_g, self.n)), P.mul(centered, proj)), scale)
+        dw = None if w is None else _per_channel_grad(P.mul(sum_g_centered, rstd), w.shape)
+        return [dx, None, None, dw, None if b is None else _per_channel_grad(sum_g, b.shape)]
+
+    def __repr__(self):
+        return f"batch_norm_vjp(dims={self.dims}, n={self.n})"
+
+
+def _per_channel_grad(g, shape):
+    """A per-channel gradient in the weight's shape as given (C, 1, ...): summed over the samples
+    where the statistics are per sample (instance norm), else a view."""
+    return P.reshape(g, shape) if math.prod(g.shape) == math.prod(shape) else P.sum_to(g, shape)
