@@ -91,7 +91,7 @@ def decompose(target, args, kwargs, node=None):
             fn = None
     if fn is not None:
         b = P.builder()
-        state = (next(reversed(b.graph.nodes), None), b._seed)
+        state = (next(iter(reversed(b.graph.nodes)), None), b._seed)  # (a list view in older torch)
         try:
             out = fn(*args, **kwargs)
             if isinstance(out, Written):  # writes in place: only its OnCopies form has them as results
