@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import fuselens
+from fuselens.ops import primitives as prim
 from fl_backend_testing import DEVICE, tolerance
 
 
@@ -114,8 +115,58 @@ def test_training_uses_torchs_attention_backward(dtype):
     forward, backward = wrapper.split("# backward")
     # the forward saves only q, k, v; the backward is one call, no kernel
     assert "prims.sdpa(" in forward and "bmm" not in forward and "return (buf0, arg0, arg1, arg2)" in forward
-    assert "prims.call_torch_vjp(torch.nn.functional.scaled_dot_product_attention" in backward and kernels == []
-    assert "ensure_layout(buf0[1], (2, 3, 8, 16), (384, 128, 16, 1))" in backward  # dk in k's layout
+    assert kernels == []
+    if DEVICE == "cuda":  # ATen's fused attention backward, called directly (no autograd re-run)
+        assert "prims.sdpa_backward(" in backward and "call_torch_vjp" not in backward
+    else:
+        assert "prims.call_torch_vjp(torch.nn.functional.scaled_dot_product_attention" in backward
+        assert "ensure_layout(buf0[1], (2, 3, 8, 16), (384, 128, 16, 1))" in backward  # dk in k's layout
     g = torch.randn_like(expected)
     for got, exp in zip(torch.autograd.grad(out, args, g), torch.autograd.grad(expected, args, g)):
         torch.testing.assert_close(got, exp, **tolerance(dtype))
+
+
+def heads_of_rows(q, k, v):
+    """A transformer layer's attention: heads split from (B, S, H * D) rows, the result merged back
+    into rows (BERT's and GPT-2's layout: q is a permuted view of (B, S, H, D))."""
+    b, s, _ = q.shape
+    q, k, v = (t.view(b, s, 4, 16).transpose(1, 2) for t in (q, k, v))
+    return workload(q, k, v).transpose(1, 2).reshape(b, s, 64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("grad", [False, True])
+def test_attention_of_rows_runs_in_the_layout_the_kernel_returns(dtype, grad, monkeypatch):
+    """SDPA's fused kernels (CUDA's flash, efficient and cuDNN attention, CPU's flash) return such
+    q's (B, S, H, D) rows, not the contiguous result meta's math path gives: predicted as they
+    return them, the result and the gradients are read in place, with no copy after the call."""
+    copies = []
+
+    def ensure_layout(t, size, stride):
+        out = wrapper_module.ensure_layout.__wrapped__(t, size, stride)
+        if out is not t:
+            copies.append((tuple(t.stride()), stride))
+        return out
+    import fuselens.codegen.wrapper as wrapper_module
+    ensure_layout.__wrapped__ = wrapper_module.ensure_layout
+    monkeypatch.setattr(wrapper_module, "ensure_layout", ensure_layout)
+    args = inputs((2, 8, 64), (2, 8, 64), (2, 8, 64), dtype=dtype, grad=grad)
+    out, wrapper, _ = compiled(heads_of_rows, *args)
+    expected = heads_of_rows(*args)
+    close(out, expected)
+    if grad:
+        g = torch.randn_like(expected)
+        for got, exp in zip(torch.autograd.grad(out, args, g), torch.autograd.grad(expected, args, g)):
+            torch.testing.assert_close(got, exp, **tolerance(dtype))
+    assert "prims.sdpa(" in wrapper and copies == []
+
+
+@pytest.mark.parametrize("backend", [1, 2, 3])  # SDPBackend: flash, efficient, cuDNN
+def test_fused_attention_backward_arguments_follow_the_schema(backend):
+    """The backward's arguments are found by name in this torch's schemas (their order and the
+    forward's result names differ between versions); the meta functions give each gradient in
+    the layout of its input, as the kernels return them."""
+    q = torch.empty(2, 8, 4, 16, dtype=torch.bfloat16, device="meta").transpose(1, 2)
+    k = torch.empty(2, 4, 12, 16, dtype=torch.bfloat16, device="meta")
+    grads = prim._fused_attention_backward(backend, torch.empty_like(q), q, k, k, 0.25)
+    assert [tuple(t.shape) for t in grads] == [tuple(q.shape), tuple(k.shape), tuple(k.shape)]

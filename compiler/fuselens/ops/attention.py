@@ -137,8 +137,9 @@ def _match(pv: fx.Node):
     return q, k, v, float(scale), root, m.nodes
 
 
-def rewrite_attention(graph: fx.Graph) -> None:
-    """Replace every attention in `graph` that SDPA computes exactly by one `sdpa` node."""
+def rewrite_attention(graph: fx.Graph, device) -> None:
+    """Replace every attention in `graph` (a graph for `device`) that SDPA computes exactly by one
+    `sdpa` node."""
     removed: set[fx.Node] = set()
     for pv in [n for n in graph.nodes if n.target is prim.bmm]:
         if pv in removed:
@@ -149,7 +150,7 @@ def rewrite_attention(graph: fx.Graph) -> None:
             continue
         with graph.inserting_before(root):
             new = graph.call_function(prim.sdpa, (q, k, v), {"scale": scale})
-        new.meta["val"] = prim.sdpa.impl(q.meta["val"], k.meta["val"], v.meta["val"], scale)
+        new.meta["val"] = prim.sdpa_meta(q.meta["val"], k.meta["val"], v.meta["val"], scale, device)
         new.meta["loc"] = pv.meta.get("loc")
         root.replace_all_uses_with(new)
         for n in reversed([n for n in graph.nodes if n in nodes]):

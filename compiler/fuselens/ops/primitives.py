@@ -208,6 +208,93 @@ embedding_backward = Primitive(
 # rewrite in attention.py, which checks that q, k, v are what SDPA accepts
 sdpa = Primitive("sdpa", lambda q, k, v, scale: torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale),
                  "extern")
+_aten = torch.ops.aten
+# CUDA's fused attentions by torch.nn.attention.SDPBackend id: forward (with its arguments after
+# q, k, v) and backward. Their meta functions give the layouts the kernels return: flash's and
+# cuDNN's results follow q's stride order, efficient attention's are (B, S, H, D) transposed to
+# (B, H, S, D) whatever q's; each gradient follows its input as the kernels return it.
+_FUSED_ATTENTION = {
+    1: (_aten._scaled_dot_product_flash_attention.default, (), _aten._scaled_dot_product_flash_attention_backward.default),
+    2: (_aten._scaled_dot_product_efficient_attention.default, (None, True),
+        _aten._scaled_dot_product_efficient_attention_backward.default),
+    3: (_aten._scaled_dot_product_cudnn_attention.default, (None, True),
+        _aten._scaled_dot_product_cudnn_attention_backward.default),
+}
+# CPU's one fused kernel (SDPBackend 1 there), which returns q's layout too
+_CPU_FLASH = _aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def sdpa_backend(q, k, v, scale, device):
+    """The SDPBackend id F.scaled_dot_product_attention takes on `device` for tensors laid out
+    like the meta tensors q, k, v: what torch chooses at run time, asked of (empty) tensors of that
+    device. None where no fused kernel runs (math), where a size is symbolic, or where CUDA's flash
+    pads a head dim that is no multiple of 8 and returns a slice of the padded result."""
+    device = torch.device(device)
+    fused = _FUSED_ATTENTION if device.type == "cuda" else (1,) if device.type == "cpu" else ()
+    if not fused or device.type == "cuda" and (not torch.cuda.is_available() or q.shape[-1] % 8) or \
+            not all(isinstance(n, int) for t in (q, k, v) for n in (*t.shape, *t.stride())):
+        return None
+    real = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device) for t in (q, k, v)]
+    backend = int(torch._fused_sdp_choice(*real, scale=scale))
+    return backend if backend in fused else None
+
+
+def sdpa_meta(q, k, v, scale, device):
+    """sdpa's result as the kernel `device` runs returns it (layout included: a layout predicted
+    wrong costs the wrapper a copy)."""
+    backend = sdpa_backend(q, k, v, scale, device)
+    if backend is None:
+        return sdpa.impl(q, k, v, scale)
+    if torch.device(device).type == "cpu":
+        return _CPU_FLASH(q, k, v, scale=scale)[0]
+    forward, extra, _ = _FUSED_ATTENTION[backend]
+    return forward(q, k, v, *extra, scale=scale)[0]
+
+
+def _fused_attention_backward(backend, g, q, k, v, scale):
+    """(dq, dk, dv) from ATen's backward of the fused attention `backend`, after its forward (which
+    gives the logsumexp that backward needs): no autograd engine, no math-path attention."""
+    forward, extra, backward = _FUSED_ATTENTION[backend]
+    r = forward(q, k, v, *extra, scale=scale)
+    # the forward's results by position (flash's philox seed and offset are named rng_state and
+    # unused in newer schemas); the backward's arguments by name, as each torch version orders them
+    if backend == 2:
+        saved = dict(out=r[0], logsumexp=r[1], philox_seed=r[2], philox_offset=r[3])
+    else:
+        saved = dict(out=r[0], logsumexp=r[1], cum_seq_q=r[2], cum_seq_k=r[3], max_q=r[4], max_k=r[5],
+                     philox_seed=r[6], philox_offset=r[7])
+    if g.stride(-1) != 1:  # the kernels read rows of the gradient
+        g = g.contiguous()
+    values = dict(saved, grad_out=g, grad_out_=g, query=q, key=k, value=v, attn_bias=None, dropout_p=0.0,
+                  is_causal=False, grad_input_mask=[True, True, True, False], scale=scale)
+    args, kwargs = [], {}
+    for a in backward._schema.arguments:
+        if a.kwarg_only:
+            kwargs[a.name] = values[a.name]
+        else:
+            args.append(values[a.name])
+    return tuple(backward(*args, **kwargs)[:3])
+
+
+def _sdpa_backward(g, q, k, v, scale):
+    backend = int(torch._fused_sdp_choice(q, k, v, scale=scale)) if q.is_cuda else None
+    if backend not in _FUSED_ATTENTION:
+        return _call_torch_vjp(torch.nn.functional.scaled_dot_product_attention, (q, k, v), {"scale": scale}, [g])
+    return _fused_attention_backward(backend, g, q, k, v, scale)
+
+
+def sdpa_backward_meta(g, q, k, v, scale, device):
+    """sdpa_backward's (dq, dk, dv) as the kernels `device` runs return them. The math path's
+    gradients come in their inputs' layouts (its meta would predict a transposed dk)."""
+    backend = sdpa_backend(q, k, v, scale, device) if torch.device(device).type == "cuda" else None
+    if backend is None:
+        return tuple(torch.empty_like(t) for t in (q, k, v))
+    return _fused_attention_backward(backend, g, q, k, v, scale)
+
+
+# (dq, dk, dv) of sdpa: ATen's backward of the fused kernel the forward ran on a GPU, torch's
+# autograd of F.scaled_dot_product_attention elsewhere
+sdpa_backward = Primitive("sdpa_backward", _sdpa_backward, "extern")
 argmax = Primitive("argmax", lambda x, dim, keepdim: torch.argmax(x, dim, keepdim), "extern")
 argmin = Primitive("argmin", lambda x, dim, keepdim: torch.argmin(x, dim, keepdim), "extern")
 
