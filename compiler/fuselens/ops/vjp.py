@@ -131,19 +131,18 @@ rule(prim.bmm)(lambda g, out, a, b: (emit(prim.bmm, g, P.transpose(b, 1, 2)), em
 
 
 @rule(prim.sdpa)
-def _sdpa(g, out, q, k, v, scale):
+def _sdpa(g, out, q, k, v, **options):
     # torch's own attention backward from q, k and v: it recomputes the forward rather than have
     # the forward save anything beyond its inputs. (The same VJP written with our primitives needs
     # P, an L x S value that partition() would have the forward compute and save.) On a GPU, ATen's
     # backward of the fused kernel (flash, efficient, cuDNN) called directly: torch's autograd
     # re-running the whole attention cost ~0.35 ms of host a layer.
     device = P.builder().device
+    meta_options = {k: o.val if isinstance(o, TVal) else o for k, o in options.items()}
+    layouts = prim.sdpa_backward_meta(g.val, q.val, k.val, v.val, **meta_options, device=device)
     if device.type == "cuda":
-        layouts = prim.sdpa_backward_meta(g.val, q.val, k.val, v.val, scale, device)
-        return emit(prim.sdpa_backward, g, q, k, v, scale, _val=layouts)
-    layouts = tuple(torch.empty_like(t.val) for t in (q, k, v))
-    return emit(prim.call_torch_vjp, F.scaled_dot_product_attention, (q, k, v), {"scale": scale}, [g],
-                _val=layouts)
+        return emit(prim.sdpa_backward, g, q, k, v, **options, _val=layouts)
+    return emit(prim.call_torch_vjp, F.scaled_dot_product_attention, (q, k, v), options, [g], _val=layouts)
 
 
 @rule(prim.conv2d)
