@@ -138,7 +138,7 @@ def _sdpa(g, out, q, k, v, **options):
     # backward of the fused kernel (flash, efficient, cuDNN) called directly: torch's autograd
     # re-running the whole attention cost ~0.35 ms of host a layer.
     device = P.builder().device
-    meta_options = {k: o.val if isinstance(o, TVal) else o for k, o in options.items()}
+    meta_options = {name: o.val if isinstance(o, TVal) else o for name, o in options.items()}
     layouts = prim.sdpa_backward_meta(g.val, q.val, k.val, v.val, **meta_options, device=device)
     if device.type == "cuda":
         return emit(prim.sdpa_backward, g, q, k, v, **options, _val=layouts)
