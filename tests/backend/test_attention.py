@@ -204,3 +204,18 @@ def test_fused_attention_backward_arguments_follow_the_schema(backend, masked):
     mask = torch.empty(2, 1, 8, 12, dtype=torch.bool, device="meta") if masked else None
     grads = prim._fused_attention_backward(backend, torch.empty_like(q), q, k, k, mask, False, 0.25)
     assert [tuple(t.shape) for t in grads] == [tuple(q.shape), tuple(k.shape), tuple(k.shape)]
+
+
+@pytest.mark.parametrize("backend", [1, 2, 3])  # flash, efficient, cuDNN
+def test_fused_attention_layouts(backend, monkeypatch):
+    """The layouts predicted for a CUDA graph where torch picks each fused kernel (its meta
+    functions run, torch's choice stubbed): flash and cuDNN return q's stride order, efficient
+    attention (B, S, H, D) rows whatever q's; the gradients come in their inputs' layouts."""
+    monkeypatch.setattr(prim, "sdpa_backend", lambda *args: backend)
+    rows = torch.empty(2, 8, 4, 16, dtype=torch.bfloat16, device="meta").transpose(1, 2)
+    heads = torch.empty(2, 4, 8, 16, dtype=torch.bfloat16, device="meta")
+    for q in (rows, heads):
+        out = prim.sdpa_meta(q, q, q, is_causal=True, scale=0.25, device="cuda")
+        assert out.stride() == (rows.stride() if backend == 2 else q.stride())
+        grads = prim.sdpa_backward_meta(out, q, q, q, is_causal=True, scale=0.25, device="cuda")
+        assert [g.stride() for g in grads] == [out.stride()] * 3

@@ -263,7 +263,13 @@ def sdpa_meta(q, k, v, attn_mask=None, is_causal=False, scale=None, *, device):
     if backend is None:
         return sdpa.impl(q, k, v, attn_mask, is_causal, scale)
     op = _CPU_FLASH if torch.device(device).type == "cpu" else _FUSED_ATTENTION[backend][0]
-    return _by_name(op, dict(query=q, key=k, value=v, is_causal=is_causal, scale=scale))[0]
+    return _by_name(op, _fused_arguments(q, k, v, None, is_causal, scale))[0]
+
+
+def _fused_arguments(q, k, v, bias, is_causal, scale):
+    """The fused forwards' arguments by schema name (each takes those it names)."""
+    return dict(query=q, key=k, value=v, attn_bias=bias, compute_log_sumexp=True, dropout_p=0.0,
+                is_causal=is_causal, scale=scale)
 
 
 def _attention_bias(mask, q, k):
@@ -282,8 +288,7 @@ def _fused_attention_backward(backend, g, q, k, v, attn_mask, is_causal, scale):
     gives the logsumexp that backward needs): no autograd engine, no math-path attention."""
     forward, backward = _FUSED_ATTENTION[backend]
     bias = None if attn_mask is None else _attention_bias(attn_mask, q, k)
-    values = dict(query=q, key=k, value=v, attn_bias=bias, compute_log_sumexp=True, dropout_p=0.0,
-                  is_causal=is_causal, scale=scale)
+    values = _fused_arguments(q, k, v, bias, is_causal, scale)
     r = _by_name(forward, values)
     # the forward's results by position (flash's philox seed and offset are named rng_state and
     # unused in newer schemas)
@@ -300,7 +305,10 @@ def _fused_attention_backward(backend, g, q, k, v, attn_mask, is_causal, scale):
 
 def _fused_backward_for(q, k, v, attn_mask, is_causal, scale):
     """The fused backend whose backward sdpa_backward calls (torch's choice for the forward),
-    or None: math, or a mask with cuDNN (its mask handling is not ours to copy)."""
+    or None: math, a mask with cuDNN (its mask handling is not ours to copy), or a head dim that
+    F.scaled_dot_product_attention pads for flash."""
+    if q.shape[-1] % 8:
+        return None
     backend = int(torch._fused_sdp_choice(q, k, v, attn_mask, is_causal=is_causal, scale=scale))
     return backend if backend in (1, 2) or backend == 3 and attn_mask is None else None
 
