@@ -7,8 +7,10 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import fuselens
+from fuselens.ops import primitives as prim
 from fl_backend_testing import DEVICE, tolerance
 
 
@@ -114,8 +116,106 @@ def test_training_uses_torchs_attention_backward(dtype):
     forward, backward = wrapper.split("# backward")
     # the forward saves only q, k, v; the backward is one call, no kernel
     assert "prims.sdpa(" in forward and "bmm" not in forward and "return (buf0, arg0, arg1, arg2)" in forward
-    assert "prims.call_torch_vjp(torch.nn.functional.scaled_dot_product_attention" in backward and kernels == []
-    assert "ensure_layout(buf0[1], (2, 3, 8, 16), (384, 128, 16, 1))" in backward  # dk in k's layout
+    assert kernels == []
+    if DEVICE == "cuda":  # ATen's fused attention backward, called directly (no autograd re-run)
+        assert "prims.sdpa_backward(" in backward and "call_torch_vjp" not in backward
+    else:
+        assert "prims.call_torch_vjp(torch.nn.functional.scaled_dot_product_attention" in backward
+        assert "ensure_layout(buf0[1], (2, 3, 8, 16), (384, 128, 16, 1))" in backward  # dk in k's layout
     g = torch.randn_like(expected)
     for got, exp in zip(torch.autograd.grad(out, args, g), torch.autograd.grad(expected, args, g)):
         torch.testing.assert_close(got, exp, **tolerance(dtype))
+
+
+def heads_of_rows(attention):
+    """A transformer layer's attention: heads split from (B, S, H * D) rows, the result merged back
+    into rows (BERT's and GPT-2's layout: q is a permuted view of (B, S, H, D))."""
+    def fn(q, k, v):
+        b, s, _ = q.shape
+        q, k, v = (t.view(b, s, 4, 16).transpose(1, 2) for t in (q, k, v))
+        return attention(q, k, v).transpose(1, 2).reshape(b, s, 64)
+    return fn
+
+
+def padding_mask(q, k, v):  # HF's masks: boolean, (B, 1, L, S), True where attended
+    keep = torch.arange(k.shape[-2], device=q.device) < torch.tensor([[5], [8]], device=q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :].expand(-1, 1, q.shape[-2], -1))
+
+
+ATTENTIONS = {
+    "matmuls": workload,
+    "sdpa": F.scaled_dot_product_attention,
+    "causal": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3),
+    "bool_mask": padding_mask,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("attention", ATTENTIONS.values(), ids=ATTENTIONS.keys())
+def test_attention_of_rows_runs_in_the_layout_the_kernel_returns(attention, dtype, grad, monkeypatch):
+    """SDPA's fused kernels (CUDA's flash, efficient and cuDNN attention, CPU's flash) return such
+    q's (B, S, H, D) rows, not the contiguous result meta's math path gives: predicted as they
+    return them, the result and the gradients are read in place, with no copy after the call."""
+    import fuselens.codegen.wrapper as wrapper_module
+    copies, ensure_layout = [], wrapper_module.ensure_layout
+
+    def counted(t, size, stride):
+        out = ensure_layout(t, size, stride)
+        if out is not t:
+            copies.append((tuple(t.stride()), stride))
+        return out
+    monkeypatch.setattr(wrapper_module, "ensure_layout", counted)
+    fn = heads_of_rows(attention)
+    args = inputs((2, 8, 64), (2, 8, 64), (2, 8, 64), dtype=dtype, grad=grad)
+    out, wrapper, _ = compiled(fn, *args)
+    expected = fn(*args)
+    close(out, expected)
+    if grad:
+        g = torch.randn_like(expected)
+        for got, exp in zip(torch.autograd.grad(out, args, g), torch.autograd.grad(expected, args, g)):
+            torch.testing.assert_close(got, exp, **tolerance(dtype))
+    assert "prims.sdpa(" in wrapper and copies == []
+    if grad and DEVICE == "cuda":  # ATen's fused attention backward, called directly
+        assert "prims.sdpa_backward(" in wrapper and "call_torch_vjp" not in wrapper
+
+
+def test_float_mask_and_dropout_stay_torchs_call():
+    """An additive mask has a gradient of its own, dropout draws torch's random numbers: such
+    calls stay F.scaled_dot_product_attention, differentiated by torch."""
+    q, k, v, bias = inputs((2, 4, 8, 16), (2, 4, 8, 16), (2, 4, 8, 16), (8, 8), grad=True)
+    fn = lambda q, k, v, bias: F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # noqa: E731
+    out, wrapper, _ = compiled(fn, q, k, v, bias)
+    expected = fn(q, k, v, bias)
+    close(out, expected)
+    assert "prims.sdpa(" not in wrapper and "torch.nn.functional.scaled_dot_product_attention(" in wrapper
+    g = torch.randn_like(expected)
+    for got, exp in zip(torch.autograd.grad(out, (q, k, v, bias), g), torch.autograd.grad(expected, (q, k, v, bias), g)):
+        torch.testing.assert_close(got, exp, **tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("backend, masked", [(1, False), (2, False), (2, True), (3, False)])  # flash, efficient, cuDNN
+def test_fused_attention_backward_arguments_follow_the_schema(backend, masked):
+    """The backward's arguments are found by name in this torch's schemas (their order and the
+    forward's result names differ between versions); the meta functions give each gradient in
+    the layout of its input, as the kernels return them."""
+    q = torch.empty(2, 8, 4, 16, dtype=torch.bfloat16, device="meta").transpose(1, 2)
+    k = torch.empty(2, 4, 12, 16, dtype=torch.bfloat16, device="meta")
+    mask = torch.empty(2, 1, 8, 12, dtype=torch.bool, device="meta") if masked else None
+    grads = prim._fused_attention_backward(backend, torch.empty_like(q), q, k, k, mask, False, 0.25)
+    assert [tuple(t.shape) for t in grads] == [tuple(q.shape), tuple(k.shape), tuple(k.shape)]
+
+
+@pytest.mark.parametrize("backend", [1, 2, 3])  # flash, efficient, cuDNN
+def test_fused_attention_layouts(backend, monkeypatch):
+    """The layouts predicted for a CUDA graph where torch picks each fused kernel (its meta
+    functions run, torch's choice stubbed): flash and cuDNN return q's stride order, efficient
+    attention (B, S, H, D) rows whatever q's; the gradients come in their inputs' layouts."""
+    monkeypatch.setattr(prim, "sdpa_backend", lambda *args: backend)
+    rows = torch.empty(2, 8, 4, 16, dtype=torch.bfloat16, device="meta").transpose(1, 2)
+    heads = torch.empty(2, 4, 8, 16, dtype=torch.bfloat16, device="meta")
+    for q in (rows, heads):
+        out = prim.sdpa_meta(q, q, q, is_causal=True, scale=0.25, device="cuda")
+        assert out.stride() == (rows.stride() if backend == 2 else q.stride())
+        grads = prim.sdpa_backward_meta(out, q, q, q, is_causal=True, scale=0.25, device="cuda")
+        assert [g.stride() for g in grads] == [out.stride()] * 3

@@ -25,8 +25,12 @@ import math
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 
+from . import builder as P
 from . import primitives as prim
+from .builder import TVal, emit
+from .decompositions import Unsupported, register
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -137,8 +141,9 @@ def _match(pv: fx.Node):
     return q, k, v, float(scale), root, m.nodes
 
 
-def rewrite_attention(graph: fx.Graph) -> None:
-    """Replace every attention in `graph` that SDPA computes exactly by one `sdpa` node."""
+def rewrite_attention(graph: fx.Graph, device) -> None:
+    """Replace every attention in `graph` (a graph for `device`) that SDPA computes exactly by one
+    `sdpa` node."""
     removed: set[fx.Node] = set()
     for pv in [n for n in graph.nodes if n.target is prim.bmm]:
         if pv in removed:
@@ -149,9 +154,25 @@ def rewrite_attention(graph: fx.Graph) -> None:
             continue
         with graph.inserting_before(root):
             new = graph.call_function(prim.sdpa, (q, k, v), {"scale": scale})
-        new.meta["val"] = prim.sdpa.impl(q.meta["val"], k.meta["val"], v.meta["val"], scale)
+        new.meta["val"] = prim.sdpa_meta(q.meta["val"], k.meta["val"], v.meta["val"], scale=scale, device=device)
         new.meta["loc"] = pv.meta.get("loc")
         root.replace_all_uses_with(new)
         for n in reversed([n for n in graph.nodes if n in nodes]):
             graph.erase_node(n)
         removed |= nodes
+
+
+@register(F.scaled_dot_product_attention)
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    """One `sdpa` call, its result and gradients predicted in the layouts the device's kernel
+    returns. Dropout, grouped-query heads and additive (float) masks, which have a gradient of
+    their own, stay a plain call of torch's function."""
+    if dropout_p or enable_gqa or not all(isinstance(t, TVal) for t in (query, key, value)) or \
+            attn_mask is not None and not (isinstance(attn_mask, TVal) and attn_mask.dtype == torch.bool):
+        raise Unsupported("dropout, grouped-query heads or a float mask")
+    options = {name: o for name, o in (("attn_mask", attn_mask), ("is_causal", is_causal), ("scale", scale))
+               if o is not None and o is not False}
+    meta = {name: o.val if isinstance(o, TVal) else o for name, o in options.items()}
+    return emit(prim.sdpa, query, key, value, **options,
+                _val=prim.sdpa_meta(query.val, key.val, value.val, **meta, device=P.builder().device))

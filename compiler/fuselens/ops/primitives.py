@@ -10,6 +10,7 @@ because they are written with the builder's helpers, which themselves emit these
 from __future__ import annotations
 
 import builtins
+import math
 
 import torch
 
@@ -207,10 +208,133 @@ embedding_backward = Primitive(
     "embedding_backward",
     lambda grad, indices, num_weights, padding_idx: torch.ops.aten.embedding_dense_backward(
         grad, indices, num_weights, padding_idx, False), "extern")
-# softmax(q k^T * scale) v in one call (flash attention where the GPU has it); only made by the
-# rewrite in attention.py, which checks that q, k, v are what SDPA accepts
-sdpa = Primitive("sdpa", lambda q, k, v, scale: torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale),
-                 "extern")
+
+
+def _sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                                            scale=scale)
+
+
+# F.scaled_dot_product_attention without dropout (flash attention where the GPU has it), with no
+# mask or a boolean one: made by its decomposition and by the rewrite of attention written with
+# matmuls and softmax (attention.py)
+sdpa = Primitive("sdpa", _sdpa, "extern")
+_aten = torch.ops.aten
+# CUDA's fused attentions by torch.nn.attention.SDPBackend id: forward and backward. Their meta
+# functions give the layouts the kernels return: flash's and cuDNN's results follow q's stride
+# order, efficient attention's are (B, S, H, D) transposed to (B, H, S, D) whatever q's; each
+# gradient follows its input as the kernels return it.
+_FUSED_ATTENTION = {
+    1: (_aten._scaled_dot_product_flash_attention.default, _aten._scaled_dot_product_flash_attention_backward.default),
+    2: (_aten._scaled_dot_product_efficient_attention.default,
+        _aten._scaled_dot_product_efficient_attention_backward.default),
+    3: (_aten._scaled_dot_product_cudnn_attention.default, _aten._scaled_dot_product_cudnn_attention_backward.default),
+}
+# CPU's one fused kernel (SDPBackend 1 there), which returns q's layout too
+_CPU_FLASH = _aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def _by_name(op, values):
+    """`op` called with the arguments of its schema found in `values` (by name: their order and
+    defaults differ between torch versions)."""
+    return op(**{a.name: values[a.name] for a in op._schema.arguments if a.name in values})
+
+
+def sdpa_backend(q, k, v, attn_mask, is_causal, scale, device):
+    """The SDPBackend id F.scaled_dot_product_attention takes on `device` for tensors laid out
+    like the meta tensors q, k, v (and mask): what torch chooses at run time, asked of (empty)
+    tensors of that device. None where no fused kernel runs (math), where a size is symbolic, or
+    where CUDA's flash pads a head dim that is no multiple of 8 and returns a slice of the padded
+    result."""
+    device = torch.device(device)
+    fused = _FUSED_ATTENTION if device.type == "cuda" else (1,) if device.type == "cpu" else ()
+    tensors = [t for t in (q, k, v, attn_mask) if t is not None]
+    if not fused or device.type == "cuda" and (not torch.cuda.is_available() or q.shape[-1] % 8) or \
+            not all(isinstance(n, int) for t in tensors for n in (*t.shape, *t.stride())):
+        return None
+    real = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device) for t in tensors]
+    backend = int(torch._fused_sdp_choice(*real[:3], real[3] if attn_mask is not None else None,
+                                          is_causal=is_causal, scale=scale))
+    return backend if backend in fused else None
+
+
+def sdpa_meta(q, k, v, attn_mask=None, is_causal=False, scale=None, *, device):
+    """sdpa's result as the kernel `device` runs returns it (layout included: a layout predicted
+    wrong costs the wrapper a copy). The mask changes no layout: the fused kernels' meta
+    functions are run without it."""
+    backend = sdpa_backend(q, k, v, attn_mask, is_causal, scale, device)
+    if backend is None:
+        return sdpa.impl(q, k, v, attn_mask, is_causal, scale)
+    op = _CPU_FLASH if torch.device(device).type == "cpu" else _FUSED_ATTENTION[backend][0]
+    return _by_name(op, _fused_arguments(q, k, v, None, is_causal, scale))[0]
+
+
+def _fused_arguments(q, k, v, bias, is_causal, scale):
+    """The fused forwards' arguments by schema name (each takes those it names)."""
+    return dict(query=q, key=k, value=v, attn_bias=bias, compute_log_sumexp=True, dropout_p=0.0,
+                is_causal=is_causal, scale=scale)
+
+
+def _attention_bias(mask, q, k):
+    """The additive bias F.scaled_dot_product_attention gives efficient attention for a boolean
+    mask (ATen's convert_boolean_attn_mask, then preprocess_mask: rows padded to 8 elements where
+    they are not aligned so, and expanded to (B, H, L, S))."""
+    bias = torch.where(mask, 0.0, torch.tensor(-math.inf, dtype=q.dtype, device=q.device))
+    if bias.stride(-1) != 1 or any(s % 8 for s in bias.stride()[:-1]):
+        last = bias.shape[-1]
+        bias = torch.nn.functional.pad(bias, (0, 8 - last % 8))[..., :last]
+    return bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+
+
+def _fused_attention_backward(backend, g, q, k, v, attn_mask, is_causal, scale):
+    """(dq, dk, dv) from ATen's backward of the fused attention `backend`, after its forward (which
+    gives the logsumexp that backward needs): no autograd engine, no math-path attention."""
+    forward, backward = _FUSED_ATTENTION[backend]
+    bias = None if attn_mask is None else _attention_bias(attn_mask, q, k)
+    values = _fused_arguments(q, k, v, bias, is_causal, scale)
+    r = _by_name(forward, values)
+    # the forward's results by position (flash's philox seed and offset are named rng_state and
+    # unused in newer schemas)
+    if backend == 2:
+        values.update(out=r[0], logsumexp=r[1], philox_seed=r[2], philox_offset=r[3])
+    else:
+        values.update(out=r[0], logsumexp=r[1], cum_seq_q=r[2], cum_seq_k=r[3], max_q=r[4], max_k=r[5],
+                      philox_seed=r[6], philox_offset=r[7])
+    if g.stride(-1) != 1:  # the kernels read rows of the gradient
+        g = g.contiguous()
+    values.update(grad_out=g, grad_out_=g, grad_input_mask=[True, True, True, False])
+    return tuple(_by_name(backward, values)[:3])
+
+
+def _fused_backward_for(q, k, v, attn_mask, is_causal, scale):
+    """The fused backend whose backward sdpa_backward calls (torch's choice for the forward),
+    or None: math, a mask with cuDNN (its mask handling is not ours to copy), or a head dim that
+    F.scaled_dot_product_attention pads for flash."""
+    if q.shape[-1] % 8:
+        return None
+    backend = int(torch._fused_sdp_choice(q, k, v, attn_mask, is_causal=is_causal, scale=scale))
+    return backend if backend in (1, 2) or backend == 3 and attn_mask is None else None
+
+
+def _sdpa_backward(g, q, k, v, attn_mask=None, is_causal=False, scale=None):
+    backend = _fused_backward_for(q, k, v, attn_mask, is_causal, scale) if q.is_cuda else None
+    if backend is None:
+        return _call_torch_vjp(_sdpa, (q, k, v), dict(attn_mask=attn_mask, is_causal=is_causal, scale=scale), [g])
+    return _fused_attention_backward(backend, g, q, k, v, attn_mask, is_causal, scale)
+
+
+def sdpa_backward_meta(g, q, k, v, attn_mask=None, is_causal=False, scale=None, *, device):
+    """sdpa_backward's (dq, dk, dv) as the kernels `device` runs return them. The math path's
+    gradients come in their inputs' layouts (its meta would predict a transposed dk)."""
+    backend = sdpa_backend(q, k, v, attn_mask, is_causal, scale, device) if torch.device(device).type == "cuda" else None
+    if backend is None:
+        return tuple(torch.empty_like(t) for t in (q, k, v))
+    return _fused_attention_backward(backend, g, q, k, v, None, is_causal, scale)
+
+
+# (dq, dk, dv) of sdpa: ATen's backward of the fused kernel the forward ran on a GPU, torch's
+# autograd of F.scaled_dot_product_attention elsewhere
+sdpa_backward = Primitive("sdpa_backward", _sdpa_backward, "extern")
 argmax = Primitive("argmax", lambda x, dim, keepdim: torch.argmax(x, dim, keepdim), "extern")
 argmin = Primitive("argmin", lambda x, dim, keepdim: torch.argmin(x, dim, keepdim), "extern")
 

@@ -184,7 +184,7 @@ def to_primitive_graph(gm: fx.GraphModule, example_inputs, device) -> fx.Graph:
                 b.output([env[o] if isinstance(o, fx.Node) else o for o in out])
             else:
                 raise NotImplementedError(f"{node.op} nodes ({node.target}) are not part of the capture contract")
-    rewrite_attention(b.graph)
+    rewrite_attention(b.graph, device)
     return b.graph
 
 

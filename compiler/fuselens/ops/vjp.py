@@ -132,15 +132,18 @@ rule(prim.bmm)(lambda g, out, a, b: (emit(prim.bmm, g, P.transpose(b, 1, 2)), em
 
 
 @rule(prim.sdpa)
-def _sdpa(g, out, q, k, v, scale):
-    # torch's own attention backward (flash attention's on a GPU), from q, k and v: it recomputes
-    # the forward rather than have the forward save anything beyond its inputs. (The same VJP
-    # written with our primitives needs P, an L x S value that partition() would have the forward
-    # compute and save.) The GPU kernels return gradients in their inputs' layouts; meta's math
-    # path would predict a transposed dk, and a layout mispredicted costs a copy.
-    layouts = tuple(torch.empty_like(t.val) for t in (q, k, v))
-    return emit(prim.call_torch_vjp, F.scaled_dot_product_attention, (q, k, v), {"scale": scale}, [g],
-                _val=layouts)
+def _sdpa(g, out, q, k, v, **options):
+    # torch's own attention backward from q, k and v: it recomputes the forward rather than have
+    # the forward save anything beyond its inputs. (The same VJP written with our primitives needs
+    # P, an L x S value that partition() would have the forward compute and save.) On a GPU, ATen's
+    # backward of the fused kernel (flash, efficient, cuDNN) called directly: torch's autograd
+    # re-running the whole attention cost ~0.35 ms of host a layer.
+    device = P.builder().device
+    meta_options = {name: o.val if isinstance(o, TVal) else o for name, o in options.items()}
+    layouts = prim.sdpa_backward_meta(g.val, q.val, k.val, v.val, **meta_options, device=device)
+    if device.type == "cuda":
+        return emit(prim.sdpa_backward, g, q, k, v, **options, _val=layouts)
+    return emit(prim.call_torch_vjp, F.scaled_dot_product_attention, (q, k, v), options, [g], _val=layouts)
 
 
 @rule(prim.conv2d)
