@@ -225,7 +225,12 @@ async function editorText() {
     await page.keyboard.press('Enter');
     await page.waitForSelector('.editor-group-container.active .tab.active:has-text("modeling_gpt2.py")', { timeout: 30000 });
     const tGpt2 = Date.now();
-    await page.waitForSelector('.statusbar-item:has-text("fuselens: 1 graph break")', { timeout: 180000 });
+    try {
+      await page.waitForSelector('.statusbar-item:has-text("fuselens: 1 graph break")', { timeout: 180000 });
+    } catch (e) {
+      const said = await page.locator('.statusbar-item:has-text("fuselens:")').first().innerText().catch(() => 'nothing');
+      throw new Error(`modeling_gpt2.py: the status bar says "${said.trim()}" 180 s after open, "1 graph break" expected (is GPT2ForSequenceClassification compiled by train_gpt2.py?)\n${e}`);
+    }
     log('modeling_gpt2.py: status bar says 1 graph break', ((Date.now() - tGpt2) / 1000).toFixed(1) + 's after open');
     // the Problems panel lists every diagnostic of the file, scrolled into view or not
     await pressFor('Control+Shift+M', '.markers-panel .monaco-list-row');
