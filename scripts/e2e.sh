@@ -13,6 +13,15 @@ bash scripts/e2e-install.sh
 CS="$ROOT/scripts/.cache/code-server/node_modules/.bin/code-server"
 PY=${FUSELENS_E2E_PYTHON:-$ROOT/.venv/bin/python}
 [ -x "$PY" ] || PY=$(command -v python3)
+# step 08 opens the installed transformers' modeling_gpt2.py (workspace/train_gpt2.py compiles its
+# GPT2ForSequenceClassification) and checks every warning lies in that class's forward: its lines
+GPT2=$("$PY" -c '
+import ast, os, transformers
+f = os.path.realpath(os.path.join(os.path.dirname(transformers.__file__), "models", "gpt2", "modeling_gpt2.py"))
+cls = next(n for n in ast.parse(open(f).read()).body if isinstance(n, ast.ClassDef) and n.name == "GPT2ForSequenceClassification")
+fwd = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "forward")
+print(f, f"{fwd.lineno}-{fwd.end_lineno}")') || { echo "[e2e] $PY cannot import transformers (requirements-test.txt)"; exit 1; }
+export FUSELENS_E2E_GPT2_FILE=${GPT2% *} FUSELENS_E2E_GPT2_FORWARD=${GPT2##* }
 
 echo "[e2e] building the .vsix"
 npm run --silent vsix >/dev/null
@@ -36,6 +45,7 @@ cat > "$RUN/data/User/settings.json" <<JSON
   "window.commandCenter": false,
   "chat.commandCenter.enabled": false,
   "workbench.secondarySideBar.defaultVisibility": "hidden",
+  "git.openRepositoryInParentFolders": "never",
   "fuselens.pythonPath": "$PY",
   "fuselens.worker.timeLimitSeconds": 240
 }

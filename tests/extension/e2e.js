@@ -9,6 +9,11 @@
 //   06 "Show transformed code" opens the transformed function beside the source; kernel, graph and
 //      transformed code share one editor column
 //   07 a syntax error mid-edit: the squiggles stay (stale) and the status bar item says which line
+//   08 transformers' installed modeling_gpt2.py (workspace/train_gpt2.py compiles its GPT-2
+//      classifier): the Problems panel lists warnings only in GPT2ForSequenceClassification.forward,
+//      among them FL101 (logger.warning_once); hovering it explains the break; the side panel lists
+//      that forward first under the file, every other function as not compiled
+//   09 the language server is killed: the extension restarts it and an edit gets diagnostics again
 const { chromium } = require('playwright-core');
 const fs = require('fs');
 const os = require('os');
@@ -207,7 +212,99 @@ async function editorText() {
     await page.keyboard.press('Shift+Home');
     await page.keyboard.press('Delete');
     await page.waitForSelector('.statusbar-item:has-text("graph break")', { timeout: 30000 });
-    // 08: the language server dies; the extension restarts it and diagnostics come back
+
+    // 08: transformers' installed modeling_gpt2.py, whose GPT2ForSequenceClassification the
+    // workspace's train_gpt2.py compiles: that forward's break is a warning, and nothing outside it
+    const gpt2File = process.env.FUSELENS_E2E_GPT2_FILE;
+    const [fwdFirst, fwdLast] = (process.env.FUSELENS_E2E_GPT2_FORWARD || '').split('-').map(Number);
+    if (!gpt2File || !fwdLast) { throw new Error('FUSELENS_E2E_GPT2_FILE and FUSELENS_E2E_GPT2_FORWARD unset (scripts/e2e.sh sets them)'); }
+    // Quick Open takes an absolute path: the file lies outside the workspace, as installed
+    await pressFor('Control+P', '.quick-input-widget .quick-input-box input');
+    await page.keyboard.type(gpt2File, { delay: 2 });
+    await page.waitForSelector('.quick-input-list .monaco-list-row:has-text("modeling_gpt2.py")', { timeout: 30000 });
+    await page.keyboard.press('Enter');
+    await page.waitForSelector('.editor-group-container.active .tab.active:has-text("modeling_gpt2.py")', { timeout: 30000 });
+    const tGpt2 = Date.now();
+    try {
+      await page.waitForSelector('.statusbar-item:has-text("fuselens: 1 graph break")', { timeout: 180000 });
+    } catch (e) {
+      const said = await page.locator('.statusbar-item:has-text("fuselens:")').first().innerText().catch(() => 'nothing');
+      throw new Error(`modeling_gpt2.py: the status bar says "${said.trim()}" 180 s after open, "1 graph break" expected (is GPT2ForSequenceClassification compiled by train_gpt2.py?)\n${e}`);
+    }
+    log('modeling_gpt2.py: status bar says 1 graph break', ((Date.now() - tGpt2) / 1000).toFixed(1) + 's after open');
+    // the Problems panel lists every diagnostic of the file, scrolled into view or not
+    await pressFor('Control+Shift+M', '.markers-panel .monaco-list-row');
+    const problems = async () => (await page.locator('.markers-panel .monaco-list-row').evaluateAll(els =>
+      els.sort((a, b) => parseFloat(a.style.top) - parseFloat(b.style.top))
+        .map(e => ({ level: Number(e.getAttribute('aria-level')), label: e.getAttribute('aria-label') || '', text: e.innerText }))));
+    let gpt2Problems = [];
+    const pEnd = Date.now() + 30000;
+    while (Date.now() < pEnd) {
+      const rows = await problems();
+      const at = rows.findIndex(r => r.level === 1 && /modeling_gpt2\.py/.test(r.label + r.text));
+      gpt2Problems = [];
+      for (let i = at + 1; at >= 0 && i < rows.length && rows[i].level > 1; i++) {
+        if (rows[i].level === 2) { gpt2Problems.push(rows[i]); }
+      }
+      if (gpt2Problems.length) { break; }
+      await page.waitForTimeout(500);
+    }
+    log('Problems of modeling_gpt2.py:', JSON.stringify(gpt2Problems.map(r => r.label)));
+    if (!gpt2Problems.length) { throw new Error('the Problems panel lists nothing for modeling_gpt2.py: ' + JSON.stringify(await problems())); }
+    for (const r of gpt2Problems) {
+      const m = /at line (\d+)/.exec(r.label);
+      const line = m ? Number(m[1]) : NaN;
+      if (!(line >= fwdFirst && line <= fwdLast)) {
+        throw new Error(`a problem outside GPT2ForSequenceClassification.forward (lines ${fwdFirst}-${fwdLast}): ${r.label}`);
+      }
+    }
+    const fl101 = gpt2Problems.find(r => /FL101/.test(r.label + r.text) && /warning_once/.test(r.label + r.text));
+    if (!fl101 || !/^Warning/i.test(fl101.label)) { throw new Error('no FL101 warning for warning_once: ' + JSON.stringify(gpt2Problems)); }
+    log(`${gpt2Problems.length} problem(s), all in GPT2ForSequenceClassification.forward (lines ${fwdFirst}-${fwdLast})`);
+    await shot('gpt2-problems');
+    // a click on the problem shows its line; hovering the squiggle explains the break
+    await page.locator('.markers-panel .monaco-list-row', { hasText: 'warning_once' }).first().click();
+    const gpt2Squiggle = page.locator('.editor-group-container.active .monaco-editor .squiggly-warning').first();
+    await gpt2Squiggle.waitFor({ timeout: 30000 });
+    const gsq = await gpt2Squiggle.boundingBox();
+    await page.mouse.move(gsq.x + gsq.width / 2, gsq.y + gsq.height / 2);
+    await page.waitForSelector('.monaco-hover:has-text("FL101")', { timeout: 20000 });
+    const gpt2Hover = await page.locator('.monaco-hover:has-text("FL101")').first().innerText();
+    if (!/warning_once/.test(gpt2Hover) || !/Hint:/.test(gpt2Hover)) { throw new Error('FL101 hover lacks the call/hint: ' + gpt2Hover); }
+    log('hover shows FL101 on warning_once with hint');
+    await shot('gpt2-hover');
+    await page.mouse.move(5, 5);
+    await page.keyboard.press('Escape');
+    // the side panel: under modeling_gpt2.py, the compiled forward first, every other function behind
+    await page.locator('.statusbar-item:has-text("fuselens: 1 graph break")').first().click();
+    await page.waitForSelector('.part.sidebar .pane-body .monaco-list-row[aria-level="1"]:has-text("modeling_gpt2.py")', { timeout: 15000 });
+    const sideRows = async () => (await page.locator('.part.sidebar .pane-body .monaco-list-row').evaluateAll(els =>
+      els.sort((a, b) => parseFloat(a.style.top) - parseFloat(b.style.top))
+        .map(e => ({ level: Number(e.getAttribute('aria-level')),
+          text: [...e.querySelectorAll('.label-name, .label-description')].map(x => x.textContent).join(' ') }))));
+    let under = [];
+    const sEnd = Date.now() + 15000;
+    while (Date.now() < sEnd) {
+      const rows = await sideRows();
+      const at = rows.findIndex(r => r.level === 1 && r.text.includes('modeling_gpt2.py'));
+      under = [];
+      for (let i = at + 1; at >= 0 && i < rows.length && rows[i].level > 1; i++) {
+        if (rows[i].level === 2) { under.push(rows[i].text); }
+      }
+      if (under.length >= 2) { break; }
+      await page.waitForTimeout(300);
+    }
+    log('side panel under modeling_gpt2.py:', JSON.stringify(under));
+    if (under.length !== 2 || !/^GPT2ForSequenceClassification\.forward\b/.test(under[0]) || /not compiled/.test(under[0])
+        || !/1 break\b/.test(under[0]) || !/other functions? that use torch.*not compiled/.test(under[1])) {
+      throw new Error('the side panel should list the compiled GPT2ForSequenceClassification.forward first, then the other functions: ' + JSON.stringify(under));
+    }
+    // its break, under it
+    await page.waitForSelector('.part.sidebar .pane-body .monaco-list-row[aria-level="3"]:has-text("FL101")', { timeout: 15000 });
+    log('side panel: GPT2ForSequenceClassification.forward first, its FL101 under it, the rest not compiled');
+    await shot('gpt2-side-panel');
+
+    // 09: the language server dies; the extension restarts it and diagnostics come back
     const codeServerPid = Number(process.env.FUSELENS_E2E_CS_PID || 0);
     if (codeServerPid) {
       const before = serverPids(codeServerPid);
