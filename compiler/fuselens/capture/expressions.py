@@ -378,7 +378,8 @@ class Expressions:
             if src is not None and not self.abstract:
                 self.sources.guard(f"len({src}) == {len(items)}", f"len({src})")
                 for i, m in enumerate(items):
-                    self.value_sources.set(m, f"{src}[{i}]")
+                    if self.value_sources.get(m) is None:  # (a slice's modules have theirs)
+                        self.value_sources.set(m, f"{src}[{i}]")
             return items
         if isinstance(v, nn.ModuleDict):
             return list(v.keys())

@@ -128,6 +128,10 @@ class Objects:
                 src = self.value_sources.get(obj)
                 if src is not None:
                     self.value_sources.set(v, f"{src}[{idx!r}]")
+                    if isinstance(idx, slice):  # (a new container each time the guards read it:
+                        # its modules are found by their positions in the one they came from)
+                        for j, m in zip(range(len(obj))[idx], v):
+                            self.value_sources.set(m, f"{src}[{j}]")
             return v
         if self.effects.is_fresh(obj):
             return self.call_special(obj, "__getitem__", [idx], e, scope)
