@@ -273,15 +273,18 @@ def test_numpy_work_of_its_own_is_not_claimed(tmp_path):
     assert _abstract(path) == set()
 
 
-def test_class_of_an_installed_library_compiled_in_a_script(tmp_path):
+@pytest.mark.parametrize("module", ["transformers.models.gpt2.modeling_gpt2", "transformers"])
+def test_class_of_an_installed_library_compiled_in_a_script(tmp_path, module):
     """`torch.compile(GPT2ForSequenceClassification(...))` in a script names the class in the
-    installed transformers' modeling file (found on sys.path and read, not imported)."""
+    installed transformers' modeling file (found on sys.path and read, not imported), also where
+    the script imports it from the package's top level: transformers exports it lazily, as its
+    `if TYPE_CHECKING:` imports and `import *` chain say."""
     transformers = pytest.importorskip("transformers")
     from fuselens.capture.analyze import compiled_elsewhere
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent('''
+    script.write_text(textwrap.dedent(f'''
         import torch
-        from transformers.models.gpt2.modeling_gpt2 import GPT2ForSequenceClassification
+        from {module} import GPT2ForSequenceClassification
         model = GPT2ForSequenceClassification(config)
         fast = torch.compile(model)
     '''))

@@ -327,9 +327,21 @@ class LazyName:
 
 class ModuleEnv(dict):
     """A module's names; those imported from the package's other modules resolved when read
-    (reading every module a file imports from would parse the whole package)."""
+    (reading every module a file imports from would parse the whole package). `stars`: the
+    modules of its `from ... import *`, searched for a name it does not define itself (only
+    those whose source may define it are parsed: `_may_define`)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.stars: list[SourceModule] = []
 
     def __getitem__(self, key):
+        if not dict.__contains__(self, key):
+            v = self._from_stars(key)
+            if v is None:
+                raise KeyError(key)
+            dict.__setitem__(self, key, v)
+            return v
         v = dict.__getitem__(self, key)
         if isinstance(v, LazyName):
             dict.__setitem__(self, key, UNKNOWN)  # (an import cycle reads it as unknown)
@@ -337,8 +349,42 @@ class ModuleEnv(dict):
             dict.__setitem__(self, key, v)
         return v
 
+    def _from_stars(self, key):
+        if key.startswith("_"):  # (`import *` brings no private names)
+            return None
+        for star in self.stars:
+            if _may_define(star.path, key):
+                v = getattr(star, key)
+                if not isinstance(v, Unknown):
+                    return v
+        return None
+
+    def __contains__(self, key):
+        return dict.__contains__(self, key) or self._from_stars(key) is not None
+
     def get(self, key, default=None):
-        return self[key] if key in self else default
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+
+_SOURCE_TEXT: dict = {}  # (path, mtime) -> (source text, has `import *`)
+
+
+def _may_define(path: str, name: str) -> bool:
+    """Whether the module at `path` may export `name`: the name is in its source, or it
+    re-exports other modules with `import *` (a package's `__init__`)."""
+    try:
+        key = (path, os.path.getmtime(path))
+        hit = _SOURCE_TEXT.get(key)
+        if hit is None:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            hit = _SOURCE_TEXT[key] = (text, "import *" in text)
+    except (OSError, UnicodeDecodeError):
+        return False
+    return hit[1] or name in hit[0]
 
 
 def _returned_value(fs: FunctionSource, depth=0):
@@ -401,10 +447,36 @@ def _import(filename: str, module: str):
     return v
 
 
+def _star_module(filename: str, s: ast.ImportFrom):
+    """The module of `from <module> import *`, known from its source (None if not found)."""
+    if s.level == 0:
+        mod = _source_import(filename, s.module) if s.module else None
+        return mod if isinstance(mod, SourceModule) else None
+    base = os.path.dirname(os.path.abspath(filename))
+    for _ in range(s.level - 1):
+        base = os.path.dirname(base)
+    path = _module_file(os.path.join(base, *(s.module.split(".") if s.module else [])))
+    return SourceModule(path) if path is not None else None
+
+
+def _type_checking(test) -> bool:
+    return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING" or \
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+
+
 def module_env(tree: ast.Module, filename: str) -> dict:
     env: dict = ModuleEnv({"__name__": "__fuselens_abstract__"})
-    for s in tree.body:
-        if isinstance(s, ast.Import):
+    body = list(tree.body)
+    for s in body:
+        if isinstance(s, ast.If) and _type_checking(s.test):
+            # what a lazily importing package exports (transformers' `_LazyModule`), as written for
+            # type checkers: its imports, read like the module's own
+            body.extend(x for x in s.body if isinstance(x, (ast.Import, ast.ImportFrom)))
+        elif isinstance(s, ast.ImportFrom) and any(a.name == "*" for a in s.names):
+            star = _star_module(filename, s)
+            if star is not None:
+                env.stars.append(star)
+        elif isinstance(s, ast.Import):
             for a in s.names:
                 if a.asname:
                     env[a.asname] = _import(filename, a.name)

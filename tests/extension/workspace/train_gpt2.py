@@ -4,8 +4,7 @@ The e2e test opens transformers' installed modeling_gpt2.py next to this script:
 GPT2ForSequenceClassification.forward is compiled code here, so the editor shows its breaks.
 """
 import torch
-from transformers import GPT2Config
-from transformers.models.gpt2.modeling_gpt2 import GPT2ForSequenceClassification
+from transformers import GPT2Config, GPT2ForSequenceClassification
 
 config = GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=64, vocab_size=512,
                     num_labels=2, pad_token_id=0)
