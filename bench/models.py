@@ -12,7 +12,8 @@ eager's). Matmuls and convolutions in fp32 without TF32, so differences are summ
 the table gives the relative error ||got - want|| / ||want|| of the worst tensor (||want|| at
 least 1e-6 of the largest gradient's: gradients that are zero in exact arithmetic, such as a bias
 before a training-mode BatchNorm, are rounding noise in both), and `ok` where it is under 1e-4
-(outputs) or 1e-3 (gradients).
+(outputs) or 1e-3 (gradients); a gradient beyond that still passes where it is as close to the
+same step's float64 gradient as eager's is (within 2x: `vs_float64`).
 
 Speed (issue 18): the six workloads of bench_speed.py, eager vs fuselens vs torch.compile
 (Inductor), default and reduce-overhead modes; first calls in fresh processes.
@@ -149,6 +150,15 @@ def outputs(v):
     return []
 
 
+def to64(v):
+    """Floating-point tensors in float64 (a model's float64 twin takes them)."""
+    if isinstance(v, dict):
+        return {k: to64(x) for k, x in v.items()}
+    if isinstance(v, tuple):
+        return tuple(to64(x) for x in v)
+    return v.double() if v.is_floating_point() else v
+
+
 def to(v, device):
     return {k: to(x, device) for k, x in v.items()} if isinstance(v, dict) else \
         tuple(to(x, device) for x in v) if isinstance(v, tuple) else v.to(device)
@@ -174,7 +184,7 @@ def check(name, train, device):
     m, args, kwargs = build(name)
     m = m.to(device).train(train)
     no_dropout(m)
-    ref = copy.deepcopy(m)
+    ref, pristine = copy.deepcopy(m), copy.deepcopy(m)
     args, kwargs = to(args, device), to(kwargs, device)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -187,6 +197,14 @@ def check(name, train, device):
     floor = 1e-6 * max([b.double().norm().item() for _, b in want[1] if b is not None] or [0.0])
     errs = [(rel(a, b, floor), n) for (n, a), (_, b) in zip(got[1] + got[2], want[1] + want[2])]
     err_grad, worst = max(errs, default=(0.0, None))
+    exact = {}
+    if err_grad >= 1e-3:  # which side is off? both against the step in float64
+        exact = {"_orig_mod." + n: g for n, g in step(pristine.double(), to64(args), to64(kwargs), train)[1]}
+    # a gradient far from eager's in a model computed in float32 passes where it is as close to
+    # the float64 one as eager's is (within 2x): a sum that cancels (a bias whose gradient is
+    # nearly zero in exact arithmetic) differs by summation order alone
+    beyond = [(rel(a, exact[n]) / max(rel(b, exact[n]), 1e-12), n) for (e, n), (_, a), (_, b)
+              in zip(errs, got[1], want[1]) if e >= 1e-3 and exact.get(n) is not None]
     mm = copy.deepcopy(ref).eval() if not train else copy.deepcopy(ref)
     with torch.no_grad() if not train else torch.enable_grad():
         ex = fuselens.explain(mm, *args, **kwargs)
@@ -195,7 +213,10 @@ def check(name, train, device):
     return {
         "model": name, "mode": "train" if train else "eval", "first_call_s": round(first_s, 1),
         "rel_err_out": err_out, "rel_err_grad": err_grad, "worst_grad": worst,
-        "ok": err_out < 1e-4 and err_grad < 1e-3 and not fallbacks and len(got[0]) == len(want[0]),
+        # per gradient off eager's by >= 1e-3: its error against float64 over eager's
+        "vs_float64": {n: round(r, 2) for r, n in beyond},
+        "ok": err_out < 1e-4 and not fallbacks and len(got[0]) == len(want[0]) and (
+            err_grad < 1e-3 or len(beyond) == sum(e >= 1e-3 for e, _ in errs) and all(r <= 2 for r, _ in beyond)),
         "graphs": len(ex.graphs), "breaks": len(ex.graph_breaks),
         "break_codes": sorted({b.code for b in ex.graph_breaks}),
         "break_details": sorted({f"{b.code} {b.filename.split('/')[-1]}:{b.line} {b.detail[:100]}"
@@ -232,8 +253,9 @@ def correctness(a):
             print(f"{'':28} fallback: {fb}")
         for b in r["break_details"][:6]:
             print(f"{'':28} break: {b}")
-        if not r["ok"] and r["worst_grad"]:
-            print(f"{'':28} worst gradient: {r['worst_grad']}")
+        if r["rel_err_grad"] >= 1e-3 and r["worst_grad"]:
+            print(f"{'':28} worst gradient: {r['worst_grad']}; error against float64 over eager's: "
+                  f"{r['vs_float64'] or 'not computed (a running statistic)'}")
 
 
 def main():
