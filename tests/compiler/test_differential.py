@@ -25,6 +25,10 @@ import fuselens
 from fl_capture_testing import assert_same, clone_tree
 
 N_PROGRAMS = int(os.environ.get("FUSELENS_DIFF_N", "300"))
+# known gap (test_capture_python_blocks.py, strict xfail): a break in a `finally` after a try body
+# that was resumed in recurses in capture (then eager, with a warning): the generator's finally
+# blocks break nowhere until that is fixed
+FINALLY_BREAKS = False
 PER_TEST = 10  # programs per test item (so xdist spreads the work in fair chunks)
 BASE_SEED = int(os.environ.get("FUSELENS_DIFF_BASE", "0"))
 
@@ -230,6 +234,21 @@ class ProgramGen:
             line = f"{v} = hv({a()}, {a()}, scale={self.num(nums)}) * 1"
             tv.append(v)
             return [line]
+        if r < 0.984:  # try with its handlers, else and finally around breaks (resumed inside)
+            out = ["try:"] + ind(self.block(tv, nums, depth + 1, 2))
+            if self.r.random() < 0.5:  # the program's own error, raised by data
+                out += ind([f"if {a()}.sum() > {a()}.sum():", "    raise ValueError('data')"])
+            out += ["except ValueError:"] + ind(self.block(tv, nums, depth + 1, 1))
+            if self.r.random() < 0.5:
+                out += ["else:"] + ind(self.block(tv, nums, depth + 1, 1))
+            return out + ["finally:", f"    print('finally', {a()}.shape, file=SINK)" if FINALLY_BREAKS
+                          else "    k = k + 0"]
+        if r < 0.988:  # context managers written in Python (effects in __enter__/__exit__)
+            cm = self.r.choice(["Track('t')", "contextlib.nullcontext()", "tracked('g')"])
+            return [f"with {cm}:"] + ind(self.block(tv, nums, depth + 1, 2))
+        if r < 0.993 and in_loop:  # continue, on data or on a plain value
+            cond = self.r.choice([f"{a()}.sum() > 0", "k > 2"])
+            return [f"if {cond}:", "    continue"]
         c = self.fresh("c")  # data-dependent while with a bound
         v = a()
         return [f"{c} = 0", f"while {v}.abs().sum() < 20 and {c} < 3:",
@@ -258,6 +277,7 @@ class ProgramGen:
             f"return {outs[0]}, ({outs[-1]}, {nums[-1] if nums else 'k'})",
         ])
         head = textwrap.dedent("""\
+            import contextlib
             import io
             import logging
             import torch
@@ -272,6 +292,28 @@ class ProgramGen:
 
             def hv(*ts, scale=1.0):  # *args and keyword-only defaults
                 return sum(ts) * scale
+
+
+            class Track:  # a context manager with effects on entry and exit
+                def __init__(self, tag):
+                    self.tag = tag
+
+                def __enter__(self):
+                    print('enter', self.tag, file=SINK)
+                    return self
+
+                def __exit__(self, kind, value, tb):
+                    print('exit', self.tag, kind, file=SINK)
+                    return False
+
+
+            @contextlib.contextmanager
+            def tracked(tag):
+                print('in', tag, file=SINK)
+                try:
+                    yield tag
+                finally:
+                    print('out', tag, file=SINK)
             """).format(c=self.cols)
         return head + "\n\n" + "\n\n\n".join(self.helpers) + "\n\n\ndef f(x, y, k):\n" + \
             "\n".join("    " + l for l in body + [ret]) + "\n"
@@ -346,10 +388,11 @@ def test_random_programs(seeds, tmp_path):
 
 def test_generator_covers_the_constructs():
     """The generator's programs exercise breaks of each kind it targets."""
-    text = "\n".join(ProgramGen(s).program() for s in range(60))
+    text = "\n".join(ProgramGen(s).program() for s in range(200))
     for needle in ("print(", ".item()", "if ", "for ", "def h0", ".add_(", "[0] =", "+=",
                    "torch.relu_(", "inplace=True", "out=", "[1:].mul_(2).add_(1)",
                    "torch.no_grad()", "while ", "break", "nonzero", "torch.stack([", ".tolist()",
                    ".bfloat16().float()", ".long().float()", "> 0).float()", ".argmax(dim=1",
-                   ".amax(dim=1", "torch.maximum("):
+                   ".amax(dim=1", "torch.maximum(", "try:", "finally:", "with Track(",
+                   "contextlib.nullcontext()", "with tracked(", "continue"):
         assert needle in text, needle
