@@ -555,3 +555,22 @@ def _finally_breaks_after_a_resumed_try(x, y):
 def test_a_break_in_finally_after_a_try_body_resumed_in():
     for x, y in [(torch.ones(3), torch.zeros(3)), (torch.zeros(3), torch.ones(3))]:
         check(_finally_breaks_after_a_resumed_try, x, y)
+
+
+def _else_breaks_in_a_loop(x, y):
+    for t in [x, y]:
+        try:
+            x = x * 2
+        except ValueError:
+            v = x + 1  # (never runs: `v` stays unbound, and nothing reads it)
+        else:
+            _SINK.write("else\n")  # a break in `else`: the whole `try` runs in Python
+        w = x * 3 + t
+    return w
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: after a statement run in Python, a name it may leave "
+                   "unbound (assigned only in a handler that did not run) is passed to the resume "
+                   "function: UnboundLocalError, which eager does not raise")
+def test_a_name_a_try_run_in_python_leaves_unbound():
+    check(_else_breaks_in_a_loop, torch.ones(2), torch.ones(2))
