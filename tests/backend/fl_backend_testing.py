@@ -86,3 +86,16 @@ def check(fn, *inputs, grad=True, **tol):
                 continue
             torch.testing.assert_close(g, e, **(tol or tolerance(t.dtype)), equal_nan=True)
     return cg
+
+
+def vary_batch_norm(bn):
+    """A BatchNorm's running statistics and affine parameters set to values other than 0 and 1,
+    so that a result that ignored them would differ."""
+    with torch.no_grad():
+        if bn.running_mean is not None:
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2)
+        if bn.weight is not None:
+            bn.weight.uniform_(0.5, 2)
+            bn.bias.uniform_(-1, 1)
+    return bn

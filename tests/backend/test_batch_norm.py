@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 import fuselens
-from fl_backend_testing import DEVICE
+from fl_backend_testing import DEVICE, vary_batch_norm
 
 BN = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d, 5: nn.BatchNorm3d}
 SHAPES = {2: (6, 3), 3: (3, 4, 5), 4: (2, 3, 4, 5), 5: (2, 3, 2, 3, 4)}
@@ -31,15 +31,7 @@ def assert_close(a, b, dtype, msg=None):
 def make(ndim, module_dtype, affine=True, track=True, momentum=0.1, shape=None):
     torch.manual_seed(0)
     m = BN[ndim]((shape or SHAPES[ndim])[1], affine=affine, track_running_stats=track, momentum=momentum)
-    m = m.to(DEVICE, module_dtype)
-    with torch.no_grad():  # running statistics and parameters other than 0 and 1, so that they are used
-        if track:
-            m.running_mean.uniform_(-1, 1)
-            m.running_var.uniform_(0.5, 2)
-        if affine:
-            m.weight.uniform_(0.5, 2)
-            m.bias.uniform_(-1, 1)
-    return m
+    return vary_batch_norm(m.to(DEVICE, module_dtype))
 
 
 def steps(m, xs, grads, compiled):

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 import fuselens
-from fl_backend_testing import DEVICE
+from fl_backend_testing import DEVICE, vary_batch_norm
 
 
 class Bottleneck(nn.Module):
@@ -27,13 +27,8 @@ class Bottleneck(nn.Module):
 def model(affine=True, dtype=torch.float32):
     torch.manual_seed(0)
     m = Bottleneck(affine=affine).to(DEVICE, dtype).eval()
-    with torch.no_grad():  # running statistics other than 0 and 1, so that they are used
-        for bn in (m.b1, m.b2):
-            bn.running_mean.uniform_(-1, 1)
-            bn.running_var.uniform_(0.5, 2)
-            if affine:
-                bn.weight.uniform_(0.5, 2)
-                bn.bias.uniform_(-1, 1)
+    for bn in (m.b1, m.b2):
+        vary_batch_norm(bn)
     return m
 
 
