@@ -386,24 +386,17 @@ class Statements:
             v = self.inline(enter, [], {}, at, scope, self_value=cm)
             if item.optional_vars is not None:
                 self.assign(item.optional_vars, v, scope)
-            try:
-                self.in_try += 1  # a `raise` in the body is captured: __exit__ may suppress it
-                try:
-                    self._with_items(s, items[1:], scope)
-                finally:
-                    self.in_try -= 1
-            except NOT_USER_EXCEPTIONS:
-                raise
-            except Exception as exc:  # noqa: BLE001 (the user's code raised it: __exit__ decides)
+            exc = self._rest_of_with(s, items[1:], scope)
+            if exc is not None:  # __exit__ decides
                 if self.abstract:
-                    raise
+                    raise exc
                 suppress = self.inline(exit_, [type(exc), exc, exc.__traceback__], {}, at, scope,
                                        self_value=cm)
                 if isinstance(suppress, (TensorVar, SymInt, Unknown)):
                     self.brk(B.UNSUPPORTED_STMT, at, scope, whole_stmt=True,
                              detail="`__exit__` result that is not a Python value")
                 if not suppress:
-                    raise
+                    raise exc
                 return
             self.inline(exit_, [None, None, None], {}, at, scope, self_value=cm)
         except Suspend:
@@ -415,6 +408,20 @@ class Statements:
             if b.frames[-1].scope is scope:  # from the body: its call is compiled on its own
                 raise b.in_python(scope) from None
             raise BreakSignal(b.brk, whole_stmt=True) from None  # from __enter__/__exit__
+
+    def _rest_of_with(self, s, items, scope):
+        """The rest of a `with` (its other items, then its body) with a `raise` in it captured:
+        the exception the user's code raised (the manager may suppress it), or None."""
+        self.in_try += 1
+        try:
+            self._with_items(s, items, scope)
+        except NOT_USER_EXCEPTIONS:
+            raise
+        except Exception as exc:  # noqa: BLE001 (the user's code raised it)
+            return exc
+        finally:
+            self.in_try -= 1
+        return None
 
     def _made_by_contextmanager(self, cm) -> bool:
         """A `@contextlib.contextmanager` object this call made (one from outside may have been
@@ -454,15 +461,8 @@ class Statements:
             if isinstance(at_yield, ast.Assign):
                 resumed = [ast.copy_location(ast.Assign(targets=at_yield.targets,
                                                         value=ast.Constant(value=None)), at_yield)]
-            try:
-                self.in_try += 1
-                try:
-                    self._with_items(s, items[1:], scope)
-                finally:
-                    self.in_try -= 1
-            except NOT_USER_EXCEPTIONS:
-                raise
-            except Exception as exc:  # noqa: BLE001 (the user's code raised it: the generator decides)
+            exc = self._rest_of_with(s, items[1:], scope)
+            if exc is not None:  # the generator decides
                 gscope.vars["__fl_exc"] = exc
                 thrown = ast.copy_location(ast.Raise(exc=ast.Name(id="__fl_exc", ctx=ast.Load()),
                                                      cause=None), at_yield)
