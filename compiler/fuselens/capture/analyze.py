@@ -334,6 +334,7 @@ class ModuleEnv(dict):
     def __init__(self, *args):
         super().__init__(*args)
         self.stars: list[SourceModule] = []
+        self._not_in_stars: set = set()  # (names looked for there and not found)
 
     def __getitem__(self, key):
         if not dict.__contains__(self, key):
@@ -350,13 +351,14 @@ class ModuleEnv(dict):
         return v
 
     def _from_stars(self, key):
-        if key.startswith("_"):  # (`import *` brings no private names)
-            return None
+        if key.startswith("_") or not self.stars or key in self._not_in_stars:
+            return None  # (`import *` brings no private names)
         for star in self.stars:
             if _may_define(star.path, key):
                 v = getattr(star, key)
                 if not isinstance(v, Unknown):
                     return v
+        self._not_in_stars.add(key)
         return None
 
     def __contains__(self, key):
