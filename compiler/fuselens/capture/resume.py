@@ -452,9 +452,15 @@ class Writer:
         self.helpers: list[str] = []   # plain generated functions (break handlers)
         self.prefix = resume_prefix
 
-    def _function(self, frame, name, params, body, qualname, consts) -> FunctionSource:
-        """A generated function continuing `frame`'s code, with the file's locations."""
+    def _function(self, frame, name, params, body, qualname, consts, unbound=()) -> FunctionSource:
+        """A generated function continuing `frame`'s code, with the file's locations. Each of
+        the `unbound` parameters may arrive as UNBOUND (see `_unbound_args`): it is deleted
+        first, so that reading it raises UnboundLocalError as in eager."""
         fs = frame.scope.fs
+        if unbound:
+            const = self.sources.constant(UNBOUND, "unbound")
+            body = [ast.parse(f"if {n} is {const}:\n    del {n}").body[0] for n in unbound] + list(body)
+            consts = {**(consts or {}), const: UNBOUND}
         body, consts = self.explicit_super(frame, local_defs(frame, body) + list(body), consts)
         body = unbound_locals(fs.node, body, params) + body
         node = ast.FunctionDef(name=name, args=_args(params), body=body or [ast.Pass()],
@@ -489,12 +495,12 @@ class Writer:
         return out, {**(consts or {}), name: cls}
 
     def new_resume(self, frame: FrameAtBreak, params: list[str], body: list, tag: str,
-                   consts=None) -> str:
+                   consts=None, unbound=()) -> str:
         """A resume function: captured lazily by the runtime on its first call."""
         name = f"__fl_resume_{self.prefix}{len(self.resumes)}"
         base = frame.scope.fs.qualname.split(" (")[0]
         self.resumes.append(Resume(name, self._function(frame, name, params, body,
-                                                        f"{base} ({tag})", consts)))
+                                                        f"{base} ({tag})", consts, unbound)))
         return name
 
     def live(self, frame: FrameAtBreak, after: list, extra_defined=()) -> list[str]:
@@ -531,7 +537,9 @@ class Writer:
         body = continuation(frame.levels, False) if not isinstance(s, (ast.Return, ast.Raise)) else None
         if body:
             params = self.live(frame, body, stored_names([s]))
-            tail = [_return_call(self.new_resume(frame, params, body, "after the graph break"), params)]
+            maybe = [p for p in params if p not in frame.vars]  # the statement may not bind them
+            name = self.new_resume(frame, params, body, "after the graph break", unbound=maybe)
+            tail = [_return_call(name, params, self._unbound_args(maybe))]
             reads |= set(params) - stored_names([s])
         elif body is not None:
             tail = [ast.Return(value=ast.Constant(value=None))]
@@ -540,6 +548,13 @@ class Writer:
             run, exc_reads = self._raising_into_try(frame, run)
             reads |= exc_reads
         return run + tail, temps, reads
+
+    def _unbound_args(self, names) -> dict:
+        """Arguments for names a statement run in Python may leave unbound (assigned only in a
+        branch or handler that did not run): `locals().get(n, UNBOUND)`, not `n`, which would
+        raise UnboundLocalError in the call although eager reads `n` nowhere later."""
+        const = self.sources.constant(UNBOUND, "unbound")
+        return {n: ast.parse(f"locals().get({n!r}, {const})", mode="eval").body for n in names}
 
     def _raising_into_try(self, frame, run):
         """`run` (the breaking statement, in the transformed function) inside enclosing `try`
@@ -628,6 +643,7 @@ class Writer:
         stmt = self.compiling_calls(s, sig) if sig.whole_stmt else substitute(s, inner.completed, self.mat, temps)
         stmt = self.explicit_super(inner, [stmt])[0][0]
         x_live: list[str] = []  # the helper's variables its exceptional continuation reads
+        unbound: list[str] = []  # live names the statement, run in Python, may leave unbound
         # -- the innermost frame: the helper that runs the break, and its continuation
         if sig.cond is not None and isinstance(s, ast.If):
             cur = ast.copy_location(ast.If(test=ast.Name(id=cond, ctx=ast.Load()),
@@ -644,7 +660,10 @@ class Writer:
         else:
             cont_body = continuation(inner.levels, False)
             live = self.live(inner, cont_body, stored_names([s])) if cont_body else []
-            ret = ast.Tuple(elts=[ast.Name(id=n, ctx=ast.Load()) for n in live], ctx=ast.Load())
+            unbound = [n for n in live if n not in inner.vars]
+            exprs = self._unbound_args(unbound)
+            ret = ast.Tuple(elts=[exprs.get(n) or ast.Name(id=n, ctx=ast.Load()) for n in live],
+                            ctx=ast.Load())
             run = with_wrappers(inner.levels, [stmt])
             if _in_try(inner.levels):
                 run, x_live = self._helper_raising(inner, run, uid)
@@ -662,7 +681,8 @@ class Writer:
         consts = {}
         if cont_params is not None:
             inner_call = f"__fl_cont{uid}_0(*{st})"
-            consts[f"__fl_cont{uid}_0"] = self.generated(inner, f"__fl_cont{uid}_0", cont_params, cont_body)
+            consts[f"__fl_cont{uid}_0"] = self.generated(inner, f"__fl_cont{uid}_0", cont_params,
+                                                         cont_body, unbound=unbound)
         else:
             inner_call = st
         # -- each enclosing frame: continue after the call, with its result in __fl_ret
@@ -758,10 +778,11 @@ class Writer:
                 return node
         return ast.fix_missing_locations(Rewrite().visit(copy.deepcopy(s)))
 
-    def generated(self, frame, name, params, body, consts=None):
+    def generated(self, frame, name, params, body, consts=None, unbound=()):
         """A frame's continuation that capture inlines: a real Python function (for the eager
         fallback) carrying its FunctionSource."""
-        gen = self._function(frame, name, params, body, frame.scope.fs.qualname.split(" (")[0], consts)
+        gen = self._function(frame, name, params, body, frame.scope.fs.qualname.split(" (")[0],
+                             consts, unbound)
         fn = build_function(gen.source_text, name, gen.globals, gen.closure)
         fn.__fl_source__ = gen
         return fn
@@ -840,12 +861,24 @@ def _args(params):
                          kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[])
 
 
-def _return_call(name, params):
+def _return_call(name, params, exprs=None):
+    """`return name(*params)`; `exprs` gives some parameters' argument expressions."""
     if name is None:
         return ast.Return(value=ast.Constant(value=None))
+    exprs = exprs or {}
     return ast.Return(value=ast.Call(func=ast.Name(id=name, ctx=ast.Load()),
-                                     args=[ast.Name(id=p, ctx=ast.Load()) for p in params],
+                                     args=[exprs.get(p) or ast.Name(id=p, ctx=ast.Load()) for p in params],
                                      keywords=[]))
+
+
+class _Unbound:
+    """A name left unbound, passed to a resume function (which deletes it again)."""
+
+    def __repr__(self):
+        return "<unbound>"
+
+
+UNBOUND = _Unbound()
 
 
 def _local_fn_names(frame) -> set:

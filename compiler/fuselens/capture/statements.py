@@ -316,9 +316,17 @@ class Statements:
                 self.brk(B.UNSUPPORTED_EXPR, s, scope, detail="`yield` in an exception handler")
             raise  # the rest of the `try` runs at the generator's exit (_generator_with)
         except BaseException:
-            self.exec_block(s.finalbody, scope, ("try", s))
+            self._finally(s, scope)
             raise
-        self.exec_block(s.finalbody, scope, ("try", s))
+        self._finally(s, scope)
+
+    def _finally(self, s, scope):
+        """A break in `finally` makes the whole `try` run in Python: a resume inside it would
+        have to re-enter the `try` to run the rest of the `finally`, and break there again."""
+        try:
+            self.exec_block(s.finalbody, scope, ("try", s))
+        except BreakSignal as b:
+            raise b.in_python(scope) from None
 
     def _resumable_in_try(self, b: BreakSignal, scope) -> bool:
         """Whether a break in a `try` body can resume inside it: the statement Python runs at
