@@ -3,6 +3,8 @@ the recompile limit, input mutation, eager fallbacks (more in test_fallback.py),
 API's inputs."""
 from __future__ import annotations
 
+import collections
+import io
 import warnings
 
 import pytest
@@ -178,6 +180,34 @@ def test_global_helper_rebound_recompiles():
         torch.testing.assert_close(cf(X), (X + 2) * 2)
     finally:
         HELPER = _plus_one
+
+
+_LOG_BUF = io.StringIO()
+_LOG_LIST: list = []
+
+
+@pytest.mark.parametrize("effect", ["buf", "list"])
+def test_a_c_method_of_an_object_does_not_recompile(effect):
+    """`buf.write` and `lst.append` are new objects at each lookup: their guard is the
+    receiver's type and the method's name, not identity (every call recompiled)."""
+    def f(x):
+        y = x * 2
+        if effect == "buf":
+            _LOG_BUF.write("a")
+        else:
+            _LOG_LIST.append(1)
+        return y + 1
+    check(f, X, calls=3)
+
+
+def test_a_c_method_of_another_type_recompiles():
+    def f(x, log):
+        log.append(1)
+        return x + 1
+    cf = fuselens.compile(f)
+    a, b = [], collections.deque()
+    cf(X, a), cf(X, b)
+    assert a == [1] and list(b) == [1]
 
 
 # ------------------------------------------------------------------------------ module guards

@@ -100,6 +100,11 @@ class Sources:
             self.guard(f"{src} != {src}", f"{src} is nan")
         elif _is_literal(v):
             self.guard(f"type({src}) is {type(v).__name__} and {src} == {v!r}", f"{src} == {v!r}")
+        elif _bound_builtin(v):
+            # `buf.write`: a new object at each lookup; the receiver's type and the name say
+            # which C function runs (the receiver itself is guarded where it was read)
+            self.guard(f"type({src}.__self__) is {self.constant(type(v.__self__), type(v.__self__).__name__)}"
+                       f" and {src}.__name__ == {v.__name__!r}", f"{src} is the same method")
         elif isinstance(v, _STATIC_KINDS) or isinstance(v, (torch.dtype, torch.device, torch.Size)):
             # code and classes: inlined or called as they are, so the very object matters
             self.guard(f"{src} is {self.constant(v, getattr(v, '__name__', type(v).__name__))}"
@@ -205,6 +210,13 @@ class Sources:
 
 _STATIC_KINDS = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type,
                  types.BuiltinMethodType, nn.Module)
+
+
+def _bound_builtin(v) -> bool:
+    """A C method bound to an object (`io.StringIO().write`, `[].append`), not a module's or a
+    class's function (`torch.add`, `dict.fromkeys`), which is the same object at each lookup."""
+    return isinstance(v, types.BuiltinMethodType) and \
+        not isinstance(v.__self__, (types.ModuleType, type)) and v.__self__ is not None
 
 
 def _is_literal(v) -> bool:
