@@ -87,6 +87,16 @@ def test_training_block_still_equals_eager():
         torch.testing.assert_close(a, b, msg=n, **tol)
 
 
+def test_training_backward_is_one_call_per_convolution():
+    """Each convolution's input and weight gradients come from one ATen call (two cost twice
+    cuDNN's host time), which skips the input's gradient where nothing needs it."""
+    m = fuselens.compile(model().train())
+    m(torch.randn(2, 8, 6, 6, device=DEVICE)).sum().backward()
+    (entry,) = fuselens.inspect(m)
+    calls = re.findall(r"conv2d_backward\(.*, (\(\w+, \w+\))\)", "\n".join(entry.wrappers))
+    assert sorted(calls) == ["(False, True)", "(True, True)"]  # the first conv's input needs none
+
+
 def test_detach_of_an_input_is_no_copy():
     def f(x):
         return x.detach() * 2, x.detach()

@@ -220,7 +220,7 @@ class ProgramGen:
                 ind(self.block(tv, nums, depth + 1, 2))
         if r < 0.965:
             v = a()
-            return [f"for m in MODS:", f"    {v} = torch.tanh(m({v})) + {v}"]
+            return ["for m in MODS:", f"    {v} = torch.tanh(m({v})) + {v}"]
         if r < 0.97:
             return [f"assert ({a()}.abs() >= 0).all(), 'nan'"]  # data-dependent (FL122)
         if r < 0.975:

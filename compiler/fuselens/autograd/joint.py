@@ -98,6 +98,9 @@ def build_joint(fw: fx.Graph, requires_grad: list[bool], device, output_requires
                                                        for a in n.args[1]),
                               "kw_needs": tuple(k for k, a in n.args[2].items()
                                                 if isinstance(a, fx.Node) and needs.get(a, False))}
+                elif p.vjp_with_needs:
+                    kwargs = {**kwargs, "needs": tuple(isinstance(a, fx.Node) and needs.get(a, False)
+                                                       for a in n.args)}
                 arg_grads = p.vjp(g, env[n], *args, **kwargs)
                 for a_node, a_val, ga in zip(n.args, args, arg_grads):
                     if isinstance(a_node, dict) and isinstance(ga, dict):  # an extern's keyword tensors

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 import torch.nn.functional as F
 
 from . import builder as P
@@ -17,10 +16,13 @@ from . import primitives as prim
 from .builder import TVal, emit
 
 
-def rule(*prims):
+def rule(*prims, with_needs=False):
+    """`fn` is the VJP rule of `prims`. `with_needs`: it is also given `needs`, whether each
+    positional argument needs a gradient (a primitive whose gradients come from one call)."""
     def deco(fn):
         for p in prims:
             p.vjp = fn
+            p.vjp_with_needs = with_needs
         return fn
     return deco
 
@@ -146,14 +148,12 @@ def _sdpa(g, out, q, k, v, **options):
     return emit(prim.call_torch_vjp, F.scaled_dot_product_attention, (q, k, v), options, [g], _val=layouts)
 
 
-@rule(prim.conv2d)
-def _conv2d(g, out, x, weight, bias, stride, padding, dilation, groups):
-    common = (stride, padding, dilation, groups)
+@rule(prim.conv2d, with_needs=True)
+def _conv2d(g, out, x, weight, bias, stride, padding, dilation, groups, needs):
+    gx, gw = emit(prim.conv2d_backward, g, x, weight, stride, padding, dilation, groups, tuple(needs[:2]))
     # the bias broadcasts as (C, 1, 1) over a batched or unbatched result
-    db = None if bias is None else P.sum_to(g, (bias.shape[0], 1, 1))
-    return (emit(prim.conv2d_backward, g, x, weight, *common, "input"),
-            emit(prim.conv2d_backward, g, x, weight, *common, "weight"),
-            None if db is None else P.reshape(db, bias.shape))
+    db = None if bias is None or not needs[2] else P.reshape(P.sum_to(g, (bias.shape[0], 1, 1)), bias.shape)
+    return gx, gw, db
 
 
 rule(prim.embedding)(lambda g, out, indices, weight, padding_idx:
