@@ -110,6 +110,10 @@ def programs(cm):
                     out.append((f"{gc.info.name} forward (training)", state.forward, gc.compiled))
                     for p in state.backward.programs.values():
                         out.append((f"{gc.info.name} backward", p, gc.compiled))
+                    for missing, variant in state.backward.variants.items():  # outputs the loss ignores
+                        for p in variant.programs.values():
+                            out.append((f"{gc.info.name} backward without tangents {sorted(missing)}", p,
+                                        gc.compiled))
     return out
 
 

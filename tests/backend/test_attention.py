@@ -114,12 +114,14 @@ def test_training_uses_torchs_attention_backward(dtype):
     expected = workload(*args)
     close(out, expected)
     forward, backward = wrapper.split("# backward")
-    # the forward saves only q, k, v; the backward is one call, no kernel
-    assert "prims.sdpa(" in forward and "bmm" not in forward and "return (buf0, arg0, arg1, arg2)" in forward
-    assert kernels == []
-    if DEVICE == "cuda":  # ATen's fused attention backward, called directly (no autograd re-run)
-        assert "prims.sdpa_backward(" in backward and "call_torch_vjp" not in backward
-    else:
+    assert "bmm" not in forward and kernels == []  # the backward is one call, no kernel
+    if DEVICE == "cuda":
+        # the fused kernel's forward saves its logsumexp; ATen's backward reads it (no second
+        # forward, no autograd re-run)
+        assert "prims.sdpa_saving(" in forward and "prims.sdpa_saving_backward(" in backward
+        assert "call_torch_vjp" not in backward and "prims.sdpa(" not in backward
+    else:  # the forward saves only q, k, v
+        assert "prims.sdpa(" in forward and "return (buf0, arg0, arg1, arg2)" in forward
         assert "prims.call_torch_vjp(torch.nn.functional.scaled_dot_product_attention" in backward
         assert "ensure_layout(buf0[1], (2, 3, 8, 16), (384, 128, 16, 1))" in backward  # dk in k's layout
     g = torch.randn_like(expected)
@@ -175,9 +177,12 @@ def test_attention_of_rows_runs_in_the_layout_the_kernel_returns(attention, dtyp
         g = torch.randn_like(expected)
         for got, exp in zip(torch.autograd.grad(out, args, g), torch.autograd.grad(expected, args, g)):
             torch.testing.assert_close(got, exp, **tolerance(dtype))
-    assert "prims.sdpa(" in wrapper and copies == []
+    assert copies == []
     if grad and DEVICE == "cuda":  # ATen's fused attention backward, called directly
-        assert "prims.sdpa_backward(" in wrapper and "call_torch_vjp" not in wrapper
+        assert "prims.sdpa_saving(" in wrapper and "prims.sdpa_saving_backward(" in wrapper
+        assert "call_torch_vjp" not in wrapper
+    else:
+        assert "prims.sdpa(" in wrapper
 
 
 def test_float_mask_and_dropout_stay_torchs_call():
@@ -204,6 +209,38 @@ def test_fused_attention_backward_arguments_follow_the_schema(backend, masked):
     mask = torch.empty(2, 1, 8, 12, dtype=torch.bool, device="meta") if masked else None
     grads = prim._fused_attention_backward(backend, torch.empty_like(q), q, k, k, mask, False, 0.25)
     assert [tuple(t.shape) for t in grads] == [tuple(q.shape), tuple(k.shape), tuple(k.shape)]
+
+
+@pytest.mark.parametrize("backend", [1, 2, 3])  # flash, efficient, cuDNN
+@pytest.mark.parametrize("masked", [False, True])
+def test_trained_attention_saves_the_fused_forwards_statistics(backend, masked, monkeypatch):
+    """A GPU graph to be differentiated (torch's kernel choice stubbed; meta tensors): each fused
+    attention saves its logsumexp for the backward, which runs no second forward. cuDNN with a
+    mask runs efficient attention, which takes the mask as torch's efficient path does."""
+    from fuselens.autograd.joint import build_joint
+    from fuselens.ops.attention import save_attention_statistics
+    from fuselens.ops.trace import to_primitive_graph
+
+    def choice(*args):  # efficient attention where only it is enabled (saving_backend's sdpa_kernel)
+        return 2 if not torch.backends.cuda.cudnn_sdp_enabled() else backend
+    monkeypatch.setattr(prim, "sdpa_backend", choice)
+
+    def fn(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask if masked else None)
+    q = torch.empty(2, 4, 8, 16, dtype=torch.bfloat16, device="meta")
+    mask = torch.empty(2, 1, 8, 8, dtype=torch.bool, device="meta")
+    gm = torch.fx.symbolic_trace(fn)
+    graph = to_primitive_graph(gm, [q, q, q, mask], "cuda")
+    save_attention_statistics(graph, "cuda")
+    (saving,) = [n for n in graph.nodes if n.target is prim.sdpa_saving]
+    assert saving.kwargs["backend"] == (2 if masked and backend == 3 else backend)
+    joint = build_joint(graph, [True, True, True, False], "cuda")
+    calls = [n.target for n in joint.graph.nodes if n.op == "call_function"]
+    assert calls.count(prim.sdpa_saving) == 1 and prim.sdpa not in calls
+    (bw,) = [n for n in joint.graph.nodes if n.target is prim.sdpa_saving_backward]
+    # out, logsumexp, seed, offset: items of the forward's call
+    assert [(a.args[0].target, a.args[1]) for a in bw.args[4]] == [(prim.sdpa_saving, i) for i in range(4)]
+    assert [tuple(n.meta["val"].shape) for n in bw.users] == [(2, 4, 8, 16)] * 3
 
 
 @pytest.mark.parametrize("backend", [1, 2, 3])  # flash, efficient, cuDNN

@@ -236,10 +236,16 @@ _FUSED_ATTENTION = {
 _CPU_FLASH = _aten._scaled_dot_product_flash_attention_for_cpu.default
 
 
+_ARGUMENT_NAMES: dict = {}
+
+
 def _by_name(op, values):
     """`op` called with the arguments of its schema found in `values` (by name: their order and
     defaults differ between torch versions)."""
-    return op(**{a.name: values[a.name] for a in op._schema.arguments if a.name in values})
+    names = _ARGUMENT_NAMES.get(op)
+    if names is None:
+        names = _ARGUMENT_NAMES[op] = [a.name for a in op._schema.arguments]
+    return op(**{n: values[n] for n in names if n in values})
 
 
 def sdpa_backend(q, k, v, attn_mask, is_causal, scale, device):
@@ -281,31 +287,59 @@ def _attention_bias(mask, q, k):
     """The additive bias F.scaled_dot_product_attention gives efficient attention for a boolean
     mask (ATen's convert_boolean_attn_mask, then preprocess_mask: rows padded to 8 elements where
     they are not aligned so, and expanded to (B, H, L, S))."""
-    bias = torch.where(mask, 0.0, torch.tensor(-math.inf, dtype=q.dtype, device=q.device))
+    # (no tensor made from a Python number on the GPU: a host-to-device copy waits for the GPU)
+    bias = q.new_zeros(mask.shape).masked_fill_(mask.logical_not(), -math.inf)
     if bias.stride(-1) != 1 or any(s % 8 for s in bias.stride()[:-1]):
         last = bias.shape[-1]
         bias = torch.nn.functional.pad(bias, (0, 8 - last % 8))[..., :last]
     return bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
 
 
-def _fused_attention_backward(backend, g, q, k, v, attn_mask, is_causal, scale):
-    """(dq, dk, dv) from ATen's backward of the fused attention `backend`, after its forward (which
-    gives the logsumexp that backward needs): no autograd engine, no math-path attention."""
-    forward, backward = _FUSED_ATTENTION[backend]
+def _sdpa_saving(q, k, v, attn_mask=None, is_causal=False, scale=None, *, backend):
+    """sdpa by CUDA's fused kernel `backend` (1 flash, 2 efficient, 3 cuDNN without a mask), with
+    what its backward reads: (out, logsumexp, philox seed, philox offset). A trained attention
+    saves them: its backward then runs no second forward."""
+    forward, _ = _FUSED_ATTENTION[backend]
+    bias = None if attn_mask is None else _attention_bias(attn_mask, q, k)
+    r = _by_name(forward, _fused_arguments(q, k, v, bias, is_causal, scale))
+    # by position: flash's philox seed and offset are named rng_state and unused in newer schemas
+    return (r[0], r[1], r[2], r[3]) if backend == 2 else (r[0], r[1], r[6], r[7])
+
+
+def _sdpa_saving_backward(g, q, k, v, saved, attn_mask=None, is_causal=False, scale=None, *, backend):
+    """(dq, dk, dv) from ATen's backward of the fused attention `backend`, given its forward's
+    results `saved` (_sdpa_saving): no autograd engine, no math-path attention."""
+    _, backward = _FUSED_ATTENTION[backend]
     bias = None if attn_mask is None else _attention_bias(attn_mask, q, k)
     values = _fused_arguments(q, k, v, bias, is_causal, scale)
-    r = _by_name(forward, values)
-    # the forward's results by position (flash's philox seed and offset are named rng_state and
-    # unused in newer schemas)
-    if backend == 2:
-        values.update(out=r[0], logsumexp=r[1], philox_seed=r[2], philox_offset=r[3])
-    else:
-        values.update(out=r[0], logsumexp=r[1], cum_seq_q=r[2], cum_seq_k=r[3], max_q=r[4], max_k=r[5],
-                      philox_seed=r[6], philox_offset=r[7])
+    out, lse, seed, offset = saved
+    values.update(out=out, logsumexp=lse, cum_seq_q=None, cum_seq_k=None, max_q=q.shape[-2], max_k=k.shape[-2],
+                  philox_seed=seed, philox_offset=offset)
     if g.stride(-1) != 1:  # the kernels read rows of the gradient
         g = g.contiguous()
     values.update(grad_out=g, grad_out_=g, grad_input_mask=[True, True, True, False])
     return tuple(_by_name(backward, values)[:3])
+
+
+def _fused_attention_backward(backend, g, q, k, v, attn_mask, is_causal, scale):
+    """(dq, dk, dv) of the fused attention `backend` after its forward (which gives the
+    logsumexp that backward needs)."""
+    saved = _sdpa_saving(q, k, v, attn_mask, is_causal, scale, backend=backend)
+    return _sdpa_saving_backward(g, q, k, v, saved, attn_mask, is_causal, scale, backend=backend)
+
+
+def saving_backend(q, k, v, attn_mask, is_causal, scale, device):
+    """The fused kernel sdpa_saving runs for a trained attention on `device` (meta tensors q, k,
+    v, mask), or None (not CUDA, math). torch's own choice, but for cuDNN with a mask (whose mask
+    conversion differs between torch versions): efficient attention, which takes masks."""
+    if torch.device(device).type != "cuda":
+        return None
+    backend = sdpa_backend(q, k, v, attn_mask, is_causal, scale, device)
+    if backend == 3 and attn_mask is not None:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+            backend = sdpa_backend(q, k, v, attn_mask, is_causal, scale, device)
+    return backend if backend in (1, 2) or backend == 3 and attn_mask is None else None
 
 
 def _fused_backward_for(q, k, v, attn_mask, is_causal, scale):
@@ -337,6 +371,10 @@ def sdpa_backward_meta(g, q, k, v, attn_mask=None, is_causal=False, scale=None, 
 # (dq, dk, dv) of sdpa: ATen's backward of the fused kernel the forward ran on a GPU, torch's
 # autograd of F.scaled_dot_product_attention elsewhere
 sdpa_backward = Primitive("sdpa_backward", _sdpa_backward, "extern")
+# a trained attention on a GPU (attention.save_attention_statistics): the fused forward with its
+# logsumexp, and the backward that reads it
+sdpa_saving = Primitive("sdpa_saving", _sdpa_saving, "extern")
+sdpa_saving_backward = Primitive("sdpa_saving_backward", _sdpa_saving_backward, "extern")
 argmax = Primitive("argmax", lambda x, dim, keepdim: torch.argmax(x, dim, keepdim), "extern")
 argmin = Primitive("argmin", lambda x, dim, keepdim: torch.argmin(x, dim, keepdim), "extern")
 

@@ -148,6 +148,13 @@ def _sdpa(g, out, q, k, v, **options):
     return emit(prim.call_torch_vjp, F.scaled_dot_product_attention, (q, k, v), options, [g], _val=layouts)
 
 
+@rule(prim.sdpa_saving)
+def _sdpa_saving(g, out, q, k, v, **options):
+    # g: the gradients of (out, logsumexp, seed, offset); only out's is ever defined
+    saved = [emit(prim.item, out, i) for i in range(4)]
+    return emit(prim.sdpa_saving_backward, g[0], q, k, v, saved, **options)
+
+
 @rule(prim.conv2d, with_needs=True)
 def _conv2d(g, out, x, weight, bias, stride, padding, dilation, groups, needs):
     gx, gw = emit(prim.conv2d_backward, g, x, weight, stride, padding, dilation, groups, tuple(needs[:2]))

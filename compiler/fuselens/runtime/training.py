@@ -10,6 +10,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..ops import to_primitive_graph
+from ..ops.attention import save_attention_statistics
 from ..ops.trace import meta_like
 from ..autograd.cotangents import without_tangents
 from ..autograd.facts import eager_autograd
@@ -188,6 +189,7 @@ class Compiled:
 
 def _partition(gm, inputs, requires_grad, device, eager):
     prim_graph = to_primitive_graph(gm, inputs, device)
+    save_attention_statistics(prim_graph, device)
     joint = build_joint(prim_graph, requires_grad, device, eager.output_requires_grad)
     private_inputs = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and i not in eager.saved_inputs]
     parts = partition(joint, private_inputs, [j for j in range(joint.num_fw_outputs) if j not in eager.saved_outputs])
