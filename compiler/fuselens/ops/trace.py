@@ -63,6 +63,28 @@ def _decomposition(target):
     return fn
 
 
+def _bind(fn, target, args, kwargs):
+    """(args, kwargs) that `fn`, a decomposition written for torch's Python binding, takes for a
+    call of `target`. An ATen overload's arguments named as in its schema (functional forms of
+    in-place calls: `aten.add.Tensor(t, other=1)`) go to their schema positions where `fn` has no
+    parameter of that name (the binding's `add(a, b)`); TypeError where they still do not bind."""
+    sig = inspect.signature(fn)
+    try:
+        sig.bind(*args, **kwargs)
+        return args, kwargs
+    except TypeError:
+        schema = getattr(target, "_schema", None)
+        if schema is None or not kwargs:
+            raise
+    args, kwargs = list(args), dict(kwargs)
+    for a in schema.arguments[len(args):]:
+        if a.kwarg_only or a.name not in kwargs or a.name in sig.parameters:
+            break
+        args.append(kwargs.pop(a.name))
+    sig.bind(*args, **kwargs)
+    return tuple(args), kwargs
+
+
 def _on_copies(fn, written):
     """`fn`'s decomposition giving what `OnCopies(fn, written)` returns: the new values of the
     written arguments (their indices among the distinct tensor arguments), then the result."""
@@ -86,7 +108,7 @@ def decompose(target, args, kwargs, node=None):
     fn = _decomposition(target)
     if fn is not None:
         try:
-            inspect.signature(fn).bind(*args, **kwargs)
+            args, kwargs = _bind(fn, target, args, kwargs)
         except (TypeError, ValueError):
             fn = None
     if fn is not None:
