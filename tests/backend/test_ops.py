@@ -218,7 +218,7 @@ def test_math_constants_and_inf():
 
 def test_every_primitive_has_a_vjp_rule_except_backward_only_ones():
     from fuselens.ops import PRIMITIVES
-    backward_only = {"conv2d_backward", "embedding_backward", "call_torch_vjp", "sdpa_backward",
+    backward_only = {"conv2d_backward", "embedding_backward", "call_torch_vjp", "sdpa_backward", "max_pool2d_backward",
                      "sdpa_saving_backward"}  # no double backward
     tuple_items = {"item"}  # differentiated through the primitive that produced the tuple
     missing = {name for name, p in PRIMITIVES.items() if p.vjp is None}
@@ -289,3 +289,40 @@ def test_in_place_calls_with_python_numbers_are_kernels(name):
     (entry,) = fuselens.inspect(cf)
     calls = [line.strip() for line in entry.wrappers[0].splitlines() if "consts[" in line or "= torch." in line]
     assert calls == []
+
+
+@pytest.mark.parametrize("shape,size,kernel", [((2, 3, 7, 7), 1, True), ((2, 3, 8, 6), (2, 3), True),
+                                               ((3, 4, 6), (None, 2), True), ((2, 3, 7, 7), 3, False)], ids=str)
+def test_adaptive_avg_pool2d_is_a_mean_where_windows_tile_the_input(shape, size, kernel):
+    """ResNet's global average pooling: a reduction fused with its neighbours, its gradient the
+    mean's; windows of unequal sizes (7 -> 3) stay torch's call."""
+    import fuselens
+    x = t(*shape).requires_grad_()
+
+    def f(x):
+        return F.adaptive_avg_pool2d(torch.relu(x), size) * 2
+    check(f, x)
+    cf = fuselens.compile(f)
+    cf(x)
+    (entry,) = fuselens.inspect(cf)
+    assert ("adaptive_avg_pool2d" not in "".join(entry.wrappers)) == kernel
+
+
+@pytest.mark.parametrize("shape,args,kwargs", [((2, 3, 9, 9), (3, 2, 1), {}), ((2, 3, 8, 7), (2,), {"ceil_mode": True}),
+                                               ((3, 9, 9), (3,), {"dilation": 2}),
+                                               ((2, 3, 9, 9), ((3, 2),), {"stride": (2, 1), "padding": (1, 0)})],
+                         ids=str)
+def test_max_pool2d_backward_reads_the_forwards_indices(shape, args, kwargs):
+    """ResNet's stem pooling: ATen's kernel returning its indices, and the backward of those
+    (no torch autograd re-running the forward)."""
+    import fuselens
+    x = t(*shape).requires_grad_()
+
+    def f(x):
+        return F.max_pool2d(x * 2, *args, **kwargs) + 1
+    check(f, x)
+    cf = fuselens.compile(f)
+    cf(x).sum().backward()
+    (entry,) = fuselens.inspect(cf)
+    code = "".join(entry.wrappers)
+    assert "prims.max_pool2d(" in code and "prims.max_pool2d_backward(" in code and "call_torch" not in code

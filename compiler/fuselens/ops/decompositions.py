@@ -1158,4 +1158,4 @@ def aten_zero(x):
     return _over(x, 0)
 
 
-from . import normalization  # noqa: E402,F401  (registers layer_norm, batch_norm, rms_norm)
+from . import normalization, pooling  # noqa: E402,F401  (register layer_norm, batch_norm, rms_norm; pooling)

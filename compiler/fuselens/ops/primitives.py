@@ -375,6 +375,14 @@ sdpa_backward = Primitive("sdpa_backward", _sdpa_backward, "extern")
 # logsumexp, and the backward that reads it
 sdpa_saving = Primitive("sdpa_saving", _sdpa_saving, "extern")
 sdpa_saving_backward = Primitive("sdpa_saving_backward", _sdpa_saving_backward, "extern")
+# (out, indices) of 2-d max pooling (the indices are what the backward reads), and the backward
+max_pool2d = Primitive("max_pool2d", lambda x, kernel_size, stride, padding, dilation, ceil_mode:
+                       torch.ops.aten.max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode),
+                       "extern")
+max_pool2d_backward = Primitive(
+    "max_pool2d_backward", lambda g, x, indices, kernel_size, stride, padding, dilation, ceil_mode:
+    torch.ops.aten.max_pool2d_with_indices_backward(g, x, kernel_size, stride, padding, dilation, ceil_mode, indices),
+    "extern")
 argmax = Primitive("argmax", lambda x, dim, keepdim: torch.argmax(x, dim, keepdim), "extern")
 argmin = Primitive("argmin", lambda x, dim, keepdim: torch.argmin(x, dim, keepdim), "extern")
 

@@ -163,6 +163,12 @@ def _conv2d(g, out, x, weight, bias, stride, padding, dilation, groups, needs):
     return gx, gw, db
 
 
+@rule(prim.max_pool2d)
+def _max_pool2d(g, out, x, *window):
+    # g: the gradients of (out, indices); the indices have none
+    return (emit(prim.max_pool2d_backward, g[0], x, emit(prim.item, out, 1), *window),)
+
+
 rule(prim.embedding)(lambda g, out, indices, weight, padding_idx:
                      (None, emit(prim.embedding_backward, g, indices, weight.shape[0], padding_idx)))
 

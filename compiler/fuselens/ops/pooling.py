@@ -1,0 +1,38 @@
+"""Pooling. Adaptive average pooling whose windows tile the input (ResNet's and most classifiers'
+global pooling) is a mean over reshaped windows, fused with its neighbours; its gradient is the
+mean's. 2-d max pooling is ATen's kernel with its indices, which its backward reads (torch's
+autograd re-ran the forward: ~0.4 ms of host a call). Other pooling stays torch's call."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import builder as P
+from . import primitives as prim
+from .builder import TVal, emit
+from .decompositions import Unsupported, _pair, mean, register
+
+
+@register(F.adaptive_avg_pool2d)
+def adaptive_avg_pool2d(x, output_size):
+    """Windows of equal size where the output size divides the input's (torch's adaptive windows
+    are then exactly those): (N, C, oh, H/oh, ow, W/ow) averaged over the window dims."""
+    if not isinstance(x, TVal) or x.ndim not in (3, 4) or not x.dtype.is_floating_point:
+        raise Unsupported("adaptive_avg_pool2d of this input")
+    h, w = x.shape[-2:]
+    oh, ow = (s if s is not None else n for s, n in zip(_pair(output_size), (h, w)))
+    if not all(isinstance(n, int) for n in (h, w, oh, ow)) or not oh or not ow or h % oh or w % ow:
+        raise Unsupported("adaptive windows of unequal sizes")
+    lead = tuple(x.shape[:-2])
+    windows = P.reshape(x, lead + (oh, h // oh, ow, w // ow))
+    return mean(windows, (len(lead) + 1, len(lead) + 3))
+
+
+@register(F.max_pool2d, torch.max_pool2d)
+def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    if return_indices or not isinstance(x, TVal) or x.ndim not in (3, 4) or not x.dtype.is_floating_point:
+        raise Unsupported("max_pool2d returning its indices, or of this input")
+    stride = kernel_size if stride is None or stride == [] or stride == () else stride
+    out, _ = emit(prim.max_pool2d, x, _pair(kernel_size), _pair(stride), _pair(padding), _pair(dilation),
+                  bool(ceil_mode))
+    return out
