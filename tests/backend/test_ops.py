@@ -326,3 +326,29 @@ def test_max_pool2d_backward_reads_the_forwards_indices(shape, args, kwargs):
     (entry,) = fuselens.inspect(cf)
     code = "".join(entry.wrappers)
     assert "prims.max_pool2d(" in code and "prims.max_pool2d_backward(" in code and "call_torch" not in code
+
+
+# (forward, backward) row reductions: softmax's max and sum, and its backward's sum(g * y)
+SOFTMAX_REDUCTIONS = {
+    "softmax": (lambda x: F.softmax(x, -1) * 2, (2, 1)), "log_softmax": (lambda x: F.log_softmax(x, -1) * 2, (2, 1)),
+    "logsumexp": (lambda x: torch.logsumexp(x, -1) * 2, (2, 0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SOFTMAX_REDUCTIONS))
+def test_the_maximum_softmax_subtracts_has_no_gradient(name):
+    """softmax, log_softmax and logsumexp do not depend on the maximum they subtract for range:
+    its gradient path (ties counted in the forward, a second row sum in the backward) is not
+    built. Gradients equal eager's, ties at the maximum included."""
+    import re
+    import fuselens
+    fn, (forward, backward) = SOFTMAX_REDUCTIONS[name]
+    x = t(4, 33)
+    x[:, 5] = x[:, 7] = x.max() + 1  # ties at each row's maximum
+    x.requires_grad_()
+    check(fn, x)
+    cf = fuselens.compile(fn)
+    cf(x).sum().backward()
+    (entry,) = fuselens.inspect(cf)
+    counts = [len(re.findall(r"tl\.(?:sum|reduce)\(", k.source)) for k in entry.kernels]
+    assert counts == [forward, backward] if backward else counts[:1] == [forward] and sum(counts) == forward

@@ -75,8 +75,8 @@ class _Match:
         sum is computed in fp32)."""
         _expect(isinstance(node, fx.Node))
         shape = _shape(node)
-        while node.target in (prim.reshape, prim.convert):
-            node = self.casts_of(node) if node.target is prim.convert else self.op(node, prim.reshape).args[0]
+        while node.target in (prim.reshape, prim.convert, prim.stop_gradient):  # (softmax's max has none)
+            node = self.casts_of(node) if node.target is prim.convert else self.op(node, node.target).args[0]
         self.op(node, p)
         _expect(self.casts_of(node.args[0]) is self.casts_of(x) and node.args[1] == (len(shape) - 1,)
                 and _shape(node) == shape)

@@ -536,13 +536,21 @@ def var_mean(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
     return var(x, dim, unbiased, keepdim, correction=correction), mean(x, dim, keepdim)
 
 
+def _stabilizer(m):
+    """The row maximum that softmax, log_softmax and logsumexp subtract for range: their values
+    do not depend on it, so neither do their gradients (ATen's closed-form backwards have no
+    term for it). Without a gradient path, the backward computes no tie count of the maximum
+    and no second row sum (GPT-2's loss: two reductions over a 50257-wide row less)."""
+    return emit(prim.stop_gradient, m)
+
+
 @register(*_t("logsumexp"))
 def logsumexp(x, dim, keepdim=False):
     # integers and bools: computed in the default float dtype (torch's integer-to-float promotion)
     dtype = x.dtype if x.dtype.is_floating_point else torch.get_default_dtype()
     y = _upcast(P.cast(x, dtype))
     m = P.amax(y, dim, True)
-    m = P.where(P.eq(P.abs(m), math.inf), 0.0, m)
+    m = _stabilizer(P.where(P.eq(P.abs(m), math.inf), 0.0, m))
     out = P.add(P.log(P.sum(P.exp(P.sub(y, m)), dim, True)), m)
     return P.cast(out if keepdim else P.squeeze_dims(out, P.norm_dims(dim, y.ndim)), dtype)
 
@@ -561,7 +569,7 @@ def softmax(x, dim=None, _stacklevel=3, dtype=None):
     if dim is None:
         raise Unsupported("softmax without dim")
     y = _upcast(P.cast(x, dtype) if dtype is not None else x)
-    e = P.exp(P.sub(y, P.amax(y, dim, True)))
+    e = P.exp(P.sub(y, _stabilizer(P.amax(y, dim, True))))
     return P.cast(P.div(e, P.sum(e, dim, True)), dtype or x.dtype)
 
 
@@ -570,7 +578,7 @@ def log_softmax(x, dim=None, _stacklevel=3, dtype=None):
     if dim is None:
         raise Unsupported("log_softmax without dim")
     y = _upcast(P.cast(x, dtype) if dtype is not None else x)
-    shifted = P.sub(y, P.amax(y, dim, True))
+    shifted = P.sub(y, _stabilizer(P.amax(y, dim, True)))
     return P.cast(P.sub(shifted, P.log(P.sum(P.exp(shifted), dim, True))), dtype or x.dtype)
 
 
