@@ -199,7 +199,8 @@ def test_float_mask_and_dropout_stay_torchs_call():
         torch.testing.assert_close(got, exp, **tolerance(torch.float32))
 
 
-@pytest.mark.parametrize("backend, masked", [(1, False), (2, False), (2, True), (3, False)])  # flash, efficient, cuDNN
+@pytest.mark.parametrize("backend, masked", [(1, False), (2, False), (2, True), (3, False), (3, True)])
+# (flash, efficient, cuDNN)
 def test_fused_attention_backward_arguments_follow_the_schema(backend, masked):
     """The backward's arguments are found by name in this torch's schemas (their order and the
     forward's result names differ between versions); the meta functions give each gradient in
@@ -215,15 +216,11 @@ def test_fused_attention_backward_arguments_follow_the_schema(backend, masked):
 @pytest.mark.parametrize("masked", [False, True])
 def test_trained_attention_saves_the_fused_forwards_statistics(backend, masked, monkeypatch):
     """A GPU graph to be differentiated (torch's kernel choice stubbed; meta tensors): each fused
-    attention saves its logsumexp for the backward, which runs no second forward. cuDNN with a
-    mask runs efficient attention, which takes the mask as torch's efficient path does."""
+    attention saves its logsumexp for the backward, which runs no second forward."""
     from fuselens.autograd.joint import build_joint
     from fuselens.ops.attention import save_attention_statistics
     from fuselens.ops.trace import to_primitive_graph
-
-    def choice(*args):  # efficient attention where only it is enabled (saving_backend's sdpa_kernel)
-        return 2 if not torch.backends.cuda.cudnn_sdp_enabled() else backend
-    monkeypatch.setattr(prim, "sdpa_backend", choice)
+    monkeypatch.setattr(prim, "sdpa_backend", lambda *args: backend)
 
     def fn(q, k, v, mask):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask if masked else None)
@@ -233,7 +230,7 @@ def test_trained_attention_saves_the_fused_forwards_statistics(backend, masked, 
     graph = to_primitive_graph(gm, [q, q, q, mask], "cuda")
     save_attention_statistics(graph, "cuda")
     (saving,) = [n for n in graph.nodes if n.target is prim.sdpa_saving]
-    assert saving.kwargs["backend"] == (2 if masked and backend == 3 else backend)
+    assert saving.kwargs["backend"] == backend
     joint = build_joint(graph, [True, True, True, False], "cuda")
     calls = [n.target for n in joint.graph.nodes if n.op == "call_function"]
     assert calls.count(prim.sdpa_saving) == 1 and prim.sdpa not in calls
@@ -256,3 +253,19 @@ def test_fused_attention_layouts(backend, monkeypatch):
         assert out.stride() == (rows.stride() if backend == 2 else q.stride())
         grads = prim.sdpa_backward_meta(out, q, q, q, is_causal=True, scale=0.25, device="cuda")
         assert [g.stride() for g in grads] == [out.stride()] * 3
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA's fused kernels")
+@pytest.mark.parametrize("backend", [2, 3])  # efficient, cuDNN: the two that take masks
+def test_saving_forward_with_a_mask_equals_torchs_kernel(backend):
+    """sdpa_saving's forward gives the fused kernel the mask as torch does (efficient: -inf,
+    padded and expanded; cuDNN: the fill this torch uses), wholly masked query rows included."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q, k, v = (torch.randn(2, 4, 16, 64, device=DEVICE, dtype=torch.bfloat16) for _ in range(3))
+    mask = torch.rand(2, 1, 16, 16, device=DEVICE) > 0.3
+    mask[:, :, 3] = False  # a query row that sees no key
+    kernel = {2: SDPBackend.EFFICIENT_ATTENTION, 3: SDPBackend.CUDNN_ATTENTION}[backend]
+    with sdpa_kernel([kernel]):
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    got = prim.sdpa_saving(q, k, v, mask, backend=backend)[0]
+    torch.testing.assert_close(got.nan_to_num(), want.nan_to_num(), rtol=0, atol=0)

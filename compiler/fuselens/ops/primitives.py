@@ -283,10 +283,14 @@ def _fused_arguments(q, k, v, bias, is_causal, scale):
                 is_causal=is_causal, scale=scale)
 
 
-def _attention_bias(mask, q, k):
-    """The additive bias F.scaled_dot_product_attention gives efficient attention for a boolean
-    mask (ATen's convert_boolean_attn_mask, then preprocess_mask: rows padded to 8 elements where
-    they are not aligned so, and expanded to (B, H, L, S))."""
+def _attention_bias(mask, q, k, backend):
+    """The additive bias F.scaled_dot_product_attention gives the fused kernel `backend` for a
+    boolean mask. Efficient attention (ATen's convert_boolean_attn_mask, then preprocess_mask):
+    -inf where masked, rows padded to 8 elements where they are not aligned so, expanded to
+    (B, H, L, S). cuDNN (convert_boolean_attn_mask_cudnn): the fill torch's version uses
+    (_cudnn_mask_fill), as it is."""
+    if backend == 3:
+        return q.new_zeros(mask.shape).masked_fill_(mask.logical_not(), _cudnn_mask_fill(q.device))
     # (no tensor made from a Python number on the GPU: a host-to-device copy waits for the GPU)
     bias = q.new_zeros(mask.shape).masked_fill_(mask.logical_not(), -math.inf)
     if bias.stride(-1) != 1 or any(s % 8 for s in bias.stride()[:-1]):
@@ -295,12 +299,41 @@ def _attention_bias(mask, q, k):
     return bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
 
 
+_CUDNN_FILLS = {}
+
+
+def _cudnn_mask_fill(device) -> float:
+    """What torch's cuDNN attention puts where a boolean mask hides a key: -inf, or a finite
+    -65504 (torch 2.10's workaround of a cuDNN -inf issue). Asked of torch once per device, on a
+    query row the mask hides wholly (the one place they differ: uniform weights against none)."""
+    if device.type == "meta":
+        return -math.inf
+    fill = _CUDNN_FILLS.get(device)
+    if fill is None:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        g = torch.Generator(device=device).manual_seed(0)
+        q, k, v = (torch.randn(1, 1, 2, 64, device=device, dtype=torch.bfloat16, generator=g) for _ in range(3))
+        mask = torch.tensor([[True, True], [False, False]], device=device)
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        forward = _FUSED_ATTENTION[3][0]
+        for fill in (-math.inf, -65504.0):
+            bias = q.new_zeros(mask.shape).masked_fill_(mask.logical_not(), fill)
+            got = _by_name(forward, _fused_arguments(q, k, v, bias, False, None))[0]
+            if torch.equal(got.nan_to_num(), want.nan_to_num()):
+                break
+        else:
+            raise RuntimeError("torch's cuDNN attention masks with neither -inf nor -65504")
+        fill = _CUDNN_FILLS[device] = fill
+    return fill
+
+
 def _sdpa_saving(q, k, v, attn_mask=None, is_causal=False, scale=None, *, backend):
-    """sdpa by CUDA's fused kernel `backend` (1 flash, 2 efficient, 3 cuDNN without a mask), with
+    """sdpa by CUDA's fused kernel `backend` (1 flash, 2 efficient, 3 cuDNN), with
     what its backward reads: (out, logsumexp, philox seed, philox offset). A trained attention
     saves them: its backward then runs no second forward."""
     forward, _ = _FUSED_ATTENTION[backend]
-    bias = None if attn_mask is None else _attention_bias(attn_mask, q, k)
+    bias = None if attn_mask is None else _attention_bias(attn_mask, q, k, backend)
     r = _by_name(forward, _fused_arguments(q, k, v, bias, is_causal, scale))
     # by position: flash's philox seed and offset are named rng_state and unused in newer schemas
     return (r[0], r[1], r[2], r[3]) if backend == 2 else (r[0], r[1], r[6], r[7])
@@ -310,7 +343,7 @@ def _sdpa_saving_backward(g, q, k, v, saved, attn_mask=None, is_causal=False, sc
     """(dq, dk, dv) from ATen's backward of the fused attention `backend`, given its forward's
     results `saved` (_sdpa_saving): no autograd engine, no math-path attention."""
     _, backward = _FUSED_ATTENTION[backend]
-    bias = None if attn_mask is None else _attention_bias(attn_mask, q, k)
+    bias = None if attn_mask is None else _attention_bias(attn_mask, q, k, backend)
     values = _fused_arguments(q, k, v, bias, is_causal, scale)
     out, lse, seed, offset = saved
     values.update(out=out, logsumexp=lse, cum_seq_q=None, cum_seq_k=None, max_q=q.shape[-2], max_k=k.shape[-2],
@@ -330,26 +363,19 @@ def _fused_attention_backward(backend, g, q, k, v, attn_mask, is_causal, scale):
 
 def saving_backend(q, k, v, attn_mask, is_causal, scale, device):
     """The fused kernel sdpa_saving runs for a trained attention on `device` (meta tensors q, k,
-    v, mask), or None (not CUDA, math). torch's own choice, but for cuDNN with a mask (whose mask
-    conversion differs between torch versions): efficient attention, which takes masks."""
+    v, mask): torch's choice, or None (not CUDA, math)."""
     if torch.device(device).type != "cuda":
         return None
-    backend = sdpa_backend(q, k, v, attn_mask, is_causal, scale, device)
-    if backend == 3 and attn_mask is not None:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
-            backend = sdpa_backend(q, k, v, attn_mask, is_causal, scale, device)
-    return backend if backend in (1, 2) or backend == 3 and attn_mask is None else None
+    return sdpa_backend(q, k, v, attn_mask, is_causal, scale, device)
 
 
 def _fused_backward_for(q, k, v, attn_mask, is_causal, scale):
     """The fused backend whose backward sdpa_backward calls (torch's choice for the forward),
-    or None: math, a mask with cuDNN (its mask handling is not ours to copy), or a head dim that
-    F.scaled_dot_product_attention pads for flash."""
+    or None: math, or a head dim that F.scaled_dot_product_attention pads for flash."""
     if q.shape[-1] % 8:
         return None
     backend = int(torch._fused_sdp_choice(q, k, v, attn_mask, is_causal=is_causal, scale=scale))
-    return backend if backend in (1, 2) or backend == 3 and attn_mask is None else None
+    return backend if backend in _FUSED_ATTENTION else None
 
 
 def _sdpa_backward(g, q, k, v, attn_mask=None, is_causal=False, scale=None):
