@@ -1,6 +1,7 @@
 """Per-op forward and gradient correctness against eager, on awkward inputs."""
 import math
 import operator
+import warnings
 
 import pytest
 import numpy as np
@@ -352,3 +353,50 @@ def test_the_maximum_softmax_subtracts_has_no_gradient(name):
     (entry,) = fuselens.inspect(cf)
     counts = [len(re.findall(r"tl\.(?:sum|reduce)\(", k.source)) for k in entry.kernels]
     assert counts == [forward, backward] if backward else counts[:1] == [forward] and sum(counts) == forward
+
+
+CROSS_ENTROPY = {
+    "mean": ((6, 33), lambda: torch.tensor([1, 2, 3, 0, 32, 5]), {}),
+    "ignore_index": ((6, 33), lambda: torch.tensor([1, -100, 3, 0, -100, 5]), {}),
+    "none": ((6, 33), lambda: torch.tensor([1, 2, 3, 0, 32, 5]), {"reduction": "none"}),
+    "weight_sum": ((6, 33), lambda: torch.tensor([1, 2, 3, 0, 32, 5]), {"reduction": "sum", "weight": "w"}),
+    "spatial": ((2, 5, 3, 4), lambda: torch.randint(0, 5, (2, 3, 4)), {}),
+    "unbatched": ((33,), lambda: torch.tensor(4), {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CROSS_ENTROPY))
+def test_cross_entropy_picks_from_the_logits_and_its_backward_takes_no_row_sum(name):
+    """cross_entropy with class indices: -((x[target] - max) - log(sum(exp(x - max)))), the pick
+    read from the logits beside the maximum, so the gradient softmax - one-hot is one pointwise
+    pass (a language model's loss over a 50257-word row: no reduction in the backward)."""
+    import re
+    import fuselens
+    shape, target, kw = CROSS_ENTROPY[name]
+    target = target().to(DEVICE)
+    weight = torch.rand(shape[1], device=DEVICE) if kw.pop("weight", None) else None
+    x = t(*shape).requires_grad_()
+
+    def f(x, target):
+        return F.cross_entropy(x, target, weight, **kw)
+    want = f(x, target)
+    cf = fuselens.compile(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an eager fallback fails the test
+        got = cf(x, target)
+    torch.testing.assert_close(got, want)
+    g = torch.randn_like(want)
+    torch.testing.assert_close(torch.autograd.grad(got, x, g)[0], torch.autograd.grad(want, x, g)[0])
+    (entry,) = fuselens.inspect(cf)
+    backward = entry.wrappers[0].split("# backward")[1]
+    kernels = [k for k in entry.kernels if k.name in backward]
+    assert kernels and all(not re.search(r"tl\.(?:sum|reduce)\(", k.source) for k in kernels)
+
+
+def test_sum_of_a_zero_dim_value_computed_from_a_row_reduction():
+    """A reduction over no elements' worth of dims (the sum of a 0-d value) of a value read at a
+    constant index: a scalar in the kernel, broadcast to the block."""
+    def f(y):
+        m = y.amax(0, keepdim=True)
+        return (torch.log(torch.exp(y - m).sum(0, keepdim=True)).squeeze(0) * 2).sum()
+    check(f, t(33).requires_grad_())

@@ -445,7 +445,7 @@ class KernelWriter:
             if value.literal:
                 value = CV(f"tl.full({shape}, {value}, {TL_DTYPES[dtype]})", dtype)
             elif self.axes(value.expr) != {"x", "r"}:  # a value constant along an axis of the block
-                value = self.cse(f"tl.broadcast_to({value}, {shape})", dtype)
+                value = self.broadcast(value, shape, dtype)
             if looped:
                 return value
             if self.need_rmask:
@@ -453,6 +453,16 @@ class KernelWriter:
             result = self.cse(REDUCE_FINAL[buf.reduce].format(value) + "[:, None]", dtype)
             self.varies[result.expr] = frozenset("x")
             return self.round(result, buf.dtype)
+
+    def broadcast(self, value, shape, dtype):
+        """`value`, constant along an axis of the block, as the whole block. A scalar (a load at a
+        constant index and what is computed from it: the sum of a 0-d value) joins it by an
+        operation with a neutral splat: tl.broadcast_to takes only equal ranks, and the
+        interpreter gives such a load rank 1."""
+        if self.axes(value.expr):
+            return self.cse(f"tl.broadcast_to({value}, {shape})", dtype)
+        op, neutral_value = ("|", "0") if dtype == torch.bool else ("+", "-0.0" if dtype.is_floating_point else "0")
+        return self.cse(f"{value} {op} tl.full({shape}, {neutral_value}, {TL_DTYPES[dtype]})", dtype)
 
     def chunk_setup(self):
         """Before a chunked kernel's row loop: column indices, accumulators; then open the loop."""
@@ -491,7 +501,7 @@ class KernelWriter:
             if value.literal:
                 value = CV(f"tl.full([XBLOCK, RBLOCK], {value}, {TL_DTYPES[dtype]})", dtype)
             elif self.axes(value.expr) != {"x", "r"}:
-                value = self.cse(f"tl.broadcast_to({value}, [XBLOCK, RBLOCK])", dtype)
+                value = self.broadcast(value, "[XBLOCK, RBLOCK]", dtype)
             if self.need_xmask:  # rows past the end (last chunk)
                 value = self.cse(f"tl.where(xmask, {value}, {neutral(buf.reduce, dtype)})", dtype)
             acc = self.accs[buf.name]
