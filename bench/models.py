@@ -254,8 +254,11 @@ def correctness(a):
         for b in r["break_details"][:6]:
             print(f"{'':28} break: {b}")
         if r["rel_err_grad"] >= 1e-3 and r["worst_grad"]:
-            print(f"{'':28} worst gradient: {r['worst_grad']}; error against float64 over eager's: "
-                  f"{r['vs_float64'] or 'not computed (a running statistic)'}")
+            ratios = r["vs_float64"]
+            worst = sorted(ratios.items(), key=lambda kv: -kv[1])[:3]
+            summary = (f"{len(ratios)} gradients, at most {worst[0][1]}x ({', '.join(f'{n} {v}x' for n, v in worst)})"
+                       if ratios else "not computed (a running statistic)")
+            print(f"{'':28} worst gradient: {r['worst_grad']}; error against float64 over eager's: {summary}")
 
 
 def main():
