@@ -20,8 +20,10 @@ def main() -> int:
               "(pip install 'pygls>=2,<3' lsprotocol libcst torch, and fuselens) or point the "
               "fuselens.pythonPath setting at an interpreter that has them.", file=sys.stderr)
         return 3
+    from .initialize_cache import answer_from_cache
+    stdin, stdout = answer_from_cache(sys.stdin.buffer, sys.stdout.buffer)
     from .server import start
-    start()
+    start(stdin, stdout)
     return 0
 
 

@@ -719,6 +719,6 @@ def req_transformed(ls: FuselensServer, params):
     return {"source": r.get("transformedSource", ""), "explanation": r.get("explanation", "")}
 
 
-def start() -> None:
+def start(stdin=None, stdout=None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    server.start_io()
+    server.start_io(stdin, stdout)
