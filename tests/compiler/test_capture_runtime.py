@@ -200,6 +200,26 @@ def test_a_c_method_of_an_object_does_not_recompile(effect):
     check(f, X, calls=3)
 
 
+_D1, _D2 = {"k": 1.0}, {"k": 2.0}
+GET = _D1.get
+
+
+def test_a_c_method_of_another_object_recompiles():
+    """A bound C method read from a global: rebound to the same method of another object (or a
+    pybind11 function to another of the same name), the call is another one."""
+    global GET
+
+    def f(x):
+        return x * GET("k")
+    cf = fuselens.compile(f)
+    try:
+        torch.testing.assert_close(cf(X), X * 1.0)
+        GET = _D2.get
+        torch.testing.assert_close(cf(X), X * 2.0)
+    finally:
+        GET = _D1.get
+
+
 def test_a_c_method_of_another_type_recompiles():
     def f(x, log):
         log.append(1)

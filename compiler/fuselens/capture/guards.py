@@ -101,9 +101,8 @@ class Sources:
         elif _is_literal(v):
             self.guard(f"type({src}) is {type(v).__name__} and {src} == {v!r}", f"{src} == {v!r}")
         elif _bound_builtin(v):
-            # `buf.write`: a new object at each lookup; the receiver's type and the name say
-            # which C function runs (the receiver itself is guarded where it was read)
-            self.guard(f"type({src}.__self__) is {self.constant(type(v.__self__), type(v.__self__).__name__)}"
+            # `buf.write`: a new object at each lookup, of the same receiver and name
+            self.guard(f"{src}.__self__ is {self.constant(v.__self__, type(v.__self__).__name__)}"
                        f" and {src}.__name__ == {v.__name__!r}", f"{src} is the same method")
         elif isinstance(v, _STATIC_KINDS) or isinstance(v, (torch.dtype, torch.device, torch.Size)):
             # code and classes: inlined or called as they are, so the very object matters
