@@ -616,3 +616,56 @@ def test_reading_a_name_a_try_left_unbound_raises_eagers_error():
     with pytest.raises(UnboundLocalError, match="'v'"):
         cf(torch.ones(2), torch.ones(2))
     check(_reads_a_name_a_try_left_unbound, torch.full((2,), 100.0), torch.ones(2))
+
+
+def _deletes_a_bound_name_in_a_try_run_in_python(x, flag):
+    z = x + 1
+    try:
+        del z
+    finally:
+        print("finally", file=_SINK)  # a break in finally: the whole `try` runs in Python
+    x = x * 2
+    if flag:
+        return (z,)  # eager: UnboundLocalError (deleted above)
+    return (x,)
+
+
+def _deletes_a_name_only_some_paths_bind(x, flag):
+    if flag:
+        w = x + 1
+    x = x * 2
+    del w  # eager: UnboundLocalError where `flag` is false
+    return x
+
+
+def _shadows_locals(x, flag):
+    locals = 2  # noqa: F841 (generated code must not call this one)
+    try:
+        if flag:
+            raise ValueError
+        z = x + 1
+    except ValueError:
+        pass
+    finally:
+        print("finally", file=_SINK)
+    if not flag:
+        x = x + z  # `z`, maybe unbound after the `try`, reaches the code after it
+    return x * locals
+
+
+@pytest.mark.parametrize("fn,flag,raises", [
+    (_deletes_a_bound_name_in_a_try_run_in_python, False, None),
+    (_deletes_a_bound_name_in_a_try_run_in_python, True, UnboundLocalError),
+    (_deletes_a_name_only_some_paths_bind, True, None),
+    (_deletes_a_name_only_some_paths_bind, False, UnboundLocalError),
+    (_shadows_locals, True, None), (_shadows_locals, False, None)])
+def test_deleted_and_unbound_names_behave_as_in_eager(fn, flag, raises):
+    """A name a statement run in Python deletes is unbound after it; `del` of an unbound name
+    raises; the generated code's own `locals()` is not the user's `locals`."""
+    if raises is None:
+        check(fn, torch.ones(2), flag)
+        return
+    with pytest.raises(raises):
+        fn(torch.ones(2), flag)
+    with pytest.raises(raises):
+        fuselens.compile(fn)(torch.ones(2), flag)

@@ -17,6 +17,7 @@ Resume functions are captured lazily on their first call, like the user's functi
 from __future__ import annotations
 
 import ast
+import builtins
 import copy
 import functools
 import itertools
@@ -537,7 +538,7 @@ class Writer:
         body = continuation(frame.levels, False) if not isinstance(s, (ast.Return, ast.Raise)) else None
         if body:
             params = self.live(frame, body, stored_names([s]))
-            maybe = [p for p in params if p not in frame.vars]  # the statement may not bind them
+            maybe = _maybe_unbound(params, frame, s)
             name = self.new_resume(frame, params, body, "after the graph break", unbound=maybe)
             tail = [_return_call(name, params, self._unbound_args(maybe))]
             reads |= set(params) - stored_names([s])
@@ -554,7 +555,8 @@ class Writer:
         branch or handler that did not run): `locals().get(n, UNBOUND)`, not `n`, which would
         raise UnboundLocalError in the call although eager reads `n` nowhere later."""
         const = self.sources.constant(UNBOUND, "unbound")
-        return {n: ast.parse(f"locals().get({n!r}, {const})", mode="eval").body for n in names}
+        scope = self.sources.constant(builtins.locals, "locals")  # (the user's code may name a `locals`)
+        return {n: ast.parse(f"{scope}().get({n!r}, {const})", mode="eval").body for n in names}
 
     def _raising_into_try(self, frame, run):
         """`run` (the breaking statement, in the transformed function) inside enclosing `try`
@@ -660,7 +662,7 @@ class Writer:
         else:
             cont_body = continuation(inner.levels, False)
             live = self.live(inner, cont_body, stored_names([s])) if cont_body else []
-            unbound = [n for n in live if n not in inner.vars]
+            unbound = _maybe_unbound(live, inner, s)
             exprs = self._unbound_args(unbound)
             ret = ast.Tuple(elts=[exprs.get(n) or ast.Name(id=n, ctx=ast.Load()) for n in live],
                             ctx=ast.Load())
@@ -869,6 +871,13 @@ def _return_call(name, params, exprs=None):
     return ast.Return(value=ast.Call(func=ast.Name(id=name, ctx=ast.Load()),
                                      args=[exprs.get(p) or ast.Name(id=p, ctx=ast.Load()) for p in params],
                                      keywords=[]))
+
+
+def _maybe_unbound(names, frame, stmt) -> list:
+    """Those of `names` that `stmt`, run in Python, may leave unbound: not bound before it (it
+    assigns them only on some paths), or deleted in it."""
+    deleted = {x.id for x in _walk_scope(stmt) if isinstance(x, ast.Name) and isinstance(x.ctx, ast.Del)}
+    return [n for n in names if n not in frame.vars or n in deleted]
 
 
 class _Unbound:

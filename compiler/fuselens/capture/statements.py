@@ -180,6 +180,9 @@ class Statements:
     def _stmt_Delete(self, s, scope):
         for t in s.targets:
             if isinstance(t, ast.Name):
+                if t.id not in scope.vars and not self.abstract:  # (a name of the function: its local)
+                    raise UnboundLocalError(f"cannot access local variable '{t.id}' where it is not "
+                                            "associated with a value")
                 scope.vars.pop(t.id, None)
                 continue
             obj = self.eval(t.value, scope) if isinstance(t, ast.Subscript) else None
