@@ -69,7 +69,8 @@ def _write(stdout, message) -> None:
 
 def _cache_path(params) -> Path:
     # the compiler's cache directory (codegen/launcher.py cache_dir, not imported: it imports torch)
-    root = Path(os.environ.get("FUSELENS_CACHE_DIR") or Path(tempfile.gettempdir()) / f"fuselens-{os.getuid()}")
+    user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")  # (Windows)
+    root = Path(os.environ.get("FUSELENS_CACHE_DIR") or Path(tempfile.gettempdir()) / f"fuselens-{user}")
     key = json.dumps({"client": params.get("capabilities"), "server": _code_stamp()}, sort_keys=True)
     return root / "lsp" / f"initialize-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 

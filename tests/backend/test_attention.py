@@ -220,7 +220,7 @@ def test_trained_attention_saves_the_fused_forwards_statistics(backend, masked, 
     from fuselens.autograd.joint import build_joint
     from fuselens.ops.attention import save_attention_statistics
     from fuselens.ops.trace import to_primitive_graph
-    monkeypatch.setattr(prim, "sdpa_backend", lambda *args: backend)
+    monkeypatch.setattr(prim, "sdpa_backend", lambda *args, **kwargs: backend)
 
     def fn(q, k, v, mask):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask if masked else None)

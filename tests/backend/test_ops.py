@@ -400,3 +400,13 @@ def test_sum_of_a_zero_dim_value_computed_from_a_row_reduction():
         m = y.amax(0, keepdim=True)
         return (torch.log(torch.exp(y - m).sum(0, keepdim=True)).squeeze(0) * 2).sum()
     check(f, t(33).requires_grad_())
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_cross_entropy_of_float64_logits_is_computed_in_float64(reduction):
+    import fuselens
+    x, target = torch.randn(4, 7, dtype=torch.float64, device=DEVICE), torch.tensor([1, 2, 3, 0], device=DEVICE)
+
+    def f(x, target):
+        return F.cross_entropy(x, target, reduction=reduction)
+    torch.testing.assert_close(fuselens.compile(f)(x, target), f(x, target), rtol=1e-14, atol=1e-14)

@@ -644,7 +644,7 @@ def cross_entropy(x, target, weight=None, size_average=None, ignore_index=-100, 
         y = _upcast(x)
         m = _stabilizer(P.amax(y, class_dim, True))
         lse = (m, P.log(P.sum(P.exp(P.sub(y, m)), class_dim, True)))
-        return P.cast(_nll(y, target, weight, ignore_index, reduction, class_dim, lse, torch.float32), x.dtype)
+        return P.cast(_nll(y, target, weight, ignore_index, reduction, class_dim, lse, y.dtype), x.dtype)
     if weight is not None:
         raise Unsupported("class weights with probability targets")
     loss = P.neg(P.sum(P.mul(log_softmax(_upcast(x), class_dim), target), class_dim))

@@ -248,7 +248,7 @@ def _by_name(op, values):
     return op(**{n: values[n] for n in names if n in values})
 
 
-def sdpa_backend(q, k, v, attn_mask, is_causal, scale, device):
+def sdpa_backend(q, k, v, attn_mask, is_causal, scale, device, grad=False):
     """The SDPBackend id F.scaled_dot_product_attention takes on `device` for tensors laid out
     like the meta tensors q, k, v (and mask): what torch chooses at run time, asked of (empty)
     tensors of that device. None where no fused kernel runs (math), where a size is symbolic, or
@@ -260,7 +260,9 @@ def sdpa_backend(q, k, v, attn_mask, is_causal, scale, device):
     if not fused or device.type == "cuda" and (not torch.cuda.is_available() or q.shape[-1] % 8) or \
             not all(isinstance(n, int) for t in tensors for n in (*t.shape, *t.stride())):
         return None
-    real = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device) for t in tensors]
+    # (torch's checks differ where q, k, v require grad: `grad`, a trained attention)
+    real = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device).requires_grad_(grad and i < 3)
+            for i, t in enumerate(tensors)]
     backend = int(torch._fused_sdp_choice(*real[:3], real[3] if attn_mask is not None else None,
                                           is_causal=is_causal, scale=scale))
     return backend if backend in fused else None
@@ -366,7 +368,7 @@ def saving_backend(q, k, v, attn_mask, is_causal, scale, device):
     v, mask): torch's choice, or None (not CUDA, math)."""
     if torch.device(device).type != "cuda":
         return None
-    return sdpa_backend(q, k, v, attn_mask, is_causal, scale, device)
+    return sdpa_backend(q, k, v, attn_mask, is_causal, scale, device, grad=True)
 
 
 def _fused_backward_for(q, k, v, attn_mask, is_causal, scale):
