@@ -669,3 +669,29 @@ def test_deleted_and_unbound_names_behave_as_in_eager(fn, flag, raises):
         fn(torch.ones(2), flag)
     with pytest.raises(raises):
         fuselens.compile(fn)(torch.ones(2), flag)
+
+
+def _closure_breaks_then_reads_the_enclosing_flag(x, flag):
+    def inner(y):
+        print("inner", file=_SINK)  # a break inside the local function
+        return y * 2 if flag else y
+    return inner(x) + 1
+
+
+def _closure_breaks_then_reads_an_enclosing_tensor(x, flag):
+    scale = x.sum() if flag else x.mean()
+
+    def inner(y):
+        z = y * 3
+        print("inner", file=_SINK)
+        return z * scale
+    return inner(x * 2)
+
+
+@pytest.mark.parametrize("fn", [_closure_breaks_then_reads_the_enclosing_flag,
+                                _closure_breaks_then_reads_an_enclosing_tensor])
+@pytest.mark.parametrize("flag", [True, False])
+def test_a_break_in_a_local_function_that_reads_its_enclosing_scope(fn, flag):
+    """After a break inside a local function, its code reads the enclosing function's variables
+    (they raised NameError: the generated continuation had no closure)."""
+    check(fn, torch.ones(3), flag)

@@ -29,6 +29,21 @@ MAX_INLINE_DEPTH = 40  # real models nest deep: decorators, layers, attention in
 _TORCH_DIR = __import__("os").path.dirname(torch.__file__)
 
 
+
+def _reads_enclosing(node, enclosing) -> bool:
+    """Whether a local function's code reads a variable of an enclosing function's scope (a
+    name it loads that is not its own local and that one of those scopes has)."""
+    a = node.args
+    own = {p.arg for p in a.posonlyargs + a.args + a.kwonlyargs + [x for x in (a.vararg, a.kwarg) if x]}
+    body = node.body if isinstance(node.body, list) else [node.body]
+    names = [n for b in body for n in ast.walk(b) if isinstance(n, ast.Name)]
+    own |= {n.id for n in names if not isinstance(n.ctx, ast.Load)}
+    outer = set()
+    while enclosing is not None:
+        outer |= set(enclosing.vars)
+        enclosing = enclosing.enclosing
+    return any(isinstance(n.ctx, ast.Load) and n.id not in own and n.id in outer for n in names)
+
 class Evaluator(Statements, Expressions, Tensors, Objects):
     """One capture's interpreter: inlining and binding of calls, breaks and their locations
     here; statements, expressions, calls into torch and Python objects in the mixins."""
@@ -118,6 +133,11 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
             return self._run_body(fs, scope)
         except BreakSignal as b:
             b.pending_call = call
+            if enclosing is not None and _reads_enclosing(fn.node, enclosing):
+                # the code after the break would read the enclosing function's variables, which
+                # a generated continuation does not have: the call runs in Python (compiled on
+                # its own, with its real closure)
+                raise b.in_python(scope) from None
             raise
 
     def run_generator(self, gen: "GeneratorCall") -> list:
