@@ -92,6 +92,21 @@ def test_a_global_instance_leads_to_its_class():
         assert [b.code for b in use.breaks] == (["FL100"] if body == noisy else []), use.breaks
 
 
+def keystroke(rng, text, alphabet, typed, deleted, longest_deletion):
+    """`text` after one random edit: with probability `typed` a piece of `alphabet` typed, with
+    `deleted` up to `longest_deletion` characters deleted, else a line moved elsewhere."""
+    i = rng.randrange(len(text) + 1)
+    op = rng.random()
+    if op < typed:
+        return text[:i] + rng.choice(alphabet) + text[i:]
+    if op < typed + deleted:
+        return text[:i] + text[i + rng.randint(1, longest_deletion):]
+    lines = text.split("\n")
+    a, b = rng.randrange(len(lines)), rng.randrange(len(lines))
+    lines.insert(b, lines.pop(a))
+    return "\n".join(lines)
+
+
 def test_random_edits_keep_incremental_equal_to_full():
     """Keystroke-like random edits (characters typed or deleted, lines split, joined, moved),
     each compared with a full analysis: the same results or the same syntax error."""
@@ -100,17 +115,7 @@ def test_random_edits_keep_incremental_equal_to_full():
     inc = IncrementalAnalyzer()
     alphabet = ["x", " ", "(", ")", ":", "\n", "    ", "print(x)\n", "torch.compile(", "1", "#", "."]
     for step in range(40):
-        i = rng.randrange(len(text) + 1)
-        op = rng.random()
-        if op < 0.5:
-            text = text[:i] + rng.choice(alphabet) + text[i:]
-        elif op < 0.8:
-            text = text[:i] + text[i + rng.randint(1, 12):]
-        else:  # move a line elsewhere
-            lines = text.split("\n")
-            a, b = rng.randrange(len(lines)), rng.randrange(len(lines))
-            lines.insert(b, lines.pop(a))
-            text = "\n".join(lines)
+        text = keystroke(rng, text, alphabet, typed=0.5, deleted=0.3, longest_deletion=12)
         full, err, rep = run_analysis(text, "/tmp/r.py")
         got, err2, rep2 = run_analysis(text, "/tmp/r.py", inc)
         assert (err, rep, full is None) == (err2, rep2, got is None), step
@@ -158,11 +163,7 @@ def test_outline_after_random_keystrokes_is_a_full_parse():
     inc = IncrementalAnalyzer()
     alphabet = ["x", " ", "(", ")", ":", "\n", "    ", "def f():\n", "\"\"\"", "#", "@torch.compile\n", "\\\n"]
     for step in range(150):
-        i = rng.randrange(len(text) + 1)
-        if rng.random() < 0.6:
-            text = text[:i] + rng.choice(alphabet) + text[i:]
-        else:
-            text = text[:i] + text[i + rng.randint(1, 8):]
+        text = keystroke(rng, text, alphabet, typed=0.6, deleted=0.4, longest_deletion=8)
         try:
             want = _spans(text)
         except SyntaxError:
