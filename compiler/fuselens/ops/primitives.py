@@ -291,14 +291,19 @@ def _attention_bias(mask, q, k, backend):
     -inf where masked, rows padded to 8 elements where they are not aligned so, expanded to
     (B, H, L, S). cuDNN (convert_boolean_attn_mask_cudnn): the fill torch's version uses
     (_cudnn_mask_fill), as it is."""
+    bias = _fill_masked(mask, q, _cudnn_mask_fill(q.device) if backend == 3 else -math.inf)
     if backend == 3:
-        return q.new_zeros(mask.shape).masked_fill_(mask.logical_not(), _cudnn_mask_fill(q.device))
-    # (no tensor made from a Python number on the GPU: a host-to-device copy waits for the GPU)
-    bias = q.new_zeros(mask.shape).masked_fill_(mask.logical_not(), -math.inf)
+        return bias
     if bias.stride(-1) != 1 or any(s % 8 for s in bias.stride()[:-1]):
         last = bias.shape[-1]
         bias = torch.nn.functional.pad(bias, (0, 8 - last % 8))[..., :last]
     return bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+
+
+def _fill_masked(mask, like, fill):
+    """0 where `mask` is True, `fill` elsewhere, in `like`'s dtype and device (no tensor made
+    from a Python number on the GPU: a host-to-device copy waits for the GPU)."""
+    return like.new_zeros(mask.shape).masked_fill_(mask.logical_not(), fill)
 
 
 _CUDNN_FILLS = {}
@@ -320,8 +325,7 @@ def _cudnn_mask_fill(device) -> float:
             want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         forward = _FUSED_ATTENTION[3][0]
         for fill in (-math.inf, -65504.0):
-            bias = q.new_zeros(mask.shape).masked_fill_(mask.logical_not(), fill)
-            got = _by_name(forward, _fused_arguments(q, k, v, bias, False, None))[0]
+            got = _by_name(forward, _fused_arguments(q, k, v, _fill_masked(mask, q, fill), False, None))[0]
             if torch.equal(got.nan_to_num(), want.nan_to_num()):
                 break
         else:
