@@ -3,6 +3,7 @@ which inputs get a gradient (None where eager's backward never reaches them), wh
 raise (an op without a derivative, a saved value written in place), and which in-place writes
 after the call autograd refuses."""
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -241,3 +242,48 @@ def test_a_graph_reached_only_through_an_unused_input_checks_no_saved_value():
         x.mul_(2)
     out.sum().backward()  # (autograd.grad would prune the path to the first graph)
     torch.testing.assert_close(y.grad, torch.full_like(y, 2.0))
+
+
+class _AliveAtEachOp(torch.utils._python_dispatch.TorchDispatchMode):
+    """At each op the backward runs through torch (a matmul's extern call): how many of `refs`
+    (weak references to saved values) are still alive."""
+
+    def __init__(self, refs):
+        super().__init__()
+        self.refs, self.alive = refs, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.alive.append(sum(r() is not None for r in self.refs))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("compiler", ["eager", "fuselens"])
+def test_the_backward_frees_each_saved_value_after_its_last_use(compiler):
+    # a deep MLP: its backward reads the last layer's activations first; holding every saved value
+    # to the end of the backward made a ResNet-50 training step's peak memory 1.6x eager's
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(16, 16, device=DEVICE) for _ in range(6)]
+
+    def f(x):
+        for layer in layers:
+            x = torch.tanh(layer(x)) * 2
+        return x.sum()
+    fn = f if compiler == "eager" else fuselens.compile(f)
+    x = torch.randn(4, 16, device=DEVICE)
+    fn(x)
+    params = {id(p) for layer in layers for p in layer.parameters()}
+    refs = []
+
+    def pack(t):
+        if id(t) not in params and t is not x:
+            refs.append(weakref.ref(t))
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = fn(x)
+    mode = _AliveAtEachOp(refs)
+    with mode:
+        loss.backward()
+    assert len(refs) >= 6 and len(mode.alive) >= 6
+    # the first layers' gradients are computed once the last layers' saved values are gone
+    # while the backward ran, some of the saved values were gone and some not yet
+    assert any(0 < alive <= len(refs) // 2 for alive in mode.alive), mode.alive

@@ -103,8 +103,9 @@ def allocators(device: torch.device) -> dict:
 
 
 class WrapperWriter:
-    def __init__(self, graph: LoweredGraph, sched: Schedule, kernels: dict, device):
+    def __init__(self, graph: LoweredGraph, sched: Schedule, kernels: dict, device, boxed=False):
         self.graph, self.sched = graph, sched
+        self.boxed = boxed
         self.device = torch.device(device)
         self.kernels = kernels  # id(FusedKernel) -> (TritonKernel, KernelWriter)
         self.lines: list[str] = []
@@ -182,7 +183,9 @@ class WrapperWriter:
     def generate(self):
         g = self.graph
         params = ["seed" if b is None else b.name for b in g.inputs]
-        keep = {o.buf.name for o in g.outputs if isinstance(o, View)} | {b.name for b in g.inputs if b is not None}
+        keep = {o.buf.name for o in g.outputs if isinstance(o, View)}
+        if not self.boxed:  # the caller holds its arguments until the call returns
+            keep |= {b.name for b in g.inputs if b is not None}
         last_use, read_by_extern, read_by_aliasing_extern = {}, set(), set()
         for i, step in enumerate(self.sched.steps):
             for name in self.step_reads(step):
@@ -205,7 +208,15 @@ class WrapperWriter:
         pool: dict = {}  # (shape, stride, dtype) -> names of dead buffers
         constants: set = set()  # buffers the program keeps (never handed on to another buffer)
         out = self.lines
-        out.append(f"def call({', '.join(params)}):")
+        if self.boxed:  # the list is the only reference the caller keeps: an input dies at its last use
+            out.append("def call(args):")
+            if params:
+                out.append(f"    {', '.join(params)}, = args; args.clear()")
+            unread = [p for p in params if p not in last_use and p not in keep and p != "seed"]
+            if unread:
+                out.append(f"    del {', '.join(unread)}")
+        else:
+            out.append(f"def call({', '.join(params)}):")
         if "empty_current" in allocators(self.device) and any(isinstance(s, FusedKernel) for s in self.sched.steps):
             # torch's allocator without the dispatcher (what Inductor's wrappers call; ~2 us a buffer
             # less than torch.empty_strided), on the current device: the graph's, or else a slower one
@@ -276,9 +287,11 @@ class WrapperWriter:
         return None
 
 
-def generate_wrapper(graph: LoweredGraph, sched: Schedule, kernels: dict, device):
-    """Source of `call(*inputs)`, the function itself, and the objects its source names as `consts[i]`."""
-    writer = WrapperWriter(graph, sched, kernels, device)
+def generate_wrapper(graph: LoweredGraph, sched: Schedule, kernels: dict, device, boxed=False):
+    """Source of `call(*inputs)`, the function itself, and the objects its source names as `consts[i]`.
+    `boxed`: `call(args)` takes its inputs as a list, which it empties, and frees each input after
+    its last use (a backward's saved values: eager autograd frees them as its backward goes)."""
+    writer = WrapperWriter(graph, sched, kernels, device, boxed)
     source = writer.generate()
     return source, load_wrapper(source, [k for k, _ in kernels.values()], writer.consts, device), writer.consts
 

@@ -51,7 +51,8 @@ class KernelInfo:
 
 @dataclass
 class Program:
-    """One primitive graph compiled for one set of input shapes: `call(*inputs[, seed])`.
+    """One primitive graph compiled for one set of input shapes: `call(*inputs[, seed])`, or where
+    `boxed`, `call([*inputs[, seed]])`, which empties the list and frees each input at its last use.
     `compile_jobs`: its kernels' cubins as its first call will need them (codegen/launcher.py).
     `made_from`: what `load_program` makes it again from (sources, no graph): how it is pickled
     into the program cache (runtime/program_cache.py)."""
@@ -61,6 +62,7 @@ class Program:
     has_seed: bool
     compile_jobs: list = field(default_factory=list)
     made_from: dict = field(default_factory=dict, repr=False)
+    boxed: bool = False
 
     def __reduce__(self):
         return load_program, (self.made_from,)
@@ -70,9 +72,21 @@ class Program:
             compile_ahead([self])
 
     def __call__(self, *inputs):
+        if self.boxed:
+            return self.call_boxed(list(inputs))
         if self.has_seed:  # drawn from torch's default generator: torch.manual_seed makes it reproducible
-            inputs = inputs + (int(torch.randint(0, 2 ** 31 - 1, ()).item()),)
+            inputs = inputs + (_seed(),)
         return self.call(*inputs)
+
+    def call_boxed(self, args: list):
+        """Run a boxed program on `args`, which it empties (the caller keeps no other reference)."""
+        if self.has_seed:
+            args.append(_seed())
+        return self.call(args)
+
+
+def _seed() -> int:
+    return int(torch.randint(0, 2 ** 31 - 1, ()).item())
 
 
 def compile_ahead(programs):
@@ -83,8 +97,8 @@ def compile_ahead(programs):
 
 
 def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=frozenset(),
-                  input_vals=None, first_kernel_index=0) -> Program:
-    """`first_kernel_index` numbers this program's kernels after another's (a backward's after
+                  input_vals=None, first_kernel_index=0, boxed=False) -> Program:
+    """`boxed`: see Program. `first_kernel_index` numbers this program's kernels after another's (a backward's after
     its forward's), so kernel names stay unique within a compiled graph."""
     _log("ops", "primitive graph:\n%s", prim_graph)
     lowered = lower_graph(prim_graph, device, input_vals)
@@ -104,13 +118,14 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
                                 _bytes_moved([writer.buffers[n] for n in tensors])))
         launches.append(([writer.buffers[n].dtype for n in tensors], [0 if a == "seed" else a for a in scalars],
                          sizes))
-    source, call, consts = generate_wrapper(lowered, sched, kernels, device)
+    source, call, consts = generate_wrapper(lowered, sched, kernels, device, boxed)
     _log("codegen", "%s", lambda: "\n\n".join([info.source for info in infos] + [source]))
     kernel_objects = [k for k, _ in kernels.values()]
     made_from = dict(source=source, device=str(device), has_seed=lowered.has_seed, infos=infos, consts=consts,
                      kernels=[(k.name, k.source, k.mode, k.max_autotune, k.itemsize, k.pdl) for k in kernel_objects],
-                     launches=launches)
-    return Program(call, infos, source, lowered.has_seed, _compile_jobs(kernel_objects, launches, device), made_from)
+                     launches=launches, boxed=boxed)
+    return Program(call, infos, source, lowered.has_seed, _compile_jobs(kernel_objects, launches, device), made_from,
+                   boxed)
 
 
 def load_program(made_from: dict) -> Program:
@@ -119,7 +134,7 @@ def load_program(made_from: dict) -> Program:
     device = made_from["device"]
     call = load_wrapper(made_from["source"], kernels, made_from["consts"], device)
     return Program(call, made_from["infos"], made_from["source"], made_from["has_seed"],
-                   _compile_jobs(kernels, made_from["launches"], device), made_from)
+                   _compile_jobs(kernels, made_from["launches"], device), made_from, made_from["boxed"])
 
 
 def _compile_jobs(kernels, launches, device):
@@ -295,7 +310,7 @@ class CompiledGraph:
             if self.guarded and len(self._specializations) == 1:
                 run = spec.run
                 # a program that draws no seed: its generated wrapper itself
-                self._fast = run.call if isinstance(run, Program) and not run.has_seed else run
+                self._fast = run.call if isinstance(run, Program) and not run.has_seed and not run.boxed else run
             return spec.run(*inputs)
         if spec.check is not None:
             spec.check(*inputs)

@@ -49,13 +49,19 @@ class _StridedPrograms:
         start = time.perf_counter()
         vals = [meta_like(t) for t in inputs]
         program = self.programs[key] = self.build(self.graph(), self.device, self.mode, self.dynamic,
-                                                  input_vals=vals, first_kernel_index=self.first_kernel_index)
+                                                  input_vals=vals, first_kernel_index=self.first_kernel_index,
+                                                  boxed=True)
         return program, time.perf_counter() - start
 
     def __call__(self, *inputs):
-        program, seconds = self._get(inputs)
+        return self.run(list(inputs))
+
+    def run(self, args: list):
+        """The backward on `args`, which it empties: each saved value is freed after its last use
+        (where the caller holds no other reference), as eager autograd frees them."""
+        program, seconds = self._get(args)
         program.compile_ahead()  # a layout first seen here: its kernels together (no-op later)
-        out = program(*inputs)
+        out = program.call_boxed(args)
         if seconds is not None:
             stats.backend["backward_layouts"] += 1
             stats.backend["seconds"] += seconds
@@ -140,16 +146,22 @@ class CompiledFunction(torch.autograd.Function):
             return (None,) * state.num_slots  # eager runs none of this backward, checks no version
         if graphs is not None:
             graphs.check(ctx.run)  # before the saved values are unpacked (a copy may have bumped a version)
-        saved = ctx.saved_tensors[:ctx.num_saved]  # (all unpacked: each one's version is checked)
+        args = list(ctx.saved_tensors[:ctx.num_saved])  # (all unpacked: each one's version is checked)
+        # autograd's references go (unless retain_graph) and the program frees each saved value
+        # after its last use: the backward's peak memory is eager's, not all saved values at once
+        ctx.maybe_clear_saved_tensors()
         given = [grad_outputs[j] for j in state.tangent_outputs]
+        del grad_outputs
         if all(g is not None for g in given):  # the common case: one program over every gradient
-            args = (*saved, *given)
-            grads = state.backward(*args) if graphs is None else graphs.backward(ctx.run, *args)
+            args += given
+            del given
+            grads = state.backward.run(args) if graphs is None else graphs.backward(ctx.run, *args)
         else:  # eager runs no VJP from an output without a gradient: a program without its terms
             missing = frozenset(k for k, g in enumerate(given) if g is None)
-            tangents = [g if g is not None else torch.zeros(shape, dtype=dtype, device=state.device)  # unread
-                        for g, shape, dtype in zip(given, ctx.tangent_shapes, state.tangent_dtypes)]
-            grads = state.backward.without(missing)(*saved, *tangents)
+            args += [g if g is not None else torch.zeros(shape, dtype=dtype, device=state.device)  # unread
+                     for g, shape, dtype in zip(given, ctx.tangent_shapes, state.tangent_dtypes)]
+            del given
+            grads = state.backward.without(missing).run(args)
         result = [None] * state.num_slots
         for slot, k in state.gradient_slots(defined):
             result[slot] = grads[k]
