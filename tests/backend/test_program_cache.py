@@ -33,9 +33,10 @@ def convnet():
 
         def forward(self, x):
             return torch.relu(x + self.b2(self.c2(torch.relu(self.b1(self.c1(x))))))
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), Block(8),
-                          Block(8), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
-    return model, dict(input=torch.randn(2, 3, 8, 8))
+    # (max pooling: `F.max_pool2d` is a function torch makes and renames, named by its module's attribute)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                          Block(8), Block(8), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    return model, dict(input=torch.randn(2, 3, 16, 16))
 
 
 def make(name):
@@ -235,6 +236,21 @@ def test_graph_without_stable_name_is_not_stored(cache):
     graph.output(graph.call_function(lambda t: t * 2, (x,)))
     gm = fx.GraphModule(torch.nn.Module(), graph)
     assert program_cache.key(gm, [torch.randn(3)], "default", None) is None
+
+
+
+def test_torch_functions_have_stable_names():
+    """Every Python function of torch.nn.functional names itself in a key, those torch makes inside
+    a helper and renames (`boolean_dispatch`'s max pooling) included: a graph calling one was
+    never stored, so every process compiled it again."""
+    import types
+
+    import torch.nn.functional as F
+    from fuselens.runtime import program_cache
+    functions = [f for f in vars(F).values() if isinstance(f, types.FunctionType) and f.__module__ == F.__name__]
+    assert F.max_pool2d in functions and len(functions) > 100
+    for f in functions:
+        program_cache._canonical(f)  # raises Unstable where it has no stable name
 
 
 if __name__ == "__main__":

@@ -99,14 +99,17 @@ def _pickle(obj) -> bytes:
 
 
 def _function(fn):
-    """A Python function by the name that finds it again, and its code."""
+    """A Python function by the name that finds it again, and its code. The name is its qualified
+    name, or its module's attribute that it is (`F.max_pool2d` is a function made inside torch's
+    `boolean_dispatch`, renamed)."""
     module = sys.modules.get(fn.__module__ or "")
     obj = module
     for part in fn.__qualname__.split("."):
         obj = getattr(obj, part, None)
-    if obj is not fn:
+    name = fn.__qualname__ if obj is fn else fn.__name__
+    if getattr(module, name, None) is not fn and obj is not fn:
         raise Unstable(f"function {fn.__qualname__}")
-    return ("function", fn.__module__, fn.__qualname__, hashlib.sha256(marshal.dumps(fn.__code__)).hexdigest(),
+    return ("function", fn.__module__, name, hashlib.sha256(marshal.dumps(fn.__code__)).hexdigest(),
             _canonical(fn.__defaults__), _canonical(fn.__kwdefaults__))
 
 
