@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -32,10 +32,13 @@ class _StridedPrograms:
     layout comes). `ran_new()`: called after a layout's program first ran (the program cache
     stores it with the others)."""
 
-    def __init__(self, graph, device, mode, dynamic, build_program, first_kernel_index, programs, ran_new=None):
+    def __init__(self, graph, device, mode, dynamic, build_program, first_kernel_index, programs, ran_new=None,
+                 variant_programs=None):
         self.graph, self.device, self.mode, self.dynamic, self.build = graph, device, mode, dynamic, build_program
         self.first_kernel_index, self.programs, self.ran_new = first_kernel_index, programs, ran_new
-        self.variants: dict = {}  # frozenset of undefined tangents -> _StridedPrograms (not stored)
+        self.variants: dict = {}  # frozenset of undefined tangents -> _StridedPrograms
+        # frozenset of undefined tangents -> {layout_key: Program}: stored with the rest (Compiled)
+        self.variant_programs = {} if variant_programs is None else variant_programs
 
     def get(self, inputs):
         return self._get(inputs)[0]
@@ -72,10 +75,11 @@ class _StridedPrograms:
     def without(self, missing: frozenset) -> "_StridedPrograms":
         """The backward programs for calls where the tangents `missing` (indices) are undefined."""
         variant = self.variants.get(missing)
-        if variant is None:
-            graph = without_tangents(self.graph(), missing, self.device)
-            variant = self.variants[missing] = _StridedPrograms(lambda: graph, self.device, self.mode, self.dynamic,
-                                                                self.build, self.first_kernel_index, {})
+        if variant is None:  # (a language model's logits beside its loss get no gradient: on every call)
+            graph = functools.cache(lambda: without_tangents(self.graph(), missing, self.device))
+            variant = self.variants[missing] = _StridedPrograms(
+                graph, self.device, self.mode, self.dynamic, self.build, self.first_kernel_index,
+                self.variant_programs.setdefault(missing, {}), self.ran_new)
         return variant
 
 
@@ -197,6 +201,8 @@ class Compiled:
     saved: list  # the names of the values the forward saves for the backward
     forward: object  # Program
     backward: dict  # layout_key of the backward's inputs -> Program: the one compiled ahead first
+    # frozenset of tangents undefined in a backward call -> {layout_key: Program} (_StridedPrograms.without)
+    variants: dict = field(default_factory=dict)
 
 
 def _partition(gm, inputs, requires_grad, device, eager):
@@ -229,7 +235,7 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=No
         compiled = Compiled(eager, parts.num_fw_outputs, joint.tangent_outputs, joint.grad_inputs,
                             [v.dtype for v in bw_vals[num_saved:]], list(parts.saved), forward, {})
         backward = _StridedPrograms(lambda: parts.backward, device, mode, dynamic, build_program, len(forward.kernels),
-                                    compiled.backward, ran_new)
+                                    compiled.backward, ran_new, compiled.variants)
         bw_program = backward.get(expected)
     else:
         compiled, eager, forward = cached, cached.eager, cached.forward
@@ -242,7 +248,7 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=No
                                    f"{list(parts.saved)}")
             return parts.backward
         backward = _StridedPrograms(functools.cache(graph), device, mode, dynamic, build_program,
-                                    len(forward.kernels), compiled.backward, ran_new)
+                                    len(forward.kernels), compiled.backward, ran_new, compiled.variants)
         bw_program = next(iter(compiled.backward.values()))
     state = _State(forward, backward, compiled.num_fw_outputs, compiled.tangent_outputs, compiled.grad_inputs,
                    len(inputs), eager, compiled.tangent_dtypes, device)
