@@ -149,3 +149,27 @@ def test_torch_python_autocast_runs_in_several_dtypes_is_interpreted():
     """F.multi_head_attention_forward: its projections in bfloat16, its softmax where autocast puts
     it; recorded as one call on cast arguments it would all compute in one dtype."""
     check(_encoder_layer, torch.randn(2, 3, 16), graphs=1, breaks=[])
+
+
+@pytest.mark.parametrize("fn, args", [(_under_autocast(_linear), (torch.randn(4, 8), torch.randn(4, 8))),
+                                      (_encoder_layer, (torch.randn(2, 3, 16),))], ids=["linear", "encoder_layer"])
+def test_a_later_process_asks_no_probe_again(tmp_path, monkeypatch, fn, args):
+    """The answers are kept on disk (a probe costs milliseconds, a model asks dozens): a process
+    that finds them there asks none, and gets the same answers, REFUSED included."""
+    from fuselens.capture import autocast as AC
+    monkeypatch.setenv("FUSELENS_PROGRAM_CACHE", "1")
+    monkeypatch.setenv("FUSELENS_CACHE_DIR", str(tmp_path))
+    asked = []
+    probe = AC._probe
+    monkeypatch.setattr(AC, "_probe", lambda *a: asked.append(a[0]) or probe(*a))
+    answers = []
+    for process in range(2):
+        monkeypatch.setattr(AC, "_cache", {})  # a new process: nothing in memory
+        monkeypatch.setattr(AC, "_disk", None)
+        check(fn, *args, graphs=1, breaks=[])
+        answers.append(dict(AC._cache))
+        if process == 0:
+            assert asked and (tmp_path / "autocast-probes").exists()
+            asked.clear()
+    assert asked == []
+    assert answers[0] == answers[1]

@@ -9,10 +9,16 @@ casts the arguments itself and records the call on them; that is eager's computa
 ATen ops the call runs are the same as under autocast (an op computing in float32 inside a call
 that autocast runs in float16 would not be): a third run, on the cast arguments with autocast
 off, must run the same ATen ops with results of the same dtypes, or the call runs in Python.
+
+A probe costs milliseconds (three runs on fake tensors), and a model asks dozens: the answers are
+kept on disk beside the program cache (`$FUSELENS_CACHE_DIR/autocast-probes`, keyed by torch's
+version, the function's name and the arguments' spec), so a later process asks none again.
 """
 from __future__ import annotations
 
 import logging
+import os
+import pickle
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
+from .calls import qualified_name
 from .values import SymInt, TensorVar
 
 REFUSED = object()  # eager raises under autocast, or runs ATen ops the graph could not: Python runs it
@@ -43,10 +50,69 @@ def cast_to(fn, args, kwargs, device_type: str, dtype: torch.dtype):
         key = None
     if key is not None and key in _cache:
         return _cache[key]
-    answer = _probe(fn, spec, device_type, dtype)
+    stable = _stable_key(fn, device_type, dtype, spec) if key is not None else None
+    answer = _on_disk().get(stable, _UNASKED) if stable is not None else _UNASKED
+    if answer is _UNASKED:
+        answer = _probe(fn, spec, device_type, dtype)
+        if stable is not None:
+            _new[stable] = answer
+    answer = REFUSED if answer == "refused" else answer  # (REFUSED as written on disk)
     if key is not None:
         _cache[key] = answer
     return answer
+
+
+_UNASKED = object()
+_disk: dict | None = None  # earlier processes' answers (stable key -> answer), read on first use
+_new: dict = {}  # this process's answers not yet written
+
+
+def _stable_key(fn, device_type, dtype, spec) -> str | None:
+    """The key of a probe that another process computes too: None where `fn` has no name that
+    finds it again (a lambda, a bound method)."""
+    name = qualified_name(fn)
+    return None if name is None else repr((torch.__version__, name, device_type, dtype, spec))
+
+
+def _path() -> str:
+    from ..codegen.launcher import cache_dir  # (the directory the compiled programs are kept in)
+    return os.path.join(cache_dir(), "autocast-probes")
+
+
+def _on_disk() -> dict:
+    global _disk
+    from ..runtime.program_cache import enabled  # FUSELENS_PROGRAM_CACHE=0: nothing read or written
+    if not enabled():
+        return {}
+    if _disk is None:
+        try:
+            with open(_path(), "rb") as f:
+                _disk = pickle.load(f)
+            if not isinstance(_disk, dict):
+                raise TypeError(type(_disk).__name__)
+        except Exception:  # noqa: BLE001 - absent or unreadable: a cache, asked again
+            _disk = {}
+    return _disk
+
+
+def save_probes() -> None:
+    """Write the answers this process found (with those on disk now) whole, or not at all."""
+    global _disk
+    from ..runtime.program_cache import enabled
+    if not _new or not enabled():
+        return
+    _disk = None
+    merged = {**_on_disk(), **{k: "refused" if v is REFUSED else v for k, v in _new.items()}}
+    try:
+        path = _path()
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump(merged, f, protocol=4)
+        os.replace(tmp, path)
+    except OSError as e:
+        logging.getLogger("fuselens.capture").debug("autocast probes not stored (%s)", e)
+    _disk = merged
+    _new.clear()
 
 
 @dataclass(frozen=True)

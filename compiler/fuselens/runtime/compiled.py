@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 from ..capture import breaks as B
+from ..capture.autocast import save_probes
 from ..capture.capture import Capture, GraphInfo, capture
 from ..capture.source import FunctionSource, NoSourceError, build_function, function_source
 from .errors import FuselensWarning, InternalError, fall_back, warn  # noqa: F401  (FuselensWarning: its old home)
@@ -284,6 +285,7 @@ class CompiledFunction:
             prefix = fs.name[len("__fl_resume_"):] + "_" + prefix
         cap: Capture = capture(fs, args, kwargs, dynamic=self.dynamic, fullgraph=self.fullgraph,
                                prefix=prefix)
+        save_probes()  # what autocast does to each call, for the next process
         ns = dict(cap.namespace)
         ns["torch"] = torch
         graph_calls = []

@@ -37,6 +37,7 @@ import types
 import torch
 import torch.fx as fx
 
+from ..capture.calls import qualified_name
 from ..codegen import launcher
 
 FORMAT = b"fuselens-program-1\n"
@@ -99,17 +100,11 @@ def _pickle(obj) -> bytes:
 
 
 def _function(fn):
-    """A Python function by the name that finds it again, and its code. The name is its qualified
-    name, or its module's attribute that it is (`F.max_pool2d` is a function made inside torch's
-    `boolean_dispatch`, renamed)."""
-    module = sys.modules.get(fn.__module__ or "")
-    obj = module
-    for part in fn.__qualname__.split("."):
-        obj = getattr(obj, part, None)
-    name = fn.__qualname__ if obj is fn else fn.__name__
-    if getattr(module, name, None) is not fn and obj is not fn:
+    """A Python function by the name that finds it again, and its code."""
+    name = qualified_name(fn)
+    if name is None:
         raise Unstable(f"function {fn.__qualname__}")
-    return ("function", fn.__module__, name, hashlib.sha256(marshal.dumps(fn.__code__)).hexdigest(),
+    return ("function", *name, hashlib.sha256(marshal.dumps(fn.__code__)).hexdigest(),
             _canonical(fn.__defaults__), _canonical(fn.__kwdefaults__))
 
 
