@@ -187,4 +187,9 @@ CMPOPS = {"Eq": operator.eq, "NotEq": operator.ne, "Lt": operator.lt, "LtE": ope
           "Gt": operator.gt, "GtE": operator.ge, "Is": operator.is_, "IsNot": operator.is_not,
           "In": lambda a, b: a in b, "NotIn": lambda a, b: a not in b}
 
+# the operator functions of Python's syntax on tensors (`functools.reduce(operator.mul, ts)`,
+# `compare(draw, p)` with `compare = operator.lt`): recorded as the syntax is
+SYNTAX_FUNCTIONS = set(BINOPS.values()) | {CMPOPS[k] for k in ("Eq", "NotEq", "Lt", "LtE", "Gt", "GtE")} | {
+    operator.neg, operator.pos, operator.invert}
+
 BUILTINS = builtins

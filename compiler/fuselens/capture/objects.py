@@ -487,6 +487,10 @@ class Objects:
                 for x in self.iterate(args[0], e, scope):
                     acc = self.binop("Add", acc, x, e, scope)
                 return acc
+            if fn in C.SYNTAX_FUNCTIONS and not kwargs:
+                return self.op(fn, list(args), {}, e, scope)
+            if fn is operator.getitem and len(args) == 2 and not kwargs:
+                return self.getitem(args[0], args[1], e, scope)
             self.brk(B.TENSOR_TO_PY, e, scope, detail=f"{getattr(fn, '__name__', fn)}() of a tensor")
         if fn in (map, filter) and args and isinstance(args[0], LocalFunction):
             # a function of the evaluated code (`filter(lambda x: ..., xs)`): called item by item
@@ -793,7 +797,22 @@ def _b_next(ev, args, kwargs, e, scope):
     return next(*args)
 
 
+def _b_reduce(ev, args, kwargs, e, scope):
+    """`functools.reduce(fn, items[, initial])`: fn called item by item, as the C loop calls it."""
+    if kwargs or not 2 <= len(args) <= 3:
+        ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="functools.reduce() with keyword arguments")
+    fn, items = args[0], ev.iterate(args[1], e, scope)
+    if isinstance(items, AbstractSeq):
+        return UNKNOWN
+    if len(args) == 2 and not items:
+        raise TypeError("reduce() of empty iterable with no initial value")
+    acc, rest = (args[2], items) if len(args) == 3 else (items[0], items[1:])
+    for x in rest:
+        acc = ev.call(fn, [acc, x], {}, e, scope)
+    return acc
+
+
 _BUILTIN_HANDLERS = {len: _b_len, range: _b_range, getattr: _b_getattr, hasattr: _b_hasattr,
                      min: _b_minmax(min), max: _b_minmax(max), type: _b_type, super: _b_super,
                      iter: _b_iter, next: _b_next, callable: _b_callable,
-                     setattr: _b_setattr, delattr: _b_delattr}
+                     setattr: _b_setattr, delattr: _b_delattr, functools.reduce: _b_reduce}
