@@ -2,7 +2,9 @@
 side of it, and resume correctness (values after the break equal eager's)."""
 from __future__ import annotations
 
+import functools
 import logging
+import operator
 import warnings
 import zlib
 
@@ -841,3 +843,45 @@ def test_global_and_nonlocal_declarations_run_the_function_eagerly(kind):
         torch.testing.assert_close(a, b + (X * 2 if kind == "global" else 0))
     if kind == "global":
         assert COUNTER == before + 4  # every call incremented it, compiled ones too
+
+
+def _layer_drop(compare, p, flipped):
+    """HF's LayerDrop: skip a layer where a uniform draw is below `p` (compare(draw, p))."""
+    def f(x):
+        for _ in range(2):
+            draw = torch.rand([])
+            if (compare(p, draw) if flipped else compare(draw, p)):
+                continue
+            x = x.sin() * 2
+        return x
+    return f
+
+
+@pytest.mark.parametrize("flipped", [False, True], ids=["draw_first", "number_first"])
+@pytest.mark.parametrize("compare", [operator.lt, operator.le, operator.gt, operator.ge, operator.eq, operator.ne],
+                         ids=lambda c: c.__name__)
+@pytest.mark.parametrize("p", [0.0, -0.5, 1.0, 3, 0.5])
+def test_a_condition_the_draws_bounds_decide_is_no_break(compare, p, flipped):
+    """`torch.rand` draws from [0, 1): against a number outside (0, 1) most comparisons are known
+    without the data (capture/bounds.py); those that are not break, as any tensor condition."""
+    # decided where the interval's two ends give the same answer: [0, 1) (1.0 itself is never drawn)
+    ends = {compare(p, end) if flipped else compare(end, p) for end in (0.0, 1.0 - 2 ** -24)}
+    decided = len(ends) == 1 and not 0 < p < 1
+    f = _layer_drop(compare, p, flipped)
+    if decided:
+        check(f, torch.randn(4), graphs=1, breaks=[])
+    else:  # (which branches run, and so the graphs, depends on the draws)
+        check(f, torch.randn(4))
+        assert fuselens.explain(f, torch.randn(4)).graph_breaks
+
+
+def _operator_functions(x, y):
+    total = functools.reduce(operator.add, [x, y, x * y])
+    parts = [operator.mul(total, 2), operator.neg(y), operator.truediv(1.0, x.abs() + 1), operator.getitem(x, 0),
+             operator.pow(y, 2), operator.lt(x, y).float(), operator.getitem(x, (slice(None), 1))]
+    return functools.reduce(operator.add, [p.sum() for p in parts])
+
+
+def test_operator_functions_on_tensors_are_the_syntax():
+    """`operator.add(t, u)`, `reduce(operator.mul, ts)`: recorded as `t + u` is, not a break."""
+    check(_operator_functions, torch.randn(3, 4), torch.randn(3, 4), graphs=1, breaks=[])

@@ -292,15 +292,21 @@ def layerdrop(x, layers, p):
 W = [torch.randn(8, 8) * 0.3 for _ in range(3)]
 
 
-@pytest.mark.parametrize("p", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("p", [1e-9, 0.5, 1 - 1e-9])
 def test_data_dependent_continue_resumes_inside_the_loop(p):
     """Each iteration's `if` is a break (as under torch.compile); the rest of the iteration and
     the next ones continue in resumes: one graph per layer run."""
     _, ex = check(layerdrop, X, W, p, breaks=["FL120"] * 3)
-    if p == 0.0:  # every layer runs: 3 graphs of (rand, layer) and a last one of (layer)
+    if p == 1e-9:  # every layer runs: 3 graphs of (rand, layer) and a last one of (layer)
         assert len(ex.graphs) == 4
-    if p == 1.0:  # no layer runs: the three draws
+    if p == 1 - 1e-9:  # no layer runs (p is 1.0 in float32): the three draws
         assert len(ex.graphs) == 3
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0])
+def test_layerdrop_the_draws_bounds_decide_is_one_graph(p):
+    """`torch.rand([]) < 0.0` is False and `< 1.0` True for every draw (capture/bounds.py): no break."""
+    check(layerdrop, X, W, p, graphs=1, breaks=[])
 
 
 def test_loop_break_else_and_side_effects_after_a_resume():

@@ -336,6 +336,8 @@ class Expressions:
 
     # ===================================================================== truth, iteration
     def truth(self, v, node, scope, *, kind, whole_stmt=False):
+        if isinstance(v, TensorVar) and v.known is not None and (v.meta is None or v.meta.numel() == 1):
+            return v.known  # its bounds decide it (capture/bounds.py): no data reaches Python
         if isinstance(v, TensorVar):
             self.brk(kind, node, scope, detail=f"`{short(node)}` is a tensor", whole_stmt=whole_stmt
                      or kind is B.DATA_WHILE, cond=v)

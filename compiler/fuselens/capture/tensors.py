@@ -12,6 +12,7 @@ import torch
 from . import breaks as B
 from ..ops import effects as E
 from . import autocast as AC
+from . import bounds
 from . import calls as C
 from .graph import MetaEvalError
 from .values import UNKNOWN, SymInt, SymShape, TensorVar, leaves
@@ -162,6 +163,9 @@ class Tensors:
                 return self.inline(fn, args, kwargs, e, scope)
             self.brk(B.DYNAMIC_SHAPE if err.dynamic_shape else B.UNSUPPORTED_OP, e, scope,
                      detail=name_of(fn) if err.dynamic_shape else str(err)[:300])
+        if isinstance(r, TensorVar):
+            r.bounds = bounds.of_result(fn, r.meta.dtype if r.meta is not None else None)
+            r.known = bounds.decided(fn, args)
         if self.abstract:
             if E.returns_sequence(fn, len(args), kwargs):
                 return AbstractSeq()

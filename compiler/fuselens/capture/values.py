@@ -15,7 +15,7 @@ class TensorVar:
     """A tensor inside the graph being built. `meta` is a tensor on device 'meta' with the
     shape, stride and dtype (None in the abstract domain: shape unknown). `version` counts the
     in-place updates of the storage it belongs to; `base` is the TensorVar it is a view of."""
-    __slots__ = ("node", "meta", "device", "source", "abstract_bool", "view_of")
+    __slots__ = ("node", "meta", "device", "source", "abstract_bool", "view_of", "bounds", "known")
 
     def __init__(self, node, meta, device, source=None):
         self.node = node
@@ -26,6 +26,8 @@ class TensorVar:
         # a view of another TensorVar, as (parent, fn, args, kwargs, item): `fn(parent, *args,
         # **kwargs)` (then `[item]` when fn returns a tuple of views, item not None)
         self.view_of = None
+        self.bounds = None  # capture/bounds.py Bounds: every element lies within them
+        self.known = None  # a comparison the bounds decide: every element's value (True or False)
 
     @property
     def is_bool(self) -> bool:
