@@ -115,6 +115,20 @@ def test_pointwise_prologue_and_epilogue_fuse_with_reduction():
     assert len(cg.kernels) == 1
 
 
+def rms_norm_then_projections(x, w, wq, wk, wv):
+    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    return torch.nn.functional.linear(h, wq), torch.nn.functional.linear(h, wk), torch.nn.functional.linear(h, wv)
+
+
+def test_a_value_reshaped_for_several_externs_is_stored_once_in_its_producers_kernel():
+    # each projection flattens the norm's (batch, seq, hidden) output to (tokens, hidden): stored
+    # once, by the norm's own kernel, and viewed (it was a second kernel writing three copies)
+    cg = check(rms_norm_then_projections, randn(2, 5, 16), randn(16), randn(8, 16), randn(8, 16), randn(8, 16),
+               grad=False)
+    assert len(cg.kernels) == 1
+    assert cg.wrapper_source.count("empty(") == 1
+
+
 def test_unrelated_reductions_stay_separate_kernels():
     def f(x):
         return x.sum(0), x.sum(1)

@@ -170,6 +170,10 @@ class Lazy(TensorValue):
     # (base Lazy, dims) when this is a permutation of another lazy value: stored, it is the base
     # stored in its own layout and viewed permuted (a transposed store would not coalesce)
     permute_of: tuple | None = None
+    # the Lazy this is a reshape of: stored, it is the base stored (once, for every reshape of it)
+    # and viewed, so the store runs over the base's loops, which the base's producers share (a
+    # norm's output reshaped for each of three projections: one store, in the norm's kernel)
+    reshape_of: "Lazy | None" = None
     reads: frozenset = frozenset()  # (buffer name, elements) a load of it reads (each consumer reads them all)
 
     def load(self, idx):

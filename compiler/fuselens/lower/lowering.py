@@ -29,6 +29,13 @@ INDEX_OPS_LIMIT = 200
 REALIZE_READS = 2
 
 
+def _broadcast(x: Lazy) -> bool:
+    """`x` has more elements than any buffer it reads (GQA's keys repeated per head): stored as it is
+    reshaped, it joins the kernel of its reshaped neighbours rather than a kernel of its own."""
+    numel = math.prod(x.shape)
+    return not isinstance(numel, int) or max((n for _, n in x.reads), default=0) < numel
+
+
 def reads_of(values) -> frozenset:
     """The buffers loads of these values read, as (name, elements) (lazy values' reads, views'
     buffers)."""
@@ -155,6 +162,11 @@ class Lowering:
                 view = View(b.buf, v.shape, tuple(b.stride[d] for d in dims), b.offset)
                 if order is None or dense_order(view.shape, view.stride) == order:
                     v.realized = view
+        if v.realized is None and v.reshape_of is not None and order is None:
+            b = self.realize(v.reshape_of)
+            stride = view_strides(b.shape, b.stride, v.shape)
+            if stride is not None:
+                v.realized = View(b.buf, v.shape, stride, b.offset)
         stored_in = v.realized and dense_order(v.realized.shape, v.realized.stride)
         if order is not None and (stored_in != order if v.realized else order != sorted(order)):
             # stored as the value permuted to `order` (row-major), viewed back; read from where it
@@ -317,7 +329,8 @@ class Lowering:
                 if stride is not None:
                     return View(x.buf, out_shape, stride, x.offset)
             return Lazy(out_shape, x.dtype, lambda idx: x.load(reshape_index(idx, out_shape, x.shape, ops())),
-                        getattr(x, "cost", 1), getattr(x, "loc", None), reads=reads_of([x]))
+                        getattr(x, "cost", 1), getattr(x, "loc", None), reads=reads_of([x]),
+                        reshape_of=x if isinstance(x, Lazy) and not _broadcast(x) else None)
         raise NotImplementedError(p)
 
     def index_ops(self, x, out_shape):
