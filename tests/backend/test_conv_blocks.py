@@ -58,6 +58,28 @@ def test_inference_block_is_one_pass_after_each_convolution(affine, dtype):
     assert "batch_norm" not in wrapper  # no extern BatchNorm
 
 
+@pytest.mark.parametrize("train", [False, True])
+def test_a_channels_last_model_keeps_its_layout(train):
+    """A model and input in channels-last (`model.to(memory_format=torch.channels_last)`): the
+    convolutions return channels-last, as eager's do (predicted contiguous, every result was
+    copied into that layout), and so does the block's output."""
+    cl = torch.channels_last
+    x = torch.randn(2, 8, 6, 6, device=DEVICE).contiguous(memory_format=cl)
+    want_m, got_m = model().train(train).to(memory_format=cl), model().train(train).to(memory_format=cl)
+    with torch.set_grad_enabled(train):
+        want = want_m(x)
+        got, _, wrapper = first_call(got_m, x)
+    assert got.stride() == want.stride() and want.is_contiguous(memory_format=cl)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    # each convolution's result expected in the layout cuDNN/oneDNN return (no copy into another)
+    assert set(re.findall(r"ensure_layout\(\w+, \(2, 8, 6, 6\), (\(.*?\))\)", wrapper)) == {str(want.stride())}
+    if train:
+        want.sum().backward()
+        got.sum().backward()
+        for (n, a), (_, b) in zip(got_m.named_parameters(), want_m.named_parameters()):
+            torch.testing.assert_close(a.grad, b.grad, msg=n, rtol=1e-5, atol=1e-4)
+
+
 def test_inference_under_autocast_equals_eager():
     m = model()
     x = torch.randn(2, 8, 6, 6, device=DEVICE)
