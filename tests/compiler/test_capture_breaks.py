@@ -875,6 +875,23 @@ def test_a_condition_the_draws_bounds_decide_is_no_break(compare, p, flipped):
         assert fuselens.explain(f, torch.randn(4)).graph_breaks
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_a_number_is_compared_with_a_draw_in_the_draws_dtype(dtype):
+    """-1e-50 is -0.0 in these dtypes, and 0.0 can be drawn: `draw > -1e-50` is not known (eager
+    compares in the tensor's dtype), while `draw > -1.0` is."""
+    def undecided(x):
+        if torch.rand([], dtype=dtype) > -1e-50:
+            return x + 1
+        return x - 1
+
+    def decided(x):
+        if torch.rand([], dtype=dtype) > -1.0:
+            return x + 1
+        return x - 1
+    assert fuselens.explain(undecided, torch.randn(2)).graph_breaks
+    check(decided, torch.randn(2), graphs=1, breaks=[])
+
+
 def _operator_functions(x, y):
     total = functools.reduce(operator.add, [x, y, x * y])
     parts = [operator.mul(total, 2), operator.neg(y), operator.truediv(1.0, x.abs() + 1), operator.getitem(x, 0),

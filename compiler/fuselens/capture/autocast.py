@@ -11,14 +11,16 @@ that autocast runs in float16 would not be): a third run, on the cast arguments 
 off, must run the same ATen ops with results of the same dtypes, or the call runs in Python.
 
 A probe costs milliseconds (three runs on fake tensors), and a model asks dozens: the answers are
-kept on disk beside the program cache (`$FUSELENS_CACHE_DIR/autocast-probes`, keyed by torch's
-version, the function's name and the arguments' spec), so a later process asks none again.
+kept on disk beside the program cache (`$FUSELENS_CACHE_DIR/autocast-probes-<compiler hash>`: a
+file per fuselens and torch build, keyed by the function's name and the arguments' spec), so a
+later process asks none again.
 """
 from __future__ import annotations
 
 import logging
 import os
 import pickle
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -71,12 +73,13 @@ def _stable_key(fn, device_type, dtype, spec) -> str | None:
     """The key of a probe that another process computes too: None where `fn` has no name that
     finds it again (a lambda, a bound method)."""
     name = qualified_name(fn)
-    return None if name is None else repr((torch.__version__, name, device_type, dtype, spec))
+    return None if name is None else repr((name, device_type, dtype, spec))
 
 
 def _path() -> str:
     from ..codegen.launcher import cache_dir  # (the directory the compiled programs are kept in)
-    return os.path.join(cache_dir(), "autocast-probes")
+    from ..runtime.program_cache import compiler_version  # another build's probe may answer otherwise
+    return os.path.join(cache_dir(), f"autocast-probes-{compiler_version()}")
 
 
 def _on_disk() -> dict:
@@ -101,18 +104,23 @@ def save_probes() -> None:
     from ..runtime.program_cache import enabled
     if not _new or not enabled():
         return
-    _disk = None
-    merged = {**_on_disk(), **{k: "refused" if v is REFUSED else v for k, v in _new.items()}}
-    try:
-        path = _path()
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump(merged, f, protocol=4)
-        os.replace(tmp, path)
-    except OSError as e:
-        logging.getLogger("fuselens.capture").debug("autocast probes not stored (%s)", e)
-    _disk = merged
-    _new.clear()
+    with _lock:  # (captures in several threads)
+        new = {k: "refused" if v is REFUSED else v for k, v in list(_new.items())}
+        _new.clear()
+        _disk = None
+        merged = {**_on_disk(), **new}
+        try:
+            path = _path()
+            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+            with open(tmp, "wb") as f:
+                pickle.dump(merged, f, protocol=4)
+            os.replace(tmp, path)
+        except OSError as e:
+            logging.getLogger("fuselens.capture").debug("autocast probes not stored (%s)", e)
+        _disk = merged
+
+
+_lock = threading.Lock()
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ class Bounds:
     lo: float
     hi: float
     hi_closed: bool  # whether hi itself may occur (lo always may)
+    dtype: torch.dtype  # the tensor's: a Python number is compared in it (rounded: -1e-8 is -0.0 in float16)
 
 
 # draws from the unit interval; in float32/float64 1.0 itself never occurs, while a float16 or
@@ -27,8 +28,8 @@ _UNIT_DRAWS = {torch.rand, torch.rand_like}
 
 
 def of_result(fn, dtype) -> Bounds | None:
-    if fn in _UNIT_DRAWS:
-        return Bounds(0.0, 1.0, dtype not in (torch.float32, torch.float64))
+    if fn in _UNIT_DRAWS and dtype is not None and dtype.is_floating_point:
+        return Bounds(0.0, 1.0, dtype not in (torch.float32, torch.float64), dtype)
     return None
 
 
@@ -47,6 +48,7 @@ def decided(fn, args) -> bool | None:
     bounds = getattr(a, "bounds", None)
     if bounds is None or isinstance(b, bool) or not isinstance(b, (int, float)) or math.isnan(b):
         return None
+    b = torch.tensor(b, dtype=bounds.dtype).item()  # as eager compares: in the tensor's dtype
     lo, hi, hi_closed = bounds.lo, bounds.hi, bounds.hi_closed
     below = b < lo  # every element > b
     above = b > hi or b == hi and not hi_closed  # every element < b

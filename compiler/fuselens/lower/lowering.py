@@ -162,8 +162,12 @@ class Lowering:
                 view = View(b.buf, v.shape, tuple(b.stride[d] for d in dims), b.offset)
                 if order is None or dense_order(view.shape, view.stride) == order:
                     v.realized = view
-        if v.realized is None and v.reshape_of is not None and order is None:
-            b = self.realize(v.reshape_of)
+        base = v.reshape_of
+        # (a permutation's stored form is a permuted view, which a reshape cannot view: the base would
+        # be stored for nothing)
+        if v.realized is None and base is not None and order is None and \
+                (base.realized is not None or base.permute_of is None):
+            b = self.realize(base)
             stride = view_strides(b.shape, b.stride, v.shape)
             if stride is not None:
                 v.realized = View(b.buf, v.shape, stride, b.offset)

@@ -72,6 +72,11 @@ def _compiler() -> bytes:
     return h.digest()
 
 
+def compiler_version() -> str:
+    """The compiler's hash (its sources and what it runs on), for other caches kept beside this one."""
+    return _compiler().hex()[:24]
+
+
 @functools.cache
 def _capability(device: torch.device):
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
