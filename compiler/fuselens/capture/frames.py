@@ -144,17 +144,21 @@ class AbstractKwargs(dict):
 
 
 def is_generator(node) -> bool:
-    """A `def` whose body yields (not counting functions and lambdas defined in it)."""
+    """A `def` whose body yields (not counting functions and lambdas defined in it); kept on the
+    node (a function's AST is parsed once and walked at each call inlined)."""
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return False
-    todo = list(node.body)
-    while todo:
+    known = getattr(node, "_fl_is_generator", None)
+    if known is not None:
+        return known
+    todo, found = list(node.body), False
+    while todo and not found:
         n = todo.pop()
-        if isinstance(n, (ast.Yield, ast.YieldFrom)):
-            return True
+        found = isinstance(n, (ast.Yield, ast.YieldFrom))
         if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
             todo.extend(ast.iter_child_nodes(n))
-    return False
+    node._fl_is_generator = found
+    return found
 
 
 def has_loop_jump(body) -> bool:

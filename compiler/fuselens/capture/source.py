@@ -44,6 +44,7 @@ def _shift(tree: ast.AST, line_offset: int, col_offset: int) -> None:
 
 
 _AST_CACHE: dict[tuple, ast.AST] = {}
+_LINES_CACHE: dict = {}  # code object -> inspect.getsourcelines of it
 
 
 def _find_def(tree: ast.AST, code: types.CodeType):
@@ -82,10 +83,13 @@ def function_source(fn) -> FunctionSource:
     if isinstance(gen, FunctionSource):
         return gen
     filename = code.co_filename
-    try:
-        lines, start = inspect.getsourcelines(code)  # the function itself, not what it wraps
-    except (OSError, TypeError) as e:
-        raise NoSourceError(f"no source for {getattr(fn, '__qualname__', fn)!r}: {e}") from None
+    found = _LINES_CACHE.get(code)
+    if found is None:  # (inspect tokenizes the file from the function's first line: each inlined call did)
+        try:
+            found = _LINES_CACHE[code] = inspect.getsourcelines(code)  # the function itself, not what it wraps
+        except (OSError, TypeError) as e:
+            raise NoSourceError(f"no source for {getattr(fn, '__qualname__', fn)!r}: {e}") from None
+    lines, start = found
     text = "".join(lines)
     dedented = textwrap.dedent(text)
     indent = 0
