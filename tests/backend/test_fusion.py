@@ -141,6 +141,23 @@ def test_a_reshape_of_a_permuted_value_is_stored_once():
     assert len(cg.kernels) == 1
 
 
+def grouped_query_attention(q, k, v, cos):
+    # rotary embeddings (queries and keys read `cos`: one kernel), then transformers' repeat_kv:
+    # each key/value head expanded for the query heads sharing it, reshaped
+    b, kv, s, d = k.shape
+    q, k = q * cos, k * cos
+    k = k[:, :, None].expand(b, kv, 2, s, d).reshape(b, kv * 2, s, d)
+    v = v[:, :, None].expand(b, kv, 2, s, d).reshape(b, kv * 2, s, d)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def test_a_reshaped_broadcast_is_stored_in_its_reshaped_shape():
+    # stored through its (5-d, expanded) base, the repeated keys would be a kernel of their own
+    cg = check(grouped_query_attention, randn(2, 4, 5, 8), randn(2, 2, 5, 8), randn(2, 2, 5, 8), randn(5, 8),
+               grad=False)
+    assert len(cg.kernels) == 1
+
+
 def test_unrelated_reductions_stay_separate_kernels():
     def f(x):
         return x.sum(0), x.sum(1)
