@@ -1119,17 +1119,17 @@ def _pair(v):
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-def _conv_layout(x, weight, val):
-    """`val` (the meta kernel's result, always contiguous) in eager's layout: cuDNN and oneDNN
-    return channels-last where the input or the weight is channels-last (ATen's
-    `cudnn_conv_suggest_memory_format`), except in float64. Predicted wrong, the result would be
-    copied into the predicted layout on every call."""
+def _in_eager_layout(out, x, weight):
+    """A convolution's result `out` predicted in eager's layout: the meta kernel says contiguous,
+    while cuDNN and oneDNN return channels-last where the input or the weight is channels-last
+    (ATen's `cudnn_conv_suggest_memory_format`), except in float64. Predicted wrong, the result
+    would be copied into the predicted layout on every call."""
     from torch._prims_common import suggest_memory_format
     cl = torch.channels_last
-    if val.ndim == 4 and x.dtype != torch.float64 and cl in (suggest_memory_format(x.val),
+    if out.ndim == 4 and x.dtype != torch.float64 and cl in (suggest_memory_format(x.val),
                                                               suggest_memory_format(weight.val)):
-        return val.contiguous(memory_format=cl)
-    return val
+        out.val = out.node.meta["val"] = out.val.contiguous(memory_format=cl)
+    return out
 
 
 @register(F.conv2d, torch.conv2d)
@@ -1138,8 +1138,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         raise Unsupported("string padding")
     x, weight = _same_dtype(x, weight)
     with_bias = bias is not None and _is_half(x.dtype)  # eager adds the bias before it rounds, once
-    args = (x, weight, bias if with_bias else None, _pair(stride), _pair(padding), _pair(dilation), groups)
-    out = emit(prim.conv2d, *args, _val=_conv_layout(x, weight, prim.conv2d.impl(*[a.val if isinstance(a, TVal) else a for a in args])))
+    out = _in_eager_layout(emit(prim.conv2d, x, weight, bias if with_bias else None, _pair(stride), _pair(padding),
+                                _pair(dilation), groups), x, weight)
     if with_bias:
         return out
     # an unbatched input (C, H, W) gives an unbatched result: the bias broadcasts over (C, 1, 1)

@@ -310,7 +310,7 @@ class CompiledGraph:
             if self.guarded and len(self._specializations) == 1:
                 run = spec.run
                 # a program that draws no seed: its generated wrapper itself
-                self._fast = run.call if isinstance(run, Program) and not run.has_seed and not run.boxed else run
+                self._fast = run.call if isinstance(run, Program) and not run.has_seed else run
             return spec.run(*inputs)
         if spec.check is not None:
             spec.check(*inputs)
