@@ -3,7 +3,6 @@ which are pure Python functions it may fold on constants."""
 from __future__ import annotations
 
 import builtins
-import functools
 import logging
 import math
 import operator
@@ -114,58 +113,30 @@ STATE_QUERIES = {torch.get_default_dtype, torch.is_grad_enabled, torch.is_autoca
                  torch._C._len_torch_dispatch_stack, torch.is_inference_mode_enabled}
 
 
-def is_usage_log(fn) -> bool:
-    """torch's API-usage telemetry (`torch._C._log_api_usage_once`, which torchvision calls in its
-    ops): nothing a program can observe; torch.compile drops it too."""
-    return fn is torch._C._log_api_usage_once
-
-
-def is_torch_function_query(fn) -> bool:
-    """`has_torch_function(args)`: does an argument override torch functions? Capture's tensors
-    are plain tensors (guarded by type), so the answer is False, as under torch.compile."""
-    return fn in _TORCH_FUNCTION_QUERIES
-
-
-_TORCH_FUNCTION_QUERIES = {torch._C._has_torch_function, torch._C._has_torch_function_unary,
-                           torch._C._has_torch_function_variadic}
-
-
 def marked_constant(fn) -> bool:
     """`fn`'s result is a constant of the process: `torch._dynamo.assume_constant_result` marked
     it (transformers marks its install probes so), and torch.compile calls it at trace time."""
     return getattr(fn, "_dynamo_marked_constant", False) is True
 
 
-def cache_wrapper(fn):
-    """The function a `functools.lru_cache`/`cache` wrapper calls (None if `fn` is no such
-    wrapper): a cache changes when a function runs, not what it returns."""
-    return fn.__wrapped__ if isinstance(fn, functools._lru_cache_wrapper) else None
-
-
-def compile_time_answer(fn):
-    """What a query about the compiler or the tracer answers under torch.compile (libraries take
-    their compile-friendly paths by it), or None if `fn` is no such query."""
-    if fn in _IS_COMPILING:
-        return True
-    if fn in _NOT_TRACING:
-        return False
-    return None
-
+# `has_torch_function(args)`: does an argument override torch functions? (builtins.py)
+TORCH_FUNCTION_QUERIES = {torch._C._has_torch_function, torch._C._has_torch_function_unary,
+                          torch._C._has_torch_function_variadic}
 
 # TorchScript's, the JIT tracer's and torch.export's "am I being scripted/traced/exported?":
-# False under torch.compile
-_NOT_TRACING = {torch.jit.is_scripting, torch.jit.is_tracing, torch._C._get_tracing_state}
+# False under torch.compile, as compile-time answers (builtins.py)
+NOT_TRACING = {torch.jit.is_scripting, torch.jit.is_tracing, torch._C._get_tracing_state}
 if hasattr(torch.compiler, "is_exporting"):
-    _NOT_TRACING.add(torch.compiler.is_exporting)
+    NOT_TRACING.add(torch.compiler.is_exporting)
 
 
-_IS_COMPILING = {torch.compiler.is_compiling}
+IS_COMPILING = {torch.compiler.is_compiling}
 try:  # older spellings users still write
-    _IS_COMPILING.add(torch._dynamo.is_compiling)
+    IS_COMPILING.add(torch._dynamo.is_compiling)
 except AttributeError:
     pass
 try:
-    _IS_COMPILING.add(torch.compiler.is_dynamo_compiling)
+    IS_COMPILING.add(torch.compiler.is_dynamo_compiling)
 except AttributeError:
     pass
 

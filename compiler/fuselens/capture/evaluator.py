@@ -24,6 +24,7 @@ from .statements import Statements
 from .expressions import Expressions
 from .tensors import Tensors
 from .objects import Objects, dataclass_generated_init
+from .kinds import kind_of
 
 MAX_INLINE_DEPTH = 40  # real models nest deep: decorators, layers, attention interfaces
 _TORCH_DIR = __import__("os").path.dirname(torch.__file__)
@@ -201,6 +202,24 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
                 else:
                     raise TypeError(f"{fs.name}() missing required argument '{name}'")
         return out
+
+    # ===================================================================== values
+    # What a value does when called, read, indexed, tested or iterated is its kind's (kinds.py).
+    def call(self, fn, args, kwargs, e, scope):
+        return kind_of(fn).call(self, fn, args, kwargs, e, scope)
+
+    def getattr(self, obj, attr, e, scope):
+        return kind_of(obj).getattr(self, obj, attr, e, scope)
+
+    def getitem(self, obj, idx, e, scope):
+        return kind_of(obj).getitem(self, obj, idx, e, scope)
+
+    def truth(self, v, node, scope, *, kind, whole_stmt=False):
+        return kind_of(v).truth(self, v, node, scope, kind, whole_stmt)
+
+    def iterate(self, v, node, scope, whole_stmt=False) -> list:
+        self.effects.observe(v)
+        return kind_of(v).iterate(self, v, node, scope, whole_stmt)
 
     # ===================================================================== breaks
     def loc(self, node, scope) -> tuple:

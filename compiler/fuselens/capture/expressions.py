@@ -8,12 +8,11 @@ import builtins
 import operator
 
 import torch
-import torch.nn as nn
 
 from . import breaks as B
 from . import calls as C
 from .side_effects import MUTABLE
-from .values import (UNKNOWN, ForeignData, GeneratorCall, LocalFunction, SymInt, SymShape, TensorVar,
+from .values import (UNKNOWN, ForeignData, LocalFunction, SymInt, SymShape, TensorVar,
                      Unknown, contains_tensor)
 from .frames import AbstractKwargs, AbstractSeq, Opaque, Scope, Suspend
 from .objects import user_mapping
@@ -335,65 +334,10 @@ class Expressions:
         return self.call(fn, args, kwargs, e, scope)
 
     # ===================================================================== truth, iteration
-    def truth(self, v, node, scope, *, kind, whole_stmt=False):
-        if isinstance(v, TensorVar) and v.known is not None and (v.meta is None or v.meta.numel() == 1):
-            return v.known  # its bounds decide it (capture/bounds.py): no data reaches Python
-        if isinstance(v, TensorVar):
-            self.brk(kind, node, scope, detail=f"`{short(node)}` is a tensor", whole_stmt=whole_stmt
-                     or kind is B.DATA_WHILE, cond=v)
-        if isinstance(v, Unknown) or isinstance(v, AbstractSeq):
-            return UNKNOWN
-        if isinstance(v, SymInt):
-            return bool(self.specialize(v, node, scope))
-        self.effects.observe_len(v)  # a container's truth is its length's
-        return bool(v)
-
     def observed(self, v):
         """`v`, whose contents the capture reads (guarded if it is a model: side_effects.py)."""
         self.effects.observe(v)
         return v
-
-    def iterate(self, v, node, scope, whole_stmt=False) -> list:
-        self.effects.observe(v)
-        if isinstance(v, (list, tuple)):
-            return list(v)
-        if isinstance(v, AbstractSeq):
-            return v
-        if isinstance(v, GeneratorCall):
-            return self.run_generator(v)
-        if isinstance(v, TensorVar):
-            if v.meta is None:
-                return AbstractSeq()
-            if v.meta.dim() == 0:
-                raise TypeError("iteration over a 0-d tensor")
-            n = self.sizes(v)[0]  # guarded: the loop is unrolled for this many rows
-            n = self.specialize(n, node, scope) if isinstance(n, SymInt) else n
-            return [self.op(operator.getitem, [v, i], {}, node, scope) for i in range(n)]
-        if isinstance(v, dict):
-            return list(v)
-        if isinstance(v, (range, str, set, frozenset, zip, enumerate, map, filter, type({}.items()),
-                          type({}.keys()), type({}.values()), reversed, type(iter([])))):
-            return list(v)
-        if isinstance(v, (nn.ModuleList, nn.Sequential)):
-            src = self.value_sources.get(v)
-            items = list(v)
-            if src is not None and not self.abstract:
-                self.sources.guard(f"len({src}) == {len(items)}", f"len({src})")
-                for i, m in enumerate(items):
-                    if self.value_sources.get(m) is None:  # (a slice's modules have theirs)
-                        self.value_sources.set(m, f"{src}[{i}]")
-            return items
-        if isinstance(v, nn.ModuleDict):
-            return list(v.keys())
-        if isinstance(v, Unknown):
-            return AbstractSeq(UNKNOWN)
-        if hasattr(type(v), "__fl_abstract_iter__"):  # the editor's stand-ins (analyze.py)
-            return AbstractSeq(v.__fl_abstract_iter__())
-        items = self.iterate_object(v, node, scope)
-        if items is not None:
-            return items
-        self.brk(B.UNROLLABLE_LOOP, node, scope, detail=f"iteration over {type(v).__name__}",
-                 whole_stmt=True)
 
     # ===================================================================== symbolic ints
     def specialize(self, s: SymInt, node, scope):
@@ -430,8 +374,3 @@ class Expressions:
 
 _SYM_TEXT = {operator.add: " + ", operator.sub: " - ", operator.mul: " * ",
              operator.floordiv: " // ", operator.mod: " % ", operator.neg: "-", operator.pos: "+"}
-
-
-def short(node, limit=60) -> str:
-    text = ast.unparse(node)
-    return text if len(text) <= limit else text[:limit - 3] + "..."

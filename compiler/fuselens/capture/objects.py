@@ -13,7 +13,6 @@ import math
 import operator
 import sys
 import types
-from functools import partial as functools_partial
 
 import torch
 import torch.nn as nn
@@ -22,69 +21,15 @@ from . import breaks as B
 from . import calls as C
 from . import side_effects as S
 from .side_effects import MUTABLE
-from .source import FunctionSource, NoSourceError, function_source
+from .source import NoSourceError, function_source
 from .values import (UNKNOWN, BoundUserMethod, ForeignData, LocalFunction, SymInt, TensorVar, Unknown,
                      contains_tensor, leaves)
 from .frames import AbstractSeq
 from .statements import MAX_UNROLL
-from .tensors import TensorMethod
 
 
 class Objects:
     """Mixin of `Evaluator` (evaluator.py)."""
-
-    def getattr(self, obj, attr, e, scope):
-        if isinstance(obj, Unknown):
-            return UNKNOWN
-        if isinstance(obj, TensorVar):
-            return self.tensor_attr(obj, attr, e, scope)
-        if isinstance(obj, AbstractSeq):
-            return UNKNOWN
-        if hasattr(type(obj), "__fl_abstract_getattr__"):  # the editor's stand-ins (analyze.py)
-            return obj.__fl_abstract_getattr__(self, attr, e, scope)
-        assigned, v = self.effects.getattr(obj, attr)
-        if assigned:
-            return v
-        if isinstance(obj, nn.Module):
-            return self.module_attr(obj, attr, e, scope)
-        if not isinstance(obj, type):
-            # a property is code like any other: evaluated (natively it would read the real
-            # objects, not the capture's models of them, and guard nothing)
-            desc = inspect.getattr_static(type(obj), attr, None)
-            if isinstance(desc, property) and isinstance(desc.fget, types.FunctionType) \
-                    and not _no_source(desc.fget):
-                return self.inline(desc.fget, [], {}, e, scope, self_value=obj)
-        if self.effects.is_fresh(obj):
-            return getattr(obj, attr)  # the capture's own object: what it holds, as is
-        try:
-            v = getattr(obj, attr)
-        except AttributeError:
-            raise
-        if isinstance(obj, types.ModuleType):
-            if self.abstract:
-                return v
-            if isinstance(v, torch.Tensor) or type(v) in MUTABLE:
-                src = self.sources.attr_source(obj, attr)
-                return self.wrap_external(v, src)
-            return v
-        src = self.value_sources.get(obj)
-        if src is not None and not self.abstract and not isinstance(v, torch.Tensor) \
-                and not isinstance(obj, (type, types.FunctionType)):
-            self.sources.guard_value(f"{src}.{attr}", v)
-        if type(v) in MUTABLE and not self.abstract:
-            if src is None:  # found through an object of no source: that very object
-                src = self.sources.constant(obj, type(obj).__name__)
-            return self.wrap_external(v, f"{src}.{attr}")
-        if isinstance(v, torch.Tensor):
-            if src is None:
-                if self.abstract:
-                    return TensorVar(None, None, None)
-                src = self.sources.constant(v, f"{type(obj).__name__}_{attr}")
-                return self.input(v, src)
-            return self.input(v, f"{src}.{attr}")
-        if src is not None and not isinstance(v, (int, float, str, bool, type(None))):
-            self.value_sources.set(v, f"{src}.{attr}")
-        return v
 
     def module_attr(self, mod, attr, e, scope):
         if self.abstract or self.effects.is_fresh(mod):
@@ -110,35 +55,6 @@ class Objects:
             self.sources.guard_value(f"{src}.{attr}", v)
             self.value_sources.set(v, f"{src}.{attr}")
         return v
-
-    def getitem(self, obj, idx, e, scope):
-        if isinstance(obj, TensorVar):
-            if isinstance(idx, TensorVar) and idx.is_bool:
-                self.brk(B.DYNAMIC_SHAPE, e, scope, detail="boolean-mask indexing")
-            if isinstance(idx, tuple) and any(isinstance(i, TensorVar) and i.is_bool for i in idx):
-                self.brk(B.DYNAMIC_SHAPE, e, scope, detail="boolean-mask indexing")
-            return self.op(operator.getitem, [obj, idx], {}, e, scope)
-        if isinstance(obj, (Unknown, AbstractSeq)) or isinstance(idx, Unknown):
-            return obj.item() if isinstance(obj, AbstractSeq) else ForeignData.merge(obj) or UNKNOWN
-        if isinstance(idx, SymInt):
-            idx = self.specialize(idx, e, scope)
-        if isinstance(obj, nn.Module):  # ModuleList / Sequential / ModuleDict
-            v = obj[idx]
-            if isinstance(v, nn.Module) and not self.abstract:
-                src = self.value_sources.get(obj)
-                if src is not None:
-                    self.value_sources.set(v, f"{src}[{idx!r}]")
-                    if isinstance(idx, slice):  # (a new container each time the guards read it:
-                        # its modules are found by their positions in the one they came from)
-                        for j, m in zip(range(len(obj))[idx], v):
-                            self.value_sources.set(m, f"{src}[{j}]")
-            return v
-        if self.effects.is_fresh(obj):
-            return self.call_special(obj, "__getitem__", [idx], e, scope)
-        if isinstance(idx, TensorVar):
-            self.brk(B.TENSOR_TO_PY, e, scope, detail="indexing a Python container with a tensor")
-        self.effects.observe_item(obj, idx)
-        return obj[idx]
 
     # -- objects of Python classes that the captured code makes ---------------------------------
     def new_object(self, cls, args, kwargs, e, scope):
@@ -260,141 +176,6 @@ class Objects:
         self.effects.touch(obj)
         setter(obj, attr, v)
 
-    def call(self, fn, args, kwargs, e, scope):
-        if self.foreign and (isinstance(fn, TensorMethod) or C.is_torch_callable(fn) or isinstance(fn, type)
-                             and fn.__module__.startswith("torch")):
-            self.foreign_reaches_torch([args, kwargs])
-        if isinstance(fn, TensorMethod):
-            return self.tensor_method(fn.t, fn.name, args, kwargs, e, scope)
-        if isinstance(fn, Unknown):
-            if any(isinstance(a, TensorVar) for a in args):
-                return TensorVar(None, None, None)  # abstract: probably a tensor function
-            return UNKNOWN
-        if isinstance(fn, (LocalFunction, FunctionSource)):
-            return self.inline(fn, args, kwargs, e, scope)
-        if hasattr(type(fn), "__fl_abstract_call__"):  # the editor's stand-ins (analyze.py)
-            return fn.__fl_abstract_call__(self, args, kwargs, e, scope)
-        if isinstance(fn, BoundUserMethod):
-            return self.inline(fn.fn, args, kwargs, e, scope, self_value=fn.self_value)
-        if C.compile_time_answer(fn) is not None:
-            return C.compile_time_answer(fn)
-        if C.cache_wrapper(fn) is not None:
-            return self.call(C.cache_wrapper(fn), args, kwargs, e, scope)
-        if C.marked_constant(fn) and not self.abstract and all(foldable(v) and not isinstance(v, (
-                TensorVar, SymInt)) for v in leaves([args, kwargs])):
-            return fn(*args, **kwargs)
-        if C.is_usage_log(fn):
-            return None
-        if C.is_torch_function_query(fn) and all(
-                isinstance(v, TensorVar) or v is None or foldable(v) for v in leaves([args, kwargs])):
-            return False
-        if fn is torch._assert and not contains_tensor(args):  # a check on plain values
-            if not args[0]:
-                raise AssertionError(args[1] if len(args) > 1 else "")
-            return None
-        if fn is print:
-            self.brk(B.PRINT, e, scope)
-        if C.is_logging_call(fn):
-            self.brk(B.LOGGING, e, scope, detail=f"call to {getattr(fn, '__qualname__', fn)}")
-        if isinstance(fn, nn.Module):
-            return self.call_module(fn, args, kwargs, e, scope)
-        if fn is isinstance:
-            return self.isinstance_(args, e, scope)
-        if fn in (torch.no_grad, torch.enable_grad, torch.set_grad_enabled, torch.autocast):
-            return fn(*args, **kwargs)  # context managers, entered by `with`
-        if fn in _BUILTIN_HANDLERS:
-            return _BUILTIN_HANDLERS[fn](self, args, kwargs, e, scope)
-        if C.is_torch_callable(fn):
-            if self.abstract and isinstance(fn, (types.FunctionType, types.MethodType)) \
-                    and not contains_tensor([args, kwargs]):
-                # the editor does not walk torch's own Python on plain values (`torch.compile`
-                # itself): what it would find there is torch's, not the user's, and depends on state
-                return UNKNOWN
-            if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType) \
-                    and not isinstance(fn.__self__, (TensorVar, torch.Tensor)) and not contains_tensor([args, kwargs]):
-                # a method of one of torch's Python objects (`no_grad().clone()`, which a
-                # `@torch.no_grad()` decorator calls): code like the user's
-                return self.inline(fn.__func__, args, kwargs, e, scope, self_value=fn.__self__)
-            if isinstance(fn, types.FunctionType) and not contains_tensor([args, kwargs]):
-                # torch's own Python helpers on plain values (`F._canonical_mask(None, ...)`,
-                # `F._none_or_dtype(None)`) are code like the user's: what they touch decides
-                return self.inline(fn, args, kwargs, e, scope)
-            return self.torch_call(fn, args, kwargs, e, scope)
-        if isinstance(fn, types.MethodType) and isinstance(fn.__self__, nn.Module):
-            return self.inline(fn.__func__, args, kwargs, e, scope, self_value=fn.__self__)
-        if isinstance(fn, types.MethodType) and not isinstance(fn.__func__, types.BuiltinFunctionType):
-            return self.inline(fn.__func__, args, kwargs, e, scope, self_value=fn.__self__)
-        owner = _c_method_self(fn, args)
-        if owner is not None and getattr(fn, "__name__", "") == "__setattr__" and len(args) >= 2 \
-                and not self.effects.is_fresh(owner) and not isinstance(owner, (nn.Module, type)):
-            # object.__setattr__, reached from a class's own __setattr__ (`super().__setattr__`):
-            # the store itself, on an object from outside
-            name, v = args[-2:]
-            src = None if self.abstract else self.value_sources.get(owner)
-            if src is None and not self.abstract:
-                self.brk(B.UNSUPPORTED_STMT, e, scope, whole_stmt=True,
-                         detail=f"attribute assignment `.{name} = ...` on an object of no known source")
-            self.effects.setattr(owner, src, name, v)
-            return None
-        if owner is not None and getattr(fn, "__name__", "") == "__getattribute__" and len(args) >= 1 \
-                and not self.effects.is_fresh(owner) and not isinstance(owner, (nn.Module, type)):
-            return self.getattr(owner, args[-1], e, scope)  # `super().__getattribute__(name)`: a read
-        if owner is not None and self.effects.is_fresh(owner):
-            # object.__setattr__, OrderedDict.__setitem__, dict.keys... (often through super())
-            # on an object the capture made: C code storing or reading references runs as is
-            self.effects.touch(owner)
-            return fn(*args, **kwargs)
-        if isinstance(fn, types.BuiltinMethodType) and isinstance(fn.__self__, MUTABLE):
-            return self.container_method(fn, args, kwargs, e, scope)
-        if isinstance(fn, types.BuiltinMethodType) and type(fn.__self__) in _IMMUTABLE:
-            return self.fold(fn, args, kwargs, e, scope)  # `name.startswith("x")`, `"{}".format(n)`
-        if isinstance(fn, types.FunctionType) and _stdlib(fn) and not self.abstract and not any(
-                contains_tensor(v) or type(v) in MUTABLE or isinstance(v, (Unknown, SymInt))
-                for v in list(args) + list(kwargs.values())):
-            r = fn(*args, **kwargs)  # the standard library on plain values (inspect, re...)
-            if fn in (copy.copy, copy.deepcopy) and r is not args[0] and hasattr(r, "__dict__") \
-                    and not isinstance(r, (torch.Tensor, nn.Module, type, types.FunctionType)):
-                self.effects.fresh(r)  # a new object: the capture's own, as eager makes one each call
-            return r
-        if isinstance(fn, (types.FunctionType,)):
-            return self.inline(fn, args, kwargs, e, scope)
-        if isinstance(fn, type) and issubclass(fn, (int, float, bool, str, tuple, list, dict, set,
-                                                   range, slice, enumerate, zip, reversed)) \
-                and not _runs_python(fn):
-            return self.fold(fn, args, kwargs, e, scope)
-        if isinstance(fn, (torch.dtype, torch.device)):
-            self.brk(B.UNSUPPORTED_EXPR, e, scope)
-        if isinstance(fn, functools_partial):
-            return self.call(fn.func, list(fn.args) + list(args), {**fn.keywords, **kwargs}, e, scope)
-        if C.is_pure_foldable(fn):
-            return self.fold(fn, args, kwargs, e, scope)
-        if isinstance(fn, type) and fn.__module__.startswith("torch"):
-            # constructing torch objects (Size, dtype, device, a parameterless module...) with
-            # constant args
-            if not any(contains_tensor(a) for a in args):
-                if self.abstract and any(isinstance(v, Unknown) for v in leaves([args, kwargs])):
-                    return self.abstract_torch_object(fn, e, scope)
-                r = fn(*args, **kwargs)
-                if isinstance(r, nn.Module):
-                    if any(True for _ in r.parameters()) or any(True for _ in r.buffers()):
-                        self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=(
-                            f"a new `{fn.__name__}` with parameters on each call (make it in __init__)"))
-                    self.effects.fresh(r)  # the capture's own, as eager makes one on each call
-                return r
-        if isinstance(fn, type):
-            return self.new_object(fn, args, kwargs, e, scope)
-        if self.abstract and not contains_tensor([args, kwargs]):
-            if not _c_callable(fn) or self.uncertain:
-                return UNKNOWN  # on values the editor does not know (a library's object): silent
-            # capture breaks here (it cannot see into C code): claimed where the result reaches
-            # torch (ForeignData), not on NumPy work of its own
-            self.foreign = True
-            return ForeignData.merge(*leaves([args, kwargs]), extra=[B.make_break(
-                B.UNKNOWN_CALL, self.loc(e, scope), stack=self.stack(scope), function=scope.fs.qualname,
-                detail=f"call to {getattr(fn, '__qualname__', type(fn).__name__)}")])
-        self.brk(B.UNKNOWN_CALL, e, scope,
-                 detail=f"call to {getattr(fn, '__qualname__', type(fn).__name__)}")
-
     def foreign_reaches_torch(self, values):
         """Abstract domain: NumPy's data (ForeignData) among `values` reaches torch: the breaks
         of the calls that made it are claimed."""
@@ -511,19 +292,6 @@ class Objects:
             return list(r)
         return r
 
-    def isinstance_(self, args, e, scope):
-        obj, cls = args
-        if isinstance(obj, TensorVar):
-            types_ = cls if isinstance(cls, tuple) else (cls,)
-            if any(isinstance(c, type) and issubclass(torch.Tensor, c) for c in types_):
-                return True
-            if nn.Parameter in types_ and obj.source is not None and not self.abstract:
-                return isinstance(self.sources.resolve(obj.source), nn.Parameter)
-            return False
-        if isinstance(obj, (Unknown, AbstractSeq)):
-            return UNKNOWN
-        return isinstance(obj, cls)
-
     def call_module(self, mod, args, kwargs, e, scope):
         if mod._forward_hooks or mod._forward_pre_hooks or getattr(mod, "_backward_hooks", None):
             self.brk(B.UNKNOWN_CALL, e, scope, detail=f"{type(mod).__name__} has hooks")
@@ -576,16 +344,6 @@ def _no_source(fn) -> bool:
     except NoSourceError:
         return True
     return False
-
-
-def _c_method_self(fn, args):
-    """The object a method written in C (`object.__setattr__`, `OrderedDict.__setitem__`,
-    a bound `dict.keys`) is called on; None for anything else."""
-    if isinstance(fn, (types.MethodWrapperType, types.BuiltinMethodType)):
-        return getattr(fn, "__self__", None)
-    if isinstance(fn, (types.WrapperDescriptorType, types.MethodDescriptorType)) and args:
-        return args[0]
-    return None
 
 
 _STATE_MAKERS = ("register_parameter", "register_buffer")
@@ -661,158 +419,3 @@ def foldable(v) -> bool:
     if isinstance(v, (collections.abc.KeysView, collections.abc.ValuesView, collections.abc.ItemsView)):
         return all(foldable(x) for x in v)  # a view of a dict: what it shows
     return type(v).__module__ in ("enum",) or isinstance(v, __import__("enum").Enum)
-
-
-# builtins with tensor-aware behaviour
-def _b_len(ev, args, kwargs, e, scope):
-    (v,) = args
-    if isinstance(v, TensorVar):
-        if v.meta is None:
-            return UNKNOWN
-        return ev.sizes(v)[0]
-    if isinstance(v, (Unknown, AbstractSeq)) or hasattr(type(v), "__fl_abstract_iter__"):
-        return UNKNOWN
-    ev.effects.observe_len(v)
-    return len(v)
-
-
-def _b_range(ev, args, kwargs, e, scope):
-    if any(isinstance(a, Unknown) for a in args):
-        return UNKNOWN
-    if any(isinstance(a, TensorVar) for a in args):
-        ev.brk(B.TENSOR_TO_PY, e, scope, detail="range() of a tensor")
-    return range(*[ev.specialize(a, e, scope) if isinstance(a, SymInt) else a for a in args])
-
-
-def _b_getattr(ev, args, kwargs, e, scope):
-    obj, name = args[0], args[1]
-    try:
-        return ev.getattr(obj, name, e, scope)
-    except AttributeError:
-        if len(args) > 2:
-            return args[2]
-        raise
-
-
-def _b_hasattr(ev, args, kwargs, e, scope):
-    obj, name = args
-    if isinstance(obj, Unknown):
-        return UNKNOWN
-    if isinstance(obj, TensorVar):
-        return hasattr(torch.Tensor, name) or name in C.META_ATTRS
-    if hasattr(type(obj), "__fl_abstract_getattr__"):  # the editor's stand-ins: known, or unknown
-        return True if not isinstance(ev.getattr(obj, name, e, scope), Unknown) else UNKNOWN
-    return ev.effects.getattr(obj, name)[0] or hasattr(obj, name)
-
-
-def _b_minmax(fn):
-    def h(ev, args, kwargs, e, scope):
-        items = ev.iterate(args[0], e, scope) if len(args) == 1 else list(args)
-        if any(isinstance(a, TensorVar) for a in items):
-            ev.brk(B.TENSOR_TO_PY, e, scope, detail=f"{fn.__name__}() compares tensors in Python")
-        if any(isinstance(a, Unknown) for a in items):
-            return UNKNOWN
-        items = [ev.specialize(a, e, scope) if isinstance(a, SymInt) else a for a in items]
-        return fn(items, **kwargs)
-    return h
-
-
-def _b_type(ev, args, kwargs, e, scope):
-    (v,) = args
-    if isinstance(v, TensorVar):
-        if v.source is not None and not ev.abstract:
-            return type(ev.sources.resolve(v.source))
-        return torch.Tensor
-    if isinstance(v, Unknown):
-        return UNKNOWN
-    return type(v)
-
-
-def _b_super(ev, args, kwargs, e, scope):
-    """`super()` in an inlined method: the class from its `__class__` cell, the instance from its
-    first parameter (what Python's zero-argument form reads from the frame)."""
-    if not args:
-        fs = scope.fs
-        params = fs.params.posonlyargs + fs.params.args
-        if "__class__" not in fs.closure or not params:
-            if ev.abstract:  # a method the editor does not know the class of: nothing known
-                return UNKNOWN
-            ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="super() outside a method")
-        args = [fs.closure["__class__"], scope.vars.get(params[0].arg)]
-    if hasattr(type(args[0]), "__fl_abstract_super__"):  # a class the editor parsed (analyze.py)
-        return args[0].__fl_abstract_super__(*args[1:])
-    if ev.abstract and any(isinstance(a, Unknown) or hasattr(type(a), "__fl_abstract_getattr__")
-                           for a in args):
-        return UNKNOWN
-    if any(isinstance(a, (TensorVar, Unknown)) for a in args):
-        ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="super() of a tensor")
-    return super(*args)
-
-
-def _b_setattr(ev, args, kwargs, e, scope):
-    obj, name, v = args
-    if ev.effects.is_fresh(obj):
-        ev.set_attribute(obj, name, v, e, scope)
-        return None
-    if ev.abstract and (isinstance(obj, Unknown) or hasattr(type(obj), "__fl_abstract_getattr__")):
-        return None  # an object the editor only stands in for
-    ev.brk(B.UNSUPPORTED_STMT, e, scope, detail=f"setattr() on a {type(obj).__name__} object from outside",
-           whole_stmt=True)
-
-
-def _b_delattr(ev, args, kwargs, e, scope):
-    obj, name = args
-    if ev.effects.is_fresh(obj):
-        deleter = type(obj).__delattr__
-        if isinstance(deleter, types.FunctionType):
-            return ev.inline(deleter, [name], {}, e, scope, self_value=obj)
-        ev.effects.touch(obj)
-        return deleter(obj, name)
-    ev.brk(B.UNSUPPORTED_STMT, e, scope, detail=f"delattr() on a {type(obj).__name__} object from outside",
-           whole_stmt=True)
-
-
-def _b_callable(ev, args, kwargs, e, scope):
-    (v,) = args
-    if isinstance(v, (LocalFunction, BoundUserMethod, TensorMethod)):
-        return True  # functions of the captured code, called by evaluating them
-    if isinstance(v, Unknown):
-        return UNKNOWN
-    return callable(v)
-
-
-def _b_iter(ev, args, kwargs, e, scope):
-    if len(args) != 1:
-        ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="iter() with a sentinel")
-    items = ev.iterate(args[0], e, scope)
-    return UNKNOWN if isinstance(items, AbstractSeq) else iter(items)
-
-
-def _b_next(ev, args, kwargs, e, scope):
-    """`next()` of an iterator capture made (`iter(...)`, a generator run to its end)."""
-    if ev.abstract and not isinstance(args[0], type(iter([]))):
-        return UNKNOWN
-    if not isinstance(args[0], type(iter([]))):
-        ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"next() of a {type(args[0]).__name__}")
-    return next(*args)
-
-
-def _b_reduce(ev, args, kwargs, e, scope):
-    """`functools.reduce(fn, items[, initial])`: fn called item by item, as the C loop calls it."""
-    if kwargs or not 2 <= len(args) <= 3:
-        ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="functools.reduce() with keyword arguments")
-    fn, items = args[0], ev.iterate(args[1], e, scope)
-    if isinstance(items, AbstractSeq):
-        return UNKNOWN
-    if len(args) == 2 and not items:
-        raise TypeError("reduce() of empty iterable with no initial value")
-    acc, rest = (args[2], items) if len(args) == 3 else (items[0], items[1:])
-    for x in rest:
-        acc = ev.call(fn, [acc, x], {}, e, scope)
-    return acc
-
-
-_BUILTIN_HANDLERS = {len: _b_len, range: _b_range, getattr: _b_getattr, hasattr: _b_hasattr,
-                     min: _b_minmax(min), max: _b_minmax(max), type: _b_type, super: _b_super,
-                     iter: _b_iter, next: _b_next, callable: _b_callable,
-                     setattr: _b_setattr, delattr: _b_delattr, functools.reduce: _b_reduce}

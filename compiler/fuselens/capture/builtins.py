@@ -1,0 +1,273 @@
+"""Functions capture knows by identity: each one's call, answered in one place (kinds.py's
+KnownFunction dispatches here).
+
+- builtins whose behaviour depends on what capture models (`len` of a tensor is its size,
+  `isinstance` of a graph tensor, `super()` in an inlined method, `getattr` through properties);
+- questions torch.compile answers at compile time (`torch.compiler.is_compiling()`: libraries
+  take their compile-friendly paths by them), telemetry, `has_torch_function`;
+- calls that are a break by what they do (`print`, logging).
+
+A handler returns its call's value, or NOT_HANDLED where these arguments are not its case (the
+call then goes on as the function's kind says: `torch._assert` on a tensor is an op)."""
+from __future__ import annotations
+
+import functools
+import types
+
+import torch
+import torch.nn as nn
+
+from . import breaks as B
+from . import calls as C
+from .frames import AbstractSeq
+from .objects import foldable
+from .tensors import TensorMethod
+from .values import UNKNOWN, BoundUserMethod, LocalFunction, SymInt, TensorVar, Unknown, contains_tensor, leaves
+
+NOT_HANDLED = object()
+
+
+def _len(ev, fn, args, kwargs, e, scope):
+    (v,) = args
+    if isinstance(v, TensorVar):
+        if v.meta is None:
+            return UNKNOWN
+        return ev.sizes(v)[0]
+    if isinstance(v, (Unknown, AbstractSeq)) or hasattr(type(v), "__fl_abstract_iter__"):
+        return UNKNOWN
+    ev.effects.observe_len(v)
+    return len(v)
+
+
+def _range(ev, fn, args, kwargs, e, scope):
+    if any(isinstance(a, Unknown) for a in args):
+        return UNKNOWN
+    if any(isinstance(a, TensorVar) for a in args):
+        ev.brk(B.TENSOR_TO_PY, e, scope, detail="range() of a tensor")
+    return range(*[ev.specialize(a, e, scope) if isinstance(a, SymInt) else a for a in args])
+
+
+def _getattr(ev, fn, args, kwargs, e, scope):
+    obj, name = args[0], args[1]
+    try:
+        return ev.getattr(obj, name, e, scope)
+    except AttributeError:
+        if len(args) > 2:
+            return args[2]
+        raise
+
+
+def _hasattr(ev, fn, args, kwargs, e, scope):
+    obj, name = args
+    if isinstance(obj, Unknown):
+        return UNKNOWN
+    if isinstance(obj, TensorVar):
+        return hasattr(torch.Tensor, name) or name in C.META_ATTRS
+    if hasattr(type(obj), "__fl_abstract_getattr__"):  # the editor's stand-ins: known, or unknown
+        return True if not isinstance(ev.getattr(obj, name, e, scope), Unknown) else UNKNOWN
+    return ev.effects.getattr(obj, name)[0] or hasattr(obj, name)
+
+
+def _minmax(ev, fn, args, kwargs, e, scope):
+    items = ev.iterate(args[0], e, scope) if len(args) == 1 else list(args)
+    if any(isinstance(a, TensorVar) for a in items):
+        ev.brk(B.TENSOR_TO_PY, e, scope, detail=f"{fn.__name__}() compares tensors in Python")
+    if any(isinstance(a, Unknown) for a in items):
+        return UNKNOWN
+    items = [ev.specialize(a, e, scope) if isinstance(a, SymInt) else a for a in items]
+    return fn(items, **kwargs)
+
+
+def _type(ev, fn, args, kwargs, e, scope):
+    if len(args) != 1:
+        return NOT_HANDLED  # type(name, bases, dict): a class made
+    (v,) = args
+    if isinstance(v, TensorVar):
+        if v.source is not None and not ev.abstract:
+            return type(ev.sources.resolve(v.source))
+        return torch.Tensor
+    if isinstance(v, Unknown):
+        return UNKNOWN
+    return type(v)
+
+
+def _isinstance(ev, fn, args, kwargs, e, scope):
+    obj, cls = args
+    if isinstance(obj, TensorVar):
+        types_ = cls if isinstance(cls, tuple) else (cls,)
+        if any(isinstance(c, type) and issubclass(torch.Tensor, c) for c in types_):
+            return True
+        if nn.Parameter in types_ and obj.source is not None and not ev.abstract:
+            return isinstance(ev.sources.resolve(obj.source), nn.Parameter)
+        return False
+    if isinstance(obj, (Unknown, AbstractSeq)):
+        return UNKNOWN
+    return isinstance(obj, cls)
+
+
+def _super(ev, fn, args, kwargs, e, scope):
+    """`super()` in an inlined method: the class from its `__class__` cell, the instance from its
+    first parameter (what Python's zero-argument form reads from the frame)."""
+    if not args:
+        fs = scope.fs
+        params = fs.params.posonlyargs + fs.params.args
+        if "__class__" not in fs.closure or not params:
+            if ev.abstract:  # a method the editor does not know the class of: nothing known
+                return UNKNOWN
+            ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="super() outside a method")
+        args = [fs.closure["__class__"], scope.vars.get(params[0].arg)]
+    if hasattr(type(args[0]), "__fl_abstract_super__"):  # a class the editor parsed (analyze.py)
+        return args[0].__fl_abstract_super__(*args[1:])
+    if ev.abstract and any(isinstance(a, Unknown) or hasattr(type(a), "__fl_abstract_getattr__")
+                           for a in args):
+        return UNKNOWN
+    if any(isinstance(a, (TensorVar, Unknown)) for a in args):
+        ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="super() of a tensor")
+    return super(*args)
+
+
+def _setattr(ev, fn, args, kwargs, e, scope):
+    obj, name, v = args
+    if ev.effects.is_fresh(obj):
+        ev.set_attribute(obj, name, v, e, scope)
+        return None
+    if ev.abstract and (isinstance(obj, Unknown) or hasattr(type(obj), "__fl_abstract_getattr__")):
+        return None  # an object the editor only stands in for
+    ev.brk(B.UNSUPPORTED_STMT, e, scope, detail=f"setattr() on a {type(obj).__name__} object from outside",
+           whole_stmt=True)
+
+
+def _delattr(ev, fn, args, kwargs, e, scope):
+    obj, name = args
+    if ev.effects.is_fresh(obj):
+        deleter = type(obj).__delattr__
+        if isinstance(deleter, types.FunctionType):
+            return ev.inline(deleter, [name], {}, e, scope, self_value=obj)
+        ev.effects.touch(obj)
+        return deleter(obj, name)
+    ev.brk(B.UNSUPPORTED_STMT, e, scope, detail=f"delattr() on a {type(obj).__name__} object from outside",
+           whole_stmt=True)
+
+
+def _callable(ev, fn, args, kwargs, e, scope):
+    (v,) = args
+    if isinstance(v, (LocalFunction, BoundUserMethod, TensorMethod)):
+        return True  # functions of the captured code, called by evaluating them
+    if isinstance(v, Unknown):
+        return UNKNOWN
+    return callable(v)
+
+
+def _iter(ev, fn, args, kwargs, e, scope):
+    if len(args) != 1:
+        ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="iter() with a sentinel")
+    items = ev.iterate(args[0], e, scope)
+    return UNKNOWN if isinstance(items, AbstractSeq) else iter(items)
+
+
+def _next(ev, fn, args, kwargs, e, scope):
+    """`next()` of an iterator capture made (`iter(...)`, a generator run to its end)."""
+    if ev.abstract and not isinstance(args[0], type(iter([]))):
+        return UNKNOWN
+    if not isinstance(args[0], type(iter([]))):
+        ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"next() of a {type(args[0]).__name__}")
+    return next(*args)
+
+
+def _reduce(ev, fn, args, kwargs, e, scope):
+    """`functools.reduce(fn, items[, initial])`: fn called item by item, as the C loop calls it."""
+    if kwargs or not 2 <= len(args) <= 3:
+        ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="functools.reduce() with keyword arguments")
+    f, items = args[0], ev.iterate(args[1], e, scope)
+    if isinstance(items, AbstractSeq):
+        return UNKNOWN
+    if len(args) == 2 and not items:
+        raise TypeError("reduce() of empty iterable with no initial value")
+    acc, rest = (args[2], items) if len(args) == 3 else (items[0], items[1:])
+    for x in rest:
+        acc = ev.call(f, [acc, x], {}, e, scope)
+    return acc
+
+
+def _print(ev, fn, args, kwargs, e, scope):
+    ev.brk(B.PRINT, e, scope)
+
+
+def _logging(ev, fn, args, kwargs, e, scope):
+    ev.brk(B.LOGGING, e, scope, detail=f"call to {getattr(fn, '__qualname__', fn)}")
+
+
+def _native(ev, fn, args, kwargs, e, scope):
+    """Context managers of torch's modes, entered by `with` (statements.py)."""
+    return fn(*args, **kwargs)
+
+
+def _usage_log(ev, fn, args, kwargs, e, scope):
+    """torch's API-usage telemetry (`torch._C._log_api_usage_once`, which torchvision calls in
+    its ops): nothing a program can observe; torch.compile drops it too."""
+    return None
+
+
+def _torch_function_query(ev, fn, args, kwargs, e, scope):
+    """`has_torch_function(args)`: capture's tensors are plain tensors (guarded by type), so the
+    answer is False, as under torch.compile."""
+    if all(isinstance(v, TensorVar) or v is None or foldable(v) for v in leaves([args, kwargs])):
+        return False
+    return NOT_HANDLED
+
+
+def _assert(ev, fn, args, kwargs, e, scope):
+    """`torch._assert(cond, msg)` on plain values is a check now; on a tensor, an op."""
+    if contains_tensor(args):
+        return NOT_HANDLED
+    if not args[0]:
+        raise AssertionError(args[1] if len(args) > 1 else "")
+    return None
+
+
+def _compile_time(answer):
+    def h(ev, fn, args, kwargs, e, scope):
+        return answer
+    return h
+
+
+def _cached(ev, fn, args, kwargs, e, scope):
+    """A `functools.lru_cache`/`cache` wrapper: the function it wraps is evaluated (a cache
+    changes when a function runs, not what it returns)."""
+    return ev.call(fn.__wrapped__, args, kwargs, e, scope)
+
+
+def _marked_constant(ev, fn, args, kwargs, e, scope):
+    """`torch._dynamo.assume_constant_result` marked it (transformers marks its install probes
+    so): a constant of the process on constant arguments, called now as torch.compile does."""
+    if not ev.abstract and all(foldable(v) and not isinstance(v, (TensorVar, SymInt))
+                               for v in leaves([args, kwargs])):
+        return fn(*args, **kwargs)
+    return NOT_HANDLED
+
+
+KNOWN = {len: _len, range: _range, getattr: _getattr, hasattr: _hasattr, min: _minmax, max: _minmax,
+         type: _type, isinstance: _isinstance, super: _super, iter: _iter, next: _next, callable: _callable,
+         setattr: _setattr, delattr: _delattr, functools.reduce: _reduce, print: _print,
+         torch.no_grad: _native, torch.enable_grad: _native, torch.set_grad_enabled: _native,
+         torch.autocast: _native, torch._C._log_api_usage_once: _usage_log, torch._assert: _assert}
+KNOWN.update({f: _torch_function_query for f in C.TORCH_FUNCTION_QUERIES})
+KNOWN.update({f: _compile_time(True) for f in C.IS_COMPILING})
+KNOWN.update({f: _compile_time(False) for f in C.NOT_TRACING})
+_BY_ID = {id(f): (f, h) for f, h in KNOWN.items()}
+
+
+def known_handler(fn):
+    """The handler of a function capture knows (None for any other): by identity (an
+    unhashable callable is no error), or by what marks it (a cache wrapper, a marked constant,
+    a logging call)."""
+    hit = _BY_ID.get(id(fn))
+    if hit is not None and hit[0] is fn:
+        return hit[1]
+    if isinstance(fn, functools._lru_cache_wrapper):
+        return _cached
+    if C.marked_constant(fn):
+        return _marked_constant
+    if C.is_logging_call(fn):
+        return _logging
+    return None

@@ -1,0 +1,495 @@
+"""One class per kind of value: what calling it, reading its attributes, indexing it, its truth
+and iterating it mean to capture.
+
+Constants stay plain Python values (values.py), so a value's kind is found from the value:
+`kind_of(v)`, by its type where the type decides (a TensorVar, a module, a list: cached per
+type) and by the value itself where it does not (a callable: `len` and `torch.add` share a
+type, and which function it is decides what a call does). The Evaluator's `call`, `getattr`,
+`getitem`, `truth` and `iterate` are one line each: `kind_of(v).<op>(ev, v, ...)`. A function
+capture knows by identity (a builtin with tensor-aware behaviour, a query that torch.compile
+answers at compile time, a logging call) is an entry of `builtins.KNOWN`, not a case of a chain.
+
+Both domains go through the same kinds. The abstract domain's own values (`Unknown`, the
+editor's stand-ins for classes it parsed) are kinds too, so the editor meets every rule capture
+has; what differs between the domains (guards, inputs, what an unknown callee gives back) is
+asked of the evaluator (`ev.abstract`), inside the kind that needs it."""
+from __future__ import annotations
+
+import ast
+import copy
+import functools
+import inspect
+import operator
+import types
+
+import torch
+import torch.nn as nn
+
+from . import breaks as B
+from . import calls as C
+from .builtins import NOT_HANDLED, known_handler
+from .frames import AbstractSeq
+from .objects import _IMMUTABLE, _c_callable, _no_source, _runs_python, _stdlib
+from .side_effects import MUTABLE
+from .source import FunctionSource
+from .values import (UNKNOWN, BoundUserMethod, ForeignData, GeneratorCall, LocalFunction, SymInt, TensorVar,
+                     Unknown, contains_tensor, leaves)
+from .tensors import TensorMethod
+
+
+class Kind:
+    """A Python object capture sees into (constants, containers, objects of user classes): its
+    attributes are read (guarded where it came from outside), its items and truth are Python's,
+    and calling it breaks unless a kind below knows what the call does."""
+
+    def call(self, ev, fn, args, kwargs, e, scope):
+        if ev.abstract and not contains_tensor([args, kwargs]):
+            if not _c_callable(fn) or ev.uncertain:
+                return UNKNOWN  # on values the editor does not know (a library's object): silent
+            # capture breaks here (it cannot see into C code): claimed where the result reaches
+            # torch (ForeignData), not on NumPy work of its own
+            ev.foreign = True
+            return ForeignData.merge(*leaves([args, kwargs]), extra=[B.make_break(
+                B.UNKNOWN_CALL, ev.loc(e, scope), stack=ev.stack(scope), function=scope.fs.qualname,
+                detail=f"call to {_name(fn)}")])
+        ev.brk(B.UNKNOWN_CALL, e, scope, detail=f"call to {_name(fn)}")
+
+    def getattr(self, ev, obj, attr, e, scope):
+        assigned, v = ev.effects.getattr(obj, attr)
+        if assigned:
+            return v
+        if not isinstance(obj, type):
+            # a property is code like any other: evaluated (natively it would read the real
+            # objects, not the capture's models of them, and guard nothing)
+            desc = inspect.getattr_static(type(obj), attr, None)
+            if isinstance(desc, property) and isinstance(desc.fget, types.FunctionType) \
+                    and not _no_source(desc.fget):
+                return ev.inline(desc.fget, [], {}, e, scope, self_value=obj)
+        if ev.effects.is_fresh(obj):
+            return getattr(obj, attr)  # the capture's own object: what it holds, as is
+        v = getattr(obj, attr)
+        src = ev.value_sources.get(obj)
+        if src is not None and not ev.abstract and not isinstance(v, torch.Tensor) \
+                and not isinstance(obj, (type, types.FunctionType)):
+            ev.sources.guard_value(f"{src}.{attr}", v)
+        if type(v) in MUTABLE and not ev.abstract:
+            if src is None:  # found through an object of no source: that very object
+                src = ev.sources.constant(obj, type(obj).__name__)
+            return ev.wrap_external(v, f"{src}.{attr}")
+        if isinstance(v, torch.Tensor):
+            if src is None:
+                if ev.abstract:
+                    return TensorVar(None, None, None)
+                src = ev.sources.constant(v, f"{type(obj).__name__}_{attr}")
+                return ev.input(v, src)
+            return ev.input(v, f"{src}.{attr}")
+        if src is not None and not isinstance(v, (int, float, str, bool, type(None))):
+            ev.value_sources.set(v, f"{src}.{attr}")
+        return v
+
+    def getitem(self, ev, obj, idx, e, scope):
+        if isinstance(idx, Unknown):
+            return UNKNOWN
+        if isinstance(idx, SymInt):
+            idx = ev.specialize(idx, e, scope)
+        if ev.effects.is_fresh(obj):
+            return ev.call_special(obj, "__getitem__", [idx], e, scope)
+        if isinstance(idx, TensorVar):
+            ev.brk(B.TENSOR_TO_PY, e, scope, detail="indexing a Python container with a tensor")
+        ev.effects.observe_item(obj, idx)
+        return obj[idx]
+
+    def truth(self, ev, v, node, scope, kind, whole_stmt):
+        ev.effects.observe_len(v)  # a container's truth is its length's
+        return bool(v)
+
+    def iterate(self, ev, v, node, scope, whole_stmt):
+        if isinstance(v, _ITERABLES):
+            return list(v)
+        items = ev.iterate_object(v, node, scope)
+        if items is not None:
+            return items
+        ev.brk(B.UNROLLABLE_LOOP, node, scope, detail=f"iteration over {type(v).__name__}", whole_stmt=True)
+
+
+# what iterating gives, read as Python would (their items are values capture already has)
+_ITERABLES = (list, tuple, dict, range, str, set, frozenset, zip, enumerate, map, filter, type({}.items()),
+              type({}.keys()), type({}.values()), reversed, type(iter([])))
+
+
+class PythonModule(Kind):
+    """A module of Python code (`math`, `transformers.utils`): its tensors and containers are
+    inputs found at their sources; the rest is a constant of the program."""
+
+    def getattr(self, ev, obj, attr, e, scope):
+        assigned, v = ev.effects.getattr(obj, attr)
+        if assigned:
+            return v
+        v = getattr(obj, attr)
+        if ev.abstract:
+            return v
+        if isinstance(v, torch.Tensor) or type(v) in MUTABLE:
+            return ev.wrap_external(v, ev.sources.attr_source(obj, attr))
+        return v
+
+
+class Tensor(Kind):
+    """A tensor of the graph (TensorVar): operations become graph nodes; its data never reaches
+    Python unless its bounds decide (capture/bounds.py)."""
+
+    def getattr(self, ev, obj, attr, e, scope):
+        return ev.tensor_attr(obj, attr, e, scope)
+
+    def getitem(self, ev, obj, idx, e, scope):
+        if isinstance(idx, TensorVar) and idx.is_bool \
+                or isinstance(idx, tuple) and any(isinstance(i, TensorVar) and i.is_bool for i in idx):
+            ev.brk(B.DYNAMIC_SHAPE, e, scope, detail="boolean-mask indexing")
+        return ev.op(operator.getitem, [obj, idx], {}, e, scope)
+
+    def truth(self, ev, v, node, scope, kind, whole_stmt):
+        if v.known is not None and (v.meta is None or v.meta.numel() == 1):
+            return v.known  # its bounds decide it (capture/bounds.py): no data reaches Python
+        ev.brk(kind, node, scope, detail=f"`{_short(node)}` is a tensor",
+               whole_stmt=whole_stmt or kind is B.DATA_WHILE, cond=v)
+
+    def iterate(self, ev, v, node, scope, whole_stmt):
+        if v.meta is None:
+            return AbstractSeq()
+        if v.meta.dim() == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        n = ev.sizes(v)[0]  # guarded: the loop is unrolled for this many rows
+        n = ev.specialize(n, node, scope) if isinstance(n, SymInt) else n
+        return [ev.op(operator.getitem, [v, i], {}, node, scope) for i in range(n)]
+
+
+class TensorMethodKind(Kind):
+    """`t.add` read off a tensor of the graph, not called yet."""
+
+    def call(self, ev, fn, args, kwargs, e, scope):
+        _torch_receives(ev, args, kwargs)
+        return ev.tensor_method(fn.t, fn.name, args, kwargs, e, scope)
+
+
+class SymbolicInt(Kind):
+    """A size that may change between calls: arithmetic stays symbolic; used as a Python value
+    (a truth, an index), it is specialized (guarded on its exact value)."""
+
+    def truth(self, ev, v, node, scope, kind, whole_stmt):
+        return bool(ev.specialize(v, node, scope))
+
+
+class UnknownValue(Kind):
+    """Abstract domain: a value the editor does not know (Unknown, a sequence of unknown length):
+    what is done with it is unknown too, and breaks nothing by itself."""
+
+    def call(self, ev, fn, args, kwargs, e, scope):
+        if any(isinstance(a, TensorVar) for a in args):
+            return TensorVar(None, None, None)  # probably a tensor function
+        return UNKNOWN
+
+    def getattr(self, ev, obj, attr, e, scope):
+        return UNKNOWN
+
+    def getitem(self, ev, obj, idx, e, scope):
+        return obj.item() if isinstance(obj, AbstractSeq) else ForeignData.merge(obj) or UNKNOWN
+
+    def truth(self, ev, v, node, scope, kind, whole_stmt):
+        return UNKNOWN
+
+    def iterate(self, ev, v, node, scope, whole_stmt):
+        return v if isinstance(v, AbstractSeq) else AbstractSeq(UNKNOWN)
+
+
+class StandIn(Kind):
+    """Abstract domain: the editor's stand-in for a class it parsed, an instance of one, or a
+    library object it did not make (capture/analyze.py). It answers through its hooks
+    `__fl_abstract_getattr__`, `__fl_abstract_call__` and `__fl_abstract_iter__`; what it has no
+    hook for is unknown."""
+
+    def call(self, ev, fn, args, kwargs, e, scope):
+        hook = getattr(type(fn), "__fl_abstract_call__", None)
+        return UNKNOWN if hook is None else hook(fn, ev, args, kwargs, e, scope)
+
+    def getattr(self, ev, obj, attr, e, scope):
+        hook = getattr(type(obj), "__fl_abstract_getattr__", None)
+        return UNKNOWN if hook is None else hook(obj, ev, attr, e, scope)
+
+    def iterate(self, ev, v, node, scope, whole_stmt):
+        hook = getattr(type(v), "__fl_abstract_iter__", None)
+        return AbstractSeq(UNKNOWN if hook is None else hook(v))
+
+
+class Module(Kind):
+    """An `nn.Module`: calling it inlines its `forward` (its identity and `.training` guarded);
+    its parameters and buffers are graph inputs found at their sources; its hyper-parameters are
+    constants guarded by value."""
+
+    def call(self, ev, mod, args, kwargs, e, scope):
+        return ev.call_module(mod, args, kwargs, e, scope)
+
+    def getattr(self, ev, obj, attr, e, scope):
+        assigned, v = ev.effects.getattr(obj, attr)
+        return v if assigned else ev.module_attr(obj, attr, e, scope)
+
+    def getitem(self, ev, obj, idx, e, scope):  # ModuleList / Sequential / ModuleDict
+        if isinstance(idx, Unknown):
+            return UNKNOWN
+        if isinstance(idx, SymInt):
+            idx = ev.specialize(idx, e, scope)
+        v = obj[idx]
+        if isinstance(v, nn.Module) and not ev.abstract:
+            src = ev.value_sources.get(obj)
+            if src is not None:
+                ev.value_sources.set(v, f"{src}[{idx!r}]")
+                if isinstance(idx, slice):  # (a new container each time the guards read it:
+                    # its modules are found by their positions in the one they came from)
+                    for j, m in zip(range(len(obj))[idx], v):
+                        ev.value_sources.set(m, f"{src}[{j}]")
+        return v
+
+    def iterate(self, ev, v, node, scope, whole_stmt):
+        if isinstance(v, (nn.ModuleList, nn.Sequential)):
+            src = ev.value_sources.get(v)
+            items = list(v)
+            if src is not None and not ev.abstract:
+                ev.sources.guard(f"len({src}) == {len(items)}", f"len({src})")
+                for i, m in enumerate(items):
+                    if ev.value_sources.get(m) is None:  # (a slice's modules have theirs)
+                        ev.value_sources.set(m, f"{src}[{i}]")
+            return items
+        if isinstance(v, nn.ModuleDict):
+            return list(v.keys())
+        return super().iterate(ev, v, node, scope, whole_stmt)
+
+
+class Generator(Kind):
+    """A generator function called, not run yet: iterating it runs its body to its end."""
+
+    def iterate(self, ev, v, node, scope, whole_stmt):
+        return ev.run_generator(v)
+
+
+class PythonFunction(Kind):
+    """Python code (a function, a `def` or `lambda` of the captured code, a method bound to its
+    object): inlined, with its own globals and closure. The standard library's functions on
+    plain values run natively (their result is a constant)."""
+
+    def call(self, ev, fn, args, kwargs, e, scope):
+        if isinstance(fn, BoundUserMethod):
+            return ev.inline(fn.fn, args, kwargs, e, scope, self_value=fn.self_value)
+        if isinstance(fn, types.MethodType):
+            return ev.inline(fn.__func__, args, kwargs, e, scope, self_value=fn.__self__)
+        if isinstance(fn, types.FunctionType) and _stdlib(fn) and not ev.abstract and not any(
+                contains_tensor(v) or type(v) in MUTABLE or isinstance(v, (Unknown, SymInt))
+                for v in list(args) + list(kwargs.values())):
+            r = fn(*args, **kwargs)  # the standard library on plain values (inspect, re...)
+            if fn in (copy.copy, copy.deepcopy) and r is not args[0] and hasattr(r, "__dict__") \
+                    and not isinstance(r, (torch.Tensor, nn.Module, type, types.FunctionType)):
+                ev.effects.fresh(r)  # a new object: the capture's own, as eager makes one each call
+            return r
+        return ev.inline(fn, args, kwargs, e, scope)
+
+
+class TorchFunction(Kind):
+    """A function of torch (`torch.add`, `F.relu`, `Tensor.view`, an OpOverload): an op of the
+    graph. torch's own Python on plain values is code like the user's, inlined."""
+
+    def call(self, ev, fn, args, kwargs, e, scope):
+        _torch_receives(ev, args, kwargs)
+        plain = not contains_tensor([args, kwargs])
+        if ev.abstract and plain and isinstance(fn, (types.FunctionType, types.MethodType)):
+            # the editor does not walk torch's own Python on plain values (`torch.compile`
+            # itself): what it would find there is torch's, not the user's, and depends on state
+            return UNKNOWN
+        if plain and isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType) \
+                and not isinstance(fn.__self__, (TensorVar, torch.Tensor)):
+            # a method of one of torch's Python objects (`no_grad().clone()`, which a
+            # `@torch.no_grad()` decorator calls): code like the user's
+            return ev.inline(fn.__func__, args, kwargs, e, scope, self_value=fn.__self__)
+        if plain and isinstance(fn, types.FunctionType):
+            # torch's own Python helpers on plain values (`F._canonical_mask(None, ...)`,
+            # `F._none_or_dtype(None)`) are code like the user's: what they touch decides
+            return ev.inline(fn, args, kwargs, e, scope)
+        return ev.torch_call(fn, args, kwargs, e, scope)
+
+
+class KnownFunction(Kind):
+    """A function whose call capture answers itself (builtins.KNOWN): `len`, `isinstance`,
+    `torch.compiler.is_compiling`, `print`, a logger's methods... A handler that does not apply
+    to these arguments hands the call on to what the function is otherwise."""
+
+    def call(self, ev, fn, args, kwargs, e, scope):
+        r = known_handler(fn)(ev, fn, args, kwargs, e, scope)
+        if r is NOT_HANDLED:
+            return _callable_kind(fn).call(ev, fn, args, kwargs, e, scope)
+        return r
+
+
+class CMethod(Kind):
+    """A method written in C, bound (`d.keys`, `"x".join`) or not (`object.__setattr__`): on
+    the capture's own objects and its models of containers it runs or is modelled; on a
+    constant it folds."""
+
+    def call(self, ev, fn, args, kwargs, e, scope):
+        owner = _c_method_self(fn, args)
+        name = getattr(fn, "__name__", "")
+        if name == "__setattr__" and len(args) >= 2 and not ev.effects.is_fresh(owner) \
+                and not isinstance(owner, (nn.Module, type)):
+            # object.__setattr__, reached from a class's own __setattr__ (`super().__setattr__`):
+            # the store itself, on an object from outside
+            attr, v = args[-2:]
+            src = None if ev.abstract else ev.value_sources.get(owner)
+            if src is None and not ev.abstract:
+                ev.brk(B.UNSUPPORTED_STMT, e, scope, whole_stmt=True,
+                       detail=f"attribute assignment `.{attr} = ...` on an object of no known source")
+            ev.effects.setattr(owner, src, attr, v)
+            return None
+        if name == "__getattribute__" and len(args) >= 1 and not ev.effects.is_fresh(owner) \
+                and not isinstance(owner, (nn.Module, type)):
+            return ev.getattr(owner, args[-1], e, scope)  # `super().__getattribute__(name)`: a read
+        if ev.effects.is_fresh(owner):
+            # object.__setattr__, OrderedDict.__setitem__, dict.keys... (often through super())
+            # on an object the capture made: C code storing or reading references runs as is
+            ev.effects.touch(owner)
+            return fn(*args, **kwargs)
+        if isinstance(fn, types.BuiltinMethodType) and isinstance(owner, MUTABLE):
+            return ev.container_method(fn, args, kwargs, e, scope)
+        if isinstance(fn, types.BuiltinMethodType) and type(owner) in _IMMUTABLE:
+            return ev.fold(fn, args, kwargs, e, scope)  # `name.startswith("x")`, `"{}".format(n)`
+        return (PURE if C.is_pure_foldable(fn) else OBJECT).call(ev, fn, args, kwargs, e, scope)
+
+
+class PureFunction(Kind):
+    """A function of Python's with no effects (`math.sqrt`, `operator.add`, `sorted`): folded
+    on constants; on tensors, the graph op its syntax spells (objects.Objects.fold)."""
+
+    def call(self, ev, fn, args, kwargs, e, scope):
+        return ev.fold(fn, args, kwargs, e, scope)
+
+
+class Partial(Kind):
+    def call(self, ev, fn, args, kwargs, e, scope):
+        return ev.call(fn.func, list(fn.args) + list(args), {**fn.keywords, **kwargs}, e, scope)
+
+
+class Class(Kind):
+    """A class, called: a builtin type folds on constants, a torch class is made with constant
+    arguments (a module without state is the capture's own object), and an object of a Python
+    class is allocated and its `__init__` evaluated (objects.Objects.new_object)."""
+
+    def call(self, ev, cls, args, kwargs, e, scope):
+        if issubclass(cls, (int, float, bool, str, tuple, list, dict, set, range, slice, enumerate, zip,
+                            reversed)) and not _runs_python(cls) or C.is_pure_foldable(cls):
+            return ev.fold(cls, args, kwargs, e, scope)
+        if cls.__module__.startswith("torch") and not any(contains_tensor(a) for a in args):
+            # torch objects (Size, dtype, device, a module without parameters) from constants
+            _torch_receives(ev, args, kwargs)
+            if ev.abstract and any(isinstance(v, Unknown) for v in leaves([args, kwargs])):
+                return ev.abstract_torch_object(cls, e, scope)
+            r = cls(*args, **kwargs)
+            if isinstance(r, nn.Module):
+                if any(True for _ in r.parameters()) or any(True for _ in r.buffers()):
+                    ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail=(
+                        f"a new `{cls.__name__}` with parameters on each call (make it in __init__)"))
+                ev.effects.fresh(r)  # the capture's own, as eager makes one on each call
+            return r
+        return ev.new_object(cls, args, kwargs, e, scope)
+
+
+OBJECT, PYTHON_MODULE, TENSOR, TENSOR_METHOD, SYMINT, UNKNOWN_VALUE, STAND_IN, MODULE, GENERATOR = (
+    Kind(), PythonModule(), Tensor(), TensorMethodKind(), SymbolicInt(), UnknownValue(), StandIn(), Module(),
+    Generator())
+PYTHON_FUNCTION, TORCH_FUNCTION, KNOWN_FUNCTION, C_METHOD, PURE, PARTIAL, CLASS = (
+    PythonFunction(), TorchFunction(), KnownFunction(), CMethod(), PureFunction(), Partial(), Class())
+
+_HOOKS = ("__fl_abstract_getattr__", "__fl_abstract_call__", "__fl_abstract_iter__")
+_C_METHODS = (types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType)
+_BY_TYPE: dict[type, Kind] = {}  # types that decide their values' kind
+
+
+def kind_of(v) -> Kind:
+    t = type(v)
+    k = _BY_TYPE.get(t)
+    if k is not None:
+        return k
+    k = _type_kind(t)
+    if k is None:  # a callable: which one it is decides
+        return _known_or_callable_kind(v)
+    _BY_TYPE[t] = k
+    return k
+
+
+def _type_kind(t) -> Kind | None:
+    """The kind every value of type `t` has; None where the value decides (callables)."""
+    if issubclass(t, TensorVar):
+        return TENSOR
+    if issubclass(t, SymInt):
+        return SYMINT
+    if issubclass(t, (Unknown, AbstractSeq)):
+        return UNKNOWN_VALUE
+    if issubclass(t, TensorMethod):
+        return TENSOR_METHOD
+    if any(hasattr(t, h) for h in _HOOKS):
+        return STAND_IN
+    if issubclass(t, nn.Module):
+        return MODULE
+    if issubclass(t, GeneratorCall):
+        return GENERATOR
+    if issubclass(t, (LocalFunction, FunctionSource, BoundUserMethod)):
+        return PYTHON_FUNCTION
+    if issubclass(t, types.ModuleType):
+        return PYTHON_MODULE
+    if issubclass(t, (type, types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial,
+                      functools._lru_cache_wrapper, torch._ops.OpOverload, torch._ops.OpOverloadPacket)
+                  + _C_METHODS):
+        return None
+    return OBJECT
+
+
+def _known_or_callable_kind(fn) -> Kind:
+    return KNOWN_FUNCTION if known_handler(fn) is not None else _callable_kind(fn)
+
+
+def _callable_kind(fn) -> Kind:
+    """What a callable capture does not know by identity is (the order matters: a torch
+    function may be any of the types below)."""
+    if C.is_torch_callable(fn):
+        return TORCH_FUNCTION
+    if isinstance(fn, types.MethodType) and not isinstance(fn.__func__, types.BuiltinFunctionType):
+        return PYTHON_FUNCTION
+    if isinstance(fn, _C_METHODS) or isinstance(fn, types.BuiltinMethodType) \
+            and not isinstance(fn.__self__, (types.ModuleType, type(None))):
+        return C_METHOD
+    if isinstance(fn, types.FunctionType):
+        return PYTHON_FUNCTION
+    if isinstance(fn, type):
+        return CLASS
+    if isinstance(fn, functools.partial):
+        return PARTIAL
+    if C.is_pure_foldable(fn):
+        return PURE
+    return OBJECT
+
+
+def _c_method_self(fn, args):
+    """The object a method written in C (`object.__setattr__`, `OrderedDict.__setitem__`,
+    a bound `dict.keys`) is called on."""
+    if isinstance(fn, (types.MethodWrapperType, types.BuiltinMethodType)):
+        return fn.__self__
+    return args[0] if args else None
+
+
+def _torch_receives(ev, args, kwargs):
+    """Abstract domain: NumPy's data reaching torch claims the breaks of the calls that made it."""
+    if ev.foreign:
+        ev.foreign_reaches_torch([args, kwargs])
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", type(fn).__name__)
+
+
+def _short(node, limit=60) -> str:
+    text = ast.unparse(node)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
