@@ -185,7 +185,7 @@ class AbstractInstance:
         return UNKNOWN
 
     def __fl_abstract_call__(self, ev, args, kwargs, e, scope):
-        fs = self.cls.method_source("forward")
+        fs = self.cls.method_source("forward" if self.cls.is_module else "__call__")
         if fs is None:
             return UNKNOWN
         return ev.inline(fs, args, kwargs, e, scope, self_value=self)

@@ -83,9 +83,8 @@ def _type(ev, fn, args, kwargs, e, scope):
         return NOT_HANDLED  # type(name, bases, dict): a class made
     (v,) = args
     if isinstance(v, TensorVar):
-        if v.source is not None and not ev.abstract:
-            return type(ev.sources.resolve(v.source))
-        return torch.Tensor
+        example = None if v.source is None else ev.domain.example(v.source)
+        return torch.Tensor if example is None else type(example)
     if isinstance(v, Unknown):
         return UNKNOWN
     return type(v)
@@ -97,8 +96,8 @@ def _isinstance(ev, fn, args, kwargs, e, scope):
         types_ = cls if isinstance(cls, tuple) else (cls,)
         if any(isinstance(c, type) and issubclass(torch.Tensor, c) for c in types_):
             return True
-        if nn.Parameter in types_ and obj.source is not None and not ev.abstract:
-            return isinstance(ev.sources.resolve(obj.source), nn.Parameter)
+        if nn.Parameter in types_ and obj.source is not None:
+            return isinstance(ev.domain.example(obj.source), nn.Parameter)
         return False
     if isinstance(obj, (Unknown, AbstractSeq)):
         return UNKNOWN
@@ -112,16 +111,14 @@ def _super(ev, fn, args, kwargs, e, scope):
         fs = scope.fs
         params = fs.params.posonlyargs + fs.params.args
         if "__class__" not in fs.closure or not params:
-            if ev.abstract:  # a method the editor does not know the class of: nothing known
-                return UNKNOWN
-            ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="super() outside a method")
+            # (the editor: a method it does not know the class of)
+            return ev.domain.unknowable(ev, B.UNSUPPORTED_EXPR, e, scope, detail="super() outside a method")
         args = [fs.closure["__class__"], scope.vars.get(params[0].arg)]
     if hasattr(type(args[0]), "__fl_abstract_super__"):  # a class the editor parsed (analyze.py)
         return args[0].__fl_abstract_super__(*args[1:])
-    if ev.abstract and any(isinstance(a, Unknown) or hasattr(type(a), "__fl_abstract_getattr__")
-                           for a in args):
-        return UNKNOWN
-    if any(isinstance(a, (TensorVar, Unknown)) for a in args):
+    if any(isinstance(a, Unknown) or hasattr(type(a), "__fl_abstract_getattr__") for a in args):
+        return UNKNOWN  # (the editor's: what it does not know, or stands in for)
+    if any(isinstance(a, TensorVar) for a in args):
         ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="super() of a tensor")
     return super(*args)
 
@@ -131,7 +128,7 @@ def _setattr(ev, fn, args, kwargs, e, scope):
     if ev.effects.is_fresh(obj):
         ev.set_attribute(obj, name, v, e, scope)
         return None
-    if ev.abstract and (isinstance(obj, Unknown) or hasattr(type(obj), "__fl_abstract_getattr__")):
+    if isinstance(obj, Unknown) or hasattr(type(obj), "__fl_abstract_getattr__"):
         return None  # an object the editor only stands in for
     ev.brk(B.UNSUPPORTED_STMT, e, scope, detail=f"setattr() on a {type(obj).__name__} object from outside",
            whole_stmt=True)
@@ -167,10 +164,8 @@ def _iter(ev, fn, args, kwargs, e, scope):
 
 def _next(ev, fn, args, kwargs, e, scope):
     """`next()` of an iterator capture made (`iter(...)`, a generator run to its end)."""
-    if ev.abstract and not isinstance(args[0], type(iter([]))):
-        return UNKNOWN
     if not isinstance(args[0], type(iter([]))):
-        ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"next() of a {type(args[0]).__name__}")
+        return ev.domain.unknowable(ev, B.UNSUPPORTED_EXPR, e, scope, detail=f"next() of a {type(args[0]).__name__}")
     return next(*args)
 
 
@@ -240,7 +235,7 @@ def _cached(ev, fn, args, kwargs, e, scope):
 def _marked_constant(ev, fn, args, kwargs, e, scope):
     """`torch._dynamo.assume_constant_result` marked it (transformers marks its install probes
     so): a constant of the process on constant arguments, called now as torch.compile does."""
-    if not ev.abstract and all(foldable(v) and not isinstance(v, (TensorVar, SymInt))
+    if ev.domain.runs_python and all(foldable(v) and not isinstance(v, (TensorVar, SymInt))
                                for v in leaves([args, kwargs])):
         return fn(*args, **kwargs)
     return NOT_HANDLED

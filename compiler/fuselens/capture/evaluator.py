@@ -25,6 +25,7 @@ from .expressions import Expressions
 from .tensors import Tensors
 from .objects import Objects, dataclass_generated_init
 from .kinds import kind_of
+from .domains import Abstract, Concrete
 
 MAX_INLINE_DEPTH = 40  # real models nest deep: decorators, layers, attention interfaces
 _TORCH_DIR = __import__("os").path.dirname(torch.__file__)
@@ -52,6 +53,9 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
     def __init__(self, builder: GraphBuilder, *, abstract=False, sources=None, on_break=None,
                  dynamic: dict | None = None):
         self.g = builder
+        # where the concrete and abstract domains differ (domains.py); `abstract` for the walk's
+        # own differences (statements.py walks on past a break and down both arms of a branch)
+        self.domain = Abstract() if abstract else Concrete(sources)
         self.abstract = abstract
         self.sources = sources          # capture.Sources (concrete): guards and constants
         self.on_break = on_break        # abstract domain: called with each GraphBreak
@@ -102,23 +106,23 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
                     # the `__init__` @dataclass wrote (no source), called by a wrapper of it
                     return self.dataclass_init(every[0], every[1:len(every) - len(kwargs)], kwargs, fn,
                                                call, caller)
-                if self.abstract and not contains_tensor(every):
-                    return UNKNOWN  # the editor cannot see into it, nor tell that a graph would
-                if not self.abstract and not any(contains_tensor(v) or type(v) in MUTABLE
-                                                 or isinstance(v, (Unknown, SymInt)) for v in every):
+                if self.domain.runs_python and not any(contains_tensor(v) or type(v) in MUTABLE
+                                                       or isinstance(v, (Unknown, SymInt)) for v in every):
                     # Python with no source to read (a frozen module's `Mapping.get`) touching
                     # no tensor and no container capture models: Python runs it
                     return fn(self_value, *args, **kwargs) if self_value is not None else fn(*args, **kwargs)
-                self.brk(B.UNKNOWN_CALL, call, caller, detail=str(e))
+                if contains_tensor(every):
+                    self.brk(B.UNKNOWN_CALL, call, caller, detail=str(e))
+                # (the editor cannot see into it, nor tell that a graph would)
+                return self.domain.unknowable(self, B.UNKNOWN_CALL, call, caller, detail=str(e))
             enclosing = None
         if self_value is not None:
             args = [self_value] + list(args)
         try:
             bound = self.bind(fs, args, kwargs)
-        except TypeError as e:
-            if self.abstract:  # (from values the editor does not know, or a TypeError in eager too)
-                return UNKNOWN
-            self.brk(B.UNSUPPORTED_EXPR, call, caller, detail=f"cannot bind arguments: {e}")
+        except TypeError as e:  # (the editor: from values it does not know, or eager's TypeError too)
+            return self.domain.unknowable(self, B.UNSUPPORTED_EXPR, call, caller,
+                                          detail=f"cannot bind arguments: {e}")
         if isinstance(fn, FunctionSource) or not isinstance(fn, LocalFunction):
             for k, v in fs.closure.items():
                 if k not in bound:
@@ -159,12 +163,12 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
 
     def external_constant(self, v, cell, name):
         """A callee's closure variable (in `cell`) or default: a container is modelled."""
-        if type(v) not in MUTABLE or self.abstract:
+        if type(v) not in MUTABLE:
             return v
         if cell is not None:
             v = cell.cell_contents
-            return self.wrap_external(v, f"{self.sources.constant(cell, 'cell_' + name)}.cell_contents")
-        return self.wrap_external(v, self.sources.constant(v, name))
+            return self.wrap_external(v, f"{self.domain.constant(cell, 'cell_' + name)}.cell_contents")
+        return self.wrap_external(v, self.domain.constant(v, name))
 
     def bind(self, fs: FunctionSource, args, kwargs) -> dict:
         a = fs.params

@@ -48,10 +48,7 @@ class Expressions:
         raise NameError(f"name '{name}' is not defined")
 
     def global_value(self, name, v, scope):
-        if self.abstract:  # the editor's walk must not change the program's lists either
-            return self.effects.model(v, None, lambda x, _: x) if type(v) in MUTABLE else v
-        src = self.sources.global_source(scope.fs.globals, name, v)
-        return self.wrap_external(v, src)
+        return self.wrap_external(v, self.domain.global_source(scope.fs.globals, name, v))
 
     def wrap_external(self, v, src):
         """A value from outside the frame (argument, global, attribute, closure): tensors
@@ -59,8 +56,8 @@ class Expressions:
         wrapped; tuples are wrapped item by item."""
         if isinstance(v, torch.Tensor):
             return self.input(v, src)
-        if type(v) in MUTABLE and not self.abstract:
-            return self.effects.model(v, src, self.wrap_external)
+        if type(v) in MUTABLE:
+            return self.domain.external(self, v, src)
         if type(v) is tuple or isinstance(v, tuple) and (hasattr(v, "_fields") or hasattr(type(v), "n_fields")):
             out = [self.wrap_external(x, None if src is None else f"{src}[{i}]") for i, x in enumerate(v)]
             if all(a is b for a, b in zip(out, v)):
@@ -342,8 +339,7 @@ class Expressions:
     # ===================================================================== symbolic ints
     def specialize(self, s: SymInt, node, scope):
         """A dynamic size used as a Python value: guard on its exact value."""
-        if not self.abstract:
-            self.sources.guard(f"{s.expr} == {s.hint}", f"{s.expr} (used as a Python value)")
+        self.domain.guard(f"{s.expr} == {s.hint}", f"{s.expr} (used as a Python value)")
         return s.hint
 
     def sym_arith(self, fn, args, e, scope):
@@ -360,15 +356,14 @@ class Expressions:
         ha = a.hint if isinstance(a, SymInt) else a
         hb = b.hint if isinstance(b, SymInt) else b
         r = fn(ha, hb)
-        if not self.abstract:
-            ea = a.expr if isinstance(a, SymInt) else repr(a)
-            eb = b.expr if isinstance(b, SymInt) else repr(b)
-            text = {operator.eq: "==", operator.ne: "!=", operator.lt: "<", operator.le: "<=",
-                    operator.gt: ">", operator.ge: ">="}.get(fn)
-            if text is None:
-                return fn(self.specialize(a, e, scope) if isinstance(a, SymInt) else a,
-                          self.specialize(b, e, scope) if isinstance(b, SymInt) else b)
-            self.sources.guard(f"({ea} {text} {eb}) is {r}", f"{ea} {text} {eb}")
+        ea = a.expr if isinstance(a, SymInt) else repr(a)
+        eb = b.expr if isinstance(b, SymInt) else repr(b)
+        text = {operator.eq: "==", operator.ne: "!=", operator.lt: "<", operator.le: "<=",
+                operator.gt: ">", operator.ge: ">="}.get(fn)
+        if text is None:
+            return fn(self.specialize(a, e, scope) if isinstance(a, SymInt) else a,
+                      self.specialize(b, e, scope) if isinstance(b, SymInt) else b)
+        self.domain.guard(f"({ea} {text} {eb}) is {r}", f"{ea} {text} {eb}")
         return r
 
 

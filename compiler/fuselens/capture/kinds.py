@@ -11,8 +11,8 @@ answers at compile time, a logging call) is an entry of `builtins.KNOWN`, not a 
 
 Both domains go through the same kinds. The abstract domain's own values (`Unknown`, the
 editor's stand-ins for classes it parsed) are kinds too, so the editor meets every rule capture
-has; what differs between the domains (guards, inputs, what an unknown callee gives back) is
-asked of the evaluator (`ev.abstract`), inside the kind that needs it."""
+has; what differs between the domains (guards, inputs, what an opaque callee gives back, whether
+library Python may run) is asked of `ev.domain` (domains.py)."""
 from __future__ import annotations
 
 import ast
@@ -29,7 +29,7 @@ from . import breaks as B
 from . import calls as C
 from .builtins import NOT_HANDLED, known_handler
 from .frames import AbstractSeq
-from .objects import _IMMUTABLE, _c_callable, _no_source, _runs_python, _stdlib
+from .objects import _IMMUTABLE, _no_source, _runs_python, _stdlib
 from .side_effects import MUTABLE
 from .source import FunctionSource
 from .values import (UNKNOWN, BoundUserMethod, ForeignData, GeneratorCall, LocalFunction, SymInt, TensorVar,
@@ -40,19 +40,14 @@ from .tensors import TensorMethod
 class Kind:
     """A Python object capture sees into (constants, containers, objects of user classes): its
     attributes are read (guarded where it came from outside), its items and truth are Python's,
-    and calling it breaks unless a kind below knows what the call does."""
+    and calling it evaluates its class's `__call__` where that is Python (a loss object, a
+    scheduler); anything else it cannot see into."""
 
     def call(self, ev, fn, args, kwargs, e, scope):
-        if ev.abstract and not contains_tensor([args, kwargs]):
-            if not _c_callable(fn) or ev.uncertain:
-                return UNKNOWN  # on values the editor does not know (a library's object): silent
-            # capture breaks here (it cannot see into C code): claimed where the result reaches
-            # torch (ForeignData), not on NumPy work of its own
-            ev.foreign = True
-            return ForeignData.merge(*leaves([args, kwargs]), extra=[B.make_break(
-                B.UNKNOWN_CALL, ev.loc(e, scope), stack=ev.stack(scope), function=scope.fs.qualname,
-                detail=f"call to {_name(fn)}")])
-        ev.brk(B.UNKNOWN_CALL, e, scope, detail=f"call to {_name(fn)}")
+        method = inspect.getattr_static(type(fn), "__call__", None)
+        if isinstance(method, types.FunctionType) and not _no_source(method):
+            return ev.inline(method, args, kwargs, e, scope, self_value=fn)
+        return ev.domain.opaque_call(ev, fn, args, kwargs, e, scope)
 
     def getattr(self, ev, obj, attr, e, scope):
         assigned, v = ev.effects.getattr(obj, attr)
@@ -68,20 +63,16 @@ class Kind:
         if ev.effects.is_fresh(obj):
             return getattr(obj, attr)  # the capture's own object: what it holds, as is
         v = getattr(obj, attr)
-        src = ev.value_sources.get(obj)
-        if src is not None and not ev.abstract and not isinstance(v, torch.Tensor) \
-                and not isinstance(obj, (type, types.FunctionType)):
-            ev.sources.guard_value(f"{src}.{attr}", v)
-        if type(v) in MUTABLE and not ev.abstract:
+        src = ev.domain.source(ev, obj)
+        if src is not None and not isinstance(v, torch.Tensor) and not isinstance(obj, (type, types.FunctionType)):
+            ev.domain.guard_value(f"{src}.{attr}", v)
+        if type(v) in MUTABLE:
             if src is None:  # found through an object of no source: that very object
-                src = ev.sources.constant(obj, type(obj).__name__)
-            return ev.wrap_external(v, f"{src}.{attr}")
+                src = ev.domain.constant(obj, type(obj).__name__)
+            return ev.domain.external(ev, v, f"{src}.{attr}")
         if isinstance(v, torch.Tensor):
-            if src is None:
-                if ev.abstract:
-                    return TensorVar(None, None, None)
-                src = ev.sources.constant(v, f"{type(obj).__name__}_{attr}")
-                return ev.input(v, src)
+            if src is None:  # found through an object of no source: the tensor itself
+                return ev.input(v, ev.domain.constant(v, f"{type(obj).__name__}_{attr}"))
             return ev.input(v, f"{src}.{attr}")
         if src is not None and not isinstance(v, (int, float, str, bool, type(None))):
             ev.value_sources.set(v, f"{src}.{attr}")
@@ -126,10 +117,8 @@ class PythonModule(Kind):
         if assigned:
             return v
         v = getattr(obj, attr)
-        if ev.abstract:
-            return v
         if isinstance(v, torch.Tensor) or type(v) in MUTABLE:
-            return ev.wrap_external(v, ev.sources.attr_source(obj, attr))
+            return ev.wrap_external(v, f"{ev.domain.constant(obj, obj.__name__.split('.')[-1])}.{attr}")
         return v
 
 
@@ -237,8 +226,8 @@ class Module(Kind):
         if isinstance(idx, SymInt):
             idx = ev.specialize(idx, e, scope)
         v = obj[idx]
-        if isinstance(v, nn.Module) and not ev.abstract:
-            src = ev.value_sources.get(obj)
+        if isinstance(v, nn.Module):
+            src = ev.domain.source(ev, obj)
             if src is not None:
                 ev.value_sources.set(v, f"{src}[{idx!r}]")
                 if isinstance(idx, slice):  # (a new container each time the guards read it:
@@ -249,10 +238,10 @@ class Module(Kind):
 
     def iterate(self, ev, v, node, scope, whole_stmt):
         if isinstance(v, (nn.ModuleList, nn.Sequential)):
-            src = ev.value_sources.get(v)
+            src = ev.domain.source(ev, v)
             items = list(v)
-            if src is not None and not ev.abstract:
-                ev.sources.guard(f"len({src}) == {len(items)}", f"len({src})")
+            if src is not None:
+                ev.domain.guard(f"len({src}) == {len(items)}", f"len({src})")
                 for i, m in enumerate(items):
                     if ev.value_sources.get(m) is None:  # (a slice's modules have theirs)
                         ev.value_sources.set(m, f"{src}[{i}]")
@@ -279,7 +268,7 @@ class PythonFunction(Kind):
             return ev.inline(fn.fn, args, kwargs, e, scope, self_value=fn.self_value)
         if isinstance(fn, types.MethodType):
             return ev.inline(fn.__func__, args, kwargs, e, scope, self_value=fn.__self__)
-        if isinstance(fn, types.FunctionType) and _stdlib(fn) and not ev.abstract and not any(
+        if isinstance(fn, types.FunctionType) and _stdlib(fn) and ev.domain.runs_python and not any(
                 contains_tensor(v) or type(v) in MUTABLE or isinstance(v, (Unknown, SymInt))
                 for v in list(args) + list(kwargs.values())):
             r = fn(*args, **kwargs)  # the standard library on plain values (inspect, re...)
@@ -297,7 +286,7 @@ class TorchFunction(Kind):
     def call(self, ev, fn, args, kwargs, e, scope):
         _torch_receives(ev, args, kwargs)
         plain = not contains_tensor([args, kwargs])
-        if ev.abstract and plain and isinstance(fn, (types.FunctionType, types.MethodType)):
+        if not ev.domain.runs_python and plain and isinstance(fn, (types.FunctionType, types.MethodType)):
             # the editor does not walk torch's own Python on plain values (`torch.compile`
             # itself): what it would find there is torch's, not the user's, and depends on state
             return UNKNOWN
@@ -338,8 +327,8 @@ class CMethod(Kind):
             # object.__setattr__, reached from a class's own __setattr__ (`super().__setattr__`):
             # the store itself, on an object from outside
             attr, v = args[-2:]
-            src = None if ev.abstract else ev.value_sources.get(owner)
-            if src is None and not ev.abstract:
+            src = ev.domain.source(ev, owner)
+            if src is None:
                 ev.brk(B.UNSUPPORTED_STMT, e, scope, whole_stmt=True,
                        detail=f"attribute assignment `.{attr} = ...` on an object of no known source")
             ev.effects.setattr(owner, src, attr, v)
@@ -384,7 +373,7 @@ class Class(Kind):
         if cls.__module__.startswith("torch") and not any(contains_tensor(a) for a in args):
             # torch objects (Size, dtype, device, a module without parameters) from constants
             _torch_receives(ev, args, kwargs)
-            if ev.abstract and any(isinstance(v, Unknown) for v in leaves([args, kwargs])):
+            if any(isinstance(v, Unknown) for v in leaves([args, kwargs])):
                 return ev.abstract_torch_object(cls, e, scope)
             r = cls(*args, **kwargs)
             if isinstance(r, nn.Module):

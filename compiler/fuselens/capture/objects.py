@@ -32,27 +32,27 @@ class Objects:
     """Mixin of `Evaluator` (evaluator.py)."""
 
     def module_attr(self, mod, attr, e, scope):
-        if self.abstract or self.effects.is_fresh(mod):
+        if self.effects.is_fresh(mod):
             return getattr(mod, attr)
-        src = self.value_sources.get(mod) or self.sources.constant(mod, type(mod).__name__)
+        src = self.domain.source(self, mod) or self.domain.constant(mod, type(mod).__name__)
         self.value_sources.set(mod, src)
         v = getattr(mod, attr)
         if attr == "training":
-            self.sources.guard(f"{src}.training is {v}", f"{src}.training (train/eval mode)")
+            self.domain.guard(f"{src}.training is {v}", f"{src}.training (train/eval mode)")
         elif isinstance(v, torch.Tensor):
             return self.input(v, f"{src}.{attr}")
         elif isinstance(v, (int, float, bool, str, type(None))):
             # hyper-parameters such as Dropout.p: constants, guarded by value
-            self.sources.guard(f"{src}.{attr} == {v!r}", f"{src}.{attr} (module attribute)")
+            self.domain.guard(f"{src}.{attr} == {v!r}", f"{src}.{attr} (module attribute)")
         elif isinstance(v, nn.Module):
             self.value_sources.set(v, f"{src}.{attr}")
-            self.sources.guard_module(v, f"{src}.{attr}")
+            self.domain.guard_module(v, f"{src}.{attr}")
         elif type(v) in MUTABLE or isinstance(v, tuple) and any(isinstance(x, torch.Tensor) for x in v):
             return self.wrap_external(v, f"{src}.{attr}")
         elif hasattr(v, "__dict__") and not callable(v) and not isinstance(v, types.ModuleType):
             # an object the module holds (a config): found there on each call, guarded by its
             # type; what capture reads of it is guarded where it is read (getattr)
-            self.sources.guard_value(f"{src}.{attr}", v)
+            self.domain.guard_value(f"{src}.{attr}", v)
             self.value_sources.set(v, f"{src}.{attr}")
         return v
 
@@ -149,8 +149,8 @@ class Objects:
         if self.effects.is_fresh(obj):
             self.set_attribute(obj, attr, v, e, scope)
             return
-        src = None if self.abstract else self.value_sources.get(obj)
-        if src is not None or self.abstract:
+        src = self.domain.source(self, obj)
+        if src is not None:
             setter = type(obj).__setattr__
             if isinstance(setter, types.FunctionType) and not isinstance(obj, (nn.Module, type)) \
                     and not _no_source(setter):
@@ -221,9 +221,9 @@ class Objects:
         """Folding is sound only for values guarded by value: an opaque object (a NumPy array,
         say) is guarded by its type alone, so computing with it must happen in Python."""
         for v in vals:
-            if not foldable(v) and not self.abstract:
-                self.brk(B.UNSUPPORTED_EXPR, e, scope,
-                         detail=f"operation on a {type(v).__name__} object")
+            if not foldable(v):
+                self.domain.unknowable(self, B.UNSUPPORTED_EXPR, e, scope,
+                                       detail=f"operation on a {type(v).__name__} object")
 
     def fold(self, fn, args, kwargs, e, scope):
         """A pure Python function: evaluated now if its arguments are known."""
@@ -295,13 +295,13 @@ class Objects:
     def call_module(self, mod, args, kwargs, e, scope):
         if mod._forward_hooks or mod._forward_pre_hooks or getattr(mod, "_backward_hooks", None):
             self.brk(B.UNKNOWN_CALL, e, scope, detail=f"{type(mod).__name__} has hooks")
-        if not self.abstract and not self.effects.is_fresh(mod):
-            src = self.value_sources.get(mod)
+        if not self.effects.is_fresh(mod):
+            src = self.domain.source(self, mod)
             if src is None:
-                src = self.sources.constant(mod, type(mod).__name__)
+                src = self.domain.constant(mod, type(mod).__name__)
                 self.value_sources.set(mod, src)
             # identity and .training, however the module was reached (a global, a list item)
-            self.sources.guard_module(mod, src)
+            self.domain.guard_module(mod, src)
         fwd = type(mod).forward
         return self.inline(fwd, args, kwargs, e, scope, self_value=mod)
 
@@ -388,13 +388,6 @@ def _makes_state(cls, depth=0) -> bool:
                 return True
         return False
     return every_path(fs.node.body)
-
-
-def _c_callable(fn) -> bool:
-    """A function or bound method written in C (`np.power`, `np.sin`): reached at the end of
-    `Evaluator.call` (not a container's or a constant's method), calling it is the concrete
-    domain's UNKNOWN_CALL break whatever its arguments are."""
-    return callable(fn) and not isinstance(fn, (type, types.FunctionType, types.MethodType))
 
 
 def _stdlib(fn) -> bool:

@@ -513,21 +513,19 @@ class Statements:
         for a in s.names:
             root = a.name if a.asname else a.name.split(".")[0]
             mod = sys.modules.get(a.name if a.asname else root)
-            if mod is None and self.abstract:  # what the import finds depends on the installation
-                mod = UNKNOWN
-            if mod is None:
-                self.brk(B.UNSUPPORTED_STMT, s, scope, detail=f"import of {a.name} (not imported yet)",
-                         whole_stmt=True)
+            if mod is None:  # (the editor: what the import finds depends on the installation)
+                mod = self.domain.unknowable(self, B.UNSUPPORTED_STMT, s, scope, whole_stmt=True,
+                                             detail=f"import of {a.name} (not imported yet)")
             scope.vars[a.asname or root] = mod
 
     def _stmt_ImportFrom(self, s, scope):
         mod = sys.modules.get(s.module or "") if s.level == 0 else None
-        if mod is None and self.abstract:
-            for a in s.names:
-                scope.vars[a.asname or a.name] = UNKNOWN
-            return
         if mod is None:
-            self.brk(B.UNSUPPORTED_STMT, s, scope, detail=f"import from {s.module}", whole_stmt=True)
+            unknown = self.domain.unknowable(self, B.UNSUPPORTED_STMT, s, scope, whole_stmt=True,
+                                             detail=f"import from {s.module}")
+            for a in s.names:
+                scope.vars[a.asname or a.name] = unknown
+            return
         for a in s.names:
             if not hasattr(mod, a.name):
                 self.brk(B.UNSUPPORTED_STMT, s, scope, detail=f"from {s.module} import {a.name}",

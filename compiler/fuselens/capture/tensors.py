@@ -23,16 +23,8 @@ class Tensors:
     """Mixin of `Evaluator` (evaluator.py)."""
 
     def input(self, t: torch.Tensor, src: str) -> TensorVar:
-        """A tensor from outside the graph: a graph input, guarded on its metadata."""
-        if self.abstract:
-            return self.g.abstract_input(src)
-        tv = self.g.input(t, src)
-        if tv.source == src:
-            self.sources.guard_tensor(src, t, self.dynamic.get(src, ()))
-        else:  # the same tensor reached by two names: guard the aliasing
-            self.sources.guard(f"{src} is {tv.source}", f"{src} is the same tensor as {tv.source}")
-        # read again after an in-place op on it (e.g. `self.buf.add_(1)`): the new value
-        return self.mutated_inputs.get(tv.source, tv)
+        """A tensor from outside the graph: a graph input (domains.py)."""
+        return self.domain.input(self, t, src)
 
     def tensor_attr(self, t: TensorVar, attr, e, scope):
         if attr in C.META_ATTRS:
@@ -72,7 +64,7 @@ class Tensors:
         shape = tuple(t.meta.shape)
         src = t.source
         dyn = self.dynamic.get(src, ()) if src is not None else ()
-        if src is None and self.dynamic and not self.abstract:
+        if src is None and self.dynamic:
             # an intermediate's meta shape holds the example sizes: pin the dynamic dims of
             # the inputs (guarded) rather than bake sizes that may change into the graph
             for s, obj in self.g.inputs:
