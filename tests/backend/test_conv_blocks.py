@@ -43,7 +43,8 @@ def first_call(m, x):
 
 @pytest.mark.parametrize("affine", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_inference_block_is_one_pass_after_each_convolution(affine, dtype):
+def test_inference_block_is_one_pass_after_each_convolution(affine, dtype, monkeypatch):
+    monkeypatch.setenv("FUSELENS_CONV_LAYOUT", "eager")  # (CUDA's inference graphs run channels-last: below)
     x = torch.randn(2, 8, 6, 6, device=DEVICE, dtype=dtype)
     want = model(affine, dtype)(x)
     with torch.no_grad():
@@ -56,6 +57,46 @@ def test_inference_block_is_one_pass_after_each_convolution(affine, dtype):
     assert len(kernels) == 2, kernels  # BN+ReLU after the first conv, BN+add+ReLU after the second
     assert not any("stop_gradient" in k or "copy" in k for k in kernels), kernels
     assert "batch_norm" not in wrapper  # no extern BatchNorm
+
+
+def _layout(t):
+    """Strides of the dims longer than 1 (a size-1 dim's addresses nothing; AccumulateGrad ignores it)."""
+    return tuple(s for s, n in zip(t.stride(), t.shape) if n != 1)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_convolutions_run_channels_last(train, monkeypatch):
+    """FUSELENS_CONV_LAYOUT=channels_last (what CUDA's inference graphs get): an NCHW model's
+    convolutions take channels-last operands and return channels-last results, as predicted (no
+    copy after them); BatchNorm and ReLU between them keep that layout; the output and the
+    gradients come back in eager's layout and equal eager's."""
+    from fuselens.codegen import wrapper as W
+    monkeypatch.setenv("FUSELENS_CONV_LAYOUT", "channels_last")
+    copied = []
+
+    def ensure_layout(t, size, stride):
+        copied.append(t is not None and t.numel() > 1 and t.stride() != tuple(stride))
+        return real(t, size, stride)
+    real = W.ensure_layout
+    monkeypatch.setattr(W, "ensure_layout", ensure_layout)
+    x = torch.randn(2, 8, 6, 6, device=DEVICE)
+    want_m, got_m = model().train(train), model().train(train)
+    with torch.set_grad_enabled(train):
+        want = want_m(x)
+        got, kernels, wrapper = first_call(got_m, x)
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    cl = str(torch.empty(2, 8, 6, 6).contiguous(memory_format=torch.channels_last).stride())
+    assert set(re.findall(r"ensure_layout\(\w+, \(2, 8, 6, 6\), (\(.*?\))\)", wrapper)) == {cl}
+    assert copied and not any(copied)
+    if not train:  # the input and the 3x3 weight copied in; BN+ReLU; BN+add; the ReLU into eager's layout
+        assert len([k for k in kernels if "copy" in k.name]) == 2 and len(kernels) == 5, [k.name for k in kernels]
+    else:
+        want.sum().backward()
+        got.sum().backward()
+        for (n, a), (_, b) in zip(got_m.named_parameters(), want_m.named_parameters()):
+            assert _layout(a.grad) == _layout(b.grad), n
+            torch.testing.assert_close(a.grad, b.grad, msg=n, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("train", [False, True])

@@ -174,6 +174,10 @@ class Lazy(TensorValue):
     # and viewed, so the store runs over the base's loops, which the base's producers share (a
     # norm's output reshaped for each of three projections: one store, in the norm's kernel)
     reshape_of: "Lazy | None" = None
+    # the dense layout it is stored in, outermost dim first (None: row-major): its first full-size
+    # operand's, as eager's TensorIterator lays out a pointwise result (a channels-last
+    # convolution's activations stay channels-last up to the next convolution)
+    order: list | None = None
     reads: frozenset = frozenset()  # (buffer name, elements) a load of it reads (each consumer reads them all)
 
     def load(self, idx):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import sympy
 import torch
@@ -27,6 +28,16 @@ INDEX_OPS_LIMIT = 200
 # re-read every earlier block's output (ViT-B's took 1 ms each on an H100). Less is recomputed:
 # softmax's exp(x - max), layer norm's (x - mean) * rstd in its backward (per-row vectors are small).
 REALIZE_READS = 2
+# Convolutions of an inference graph run channels-last, as Inductor's layout optimization runs
+# them: cuDNN's NHWC kernels are the fast ones, and its NCHW path transposes in and out (0.67 ms of
+# eager's ResNet-50 inference step on an H100; fuselens's step 4.12 -> 3.34 ms, Inductor's 3.15).
+# Their operands are stored so (a graph input, a weight: copied once a call), their results are,
+# and the pointwise ops between convolutions follow (Lazy.order); a graph output is stored in
+# eager's layout. Not in training: a BatchNorm's statistics then reduce over channels-last values,
+# which the scheduler neither fuses with the normalization nor reads coalesced (ResNet-50 bf16
+# training's kernels 15.8 ms against Inductor's 7.3). Not in float64 (eager's stays NCHW). On CUDA;
+# elsewhere eager's layouts (FUSELENS_CONV_LAYOUT=channels_last|eager decides instead).
+CHANNELS_LAST = [0, 2, 3, 1]
 
 
 def _broadcast(x: Lazy) -> bool:
@@ -55,8 +66,26 @@ class _Seed:
 
 
 class _ExternTuple:
-    def __init__(self, call):
+    def __init__(self, call, val=None):
         self.call = call
+        self.val = val  # its items' meta values where not as traced (Lowering._result_layout)
+
+
+def order_of(v) -> list | None:
+    """The dense layout `v` is (or will be) stored in, outermost dim first; None: row-major or
+    not dense (a broadcast)."""
+    order = dense_order(v.shape, v.stride) if isinstance(v, View) else v.order if isinstance(v, Lazy) else None
+    return None if order is None or order == sorted(order) else order
+
+
+def strides_in(shape, order) -> tuple:
+    """Dense strides of `shape` laid out in `order` (outermost first; size-1 dims placed innermost)."""
+    order = list(order) + [d for d in range(len(shape)) if d not in order]
+    stride, acc = [0] * len(shape), 1
+    for d in reversed(order):
+        stride[d] = acc
+        acc *= shape[d]
+    return tuple(stride)
 
 
 def broadcast_index(idx, out_shape, in_shape):
@@ -135,9 +164,10 @@ def reshape_index(idx, new_shape, old_shape, env):
 
 
 class Lowering:
-    def __init__(self, graph: fx.Graph, device, input_vals=None):
+    def __init__(self, graph: fx.Graph, device, input_vals=None, inference=False):
         self.graph = graph
         self.input_vals = input_vals
+        self.inference = inference
         self.device = torch.device(device)
         self.sv = SizeVars()
         self.steps: list = []
@@ -149,12 +179,14 @@ class Lowering:
         return f"buf{self.names - 1}"
 
     def realize(self, v, layout=None) -> View:
-        """The value in memory. `layout`: a graph output's traced (eager's) dense layout, as
-        (shape, stride), which it is stored in: a later view in Python may depend on it, and a
-        pointwise op on a transposed input then writes in the order it reads."""
+        """The value in memory. `layout`: a dense layout as (shape, stride) to store it in (a graph
+        output's traced, eager's, layout: a later view in Python may depend on it); a view in
+        another layout is copied. Without one, a lazy value is stored in its own `order`."""
         if isinstance(v, View):
-            return v
-        order = dense_order(*layout) if layout is not None else None
+            if layout is None or dense_order(*layout) in (None, dense_order(v.shape, v.stride)):
+                return v  # (strides of size-1 dims aside: they address nothing)
+            v = Lazy(v.shape, v.dtype, v.load, reads=reads_of([v]))
+        order = dense_order(*layout) if layout is not None else v.order
         if v.realized is None and v.permute_of is not None:
             base, dims = v.permute_of
             if order is None or base.realized is not None:
@@ -176,7 +208,7 @@ class Lowering:
             # stored as the value permuted to `order` (row-major), viewed back; read from where it
             # is stored already if it is (in another layout)
             fn = v.realized.load if v.realized is not None else v.fn
-            order += [d for d in range(len(v.shape)) if v.shape[d] == 1]
+            order = order + [d for d in range(len(v.shape)) if v.shape[d] == 1]
             where = [order.index(d) for d in range(len(order))]
             shape = tuple(v.shape[d] for d in order)
             buf = ComputedBuffer(self.new_name(), shape, contiguous_strides(shape), v.dtype,
@@ -240,18 +272,19 @@ class Lowering:
             if p is prim.convert:
                 return ops().to_dtype(vals[0], kwargs["dtype"])
             return ops().pointwise(p, vals, dtype)
-        v = self._lazy(shape, dtype, loc, fn, args)
+        full = [a for a in operands if isinstance(a, TensorValue) and tuple(a.shape) == shape]
+        v = self._lazy(shape, dtype, loc, fn, args, order=order_of(full[0]) if full else None)
         if isinstance(v, Lazy) and len(node.users) > 1 and \
                 sum(n for _, n in v.reads) >= REALIZE_READS * math.prod(shape):
             return self.realize(v)
         return v
 
-    def _lazy(self, shape, dtype, loc, fn, inputs):
+    def _lazy(self, shape, dtype, loc, fn, inputs, order=None):
         def located(idx):  # kernel lines of this op carry its source location
             with ops().at(loc):
                 return fn(idx)
         cost = 1 + sum(a.cost for a in inputs if isinstance(a, Lazy))
-        v = Lazy(shape, dtype, located, cost, loc, reads=reads_of(inputs))
+        v = Lazy(shape, dtype, located, cost, loc, reads=reads_of(inputs), order=order)
         return self.realize(v) if cost > INLINE_COST_LIMIT else v
 
     def _slice_backward_fn(self, dtype, src, _shape, dim, start, end, step):
@@ -381,24 +414,54 @@ class Lowering:
     def lower_extern(self, node, p, args, kwargs):
         def arg(a):
             return self.realize(a) if isinstance(a, TensorValue) else a
+        if p in (prim.conv2d, prim.conv2d_backward) and self._channels_last(args[1 if p is prim.conv2d_backward else 0]):
+            n = 3 if p is prim.conv2d_backward else 2  # (grad,) x, weight
+            args = tuple(self.realize(a, (a.shape, strides_in(a.shape, CHANNELS_LAST))) for a in args[:n]) + tuple(args[n:])
         args, kwargs = map_aggregate(args, arg), map_aggregate(kwargs, arg)
         call = ExternCall(self.new_name(), p, args, kwargs, None, loc=node.meta.get("loc"))
         self.steps.append(call)
-        val = node.meta["val"]
+        val = self._result_layout(node, p, args, kwargs)
         if isinstance(val, torch.Tensor):
             call.result = ExternBuffer(call.name, tuple(val.shape), tuple(val.stride()), val.dtype, call=call)
             return buffer_view(call.result)
-        return _ExternTuple(call)
+        return _ExternTuple(call, val if val is not node.meta["val"] else None)
+
+    def _channels_last(self, x) -> bool:
+        """Whether a convolution of `x` runs channels-last (CHANNELS_LAST)."""
+        mode = os.environ.get("FUSELENS_CONV_LAYOUT") or (
+            "channels_last" if self.device.type == "cuda" and self.inference else "eager")
+        return mode == "channels_last" and len(x.shape) == 4 and x.dtype != torch.float64
+
+    def _result_layout(self, node, p, args, kwargs):
+        """The extern's result (meta): as traced, unless an operand is stored in another layout
+        than traced (channels-last convolutions, a pointwise result following its input's
+        layout), then what the op returns for the operands as stored."""
+        traced = [a.meta["val"] for a in node.args if isinstance(a, fx.Node)]
+        stored = [a for a in args if isinstance(a, View)]
+        if len(traced) != len(stored) or all(tuple(t.stride()) == v.stride for t, v in zip(traced, stored)):
+            return node.meta["val"]
+
+        def meta(a):
+            return torch.empty_strided(a.shape, a.stride, dtype=a.dtype, device="meta") if isinstance(a, View) else a
+        margs, mkwargs = map_aggregate(args, meta), map_aggregate(kwargs, meta)
+        try:
+            val = p.impl(*margs, **mkwargs)
+        except Exception:  # no meta kernel: the result is checked against the traced layout at run time
+            return node.meta["val"]
+        if p is prim.conv2d:
+            val = prim.conv2d_result_layout(val, margs[0], margs[1])
+        return val
 
     def lower_item(self, node, p, args, kwargs):
         tup, index = args
-        val = node.meta["val"]
+        val = tup.val[index] if tup.val is not None else node.meta["val"]
         buf = ExternBuffer(f"{tup.call.name}_{index}", tuple(val.shape), tuple(val.stride()), val.dtype, call=tup.call,
                            item=index)
         tup.call.items.append(buf)
         return buffer_view(buf)
 
 
-def lower_graph(graph: fx.Graph, device, input_vals=None) -> LoweredGraph:
-    """`input_vals` (tensors, meta or real) override the placeholders' example strides."""
-    return Lowering(graph, device, input_vals).run()
+def lower_graph(graph: fx.Graph, device, input_vals=None, inference=False) -> LoweredGraph:
+    """`input_vals` (tensors, meta or real) override the placeholders' example strides; `inference`:
+    no gradient is computed from the graph (CHANNELS_LAST)."""
+    return Lowering(graph, device, input_vals, inference).run()

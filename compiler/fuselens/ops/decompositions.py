@@ -1120,15 +1120,9 @@ def _pair(v):
 
 
 def _in_eager_layout(out, x, weight):
-    """A convolution's result `out` predicted in eager's layout: the meta kernel says contiguous,
-    while cuDNN and oneDNN return channels-last where the input or the weight is channels-last
-    (ATen's `cudnn_conv_suggest_memory_format`), except in float64. Predicted wrong, the result
-    would be copied into the predicted layout on every call."""
-    from torch._prims_common import suggest_memory_format
-    cl = torch.channels_last
-    if out.ndim == 4 and x.dtype != torch.float64 and cl in (suggest_memory_format(x.val),
-                                                              suggest_memory_format(weight.val)):
-        out.val = out.node.meta["val"] = out.val.contiguous(memory_format=cl)
+    """A convolution's result `out` predicted in eager's layout (prim.conv2d_result_layout):
+    predicted wrong, it would be copied into the predicted layout on every call."""
+    out.val = out.node.meta["val"] = prim.conv2d_result_layout(out.val, x.val, weight.val)
     return out
 
 

@@ -191,6 +191,17 @@ bmm = Primitive("bmm", torch.bmm, "extern", fresh_contiguous=True)
 conv2d = Primitive("conv2d", torch.nn.functional.conv2d, "extern")
 
 
+def conv2d_result_layout(out, x, weight):
+    """The meta tensor `out` of a convolution of `x` by `weight` in the layout cuDNN and oneDNN
+    return: channels-last where the input or the weight is (ATen's
+    `cudnn_conv_suggest_memory_format`), except in float64. The meta kernel says contiguous."""
+    from torch._prims_common import suggest_memory_format
+    cl = torch.channels_last
+    if out.ndim == 4 and x.dtype != torch.float64 and cl in (suggest_memory_format(x), suggest_memory_format(weight)):
+        return out.contiguous(memory_format=cl)
+    return out
+
+
 def _conv2d_backward(grad, x, weight, stride, padding, dilation, groups, mask):
     """(grad of x, grad of weight), each None where `mask` says it is not needed: one ATen call
     for both (cuDNN's host cost is per call: ~90 us each on an H100 host)."""

@@ -97,11 +97,12 @@ def compile_ahead(programs):
 
 
 def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=frozenset(),
-                  input_vals=None, first_kernel_index=0, boxed=False) -> Program:
+                  input_vals=None, first_kernel_index=0, boxed=False, inference=False) -> Program:
     """`boxed`: see Program. `first_kernel_index` numbers this program's kernels after another's (a backward's after
-    its forward's), so kernel names stay unique within a compiled graph."""
+    its forward's), so kernel names stay unique within a compiled graph. `inference`: no gradient is computed
+    from it (lower/lowering.py CHANNELS_LAST)."""
     _log("ops", "primitive graph:\n%s", prim_graph)
-    lowered = lower_graph(prim_graph, device, input_vals)
+    lowered = lower_graph(prim_graph, device, input_vals, inference)
     _log("lower", "buffers:\n%s", lowered.describe)
     sched = schedule(lowered)
     _log("schedule", "kernels:\n%s", sched.describe)
@@ -269,7 +270,8 @@ class CompiledGraph:
                                              for label, p in zip(("forward", "backward"), programs)), check)
         else:
             made = cached if cached is not None else \
-                build_program(values_only(to_primitive_graph(self.gm, inputs, device)), device, self.mode, dynamic)
+                build_program(values_only(to_primitive_graph(self.gm, inputs, device)), device, self.mode, dynamic,
+                              inference=True)
             programs = [made]
             spec = _Specialization(made, made.kernels, made.wrapper_source)
         spec.cache_entry, spec.stored = (key, made) if key else None, cached is not None
