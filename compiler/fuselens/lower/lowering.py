@@ -195,10 +195,10 @@ class Lowering:
                 if order is None or dense_order(view.shape, view.stride) == order:
                     v.realized = view
         base = v.reshape_of
-        # (a permutation's stored form is a permuted view, which a reshape cannot view: the base would
-        # be stored for nothing)
+        # (a permutation's stored form is a permuted view, and so is a value stored in its operand's
+        # permuted layout: a reshape cannot view them, and the base would be stored for nothing)
         if v.realized is None and base is not None and order is None and \
-                (base.realized is not None or base.permute_of is None):
+                (base.realized is not None or base.permute_of is None and base.order is None):
             b = self.realize(base)
             stride = view_strides(b.shape, b.stride, v.shape)
             if stride is not None:
