@@ -225,6 +225,7 @@ def measure(w, compilers, ro=True) -> dict:
     torch._dynamo.reset()
     eager, args, kwargs = setup(w)
     row = {"workload": w.name}
+    compilers = ["eager"] + [c for c in compilers if c != "eager"]  # (eager's results: the reference)
     variants = [(c, c, "default") for c in compilers]
     if ro:
         variants += [(f"{c}_ro", c, "reduce-overhead") for c in compilers if c != "eager"]
