@@ -183,6 +183,16 @@ def test_what_differs_compiles(cache, fn, args, grad):
     assert counts() == (2, 2)
 
 
+def test_a_fuselens_variable_set_after_a_compile_compiles_again(cache, monkeypatch):
+    # the variables are part of the key as they are at each compile, not as at the process's first
+    compiled_call(scale, X, W)
+    monkeypatch.setenv("FUSELENS_CONV_LAYOUT", "channels_last")
+    compiled_call(scale, X, W)
+    assert counts() == (2, 0)
+    compiled_call(scale, X, W)
+    assert counts() == (2, 1)
+
+
 @pytest.mark.parametrize("corrupt", [
     lambda b: b[:len(b) // 2],  # a write cut short
     lambda b: b[:-20] + bytes(20),  # contents changed under their checksum

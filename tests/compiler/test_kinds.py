@@ -105,6 +105,27 @@ def test_a_callable_objects_call_is_inlined_in_both_domains(module):
     assert editor == concrete and [c for c, _, _ in concrete] == ["FL100"]
 
 
+FIRST = __import__("operator").itemgetter(0)
+SHAPE = __import__("operator").attrgetter("shape")
+
+
+def test_callable_objects_of_c_code_from_pure_modules_fold():
+    # `operator.itemgetter(0)` is an object whose type is callable: the value decides its kind
+    def f(x):
+        return FIRST((x + 1, x * 2)) * SHAPE(x)[0]
+    check(f, torch.randn(3), graphs=1, breaks=[])
+
+
+def test_a_torch_callable_object_is_torchs():
+    # a grad-mode object used as a decorator: torch's (the break, where there is one, in the
+    # user's code, not inside torch's own `_contextlib`)
+    def f(x):
+        return torch.no_grad()(torch.sin)(x) * 2
+    check(f, torch.randn(3))
+    ex = fuselens.explain(f, torch.randn(3))
+    assert all("_contextlib" not in b.filename for b in ex.graph_breaks), ex
+
+
 def test_a_callable_object_whose_call_is_c_code_is_a_break():
     import numpy as np
     ufunc = np.negative

@@ -32,8 +32,11 @@ _PURE_BUILTINS = {
 _PURE_MODULES = {"math", "operator", "_operator", "functools", "itertools", "builtins", "string"}
 
 
+_PURE_BUILTIN_IDS = {id(f) for f in _PURE_BUILTINS}  # (by identity: an unhashable callable is no error)
+
+
 def is_pure_foldable(fn) -> bool:
-    if fn in _PURE_BUILTINS:
+    if id(fn) in _PURE_BUILTIN_IDS:
         return True
     mod = getattr(fn, "__module__", None)
     if mod in _PURE_MODULES:

@@ -154,9 +154,6 @@ class Sources:
         self.guard_value(src, v)
         return src
 
-    def attr_source(self, module: types.ModuleType, attr: str) -> str:
-        return f"{self.constant(module, module.__name__.split('.')[-1])}.{attr}"
-
     def guard_argument(self, src: str, v, dynamic: dict) -> None:
         """Guards for a value passed in as an argument (recursively for containers)."""
         if isinstance(v, torch.Tensor):

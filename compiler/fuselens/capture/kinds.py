@@ -356,6 +356,20 @@ class PureFunction(Kind):
         return ev.fold(fn, args, kwargs, e, scope)
 
 
+class Getter(Kind):
+    """`operator.itemgetter(k)` or `attrgetter(name)`, called: the items or attributes read as the
+    syntax reads them (of a tensor too: `itemgetter(0)(t)` is `t[0]`)."""
+
+    def call(self, ev, fn, args, kwargs, e, scope):
+        (obj,) = args
+        names = fn.__reduce__()[1]
+        if isinstance(fn, operator.itemgetter):
+            got = [ev.getitem(obj, k, e, scope) for k in names]
+        else:
+            got = [functools.reduce(lambda o, a: ev.getattr(o, a, e, scope), n.split("."), obj) for n in names]
+        return got[0] if len(got) == 1 else tuple(got)
+
+
 class Partial(Kind):
     def call(self, ev, fn, args, kwargs, e, scope):
         return ev.call(fn.func, list(fn.args) + list(args), {**fn.keywords, **kwargs}, e, scope)
@@ -388,8 +402,8 @@ class Class(Kind):
 OBJECT, PYTHON_MODULE, TENSOR, TENSOR_METHOD, SYMINT, UNKNOWN_VALUE, STAND_IN, MODULE, GENERATOR = (
     Kind(), PythonModule(), Tensor(), TensorMethodKind(), SymbolicInt(), UnknownValue(), StandIn(), Module(),
     Generator())
-PYTHON_FUNCTION, TORCH_FUNCTION, KNOWN_FUNCTION, C_METHOD, PURE, PARTIAL, CLASS = (
-    PythonFunction(), TorchFunction(), KnownFunction(), CMethod(), PureFunction(), Partial(), Class())
+PYTHON_FUNCTION, TORCH_FUNCTION, KNOWN_FUNCTION, C_METHOD, PURE, PARTIAL, CLASS, GETTER = (
+    PythonFunction(), TorchFunction(), KnownFunction(), CMethod(), PureFunction(), Partial(), Class(), Getter())
 
 _HOOKS = ("__fl_abstract_getattr__", "__fl_abstract_call__", "__fl_abstract_iter__")
 _C_METHODS = (types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType)
@@ -428,9 +442,9 @@ def _type_kind(t) -> Kind | None:
         return PYTHON_FUNCTION
     if issubclass(t, types.ModuleType):
         return PYTHON_MODULE
-    if issubclass(t, (type, types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial,
-                      functools._lru_cache_wrapper, torch._ops.OpOverload, torch._ops.OpOverloadPacket)
-                  + _C_METHODS):
+    if issubclass(t, (type, types.FunctionType, types.MethodType, types.BuiltinFunctionType) + _C_METHODS) \
+            or any("__call__" in vars(c) for c in t.__mro__[:-1]):
+        # a callable (its instances are: `operator.itemgetter(0)`, `torch.no_grad()`, an OpOverload)
         return None
     return OBJECT
 
@@ -455,6 +469,8 @@ def _callable_kind(fn) -> Kind:
         return CLASS
     if isinstance(fn, functools.partial):
         return PARTIAL
+    if isinstance(fn, (operator.itemgetter, operator.attrgetter)):
+        return GETTER
     if C.is_pure_foldable(fn):
         return PURE
     return OBJECT
@@ -472,10 +488,6 @@ def _torch_receives(ev, args, kwargs):
     """Abstract domain: NumPy's data reaching torch claims the breaks of the calls that made it."""
     if ev.foreign:
         ev.foreign_reaches_torch([args, kwargs])
-
-
-def _name(fn) -> str:
-    return getattr(fn, "__qualname__", type(fn).__name__)
 
 
 def _short(node, limit=60) -> str:

@@ -1,6 +1,6 @@
-"""Python objects: attribute and item access, calls dispatched by what is called (inlined Python
-functions, modules, builtins, methods of containers, pure functions folded on constants), and
-the builtins with tensor-aware behaviour."""
+"""Python objects, as the kinds (kinds.py) use them: a module's attributes and its call, objects of
+Python classes the captured code makes (`new_object`, dataclasses' generated `__init__`), attribute
+stores, containers' methods on the capture's models, and folding pure functions on constants."""
 from __future__ import annotations
 
 import ast

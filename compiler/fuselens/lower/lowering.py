@@ -38,6 +38,10 @@ REALIZE_READS = 2
 # training's kernels 15.8 ms against Inductor's 7.3). Not in float64 (eager's stays NCHW). On CUDA;
 # elsewhere eager's layouts (FUSELENS_CONV_LAYOUT=channels_last|eager decides instead).
 CHANNELS_LAST = [0, 2, 3, 1]
+# externs whose results' layouts follow their operands' and whose meta run (the primitive on meta
+# tensors) gives the layout the device's kernel returns (a convolution's through
+# prim.conv2d_result_layout): predicted again for operands stored otherwise than traced
+RELAYOUT = (prim.conv2d, prim.conv2d_backward, prim.max_pool2d, prim.max_pool2d_backward)
 
 
 def _broadcast(x: Lazy) -> bool:
@@ -73,8 +77,16 @@ class _ExternTuple:
 
 def order_of(v) -> list | None:
     """The dense layout `v` is (or will be) stored in, outermost dim first; None: row-major or
-    not dense (a broadcast)."""
-    order = dense_order(v.shape, v.stride) if isinstance(v, View) else v.order if isinstance(v, Lazy) else None
+    not dense (a broadcast). A permutation of a lazy value is its base's layout permuted (its
+    stored form is the base's, viewed), as the trace lays out a pointwise op on it."""
+    if isinstance(v, View):
+        order = dense_order(v.shape, v.stride)
+    elif isinstance(v, Lazy) and v.order is None and v.permute_of is not None:
+        base, dims = v.permute_of
+        base_order = order_of(base) or [d for d in range(len(base.shape)) if base.shape[d] != 1]
+        order = [dims.index(d) for d in base_order]
+    else:
+        order = v.order if isinstance(v, Lazy) else None
     return None if order is None or order == sorted(order) else order
 
 
@@ -430,12 +442,18 @@ class Lowering:
         """Whether a convolution of `x` runs channels-last (CHANNELS_LAST)."""
         mode = os.environ.get("FUSELENS_CONV_LAYOUT") or (
             "channels_last" if self.device.type == "cuda" and self.inference else "eager")
+        if mode not in ("channels_last", "eager"):
+            raise ValueError(f"FUSELENS_CONV_LAYOUT={mode!r}: set it to channels_last or eager, or unset it")
         return mode == "channels_last" and len(x.shape) == 4 and x.dtype != torch.float64
 
     def _result_layout(self, node, p, args, kwargs):
-        """The extern's result (meta): as traced, unless an operand is stored in another layout
-        than traced (channels-last convolutions, a pointwise result following its input's
-        layout), then what the op returns for the operands as stored."""
+        """The extern's result (meta): as traced, unless a tensor operand it takes positionally is
+        stored in another layout than traced (channels-last convolutions, a pointwise result
+        following its input's layout) and `p` is one of RELAYOUT, then what it returns for the
+        operands as stored. (Others' results are checked against the traced layout at run time:
+        attention's meta run takes the math path, which lays results out unlike CUDA's kernels.)"""
+        if p not in RELAYOUT:
+            return node.meta["val"]
         traced = [a.meta["val"] for a in node.args if isinstance(a, fx.Node)]
         stored = [a for a in args if isinstance(a, View)]
         if len(traced) != len(stored) or all(tuple(t.stride()) == v.stride for t, v in zip(traced, stored)):

@@ -66,10 +66,15 @@ def _compiler() -> bytes:
     root = pathlib.Path(__file__).resolve().parents[1]
     for path in sorted(root.rglob("*.py")):
         h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    env = sorted((k, v) for k, v in os.environ.items()
-                 if k.startswith("FUSELENS_") and k not in ("FUSELENS_CACHE_DIR", "FUSELENS_LOG", "FUSELENS_PROGRAM_CACHE"))
-    h.update(repr((torch.__version__, triton.__version__, sys.version, launcher.INTERPRET, env)).encode())
+    h.update(repr((torch.__version__, triton.__version__, sys.version, launcher.INTERPRET)).encode())
     return h.digest()
+
+
+def _environment() -> tuple:
+    """The FUSELENS_ variables that change what is compiled, as they are now (lowering reads
+    FUSELENS_CONV_LAYOUT at each compile: a snapshot of the first key's would outlive a change)."""
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("FUSELENS_")
+                        and k not in ("FUSELENS_CACHE_DIR", "FUSELENS_LOG", "FUSELENS_PROGRAM_CACHE")))
 
 
 def compiler_version() -> str:
@@ -153,7 +158,7 @@ def key(gm: fx.GraphModule, inputs, mode, dynamic_dims) -> str | None:
         state = (torch.is_grad_enabled(), str(torch.get_default_dtype()), mode, _canonical(dynamic_dims),
                  tuple((d, torch.is_autocast_enabled(d), str(torch.get_autocast_dtype(d))) for d in ("cpu", "cuda")),
                  torch.is_autocast_cache_enabled())
-        data = pickle.dumps((nodes, layouts, state), protocol=4)
+        data = pickle.dumps((nodes, layouts, state, _environment()), protocol=4)
     except Unstable as e:
         _log.debug("program cache: graph not stored (%s has no stable name)", e)
         return None
