@@ -407,19 +407,16 @@ PYTHON_FUNCTION, TORCH_FUNCTION, KNOWN_FUNCTION, C_METHOD, PURE, PARTIAL, CLASS,
 
 _HOOKS = ("__fl_abstract_getattr__", "__fl_abstract_call__", "__fl_abstract_iter__")
 _C_METHODS = (types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType)
-_BY_TYPE: dict[type, Kind] = {}  # types that decide their values' kind
+_BY_TYPE: dict = {}  # type -> the kind of its values, or _BY_VALUE where the value decides
+_BY_VALUE = object()
 
 
 def kind_of(v) -> Kind:
     t = type(v)
     k = _BY_TYPE.get(t)
-    if k is not None:
-        return k
-    k = _type_kind(t)
-    if k is None:  # a callable: which one it is decides
-        return _known_or_callable_kind(v)
-    _BY_TYPE[t] = k
-    return k
+    if k is None:
+        k = _BY_TYPE[t] = _type_kind(t) or _BY_VALUE
+    return _known_or_callable_kind(v) if k is _BY_VALUE else k  # (a callable: which one it is decides)
 
 
 def _type_kind(t) -> Kind | None:
