@@ -42,6 +42,8 @@ CHANNELS_LAST = [0, 2, 3, 1]
 # tensors) gives the layout the device's kernel returns (a convolution's through
 # prim.conv2d_result_layout): predicted again for operands stored otherwise than traced
 RELAYOUT = (prim.conv2d, prim.conv2d_backward, prim.max_pool2d, prim.max_pool2d_backward)
+# how many leading operands a convolution takes channels-last: (grad,) x, weight
+_CONV_OPERANDS = {prim.conv2d: 2, prim.conv2d_backward: 3}
 
 
 def _broadcast(x: Lazy) -> bool:
@@ -426,8 +428,8 @@ class Lowering:
     def lower_extern(self, node, p, args, kwargs):
         def arg(a):
             return self.realize(a) if isinstance(a, TensorValue) else a
-        if p in (prim.conv2d, prim.conv2d_backward) and self._channels_last(args[1 if p is prim.conv2d_backward else 0]):
-            n = 3 if p is prim.conv2d_backward else 2  # (grad,) x, weight
+        n = _CONV_OPERANDS.get(p)
+        if n and self._channels_last(args[n - 2]):  # (x)
             args = tuple(self.realize(a, (a.shape, strides_in(a.shape, CHANNELS_LAST))) for a in args[:n]) + tuple(args[n:])
         args, kwargs = map_aggregate(args, arg), map_aggregate(kwargs, arg)
         call = ExternCall(self.new_name(), p, args, kwargs, None, loc=node.meta.get("loc"))
