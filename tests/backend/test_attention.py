@@ -3,6 +3,7 @@ where that computes the same function; everything else keeps its matmuls and sof
 from __future__ import annotations
 
 import math
+import re
 import warnings
 
 import pytest
@@ -185,6 +186,33 @@ def test_attention_of_rows_runs_in_the_layout_the_kernel_returns(attention, dtyp
         assert "prims.sdpa(" in wrapper
 
 
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_boolean_mask_becomes_one_bias_for_every_layer(grad):
+    """HF's decoders give each layer's SDPA call the same boolean mask; torch turns it into an
+    additive bias on every call (three kernels a layer on a GPU). The graph makes the bias once,
+    in the kernel that computes the mask, and gives every attention that bias: results and
+    gradients equal eager's, a query row that sees no key included."""
+    def layers(q, k, v, lengths):
+        keep = torch.arange(8, device=q.device) < lengths[:, None]
+        mask = keep[:, None, None, :] & torch.ones(8, 8, dtype=torch.bool, device=q.device).tril()
+        for _ in range(2):
+            q = F.scaled_dot_product_attention(q, k, v, attn_mask=mask) + q
+        return q
+    q, k, v = inputs((2, 4, 8, 16), (2, 4, 8, 16), (2, 4, 8, 16), dtype=torch.bfloat16, grad=grad)
+    lengths = torch.tensor([0, 5], device=DEVICE)  # the first sequence: every key hidden
+    out, wrapper, _ = compiled(layers, q, k, v, lengths)
+    expected = layers(q, k, v, lengths)
+    torch.testing.assert_close(out.nan_to_num(), expected.nan_to_num(), **tolerance(torch.bfloat16))
+    if grad:
+        g = torch.randn_like(expected)
+        for got, exp in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(expected, (q, k, v), g)):
+            torch.testing.assert_close(got.nan_to_num(), exp.nan_to_num(), **tolerance(torch.bfloat16))
+    bias = re.search(r"(buf\d+) = empty\(\(2, 1, 8, 8\), \([^)]*\), torch.bfloat16\)", wrapper)
+    assert bias, wrapper
+    attentions = re.findall(r"prims.sdpa(?:_saving)?\(.*attn_mask=(\w+)", wrapper)
+    assert attentions == [bias.group(1)] * 2
+
+
 def test_float_mask_and_dropout_stay_torchs_call():
     """An additive mask has a gradient of its own, dropout draws torch's random numbers: such
     calls stay F.scaled_dot_product_attention, differentiated by torch."""
@@ -221,6 +249,7 @@ def test_trained_attention_saves_the_fused_forwards_statistics(backend, masked, 
     from fuselens.ops.attention import save_attention_statistics
     from fuselens.ops.trace import to_primitive_graph
     monkeypatch.setattr(prim, "sdpa_backend", lambda *args, **kwargs: backend)
+    monkeypatch.setattr(prim, "_cudnn_mask_fill", lambda device: -math.inf)  # asked of a GPU
 
     def fn(q, k, v, mask):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask if masked else None)

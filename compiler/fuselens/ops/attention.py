@@ -188,13 +188,41 @@ def save_attention_statistics(graph: fx.Graph, device) -> None:
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
     """One `sdpa` call, its result and gradients predicted in the layouts the device's kernel
-    returns. Dropout, grouped-query heads and additive (float) masks, which have a gradient of
-    their own, stay a plain call of torch's function."""
+    returns. A boolean mask enters as the additive bias torch makes of it (_bias_of). Dropout,
+    grouped-query heads and additive (float) masks, which have a gradient of their own, stay a
+    plain call of torch's function."""
     if dropout_p or enable_gqa or not all(isinstance(t, TVal) for t in (query, key, value)) or \
             attn_mask is not None and not (isinstance(attn_mask, TVal) and attn_mask.dtype == torch.bool):
         raise Unsupported("dropout, grouped-query heads or a float mask")
+    if attn_mask is not None:
+        attn_mask = _bias_of(attn_mask, query, key, value, is_causal, scale)
     options = {name: o for name, o in (("attn_mask", attn_mask), ("is_causal", is_causal), ("scale", scale))
                if o is not None and o is not False}
     meta = {name: o.val if isinstance(o, TVal) else o for name, o in options.items()}
     return emit(prim.sdpa, query, key, value, **options,
                 _val=prim.sdpa_meta(query.val, key.val, value.val, **meta, device=P.builder().device))
+
+
+def _bias_of(mask: TVal, q: TVal, k: TVal, v: TVal, is_causal, scale):
+    """The additive bias F.scaled_dot_product_attention makes of the boolean `mask` on each call
+    (0 where a key is kept, -inf where hidden, in q's dtype; cuDNN's attention has a fill of its
+    own, prim._cudnn_mask_fill), made once in the graph instead: one pass fused with the mask's
+    own computation and shared by every layer, where torch's conversion was three kernel launches
+    a layer on a GPU. Kept boolean where the kernel torch picks could differ: a bias that changes
+    torch's choice, or fills that differ between an inference's and a training's choice."""
+    device = P.builder().device
+    bias_meta = torch.empty(mask.shape, dtype=q.dtype, device="meta")
+    fills = set()
+    for grad in (False, True):
+        backends = {prim.sdpa_backend(q.val, k.val, v.val, m, is_causal, scale, device, grad=grad)
+                    for m in (mask.val, bias_meta)}
+        if len(backends) > 1:
+            return mask
+        fills.add(prim._cudnn_mask_fill(device) if backends == {3} else -math.inf)
+    if len(fills) > 1:
+        return mask
+    (fill,) = fills
+    biases = P.builder().memo.setdefault("attention_bias", {})
+    if (mask.node, q.dtype, fill) not in biases:
+        biases[mask.node, q.dtype, fill] = P.where(mask, P.full((), 0.0, q.dtype), P.full((), fill, q.dtype))
+    return biases[mask.node, q.dtype, fill]

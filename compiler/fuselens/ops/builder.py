@@ -49,6 +49,8 @@ class GraphBuilder:
         self.loc = None
         self._seed = None
         self._streams = 0
+        # values made once per graph, by what they are made of (an attention's bias from its mask)
+        self.memo: dict = {}
 
     def placeholder(self, name, val):
         node = self.graph.placeholder(name)

@@ -229,7 +229,7 @@ def _sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None):
 
 
 # F.scaled_dot_product_attention without dropout (flash attention where the GPU has it), with no
-# mask or a boolean one: made by its decomposition and by the rewrite of attention written with
+# mask, a boolean one, or the bias made of a boolean one (attention._bias_of): made by its decomposition and by the rewrite of attention written with
 # matmuls and softmax (attention.py)
 sdpa = Primitive("sdpa", _sdpa, "extern")
 _aten = torch.ops.aten
@@ -298,11 +298,14 @@ def _fused_arguments(q, k, v, bias, is_causal, scale):
 
 def _attention_bias(mask, q, k, backend):
     """The additive bias F.scaled_dot_product_attention gives the fused kernel `backend` for a
-    boolean mask. Efficient attention (ATen's convert_boolean_attn_mask, then preprocess_mask):
+    boolean mask (or for the bias the graph made of one). Efficient attention (ATen's convert_boolean_attn_mask, then preprocess_mask):
     -inf where masked, rows padded to 8 elements where they are not aligned so, expanded to
     (B, H, L, S). cuDNN (convert_boolean_attn_mask_cudnn): the fill torch's version uses
     (_cudnn_mask_fill), as it is."""
-    bias = _fill_masked(mask, q, _cudnn_mask_fill(q.device) if backend == 3 else -math.inf)
+    if mask.dtype != torch.bool:  # the bias the graph made of it (attention._bias_of)
+        bias = mask
+    else:
+        bias = _fill_masked(mask, q, _cudnn_mask_fill(q.device) if backend == 3 else -math.inf)
     if backend == 3:
         return bias
     if bias.stride(-1) != 1 or any(s % 8 for s in bias.stride()[:-1]):
