@@ -311,6 +311,16 @@ def cold(w) -> dict:
 
 # ---- profile: kernel time by kernel
 
+def kernel_bytes(m) -> dict:
+    """Bytes each of fuselens's kernels moves a launch, by kernel name (a name two graphs share: none)."""
+    names = {}
+    for entry in fuselens.inspect(m):
+        for graph in entry.graphs:
+            for k in graph.kernels:
+                names[k.name] = None if k.name in names else k.bytes_moved
+    return names
+
+
 def profile_workload(name, compilers):
     w = workload(name)
     eager, args, kwargs = setup(w)
@@ -328,9 +338,11 @@ def profile_workload(name, compilers):
         for e in ev:
             n, t = by.get(e.name, (0, 0.0))
             by[e.name] = (n + 1, t + e.device_time)
-        print(f"{'ms/step':>8} {'n/step':>6}  kernel")
-        for k, (n, t) in sorted(by.items(), key=lambda kv: -kv[1][1])[:22]:
-            print(f"{t / 3e3:8.3f} {n / 3:6.1f}  {k[:110]}")
+        moved = kernel_bytes(m) if compiler == "fuselens" else {}
+        print(f"{'ms/step':>8} {'n/step':>6} {'GB/s':>6}  kernel (GB/s: fuselens's kernels, bytes of their arguments)")
+        for k, (n, t) in sorted(by.items(), key=lambda kv: -kv[1][1])[:30]:
+            rate = f"{moved[k] * n / (t * 1e3):6.0f}" if moved.get(k) else f"{'':6}"
+            print(f"{t / 3e3:8.3f} {n / 3:6.1f} {rate}  {k[:110]}")
         if compiler == "fuselens":  # where its host time goes
             import cProfile
             import io
