@@ -268,3 +268,20 @@ def test_torch_functions_have_stable_names():
 
 if __name__ == "__main__":
     child(*sys.argv[1:])
+
+
+def test_a_loaded_program_launches_as_the_built_one():
+    """A program loaded from the cache binds its kernels' launch functions as the built one does:
+    each kernel knows the sizes of its call in the wrapper. Without them, every launch of a warm
+    process took the slow path, finding its launch function again (a GPT-2 training step: 777
+    launches through `run`)."""
+    from fuselens.ops.trace import to_primitive_graph
+    from fuselens.runtime.backend import build_program, load_program
+    gm = torch.fx.symbolic_trace(lambda x: torch.softmax(x * 2, -1).sum(0) + 1)
+    built = build_program(to_primitive_graph(gm, [torch.randn(8, 32)], "cpu"), "cpu")
+    loaded = load_program(built.made_from)
+
+    def call_sizes(program):
+        return {name: k.call_sizes for name, k in program.call.__globals__.items() if name.startswith("fl_")}
+    assert len(call_sizes(built)) >= 2 and all(call_sizes(built).values())
+    assert call_sizes(loaded) == call_sizes(built)

@@ -132,6 +132,8 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
 def load_program(made_from: dict) -> Program:
     """A program made again from what build_program generated (`Program.made_from`): no graph work."""
     kernels = [launcher.TritonKernel(*args) for args in made_from["kernels"]]
+    for kernel, (_, _, sizes) in zip(kernels, made_from["launches"]):
+        kernel.call_sizes = tuple(sizes)  # as the wrapper's generation set them: its launches take the fast path
     device = made_from["device"]
     call = load_wrapper(made_from["source"], kernels, made_from["consts"], device)
     return Program(call, made_from["infos"], made_from["source"], made_from["has_seed"],
