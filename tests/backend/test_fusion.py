@@ -332,6 +332,17 @@ def test_max_autotune_tries_more_block_sizes():
     assert launcher.configs("persistent", 64, 100, interpret=False, max_autotune=False)[0].RBLOCK == 128
 
 
+def test_persistent_reductions_keep_the_gpu_busy():
+    """A block holds as many rows as fit, unless that leaves fewer than MIN_PROGRAMS programs:
+    a bias gradient's second stage (768 columns of 256 partials) gets 384 programs, not 24."""
+    def programs(xnumel, rnumel):
+        (config,) = launcher.configs("persistent", xnumel, rnumel, interpret=False, max_autotune=False)
+        return launcher.grid0("persistent", (xnumel, rnumel), config), config.XBLOCK
+    assert programs(768, 256) == (384, 2)
+    assert programs(1 << 16, 768) == (8192, 8)  # many rows: the largest block
+    assert programs(100, 4096) == (100, 1)
+
+
 def test_pointwise_warps_follow_the_narrowest_dtype():
     # 1024 elements a block: fp32 4 elements a thread (one 16-byte load), half types 16
     warps = lambda itemsize: launcher.configs("pointwise", 1 << 20, 1, False, False, itemsize=itemsize)[0].num_warps

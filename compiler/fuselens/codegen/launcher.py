@@ -265,6 +265,10 @@ class Config:
 MAX_RTILE = 1024  # column tiles of chunked kernels without row reductions (codegen/triton.py masks by it)
 
 
+# programs a persistent reduction's grid is kept at where its rows allow (2 per SM of an H100)
+MIN_PROGRAMS = 256
+
+
 def next_power_of_2(n):
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
@@ -314,8 +318,11 @@ def configs(mode: str, xnumel: int, rnumel: int, interpret: bool, max_autotune: 
             return [Config(max(1, min(next_power_of_2(xnumel), 4096 // rblock)), rblock)]
         xs = [x for x in (1, 2, 4, 8, 16, 32, 64) if x * rblock <= 8192 and x <= next_power_of_2(xnumel)] or [1]
         # default mode: the most rows a block holds (as fast as fewer for long rows, faster for short
-        # ones in the H100 timings); looped reductions still autotune (column sums vary 4x by config)
-        xs = xs if max_autotune else xs[-1:]
+        # ones in the H100 timings), short of leaving the GPU with fewer than MIN_PROGRAMS programs
+        # (a bias gradient's second stage, 256 partials of 768 columns: 24 programs of 32 columns
+        # took 15 us); looped reductions still autotune (column sums vary 4x by config)
+        if not max_autotune:
+            xs = [x for x in xs if -(-xnumel // x) >= MIN_PROGRAMS][-1:] or xs[:1]
         return [Config(x, rblock, 8 if x * rblock >= 2048 else 4) for x in xs]
     # looped
     if interpret:
