@@ -312,12 +312,16 @@ def cold(w) -> dict:
 # ---- profile: kernel time by kernel
 
 def kernel_bytes(m) -> dict:
-    """Bytes each of fuselens's kernels moves a launch, by kernel name (a name two graphs share: none)."""
+    """Bytes fuselens's kernels move a step, by the name the profiler shows (the kernel's name
+    without its index in the graph: kernels of one name add up; None where a size is dynamic)."""
+    from fuselens.codegen.launcher import canonical
     names = {}
     for entry in fuselens.inspect(m):
         for graph in entry.graphs:
             for k in graph.kernels:
-                names[k.name] = None if k.name in names else k.bytes_moved
+                name, _ = canonical(k.name, "")
+                known = names.get(name, 0) is not None and k.bytes_moved is not None
+                names[name] = names.get(name, 0) + k.bytes_moved if known else None
     return names
 
 
@@ -341,7 +345,7 @@ def profile_workload(name, compilers):
         moved = kernel_bytes(m) if compiler == "fuselens" else {}
         print(f"{'ms/step':>8} {'n/step':>6} {'GB/s':>6}  kernel (GB/s: fuselens's kernels, bytes of their arguments)")
         for k, (n, t) in sorted(by.items(), key=lambda kv: -kv[1][1])[:30]:
-            rate = f"{moved[k] * n / (t * 1e3):6.0f}" if moved.get(k) else f"{'':6}"
+            rate = f"{moved[k] * 3 / (t * 1e3):6.0f}" if moved.get(k) else f"{'':6}"
             print(f"{t / 3e3:8.3f} {n / 3:6.1f} {rate}  {k[:110]}")
         if compiler == "fuselens":  # where its host time goes
             import cProfile
