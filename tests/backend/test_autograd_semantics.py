@@ -287,3 +287,36 @@ def test_the_backward_frees_each_saved_value_after_its_last_use(compiler):
     # the first layers' gradients are computed once the last layers' saved values are gone
     # while the backward ran, some of the saved values were gone and some not yet
     assert any(0 < alive <= len(refs) // 2 for alive in mode.alive), mode.alive
+
+
+class _Sizes(torch.utils._python_dispatch.TorchDispatchMode):
+    """The bytes of memory behind each tensor the ops run through torch make."""
+
+    def __init__(self):
+        super().__init__()
+        self.nbytes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.nbytes += [t.untyped_storage().nbytes() for t in torch.utils._pytree.tree_leaves(out)
+                        if isinstance(t, torch.Tensor)]
+        return out
+
+
+def test_an_output_without_a_gradient_costs_its_backward_no_tensor():
+    """A language model returns its loss and its logits; the backward from the loss alone runs a
+    program without the logits' terms and makes no tensor the logits' size (zeros of GPT-2's
+    logits were 412 MB and a fill each step)."""
+    x = torch.randn(4, 8, device=DEVICE, requires_grad=True)
+
+    def fn(x):
+        logits = x.repeat(1, 64)
+        return torch.logsumexp(x, -1).mean(), logits * 2
+    cf = fuselens.compile(fn)
+    for _ in range(2):  # (the first call compiles)
+        loss, logits = cf(x)
+        with _Sizes() as sizes:
+            (got,) = torch.autograd.grad(loss, x)
+    (want,) = torch.autograd.grad(fn(x)[0], x)
+    torch.testing.assert_close(got, want)
+    assert max(sizes.nbytes) < logits.untyped_storage().nbytes(), sizes.nbytes

@@ -89,7 +89,7 @@ class _State:
         self.forward, self.backward = forward, backward
         self.graphs = None  # mode="reduce-overhead": runtime/cudagraphs.py TrainingGraphs
         self.num_fw_outputs, self.tangent_outputs = num_fw_outputs, tangent_outputs
-        # an unused output's tangent is zeros of its dtype, contiguous (as the backward is compiled)
+        # an output without a gradient gets an unread stand-in of its tangent's dtype (backward)
         self.tangent_dtypes, self.device = tangent_dtypes, device
         self.non_differentiable = [i for i in range(num_fw_outputs) if not eager.output_requires_grad[i]]
         # kept for backward only for autograd's version check, as eager keeps them
@@ -162,7 +162,9 @@ class CompiledFunction(torch.autograd.Function):
             grads = state.backward.run(args) if graphs is None else graphs.backward(ctx.run, *args)
         else:  # eager runs no VJP from an output without a gradient: a program without its terms
             missing = frozenset(k for k, g in enumerate(given) if g is None)
-            args += [g if g is not None else torch.zeros(shape, dtype=dtype, device=state.device)  # unread
+            # (an unread stand-in: one element, expanded; zeros of a language model's logits were a
+            # 412 MB allocation and fill a GPT-2 step)
+            args += [g if g is not None else torch.empty((), dtype=dtype, device=state.device).expand(shape)
                      for g, shape, dtype in zip(given, ctx.tangent_shapes, state.tangent_dtypes)]
             del given
             grads = state.backward.without(missing).run(args)
