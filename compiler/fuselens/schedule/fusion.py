@@ -249,6 +249,7 @@ class Scheduler:
         self._reads: dict = {}
         self.group_of: dict = {}  # buffer name -> FusedKernel
         self.position: dict = {}  # id(step) -> index in steps
+        self.readers: dict = {}  # buffer name -> {id: FusedKernel} of the kernels reading it
 
     def reads(self, buf, shape, red_dims):
         key = (buf.name, shape, red_dims)
@@ -258,6 +259,11 @@ class Scheduler:
                 buf.body(node_vars(buf, shape, red_dims))
             self._reads[key] = rec.reads
         return self._reads[key]
+
+    def sources(self, buf):
+        """Names of the buffers `buf` reads (the same in every domain it may be computed in)."""
+        red = row_dims(buf) if buf.kind == "partial" else buf.red_dims if buf.kind == "reduction" else ()
+        return {src.name for src, _ in self.reads(buf, body_shape(buf), red)}
 
     def domain_for(self, kernel: FusedKernel, buf: ComputedBuffer):
         """The domain (shape, red_dims) the kernel would iterate with `buf` in it, or None."""
@@ -320,14 +326,19 @@ class Scheduler:
                 self.position[id(step)] = len(steps)
                 steps.append(step)
                 continue
-            candidates = [k for k in steps if isinstance(k, FusedKernel)]
-            scored = [(self.fusion_score(k, step), k) for k in candidates]
+            # traffic is saved only in kernels that compute or read what `step` reads: those are
+            # scored (scoring every kernel was quadratic: 1.1 s of a GPT-2 backward's compile)
+            sources = self.sources(step)
+            related = {id(k): k for name in sources for k in (
+                *([self.group_of[name]] if name in self.group_of else []), *self.readers.get(name, {}).values())}
+            scored = [(self.fusion_score(k, step), k) for k in related.values()]
             scored = [(s, k) for s, k in scored if s]
             if not scored:  # no traffic in common, but one launch fewer (horizontal fusion): the
                 # latest kernel that iterates a domain it fits (a saved copy of a bias [C] joins
                 # the kernel of per-channel statistics before the [N, C, H, W] normalization)
-                scored = next(([(0, k)] for k in reversed(candidates) if self.fusion_score(k, step) == 0
-                               and self.domain_for(k, step) == (k.shape, k.red_dims)), [])
+                candidates = [k for k in steps if isinstance(k, FusedKernel)]
+                scored = next(([(0, k)] for k in reversed(candidates) if self.domain_for(k, step) == (k.shape, k.red_dims)
+                               and self.fusion_score(k, step) == 0), [])
             if scored:
                 _, best = max(scored, key=lambda sk: (sk[0], self.position[id(sk[1])]))
                 best.shape, best.red_dims = self.domain_for(best, step)
@@ -338,6 +349,8 @@ class Scheduler:
                 self.position[id(best)] = len(steps)
                 steps.append(best)
             self.group_of[step.name] = best
+            for name in sources:
+                self.readers.setdefault(name, {})[id(best)] = best
         self._mark_stores(steps)
         return Schedule(steps)
 
