@@ -324,6 +324,19 @@ def test_int64_indexing_only_for_huge_buffers():
         assert ("tl.program_id(0).to(tl.int64)" in program.kernels[0].source) == wide
 
 
+def test_large_kernels_divide_their_indices_by_literals():
+    """A kernel of 2^26 elements or more divides its indices by constants (a multiply and shift,
+    not ~20 integer instructions an element); smaller ones take sizes as arguments, so kernels
+    differing only in sizes share a compile."""
+    from fuselens.ops import to_primitive_graph
+    from fuselens.runtime.backend import build_program
+    gm = trace(lambda x, b: x + b)
+    for rows, literal in ((4096, True), (64, False)):  # code generation only: nothing runs
+        x, b = torch.empty(rows, 50257, device="meta"), torch.empty(50257, device="meta")
+        program = build_program(to_primitive_graph(gm, [x, b], "cpu"), "cpu")
+        assert ("% 50257" in program.kernels[0].source) == literal, program.kernels[0].source
+
+
 def test_max_autotune_tries_more_block_sizes():
     default = launcher.configs("pointwise", 1 << 20, 1, interpret=False, max_autotune=False)
     more = launcher.configs("pointwise", 1 << 20, 1, interpret=False, max_autotune=True)
