@@ -337,6 +337,29 @@ def test_large_kernels_divide_their_indices_by_literals():
         assert ("% 50257" in program.kernels[0].source) == literal, program.kernels[0].source
 
 
+ONLINE = {"softmax": (lambda x: torch.softmax(x, -1), 2),  # (the second loop stores the probabilities)
+          "log_softmax": (lambda x: torch.log_softmax(x, -1), 2),
+          "cross_entropy": (lambda x: torch.nn.functional.cross_entropy(x, torch.arange(6, device=x.device) * 997,
+                                                                        reduction="none"), 1)}
+
+
+@pytest.mark.parametrize("name", ONLINE)
+def test_long_rows_find_max_and_sum_of_exponentials_in_one_pass(name):
+    """Rows too long for one block (a vocabulary's logits) are read once for softmax's max and
+    sum(exp(x - max)) together (online softmax), with eager's results: a row all -inf, one
+    holding +inf, one holding NaN, one mostly -inf."""
+    fn, loops = ONLINE[name]
+    x = torch.randn(6, 5000, device=DEVICE) * 3
+    x[1], x[2, 7], x[3, 11], x[4, :4000] = float("-inf"), float("inf"), float("nan"), float("-inf")
+    cf = fuselens.compile(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = cf(x)
+    torch.testing.assert_close(got, fn(x), equal_nan=True, rtol=1e-5, atol=1e-5)
+    (kernel,) = [k for e in fuselens.inspect(cf) for k in e.kernels if "amax" in k.name]
+    assert kernel.source.count("for roffset") == loops, kernel.source
+
+
 def test_max_autotune_tries_more_block_sizes():
     default = launcher.configs("pointwise", 1 << 20, 1, interpret=False, max_autotune=False)
     more = launcher.configs("pointwise", 1 << 20, 1, interpret=False, max_autotune=True)

@@ -583,7 +583,7 @@ class KernelWriter:
                 epilogue_open = self.close(epilogue_open)
                 if looped:
                     if buf.name not in self.values:
-                        self.looped_reductions(self._independent_run(buf))
+                        self.looped_reductions(*self._looped_run(buf))
                 else:
                     self.values[buf.name] = self.reduction(buf, looped=False)
                 if buf.name in stores:
@@ -620,6 +620,41 @@ class KernelWriter:
             run.append(nxt)
         return run
 
+    def _looped_run(self, buf):
+        """(the reductions computed in one loop with `buf`, the (max, sum) pairs among them that
+        loop computes online): `_independent_run`, and where `buf` is a max whose sum of
+        exp(x - max) follows (softmax's denominator, cross-entropy's), that sum too, and the
+        reductions after it that read neither. A 50257-word row is then read once, not twice."""
+        run = self._independent_run(buf)
+        partner = self._online_partner(buf)
+        if partner is None:
+            return run, ()
+        run.append(partner)
+        nodes = self.kernel.nodes
+        for nxt in nodes[nodes.index(partner) + 1:]:
+            if nxt.kind == "reduction":
+                if nxt in run or self._reads_any(nxt, {b.name for b in run}):
+                    break
+                run.append(nxt)
+        return run, ((buf, partner),)
+
+    def _online_partner(self, m):
+        """The first reduction after max `m` that reads it, if it sums exp(x - m) over m's own x."""
+        if m.reduce != "max" or not m.dtype.is_floating_point:
+            return None
+        nodes = self.kernel.nodes
+        s = next((n for n in nodes[nodes.index(m) + 1:] if n.kind == "reduction" and self._reads_any(n, {m.name})),
+                 None)
+        if s is None or s.reduce != "sum" or (s.in_shape, s.red_dims) != (m.in_shape, m.red_dims):
+            return None
+        tree = _Tree(self)
+        x, summand = tree.of(m), tree.of(s)
+        if summand[0] == "exp" and summand[1][0][0] == "sub":
+            a, b = summand[1][0][1]
+            if a == x and b[0] == "load" and b[1] == m.name:
+                return s
+        return None
+
     def _reads_any(self, buf, names):
         todo, seen = [buf], set()
         while todo:
@@ -632,24 +667,51 @@ class KernelWriter:
                     todo.append(dep)
         return False
 
-    def looped_reductions(self, bufs):
-        """Reductions of a looped kernel, none reading another, in one loop over the row."""
-        accs = []
+    def looped_reductions(self, bufs, online=()):
+        """Reductions of a looped kernel in one loop over the row: none reads another, except the
+        sum of each (max, sum) pair in `online`, which sums exp(x - max) over the max's own x. Each
+        lane keeps its running max m and its sum s relative to m, rescaled by exp(m - m') as m
+        grows to m' (online softmax); after the loop the lanes' sums are rescaled to the row's max.
+        A max of -inf so far stands as 0 in those exponents (exp(-inf - -inf) would be NaN), and a
+        row all -inf sums to NaN, as exp(x - max) does there in eager; NaN and +inf propagate."""
+        sums = {s.name: m for m, s in online}
+        accs = {}
         for buf in bufs:
             dtype = compute_dtype(buf.dtype)
-            accs.append(self.new_tmp("xr"))
-            self.emit(f"{accs[-1]} = tl.full([XBLOCK, RBLOCK], {neutral(buf.reduce, dtype)}, {TL_DTYPES[dtype]})",
-                      loc=buf.loc)
+            accs[buf.name] = self.new_tmp("xr")
+            self.emit(f"{accs[buf.name]} = tl.full([XBLOCK, RBLOCK], {neutral(buf.reduce, dtype)}, "
+                      f"{TL_DTYPES[dtype]})", loc=buf.loc)
         with self.row_loop():
-            for buf, acc in zip(bufs, accs):
+            for buf in bufs:
+                acc = accs[buf.name]
+                if buf.name in sums:  # updated with its max, below
+                    continue
                 with self.at(buf.loc):
                     value = self.reduction(buf, looped=True)
                     combined = REDUCE_COMBINE[buf.reduce].format(acc, value)
-                    self.emit(f"{acc} = tl.where(rmask, {combined}, {acc})")
-        for buf, acc in zip(bufs, accs):
+                    partner = next((s for m, s in online if m is buf), None)
+                    if partner is None:
+                        self.emit(f"{acc} = tl.where(rmask, {combined}, {acc})")
+                        continue
+                    self.op_names.add("exp")
+                    grown, shift, total = self.new_tmp("xr"), self.new_tmp("xr"), accs[partner.name]
+                    self.emit(f"{grown} = tl.where(rmask, {combined}, {acc})")
+                    self.emit(f'{shift} = tl.where({grown} == float("-inf"), 0.0, {grown})')
+                    self.emit(f"{total} = tl.where(rmask, {total} * tl.exp({acc} - {shift}) + "
+                              f"tl.exp({value} - {shift}), {total})")
+                    self.emit(f"{acc} = {grown}")
+        for buf in bufs:
+            acc = accs[buf.name]
             with self.at(buf.loc):
                 dtype = compute_dtype(buf.dtype)
-                result = self.cse(REDUCE_FINAL[buf.reduce].format(acc) + "[:, None]", dtype)
+                m = sums.get(buf.name)
+                if m is None:
+                    result = self.cse(REDUCE_FINAL[buf.reduce].format(acc) + "[:, None]", dtype)
+                else:
+                    row_max = self.values[m.name]
+                    shift = self.cse(f'tl.where({row_max} == float("-inf"), 0.0, {row_max})', dtype)
+                    total = self.cse(f"tl.sum({acc} * tl.exp({accs[m.name]} - {shift}), 1)[:, None]", dtype)
+                    result = self.cse(f'tl.where({row_max} == float("-inf"), float("nan"), {total})', dtype)
                 self.varies[result.expr] = frozenset("x")
                 self.values[buf.name] = self.round(result, buf.dtype)
 
@@ -712,6 +774,49 @@ class KernelWriter:
                        "    gdc_launch_dependents()  # the next kernel may start its programs as ours finish"]
         body = ["    " * indent + text for indent, text in self.lines]
         return name, "\n".join(header + body) + "\n"
+
+
+class _Tree:
+    """Ops handler that evaluates a kernel node's body to a tree of tuples (op, operands, dtype),
+    the kernel's pointwise nodes inlined and identities dropped: two bodies computing the same
+    value from the same loads give equal trees (KernelWriter._online_partner)."""
+
+    def __init__(self, writer):
+        self.writer = writer
+        self.sizevars, self.ranges = writer.sizevars, writer.ranges  # (what bodies ask of a handler)
+
+    def of(self, buf):
+        with use_handler(self):
+            return buf.body(self.writer.vars_for(buf))
+
+    def at(self, loc):
+        return contextlib.nullcontext()
+
+    def load(self, buf, index):
+        dep = self.writer.group.get(buf.name)
+        if dep is not None and dep.kind == "pointwise":
+            return dep.body(self.writer.vars_for(dep))
+        return ("load", buf.name, sympy.expand(index))
+
+    def constant(self, value, dtype):
+        return ("constant", value, dtype)
+
+    def pointwise(self, p, vals, out_dtype):
+        if p.name in ("copy", "stop_gradient"):
+            return vals[0]
+        return (p.name, tuple(vals), out_dtype)
+
+    def to_dtype(self, v, dtype):
+        return v if isinstance(v, tuple) and v[-1] == dtype else ("to", (v,), dtype)
+
+    def masked(self, conds, body, other, dtype):
+        return ("masked", (tuple(conds), body(), other), dtype)
+
+    def index_value(self, e, dtype):
+        return ("index", sympy.expand(e), dtype)
+
+    def random(self, kind, stream, flat):
+        return ("random", object(), None)  # equal to no other value
 
 
 def memory_extent(buf):
