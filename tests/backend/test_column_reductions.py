@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import fuselens
 from fl_backend_testing import DEVICE, check, compile, run
 from fuselens.codegen import launcher
 from fuselens.codegen import triton as triton_codegen
@@ -50,7 +49,7 @@ def test_column_sum(caplog, shape, dims, dtype, keepdim):
         return x.sum(dims, keepdim=keepdim)
     x = randn(*shape, dtype=dtype)
     cg, scheds = schedules(caplog, f, x, grad=False)
-    assert "partials of" in scheds[0][0] and "reducing dims [0" in scheds[0][1]  # (the others: 1s there)
+    assert "partials of" in scheds[0][0] and "reducing dims [0]" in scheds[0][1]
     if dtype == torch.bfloat16:  # accumulated in fp32: closer to the fp64 sum than bf16's rounding
         exact = x.double().sum(dims, keepdim=keepdim)
         assert (run(f, x)[1][0].double() - exact).abs().max() <= exact.abs().max() * 2 ** -7
@@ -172,27 +171,3 @@ def test_reduction_around_kept_dims_in_two_stages(caplog, op, shape, dims):
     assert f"reducing dims {inner}" in scheds[0][0], scheds[0]
     rnumels = [int(n) for n in re.findall(r"rnumel=(\d+)", cg.wrapper_source)]
     assert max(rnumels) < math.prod(shape[d] for d in dims), cg.wrapper_source
-
-
-def test_bias_gradient_of_a_3d_linear_joins_the_activation_backward():
-    """A linear over (B, S, K) sums its bias gradient over the 2-D view of its output's gradient;
-    reduced over the 3-D value itself (`builder.reduce`), its partials join the kernel computing
-    that gradient (GPT-2's tanh GeLU under bf16 autocast: one kernel reading its inputs once, not
-    one storing fp32 intermediates and another reading them back)."""
-
-    def gelu(i):
-        return 0.5 * i * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (i + 0.044715 * torch.pow(i, 3.0))))
-
-    def mlp(x, w1, b1, w2, b2):
-        with torch.autocast(DEVICE, dtype=torch.bfloat16):
-            return F.linear(gelu(F.linear(x, w1, b1)), w2, b2)
-    args = [randn(4, 512, 32), randn(96, 32), randn(96), randn(32, 96), randn(32)]
-    args = [a.requires_grad_() for a in args]
-    cf = fuselens.compile(mlp)
-    out = cf(*args)
-    g = torch.randn_like(out)
-    got = torch.autograd.grad(out, args, g)
-    for a, b in zip(got, torch.autograd.grad(mlp(*args), args, g)):
-        assert (a.float() - b.float()).abs().max() <= 2e-2 * b.float().abs().max()
-    tanh_kernels = [k.name for e in fuselens.inspect(cf) for k in e.kernels if "tanh" in k.name]
-    assert len(tanh_kernels) == 2, tanh_kernels  # the forward's GeLU, the backward's with the bias partials

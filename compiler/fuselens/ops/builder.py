@@ -274,47 +274,10 @@ def norm_dims(dims, ndim):
     return tuple(sorted({d % builtins.max(ndim, 1) for d in dims})) if ndim else ()
 
 
-def merged_dims(src_shape, shape):
-    """Per dim of `shape`, the dims of `src_shape` a reshape merges into it, where the reshape
-    only merges runs of consecutive dims (sizes of 1 go with a neighbour); else None."""
-    if 0 in src_shape:
-        return None
-    groups, i = [], 0
-    for size in shape:
-        group, prod = [], 1
-        while i < len(src_shape) and prod * src_shape[i] <= size and (prod < size or src_shape[i] == 1):
-            prod *= src_shape[i]
-            group.append(i)
-            i += 1
-        if prod != size:
-            return None
-        groups.append(group)
-    if i != len(src_shape) and not (groups and all(s == 1 for s in src_shape[i:])):
-        return None
-    if groups:
-        groups[-1] += list(range(i, len(src_shape)))
-    return groups
-
-
-def reduce(p, x, dims):
-    """Primitive reduction `p` of x over `dims` (kept as 1s). Where x is a reshape that merges
-    dims of a value y (a linear's 2-D view of its 3-D gradient), y's merged dims are reduced
-    instead and the result reshaped: the reduction then iterates y's own domain, so it fuses into
-    the kernel computing y (a bias gradient beside an activation's backward) rather than reading
-    y back from memory."""
-    if x.node.op == "call_function" and x.node.target is prim.reshape and dims:
-        y = x.node.args[0]
-        groups = merged_dims(tuple(y.meta["val"].shape), x.shape)
-        if groups is not None and any(len(g) > 1 for g in groups):
-            out = emit(p, TVal(y, y.meta["val"]), tuple(d for xd in dims for d in groups[xd]))
-            return reshape(out, tuple(1 if d in dims else s for d, s in enumerate(x.shape)))
-    return emit(p, x, dims)
-
-
 def _reduction(p):
     def fn(x, dims=None, keepdim=False):
         dims = norm_dims(dims, x.ndim)
-        out = reduce(p, x, dims)
+        out = emit(p, x, dims)
         return out if keepdim else squeeze_dims(out, dims)
     fn.__name__ = p.name
     return fn
@@ -330,7 +293,7 @@ def sum_to(x, shape):
         return x
     lead = x.ndim - len(shape)
     dims = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape) if s == 1 and x.shape[lead + i] != 1)
-    out = reduce(prim.sum, x, dims) if dims else x
+    out = emit(prim.sum, x, dims) if dims else x
     return reshape(out, shape)
 
 

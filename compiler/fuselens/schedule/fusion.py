@@ -96,9 +96,7 @@ def set_chunk(partial, stage2, chunk):
     rows = math.prod(partial.in_shape[d] for d in partial.red_dims)
     pshape = tuple(-(-rows // chunk) if d == first else s for d, s in enumerate(stage2.shape))
     partial.shape, partial.stride, partial.chunk = pshape, contiguous_strides(pshape), chunk
-    # (stage 2 reduces the partials' dim; the other reduced dims are 1s in them, still reduced, so
-    # its per-row values are the kept dims alone: a bias's [C] cast joins its kernel)
-    stage2.body, stage2.in_shape, stage2.red_dims = buffer_view(partial).load, pshape, partial.red_dims
+    stage2.body, stage2.in_shape, stage2.red_dims = buffer_view(partial).load, pshape, (first,)
 
 
 def split_outer_inner_reductions(graph: LoweredGraph):
