@@ -335,6 +335,14 @@ def test_large_kernels_divide_their_indices_by_literals():
         x, b = torch.empty(rows, 50257, device="meta"), torch.empty(50257, device="meta")
         program = build_program(to_primitive_graph(gm, [x, b], "cpu"), "cpu")
         assert ("% 50257" in program.kernels[0].source) == literal, program.kernels[0].source
+    # with a dynamic size, none: a symbol may stand for a product of it (T * 50257), and the
+    # source must not change with T
+    sources = set()
+    for t in (512, 513):
+        x, b = torch.empty(4, t, 50257, device="meta"), torch.empty(4, 1, 50257, device="meta")
+        program = build_program(to_primitive_graph(gm, [x, b], "cpu"), "cpu", dynamic_values=frozenset({t}))
+        sources.add(program.kernels[0].source)
+    assert len(sources) == 1 and "% 50257" not in sources.pop()
 
 
 ONLINE = {"softmax": (lambda x: torch.softmax(x, -1), 2),  # (the second loop stores the probabilities)
@@ -358,6 +366,19 @@ def test_long_rows_find_max_and_sum_of_exponentials_in_one_pass(name):
     torch.testing.assert_close(got, fn(x), equal_nan=True, rtol=1e-5, atol=1e-5)
     (kernel,) = [k for e in fuselens.inspect(cf) for k in e.kernels if "amax" in k.name]
     assert kernel.source.count("for roffset") == loops, kernel.source
+
+
+def test_reductions_joining_an_online_loop_read_only_computed_ones():
+    """After a max and its sum of exponentials, a reduction joins their loop only if every
+    reduction it reads is computed by then: `t` reads `q`, which is passed over between the max
+    and its sum (it reads `r1`), so `t` waits for `q`'s loop (it had read q's summand instead)."""
+    def fn(x):
+        m = x.amax(-1, keepdim=True)
+        r1 = x.sum(-1, keepdim=True)
+        q = (x * r1).sum(-1, keepdim=True)
+        s = torch.exp(x - m).sum(-1, keepdim=True)
+        return m, r1, q, s, (x * q).sum(-1, keepdim=True)
+    check(fn, randn(4, 5000), grad=False, rtol=1e-4, atol=1e-2)
 
 
 def test_max_autotune_tries_more_block_sizes():

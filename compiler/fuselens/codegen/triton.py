@@ -254,7 +254,7 @@ class KernelWriter:
 
     def divisor(self, d) -> str:
         """A divisor of an index: its value in a kernel of at least LITERAL_DIVISORS_MIN elements
-        where no dynamic size is in it. Division by a constant compiles to a multiply and a shift;
+        of a graph without dynamic sizes. Division by a constant compiles to a multiply and a shift;
         by a kernel argument, to ~20 integer instructions an element, which left GPT-2's loss
         gradient (206M elements, three divisions each) at 1.1 TB/s. Smaller kernels keep sizes as
         arguments, so kernels that differ only in sizes (a ResNet's stages) share one compile: with
@@ -262,8 +262,10 @@ class KernelWriter:
         step as long."""
         d = sympy.sympify(d)
         elements = self.xnumel * (self.rnumel if self.kernel.is_reduction else 1)
-        if elements >= LITERAL_DIVISORS_MIN and all(
-                s.name[0] not in "xr" and self.sizevars.values[s] not in self.dynamic_values for s in d.free_symbols):
+        # (in a graph with dynamic sizes, no divisor: one symbol stands for a product of sizes, so
+        # which of them derive from a dynamic size is not known here)
+        if elements >= LITERAL_DIVISORS_MIN and not self.dynamic_values and \
+                all(s.name[0] not in "xr" for s in d.free_symbols):
             return str(self.sizevars.evaluate(d))
         return self.expr(d)
 
@@ -615,6 +617,8 @@ class KernelWriter:
         nodes = self.kernel.nodes
         run = [buf]
         for nxt in nodes[nodes.index(buf) + 1:]:
+            if nxt.name in self.values:  # computed in an earlier loop (an online softmax's sum)
+                continue
             if nxt.kind != "reduction" or self._reads_any(nxt, {b.name for b in run}):
                 break
             run.append(nxt)
@@ -630,10 +634,13 @@ class KernelWriter:
         if partner is None:
             return run, ()
         run.append(partner)
+        # later reductions join while they read no reduction still to compute (the run's, or one
+        # passed over between the max and its sum)
         nodes = self.kernel.nodes
+        pending = {n.name for n in nodes if n.kind == "reduction" and n.name not in self.values}
         for nxt in nodes[nodes.index(partner) + 1:]:
             if nxt.kind == "reduction":
-                if nxt in run or self._reads_any(nxt, {b.name for b in run}):
+                if self._reads_any(nxt, pending):
                     break
                 run.append(nxt)
         return run, ((buf, partner),)

@@ -211,7 +211,7 @@ def _bias_of(mask: TVal, q: TVal, k: TVal, v: TVal, is_causal, scale):
     a layer on a GPU. Kept boolean where the kernel torch picks could differ: a bias that changes
     torch's choice, or fills that differ between an inference's and a training's choice."""
     device = P.builder().device
-    bias_meta = torch.empty(mask.shape, dtype=q.dtype, device="meta")
+    bias_meta = torch.empty_like(mask.val, dtype=q.dtype)  # (laid out as the `where` below lays it out)
     fills = set()
     for grad in (False, True):
         backends = {prim.sdpa_backend(q.val, k.val, v.val, m, is_causal, scale, device, grad=grad)
