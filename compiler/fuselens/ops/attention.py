@@ -210,19 +210,19 @@ def _bias_of(mask: TVal, q: TVal, k: TVal, v: TVal, is_causal, scale):
     own computation and shared by every layer, where torch's conversion was three kernel launches
     a layer on a GPU. Kept boolean where the kernel torch picks could differ: a bias that changes
     torch's choice, or fills that differ between an inference's and a training's choice."""
-    device = P.builder().device
+    b = P.builder()
     bias_meta = torch.empty_like(mask.val, dtype=q.dtype)  # (laid out as the `where` below lays it out)
     fills = set()
     for grad in (False, True):
-        backends = {prim.sdpa_backend(q.val, k.val, v.val, m, is_causal, scale, device, grad=grad)
+        backends = {prim.sdpa_backend(q.val, k.val, v.val, m, is_causal, scale, b.device, grad=grad)
                     for m in (mask.val, bias_meta)}
         if len(backends) > 1:
             return mask
-        fills.add(prim._cudnn_mask_fill(device) if backends == {3} else -math.inf)
+        fills.add(prim._cudnn_mask_fill(b.device) if backends == {3} else -math.inf)
     if len(fills) > 1:
         return mask
     (fill,) = fills
-    biases = P.builder().memo.setdefault("attention_bias", {})
+    biases = b.memo.setdefault("attention_bias", {})
     if (mask.node, q.dtype, fill) not in biases:
         biases[mask.node, q.dtype, fill] = P.where(mask, P.full((), 0.0, q.dtype), P.full((), fill, q.dtype))
     return biases[mask.node, q.dtype, fill]
