@@ -120,6 +120,24 @@ def test_bias_gradients(caplog):
     assert "partials" in bwd[0]
 
 
+def conv1d_mlp(x, w1, b1, w2, b2):
+    """GPT-2's MLP: Conv1D's addmm on the [tokens, hidden] view, tanh-GeLU over [batch, seq, hidden]."""
+    h = torch.addmm(b1, x.view(-1, 12), w1).view(4, 20, 48)
+    h = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h * h * h)))
+    return torch.addmm(b2, h.view(-1, 48), w2).view(4, 20, 12)
+
+
+def test_a_gradient_and_the_bias_gradient_of_its_reshape_share_a_kernel(caplog):
+    # the GeLU's gradient is computed over [4, 20, 48]; b1's gradient sums its [80, 48] view: one
+    # kernel computes both, storing the gradient the matmuls read and the partials (it was a
+    # kernel storing the GeLU's fp32 intermediates, then the partials' kernel reading them back)
+    cg, (_, bwd) = schedules(caplog, conv1d_mlp, randn(4, 20, 12), randn(12, 48), randn(48), randn(48, 12),
+                             randn(12), atol=1e-4, rtol=1e-4)
+    partials = [line for line in bwd if "partials" in line and "[80, 48]" in line]
+    assert len(partials) == 1 and partials[0].split("stores ")[1].count(",") == 1
+    assert not any("pointwise over [4, 20, 48]" in line for line in bwd)
+
+
 def test_long_rows_keep_partials_apart_from_looped_row_reductions(monkeypatch, caplog):
     monkeypatch.setattr(triton_codegen, "PERSISTENT_RNUMEL_MAX", 32)
     monkeypatch.setattr(fusion, "PERSISTENT_RNUMEL_MAX", 32)

@@ -170,6 +170,18 @@ def test_a_reshaped_broadcast_is_stored_in_its_reshaped_shape():
     assert len(cg.kernels) == 1
 
 
+@pytest.mark.parametrize("shape", [(4, 15), (60,), (2, 3, 10)])
+def test_a_value_joins_the_kernels_of_reductions_over_its_reshapes(shape):
+    # y is stored by the kernel reducing its [6, 10] view (its elements in the same order), not by
+    # a kernel of its own; its [10, 6] view's column sum needs the same elements in another split
+    def f(x):
+        y = torch.sin(x)
+        return y, y.view(10, 6).sum(0), y.view(6, 10).amax(1)
+    check(f, randn(*shape))
+    cg = check(f, randn(*shape), grad=False)
+    assert len(cg.kernels) == 2
+
+
 def test_unrelated_reductions_stay_separate_kernels():
     def f(x):
         return x.sum(0), x.sum(1)

@@ -309,10 +309,11 @@ def test_adaptive_avg_pool2d_is_a_mean_where_windows_tile_the_input(shape, size,
     assert ("adaptive_avg_pool2d" not in "".join(entry.wrappers)) == kernel
 
 
-@pytest.mark.parametrize("shape,args,kwargs", [((2, 3, 9, 9), (3, 2, 1), {}), ((2, 3, 8, 7), (2,), {"ceil_mode": True}),
-                                               ((3, 9, 9), (3,), {"dilation": 2}),
-                                               ((2, 3, 9, 9), ((3, 2),), {"stride": (2, 1), "padding": (1, 0)})],
-                         ids=str)
+POOLINGS = [((2, 3, 9, 9), (3, 2, 1), {}), ((2, 3, 8, 7), (2,), {"ceil_mode": True}), ((3, 9, 9), (3,), {"dilation": 2}),
+            ((2, 3, 9, 9), ((3, 2),), {"stride": (2, 1), "padding": (1, 0)})]
+
+
+@pytest.mark.parametrize("shape,args,kwargs", POOLINGS, ids=str)
 def test_max_pool2d_backward_reads_the_forwards_indices(shape, args, kwargs):
     """ResNet's stem pooling: ATen's kernel returning its indices, and the backward of those
     (no torch autograd re-running the forward)."""
@@ -327,6 +328,27 @@ def test_max_pool2d_backward_reads_the_forwards_indices(shape, args, kwargs):
     (entry,) = fuselens.inspect(cf)
     code = "".join(entry.wrappers)
     assert "prims.max_pool2d(" in code and "prims.max_pool2d_backward(" in code and "call_torch" not in code
+
+
+@pytest.mark.parametrize("shape,args,kwargs", POOLINGS, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_max_pool2d_without_a_gradient_is_computed_in_the_kernel_of_its_input(shape, args, kwargs, dtype):
+    """Inference: the window's max in bounds, in one kernel with what it reads (ATen's kernel also
+    wrote an 8-byte index an output); NaN propagates, a window of -inf gives -inf, as in eager."""
+    import fuselens
+    x = t(*shape).to(dtype)
+    x.view(-1)[::7] = float("nan")
+    x.view(-1)[3::5] = float("-inf")
+
+    def f(x):
+        return F.max_pool2d(x * 2, *args, **kwargs) + 1
+    cf = fuselens.compile(f)
+    with torch.no_grad():
+        torch.testing.assert_close(cf(x), f(x), equal_nan=True, atol=0, rtol=0)
+        torch.testing.assert_close(cf(x.contiguous(memory_format=torch.channels_last) if x.ndim == 4 else x), f(x),
+                                   equal_nan=True, atol=0, rtol=0)
+    (entry, *_) = fuselens.inspect(cf)
+    assert "max_pool2d" not in "".join(entry.wrappers) and len(entry.graphs[0].kernels) == 1
 
 
 # (forward, backward) row reductions: softmax's max and sum, and its backward's sum(g * y)

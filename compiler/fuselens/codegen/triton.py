@@ -301,7 +301,7 @@ class KernelWriter:
         return table[buf.name]
 
     def vars_for(self, buf):
-        return node_vars(buf, self.kernel.shape, self.red)
+        return node_vars(buf, self.kernel.shape, self.red, self.sizevars)
 
     # --- the ops handler --------------------------------------------------------------------------
     def load(self, buf, index):

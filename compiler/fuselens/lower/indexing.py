@@ -18,6 +18,8 @@ Triton divides and takes remainders of signed ints truncating toward zero, Pytho
 """
 from __future__ import annotations
 
+import math
+
 import sympy
 
 
@@ -214,4 +216,37 @@ def fold(e, env):
     for c, x, d, m in digits:
         v = floor_div(x, d, env) if d != 1 else x
         out += c * (mod_index(v, m, env) if m is not None else v)
+    return out
+
+
+def reshape_index(idx, new_shape, old_shape, env):
+    """Index into `old_shape` of the element at `idx` of its row-major reshape to `new_shape`.
+    Dims are matched in groups with equal products, so flatten/unflatten need no div/mod beyond
+    the group they touch. `env`: the ops handler (sizes and loop ranges, for simplifying)."""
+    sv = env.sizevars
+    out = [sympy.Integer(0)] * len(old_shape)
+    if math.prod(old_shape) == 0:
+        return out
+    new = [(k, s) for k, s in enumerate(new_shape) if s != 1]
+    old = [(k, s) for k, s in enumerate(old_shape) if s != 1]
+    i = j = 0
+    while i < len(new) or j < len(old):
+        gn, go, pn, po = [], [], 1, 1
+        while True:
+            if pn <= po and i < len(new):
+                gn.append(new[i]); pn *= new[i][1]; i += 1
+            elif j < len(old):
+                go.append(old[j]); po *= old[j][1]; j += 1
+            if pn == po and gn and go:
+                break
+        flat, inner = sympy.Integer(0), 1
+        for k, s in reversed(gn):
+            flat += idx[k] * sv(inner)
+            inner *= s
+        flat = fold(flat, env)
+        inner = 1
+        for pos, (k, s) in enumerate(reversed(go)):
+            v = floor_div(flat, sv(inner), env)
+            out[k] = v if pos == len(go) - 1 else mod_index(v, sv(s), env)
+            inner *= s
     return out

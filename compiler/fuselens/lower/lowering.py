@@ -10,7 +10,7 @@ import torch.fx as fx
 from torch.fx.node import map_aggregate
 
 from ..ops import primitives as prim
-from .indexing import floor_div, fold, mod_index
+from .indexing import floor_div, mod_index, reshape_index
 from .ir import (ComputedBuffer, ExternBuffer, ExternCall, InputBuffer, Lazy, LoweredGraph, SizeVars, TensorValue,
                  View, buffer_view, compute_dtype, contiguous_strides, ops, use_handler)
 
@@ -75,6 +75,12 @@ class _ExternTuple:
     def __init__(self, call, val=None):
         self.call = call
         self.val = val  # its items' meta values where not as traced (Lowering._result_layout)
+
+
+class _Items:
+    """A tuple-valued primitive lowered to values, not to an extern call: its items (None where unread)."""
+    def __init__(self, items):
+        self.items = items
 
 
 def order_of(v) -> list | None:
@@ -142,39 +148,6 @@ def view_strides(old_shape, old_stride, new_shape):
                 chunk_base = old_stride[d - 1]
                 tensor_numel = view_numel = 1
     return tuple(new_stride) if view_d == -1 else None
-
-
-def reshape_index(idx, new_shape, old_shape, env):
-    """Index into `old_shape` of the element at `idx` of its row-major reshape to `new_shape`.
-    Dims are matched in groups with equal products, so flatten/unflatten need no div/mod beyond
-    the group they touch. `env`: the ops handler (sizes and loop ranges, for simplifying)."""
-    sv = env.sizevars
-    out = [sympy.Integer(0)] * len(old_shape)
-    if math.prod(old_shape) == 0:
-        return out
-    new = [(k, s) for k, s in enumerate(new_shape) if s != 1]
-    old = [(k, s) for k, s in enumerate(old_shape) if s != 1]
-    i = j = 0
-    while i < len(new) or j < len(old):
-        gn, go, pn, po = [], [], 1, 1
-        while True:
-            if pn <= po and i < len(new):
-                gn.append(new[i]); pn *= new[i][1]; i += 1
-            elif j < len(old):
-                go.append(old[j]); po *= old[j][1]; j += 1
-            if pn == po and gn and go:
-                break
-        flat, inner = sympy.Integer(0), 1
-        for k, s in reversed(gn):
-            flat += idx[k] * sv(inner)
-            inner *= s
-        flat = fold(flat, env)
-        inner = 1
-        for pos, (k, s) in enumerate(reversed(go)):
-            v = floor_div(flat, sv(inner), env)
-            out[k] = v if pos == len(go) - 1 else mod_index(v, sv(s), env)
-            inner *= s
-    return out
 
 
 class Lowering:
@@ -426,6 +399,9 @@ class Lowering:
 
     # --- extern calls -----------------------------------------------------------------------------
     def lower_extern(self, node, p, args, kwargs):
+        if p is prim.max_pool2d and not any(u.args[1] == 1 for u in node.users):
+            return _Items([self._max_pool2d(node, *args), None])
+
         def arg(a):
             return self.realize(a) if isinstance(a, TensorValue) else a
         n = _CONV_OPERANDS.get(p)
@@ -472,8 +448,31 @@ class Lowering:
             val = prim.conv2d_result_layout(val, margs[0], margs[1])
         return val
 
+    def _max_pool2d(self, node, x, kernel_size, stride, padding, dilation, ceil_mode):
+        """Max pooling without its indices (an inference's): the max of the window's elements in
+        bounds, a pointwise value over the output fused with its neighbours (after a ResNet's stem
+        the BatchNorm-ReLU it reads, where ATen's kernel also wrote the indices, 8 bytes an output)."""
+        val = node.meta["val"][0]
+        shape, dtype, loc = tuple(val.shape), val.dtype, node.meta.get("loc")
+        window = [(kh, kw) for kh in range(kernel_size[0]) for kw in range(kernel_size[1])]
+
+        def fn(idx):
+            result = None
+            for kh, kw in window:
+                src, conds = list(idx), []
+                for d, k in ((-2, kh), (-1, kw)):
+                    i = idx[d] * stride[d] - padding[d] + k * dilation[d]
+                    src[d] = i
+                    conds += [sympy.Ge(i, 0), sympy.Lt(i, x.shape[d])]
+                v = ops().masked(conds, lambda src=src: x.load(src), -math.inf, dtype)
+                result = v if result is None else ops().pointwise(prim.maximum, [result, v], dtype)
+            return result
+        return self._lazy(shape, dtype, loc, fn, [x] * len(window), order=order_of(x))
+
     def lower_item(self, node, p, args, kwargs):
         tup, index = args
+        if isinstance(tup, _Items):
+            return tup.items[index]
         val = tup.val[index] if tup.val is not None else node.meta["val"]
         buf = ExternBuffer(f"{tup.call.name}_{index}", tuple(val.shape), tuple(val.stride()), val.dtype, call=tup.call,
                            item=index)

@@ -19,11 +19,13 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import sympy
 
 from ..lower.ir import ComputedBuffer, ExternBuffer, ExternCall, LoweredGraph, View, buffer_view, \
     compute_dtype, contiguous_strides, use_handler
+from ..lower.indexing import reshape_index
 from torch.fx.node import map_aggregate
 
 # column reductions over at least this many rows run in two stages (module docstring)
@@ -150,8 +152,26 @@ def split_column_reductions(graph: LoweredGraph):
     return pairs
 
 
-def node_vars(buf, shape, red_dims):
+def reshaped(buf, shape):
+    """`buf` is pointwise over a reshape of `shape` and stored row-major: the same elements in the
+    same order (a gradient computed over [B, S, D] whose [B*S, D] view a bias gradient sums). In a
+    kernel over `shape` its loop variables are the kernel's, reshaped, and it is stored at the
+    kernel's row-major position; a reader of that position reads it without a load."""
+    shape = tuple(shape)
+    return buf.kind == "pointwise" and buf.shape != shape and math.prod(buf.shape) == math.prod(shape) and \
+        all(st == cs for s, st, cs in zip(buf.shape, buf.stride, contiguous_strides(buf.shape)) if s != 1)
+
+
+def fits(buf, shape, red_dims):
+    """A pointwise `buf` can be computed in a kernel over `shape` reducing `red_dims`."""
+    return buf.shape == tuple(shape) or buf.shape in row_shapes(shape, red_dims) or reshaped(buf, shape)
+
+
+def node_vars(buf, shape, red_dims, sizevars):
     """The loop variables `buf`'s body is evaluated at, in a kernel over `shape` reducing `red_dims`."""
+    if reshaped(buf, shape):
+        env = SimpleNamespace(sizevars=sizevars, ranges=loop_ranges(shape, red_dims))
+        return reshape_index(loop_vars(shape, red_dims), shape, buf.shape, env)
     if buf.kind in ("reduction", "partial") or len(buf.shape) == len(shape):
         return loop_vars(body_shape(buf), red_dims)
     kept = [d for d in range(len(shape)) if d not in red_dims]  # a per-row value without the reduced dims
@@ -164,16 +184,20 @@ def loop_ranges(shape, red_dims):
     return {v: s for v, s in zip(loop_vars(shape, red_dims), shape) if isinstance(v, sympy.Symbol)}
 
 
-def node_ranges(buf, shape, red_dims):
-    """The extents of `node_vars(buf, shape, red_dims)`."""
-    if buf.kind in ("reduction", "partial") or len(buf.shape) == len(shape):
-        return loop_ranges(body_shape(buf), red_dims)
-    return {v: s for v, s in zip(node_vars(buf, shape, red_dims), buf.shape) if isinstance(v, sympy.Symbol)}
+def node_ranges(buf, shape, red_dims, sizevars):
+    """The extents of the loop variables in `node_vars(buf, shape, red_dims)`."""
+    if buf.kind in ("reduction", "partial") or len(buf.shape) == len(shape) or reshaped(buf, shape):
+        return loop_ranges(shape if reshaped(buf, shape) else body_shape(buf), red_dims)
+    return {v: s for v, s in zip(node_vars(buf, shape, red_dims, sizevars), buf.shape) if isinstance(v, sympy.Symbol)}
 
 
 def store_index(buf, shape, red_dims, sv):
-    out_vars = loop_vars(buf.shape, red_dims) if buf.kind == "reduction" else node_vars(buf, shape, red_dims)
-    return sympy.expand(sum((v * sv(st) for v, st in zip(out_vars, buf.stride)), sympy.Integer(0)))
+    if reshaped(buf, shape):
+        out_vars, strides = loop_vars(shape, red_dims), contiguous_strides(shape)
+    else:
+        out_vars = loop_vars(buf.shape, red_dims) if buf.kind == "reduction" else node_vars(buf, shape, red_dims, sv)
+        strides = buf.stride
+    return sympy.expand(sum((v * sv(st) for v, st in zip(out_vars, strides)), sympy.Integer(0)))
 
 
 class ReadRecorder:
@@ -254,9 +278,9 @@ class Scheduler:
     def reads(self, buf, shape, red_dims):
         key = (buf.name, shape, red_dims)
         if key not in self._reads:
-            rec = ReadRecorder(self.sv, node_ranges(buf, shape, red_dims))
+            rec = ReadRecorder(self.sv, node_ranges(buf, shape, red_dims, self.sv))
             with use_handler(rec):
-                buf.body(node_vars(buf, shape, red_dims))
+                buf.body(node_vars(buf, shape, red_dims, self.sv))
             self._reads[key] = rec.reads
         return self._reads[key]
 
@@ -281,12 +305,10 @@ class Scheduler:
                     return None
                 return shape, red
             # a pointwise kernel turns into a reduction kernel if all its nodes fit
-            fits = all(n.shape == shape or n.shape in row_shapes(shape, red) for n in kernel.nodes)
-            return (shape, red) if fits else None
+            return (shape, red) if all(fits(n, shape, red) for n in kernel.nodes) else None
         if kernel.is_reduction:
-            ok = buf.shape == kernel.shape or buf.shape in row_shapes(kernel.shape, kernel.red_dims)
-            return (kernel.shape, kernel.red_dims) if ok else None
-        return (kernel.shape, None) if buf.shape == kernel.shape else None
+            return (kernel.shape, kernel.red_dims) if fits(buf, kernel.shape, kernel.red_dims) else None
+        return (kernel.shape, None) if buf.shape == kernel.shape or reshaped(buf, kernel.shape) else None
 
     def fusion_score(self, kernel: FusedKernel, buf: ComputedBuffer):
         """Bytes of memory traffic saved by computing `buf` in `kernel`, or None if illegal."""
@@ -338,7 +360,7 @@ class Scheduler:
                 # the kernel of per-channel statistics before the [N, C, H, W] normalization)
                 candidates = [k for k in steps if isinstance(k, FusedKernel)]
                 scored = next(([(0, k)] for k in reversed(candidates) if self.domain_for(k, step) == (k.shape, k.red_dims)
-                               and self.fusion_score(k, step) == 0), [])
+                               and not reshaped(step, k.shape) and self.fusion_score(k, step) == 0), [])
             if scored:
                 _, best = max(scored, key=lambda sk: (sk[0], self.position[id(sk[1])]))
                 best.shape, best.red_dims = self.domain_for(best, step)
