@@ -210,6 +210,15 @@ class Lowering:
             v.realized = buffer_view(buf)
         return v.realized
 
+    def operand(self, a):
+        """A node's value as its users see it now: once a lazy value is stored, later users read
+        it where it is (recomputing it would keep its inputs in memory too: a ResNet block's
+        pre-ReLU sum was stored only for the next block to apply the ReLU again)."""
+        if not isinstance(a, fx.Node):
+            return a
+        v = self.env[a]
+        return v.realized if isinstance(v, Lazy) and v.realized is not None else v
+
     def run(self) -> LoweredGraph:
         inputs, outputs = [], []
         for node in self.graph.nodes:
@@ -224,8 +233,8 @@ class Lowering:
                 inputs.append(buf)
                 self.env[node] = buffer_view(buf)
             elif node.op == "call_function":
-                args = map_aggregate(node.args, lambda a: self.env[a] if isinstance(a, fx.Node) else a)
-                kwargs = map_aggregate(dict(node.kwargs), lambda a: self.env[a] if isinstance(a, fx.Node) else a)
+                args = map_aggregate(node.args, self.operand)
+                kwargs = map_aggregate(dict(node.kwargs), self.operand)
                 self.env[node] = getattr(self, f"lower_{node.target.kind}")(node, node.target, args, kwargs)
             elif node.op == "output":
                 for o in node.args[0]:
