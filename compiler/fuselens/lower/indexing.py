@@ -19,6 +19,7 @@ Triton divides and takes remainders of signed ints truncating toward zero, Pytho
 from __future__ import annotations
 
 import math
+import weakref
 
 import sympy
 
@@ -190,8 +191,8 @@ def fold(e, env):
     """Sums of the digits of one value recombined: c*((x//d) % m) + c*m*((x//(d*m)) % M) is
     c*((x//d) % (m*M)), and c*(x//1) is c*x; the inverse of reshape_index's split."""
     e = sympy.sympify(e)
-    if not e.is_Add:
-        return e
+    if not e.is_Add or not any(isinstance(f, ModIndex) for term in e.args for f in sympy.Mul.make_args(term)):
+        return e  # (only a digit with a modulus merges with another)
     digits, others = [], []
     for term in e.args:
         dg = _digit(term, env)
@@ -219,10 +220,24 @@ def fold(e, env):
     return out
 
 
+# SizeVars -> {(idx, new_shape, old_shape, ranges): index}: a graph's bodies are evaluated again and
+# again (the scheduler's read analysis, each kernel's code), with the same few reshapes (GPT-2
+# training's compile: 5103 calls, 52 distinct)
+_reshapes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def reshape_index(idx, new_shape, old_shape, env):
     """Index into `old_shape` of the element at `idx` of its row-major reshape to `new_shape`.
     Dims are matched in groups with equal products, so flatten/unflatten need no div/mod beyond
     the group they touch. `env`: the ops handler (sizes and loop ranges, for simplifying)."""
+    key = (tuple(idx), tuple(new_shape), tuple(old_shape), frozenset(env.ranges.items()))
+    memo = _reshapes.setdefault(env.sizevars, {})
+    if key not in memo:
+        memo[key] = _reshape_index(idx, new_shape, old_shape, env)
+    return list(memo[key])
+
+
+def _reshape_index(idx, new_shape, old_shape, env):
     sv = env.sizevars
     out = [sympy.Integer(0)] * len(old_shape)
     if math.prod(old_shape) == 0:

@@ -202,9 +202,20 @@ class Compiled:
     tangent_dtypes: list
     saved: list  # the names of the values the forward saves for the backward
     forward: object  # Program
-    backward: dict  # layout_key of the backward's inputs -> Program: the one compiled ahead first
+    backward: dict  # layout_key of the backward's inputs -> Program over every gradient
     # frozenset of tangents undefined in a backward call -> {layout_key: Program} (_StridedPrograms.without)
     variants: dict = field(default_factory=dict)
+    ahead: frozenset = frozenset()  # the tangents undefined in the backward compiled ahead (_expected_missing)
+
+
+def _expected_missing(tangents) -> frozenset:
+    """The tangents a first backward is expected to come without: beside a loss (a 0-dim output),
+    the other outputs (a language model's logits) get no gradient in a training loop. Their
+    backward program is the one compiled ahead, not the one over every gradient (GPT-2 training's
+    first call built both: a third of its graph work); any other set compiles at its first use."""
+    if not any(isinstance(t, torch.Tensor) and t.ndim == 0 and t.dtype.is_floating_point for t in tangents):
+        return frozenset()
+    return frozenset(k for k, t in enumerate(tangents) if isinstance(t, torch.Tensor) and t.ndim > 0)
 
 
 def _partition(gm, inputs, requires_grad, device, eager):
@@ -234,11 +245,15 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=No
         num_saved = len(parts.saved)
         expected = [v if i < num_saved or not isinstance(v, torch.Tensor) else
                     torch.empty(v.shape, dtype=v.dtype, device="meta") for i, v in enumerate(bw_vals)]
+        tangents = bw_vals[num_saved:]
         compiled = Compiled(eager, parts.num_fw_outputs, joint.tangent_outputs, joint.grad_inputs,
-                            [v.dtype for v in bw_vals[num_saved:]], list(parts.saved), forward, {})
+                            [v.dtype for v in tangents], list(parts.saved), forward, {},
+                            ahead=_expected_missing(tangents) if graphs is None else frozenset())
         backward = _StridedPrograms(lambda: parts.backward, device, mode, dynamic, build_program, len(forward.kernels),
                                     compiled.backward, ran_new, compiled.variants)
-        bw_program = backward.get(expected)
+        for k in compiled.ahead:  # (as CompiledFunction.backward passes an output without a gradient)
+            expected[num_saved + k] = torch.empty((), dtype=tangents[k].dtype, device="meta").expand(tangents[k].shape)
+        bw_program = backward.without(compiled.ahead).get(expected) if compiled.ahead else backward.get(expected)
     else:
         compiled, eager, forward = cached, cached.eager, cached.forward
         metas = [meta_like(t) for t in inputs]
@@ -251,7 +266,7 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=No
             return parts.backward
         backward = _StridedPrograms(functools.cache(graph), device, mode, dynamic, build_program,
                                     len(forward.kernels), compiled.backward, ran_new, compiled.variants)
-        bw_program = next(iter(compiled.backward.values()))
+        bw_program = next(iter((compiled.variants[compiled.ahead] if compiled.ahead else compiled.backward).values()))
     state = _State(forward, backward, compiled.num_fw_outputs, compiled.tangent_outputs, compiled.grad_inputs,
                    len(inputs), eager, compiled.tangent_dtypes, device)
     # a replay would freeze a random op's seed; graphs read tensors only (no sizes passed as values)
@@ -267,6 +282,8 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=No
         here, where the graph can still run eagerly, rather than inside backward()."""
         with torch.no_grad(), torch.random.fork_rng(devices=[]):  # leaves the seed sequence as it was
             outs = forward(*xs)
-            tangents = [outs[i].new_zeros(outs[i].shape) for i in compiled.tangent_outputs]  # contiguous, as compiled
-            backward(*outs[compiled.num_fw_outputs:], *tangents)
+            # contiguous zeros, as compiled; an unread stand-in where no gradient is expected
+            tangents = [outs[i].new_zeros(outs[i].shape) if k not in compiled.ahead else
+                        outs[i].new_empty(()).expand(outs[i].shape) for k, i in enumerate(compiled.tangent_outputs)]
+            (backward.without(compiled.ahead) if compiled.ahead else backward)(*outs[compiled.num_fw_outputs:], *tangents)
     return run, check, [forward, bw_program], compiled

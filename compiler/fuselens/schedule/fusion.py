@@ -267,10 +267,10 @@ class Schedule:
 
 
 class Scheduler:
-    def __init__(self, graph: LoweredGraph):
+    def __init__(self, graph: LoweredGraph, reads=None):
         self.graph = graph
         self.sv = graph.sizevars
-        self._reads: dict = {}
+        self._reads: dict = {} if reads is None else reads  # (name, shape, red_dims) -> loads of its body
         self.group_of: dict = {}  # buffer name -> FusedKernel
         self.position: dict = {}  # id(step) -> index in steps
         self.readers: dict = {}  # buffer name -> {id: FusedKernel} of the kernels reading it
@@ -395,10 +395,11 @@ class Scheduler:
 def schedule(graph: LoweredGraph) -> Schedule:
     split_outer_inner_reductions(graph)
     pairs = split_column_reductions(graph)
-    sched = Scheduler(graph).run()
+    scheduler = Scheduler(graph)
+    sched = scheduler.run()
     # partials that found no row kernel to join: longer chunks (the column tiles give the
     # parallelism), then schedule again with the new partial shapes
-    changed = False
+    changed = set()
     for k in sched.steps:
         if isinstance(k, FusedKernel) and k.chunk and not k.has_row_reductions:
             for n in k.nodes:
@@ -407,5 +408,8 @@ def schedule(graph: LoweredGraph) -> Schedule:
                     chunk = max(n.chunk, tile_chunk(rows, math.prod(n.in_shape) // max(rows, 1)))
                     if chunk != n.chunk:
                         set_chunk(*pairs[n.name], chunk)
-                        changed = True
-    return Scheduler(graph).run() if changed else sched
+                        changed.add(pairs[n.name][1].name)  # (its stage 2 reads the partial anew)
+    if not changed:
+        return sched
+    reads = {key: r for key, r in scheduler._reads.items() if key[0] not in changed}
+    return Scheduler(graph, reads).run()
