@@ -187,3 +187,27 @@ def test_tritons_stages_compile_a_cubin_without_a_gpu(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "True {'name': 'k', 'shared': 0, 'num_warps': 4, 'n_params': 7}"
     assert not any(p.name.endswith(".so") for p in tmp_path.rglob("*"))  # no driver helper was built
+
+
+COMPILE_IN_WORKERS = COMPILE.rsplit("cubin, meta =", 1)[0] + '''
+import os
+jobs = []
+for block, warps in ((1024, 4), (512, 4), (1024, 8)):
+    spec = cuda.specialize(fn.params, (x, x, 7), (4096, 3), launcher.Config(block))
+    jobs.append((cuda.cache_key(src, "k", *spec, warps, 90), (src, "k", spec, warps, 90)))
+futures = launcher.start_compiles(jobs + jobs[:1])  # (a job twice: compiled once)
+pids = {f.result() for f in futures}
+print(len(futures), os.getpid() not in pids, sorted(os.listdir(launcher.cubin_dir())) ==
+      sorted(k + ext for k, _ in jobs for ext in (".cubin", ".json")), launcher.start_compiles(jobs))
+'''
+
+
+def test_kernels_compile_in_worker_processes_into_the_cache(tmp_path):
+    """A program's kernels compile in forked workers (Triton's front end holds the GIL: in threads
+    they compiled one at a time) into the cubin cache, where the launch then finds them."""
+    env = {k: v for k, v in os.environ.items() if k not in ("FUSELENS_INTERPRET", "TRITON_INTERPRET")}
+    env.update(PYTHONPATH=str(ROOT / "compiler"), FUSELENS_CACHE_DIR=str(tmp_path), TRITON_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", COMPILE_IN_WORKERS], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "3 True True []"

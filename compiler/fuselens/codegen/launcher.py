@@ -437,7 +437,7 @@ class TritonKernel:
         if INTERPRET or device.type != "cuda" or not sizes[0]:
             return []
         index = device.index if device.index is not None else torch_cuda_device()
-        return [cubin_job(self.fn, self.compiled_source, self.compiled_name, self.specialize(args, sz, c)[0], c, index)
+        return [cubin_job(self.compiled_source, self.compiled_name, self.specialize(args, sz, c)[0], c, index)
                 for args, sz, c in self.expected_launches(dtypes, scalars, sizes)]
 
     def launch_for(self, args, sizes, config):
@@ -447,7 +447,7 @@ class TritonKernel:
         launch = self._launches.get(key)
         if launch is None:
             device = key[1]
-            binary = load_binary(self.fn, self.compiled_source, self.compiled_name, spec, config, device)
+            binary = load_binary(self.compiled_source, self.compiled_name, spec, config, device)
             launch = cuda.make_launch(binary, self.fn.params, spec, args, sizes, grid0(self.mode, sizes, config),
                                       device, self.pdl)
             self._launches[key] = launch
@@ -456,7 +456,7 @@ class TritonKernel:
     def autotune(self, args, sizes, candidates):
         """Time each config once per shape on the GPU (kernels are pure: outputs never alias inputs)."""
         device = torch_cuda_device()
-        compile_concurrently([cubin_job(self.fn, self.compiled_source, self.compiled_name,
+        compile_concurrently([cubin_job(self.compiled_source, self.compiled_name,
                                         self.specialize(args, sizes, c)[0], c, device)
                               for c in candidates])
         timings, error = [], None
@@ -512,50 +512,100 @@ def cubin_dir():
     return os.path.join(cache_dir(), "cubin")
 
 
-def cubin_job(fn, source, name, spec, config, device):
-    """(cache key, function compiling the cubin with Triton's stages) for this specialization and config."""
+def cubin_job(source, name, spec, config, device):
+    """(cache key, what compile_job compiles: plain data, so a worker process can) for this
+    specialization and config."""
     from . import cuda
     import torch
     major, minor = torch.cuda.get_device_capability(device)
     arch = major * 10 + minor
-    key = cuda.cache_key(source, name, *spec, config.num_warps, arch)
-    return key, lambda: cuda.compile_cubin(fn, *spec, config.num_warps, arch)
+    return cuda.cache_key(source, name, *spec, config.num_warps, arch), (source, name, spec, config.num_warps, arch)
 
 
-def load_binary(fn, source, name, spec, config, device):
+def compile_job(job):
+    """(cubin, metadata) of a cubin_job's second part, by Triton's stages."""
+    from . import cuda
+    source, name, spec, num_warps, arch = job
+    return cuda.compile_cubin(getattr(load_module(source), name), *spec, num_warps, arch)
+
+
+def load_binary(source, name, spec, config, device):
     """The kernel compiled for this specialization and config, loaded on `device`: from memory,
     from fuselens's cubin cache, or compiled by Triton's stages (timed as Triton's part)."""
     from . import cuda
     from ..runtime import stats
-    key, compile_fn = cubin_job(fn, source, name, spec, config, device)
+    key, job = cubin_job(source, name, spec, config, device)
     loaded = _binaries.setdefault(key, {})
     if device not in loaded:
+        pending = _compiling.get(key)
+        if pending is not None:  # (compiled ahead in a worker: its cubin is in the cache once done)
+            with stats.triton_compile():
+                pending.exception()
+
         def timed():
             with stats.triton_compile():
-                return compile_fn()
+                return compile_job(job)
         cubin, meta = cuda.cached_cubin(cubin_dir(), key, timed)
         loaded[device] = cuda.Binary(cubin, meta, device)
     return loaded[device]
 
 
-def compile_concurrently(jobs):
-    """Compile the cubins of `jobs` (from cubin_job) that are in neither memory nor fuselens's
-    cache, in threads (Triton's stages release the GIL in MLIR, LLVM and ptxas), into the cache:
-    autotuning then pays about one compile instead of one per candidate. A job that fails here
-    fails again, with its error, when its config is launched."""
-    if len(jobs) < 2:
-        return
-    from concurrent.futures import ThreadPoolExecutor
+# Triton's stages run in worker processes: in threads, its Python front end (the AST to MLIR) held
+# the GIL, so a graph's kernels compiled one front end at a time, and nothing else ran meanwhile.
+# Workers are forked (they inherit the loaded modules, and start in milliseconds; they never touch
+# CUDA: the target is explicit), on the first compile, and kept for the process's lifetime.
+_pool = None
+_compiling: dict = {}  # cache key -> Future of the worker compiling it
+
+
+def _compile_into_cache(directory, key, job):
     from . import cuda
-    from ..runtime import stats
+    cuda.cached_cubin(directory, key, lambda: compile_job(job))
+    return os.getpid()
+
+
+def _workers():
+    global _pool
+    if _pool is None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        _pool = ProcessPoolExecutor(os.cpu_count() or 1, mp_context=multiprocessing.get_context("fork"))
+    return _pool
+
+
+def start_compiles(jobs) -> list:
+    """Start compiling the cubins of `jobs` (from cubin_job) that are in neither memory, fuselens's
+    cache nor a worker already, into the cache; returns the futures of all that are compiling.
+    A job that fails here fails again, with its error, when its config is launched."""
+    from concurrent.futures import Future
     directory = cubin_dir()
-    missing = list({k: (k, f) for k, f in jobs  # identical kernels compile once
-                    if k not in _binaries and not os.path.exists(os.path.join(directory, k + ".json"))}.values())
-    if len(missing) < 2:
-        return
-    with stats.triton_compile(), ThreadPoolExecutor(len(missing)) as pool:
-        for future in [pool.submit(cuda.cached_cubin, directory, k, f) for k, f in missing]:
-            future.exception()
+    futures = {}
+    for key, job in jobs:
+        if key in futures or key in _binaries or os.path.exists(os.path.join(directory, key + ".json")):
+            continue
+        future = _compiling.get(key)
+        if future is None:
+            try:
+                future = _workers().submit(_compile_into_cache, directory, key, job)
+            except Exception as e:  # (no worker could start: the launch compiles it in this process)
+                future = Future()
+                future.set_exception(e)
+            _compiling[key] = future
+            future.add_done_callback(lambda f, key=key: _compiling.pop(key, None))
+        futures[key] = future
+    return list(futures.values())
+
+
+def compile_concurrently(jobs):
+    """Compile the cubins of `jobs` (from cubin_job) concurrently, into the cache, and wait for them:
+    autotuning then pays about one compile instead of one per candidate, and a program's first call
+    none of its kernels' compiles."""
+    from ..runtime import stats
+    futures = start_compiles(jobs)
+    if futures:
+        with stats.triton_compile():
+            for future in futures:
+                future.exception()
 
 
 def supports_pdl(device) -> bool:

@@ -53,7 +53,8 @@ class KernelInfo:
 class Program:
     """One primitive graph compiled for one set of input shapes: `call(*inputs[, seed])`, or where
     `boxed`, `call([*inputs[, seed]])`, which empties the list and frees each input at its last use.
-    `compile_jobs`: its kernels' cubins as its first call will need them (codegen/launcher.py).
+    `compile_jobs`: its kernels' cubins as its first call will need them (codegen/launcher.py),
+    compiling in worker processes from when it is built; its first call waits for them.
     `made_from`: what `load_program` makes it again from (sources, no graph): how it is pickled
     into the program cache (runtime/program_cache.py)."""
     call: object
@@ -90,7 +91,7 @@ def _seed() -> int:
 
 
 def compile_ahead(programs):
-    """Every kernel the programs' first calls will launch, compiled now, concurrently."""
+    """Every kernel the programs' first calls will launch, compiled (concurrently) by now."""
     launcher.compile_concurrently([job for p in programs for job in p.compile_jobs])
     for p in programs:
         p.compile_jobs = []
@@ -125,8 +126,9 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
     made_from = dict(source=source, device=str(device), has_seed=lowered.has_seed, infos=infos, consts=consts,
                      kernels=[(k.name, k.source, k.mode, k.max_autotune, k.itemsize, k.pdl) for k in kernel_objects],
                      launches=launches, boxed=boxed)
-    return Program(call, infos, source, lowered.has_seed, _compile_jobs(kernel_objects, launches, device), made_from,
-                   boxed)
+    jobs = _compile_jobs(kernel_objects, launches, device)
+    launcher.start_compiles(jobs)  # in worker processes, while the next program is built
+    return Program(call, infos, source, lowered.has_seed, jobs, made_from, boxed)
 
 
 def load_program(made_from: dict) -> Program:
