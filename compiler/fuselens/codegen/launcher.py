@@ -553,7 +553,8 @@ def load_binary(source, name, spec, config, device):
 # Triton's stages run in worker processes: in threads, its Python front end (the AST to MLIR) held
 # the GIL, so a graph's kernels compiled one front end at a time, and nothing else ran meanwhile.
 # Workers are forked (they inherit the loaded modules, and start in milliseconds; they never touch
-# CUDA: the target is explicit), on the first compile, and kept for the process's lifetime.
+# CUDA: the target is explicit), one a core up to 32, on the first compile, and kept for the
+# process's lifetime.
 _pool = None
 _compiling: dict = {}  # cache key -> Future of the worker compiling it
 
@@ -569,7 +570,7 @@ def _workers():
     if _pool is None:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
-        _pool = ProcessPoolExecutor(os.cpu_count() or 1, mp_context=multiprocessing.get_context("fork"))
+        _pool = ProcessPoolExecutor(min(os.cpu_count() or 1, 32), mp_context=multiprocessing.get_context("fork"))
     return _pool
 
 
