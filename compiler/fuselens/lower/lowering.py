@@ -41,7 +41,7 @@ CHANNELS_LAST = [0, 2, 3, 1]
 # externs whose results' layouts follow their operands' and whose meta run (the primitive on meta
 # tensors) gives the layout the device's kernel returns (a convolution's through
 # prim.conv2d_result_layout): predicted again for operands stored otherwise than traced
-RELAYOUT = (prim.conv2d, prim.conv2d_backward, prim.max_pool2d, prim.max_pool2d_backward)
+RELAYOUT = (prim.conv2d, prim.conv2d_backward)
 # how many leading operands a convolution takes channels-last: (grad,) x, weight
 _CONV_OPERANDS = {prim.conv2d: 2, prim.conv2d_backward: 3}
 
@@ -78,7 +78,7 @@ class _ExternTuple:
 
 
 class _Items:
-    """A tuple-valued primitive lowered to values, not to an extern call: its items (None where unread)."""
+    """A tuple-valued primitive lowered to values, not to an extern call: its items."""
     def __init__(self, items):
         self.items = items
 
@@ -408,8 +408,10 @@ class Lowering:
 
     # --- extern calls -----------------------------------------------------------------------------
     def lower_extern(self, node, p, args, kwargs):
-        if p is prim.max_pool2d and not any(u.args[1] == 1 for u in node.users):
-            return _Items([self._max_pool2d(node, *args), None])
+        if p is prim.max_pool2d:
+            return _Items(self._max_pool2d(node, *args))
+        if p is prim.max_pool2d_backward:
+            return self._max_pool2d_backward(node, *args)
 
         def arg(a):
             return self.realize(a) if isinstance(a, TensorValue) else a
@@ -458,25 +460,71 @@ class Lowering:
         return val
 
     def _max_pool2d(self, node, x, kernel_size, stride, padding, dilation, ceil_mode):
-        """Max pooling without its indices (an inference's): the max of the window's elements in
-        bounds, a pointwise value over the output fused with its neighbours (after a ResNet's stem
-        the BatchNorm-ReLU it reads, where ATen's kernel also wrote the indices, 8 bytes an output)."""
-        val = node.meta["val"][0]
+        """(values, offsets) of max pooling: each output's maximum over the window's elements in
+        bounds, and its position in the window as ATen picks it (the first maximum, a NaN over
+        any number, the last NaN), pointwise values over the output fused with their neighbours
+        (after a ResNet's stem, the BatchNorm-ReLU they read)."""
+        val, offsets_val = node.meta["val"]
         shape, dtype, loc = tuple(val.shape), val.dtype, node.meta.get("loc")
-        window = [(kh, kw) for kh in range(kernel_size[0]) for kw in range(kernel_size[1])]
+        cdtype, odtype = compute_dtype(dtype), offsets_val.dtype
+        kernel_w = kernel_size[1]
 
-        def fn(idx):
-            result = None
-            for kh, kw in window:
+        def window(idx):  # (offset, value or -inf, whether in bounds) of each element, in order
+            for k in range(kernel_size[0] * kernel_w):
                 src, conds = list(idx), []
-                for d, k in ((-2, kh), (-1, kw)):
-                    i = idx[d] * stride[d] - padding[d] + k * dilation[d]
-                    src[d] = i
-                    conds += [sympy.Ge(i, 0), sympy.Lt(i, x.shape[d])]
-                v = ops().masked(conds, lambda src=src: x.load(src), -math.inf, dtype)
+                for d, kd in ((-2, k // kernel_w), (-1, k % kernel_w)):
+                    src[d] = idx[d] * stride[d] - padding[d] + kd * dilation[d]
+                    conds += [sympy.Ge(src[d], 0), sympy.Lt(src[d], x.shape[d])]
+                yield k, ops().masked(conds, lambda src=src: x.load(src), -math.inf, dtype), conds
+
+        def values(idx):
+            result = None
+            for _, v, _ in window(idx):
                 result = v if result is None else ops().pointwise(prim.maximum, [result, v], dtype)
             return result
-        return self._lazy(shape, dtype, loc, fn, [x] * len(window), order=order_of(x))
+
+        def offsets(idx):
+            best, offset, found = ops().constant(-math.inf, cdtype), ops().constant(0, odtype), None
+            for k, v, conds in window(idx):
+                valid = ops().masked(conds, lambda: ops().constant(True, torch.bool), False, torch.bool)
+                better = ops().pointwise(prim.logical_or, [ops().pointwise(prim.gt, [v, best], torch.bool),
+                                                           ops().pointwise(prim.ne, [v, v], torch.bool)], torch.bool)
+                take = valid if found is None else ops().pointwise(prim.logical_and, [valid, ops().pointwise(
+                    prim.logical_or, [ops().pointwise(prim.logical_not, [found], torch.bool), better], torch.bool)],
+                    torch.bool)
+                offset = ops().pointwise(prim.where, [take, ops().constant(k, odtype), offset], odtype)
+                best = ops().pointwise(prim.where, [take, v, best], cdtype)
+                found = valid if found is None else ops().pointwise(prim.logical_or, [found, valid], torch.bool)
+            return offset
+        reads = [x] * (kernel_size[0] * kernel_w)
+        return [self._lazy(shape, dtype, loc, values, reads, order=order_of(x)),
+                self._lazy(shape, odtype, loc, offsets, reads, order=order_of(x))]
+
+    def _max_pool2d_backward(self, node, g, x, offsets, kernel_size, stride, padding, dilation, ceil_mode):
+        """The gradient at each input element: the sum of the gradients of the outputs whose window
+        holds it at their maximum's offset, in ATen's order (outputs by row, then column)."""
+        val = node.meta["val"]
+        shape, dtype, loc = tuple(val.shape), val.dtype, node.meta.get("loc")
+        cdtype, odtype, kernel_w = compute_dtype(dtype), offsets.dtype, kernel_size[1]
+
+        def fn(idx):
+            total = ops().constant(0.0, cdtype)
+            for k in reversed(range(kernel_size[0] * kernel_w)):  # (a later offset: an earlier output)
+                out, conds = list(idx), []
+                for d, kd in ((-2, k // kernel_w), (-1, k % kernel_w)):
+                    start = idx[d] + padding[d] - kd * dilation[d]  # the output's window's first row / column
+                    conds.append(sympy.Ge(start, 0))
+                    if stride[d] != 1:
+                        conds.append(sympy.Eq(mod_index(start, stride[d], ops()), 0))
+                    out[d] = floor_div(start, stride[d], ops())
+                    conds.append(sympy.Lt(out[d], g.shape[d]))
+
+                def term(out=out, k=k):
+                    hit = ops().pointwise(prim.eq, [offsets.load(out), ops().constant(k, odtype)], torch.bool)
+                    return ops().pointwise(prim.where, [hit, g.load(out), ops().constant(0.0, cdtype)], cdtype)
+                total = ops().pointwise(prim.add, [total, ops().masked(conds, term, 0.0, cdtype)], cdtype)
+            return ops().to_dtype(total, dtype)
+        return self._lazy(shape, dtype, loc, fn, [g, offsets] * (kernel_size[0] * kernel_w), order=order_of(x))
 
     def lower_item(self, node, p, args, kwargs):
         tup, index = args

@@ -421,14 +421,44 @@ sdpa_backward = Primitive("sdpa_backward", _sdpa_backward, "extern")
 # logsumexp, and the backward that reads it
 sdpa_saving = Primitive("sdpa_saving", _sdpa_saving, "extern")
 sdpa_saving_backward = Primitive("sdpa_saving_backward", _sdpa_saving_backward, "extern")
-# (out, indices) of 2-d max pooling (the indices are what the backward reads), and the backward
-max_pool2d = Primitive("max_pool2d", lambda x, kernel_size, stride, padding, dilation, ceil_mode:
-                       torch.ops.aten.max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode),
-                       "extern")
-max_pool2d_backward = Primitive(
-    "max_pool2d_backward", lambda g, x, indices, kernel_size, stride, padding, dilation, ceil_mode:
-    torch.ops.aten.max_pool2d_with_indices_backward(g, x, kernel_size, stride, padding, dilation, ceil_mode, indices),
-    "extern")
+def _window_starts(out_shape, stride, padding, device):
+    """Each output position's window's first input row, (OH, 1), and column, (1, OW)."""
+    oh, ow = out_shape[-2:]
+    return (torch.arange(oh, device=device)[:, None] * stride[0] - padding[0],
+            torch.arange(ow, device=device)[None, :] * stride[1] - padding[1])
+
+
+def offset_dtype(kernel_size):
+    return torch.int8 if kernel_size[0] * kernel_size[1] <= 127 else torch.int32
+
+
+def _max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode):
+    out, indices = torch.ops.aten.max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode)
+    if x.device.type == "meta":
+        return out, torch.empty_like(indices, dtype=offset_dtype(kernel_size))
+    rows, cols = _window_starts(out.shape, stride, padding, x.device)
+    w = x.shape[-1]
+    kh, kw = (indices // w - rows) // dilation[0], (indices % w - cols) // dilation[1]
+    return out, (kh * kernel_size[1] + kw).to(offset_dtype(kernel_size))
+
+
+def _max_pool2d_backward(g, x, offsets, kernel_size, stride, padding, dilation, ceil_mode):
+    if x.device.type != "meta":
+        rows, cols = _window_starts(g.shape, stride, padding, x.device)
+        offsets = offsets.long()
+        ih = rows + offsets // kernel_size[1] * dilation[0]
+        iw = cols + offsets % kernel_size[1] * dilation[1]
+        offsets = ih * x.shape[-1] + iw
+    return torch.ops.aten.max_pool2d_with_indices_backward(g, x, kernel_size, stride, padding, dilation, ceil_mode,
+                                                           offsets.long())
+
+
+# (out, offsets) of 2-d max pooling, and its backward: each output's maximum's position in its window
+# (kh * kernel width + kw), 1 byte where ATen's index is 8, is what the backward reads. Both are
+# lowered to kernels (lower/lowering.py), fused with their neighbours; `impl` (ATen's kernels, the
+# positions converted) is the reference
+max_pool2d = Primitive("max_pool2d", _max_pool2d, "extern")
+max_pool2d_backward = Primitive("max_pool2d_backward", _max_pool2d_backward, "extern")
 argmax = Primitive("argmax", lambda x, dim, keepdim: torch.argmax(x, dim, keepdim), "extern")
 argmin = Primitive("argmin", lambda x, dim, keepdim: torch.argmin(x, dim, keepdim), "extern")
 
