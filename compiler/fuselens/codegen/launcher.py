@@ -568,10 +568,21 @@ def _compile_into_cache(directory, key, job):
 def _workers():
     global _pool
     if _pool is None:
+        import atexit
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
         _pool = ProcessPoolExecutor(min(os.cpu_count() or 1, 32), mp_context=multiprocessing.get_context("fork"))
+        atexit.register(_stop_workers)
     return _pool
+
+
+def _stop_workers():
+    """At exit, while the modules are there (collected at interpreter teardown, the pool's cleanup
+    printed an AttributeError from a module already gone)."""
+    global _pool
+    if _pool is not None:
+        _pool.shutdown(wait=True, cancel_futures=True)
+        _pool = None
 
 
 def start_compiles(jobs) -> list:
