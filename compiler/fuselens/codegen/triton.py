@@ -142,6 +142,7 @@ class KernelWriter:
             self.need_rmask = dynamic or self.rnumel % MAX_RTILE != 0
         self.accs: dict[str, str] = {}  # partial's name -> its accumulator
         self._chunk_loop = None
+        self._row_major = None  # (index of the kernel's row, of its element), row-major
         self.dynamic_values = dynamic_values
         self.group = {n.name: n for n in kernel.nodes}
         self.values: dict[str, CV] = {}  # reduction results and per-row values, by buffer name
@@ -273,14 +274,20 @@ class KernelWriter:
         """An index as Triton code. The common case, the element at the loop position in a row-major
         tensor of the kernel's shape, is `xindex` (or `xindex * rnumel + rindex`): no div/mod needed."""
         shape, red = self.kernel.shape, self.red
+        if self._row_major is None:
+            def row_major(over_shape):
+                strides = contiguous_strides(over_shape)
+                return sum((v * self.sizevars(st) for v, st in zip(loop_vars(over_shape, red), strides)),
+                           sympy.Integer(0))
+            self._row_major = row_major(keep_shape(shape, red)), row_major(shape)
+        row, element = self._row_major
 
-        def row_major(over_shape):
-            strides = contiguous_strides(over_shape)
-            return sum((v * self.sizevars(st) for v, st in zip(loop_vars(over_shape, red), strides)), sympy.Integer(0))
-        if self.x_dims and sympy.expand(index - row_major(keep_shape(shape, red))) == 0:
+        def equal(a, b):  # (different loop variables: not equal; sympy cancels a term and its negation)
+            return a == b or a.free_symbols == b.free_symbols and sympy.expand(a - b) == 0
+        if self.x_dims and equal(index, row):
             return "xindex"  # the kernel's own row (or element, in a pointwise kernel)
         reduced_last = all(d in red for d in range(len(shape) - len(red), len(shape)))
-        if self.r_dims and reduced_last and sympy.expand(index - row_major(shape)) == 0:
+        if self.r_dims and reduced_last and equal(index, element):
             return "xindex * rnumel + rindex" if self.x_dims else "rindex"
         return self.expr(index)
 
