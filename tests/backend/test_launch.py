@@ -211,3 +211,35 @@ def test_kernels_compile_in_worker_processes_into_the_cache(tmp_path):
                          timeout=300)
     assert out.returncode == 0 and out.stderr == "", out.stderr[-3000:]
     assert out.stdout.strip() == "3 True True []"
+
+
+COMPILE_WHILE_LOCKED = COMPILE.rsplit("cubin, meta =", 1)[0] + '''
+import os, sys, threading, time
+def job(block):
+    spec = cuda.specialize(fn.params, (x, x, 7), (4096, 3), launcher.Config(block))
+    return cuda.cache_key(src, "k", *spec, 4, 90), (src, "k", spec, 4, 90)
+def loading():  # another thread inside load_module (graphs compile on several threads) when the workers fork
+    with launcher._lock:
+        time.sleep(1.0)
+t = threading.Thread(target=loading)
+t.start()
+time.sleep(0.2)
+first = launcher.start_compiles([job(1024)])[0]
+t.join()
+print(first.result(timeout=120) != os.getpid())
+pid = os.fork()  # a process forked later (a user's) compiles with workers of its own
+if pid == 0:  # (and exits as a program does: its own workers stop, its parent's are not its to stop)
+    sys.exit(0 if launcher.start_compiles([job(512)])[0].result(timeout=120) != os.getpid() else 1)
+print(os.waitpid(pid, 0)[1] == 0)
+'''
+
+
+def test_workers_fork_safely_beside_other_threads_and_in_forked_processes(tmp_path):
+    """A fork holds the kernel modules' lock (a worker forked while another thread held it waited
+    on it forever); a forked process starts without its parent's pool."""
+    env = {k: v for k, v in os.environ.items() if k not in ("FUSELENS_INTERPRET", "TRITON_INTERPRET")}
+    env.update(PYTHONPATH=str(ROOT / "compiler"), FUSELENS_CACHE_DIR=str(tmp_path), TRITON_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", COMPILE_WHILE_LOCKED], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["True", "True"]

@@ -29,7 +29,7 @@ if INTERPRET:
     os.environ["TRITON_INTERPRET"] = "1"
 
 _modules: dict = {}
-_lock = threading.Lock()
+_lock = threading.RLock()
 
 
 def check_interpreter():
@@ -540,7 +540,7 @@ def load_binary(source, name, spec, config, device):
         pending = _compiling.get(key)
         if pending is not None:  # (compiled ahead in a worker: its cubin is in the cache once done)
             with stats.triton_compile():
-                pending.exception()
+                _wait(pending)
 
         def timed():
             with stats.triton_compile():
@@ -554,35 +554,65 @@ def load_binary(source, name, spec, config, device):
 # the GIL, so a graph's kernels compiled one front end at a time, and nothing else ran meanwhile.
 # Workers are forked (they inherit the loaded modules, and start in milliseconds; they never touch
 # CUDA: the target is explicit), one a core up to 32, on the first compile, and kept for the
-# process's lifetime.
+# process's lifetime. A fork happens with `_lock` held by the forking thread (no other thread is
+# then inside load_module, whose lock a worker needs); a child starts with no pool of its own.
+# A worker that dies, or a compile that takes WORKER_TIMEOUT seconds, leaves that kernel to this
+# process: its launch compiles it, as one never compiled ahead.
 _pool = None
+_pool_lock = threading.Lock()
 _compiling: dict = {}  # cache key -> Future of the worker compiling it
+WORKER_TIMEOUT = 300
 
 
-def _compile_into_cache(directory, key, job):
+def _after_fork_in_child():
+    global _pool, _lock, _pool_lock
+    _pool, _lock, _pool_lock = None, threading.RLock(), threading.Lock()
+    _compiling.clear()
+
+
+os.register_at_fork(before=lambda: _lock.acquire(), after_in_parent=lambda: _lock.release(),
+                    after_in_child=_after_fork_in_child)
+
+
+def _compile_into_cache(directory, key, job, env):
     from . import cuda
+    os.environ.update(env)  # Triton's settings as they were when the key was made
     cuda.cached_cubin(directory, key, lambda: compile_job(job))
     return os.getpid()
 
 
 def _workers():
     global _pool
-    if _pool is None:
-        import atexit
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-        _pool = ProcessPoolExecutor(min(os.cpu_count() or 1, 32), mp_context=multiprocessing.get_context("fork"))
-        atexit.register(_stop_workers)
-    return _pool
+    with _pool_lock:
+        if _pool is None:
+            import atexit
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+            _pool = ProcessPoolExecutor(min(os.cpu_count() or 1, 32), mp_context=multiprocessing.get_context("fork"))
+            atexit.register(_stop_workers, _pool, os.getpid())
+        return _pool
 
 
-def _stop_workers():
+def _stop_workers(pool, pid):
     """At exit, while the modules are there (collected at interpreter teardown, the pool's cleanup
-    printed an AttributeError from a module already gone)."""
+    printed an AttributeError from a module already gone); by the process that started it only (a
+    forked child inherits the handler, not the pool's threads)."""
+    if os.getpid() == pid:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _wait(future, timeout=WORKER_TIMEOUT) -> None:
+    """Until the worker is done with it, or gave up: a broken pool (a worker died) is replaced at
+    the next compile."""
     global _pool
-    if _pool is not None:
-        _pool.shutdown(wait=True, cancel_futures=True)
-        _pool = None
+    from concurrent.futures import CancelledError, TimeoutError
+    from concurrent.futures.process import BrokenProcessPool
+    try:
+        if isinstance(future.exception(timeout=timeout), BrokenProcessPool):
+            with _pool_lock:
+                _pool = None
+    except (CancelledError, TimeoutError):
+        pass
 
 
 def start_compiles(jobs) -> list:
@@ -590,7 +620,9 @@ def start_compiles(jobs) -> list:
     cache nor a worker already, into the cache; returns the futures of all that are compiling.
     A job that fails here fails again, with its error, when its config is launched."""
     from concurrent.futures import Future
+    from triton._C.libtriton import get_cache_invalidating_env_vars
     directory = cubin_dir()
+    env = dict(get_cache_invalidating_env_vars())
     futures = {}
     for key, job in jobs:
         if key in futures or key in _binaries or os.path.exists(os.path.join(directory, key + ".json")):
@@ -598,7 +630,7 @@ def start_compiles(jobs) -> list:
         future = _compiling.get(key)
         if future is None:
             try:
-                future = _workers().submit(_compile_into_cache, directory, key, job)
+                future = _workers().submit(_compile_into_cache, directory, key, job, env)
             except Exception as e:  # (no worker could start: the launch compiles it in this process)
                 future = Future()
                 future.set_exception(e)
@@ -617,7 +649,7 @@ def compile_concurrently(jobs):
     if futures:
         with stats.triton_compile():
             for future in futures:
-                future.exception()
+                _wait(future)
 
 
 def supports_pdl(device) -> bool:
