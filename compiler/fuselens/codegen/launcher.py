@@ -20,6 +20,7 @@ import re
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -556,8 +557,8 @@ def load_binary(source, name, spec, config, device):
 # CUDA: the target is explicit), one a core up to 32, on the first compile, and kept for the
 # process's lifetime. A fork happens with `_lock` held by the forking thread (no other thread is
 # then inside load_module, whose lock a worker needs); a child starts with no pool of its own.
-# A worker that dies, or a compile that takes WORKER_TIMEOUT seconds, leaves that kernel to this
-# process: its launch compiles it, as one never compiled ahead.
+# A worker that dies, or compiles not done WORKER_TIMEOUT seconds after they were waited for,
+# leave their kernels to this process: each launch compiles its own, as one never compiled ahead.
 _pool = None
 _pool_lock = threading.Lock()
 _compiling: dict = {}  # cache key -> Future of the worker compiling it
@@ -647,9 +648,10 @@ def compile_concurrently(jobs):
     from ..runtime import stats
     futures = start_compiles(jobs)
     if futures:
+        deadline = time.monotonic() + WORKER_TIMEOUT
         with stats.triton_compile():
             for future in futures:
-                _wait(future)
+                _wait(future, max(0.0, deadline - time.monotonic()))
 
 
 def supports_pdl(device) -> bool:

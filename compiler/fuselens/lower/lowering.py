@@ -484,17 +484,18 @@ class Lowering:
             return result
 
         def offsets(idx):
+            def op(p, *args, dtype=torch.bool):
+                return ops().pointwise(p, list(args), dtype)
+            # ATen's loop: the first element in bounds, then one greater than the best so far or NaN
             best, offset, found = ops().constant(-math.inf, cdtype), ops().constant(0, odtype), None
             for k, v, conds in window(idx):
                 valid = ops().masked(conds, lambda: ops().constant(True, torch.bool), False, torch.bool)
-                better = ops().pointwise(prim.logical_or, [ops().pointwise(prim.gt, [v, best], torch.bool),
-                                                           ops().pointwise(prim.ne, [v, v], torch.bool)], torch.bool)
-                take = valid if found is None else ops().pointwise(prim.logical_and, [valid, ops().pointwise(
-                    prim.logical_or, [ops().pointwise(prim.logical_not, [found], torch.bool), better], torch.bool)],
-                    torch.bool)
-                offset = ops().pointwise(prim.where, [take, ops().constant(k, odtype), offset], odtype)
-                best = ops().pointwise(prim.where, [take, v, best], cdtype)
-                found = valid if found is None else ops().pointwise(prim.logical_or, [found, valid], torch.bool)
+                better = op(prim.logical_or, op(prim.gt, v, best), op(prim.ne, v, v))
+                take = valid if found is None else op(prim.logical_and, valid,
+                                                      op(prim.logical_or, op(prim.logical_not, found), better))
+                offset = op(prim.where, take, ops().constant(k, odtype), offset, dtype=odtype)
+                best = op(prim.where, take, v, best, dtype=cdtype)
+                found = valid if found is None else op(prim.logical_or, found, valid)
             return offset
         reads = [x] * (kernel_size[0] * kernel_w)
         return [self._lazy(shape, dtype, loc, values, reads, order=order_of(x)),

@@ -1,8 +1,8 @@
 """Pooling. Adaptive average pooling whose windows tile the input (ResNet's and most classifiers'
 global pooling) is a mean over reshaped windows, fused with its neighbours; its gradient is the
-mean's. 2-d max pooling is ATen's kernel with its indices, which its backward reads (torch's
-autograd re-ran the forward: ~0.4 ms of host a call); where no gradient is taken the indices go
-unread, and lowering computes the window's max in the kernel of what it reads instead
+mean's. 2-d max pooling is a primitive giving the values and each maximum's offset in its window,
+which its backward reads (torch's autograd re-ran the forward: ~0.4 ms of host a call); lowering
+computes both, and the backward, as window loops fused with their neighbours
 (`Lowering._max_pool2d`). Other pooling stays torch's call."""
 from __future__ import annotations
 

@@ -421,6 +421,8 @@ sdpa_backward = Primitive("sdpa_backward", _sdpa_backward, "extern")
 # logsumexp, and the backward that reads it
 sdpa_saving = Primitive("sdpa_saving", _sdpa_saving, "extern")
 sdpa_saving_backward = Primitive("sdpa_saving_backward", _sdpa_saving_backward, "extern")
+
+
 def _window_starts(out_shape, stride, padding, device):
     """Each output position's window's first input row, (OH, 1), and column, (1, OW)."""
     oh, ow = out_shape[-2:]

@@ -186,8 +186,10 @@ def loop_ranges(shape, red_dims):
 
 def node_ranges(buf, shape, red_dims, sizevars):
     """The extents of the loop variables in `node_vars(buf, shape, red_dims)`."""
-    if buf.kind in ("reduction", "partial") or len(buf.shape) == len(shape) or reshaped(buf, shape):
-        return loop_ranges(shape if reshaped(buf, shape) else body_shape(buf), red_dims)
+    if reshaped(buf, shape):
+        return loop_ranges(shape, red_dims)
+    if buf.kind in ("reduction", "partial") or len(buf.shape) == len(shape):
+        return loop_ranges(body_shape(buf), red_dims)
     return {v: s for v, s in zip(node_vars(buf, shape, red_dims, sizevars), buf.shape) if isinstance(v, sympy.Symbol)}
 
 
@@ -399,7 +401,7 @@ def schedule(graph: LoweredGraph) -> Schedule:
     sched = scheduler.run()
     # partials that found no row kernel to join: longer chunks (the column tiles give the
     # parallelism), then schedule again with the new partial shapes
-    changed = set()
+    changed = False
     for k in sched.steps:
         if isinstance(k, FusedKernel) and k.chunk and not k.has_row_reductions:
             for n in k.nodes:
@@ -408,8 +410,7 @@ def schedule(graph: LoweredGraph) -> Schedule:
                     chunk = max(n.chunk, tile_chunk(rows, math.prod(n.in_shape) // max(rows, 1)))
                     if chunk != n.chunk:
                         set_chunk(*pairs[n.name], chunk)
-                        changed.add(pairs[n.name][1].name)  # (its stage 2 reads the partial anew)
-    if not changed:
-        return sched
-    reads = {key: r for key, r in scheduler._reads.items() if key[0] not in changed}
-    return Scheduler(graph, reads).run()
+                        changed = True
+    # (the first pass's read analysis holds: a stage 2 reading a partial anew has a new input shape,
+    # so a new key)
+    return Scheduler(graph, scheduler._reads).run() if changed else sched
