@@ -107,6 +107,27 @@ def test_reductions_over_the_same_rows_share_a_kernel():
     assert len(cg.kernels) == 1
 
 
+def rotary(q, k, pos):
+    """Llama's rotary embedding: cos and sin of (S, D), broadcast over batch and heads of q and k."""
+    d = q.shape[-1]
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, device=q.device).float() / d))
+    freqs = pos[:, None].float() * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), -1)
+    cos, sin = emb.cos(), emb.sin()
+    return tuple(x * cos + torch.cat((-x[..., d // 2:], x[..., :d // 2]), -1) * sin for x in (q, k))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_heavy_values_broadcast_to_many_elements_are_computed_once(grad):
+    """cos and sin that q and k broadcast over every head are stored once by the forward (and once
+    more by the backward where it needs them again), not computed again for each element of each
+    head (sin + cos over their own elements stays one kernel: the parametrized cases above)."""
+    q, k, pos = randn(2, 8, 6, 16), randn(2, 2, 6, 16), torch.arange(6, device=DEVICE) * 37
+    cg = check(rotary, q, k, pos, grad=grad)  # (kernels: the forward's and the backward's)
+    text = "".join(k.source for k in cg.kernels)
+    assert text.count("tl.cos(") == text.count("tl.sin(") <= 1 + grad, [k.name for k in cg.kernels]
+
+
 def test_pointwise_prologue_and_epilogue_fuse_with_reduction():
     def f(x):
         y = torch.exp(x) * 2

@@ -179,6 +179,7 @@ class Lazy(TensorValue):
     # convolution's activations stay channels-last up to the next convolution)
     order: list | None = None
     reads: frozenset = frozenset()  # (buffer name, elements) a load of it reads (each consumer reads them all)
+    heavy: bool = False  # it inlines a heavy primitive (Primitive.heavy)
 
     def load(self, idx):
         return self.fn(idx)

@@ -28,6 +28,11 @@ INDEX_OPS_LIMIT = 200
 # re-read every earlier block's output (ViT-B's took 1 ms each on an H100). Less is recomputed:
 # softmax's exp(x - max), layer norm's (x - mean) * rstd in its backward (per-row vectors are small).
 REALIZE_READS = 2
+# A lazy value that inlines a heavy primitive (prim.Primitive.heavy: sin, cos, tanh, ...) is stored
+# where a user (through views) broadcasts it to this many times its elements or more: Llama's rotary
+# cos and sin, (B, S, D), recomputed for each of 32 query heads and each layer made every rotary
+# kernel compute-bound (an H100: 56 us a layer at 470 GB/s, Inductor's 35).
+BROADCAST_REALIZE = 4
 # Convolutions of an inference graph run channels-last, as Inductor's layout optimization runs
 # them: cuDNN's NHWC kernels are the fast ones, and its NCHW path transposes in and out (0.67 ms of
 # eager's ResNet-50 inference step on an H100; fuselens's step 4.12 -> 3.34 ms, Inductor's 3.15).
@@ -51,6 +56,23 @@ def _broadcast(x: Lazy) -> bool:
     reshaped, it joins the kernel of its reshaped neighbours rather than a kernel of its own."""
     numel = math.prod(x.shape)
     return not isinstance(numel, int) or max((n for _, n in x.reads), default=0) < numel
+
+
+def _broadcast_by_users(node: fx.Node, numel) -> bool:
+    """A pointwise op or view reading `node`'s value (of `numel` elements), directly or through
+    views, has BROADCAST_REALIZE times its elements or more: it would compute each that often."""
+    if not isinstance(numel, int):
+        return False
+    for u in node.users:
+        kind = getattr(u.target, "kind", None)
+        if kind not in ("pointwise", "view"):
+            continue
+        val = u.meta.get("val")
+        n = math.prod(val.shape) if isinstance(val, torch.Tensor) else None
+        if isinstance(n, int) and n >= BROADCAST_REALIZE * max(numel, 1) or \
+                kind == "view" and _broadcast_by_users(u, numel):
+            return True
+    return False
 
 
 def reads_of(values) -> frozenset:
@@ -269,18 +291,22 @@ class Lowering:
                 return ops().to_dtype(vals[0], kwargs["dtype"])
             return ops().pointwise(p, vals, dtype)
         full = [a for a in operands if isinstance(a, TensorValue) and tuple(a.shape) == shape]
-        v = self._lazy(shape, dtype, loc, fn, args, order=order_of(full[0]) if full else None)
-        if isinstance(v, Lazy) and len(node.users) > 1 and \
-                sum(n for _, n in v.reads) >= REALIZE_READS * math.prod(shape):
+        v = self._lazy(shape, dtype, loc, fn, args, order=order_of(full[0]) if full else None, heavy=p.heavy)
+        if not isinstance(v, Lazy):
+            return v
+        if len(node.users) > 1 and sum(n for _, n in v.reads) >= REALIZE_READS * math.prod(shape) or \
+                v.heavy and _broadcast_by_users(node, math.prod(shape)):
             return self.realize(v)
         return v
 
-    def _lazy(self, shape, dtype, loc, fn, inputs, order=None):
+    def _lazy(self, shape, dtype, loc, fn, inputs, order=None, heavy=False):
         def located(idx):  # kernel lines of this op carry its source location
             with ops().at(loc):
                 return fn(idx)
-        cost = 1 + sum(a.cost for a in inputs if isinstance(a, Lazy))
-        v = Lazy(shape, dtype, located, cost, loc, reads=reads_of(inputs), order=order)
+        lazies = [a for a in inputs if isinstance(a, Lazy)]
+        cost = 1 + sum(a.cost for a in lazies)
+        v = Lazy(shape, dtype, located, cost, loc, reads=reads_of(inputs), order=order,
+                 heavy=heavy or any(a.heavy for a in lazies))
         return self.realize(v) if cost > INLINE_COST_LIMIT else v
 
     def _slice_backward_fn(self, dtype, src, _shape, dim, start, end, step):
@@ -333,7 +359,7 @@ class Lowering:
                 return View(x.buf, out_shape, tuple(x.stride[d] for d in dims), x.offset)
             inverse = [dims.index(d) for d in range(len(dims))]
             return Lazy(out_shape, x.dtype, lambda idx: x.load([idx[i] for i in inverse]), x.cost, x.loc,
-                        permute_of=(x, tuple(dims)), reads=x.reads)
+                        permute_of=(x, tuple(dims)), reads=x.reads, heavy=x.heavy)
         if p is prim.expand:
             if isinstance(x, View):
                 lead = len(out_shape) - len(x.shape)
@@ -341,7 +367,7 @@ class Lowering:
                                               zip(x.shape, out_shape[lead:], x.stride))
                 return View(x.buf, out_shape, stride, x.offset)
             return Lazy(out_shape, x.dtype, lambda idx: x.load(broadcast_index(idx, out_shape, x.shape)), x.cost,
-                        x.loc, reads=x.reads)
+                        x.loc, reads=x.reads, heavy=x.heavy)
         if p is prim.slice:
             _, dim, start, end, step = args
             if isinstance(x, View):
@@ -353,7 +379,7 @@ class Lowering:
                 src = list(idx)
                 src[dim] = start + step * idx[dim]
                 return x.load(src)
-            return Lazy(out_shape, x.dtype, fn, x.cost, x.loc, reads=x.reads)
+            return Lazy(out_shape, x.dtype, fn, x.cost, x.loc, reads=x.reads, heavy=x.heavy)
         if p is prim.reshape:
             if isinstance(x, Lazy) and self.index_ops(x, out_shape) > INDEX_OPS_LIMIT:
                 x = self.realize(x)
@@ -363,7 +389,8 @@ class Lowering:
                     return View(x.buf, out_shape, stride, x.offset)
             return Lazy(out_shape, x.dtype, lambda idx: x.load(reshape_index(idx, out_shape, x.shape, ops())),
                         getattr(x, "cost", 1), getattr(x, "loc", None), reads=reads_of([x]),
-                        reshape_of=x if isinstance(x, Lazy) and not _broadcast(x) else None)
+                        reshape_of=x if isinstance(x, Lazy) and not _broadcast(x) else None,
+                        heavy=getattr(x, "heavy", False))
         raise NotImplementedError(p)
 
     def index_ops(self, x, out_shape):

@@ -20,7 +20,8 @@ PRIMITIVES: dict[str, "Primitive"] = {}
 class Primitive:
     """A primitive op. Callable (runs `impl`) so a primitive FX graph also runs eagerly."""
 
-    def __init__(self, name, impl, kind, *, triton=None, reduce=None, fresh_contiguous=False, opmath_scalars=False):
+    def __init__(self, name, impl, kind, *, triton=None, reduce=None, fresh_contiguous=False, opmath_scalars=False,
+                 heavy=False):
         self.name = name
         self.__name__ = f"prim_{name}"
         self.__qualname__ = self.__name__
@@ -36,6 +37,10 @@ class Primitive:
         # tensor operand's dtype (ATen's mul and div take the original scalar in opmath; add
         # and sub round it)
         self.opmath_scalars = opmath_scalars
+        # a pointwise primitive whose Triton lowering is a libdevice routine of tens of instructions
+        # (range reduction, a polynomial): lowering stores a value computed with one rather than
+        # compute it again for each element a consumer broadcasts it to (RoPE's cos and sin)
+        self.heavy = heavy
         self.vjp = None
         self.vjp_with_needs = False  # the rule takes `needs` (vjp.rule)
         PRIMITIVES[name] = self
@@ -80,14 +85,14 @@ abs = _pointwise("abs", torch.abs, "tl.abs({0})")
 exp = _pointwise("exp", torch.exp, "tl.exp({0})")
 exp2 = _pointwise("exp2", torch.exp2, "tl.exp2({0})")
 log = _pointwise("log", torch.log, "tl.log({0})")
-log1p = _pointwise("log1p", torch.log1p, "libdevice.log1p({0})")
+log1p = _pointwise("log1p", torch.log1p, "libdevice.log1p({0})", heavy=True)
 sqrt = _pointwise("sqrt", torch.sqrt, "tl.sqrt({0})")
 rsqrt = _pointwise("rsqrt", torch.rsqrt, "tl.rsqrt({0})")
-sin = _pointwise("sin", torch.sin, "tl.sin({0})")
-cos = _pointwise("cos", torch.cos, "tl.cos({0})")
-tanh = _pointwise("tanh", torch.tanh, "libdevice.tanh({0})")
+sin = _pointwise("sin", torch.sin, "tl.sin({0})", heavy=True)
+cos = _pointwise("cos", torch.cos, "tl.cos({0})", heavy=True)
+tanh = _pointwise("tanh", torch.tanh, "libdevice.tanh({0})", heavy=True)
 sigmoid = _pointwise("sigmoid", torch.sigmoid, "tl.sigmoid({0})")
-erf = _pointwise("erf", torch.erf, "tl.erf({0})")
+erf = _pointwise("erf", torch.erf, "tl.erf({0})", heavy=True)
 floor = _pointwise("floor", torch.floor, "tl.floor({0})")
 ceil = _pointwise("ceil", torch.ceil, "tl.ceil({0})")
 logical_not = _pointwise("logical_not", torch.logical_not, "({0} == 0)")
@@ -108,7 +113,7 @@ add = _pointwise("add", torch.add, "{0} + {1}")
 sub = _pointwise("sub", torch.sub, "{0} - {1}")
 mul = _pointwise("mul", torch.mul, "{0} * {1}", opmath_scalars=True)
 div = _pointwise("div", torch.div, "{0} / {1}", opmath_scalars=True)
-pow = _pointwise("pow", torch.pow, "libdevice.pow({0}, {1})")
+pow = _pointwise("pow", torch.pow, "libdevice.pow({0}, {1})", heavy=True)
 maximum = _pointwise("maximum", torch.maximum, "tl.maximum({0}, {1}, tl.PropagateNan.ALL)")
 minimum = _pointwise("minimum", torch.minimum, "tl.minimum({0}, {1}, tl.PropagateNan.ALL)")
 eq = _pointwise("eq", torch.eq, "{0} == {1}")
@@ -326,7 +331,9 @@ _CUDNN_FILLS = {}
 def _cudnn_mask_fill(device) -> float:
     """What torch's cuDNN attention puts where a boolean mask hides a key: -inf, or a finite
     -65504 (torch 2.10's workaround of a cuDNN -inf issue). Asked of torch once per device, on a
-    query row the mask hides wholly (the one place they differ: uniform weights against none)."""
+    query row the mask hides wholly (the one place they differ: uniform weights against none).
+    Both calls run one cuDNN graph (no log-sum-exp, as torch's inference call): each other graph
+    cuDNN builds costs ~1 s (H100)."""
     if device.type == "meta":
         return -math.inf
     fill = _CUDNN_FILLS.get(device)
@@ -339,7 +346,8 @@ def _cudnn_mask_fill(device) -> float:
             want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         forward = _FUSED_ATTENTION[3][0]
         for fill in (-math.inf, -65504.0):
-            got = _by_name(forward, _fused_arguments(q, k, v, _fill_masked(mask, q, fill), False, None))[0]
+            args = dict(_fused_arguments(q, k, v, _fill_masked(mask, q, fill), False, None), compute_log_sumexp=False)
+            got = _by_name(forward, args)[0]
             if torch.equal(got.nan_to_num(), want.nan_to_num()):
                 break
         else:
