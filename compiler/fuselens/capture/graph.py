@@ -8,6 +8,7 @@ import torch
 import torch.fx as fx
 
 from ..ops import effects
+from . import meta_memo
 from .values import SymInt, TensorVar, Unknown, leaves
 
 
@@ -139,7 +140,8 @@ class GraphBuilder:
         if other is not None:  # graphs hold strided tensors only (kernels index by strides)
             raise MetaEvalError(f"{_name(target)}: an argument of layout {other}: only strided "
                                 "tensors are captured")
-        metas = effects.stand_ins([_stand_in_spec(tv) for tv in tvs])
+        specs = [_stand_in_spec(tv) for tv in tvs]
+        metas = effects.stand_ins(specs)
         by_id = {id(tv): m for tv, m in zip(tvs, metas)}
         as_meta = lambda v: by_id[id(v)] if isinstance(v, TensorVar) else _as_meta(v)  # noqa: E731
         margs = _map(args, as_meta)
@@ -164,11 +166,17 @@ class GraphBuilder:
             if "device" not in mkwargs:  # a factory (torch.zeros, torch.tensor): meta, not cpu
                 mkwargs["device"] = "meta"
         fn = target if target not in (torch.Tensor.cuda, torch.Tensor.cpu) else torch.Tensor.clone
-        try:
-            out_meta, eff = effects.run(fn, margs, mkwargs, metas)
-        except Exception as e:  # the op is invalid here, or has no meta kernel
-            raise MetaEvalError(f"{_name(target)}: {type(e).__name__}: {e}",
-                                getattr(e, "fl_dynamic_shape", False)) from None
+        memo = meta_memo.key(fn, margs, mkwargs, specs, metas, device)
+        recalled = meta_memo.recall(memo, metas)
+        if recalled is not None:
+            out_meta, eff = recalled
+        else:
+            try:
+                out_meta, eff = effects.run(fn, margs, mkwargs, metas)
+            except Exception as e:  # the op is invalid here, or has no meta kernel
+                raise MetaEvalError(f"{_name(target)}: {type(e).__name__}: {e}",
+                                    getattr(e, "fl_dynamic_shape", False)) from None
+            meta_memo.remember(memo, metas, out_meta, eff)
         _check_device_kernel(fn, margs, mkwargs, device)
         _check_out_dtypes(fn, margs, mkwargs, device)
         eff.tensor_vars = tvs

@@ -86,7 +86,7 @@ def function_source(fn) -> FunctionSource:
     found = _LINES_CACHE.get(code)
     if found is None:  # (inspect tokenizes the file from the function's first line: each inlined call did)
         try:
-            found = _LINES_CACHE[code] = inspect.getsourcelines(code)  # the function itself, not what it wraps
+            found = _LINES_CACHE[code] = _source_lines(code, getattr(fn, "__globals__", None))
         except (OSError, TypeError) as e:
             raise NoSourceError(f"no source for {getattr(fn, '__qualname__', fn)!r}: {e}") from None
     lines, start = found
@@ -134,6 +134,21 @@ def function_source(fn) -> FunctionSource:
     name = fn.__name__ if fn.__name__.isidentifier() else "__fl_lambda"  # `def <lambda>` is no syntax
     return FunctionSource(name, fn.__qualname__, filename, node, fn.__globals__, closure,
                           defaults, cells, source_text=dedented)
+
+
+def _source_lines(code: types.CodeType, module_globals) -> tuple[list[str], int]:
+    """inspect.getsourcelines(code) (the function itself, not what it wraps), without its search of
+    sys.modules for the module that holds the file (inspect.getmodule: a scan of every loaded
+    module per file, ~2 ms each with transformers loaded): the function's globals are that module's,
+    and give linecache the loader of a file that is not on disk."""
+    linecache.checkcache(code.co_filename)  # (a file edited since it was read: as inspect does)
+    lines = linecache.getlines(code.co_filename, module_globals)
+    if not lines:
+        return inspect.getsourcelines(code)
+    start = code.co_firstlineno - 1  # the first decorator's line, or the `def`
+    if start >= len(lines):
+        raise OSError("lineno is out of bounds")
+    return inspect.getblock(lines[start:]), start + 1
 
 
 def _defaults(args: ast.arguments, fn) -> dict:

@@ -409,6 +409,12 @@ class OnCopies:
     def __repr__(self):
         return self.__name__
 
+    def __eq__(self, other):  # a value: equal calls of it are remembered as one (capture/meta_memo.py)
+        return type(other) is OnCopies and (self.fn, self.written) == (other.fn, other.written)
+
+    def __hash__(self):
+        return hash((OnCopies, self.fn, self.written))
+
 
 class _UnrecordedWrite(torch.autograd.Function):
     @staticmethod

@@ -1,0 +1,78 @@
+"""Meta evaluations remembered (capture/meta_memo.py): a repeated call is evaluated once, and what
+is recalled is what evaluating it again would give (results, writes, views, dtypes, leafness)."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fuselens
+from fl_capture_testing import check
+from fuselens.capture import meta_memo
+from fuselens.ops import effects
+
+
+@pytest.fixture
+def runs(monkeypatch):
+    """Counts the meta evaluations that ran (were not recalled), from an empty memo."""
+    meta_memo._MEMO.clear()
+    count = {"runs": 0}
+    run = effects.run
+
+    def counted(*args, **kwargs):
+        count["runs"] += 1
+        return run(*args, **kwargs)
+    monkeypatch.setattr(effects, "run", counted)
+    return count
+
+
+def block(x, y):
+    """Every kind of result a recall rebuilds: new tensors, the argument itself (`float()` of a
+    float tensor), views, a write into an argument, factories whose dtype follows the fill."""
+    h = torch.relu(x @ y) * 2
+    h = h.float().t().contiguous().t()
+    h.add_(1)
+    ints, floats = torch.full((3,), 1), torch.full((3,), 1.0)
+    return h[:, :3] + floats + ints, h.is_leaf, h.reshape(-1)[:4]
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_repeated_blocks_are_evaluated_once_with_eager_results(runs, grad):
+    def fn(x, ys):
+        outs = []
+        for y in ys:
+            out, leaf, flat = block(x, y)
+            outs.append((out.sum(), leaf, flat))
+            x = x + out.mean()
+        return outs
+    x = torch.randn(4, 5, requires_grad=grad)
+    ys = [torch.randn(5, 4, requires_grad=grad) for _ in range(4)]
+    check(fn, x, ys, calls=1)
+    once = runs["runs"]
+    meta_memo._MEMO.clear()
+    runs["runs"] = 0
+    check(fn, x, ys[:1], calls=1)
+    # four blocks cost what one block and the adds between them cost
+    assert once <= runs["runs"] + 6, (once, runs["runs"])
+
+
+def test_batch_norm_layers_write_their_own_running_statistics(runs):
+    """A training BatchNorm writes its running statistics: the second layer's call, recalled, still
+    writes the second layer's buffers (and the first's are the first's)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.BatchNorm2d(3), nn.ReLU(), nn.BatchNorm2d(3), nn.BatchNorm2d(3)).train()
+    for bn in (m[0], m[2], m[3]):
+        nn.init.normal_(bn.weight)
+    compiled = fuselens.compile(copy.deepcopy(m))
+    x = torch.randn(2, 3, 4, 4)
+    torch.testing.assert_close(compiled(x), m(x))
+    for got, want in zip(compiled.buffers(), m.buffers()):
+        torch.testing.assert_close(got, want)
+    assert runs["runs"] < 8  # the third layer's calls recalled (its input is the second's kind)
+
+
+def test_a_call_on_other_layouts_is_evaluated_again(runs):
+    def fn(a, b):
+        return torch.mm(a, b), torch.mm(a.t().contiguous().t(), b), torch.mm(a[:, :2], b[:2])
+    check(fn, torch.randn(3, 4), torch.randn(4, 5), calls=1)
+    assert len(meta_memo._MEMO) >= 3  # three layouts of `a`: three evaluations of mm
