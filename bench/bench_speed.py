@@ -9,7 +9,9 @@ GPU (until the call returns, launches queued), peak GPU memory of a training ste
 model holds, and the largest error against eager, max|got - want| / max|want| over the outputs
 (and the parameters' gradients on training rows). First calls (--cold): each compiler in a fresh
 process with empty caches (Triton's, Inductor's, fuselens's), then a second process on the same
-caches (warm); fuselens's own part is the first call less the time Triton compiled its kernels."""
+caches (warm); fuselens's own part is the first call less the time Triton compiled its kernels;
+a warm call is split into capture, loading programs from the cache and the rest (first runs);
+eager's first step in a fresh process is the floor both compilers stand on."""
 from __future__ import annotations
 
 import contextlib
@@ -286,6 +288,8 @@ def first_call(name, compiler):
         from fuselens.runtime import stats
         res["own_seconds"] = res["seconds"] - stats.triton_compile_seconds()
         res["backend"] = dict(stats.backend)  # graphs compiled vs loaded from the program cache
+        res["capture_s"] = stats.capture["seconds"]
+        res["triton_s"] = stats.triton_compile_seconds()
     print(json.dumps(res))
 
 
@@ -300,7 +304,12 @@ def fresh_process(name, compiler, cache):
 
 
 def cold(w) -> dict:
+    """Each compiler's first step in a fresh process on empty caches, then in a second process on
+    the caches the first filled; eager's first step in a fresh process is the floor of both (CUDA
+    libraries' start-up, lazy imports, the allocator growing)."""
     row = {"workload": w.name}
+    with tempfile.TemporaryDirectory() as d:
+        row["eager_first"] = fresh_process(w.name, "eager", d)
     for compiler in ("fuselens", "inductor"):
         with tempfile.TemporaryDirectory() as d:
             row[f"{compiler}_cold"] = fresh_process(w.name, compiler, d)
@@ -391,14 +400,20 @@ def print_table(result):
               f"{fmt(r.get('eager_peak_mb'), '%4.0f')}")
     cold_rows = [r for r in result["rows"] if "fuselens_cold" in r]
     if cold_rows:
-        print(f"\nfirst call s (fresh process; cold = empty caches, warm = a second process on them)")
-        print(f"{'workload':26} {'fl cold':>8} {'(own)':>6} {'ind cold':>8} {'fl/ind':>6} {'fl warm':>8} {'ind warm':>8}")
+        print("\nfirst call s (fresh process; cold = empty caches, warm = a second process on them)")
+        print(f"{'workload':26} {'fl cold':>8} {'(own)':>6} {'ind cold':>8} {'fl/ind':>6} {'fl warm':>8} "
+              f"{'(capture':>8} {'load':>5} {'runs)':>5} {'ind warm':>8} {'eager':>6}")
         for r in cold_rows:
-            fc, ic, fw, iw = (r.get(k, {}) for k in ("fuselens_cold", "inductor_cold", "fuselens_warm", "inductor_warm"))
+            fc, ic, fw, iw, e = (r.get(k, {}) for k in ("fuselens_cold", "inductor_cold", "fuselens_warm",
+                                                          "inductor_warm", "eager_first"))
             ratio = fc["seconds"] / ic["seconds"] if "seconds" in fc and "seconds" in ic else None
+            load = fw.get("backend", {}).get("cache_load_seconds")
+            runs = fw["seconds"] - fw["capture_s"] - load if "capture_s" in fw and load is not None else None
             print(f"{r['workload'][:26]:26} {fmt(fc.get('seconds'), '%8.2f')} {fmt(fc.get('own_seconds'), '%6.2f')} "
                   f"{fmt(ic.get('seconds'), '%8.2f')} {fmt(ratio, '%6.2f')} {fmt(fw.get('seconds'), '%8.2f')} "
-                  f"{fmt(iw.get('seconds'), '%8.2f')} {fc.get('error') or ic.get('error') or ''}")
+                  f"{fmt(fw.get('capture_s'), '%8.2f')} {fmt(load, '%5.2f')} {fmt(runs, '%5.2f')} "
+                  f"{fmt(iw.get('seconds'), '%8.2f')} {fmt(e.get('seconds'), '%6.2f')} "
+                  f"{fc.get('error') or ic.get('error') or ''}")
     for r in result["rows"]:
         for b in r.get("break_details", []):
             print(f"{r['workload']}: break: {b}")

@@ -6,6 +6,7 @@ import contextlib
 import functools
 import logging
 import threading
+import time
 import types
 import weakref
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from ..capture import breaks as B
 from ..capture.autocast import save_probes
 from ..capture.capture import Capture, GraphInfo, capture
 from ..capture.source import FunctionSource, NoSourceError, build_function, function_source
+from . import stats
 from .errors import FuselensWarning, InternalError, fall_back, warn  # noqa: F401  (FuselensWarning: its old home)
 
 RECOMPILE_LIMIT = 8
@@ -283,8 +285,11 @@ class CompiledFunction:
         prefix = f"{len(self.entries)}_" if self.entries else ""
         if fs.generated:  # a resume's own resumes must not reuse its name (self-recursion)
             prefix = fs.name[len("__fl_resume_"):] + "_" + prefix
+        start = time.perf_counter()
         cap: Capture = capture(fs, args, kwargs, dynamic=self.dynamic, fullgraph=self.fullgraph,
                                prefix=prefix)
+        stats.capture["functions"] += 1
+        stats.capture["seconds"] += time.perf_counter() - start
         save_probes()  # what autocast does to each call, for the next process
         ns = dict(cap.namespace)
         ns["torch"] = torch

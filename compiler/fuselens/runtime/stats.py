@@ -1,6 +1,7 @@
 """Process-wide compile-time counters, so benchmarks can report fuselens's own compile time
-apart from Triton's compilation of the kernel source, and the program cache's part
-(runtime/program_cache.py) apart from the backend's."""
+apart from Triton's compilation of the kernel source, the program cache's part
+(runtime/program_cache.py) apart from the backend's, and capture's (every function and resume
+function captured, guards included)."""
 from __future__ import annotations
 
 import contextlib
@@ -11,6 +12,7 @@ _triton_seconds = 0.0
 # cache; backward_layouts: backward programs compiled at a backward call for a layout of its
 # inputs not compiled ahead (their time is in `seconds`)
 backend = {"compiles": 0, "seconds": 0.0, "cache_hits": 0, "cache_load_seconds": 0.0, "backward_layouts": 0}
+capture = {"functions": 0, "seconds": 0.0}
 
 
 @contextlib.contextmanager
