@@ -66,10 +66,10 @@ class Sources:
         `inputs` as the guard function does (constants for guarded sources, modules' dicts):
         the inputs are read on entry, right after the guards held (a model's parameters were
         each read by walking its module path: ~2 ms a call for a ResNet-50 on a CPU)."""
-        roots = _roots(text, self.constants)
+        fn = ast.parse(text).body[0]  # (once: a model's transformed function is ~100 kB)
+        roots = _roots(fn, self.constants)
         with _no_gc():
             rewrite = _Rewrite(_facts(_parse(self.guards), roots, self.constants), self.constants, roots)
-        fn = ast.parse(text).body[0]
         for stmt in fn.body:
             if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and
                     getattr(stmt.targets[0], "id", None) in ("__fl_o", "__fl_in")):
@@ -288,9 +288,10 @@ def _guard_function(guards, sig_text: str, constants: dict) -> str:
     return "\n".join(lines)
 
 
-def _roots(function_text, constants) -> set:
-    """The names a source may start from: the function's parameters and the constants."""
-    args = ast.parse(function_text).body[0].args
+def _roots(function, constants) -> set:
+    """The names a source may start from: the function's (its text's, or its FunctionDef's)
+    parameters and the constants."""
+    args = (ast.parse(function).body[0] if isinstance(function, str) else function).args
     return {a.arg for a in ast.walk(args) if isinstance(a, ast.arg)} | set(constants) | {"torch"}
 
 
