@@ -286,11 +286,13 @@ def test_fused_attention_layouts(backend, monkeypatch):
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA's fused kernels")
 @pytest.mark.parametrize("backend", [2, 3])  # efficient, cuDNN: the two that take masks
-def test_saving_forward_with_a_mask_equals_torchs_kernel(backend):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_saving_forward_with_a_mask_equals_torchs_kernel(backend, dtype):
     """sdpa_saving's forward gives the fused kernel the mask as torch does (efficient: -inf,
-    padded and expanded; cuDNN: the fill this torch uses), wholly masked query rows included."""
+    padded and expanded; cuDNN: the fill this torch uses, as each dtype rounds it), wholly
+    masked query rows included."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    q, k, v = (torch.randn(2, 4, 16, 64, device=DEVICE, dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(2, 4, 16, 64, device=DEVICE, dtype=dtype) for _ in range(3))
     mask = torch.rand(2, 1, 16, 16, device=DEVICE) > 0.3
     mask[:, :, 3] = False  # a query row that sees no key
     kernel = {2: SDPBackend.EFFICIENT_ATTENTION, 3: SDPBackend.CUDNN_ATTENTION}[backend]

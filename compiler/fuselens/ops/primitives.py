@@ -13,6 +13,7 @@ import builtins
 import math
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 PRIMITIVES: dict[str, "Primitive"] = {}
 
@@ -330,30 +331,50 @@ _CUDNN_FILLS = {}
 
 def _cudnn_mask_fill(device) -> float:
     """What torch's cuDNN attention puts where a boolean mask hides a key: -inf, or a finite
-    -65504 (torch 2.10's workaround of a cuDNN -inf issue). Asked of torch once per device, on a
-    query row the mask hides wholly (the one place they differ: uniform weights against none).
-    Both calls run one cuDNN graph (no log-sum-exp, as torch's inference call): each other graph
-    cuDNN builds costs ~1 s (H100)."""
+    -65504 (torch 2.10's workaround of a cuDNN -inf issue). Asked of torch once per device: the
+    bias F.scaled_dot_product_attention hands cuDNN's kernel for a boolean mask, taken from the
+    call and the kernel never run (building a cuDNN graph costs ~1 s on an H100; the model's own
+    first call builds those of its shapes)."""
     if device.type == "meta":
         return -math.inf
     fill = _CUDNN_FILLS.get(device)
     if fill is None:
         from torch.nn.attention import SDPBackend, sdpa_kernel
-        g = torch.Generator(device=device).manual_seed(0)
-        q, k, v = (torch.randn(1, 1, 2, 64, device=device, dtype=torch.bfloat16, generator=g) for _ in range(3))
+        # (float16: -65504 is one, which a bfloat16 bias rounds to -65536 as torch's own bias does)
+        q = torch.zeros(1, 1, 2, 64, device=device, dtype=torch.float16)
         mask = torch.tensor([[True, True], [False, False]], device=device)
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        forward = _FUSED_ATTENTION[3][0]
-        for fill in (-math.inf, -65504.0):
-            args = dict(_fused_arguments(q, k, v, _fill_masked(mask, q, fill), False, None), compute_log_sumexp=False)
-            got = _by_name(forward, args)[0]
-            if torch.equal(got.nan_to_num(), want.nan_to_num()):
-                break
-        else:
-            raise RuntimeError("torch's cuDNN attention masks with neither -inf nor -65504")
-        fill = _CUDNN_FILLS[device] = fill
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]), _BiasOf(_FUSED_ATTENTION[3][0]) as grab:
+            try:
+                torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+            except _Taken:
+                pass
+        bias = grab.bias
+        if not (isinstance(bias, torch.Tensor) and bias.is_floating_point() and bias.numel() and
+                bool((bias[..., 0, :] == 0).all()) and bool((bias[..., 1, :] == bias[..., 1, 0]).all())):
+            raise RuntimeError(f"torch's cuDNN attention was handed no additive bias for a boolean mask ({bias!r})")
+        fill = _CUDNN_FILLS[device] = float(bias[..., 1, 0].flatten()[0])
     return fill
+
+
+class _Taken(Exception):
+    pass
+
+
+class _BiasOf(TorchDispatchMode):
+    """Takes the attention bias `op` is called with, and stops the call there."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.op, self.bias = op, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is self.op:
+            names = [a.name for a in func._schema.arguments]
+            self.bias = kwargs.get("attn_bias", args[names.index("attn_bias")] if len(args) > names.index("attn_bias")
+                                   else None)
+            raise _Taken
+        return func(*args, **kwargs)
 
 
 def _sdpa_saving(q, k, v, attn_mask=None, is_causal=False, scale=None, *, backend):
