@@ -76,3 +76,71 @@ def test_a_call_on_other_layouts_is_evaluated_again(runs):
         return torch.mm(a, b), torch.mm(a.t().contiguous().t(), b), torch.mm(a[:, :2], b[:2])
     check(fn, torch.randn(3, 4), torch.randn(4, 5), calls=1)
     assert len(meta_memo._MEMO) >= 3  # three layouts of `a`: three evaluations of mm
+
+
+# pairs of calls alike but for what a recall must tell apart (or rebuild right)
+def fills(x):
+    ints, floats, bools = torch.full((3,), 1), torch.full((3,), 1.0), torch.full((3,), True)
+    return x[0, :3] + ints, x[0, :3] + floats, bools, x.new_full((2,), 1), x.new_full((2,), 1.5)
+
+
+def structs(x):
+    m, m2 = x.max(1), (x * 2).max(1)
+    s, s2 = torch.split(x, 2, 1), torch.split(x + 1, 2, 1)
+    return m.values, m.indices, m2.values, m2.indices, s[1] * 2, s2[1] * 2, x.unbind(0)[1], (x + 1).unbind(0)[1]
+
+
+def views(x):
+    return (x.view(torch.int32), (x + 1).view(torch.int32), x.t() * 1, (x + 1).t() * 1, x.contiguous(),
+            (x + 1).contiguous(), x.to(torch.float32), (x + 1).to(torch.float32))
+
+
+def complex_parts(x):
+    c, d = torch.complex(x, x), torch.complex(x + 1, x + 1)
+    return c.conj() * 1, d.conj() * 1, c.real * 1, d.real * 1, torch.view_as_real(c) * 1, torch.view_as_real(d) * 1
+
+
+def writes(x):
+    y, z, w, v = x.clone(), x.clone(), x.clone(), x.clone()
+    y.t_(), z.t_()
+    w.add_(1), v.add_(1)
+    w[0] = 5
+    v[0] = 5
+    return y, z, w, v
+
+
+def grad_modes(x, w):
+    a = x @ w
+    with torch.no_grad():
+        b = x @ w
+    return a, b, x @ w, a.requires_grad, b.requires_grad, x.detach() * 2, (x * 1).detach() * 2
+
+
+@pytest.mark.parametrize("fn,args", [
+    (fills, (torch.randn(4, 4),)),
+    (structs, (torch.randn(4, 6),)),
+    (views, (torch.randn(4, 4),)),
+    (complex_parts, (torch.randn(4, 4),)),
+    (writes, (torch.randn(3, 4),)),
+    (grad_modes, (torch.randn(4, 4, requires_grad=True), torch.randn(4, 4))),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_recalls_tell_alike_calls_apart(runs, fn, args):
+    check(fn, *args)
+
+
+def test_the_memo_keeps_no_graph_alive(runs):
+    """What is remembered holds stand-ins, not the graph of the call (its constants, a model)."""
+    import gc
+    import weakref
+    import numpy as np
+
+    def compiled_once():
+        arr = np.ones((100, 100), np.float32)
+
+        def f(x):
+            return (x * 2 + torch.as_tensor(arr)).relu()
+        fuselens.compile(f)(torch.randn(100, 100))
+        return weakref.ref(arr)
+    ref = compiled_once()
+    gc.collect()
+    assert meta_memo._MEMO and ref() is None

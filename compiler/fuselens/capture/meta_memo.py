@@ -60,7 +60,8 @@ def key(target, margs, mkwargs, specs, metas, device):
     try:
         k = (target, str(device), tensors, _freeze(tuple(margs), index), _freeze(mkwargs, index),
              torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.get_default_dtype(),
-             torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"))
+             torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"),
+             tuple(_layout(m) for m in metas))  # (decided by the rest: compared with results, last)
         hash(k)
     except TypeError:
         return None
@@ -97,6 +98,8 @@ def remember(k, metas, result, eff) -> None:
         if t.layout != torch.strided or t.is_conj() or t.is_neg() or t._is_zerotensor():
             return
         if arg is not None:
+            if _layout(t) != k[-1][arg]:  # the call changed it (`unsqueeze_`, `copy_` of a grad)
+                return
             recipe.append(("arg", arg))
         elif alias is not None:
             if t.dtype != metas[alias].dtype:
@@ -108,7 +111,10 @@ def remember(k, metas, result, eff) -> None:
         return
     if len(_MEMO) >= _LIMIT:
         _MEMO.clear()
-    _MEMO[k] = (recipe, structure, eff)
+    # (a copy: graph.evaluate gives `eff` the call's TensorVars next, which hold its graph)
+    first = effects.Effects(writes=list(eff.writes), returns_arg=list(eff.returns_arg), aliases=list(eff.aliases),
+                            trace=eff.trace, stand_ins=eff.stand_ins)
+    _MEMO[k] = (recipe, structure, first)
 
 
 def _fill(mask, tensors):
