@@ -315,3 +315,34 @@ def test_backward_refused_after_a_write_into_a_saved_value(monkeypatch, kernels)
         relu_then_write(x).sum().backward()
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         fuselens.compile(relu_then_write)(x).sum().backward()
+
+
+def _metadata_chain(x):
+    y = x.clone()
+    y.unsqueeze_(0)
+    y.squeeze_(0)
+    y.t_()
+    return y
+
+
+def _metadata_then_data(x):
+    b = x.clone()
+    y = b[1:]
+    y.t_()
+    y.mul_(2)  # reaches b through the transposed view
+    return b, y, y.shape
+
+
+def _view_before_metadata(x):
+    y = x.clone()
+    v = y[0]
+    y.unsqueeze_(0)
+    v.add_(1)  # v still views y's storage
+    return y, v
+
+
+@pytest.mark.parametrize("fn", [_metadata_chain, _metadata_then_data, _view_before_metadata])
+def test_metadata_writes_of_locals_are_captured(fn):
+    """`y.t_()` on a local: its new value is a view of the value it replaced; resuming after it
+    makes it from that value, not from y's latest (which is itself: capture looped and fell back)."""
+    check(fn, torch.randn(3, 4), graphs=1, breaks=[])

@@ -129,16 +129,18 @@ class Materializer:
     def input_src(self):  # looked up late: inputs are mutated after the Materializer is made
         return {id(v): k for k, v in self._mutated.items()}
 
-    def expr(self, v) -> str:
+    def expr(self, v, exact=False) -> str:
+        """`exact`: `v` itself, not its value after later in-place ops (the value a metadata write
+        replaced, as the base of the view it made: `y.t_()` is y's old value transposed)."""
         if isinstance(v, TensorVar):
-            v = self.latest(v)
+            v = v if exact else self.latest(v)
             if id(v) in self.input_src:  # a mutated input: written back, read it from there
                 return self.source(self.input_src[id(v)])
             if v.source is not None:
                 return self.source(v.source)
             if v.view_of is not None:
                 # a view is made again from its base in Python: aliasing stays as in eager
-                return self.view_expr(v.view_of)
+                return self.view_expr(v.view_of, v)
             i = self._out_index.get(id(v))
             if i is None:
                 i = self._out_index[id(v)] = len(self.outputs)
@@ -219,9 +221,10 @@ class Materializer:
         self.prelude.append(f"{name} = {self.sources.constant(S.rebuild, 'rebuild')}({cls}, {a}, {i})")
         return name
 
-    def view_expr(self, view_of) -> str:
+    def view_expr(self, view_of, view=None) -> str:
         parent, fn, args, kwargs, item = view_of
-        p = self.expr(parent)
+        # (a metadata write's result views the value it replaced: both are the variable's latest)
+        p = self.expr(parent, exact=view is not None and self.latest(parent) is self.latest(view))
         if fn is operator.getitem:
             text = f"{p}[{self.expr(args[0])}]"
         else:
