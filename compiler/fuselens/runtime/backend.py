@@ -107,7 +107,7 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
     _log("lower", "buffers:\n%s", lowered.describe)
     sched = schedule(lowered)
     _log("schedule", "kernels:\n%s", sched.describe)
-    kernels, infos, launches = {}, [], []
+    kernels, infos, launches, jobs = {}, [], [], []
     fused = [s for s in sched.steps if isinstance(s, FusedKernel)]
     pdl = launcher.supports_pdl(torch.device(device))
     for i, step in enumerate(fused):
@@ -120,14 +120,16 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
                                 _bytes_moved([writer.buffers[n] for n in tensors])))
         launches.append(([writer.buffers[n].dtype for n in tensors], [0 if a == "seed" else a for a in scalars],
                          sizes))
+        # compiled in worker processes from now on, while the next kernels (and programs) are generated
+        kernel_jobs = _compile_jobs([kernel], launches[-1:], device)
+        launcher.start_compiles(kernel_jobs)
+        jobs += kernel_jobs
     source, call, consts = generate_wrapper(lowered, sched, kernels, device, boxed)
     _log("codegen", "%s", lambda: "\n\n".join([info.source for info in infos] + [source]))
     kernel_objects = [k for k, _ in kernels.values()]
     made_from = dict(source=source, device=str(device), has_seed=lowered.has_seed, infos=infos, consts=consts,
                      kernels=[(k.name, k.source, k.mode, k.max_autotune, k.itemsize, k.pdl) for k in kernel_objects],
                      launches=launches, boxed=boxed)
-    jobs = _compile_jobs(kernel_objects, launches, device)
-    launcher.start_compiles(jobs)  # in worker processes, while the next program is built
     return Program(call, infos, source, lowered.has_seed, jobs, made_from, boxed)
 
 
