@@ -118,14 +118,22 @@ def rotary(q, k, pos):
 
 
 @pytest.mark.parametrize("grad", [False, True])
-def test_heavy_values_broadcast_to_many_elements_are_computed_once(grad):
+@pytest.mark.parametrize("least", [0, None])
+def test_heavy_values_broadcast_to_many_elements_are_computed_once(grad, least, monkeypatch):
     """cos and sin that q and k broadcast over every head are stored once by the forward (and once
     more by the backward where it needs them again), not computed again for each element of each
-    head (sin + cos over their own elements stays one kernel: the parametrized cases above)."""
+    head (sin + cos over their own elements stays one kernel: the parametrized cases above); under
+    RECOMPUTE_MIN elements in all (None: these small shapes) they are computed where they are used."""
+    from fuselens.lower import lowering
+    if least is not None:
+        monkeypatch.setattr(lowering, "RECOMPUTE_MIN", least)
     q, k, pos = randn(2, 8, 6, 16), randn(2, 2, 6, 16), torch.arange(6, device=DEVICE) * 37
     cg = check(rotary, q, k, pos, grad=grad)  # (kernels: the forward's and the backward's)
     text = "".join(k.source for k in cg.kernels)
-    assert text.count("tl.cos(") == text.count("tl.sin(") <= 1 + grad, [k.name for k in cg.kernels]
+    if least is None:
+        assert text.count("tl.cos(") > 1 + grad, [k.name for k in cg.kernels]
+    else:
+        assert text.count("tl.cos(") == text.count("tl.sin(") <= 1 + grad, [k.name for k in cg.kernels]
 
 
 def test_pointwise_prologue_and_epilogue_fuse_with_reduction():

@@ -33,6 +33,9 @@ REALIZE_READS = 2
 # cos and sin, (B, S, D), recomputed for each of 32 query heads and each layer made every rotary
 # kernel compute-bound (an H100: 56 us a layer at 470 GB/s, Inductor's 35).
 BROADCAST_REALIZE = 4
+# ... and its users have this many elements in all: below, computing it again costs less than the
+# launch of a kernel of its own (a scalar gate's tanh, ALiBi's per-head slopes on short sequences)
+RECOMPUTE_MIN = 1 << 22
 # Convolutions of an inference graph run channels-last, as Inductor's layout optimization runs
 # them: cuDNN's NHWC kernels are the fast ones, and its NCHW path transposes in and out (0.67 ms of
 # eager's ResNet-50 inference step on an H100; fuselens's step 4.12 -> 3.34 ms, Inductor's 3.15).
@@ -59,20 +62,25 @@ def _broadcast(x: Lazy) -> bool:
 
 
 def _broadcast_by_users(node: fx.Node, numel) -> bool:
-    """A pointwise op or view reading `node`'s value (of `numel` elements), directly or through
-    views, has BROADCAST_REALIZE times its elements or more: it would compute each that often."""
-    if not isinstance(numel, int):
-        return False
+    """Pointwise ops and views reading `node`'s value (of `numel` elements), directly or through
+    views, that have BROADCAST_REALIZE times its elements or more (each would compute them that
+    often) have RECOMPUTE_MIN elements in all."""
+    return isinstance(numel, int) and _broadcast_elements(node, BROADCAST_REALIZE * max(numel, 1)) >= RECOMPUTE_MIN
+
+
+def _broadcast_elements(node: fx.Node, least: int) -> int:
+    total = 0
     for u in node.users:
         kind = getattr(u.target, "kind", None)
         if kind not in ("pointwise", "view"):
             continue
         val = u.meta.get("val")
         n = math.prod(val.shape) if isinstance(val, torch.Tensor) else None
-        if isinstance(n, int) and n >= BROADCAST_REALIZE * max(numel, 1) or \
-                kind == "view" and _broadcast_by_users(u, numel):
-            return True
-    return False
+        if kind == "view":
+            total += _broadcast_elements(u, least)
+        elif isinstance(n, int) and n >= least:
+            total += n
+    return total
 
 
 def reads_of(values) -> frozenset:
