@@ -67,25 +67,28 @@ class GraphCall:
 
     def _write_back(self, targets, new):
         """The graph's new values of mutated inputs copied into them: those autograd does not
-        record (BatchNorm's running statistics) by one `_foreach_copy_` (a ResNet-50 step has 159:
-        one copy each cost ~8 us of host and a launch), the rest one by one, recorded as eager's
-        in-place op records them (the input joins the graph). Capture's guards keep the inputs'
-        aliasing as it was; targets that overlap are copied in order, one by one."""
+        record (BatchNorm's running statistics) by one `_foreach_copy_` per dtype and device (one
+        list of mixed dtypes takes its slow path, a copy each: a ResNet-50 step's 159 cost 159
+        launches and ~0.9 ms of an H100 host's time; by dtype, 3 launches and 60 us), the rest one
+        by one, recorded as eager's in-place op records them (the input joins the graph).
+        Capture's guards keep the inputs' aliasing as it was; targets that overlap are copied in
+        order, one by one."""
         targets = [targets[k] for k in self.wb_targets]
         if self.wb_distinct is None:
             self.wb_distinct = len({(t.untyped_storage().data_ptr(), t.device) for t in targets}) == len(targets)
-        plain_targets, plain_values = [], []
+        plain: dict = {}  # (dtype, device) -> (targets, values)
         for target, value in zip(targets, new):
             if target.is_leaf and target.requires_grad:  # mutated under no_grad (an optimizer
                 with torch.no_grad():                     # step): capture rejects the rest
                     target.copy_(value)
             elif self.wb_distinct and not (target.requires_grad or value.requires_grad):
-                plain_targets.append(target)
-                plain_values.append(value)
+                group = plain.setdefault((target.dtype, target.device), ([], []))
+                group[0].append(target)
+                group[1].append(value)
             else:
                 target.copy_(value)
-        if plain_targets:
-            torch._foreach_copy_(plain_targets, plain_values)
+        for group_targets, values in plain.values():
+            torch._foreach_copy_(group_targets, values)
 
     def _compile(self, inputs):
         from . import backend
