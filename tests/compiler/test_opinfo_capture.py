@@ -246,6 +246,56 @@ def test_a_view_taken_under_no_grad_written_in_grad_mode_as_eager(fn):
         torch.testing.assert_close(outcomes[1], outcomes[0])
 
 
+def _no_grad_view_used(y):
+    with torch.no_grad():
+        v = y[0]
+    return v * 2, y * 3
+
+
+def _no_grad_views_returned(y):
+    with torch.no_grad():
+        t, flat = y.t(), y.view(-1)
+        row = t[1]
+    return t, flat[1:], row, row * 2
+
+
+def _no_grad_view_times_its_base(y):
+    with torch.no_grad():
+        v = y[1]
+    return v * y, v.sum()
+
+
+def _no_grad_result_not_a_view(y):
+    with torch.no_grad():
+        v = y * 2
+    return v + 1, v[0]
+
+
+@pytest.mark.parametrize("leaf", [True, False], ids=["leaf", "non_leaf"])
+@pytest.mark.parametrize("fn", [_no_grad_view_used, _no_grad_views_returned, _no_grad_view_times_its_base,
+                                _no_grad_result_not_a_view], ids=lambda f: f.__name__.strip("_"))
+def test_a_view_taken_under_no_grad_requires_grad_as_eager(fn, leaf):
+    # a view of a tensor that requires grad, taken under no_grad, still requires grad (a leaf
+    # whose gradient reaches nothing): what it computes has a grad_fn and a backward that runs
+    import fuselens
+
+    def run(f):
+        y0 = torch.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+        y = y0 if leaf else y0 * 1
+        outs = f(y)
+        loss = sum(o.sum() for o in outs if o.requires_grad)
+        if isinstance(loss, torch.Tensor):
+            loss.backward()
+        return [(o.detach(), o.requires_grad, o.is_leaf, o.grad_fn is None,
+                 o.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()) for o in outs], y0.grad
+
+    got, want = run(fuselens.compile(fn)), run(fn)
+    for g, w in zip(got[0], want[0]):
+        torch.testing.assert_close(g[0], w[0])
+        assert g[1:] == w[1:]
+    torch.testing.assert_close(got[1], want[1])
+
+
 def _under_no_grad_of_a_value_needing_grad(x, y):
     with torch.no_grad():
         y[1] = x[1] * 3

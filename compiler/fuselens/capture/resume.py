@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..ops import effects as E
 from . import side_effects as S
 from .frames import BreakSignal, FrameAtBreak, has_loop_jump
 from .source import FunctionSource, build_function
@@ -225,6 +226,10 @@ class Materializer:
         parent, fn, args, kwargs, item = view_of
         # (a metadata write's result views the value it replaced: both are the variable's latest)
         p = self.expr(parent, exact=view is not None and self.latest(parent) is self.latest(view))
+        # taken under no_grad of a tensor that requires grad, eager's requires grad (E.no_grad_view)
+        no_grad = view is not None and view.node is not None and view.node.meta.get("no_grad_view")
+        if no_grad and fn in (torch.Tensor.detach, torch.detach):
+            fn, no_grad = E.no_grad_view, False
         if fn is operator.getitem:
             text = f"{p}[{self.expr(args[0])}]"
         else:
@@ -233,7 +238,8 @@ class Materializer:
                 text = f"{p}.{fn.__name__}({', '.join(a)})"
             else:
                 text = f"{self.sources.constant(fn, fn.__name__)}({', '.join([p] + a)})"
-        return text if item is None else f"{text}[{item}]"
+        text = text if item is None else f"{text}[{item}]"
+        return f"{self.sources.constant(E.no_grad_view, 'no_grad_view')}({text})" if no_grad else text
 
 
 def _super_site(frame):

@@ -148,6 +148,11 @@ class Tensors:
             out_meta, device, eff = self.g.evaluate(fn, args, kwargs)
             if eff is not None and eff.writes:
                 return self.functionalize(fn, args, kwargs, eff, e, scope)
+            if self.grad_enabled and not self.deriving_views and any(
+                    isinstance(a, TensorVar) and a.node is not None and a.node.meta.get("no_grad_view")
+                    for a in leaves([args, kwargs])):
+                args, kwargs = self.grad_leaves(args, e, scope), self.grad_leaves(kwargs, e, scope)
+                out_meta, device, eff = self.g.evaluate(fn, args, kwargs)
             r = self.g.add(fn, args, kwargs, self.user_loc(e, scope), out_meta, device)
         except MetaEvalError as err:
             if getattr(err, "not_a_tensor", False) and isinstance(fn, types.FunctionType):
@@ -178,9 +183,26 @@ class Tensors:
             d = self.g.call(torch.Tensor.detach, [r], {}, self.user_loc(e, scope))
             d.view_of = (r, torch.Tensor.detach, (), {}, None)
             if r.view_of is not None and r.view_of[1] not in _DETACH and r.view_of[0].meta.requires_grad:
-                d.node.meta["no_grad_view"] = True  # a write into it in grad mode: eager raises
+                # a view: eager's still requires grad (grad_leaves), a write into it in grad mode raises
+                d.node.meta["no_grad_view"] = True
             r = d
+        elif not self.grad_enabled and isinstance(r, TensorVar) and r.view_of is not None and \
+                r.view_of[1] not in _DETACH and r.view_of[0].node.meta.get("no_grad_view"):
+            r.node.meta["no_grad_view"] = True  # a view of one, so is it
         return r
+
+    def grad_leaves(self, v, e, scope):
+        """`v` with each view taken under no_grad of a tensor that requires grad read as eager
+        has it in grad mode: requiring grad, its gradient reaching nothing (E.no_grad_view)."""
+        if isinstance(v, TensorVar) and v.node is not None and v.node.meta.get("no_grad_view"):
+            leaf = self.g.call(E.no_grad_view, [v], {}, self.user_loc(e, scope))
+            leaf.view_of = (v, E.no_grad_view, (), {}, None)  # an alias: writes through its views reach v's base
+            return leaf
+        if isinstance(v, dict):
+            return {k: self.grad_leaves(x, e, scope) for k, x in v.items()}
+        if type(v) in (list, tuple):
+            return type(v)(self.grad_leaves(x, e, scope) for x in v)
+        return v
 
     def functionalize(self, fn, args, kwargs, eff, e, scope):
         """A call that writes into tensor arguments, as out-of-place graph ops: each written
@@ -294,7 +316,7 @@ class Tensors:
         recorded = self.grad_enabled and not any(_untracked(v) for v in chain)
         if self.grad_enabled:
             for v in chain:  # up to a detach of the user's, after which autograd sees no view
-                if v.node.meta.get("no_grad_view"):
+                if v.node.meta.get("no_grad_view") or v.view_of[1] is E.no_grad_view:
                     # eager refuses; capture stops, the eager run it falls back to raises that
                     raise RuntimeError("a view created in no_grad mode is modified in place with grad mode enabled")
                 if v.view_of[1] in _DETACH:
@@ -477,7 +499,7 @@ def _untracked(view: TensorVar) -> bool:
     return fn in _DETACH or (parent.meta.requires_grad and not view.meta.requires_grad)
 
 
-_DETACH = (torch.Tensor.detach, torch.detach)
+_DETACH = (torch.Tensor.detach, torch.detach, E.no_grad_view)
 
 
 def _same_layout(a, b) -> bool:

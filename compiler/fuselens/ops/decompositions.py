@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from . import builder as P
 from . import primitives as prim
 from .builder import TVal, emit
-from .effects import unrecorded_write
+from .effects import no_grad_view, unrecorded_write
 
 DECOMPOSITIONS: dict = {}
 
@@ -756,7 +756,7 @@ def clone(x, memory_format=torch.preserve_format):
     return P.copy(x, memory_format)
 
 
-@register(*_t("detach"))
+@register(*_t("detach"), no_grad_view)
 def detach(x):
     return emit(prim.stop_gradient, x)
 

@@ -433,6 +433,17 @@ def unrecorded_write(t, v):
     return _UnrecordedWrite.apply(t, v)
 
 
+def no_grad_view(t):
+    """A view taken under no_grad of a tensor that requires grad, as eager has it: it requires
+    grad, as a leaf whose gradient reaches nothing (`with no_grad(): c = x[0]`, then `c * 2` has a
+    grad_fn and its backward leaves x.grad None). Capture holds it detached (what no_grad computes
+    from it records nothing) and reads it through this in grad mode. An alias autograd does not
+    track, not one of eager's no-grad views: the graph runs in grad mode, where eager's checks on
+    those would refuse the functional form of a write made under no_grad (capture itself refuses
+    what eager refuses)."""
+    return t.detach().requires_grad_()
+
+
 @functools.lru_cache(maxsize=None)
 def tensor_property(name: str):
     """A tensor-valued property of torch.Tensor (`H`, `mH`, `real`) as a function, for the graph."""
