@@ -87,3 +87,41 @@ def test_lambdas_sharing_a_line_compile_the_right_one():
         torch.testing.assert_close(fuselens.compile(plus)(x), torch.relu(x) + 1)
         torch.testing.assert_close(fuselens.compile(nested(None))(x), x * 3)
     assert fuselens.explain(make(), x, y).graph_count == 1
+
+
+def test_functions_without_a_source_file_are_called_without_a_search(monkeypatch):
+    # a dataclass's generated __init__ (`<string>`) and a frozen module's method (`<frozen
+    # _collections_abc>` Mapping.get) have no source: capture calls them as they are, without
+    # inspect's scan of every loaded module for one (~5 ms each with transformers loaded)
+    import collections.abc
+    import dataclasses
+    import inspect
+
+    @dataclasses.dataclass
+    class Out:
+        y: torch.Tensor
+        scale: float = 2.0
+
+    class Params(collections.abc.Mapping):
+        def __init__(self, d):
+            self.d = d
+
+        def __getitem__(self, k):
+            return self.d[k]
+
+        def __iter__(self):
+            return iter(self.d)
+
+        def __len__(self):
+            return len(self.d)
+
+    def f(x, p):
+        o = Out(x.relu())
+        return o.y * o.scale + p.get("b", 0.0)
+
+    def no_scan(*a, **k):
+        raise AssertionError("inspect.getsourcelines was called")
+
+    monkeypatch.setattr(inspect, "getsourcelines", no_scan)
+    x, p = torch.randn(4), Params({"b": 1.5})
+    torch.testing.assert_close(fuselens.compile(f)(x, p), f(x, p))

@@ -144,6 +144,8 @@ def _source_lines(code: types.CodeType, module_globals) -> tuple[list[str], int]
     linecache.checkcache(code.co_filename)  # (a file edited since it was read: as inspect does)
     lines = linecache.getlines(code.co_filename, module_globals)
     if not lines:
+        if code.co_filename.startswith("<"):  # `<frozen ...>`, `<string>` (a dataclass's __init__):
+            raise OSError("could not get source code")  # no source, which inspect finds after its scan
         return inspect.getsourcelines(code)
     start = code.co_firstlineno - 1  # the first decorator's line, or the `def`
     if start >= len(lines):
