@@ -125,3 +125,25 @@ def test_functions_without_a_source_file_are_called_without_a_search(monkeypatch
     monkeypatch.setattr(inspect, "getsourcelines", no_scan)
     x, p = torch.randn(4), Params({"b": 1.5})
     torch.testing.assert_close(fuselens.compile(f)(x, p), f(x, p))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_compiling_leaves_the_garbage_collector_as_it_was(enabled):
+    # capture and the backend pause it (runtime/stats.py gc_paused), also where they fail
+    import gc
+
+    def f(x):
+        return (x * 2).sin()
+
+    def bad(x):
+        return torch.relu(x) + undefined_name  # noqa: F821  (NameError in the user's code)
+
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        fuselens.compile(f)(torch.randn(3))
+        with pytest.raises(NameError):
+            fuselens.compile(bad)(torch.randn(3))
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()

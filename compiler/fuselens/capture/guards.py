@@ -8,8 +8,6 @@ over sources; the runtime compiles them into one function per cache entry."""
 from __future__ import annotations
 
 import ast
-import contextlib
-import gc
 import inspect
 import types
 
@@ -68,8 +66,7 @@ class Sources:
         each read by walking its module path: ~2 ms a call for a ResNet-50 on a CPU)."""
         fn = ast.parse(text).body[0]  # (once: a model's transformed function is ~100 kB)
         roots = _roots(fn, self.constants)
-        with _no_gc():
-            rewrite = _Rewrite(_facts(_parse(self.guards), roots, self.constants), self.constants, roots)
+        rewrite = _Rewrite(_facts(_parse(self.guards), roots, self.constants), self.constants, roots)
         for stmt in fn.body:
             if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and
                     getattr(stmt.targets[0], "id", None) in ("__fl_o", "__fl_in")):
@@ -252,25 +249,6 @@ _SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp
 
 
 def guard_function(guards, sig_text: str, constants: dict) -> str:
-    with _no_gc():
-        return _guard_function(guards, sig_text, constants)
-
-
-@contextlib.contextmanager
-def _no_gc():
-    """The garbage collector off while ~100k AST nodes of a model's guards are made (they hold no
-    reference cycles): its collections of a process holding a model took 2/3 of the time (ResNet-50
-    training: 1.4-2.4 s with, 0.63 s without, on a loaded dev CPU)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _guard_function(guards, sig_text: str, constants: dict) -> str:
     roots = _roots(f"def f({sig_text}): pass", constants)
     trees = _parse(guards)
     rewrite = _Rewrite(_facts(trees, roots, constants), constants, roots)

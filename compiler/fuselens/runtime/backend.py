@@ -247,7 +247,8 @@ class CompiledGraph:
         if spec is not None:
             return spec
         try:
-            spec = self._build(inputs)
+            with stats.gc_paused():
+                spec = self._build(inputs)
         except Exception as e:  # any backend failure costs speed, never correctness
             fall_back("the backend", self.name, e)
             spec = self._eager_spec()

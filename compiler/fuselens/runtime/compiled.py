@@ -289,8 +289,9 @@ class CompiledFunction:
         if fs.generated:  # a resume's own resumes must not reuse its name (self-recursion)
             prefix = fs.name[len("__fl_resume_"):] + "_" + prefix
         start = time.perf_counter()
-        cap: Capture = capture(fs, args, kwargs, dynamic=self.dynamic, fullgraph=self.fullgraph,
-                               prefix=prefix)
+        with stats.gc_paused():
+            cap: Capture = capture(fs, args, kwargs, dynamic=self.dynamic, fullgraph=self.fullgraph,
+                                   prefix=prefix)
         stats.capture["functions"] += 1
         stats.capture["seconds"] += time.perf_counter() - start
         save_probes()  # what autocast does to each call, for the next process
