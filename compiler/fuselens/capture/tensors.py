@@ -187,7 +187,8 @@ class Tensors:
                 d.node.meta["no_grad_view"] = True
             r = d
         elif not self.grad_enabled and isinstance(r, TensorVar) and r.view_of is not None and \
-                r.view_of[1] not in _DETACH and r.view_of[0].node.meta.get("no_grad_view"):
+                r.view_of[1] not in _DETACH and r.view_of[0].node is not None and \
+                r.view_of[0].node.meta.get("no_grad_view"):
             r.node.meta["no_grad_view"] = True  # a view of one, so is it
         return r
 

@@ -36,7 +36,7 @@ def gc_paused():
     """Compile work (a capture, a graph's programs) runs with the garbage collector off: it makes
     ~10^5 objects in a burst (AST, FX and sympy nodes) that hold few reference cycles, and the
     collections they set off each scan the whole heap of a process holding a model (GPT-2's
-    training step compiled on the dev CPU: 262 collections, 237 ms of its 1.6 s, one of them a
+    training step compiled on the dev CPU: 262 collections, 237 ms of its 2.1 s, one of them a
     full collection of 190 ms; building a ResNet-50's guards: 2/3 of the time). What it leaves is
     collected afterwards, as the thresholds decide."""
     enabled = gc.isenabled()
