@@ -43,8 +43,31 @@ def _shift(tree: ast.AST, line_offset: int, col_offset: int) -> None:
                 n.end_col_offset += col_offset
 
 
-_AST_CACHE: dict[tuple, ast.AST] = {}
-_LINES_CACHE: dict = {}  # code object -> inspect.getsourcelines of it
+# code object -> (its source, dedented; the AST holding its definition, at the file's positions):
+# each inlined call asked again (the lines, their dedent, the parse: ~1 ms a function the first time)
+_PARSED: dict = {}
+
+
+def _parse_source(code, fn, lines, start):
+    text = "".join(lines)
+    dedented = textwrap.dedent(text)
+    indent = 0
+    for a, b in zip(lines, dedented.splitlines(True)):
+        if a.strip():
+            indent = len(a) - len(b)
+            break
+    try:
+        tree = ast.parse(dedented)
+    except SyntaxError:
+        # a lambda in the middle of an expression: parse the whole file instead
+        all_lines = linecache.getlines(code.co_filename)
+        try:
+            tree = ast.parse("".join(all_lines))
+        except SyntaxError as e:
+            raise NoSourceError(f"cannot parse the source of {fn.__qualname__}: {e}") from None
+        indent, start = 0, 1
+    _shift(tree, start - 1, indent)
+    return dedented, tree
 
 
 def _find_def(tree: ast.AST, code: types.CodeType):
@@ -82,36 +105,14 @@ def function_source(fn) -> FunctionSource:
     gen = getattr(fn, "__fl_source__", None)  # resume functions carry their own AST
     if isinstance(gen, FunctionSource):
         return gen
-    filename = code.co_filename
-    found = _LINES_CACHE.get(code)
-    if found is None:  # (inspect tokenizes the file from the function's first line: each inlined call did)
+    found = _PARSED.get(code)
+    if found is None:
         try:
-            found = _LINES_CACHE[code] = _source_lines(code, getattr(fn, "__globals__", None))
+            lines, start = _source_lines(code, getattr(fn, "__globals__", None))
         except (OSError, TypeError) as e:
             raise NoSourceError(f"no source for {getattr(fn, '__qualname__', fn)!r}: {e}") from None
-    lines, start = found
-    text = "".join(lines)
-    dedented = textwrap.dedent(text)
-    indent = 0
-    for a, b in zip(lines, dedented.splitlines(True)):
-        if a.strip():
-            indent = len(a) - len(b)
-            break
-    key = (filename, start, text)
-    tree = _AST_CACHE.get(key)
-    if tree is None:
-        try:
-            tree = ast.parse(dedented)
-        except SyntaxError:
-            # a lambda in the middle of an expression: parse the whole file instead
-            all_lines = linecache.getlines(filename)
-            try:
-                tree = ast.parse("".join(all_lines))
-            except SyntaxError as e:
-                raise NoSourceError(f"cannot parse the source of {fn.__qualname__}: {e}") from None
-            indent, start = 0, 1
-        _shift(tree, start - 1, indent)
-        _AST_CACHE[key] = tree
+        found = _PARSED[code] = _parse_source(code, fn, lines, start)
+    dedented, tree = found
     node = _find_def(tree, code)
     if node is None:
         raise NoSourceError(f"cannot find the definition of {fn.__qualname__} in its source")
@@ -132,7 +133,7 @@ def function_source(fn) -> FunctionSource:
                 pass
     defaults = _defaults(node.args, fn)
     name = fn.__name__ if fn.__name__.isidentifier() else "__fl_lambda"  # `def <lambda>` is no syntax
-    return FunctionSource(name, fn.__qualname__, filename, node, fn.__globals__, closure,
+    return FunctionSource(name, fn.__qualname__, code.co_filename, node, fn.__globals__, closure,
                           defaults, cells, source_text=dedented)
 
 
