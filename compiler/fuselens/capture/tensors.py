@@ -134,9 +134,11 @@ class Tensors:
         """Record `fn(*args, **kwargs)` on tensors into the graph. What the call writes and which
         arguments its results view come from ATen's schemas (ops/effects.py), whatever its
         spelling; a call that writes is functionalized (`functionalize`)."""
-        if self.grad_enabled and not self.deriving_views and any(
-                isinstance(a, TensorVar) and a.node is not None and a.node.meta.get("no_grad_view_written")
-                for a in leaves([args, kwargs])):
+        # views taken under no_grad of tensors that require grad, read here in grad mode (one scan)
+        no_grad_views = [a.node.meta for a in leaves([args, kwargs]) if isinstance(a, TensorVar) and
+                         a.node is not None and a.node.meta.get("no_grad_view")] \
+            if self.grad_enabled and not self.deriving_views else ()
+        if any(m.get("no_grad_view_written") for m in no_grad_views):
             # eager refuses; capture stops, the eager run it falls back to raises that
             raise RuntimeError("a view created in no_grad mode is used in grad mode after a write into its base")
         if self.autocast and not self.abstract:
@@ -148,9 +150,7 @@ class Tensors:
             out_meta, device, eff = self.g.evaluate(fn, args, kwargs)
             if eff is not None and eff.writes:
                 return self.functionalize(fn, args, kwargs, eff, e, scope)
-            if self.grad_enabled and not self.deriving_views and any(
-                    isinstance(a, TensorVar) and a.node is not None and a.node.meta.get("no_grad_view")
-                    for a in leaves([args, kwargs])):
+            if no_grad_views:
                 args, kwargs = self.grad_leaves(args, e, scope), self.grad_leaves(kwargs, e, scope)
                 out_meta, device, eff = self.g.evaluate(fn, args, kwargs)
             r = self.g.add(fn, args, kwargs, self.user_loc(e, scope), out_meta, device)
