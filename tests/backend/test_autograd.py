@@ -465,6 +465,37 @@ def test_reduce_overhead_training_steps_replay_and_match_eager():
         step(randn(8, 32))
 
 
+def _loss_and_logits(x, w1, b1, w2, b2):
+    logits = mlp_gelu(x, w1, b1, w2, b2)
+    return logits.logsumexp(-1).mean(), logits
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")
+def test_reduce_overhead_training_replays_a_backward_without_the_logits_gradient():
+    # a language model returns its loss and its logits; the loss's backward leaves the logits'
+    # gradient undefined, and that backward (a program without the logits' terms) replays too
+    import fuselens
+    f = fuselens.compile(_loss_and_logits, mode="reduce-overhead")
+    params, x = mlp_params(), randn(8, 32)
+    for _ in range(12):
+        x.copy_(randn(8, 32))
+        for p in params:
+            p.grad = None
+        loss, logits = f(x, *params)
+        want_loss, want_logits = _loss_and_logits(x, *params)
+        torch.testing.assert_close(logits, want_logits)
+        loss.backward()
+        for p, w in zip(params, torch.autograd.grad(want_loss, params)):
+            torch.testing.assert_close(p.grad, w)
+    graphs = training_graphs(f)
+    bw, = graphs.bw.values()
+    # replayed, reading the saved values and the logits' unread stand-in in place (the loss's
+    # gradient, a fresh tensor each backward(), is copied once it is seen elsewhere)
+    assert bw.graphed.graph is not None and bw.graphed.recordings in (1, 2)
+    assert bw.graphed.static[-1] is None and all(b is None for b in bw.graphed.static[:-2])
+    assert graphs.generation == 11
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")
 def test_reduce_overhead_training_gradients_that_are_an_input_are_copied():
     import fuselens

@@ -225,8 +225,8 @@ class TrainingGraphs:
     overwritten by its next replay (clone to keep them); each call returns new tensors (aliases),
     so an earlier call's outputs keep their own autograd history."""
 
-    def __init__(self, forward, backward, num_outputs):
-        self.forward_program, self.backward_programs, self.num_outputs = forward, backward, num_outputs
+    def __init__(self, forward, num_outputs):
+        self.forward_program, self.num_outputs = forward, num_outputs
         self.fw = CudaGraphed(forward)
         self.bw: dict = {}  # id(backward program) -> _GraphedBackward
         self.fw_recordings = 0  # the forward recording the backward graphs read the saved values of
@@ -261,15 +261,16 @@ class TrainingGraphs:
                 "backward before calling the function again, or compile with mode='default'.")
         run.done = True
 
-    def backward(self, run, *inputs):
-        if run is None:
-            return self.backward_programs(*inputs)
-        program = self.backward_programs.get(inputs)
-        program.compile_ahead()
+    def backward(self, run, programs, args):
+        """The backward of the forward call `run` on `args` by `programs` (training.py's
+        _StridedPrograms: every gradient defined, or the variant without some)."""
+        return programs.run(args) if run is None else programs.run(args, replay=self._replay)
+
+    def _replay(self, program, args):
         bw = self.bw.get(id(program))
         if bw is None:
             bw = self.bw[id(program)] = _GraphedBackward(program)
-        return bw(*inputs)
+        return bw(*args)
 
 
 class _GraphedBackward:

@@ -59,12 +59,13 @@ class _StridedPrograms:
     def __call__(self, *inputs):
         return self.run(list(inputs))
 
-    def run(self, args: list):
+    def run(self, args: list, replay=None):
         """The backward on `args`, which it empties: each saved value is freed after its last use
-        (where the caller holds no other reference), as eager autograd frees them."""
+        (where the caller holds no other reference), as eager autograd frees them. `replay(program,
+        args)`: what runs the layout's program instead of a launch (a CUDA graph's replay)."""
         program, seconds = self._get(args)
         program.compile_ahead()  # a layout first seen here: its kernels together (no-op later)
-        out = program.call_boxed(args)
+        out = program.call_boxed(args) if replay is None else replay(program, args)
         if seconds is not None:
             stats.backend["backward_layouts"] += 1
             stats.backend["seconds"] += seconds
@@ -91,6 +92,7 @@ class _State:
         self.num_fw_outputs, self.tangent_outputs = num_fw_outputs, tangent_outputs
         # an output without a gradient gets an unread stand-in of its tangent's dtype (backward)
         self.tangent_dtypes, self.device = tangent_dtypes, device
+        self._stand_ins: dict = {}
         self.non_differentiable = [i for i in range(num_fw_outputs) if not eager.output_requires_grad[i]]
         # kept for backward only for autograd's version check, as eager keeps them
         self.checked_inputs, self.checked_outputs = sorted(eager.saved_inputs), sorted(eager.saved_outputs)
@@ -99,6 +101,16 @@ class _State:
         self.grad_inputs = [(1 + i, i) for i in grad_inputs]  # (slot in backward's result, input)
         self.num_slots = 1 + num_inputs  # backward's result: `state` first, None where no gradient
         self._gradient_slots: dict = {}
+
+    def stand_in(self, k, shape):
+        """The unread tangent `k` passed where its output got no gradient: one element, expanded
+        (zeros of a language model's logits were a 412 MB allocation and fill a GPT-2 step), and
+        the same tensor every call (a backward replayed as a CUDA graph reads it in place)."""
+        key = (k, shape)
+        t = self._stand_ins.get(key)
+        if t is None:
+            t = self._stand_ins[key] = torch.empty((), dtype=self.tangent_dtypes[k], device=self.device).expand(shape)
+        return t
 
     def gradient_slots(self, defined):
         """(result slot, index among the program's gradients) of each input that gets a gradient
@@ -156,18 +168,14 @@ class CompiledFunction(torch.autograd.Function):
         ctx.maybe_clear_saved_tensors()
         given = [grad_outputs[j] for j in state.tangent_outputs]
         del grad_outputs
-        if all(g is not None for g in given):  # the common case: one program over every gradient
-            args += given
-            del given
-            grads = state.backward.run(args) if graphs is None else graphs.backward(ctx.run, *args)
-        else:  # eager runs no VJP from an output without a gradient: a program without its terms
-            missing = frozenset(k for k, g in enumerate(given) if g is None)
-            # (an unread stand-in: one element, expanded; zeros of a language model's logits were a
-            # 412 MB allocation and fill a GPT-2 step)
-            args += [g if g is not None else torch.empty((), dtype=dtype, device=state.device).expand(shape)
-                     for g, shape, dtype in zip(given, ctx.tangent_shapes, state.tangent_dtypes)]
-            del given
-            grads = state.backward.without(missing).run(args)
+        programs = state.backward
+        if any(g is None for g in given):  # eager runs no VJP from an output without a gradient:
+            programs = programs.without(frozenset(k for k, g in enumerate(given) if g is None))  # none here
+            given = [g if g is not None else state.stand_in(k, shape)
+                     for k, (g, shape) in enumerate(zip(given, ctx.tangent_shapes))]
+        args += given
+        del given
+        grads = programs.run(args) if graphs is None else graphs.backward(ctx.run, programs, args)
         result = [None] * state.num_slots
         for slot, k in state.gradient_slots(defined):
             result[slot] = grads[k]
@@ -230,9 +238,9 @@ def _partition(gm, inputs, requires_grad, device, eager):
 
 def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=None, cached=None, ran_new=None):
     """Forward and backward programs for `gm` at these inputs: (run, check, [forward, backward],
-    compiled), the backward being the program for contiguous gradients. `graphs(forward, backward,
-    num_outputs)`: what replays them (mode="reduce-overhead"), or None. `cached`: the `Compiled`
-    of an earlier compile of this graph for these inputs (the program cache): no graph work.
+    compiled), the backward being the one compiled ahead. `graphs(forward, num_outputs)`: what
+    replays them (mode="reduce-overhead"), or None. `cached`: the `Compiled` of an earlier
+    compile of this graph for these inputs (the program cache): no graph work.
     `ran_new()`: called when a backward program compiled for a new layout has run."""
     requires_grad = [isinstance(t, torch.Tensor) and t.requires_grad for t in inputs]
     if cached is None:
@@ -248,12 +256,12 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=No
         tangents = bw_vals[num_saved:]
         compiled = Compiled(eager, parts.num_fw_outputs, joint.tangent_outputs, joint.grad_inputs,
                             [v.dtype for v in tangents], list(parts.saved), forward, {},
-                            ahead=_expected_missing(tangents) if graphs is None else frozenset())
+                            ahead=_expected_missing(tangents))
         backward = _StridedPrograms(lambda: parts.backward, device, mode, dynamic, build_program, len(forward.kernels),
                                     compiled.backward, ran_new, compiled.variants)
         for k in compiled.ahead:  # (as CompiledFunction.backward passes an output without a gradient)
             expected[num_saved + k] = torch.empty((), dtype=tangents[k].dtype, device="meta").expand(tangents[k].shape)
-        bw_program = backward.without(compiled.ahead).get(expected) if compiled.ahead else backward.get(expected)
+        (backward.without(compiled.ahead) if compiled.ahead else backward).get(expected)
     else:
         compiled, eager, forward = cached, cached.eager, cached.forward
         metas = [meta_like(t) for t in inputs]
@@ -266,13 +274,14 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=No
             return parts.backward
         backward = _StridedPrograms(functools.cache(graph), device, mode, dynamic, build_program,
                                     len(forward.kernels), compiled.backward, ran_new, compiled.variants)
-        bw_program = next(iter((compiled.variants[compiled.ahead] if compiled.ahead else compiled.backward).values()))
+    # the backward compiled ahead: (layout of its inputs, program)
+    bw_layout, bw_program = next(iter((compiled.variants[compiled.ahead] if compiled.ahead else compiled.backward).items()))
     state = _State(forward, backward, compiled.num_fw_outputs, compiled.tangent_outputs, compiled.grad_inputs,
                    len(inputs), eager, compiled.tangent_dtypes, device)
     # a replay would freeze a random op's seed; graphs read tensors only (no sizes passed as values)
     if graphs is not None and not forward.has_seed and all(isinstance(v, torch.Tensor) for v in inputs) and \
-            all(t is not None for t in next(iter(compiled.backward))):
-        state.graphs = graphs(forward, backward, compiled.num_fw_outputs)
+            all(t is not None for t in bw_layout):
+        state.graphs = graphs(forward, compiled.num_fw_outputs)
 
     def run(*xs):
         return apply(state, *xs)
