@@ -213,6 +213,41 @@ def test_a_boolean_mask_becomes_one_bias_for_every_layer(grad):
     assert attentions == [bias.group(1)] * 2
 
 
+def test_a_mask_broadcast_along_its_rows_is_decided_as_the_kernel_gets_it(monkeypatch):
+    """HF's masks come broadcast ((B, 1, L, S) expanded from fewer dims, stride 0 along a row).
+    CUDA's efficient attention takes no such mask (torch picks its math path for it); the graph
+    stores the mask whole, so the kernel gets one it does take. The kernel is chosen, the bias made
+    and the result laid out for the mask as stored: no copy after each call (BERT's twelve layers
+    each copied their result twice, and converted the mask again). Here torch's choice is made
+    CUDA's on any device."""
+    from fuselens.codegen import wrapper as W
+    choose = torch._fused_sdp_choice
+
+    def as_cuda(q, k, v, mask=None, **kw):  # (0: math)
+        return 0 if mask is not None and mask.stride(-1) != 1 else choose(q, k, v, mask, **kw)
+    monkeypatch.setattr(torch, "_fused_sdp_choice", as_cuda)
+    copied, real = [], W.ensure_layout
+
+    def ensure_layout(t, size, stride):
+        copied.append(t is not None and t.numel() > 1 and t.stride() != tuple(stride))
+        return real(t, size, stride)
+    monkeypatch.setattr(W, "ensure_layout", ensure_layout)
+
+    def layers(x, n):
+        rows = torch.arange(8, device=x.device) < n  # a condition on the query row only
+        mask = rows[None, None, :, None].expand(2, 1, 8, 8)
+        for _ in range(2):
+            q = x.view(2, 8, 4, 16).transpose(1, 2)
+            x = F.scaled_dot_product_attention(q, q, q, attn_mask=mask).transpose(1, 2).reshape(2, 8, 64) + x
+        return x
+    x, n = inputs((2, 8, 64))[0], torch.tensor(5, device=DEVICE)
+    out, wrapper, _ = compiled(layers, x, n)
+    close(out, layers(x, n))
+    assert not any(copied)
+    bias = re.search(r"(buf\d+) = empty\(\(2, 1, 8, 8\), \([^)]*\), torch.float32\)", wrapper)
+    assert bias and re.findall(r"prims.sdpa\(.*attn_mask=(\w+)", wrapper) == [bias.group(1)] * 2, wrapper
+
+
 def test_float_mask_and_dropout_stay_torchs_call():
     """An additive mask has a gradient of its own, dropout draws torch's random numbers: such
     calls stay F.scaled_dot_product_attention, differentiated by torch."""

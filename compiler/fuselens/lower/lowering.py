@@ -48,8 +48,9 @@ RECOMPUTE_MIN = 1 << 22
 CHANNELS_LAST = [0, 2, 3, 1]
 # externs whose results' layouts follow their operands' and whose meta run (the primitive on meta
 # tensors) gives the layout the device's kernel returns (a convolution's through
-# prim.conv2d_result_layout): predicted again for operands stored otherwise than traced
-RELAYOUT = (prim.conv2d, prim.conv2d_backward)
+# prim.conv2d_result_layout, attention's through prim.sdpa_meta): predicted again for operands
+# stored otherwise than traced
+RELAYOUT = (prim.conv2d, prim.conv2d_backward, prim.sdpa)
 # how many leading operands a convolution takes channels-last: (grad,) x, weight
 _CONV_OPERANDS = {prim.conv2d: 2, prim.conv2d_backward: 3}
 
@@ -471,21 +472,22 @@ class Lowering:
         return mode == "channels_last" and len(x.shape) == 4 and x.dtype != torch.float64
 
     def _result_layout(self, node, p, args, kwargs):
-        """The extern's result (meta): as traced, unless a tensor operand it takes positionally is
-        stored in another layout than traced (channels-last convolutions, a pointwise result
+        """The extern's result (meta): as traced, unless a tensor operand is stored in another
+        layout than traced (channels-last convolutions, a pointwise result
         following its input's layout) and `p` is one of RELAYOUT, then what it returns for the
-        operands as stored. (Others' results are checked against the traced layout at run time:
-        attention's meta run takes the math path, which lays results out unlike CUDA's kernels.)"""
+        operands as stored. (Others' results are checked against the traced layout at run time.)"""
         if p not in RELAYOUT:
             return node.meta["val"]
-        traced = [a.meta["val"] for a in node.args if isinstance(a, fx.Node)]
-        stored = [a for a in args if isinstance(a, View)]
+        traced = [a.meta["val"] for a in (*node.args, *node.kwargs.values()) if isinstance(a, fx.Node)]
+        stored = [a for a in (*args, *kwargs.values()) if isinstance(a, View)]
         if len(traced) != len(stored) or all(tuple(t.stride()) == v.stride for t, v in zip(traced, stored)):
             return node.meta["val"]
 
         def meta(a):
             return torch.empty_strided(a.shape, a.stride, dtype=a.dtype, device="meta") if isinstance(a, View) else a
         margs, mkwargs = map_aggregate(args, meta), map_aggregate(kwargs, meta)
+        if p is prim.sdpa:  # (the kernel torch picks for these layouts: meta's math path returns another)
+            return prim.sdpa_meta(*margs, **mkwargs, device=self.device)
         try:
             val = p.impl(*margs, **mkwargs)
         except Exception:  # no meta kernel: the result is checked against the traced layout at run time

@@ -195,6 +195,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             attn_mask is not None and not (isinstance(attn_mask, TVal) and attn_mask.dtype == torch.bool):
         raise Unsupported("dropout, grouped-query heads or a float mask")
     if attn_mask is not None:
+        if any(st == 0 and n > 1 for n, st in zip(attn_mask.shape, attn_mask.val.stride())):
+            # a broadcast mask (HF's come expanded) is stored whole for the kernel, and torch
+            # picks its kernel by the mask's layout (CUDA's efficient attention takes none broadcast
+            # along a row): decided, and the result predicted, for the layout the kernel gets
+            whole = P.builder().memo.setdefault("attention_mask", {})  # (one for every layer)
+            if attn_mask.node not in whole:
+                whole[attn_mask.node] = P.copy(attn_mask, torch.contiguous_format)
+            attn_mask = whole[attn_mask.node]
         attn_mask = _bias_of(attn_mask, query, key, value, is_causal, scale)
     options = {name: o for name, o in (("attn_mask", attn_mask), ("is_causal", is_causal), ("scale", scale))
                if o is not None and o is not False}
