@@ -199,7 +199,8 @@ class Block(nn.Module):
 # over the batch with the per-channel values, the [N, C, H, W] pass)
 @pytest.mark.parametrize("shape,kernels", [((2, 4, 5, 5), 1), ((2, 4, 48, 48), 3)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_resnet_block_trains_with_no_batch_norm_extern(dtype, shape, kernels):
+def test_resnet_block_trains_with_no_batch_norm_extern(dtype, shape, kernels, monkeypatch):
+    monkeypatch.setenv("FUSELENS_CONV_LAYOUT", "eager")  # (the kernels counted are NCHW's; CUDA's run channels-last)
     torch.manual_seed(0)
     want_m = Block().to(DEVICE, dtype).train()
     got_m = Block().to(DEVICE, dtype).train()

@@ -12,6 +12,17 @@ import fuselens
 from fl_backend_testing import DEVICE, vary_batch_norm
 
 
+@pytest.fixture(autouse=True)
+def no_tf32():
+    """fp32 convolutions without TF32 (cuDNN's default): eager's NCHW and the compiled channels-last
+    convolutions run different algorithms, which TF32 makes differ by ~1e-3. (The flags() context:
+    torch's testing module, imported by other tests, forbids setting them.)"""
+    cudnn = torch.backends.cudnn
+    with cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark, deterministic=cudnn.deterministic,
+                     allow_tf32=False):
+        yield
+
+
 class Bottleneck(nn.Module):
     def __init__(self, c=8, affine=True):
         super().__init__()
@@ -44,7 +55,7 @@ def first_call(m, x):
 @pytest.mark.parametrize("affine", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_inference_block_is_one_pass_after_each_convolution(affine, dtype, monkeypatch):
-    monkeypatch.setenv("FUSELENS_CONV_LAYOUT", "eager")  # (CUDA's inference graphs run channels-last: below)
+    monkeypatch.setenv("FUSELENS_CONV_LAYOUT", "eager")  # (CUDA's graphs run channels-last: below)
     x = torch.randn(2, 8, 6, 6, device=DEVICE, dtype=dtype)
     want = model(affine, dtype)(x)
     with torch.no_grad():
@@ -66,7 +77,7 @@ def _layout(t):
 
 @pytest.mark.parametrize("train", [False, True])
 def test_convolutions_run_channels_last(train, monkeypatch):
-    """FUSELENS_CONV_LAYOUT=channels_last (what CUDA's inference graphs get): an NCHW model's
+    """FUSELENS_CONV_LAYOUT=channels_last (what CUDA's graphs get): an NCHW model's
     convolutions take channels-last operands and return channels-last results, as predicted (no
     copy after them); BatchNorm and ReLU between them keep that layout; the output and the
     gradients come back in eager's layout and equal eager's."""
@@ -148,6 +159,40 @@ def test_training_block_still_equals_eager():
         torch.testing.assert_close(a.grad, b.grad, msg=n, **tol)
     for (n, a), (_, b) in zip(got_m.named_buffers(), want_m.named_buffers()):
         torch.testing.assert_close(a, b, msg=n, **tol)
+
+
+def test_channels_last_training_saves_and_reduces_in_that_layout(monkeypatch):
+    """Training channels-last (what CUDA's graphs get): the values the forward saves for the
+    backward stay channels-last (stored in eager's layout, each kernel beside a convolution read
+    one layout and wrote the other), the backward is the one compiled ahead for them, and the
+    BatchNorm statistics are summed in memory order (column partials over N*H*W rows of C, not
+    rows of H*W at a stride of C). Gradients and running statistics equal eager's, over steps."""
+    import inspect
+    from fuselens.runtime import stats
+    monkeypatch.setenv("FUSELENS_CONV_LAYOUT", "channels_last")
+    want_m, got_m = model().train(), model().train()
+    compiled = fuselens.compile(got_m)
+    tol = dict(rtol=1e-5, atol=1e-4)
+    for _ in range(2):
+        x = torch.randn(2, 8, 24, 24, device=DEVICE)  # 1152 rows: long enough to be split
+        g = torch.randn(2, 8, 24, 24, device=DEVICE)  # (contiguous: the gradient compiled ahead)
+        layouts = stats.backend["backward_layouts"]
+        compiled(x).backward(g)
+        want_m(x).backward(g)
+        assert stats.backend["backward_layouts"] == layouts  # no backward built for other layouts
+        for (n, a), (_, b) in zip(got_m.named_parameters(), want_m.named_parameters()):
+            torch.testing.assert_close(a.grad, b.grad, msg=n, **tol)
+            a.grad = b.grad = None
+        for (n, a), (_, b) in zip(got_m.named_buffers(), want_m.named_buffers()):
+            torch.testing.assert_close(a, b, msg=n, **tol)
+    spec = next(iter(fuselens._compiled_of(compiled).entries[0].graph_calls[0].compiled._specializations.values()))
+    state = inspect.getclosurevars(spec.run).nonlocals["state"]
+    forward = state.forward
+    saved = [stride for shape, stride in filter(None, forward.output_layouts[state.num_fw_outputs:])
+             if shape == (2, 8, 24, 24)]
+    cl = torch.empty(2, 8, 24, 24).contiguous(memory_format=torch.channels_last).stride()
+    assert cl in saved and [s for s in saved if s != cl] == [x.stride()], saved  # (x itself, as given)
+    assert len(set(re.findall(r"\b(buf\d+)_partial\b", forward.wrapper_source))) == 4  # 2 statistics, 2 BatchNorms
 
 
 def test_training_backward_is_one_call_per_convolution():

@@ -37,7 +37,7 @@ import torch
 from ..lower.indexing import FloorDiv, ModIndex
 from ..lower.ir import compute_dtype, contiguous_strides, use_handler
 from ..schedule.fusion import (PERSISTENT_RNUMEL_MAX, FusedKernel, ReadRecorder, keep_shape, loop_ranges, loop_vars,
-                               node_vars, row_shapes, store_index)
+                               moved_row_vars, node_vars, row_shapes, store_index)
 from .launcher import MAX_RTILE, next_power_of_2
 
 # blocks never exceed this many elements, so a size divisible by it needs no mask
@@ -575,7 +575,8 @@ class KernelWriter:
     def is_row_value(self, buf):
         """A per-row value (reduction result, or a pointwise buffer over the kept dims only)."""
         return self.kernel.is_reduction and (buf.kind == "reduction" or (
-            buf.shape != self.kernel.shape and buf.shape in row_shapes(self.kernel.shape, self.red)))
+            buf.shape != self.kernel.shape and (buf.shape in row_shapes(self.kernel.shape, self.red) or
+                                                moved_row_vars(buf.shape, self.kernel.shape, self.red) is not None)))
 
     def body(self):
         looped = self.mode == "looped"

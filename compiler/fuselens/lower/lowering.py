@@ -36,15 +36,15 @@ BROADCAST_REALIZE = 4
 # ... and its users have this many elements in all: below, computing it again costs less than the
 # launch of a kernel of its own (a scalar gate's tanh, ALiBi's per-head slopes on short sequences)
 RECOMPUTE_MIN = 1 << 22
-# Convolutions of an inference graph run channels-last, as Inductor's layout optimization runs
-# them: cuDNN's NHWC kernels are the fast ones, and its NCHW path transposes in and out (0.67 ms of
-# eager's ResNet-50 inference step on an H100; fuselens's step 4.12 -> 3.34 ms, Inductor's 3.15).
-# Their operands are stored so (a graph input, a weight: copied once a call), their results are,
-# and the pointwise ops between convolutions follow (Lazy.order); a graph output is stored in
-# eager's layout. Not in training: a BatchNorm's statistics then reduce over channels-last values,
-# which the scheduler neither fuses with the normalization nor reads coalesced (ResNet-50 bf16
-# training's kernels 15.8 ms against Inductor's 7.3). Not in float64 (eager's stays NCHW). On CUDA;
-# elsewhere eager's layouts (FUSELENS_CONV_LAYOUT=channels_last|eager decides instead).
+# Convolutions run channels-last on CUDA, as Inductor's layout optimization runs them: cuDNN's NHWC
+# kernels are the fast ones, and its NCHW path transposes in and out (0.67 ms of eager's ResNet-50
+# inference step on an H100; fuselens's step 4.12 -> 3.34 ms, Inductor's 3.15; in training 222
+# transposes a step). Their operands are stored so (a graph input, a weight: copied once a call),
+# their results are, and the pointwise ops between convolutions follow (Lazy.order); a graph
+# output is stored in eager's layout, the values a training forward saves for its backward in
+# their own (lower_graph's free_outputs), and a BatchNorm's statistics are summed in memory order
+# (_column_order). Not in float64 (eager's stays NCHW). Elsewhere eager's layouts
+# (FUSELENS_CONV_LAYOUT=channels_last|eager decides instead).
 CHANNELS_LAST = [0, 2, 3, 1]
 # externs whose results' layouts follow their operands' and whose meta run (the primitive on meta
 # tensors) gives the layout the device's kernel returns (a convolution's through
@@ -129,6 +129,21 @@ def order_of(v) -> list | None:
     return None if order is None or order == sorted(order) else order
 
 
+def _column_order(x, dims) -> list | None:
+    """The dims of `x` in memory order (size-1 dims last) where that makes its reduction over `dims`
+    a column reduction (reduced dims outermost, the kept ones innermost) and the logical order does
+    not: a channels-last BatchNorm's statistics, reduced over N, H and W with C innermost, then
+    read in memory order (schedule/fusion.py splits long column reductions into coalesced
+    partials) instead of at a stride of C. None otherwise, or where a size is symbolic."""
+    order = order_of(x)
+    if order is None or not all(isinstance(n, int) for n in x.shape):
+        return None
+    kept = [d for d in order if d not in dims]
+    if not kept or any(d in dims for d in order[order.index(kept[0]):]):
+        return None
+    return order + [d for d in range(len(x.shape)) if d not in order]
+
+
 def strides_in(shape, order) -> tuple:
     """Dense strides of `shape` laid out in `order` (outermost first; size-1 dims placed innermost)."""
     order = list(order) + [d for d in range(len(shape)) if d not in order]
@@ -182,10 +197,10 @@ def view_strides(old_shape, old_stride, new_shape):
 
 
 class Lowering:
-    def __init__(self, graph: fx.Graph, device, input_vals=None, inference=False):
+    def __init__(self, graph: fx.Graph, device, input_vals=None, free_outputs=None):
         self.graph = graph
         self.input_vals = input_vals
-        self.inference = inference
+        self.free_outputs = free_outputs
         self.device = torch.device(device)
         self.sv = SizeVars()
         self.steps: list = []
@@ -268,10 +283,13 @@ class Lowering:
                 kwargs = map_aggregate(dict(node.kwargs), self.operand)
                 self.env[node] = getattr(self, f"lower_{node.target.kind}")(node, node.target, args, kwargs)
             elif node.op == "output":
-                for o in node.args[0]:
+                for i, o in enumerate(node.args[0]):
                     v = self.env[o] if isinstance(o, fx.Node) else o
                     val = o.meta.get("val") if isinstance(o, fx.Node) else None
                     layout = (tuple(val.shape), tuple(val.stride())) if isinstance(val, torch.Tensor) else None
+                    if self.free_outputs is not None and i >= self.free_outputs and layout is not None and \
+                            all(isinstance(n, int) for n in val.shape):
+                        layout = None  # read by the backward only, compiled for the layout it gets
                     outputs.append(self.realize(v, layout) if isinstance(v, TensorValue) else v)
         return LoweredGraph(inputs, self.steps, outputs, self.sv, self.device, has_seed=None in inputs)
 
@@ -353,6 +371,17 @@ class Lowering:
         def body(idx):
             with ops().at(loc):
                 return x.load(idx)
+        order = _column_order(x, dims)
+        if order is not None:  # over x in memory order, viewed back (as `realize` stores a permuted value)
+            where = [order.index(d) for d in range(len(order))]
+            in_shape = tuple(x.shape[d] for d in order)
+            red = tuple(sorted(where[d] for d in dims))
+            shape = tuple(1 if d in red else n for d, n in enumerate(in_shape))
+            buf = ComputedBuffer(self.new_name(), shape, contiguous_strides(shape), val.dtype,
+                                 body=lambda idx: body([idx[k] for k in where]), kind="reduction",
+                                 in_shape=in_shape, red_dims=red, reduce=p.reduce, loc=loc)
+            self.steps.append(buf)
+            return View(buf, tuple(val.shape), tuple(buf.stride[k] for k in where), 0)
         buf = ComputedBuffer(self.new_name(), tuple(val.shape), contiguous_strides(val.shape), val.dtype, body=body,
                              kind="reduction", in_shape=tuple(x.shape), red_dims=tuple(dims), reduce=p.reduce, loc=loc)
         self.steps.append(buf)
@@ -466,7 +495,7 @@ class Lowering:
     def _channels_last(self, x) -> bool:
         """Whether a convolution of `x` runs channels-last (CHANNELS_LAST)."""
         mode = os.environ.get("FUSELENS_CONV_LAYOUT") or (
-            "channels_last" if self.device.type == "cuda" and self.inference else "eager")
+            "channels_last" if self.device.type == "cuda" else "eager")
         if mode not in ("channels_last", "eager"):
             raise ValueError(f"FUSELENS_CONV_LAYOUT={mode!r}: set it to channels_last or eager, or unset it")
         return mode == "channels_last" and len(x.shape) == 4 and x.dtype != torch.float64
@@ -575,7 +604,9 @@ class Lowering:
         return buffer_view(buf)
 
 
-def lower_graph(graph: fx.Graph, device, input_vals=None, inference=False) -> LoweredGraph:
-    """`input_vals` (tensors, meta or real) override the placeholders' example strides; `inference`:
-    no gradient is computed from the graph (CHANNELS_LAST)."""
-    return Lowering(graph, device, input_vals, inference).run()
+def lower_graph(graph: fx.Graph, device, input_vals=None, free_outputs=None) -> LoweredGraph:
+    """`input_vals` (tensors, meta or real) override the placeholders' example strides. Outputs
+    from index `free_outputs` on (a training forward's saved values) are stored in their own
+    layouts (a value following a channels-last convolution's, say), not the traced ones: static
+    sizes only."""
+    return Lowering(graph, device, input_vals, free_outputs).run()

@@ -17,6 +17,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import sympy
 import torch
 import torch.fx as fx
 
@@ -24,6 +25,7 @@ from ..codegen import launcher
 from ..codegen.triton import generate_kernel
 from ..codegen.wrapper import generate_wrapper, load_wrapper
 from ..lower import lower_graph
+from ..lower.ir import View
 from ..ops import to_primitive_graph, values_only
 from ..schedule.fusion import FusedKernel, schedule
 from . import program_cache, stats
@@ -65,6 +67,12 @@ class Program:
     made_from: dict = field(default_factory=dict, repr=False)
     boxed: bool = False
 
+    @property
+    def output_layouts(self) -> list:
+        """(shape, stride) of each output tensor as returned; None where a size is dynamic or the
+        output is no tensor."""
+        return self.made_from["output_layouts"]
+
     def __reduce__(self):
         return load_program, (self.made_from,)
 
@@ -98,12 +106,11 @@ def compile_ahead(programs):
 
 
 def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=frozenset(),
-                  input_vals=None, first_kernel_index=0, boxed=False, inference=False) -> Program:
+                  input_vals=None, first_kernel_index=0, boxed=False, free_outputs=None) -> Program:
     """`boxed`: see Program. `first_kernel_index` numbers this program's kernels after another's (a backward's after
-    its forward's), so kernel names stay unique within a compiled graph. `inference`: no gradient is computed
-    from it (lower/lowering.py CHANNELS_LAST)."""
+    its forward's), so kernel names stay unique within a compiled graph. `free_outputs`: lower_graph's."""
     _log("ops", "primitive graph:\n%s", prim_graph)
-    lowered = lower_graph(prim_graph, device, input_vals, inference)
+    lowered = lower_graph(prim_graph, device, input_vals, free_outputs)
     _log("lower", "buffers:\n%s", lowered.describe)
     sched = schedule(lowered)
     _log("schedule", "kernels:\n%s", sched.describe)
@@ -129,8 +136,14 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
     kernel_objects = [k for k, _ in kernels.values()]
     made_from = dict(source=source, device=str(device), has_seed=lowered.has_seed, infos=infos, consts=consts,
                      kernels=[(k.name, k.source, k.mode, k.max_autotune, k.itemsize, k.pdl) for k in kernel_objects],
-                     launches=launches, boxed=boxed)
+                     launches=launches, boxed=boxed, output_layouts=[_layout(o) for o in lowered.outputs])
     return Program(call, infos, source, lowered.has_seed, jobs, made_from, boxed)
+
+
+def _layout(v):
+    if not isinstance(v, View) or not all(isinstance(n, (int, sympy.Integer)) for n in (*v.shape, *v.stride)):
+        return None
+    return tuple(int(n) for n in v.shape), tuple(int(n) for n in v.stride)
 
 
 def load_program(made_from: dict) -> Program:
@@ -277,8 +290,7 @@ class CompiledGraph:
                                              for label, p in zip(("forward", "backward"), programs)), check)
         else:
             made = cached if cached is not None else \
-                build_program(values_only(to_primitive_graph(self.gm, inputs, device)), device, self.mode, dynamic,
-                              inference=True)
+                build_program(values_only(to_primitive_graph(self.gm, inputs, device)), device, self.mode, dynamic)
             programs = [made]
             spec = _Specialization(made, made.kernels, made.wrapper_source)
         spec.cache_entry, spec.stored = (key, made) if key else None, cached is not None

@@ -246,13 +246,16 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=No
     if cached is None:
         eager = eager_autograd(gm, inputs)
         joint, parts = _partition(gm, inputs, requires_grad, device, eager)
-        forward = build_program(parts.forward, device, mode, dynamic)
+        forward = build_program(parts.forward, device, mode, dynamic, free_outputs=parts.num_fw_outputs)
         # the backward is compiled now (shown with the forward) for the saved values in the layouts the
-        # forward stores them in (their traced ones) and contiguous gradients; others compile on first use
+        # forward stores them in and contiguous gradients; others compile on first use
         bw_vals = [n.meta["val"] for n in parts.backward.nodes if n.op == "placeholder"]
         num_saved = len(parts.saved)
-        expected = [v if i < num_saved or not isinstance(v, torch.Tensor) else
-                    torch.empty(v.shape, dtype=v.dtype, device="meta") for i, v in enumerate(bw_vals)]
+        stored = forward.output_layouts[parts.num_fw_outputs:]
+        expected = [(v if stored[i] is None else torch.empty_strided(*stored[i], dtype=v.dtype, device="meta"))
+                    if i < num_saved else
+                    torch.empty(v.shape, dtype=v.dtype, device="meta") if isinstance(v, torch.Tensor) else v
+                    for i, v in enumerate(bw_vals)]
         tangents = bw_vals[num_saved:]
         compiled = Compiled(eager, parts.num_fw_outputs, joint.tangent_outputs, joint.grad_inputs,
                             [v.dtype for v in tangents], list(parts.saved), forward, {},

@@ -33,10 +33,12 @@ COLUMN_SPLIT_MIN_ROWS = 1024
 # about this many partial rows (2 per SM of an H100); chunks are powers of two of at least MIN_CHUNK rows
 TARGET_PARTIALS = 256
 MIN_CHUNK = 8
-# partials in kernels without row reductions (columns tiled too): chunks sized as if there were
-# about TILE_PROGRAMS programs of TILE_COLS columns (H100 sweep, bench/NOTES.md: chunks of 512
-# rows for 8192x4096, 128 for 8192x1024, within 2% of the best of 64-1024 on every kernel)
-TILE_PROGRAMS, TILE_COLS = 128, 512
+# partials in kernels without row reductions (columns tiled too): chunks sized for about
+# TILE_PROGRAMS programs of TILE_COLS columns (the launcher's column tile; H100 sweeps, bench/NOTES.md:
+# chunks of 512 rows for 8192x4096, 128 for 8192x1024, within 2% of the best of 64-1024 on every
+# kernel; with fewer columns, as many programs: a channels-last BatchNorm's sums over 401408 rows of
+# 64 took 112 us in 98 programs, 35 in 392)
+TILE_PROGRAMS, TILE_COLS = 1024, 64
 # rows longer than this are reduced in a loop (codegen/triton.py), kept here for the scheduler's checks
 PERSISTENT_RNUMEL_MAX = 4096
 
@@ -59,6 +61,24 @@ def row_shapes(shape, red_dims):
     while squeezed and squeezed[-1] == 1:
         squeezed = squeezed[:-1]
     return keep_shape(shape, red_dims), kept, squeezed
+
+
+def moved_row_vars(bshape, shape, red_dims):
+    """The loop variables of a per-row value whose size-1 dims lie elsewhere than the reduced dims
+    of a kernel over `shape` (a channels-last BatchNorm's per-channel [1, C, 1, 1] in a kernel
+    summing [N, H, W, C] over N, H and W): its other dims are the kept ones, in order. None for
+    other shapes, and for those `row_shapes` lists."""
+    bshape = tuple(bshape)
+    if not red_dims or bshape in row_shapes(shape, red_dims) or len(bshape) != len(shape):
+        return None
+    kept = [d for d, s in enumerate(shape) if d not in red_dims and s != 1]
+    dims = [d for d, s in enumerate(bshape) if s != 1]
+    if len(dims) != len(kept) or any(bshape[a] != shape[b] for a, b in zip(dims, kept)):
+        return None
+    out = [sympy.Integer(0)] * len(bshape)
+    for a, b in zip(dims, kept):
+        out[a] = sympy.Symbol(f"x{b}", integer=True, nonnegative=True)
+    return out
 
 
 def body_shape(buf: ComputedBuffer):
@@ -86,9 +106,10 @@ def is_column_reduction(buf):
 
 
 def tile_chunk(rows, cols):
-    """Chunk for partials in a kernel without row reductions (columns tiled by ~TILE_COLS):
-    about TILE_PROGRAMS programs in all, so each streams a large tile (short chunks left the
-    H100 at a third of the copy rate for bf16)."""
+    """Chunk for partials in a kernel without row reductions (columns tiled by TILE_COLS): about
+    TILE_PROGRAMS programs in all, so each streams a large tile (short chunks left the H100 at a
+    third of the copy rate for bf16) and the GPU holds enough loads in flight (too few programs
+    did not)."""
     chunk = max(MIN_CHUNK, -(-rows // max(1, TILE_PROGRAMS // -(-cols // TILE_COLS))))
     return 1 << (chunk - 1).bit_length()
 
@@ -164,7 +185,8 @@ def reshaped(buf, shape):
 
 def fits(buf, shape, red_dims):
     """A pointwise `buf` can be computed in a kernel over `shape` reducing `red_dims`."""
-    return buf.shape == tuple(shape) or buf.shape in row_shapes(shape, red_dims) or reshaped(buf, shape)
+    return buf.shape == tuple(shape) or buf.shape in row_shapes(shape, red_dims) or reshaped(buf, shape) or \
+        buf.kind == "pointwise" and moved_row_vars(buf.shape, shape, red_dims) is not None
 
 
 def node_vars(buf, shape, red_dims, sizevars):
@@ -172,6 +194,9 @@ def node_vars(buf, shape, red_dims, sizevars):
     if reshaped(buf, shape):
         env = SimpleNamespace(sizevars=sizevars, ranges=loop_ranges(shape, red_dims))
         return reshape_index(loop_vars(shape, red_dims), shape, buf.shape, env)
+    moved = buf.kind == "pointwise" and moved_row_vars(buf.shape, shape, red_dims)
+    if moved:
+        return moved
     if buf.kind in ("reduction", "partial") or len(buf.shape) == len(shape):
         return loop_vars(body_shape(buf), red_dims)
     kept = [d for d in range(len(shape)) if d not in red_dims]  # a per-row value without the reduced dims
@@ -188,7 +213,8 @@ def node_ranges(buf, shape, red_dims, sizevars):
     """The extents of the loop variables in `node_vars(buf, shape, red_dims)`."""
     if reshaped(buf, shape):
         return loop_ranges(shape, red_dims)
-    if buf.kind in ("reduction", "partial") or len(buf.shape) == len(shape):
+    if (buf.kind in ("reduction", "partial") or len(buf.shape) == len(shape)) and \
+            not (buf.kind == "pointwise" and moved_row_vars(buf.shape, shape, red_dims)):
         return loop_ranges(body_shape(buf), red_dims)
     return {v: s for v, s in zip(node_vars(buf, shape, red_dims, sizevars), buf.shape) if isinstance(v, sympy.Symbol)}
 
