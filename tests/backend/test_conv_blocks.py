@@ -195,6 +195,31 @@ def test_channels_last_training_saves_and_reduces_in_that_layout(monkeypatch):
     assert len(set(re.findall(r"\b(buf\d+)_partial\b", forward.wrapper_source))) == 4  # 2 statistics, 2 BatchNorms
 
 
+def test_an_output_saved_for_backward_is_stored_once(monkeypatch):
+    """A value both returned (in eager's layout) and saved for the backward (tanh's result) is
+    stored once, in eager's layout, and the backward reads it there: not a second, channels-last
+    copy of it."""
+    import inspect
+    monkeypatch.setenv("FUSELENS_CONV_LAYOUT", "channels_last")
+    torch.manual_seed(0)
+    conv = nn.Conv2d(8, 8, 3, padding=1).to(DEVICE)
+
+    def f(x):
+        return torch.tanh(conv(x))
+    compiled = fuselens.compile(f)
+    x = torch.randn(2, 8, 12, 12, device=DEVICE)
+    g = torch.randn(2, 8, 12, 12, device=DEVICE)
+    compiled(x).backward(g)
+    got = conv.weight.grad.clone()
+    conv.weight.grad = None
+    f(x).backward(g)
+    torch.testing.assert_close(got, conv.weight.grad, rtol=1e-5, atol=1e-4)
+    spec = next(iter(fuselens._compiled_of(compiled).entries[0].graph_calls[0].compiled._specializations.values()))
+    source = inspect.getclosurevars(spec.run).nonlocals["state"].forward.wrapper_source
+    out, *saved = re.search(r"return \((.*)\)", source).group(1).split(", ")
+    assert out in saved and source.count(".launch(") == 3, source  # x and the weight copied in; conv's epilogue
+
+
 def test_training_backward_is_one_call_per_convolution():
     """Each convolution's input and weight gradients come from one ATen call (two cost twice
     cuDNN's host time), which skips the input's gradient where nothing needs it."""

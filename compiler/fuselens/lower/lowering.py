@@ -289,7 +289,11 @@ class Lowering:
                     layout = (tuple(val.shape), tuple(val.stride())) if isinstance(val, torch.Tensor) else None
                     if self.free_outputs is not None and i >= self.free_outputs and layout is not None and \
                             all(isinstance(n, int) for n in val.shape):
-                        layout = None  # read by the backward only, compiled for the layout it gets
+                        # read by the backward only, compiled for the layout it gets: where it is
+                        # stored already (a user's output too), read there rather than stored again
+                        layout = None
+                        if isinstance(v, Lazy) and v.realized is not None:
+                            v = v.realized
                     outputs.append(self.realize(v, layout) if isinstance(v, TensorValue) else v)
         return LoweredGraph(inputs, self.steps, outputs, self.sv, self.device, has_seed=None in inputs)
 

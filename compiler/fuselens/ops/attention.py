@@ -195,10 +195,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             attn_mask is not None and not (isinstance(attn_mask, TVal) and attn_mask.dtype == torch.bool):
         raise Unsupported("dropout, grouped-query heads or a float mask")
     if attn_mask is not None:
-        if any(st == 0 and n > 1 for n, st in zip(attn_mask.shape, attn_mask.val.stride())):
-            # a broadcast mask (HF's come expanded) is stored whole for the kernel, and torch
-            # picks its kernel by the mask's layout (CUDA's efficient attention takes none broadcast
-            # along a row): decided, and the result predicted, for the layout the kernel gets
+        if attn_mask.shape[-1] > 1 and attn_mask.val.stride(-1) == 0:
+            # a mask broadcast along its rows (HF's come so) is stored whole for the kernel, and
+            # torch picks its kernel by the mask's layout (CUDA's efficient attention takes none
+            # whose rows are not contiguous): decided, and the result predicted, for the layout
+            # the kernel gets. (One broadcast over batch or heads only is taken as it is.)
             whole = P.builder().memo.setdefault("attention_mask", {})  # (one for every layer)
             if attn_mask.node not in whole:
                 whole[attn_mask.node] = P.copy(attn_mask, torch.contiguous_format)

@@ -105,11 +105,11 @@ class _State:
     def stand_in(self, k, shape):
         """The unread tangent `k` passed where its output got no gradient: one element, expanded
         (zeros of a language model's logits were a 412 MB allocation and fill a GPT-2 step), and
-        the same tensor every call (a backward replayed as a CUDA graph reads it in place)."""
-        key = (k, shape)
-        t = self._stand_ins.get(key)
-        if t is None:
-            t = self._stand_ins[key] = torch.empty((), dtype=self.tangent_dtypes[k], device=self.device).expand(shape)
+        the same tensor every call of a shape (a backward replayed as a CUDA graph reads it in
+        place; one kept per tangent, for its last shape)."""
+        t = self._stand_ins.get(k)
+        if t is None or t.shape != shape:
+            t = self._stand_ins[k] = torch.empty((), dtype=self.tangent_dtypes[k], device=self.device).expand(shape)
         return t
 
     def gradient_slots(self, defined):
