@@ -130,7 +130,7 @@ def order_of(v) -> list | None:
 
 
 def _column_order(x, dims) -> list | None:
-    """The dims of `x` in memory order (size-1 dims last) where that makes its reduction over `dims`
+    """The dims of `x` in memory order (its `order_of`) where that makes its reduction over `dims`
     a column reduction (reduced dims outermost, the kept ones innermost) and the logical order does
     not: a channels-last BatchNorm's statistics, reduced over N, H and W with C innermost, then
     read in memory order (schedule/fusion.py splits long column reductions into coalesced
@@ -141,7 +141,20 @@ def _column_order(x, dims) -> list | None:
     kept = [d for d in order if d not in dims]
     if not kept or any(d in dims for d in order[order.index(kept[0]):]):
         return None
-    return order + [d for d in range(len(x.shape)) if d not in order]
+    return order
+
+
+def in_order(shape, order):
+    """(`shape` with its dims in `order`, outermost first, and the size-1 dims it leaves out
+    last; the position there of each dim): the domain of a value stored or reduced in memory
+    order, which `viewed_back` shows in its own."""
+    order = list(order) + [d for d in range(len(shape)) if d not in order]
+    return tuple(shape[d] for d in order), [order.index(d) for d in range(len(shape))]
+
+
+def viewed_back(buf, shape, where) -> View:
+    """`buf`, computed over `in_order`'s domain, as the value of `shape` it holds."""
+    return View(buf, shape, tuple(buf.stride[k] for k in where), 0)
 
 
 def strides_in(shape, order) -> tuple:
@@ -241,13 +254,11 @@ class Lowering:
             # stored as the value permuted to `order` (row-major), viewed back; read from where it
             # is stored already if it is (in another layout)
             fn = v.realized.load if v.realized is not None else v.fn
-            order = order + [d for d in range(len(v.shape)) if v.shape[d] == 1]
-            where = [order.index(d) for d in range(len(order))]
-            shape = tuple(v.shape[d] for d in order)
+            shape, where = in_order(v.shape, order)
             buf = ComputedBuffer(self.new_name(), shape, contiguous_strides(shape), v.dtype,
                                  body=lambda idx: fn([idx[k] for k in where]), loc=v.loc)
             self.steps.append(buf)
-            stored = View(buf, v.shape, tuple(buf.stride[k] for k in where), 0)
+            stored = viewed_back(buf, v.shape, where)
             v.realized = v.realized or stored
             return stored
         if v.realized is None:
@@ -377,15 +388,14 @@ class Lowering:
                 return x.load(idx)
         order = _column_order(x, dims)
         if order is not None:  # over x in memory order, viewed back (as `realize` stores a permuted value)
-            where = [order.index(d) for d in range(len(order))]
-            in_shape = tuple(x.shape[d] for d in order)
+            in_shape, where = in_order(x.shape, order)
             red = tuple(sorted(where[d] for d in dims))
             shape = tuple(1 if d in red else n for d, n in enumerate(in_shape))
             buf = ComputedBuffer(self.new_name(), shape, contiguous_strides(shape), val.dtype,
                                  body=lambda idx: body([idx[k] for k in where]), kind="reduction",
                                  in_shape=in_shape, red_dims=red, reduce=p.reduce, loc=loc)
             self.steps.append(buf)
-            return View(buf, tuple(val.shape), tuple(buf.stride[k] for k in where), 0)
+            return viewed_back(buf, tuple(val.shape), where)
         buf = ComputedBuffer(self.new_name(), tuple(val.shape), contiguous_strides(val.shape), val.dtype, body=body,
                              kind="reduction", in_shape=tuple(x.shape), red_dims=tuple(dims), reduce=p.reduce, loc=loc)
         self.steps.append(buf)
@@ -506,9 +516,10 @@ class Lowering:
 
     def _result_layout(self, node, p, args, kwargs):
         """The extern's result (meta): as traced, unless a tensor operand is stored in another
-        layout than traced (channels-last convolutions, a pointwise result
-        following its input's layout) and `p` is one of RELAYOUT, then what it returns for the
-        operands as stored. (Others' results are checked against the traced layout at run time.)"""
+        layout than traced (channels-last convolutions, a pointwise result following its input's
+        layout, a broadcast mask stored whole) and `p` is one of RELAYOUT, then what it returns
+        for the operands as stored. (Others' results are checked against the traced layout at
+        run time.)"""
         if p not in RELAYOUT:
             return node.meta["val"]
         traced = [a.meta["val"] for a in (*node.args, *node.kwargs.values()) if isinstance(a, fx.Node)]

@@ -169,8 +169,8 @@ class CompiledFunction(torch.autograd.Function):
         given = [grad_outputs[j] for j in state.tangent_outputs]
         del grad_outputs
         programs = state.backward
-        if any(g is None for g in given):  # eager runs no VJP from an output without a gradient:
-            programs = programs.without(frozenset(k for k, g in enumerate(given) if g is None))  # none here
+        if any(g is None for g in given):  # eager runs no VJP from an output without a gradient
+            programs = programs.without(frozenset(k for k, g in enumerate(given) if g is None))
             given = [g if g is not None else state.stand_in(k, shape)
                      for k, (g, shape) in enumerate(zip(given, ctx.tangent_shapes))]
         args += given
@@ -296,6 +296,6 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=No
             outs = forward(*xs)
             # contiguous zeros, as compiled; an unread stand-in where no gradient is expected
             tangents = [outs[i].new_zeros(outs[i].shape) if k not in compiled.ahead else
-                        outs[i].new_empty(()).expand(outs[i].shape) for k, i in enumerate(compiled.tangent_outputs)]
+                        state.stand_in(k, outs[i].shape) for k, i in enumerate(compiled.tangent_outputs)]
             (backward.without(compiled.ahead) if compiled.ahead else backward)(*outs[compiled.num_fw_outputs:], *tangents)
     return run, check, [forward, bw_program], compiled
