@@ -52,7 +52,8 @@ class Timed:
 
     def __init__(self, program, label):
         self.program, self.label = program, label
-        fn = ast.parse(program.wrapper_source).body[0]
+        module = ast.parse(program.wrapper_source)
+        fn = next(f for f in module.body if f.name == "call")  # after make_constants, if any
         self.kinds = [kind(s) for s in fn.body]
         body = [ast.parse("__stamps.append(__clock())").body[0]]
         for s in fn.body:
@@ -65,7 +66,7 @@ class Timed:
         self.stamps: list = []
         self.runs: list = []
         ns = dict(program.call.__globals__, __stamps=self.stamps, __clock=time.perf_counter)
-        exec(compile(ast.fix_missing_locations(ast.Module([fn], [])), "<timed wrapper>", "exec"), ns)
+        exec(compile(ast.fix_missing_locations(module), "<timed wrapper>", "exec"), ns)
         self.original, program.call = program.call, ns[fn.name]
 
     def collect(self):

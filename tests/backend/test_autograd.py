@@ -1,6 +1,4 @@
 """Joint graph, min-cut partition, compiled backward, random numbers, fallbacks."""
-import collections
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -150,40 +148,6 @@ def test_a_matmul_operand_is_saved_not_recomputed():
     second_matmul = [n for n in joint.graph.nodes if prim(n) in ("mm", "addmm")][1]
     gelu_out = second_matmul.args[-2]
     assert prim(gelu_out) == "mul" and gelu_out.name in parts.saved
-
-
-def _project_by_constant(x):
-    return torch.tanh(x @ (torch.ones(16, 4, device=x.device) * 0.5))
-
-
-def test_constant_kernels_run_once_and_stay_correct(monkeypatch):
-    # the matrix made from ones is a constant: made on the first call, kept by the program (in
-    # training it would be saved for the backward, a forward output, so it is made each call)
-    inputs = [randn(8, 16)]
-    cg = compile(_project_by_constant, *inputs)
-    assert "not in constants" in cg.wrapper_source
-    launches = collections.Counter()
-    real = launcher.TritonKernel.run
-
-    def counting(self, *args, **kwargs):
-        launches[self.name] += 1
-        return real(self, *args, **kwargs)
-    monkeypatch.setattr(launcher.TritonKernel, "run", counting)
-    for _ in range(3):
-        x = randn(*inputs[0].shape)
-        torch.testing.assert_close(cg(x)[0], _project_by_constant(x), atol=1e-5, rtol=1e-5)
-    constant_kernels = [k for k in launches if launches[k] == 1]
-    assert constant_kernels and all(launches[k] >= 3 for k in launches if k not in constant_kernels)
-
-
-def test_a_constant_an_extern_may_return_a_view_of_is_made_each_call():
-    def f(x):
-        c = torch.ones(8, 8, device=x.device) * 2
-        return x + 1, torch.diagonal(c)  # a view of the constant reaches the caller
-    x = randn(8)
-    cg = compile(f, x)
-    cg(x)[1].mul_(100)
-    torch.testing.assert_close(cg(x)[1], torch.full((8,), 2.0, device=DEVICE))
 
 
 def test_mlp_training_step():

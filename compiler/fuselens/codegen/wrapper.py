@@ -2,11 +2,14 @@
 
 It is generated as source (shown to users next to the kernels) and exec'd. Buffers are freed
 after their last use, and a later buffer of the same size, stride and dtype takes over the
-memory of a dead one instead of allocating. A small kernel that reads nothing (a constant, such
-as `torch.ones(16, 4) * 0.5`) runs on the first call only: the program keeps
-its buffers, so a constant never reaches the caller (not returned, nor read by an extern that may
-return a view of it). It is made on the first call's stream (CUDA-graph recording, in
-mode="reduce-overhead", follows a warm-up call, so it is made outside the graph). Every line costs host time on each call, so externs are called as the torch
+memory of a dead one instead of allocating.
+
+What depends on no input (a causal mask from `arange`, `torch.ones(16, 4) * 0.5`), kernels and
+extern calls alike, is made by `make_constants` on the first call and kept by the program: not
+what the caller gets (nor what an extern that may return a view reads), not what draws random
+numbers, not what reads a Python object the caller may change. It is made on the first call's
+stream (CUDA-graph recording, in mode="reduce-overhead", follows a warm-up call, so it is made
+outside the graph). Every line costs host time on each call, so externs are called as the torch
 functions themselves and whole-buffer permutations as `.permute` (cheaper than `as_strided`).
 """
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..lower.ir import ComputedBuffer, ExternCall, LoweredGraph, View, contiguous_strides
+from ..ops import effects
 from ..ops.primitives import PRIMITIVES
 from ..schedule.fusion import FusedKernel, Schedule
 
@@ -61,6 +65,19 @@ def view_kind(v: View):
     return None
 
 
+def all_plain(v) -> bool:
+    """Only Views and values that cannot change between calls (numbers, strings, dtypes, and
+    containers of them): not a numpy array or another object the caller may write into."""
+    if isinstance(v, (tuple, list)):
+        return all(all_plain(x) for x in v)
+    if isinstance(v, dict):
+        return all(all_plain(x) for x in v.values())
+    if isinstance(v, slice):
+        return all_plain((v.start, v.stop, v.step))
+    return v is None or isinstance(v, (View, bool, int, float, str, torch.dtype, torch.device, torch.layout,
+                                       torch.memory_format))
+
+
 def ensure_layout(t, size, stride):
     """Extern results are read by kernels with the strides meta execution predicted; copy if they differ.
     None where the kernel returned no tensor in that place (attention's weights, not asked for)."""
@@ -71,7 +88,9 @@ def ensure_layout(t, size, stride):
     return out
 
 
-CONSTANT_MAX_NUMEL = 1 << 16  # larger constants are recomputed each call rather than held
+# what a program keeps of the values that depend on no input (neither a graph input nor the seed):
+# made on its first call, then held, up to this many bytes; larger ones are made each call
+CONSTANT_MAX_BYTES = 1 << 23
 
 
 def lines_comment(lines):
@@ -164,14 +183,6 @@ class WrapperWriter:
         parts = [self.value(a) for a in call.args] + [f"{k}={self.value(v)}" for k, v in call.kwargs.items()]
         return f"{torch_name(call.prim.impl) or 'prims.' + call.prim.name}({', '.join(parts)})"
 
-    def is_constant(self, writer, escapes) -> bool:
-        """A kernel whose outputs depend on nothing given (no inputs, seed or sizes) and never reach
-        the caller (`escapes`: outputs, and what an extern that may return a view of it reads): run once."""
-        bufs = [writer.buffers[name] for name in writer.out_args]
-        return (not writer.in_args and not writer.uses_seed and not writer.size_args and
-                not any(name in escapes for name in writer.out_args) and
-                all(isinstance(math.prod(b.shape), int) and math.prod(b.shape) <= CONSTANT_MAX_NUMEL for b in bufs))
-
     def step_reads(self, step):
         if isinstance(step, ExternCall):
             names = []
@@ -180,22 +191,80 @@ class WrapperWriter:
             return names
         return list(self.kernels[id(step)][1].in_args)
 
+    def step_writes(self, step) -> list:
+        if isinstance(step, ExternCall):
+            return [b.name for b in ([step.result] if step.result is not None else []) + list(step.items)]
+        return list(self.kernels[id(step)][1].out_args)
+
+    def extern_effects(self, step):
+        """What an extern call does (ops/effects.py), from a run on meta tensors; None where it
+        cannot run on them."""
+        fn, args, kwargs = step.args if step.prim.name == "call_torch" else (step.prim.impl, step.args, step.kwargs)
+        tensors = []
+
+        def meta(v):
+            if not isinstance(v, View):
+                return v
+            base = torch.empty_strided(v.buf.shape, v.buf.stride, dtype=v.buf.dtype, device="meta")
+            tensors.append(base.as_strided(v.shape, v.stride, v.offset))
+            return tensors[-1]
+        args, kwargs = torch.fx.node.map_aggregate((args, kwargs), meta)
+        try:
+            return effects.run(fn, args, kwargs, tensors)[1]
+        except Exception:  # noqa: BLE001 (no meta kernel: nothing known of it)
+            return None
+
+    def constant_steps(self, keep: set) -> set:
+        """Indices of the steps whose values depend on no input (a program's sizes are its own),
+        kept by the program after its first call: kernels that take no seed, externs that draw no
+        random numbers (ATen's tags), reading only what such steps made. None of them makes a
+        graph output (`keep`) or what an extern outside them that may return a view of its
+        arguments reads: a value the caller gets is never one the program keeps. What the other
+        steps read of them fits CONSTANT_MAX_BYTES."""
+        steps = self.sched.steps
+        made_by = {name: i for i, step in enumerate(steps) for name in self.step_writes(step)}
+        reads = [self.step_reads(step) for step in steps]
+        known: dict = {}  # extern index -> its Effects, asked only of the externs it decides
+
+        def facts(i):
+            if i not in known:
+                known[i] = self.extern_effects(steps[i])
+            return known[i]
+
+        def computes_from_nothing(i):
+            step = steps[i]
+            if not isinstance(step, ExternCall):
+                return not self.kernels[id(step)][1].uses_seed
+            args = step.args[1:] if step.prim.name == "call_torch" else (step.args, step.kwargs)
+            return all_plain(args) and facts(i) is not None and not facts(i).draws_random_numbers
+
+        def may_return_a_view(j):
+            return not steps[j].prim.fresh_contiguous and \
+                (facts(j) is None or any(a is not None for a in facts(j).aliases))
+        const = set(range(len(steps)))
+        while True:
+            smaller = {i for i in const if all(made_by.get(n) in const for n in reads[i]) and
+                       not any(n in keep for n in self.step_writes(steps[i])) and computes_from_nothing(i)}
+            for j, step in enumerate(steps):
+                if j not in smaller and isinstance(step, ExternCall) and \
+                        any(made_by.get(n) in smaller for n in reads[j]) and may_return_a_view(j):
+                    smaller -= {made_by.get(n) for n in reads[j]}
+            held = {n for j in range(len(steps)) if j not in smaller for n in reads[j] if made_by.get(n) in smaller}
+            size = {n: self.buffer(n).dtype.itemsize * math.prod(self.buffer(n).shape) for n in held}
+            if sum(size.values()) > CONSTANT_MAX_BYTES:  # the largest made each call instead
+                smaller.discard(made_by[max(size, key=size.get)])
+            if smaller == const:
+                return const
+            const = smaller
+
     def generate(self):
-        g = self.graph
+        g, steps = self.graph, self.sched.steps
         params = ["seed" if b is None else b.name for b in g.inputs]
         keep = {o.buf.name for o in g.outputs if isinstance(o, View)}
         if not self.boxed:  # the caller holds its arguments until the call returns
             keep |= {b.name for b in g.inputs if b is not None}
-        last_use, read_by_extern, read_by_aliasing_extern = {}, set(), set()
-        for i, step in enumerate(self.sched.steps):
-            for name in self.step_reads(step):
-                last_use[name] = i
-                if isinstance(step, ExternCall):
-                    read_by_extern.add(name)
-                    if not step.prim.fresh_contiguous:  # its result may be a view of `name`
-                        read_by_aliasing_extern.add(name)
-        written = {n for step in self.sched.steps if not isinstance(step, ExternCall)
-                   for n in self.kernels[id(step)][1].out_args}
+        read_by_extern = {n for step in steps if isinstance(step, ExternCall) for n in self.step_reads(step)}
+        written = {n for step in steps if not isinstance(step, ExternCall) for n in self.kernels[id(step)][1].out_args}
         returned: dict = {}
         for o in g.outputs:
             if isinstance(o, View):
@@ -205,9 +274,17 @@ class WrapperWriter:
                 (shape, stride, kind), = views
                 if kind in ("view", "permute"):  # the same memory, read by kernels by pointer
                     self.allocated_as[name] = (shape, stride)
-        pool: dict = {}  # (shape, stride, dtype) -> names of dead buffers
-        constants: set = set()  # buffers the program keeps (never handed on to another buffer)
+        const = self.constant_steps(keep)
+        rest = [i for i in range(len(steps)) if i not in const]
+        made = {n for i in const for n in self.step_writes(steps[i])}
+        held = list(dict.fromkeys(n for i in rest for n in self.step_reads(steps[i]) if n in made))
         out = self.lines
+        if held:
+            out.append("def make_constants():  # what depends on no input: made on the first call, then kept")
+            self.emit_steps(sorted(const), keep | set(held), read_by_extern)
+            out.append(f"    return ({', '.join(held)},)")
+            out.append("")
+        last_use = {n: i for i in rest for n in self.step_reads(steps[i])}
         if self.boxed:  # the list is the only reference the caller keeps: an input dies at its last use
             out.append("def call(args):")
             if params:
@@ -217,11 +294,29 @@ class WrapperWriter:
                 out.append(f"    del {', '.join(unread)}")
         else:
             out.append(f"def call({', '.join(params)}):")
-        if "empty_current" in allocators(self.device) and any(isinstance(s, FusedKernel) for s in self.sched.steps):
+        if held:
+            out.append("    if not constants:")
+            out.append("        constants.append(make_constants())")
+            out.append(f"    {', '.join(held)}, = constants[0]")
+        self.emit_steps(rest, keep, read_by_extern | set(held))
+        outs = [self.value(o) for o in g.outputs]
+        out.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+        return "\n".join(out) + "\n"
+
+    def emit_steps(self, indices, keep, never_reused):
+        """The lines of these steps in order, in a function's body: a buffer is deleted after its
+        last use among them, unless in `keep`, and a dead kernel output's memory is taken over by a
+        later buffer of the same size, stride and dtype, unless in `never_reused` (what an
+        extern read: its result may be a view of it; what the program keeps)."""
+        steps, out = self.sched.steps, self.lines
+        last_use = {n: i for i in indices for n in self.step_reads(steps[i])}
+        if "empty_current" in allocators(self.device) and any(isinstance(steps[i], FusedKernel) for i in indices):
             # torch's allocator without the dispatcher (what Inductor's wrappers call; ~2 us a buffer
             # less than torch.empty_strided), on the current device: the graph's, or else a slower one
             out.append(f"    empty = empty_current if current_device() == {self.device.index or 0} else empty_on")
-        for i, step in enumerate(self.sched.steps):
+        pool: dict = {}  # (shape, stride, dtype) -> names of dead buffers
+        for i in indices:
+            step = steps[i]
             if isinstance(step, ExternCall):
                 loc = [step.loc[:2]] if step.loc else []
                 out.append(f"    {step.name} = {self.extern_line(step)}{lines_comment(loc)}")
@@ -235,44 +330,30 @@ class WrapperWriter:
                     out.append(f"    del {step.name}")
             else:
                 kernel, writer = self.kernels[id(step)]
-                constant = self.is_constant(writer, keep | read_by_aliasing_extern)
-                indent = "    "
-                if constant:
-                    first = next(iter(writer.out_args))
-                    out.append(f"    if {first!r} not in constants:  # a constant: made on the first call, then kept")
-                    indent = "        "
-                    constants.update(writer.out_args)
                 for name in writer.out_args:
                     buf = writer.buffers[name]
                     shape, stride = self.allocated_as.get(name, (buf.shape, buf.stride))
                     key = (shape, stride, buf.dtype)
-                    if pool.get(key) and not constant:
+                    if pool.get(key):
                         old = pool[key].pop()
                         out.append(f"    {name} = {old}; del {old}  # reuse")
                     else:
-                        out.append(f"{indent}{name} = empty({shape}, {stride}, {buf.dtype})")
+                        out.append(f"    {name} = empty({shape}, {stride}, {buf.dtype})")
                 tensors, scalars, sizes = writer.launch_signature()
                 args = ", ".join(tensors + [str(a) for a in scalars])
                 kernel.call_sizes = tuple(sizes)
                 sizes = ", ".join(f"{k}={v}" for k, v in zip(("xnumel", "rnumel", "xchunk"), sizes))
                 if writer.xnumel == 0:
-                    out.append(f"{indent}# {kernel.name}: empty, nothing to compute")
+                    out.append(f"    # {kernel.name}: empty, nothing to compute")
                 else:  # the launch function bound at the first call, or the way to one (launcher.py)
-                    out.append(f"{indent}{kernel.name}.launch({args}) or {kernel.name}.run({args}, {sizes})"
+                    out.append(f"    {kernel.name}.launch({args}) or {kernel.name}.run({args}, {sizes})"
                                f"{lines_comment(writer.source_lines)}")
-                if constant:
-                    out.append("        " + "; ".join(f"constants[{n!r}] = {n}" for n in writer.out_args))
-                    out.append("    " + "; ".join(f"{n} = constants[{n!r}]" for n in writer.out_args))
             for name in [n for n, last in last_use.items() if last == i and n not in keep]:
                 buf = self.buffer(name)
-                # an extern's result may be a view of its input: such memory is never handed on
-                if isinstance(buf, ComputedBuffer) and name not in read_by_extern and name not in constants:
+                if isinstance(buf, ComputedBuffer) and name not in never_reused:
                     pool.setdefault((buf.shape, buf.stride, buf.dtype), []).append(name)
                 else:
                     out.append(f"    del {name}")
-        outs = [self.value(o) for o in g.outputs]
-        out.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
-        return "\n".join(out) + "\n"
 
     def buffer(self, name):
         for step in self.sched.steps:
@@ -301,6 +382,6 @@ def load_wrapper(source: str, kernels, consts: list, device):
     device = torch.device(device)
     namespace = {"torch": torch, "prims": types.SimpleNamespace(**PRIMITIVES), "reinterpret": reinterpret,
                  "ensure_layout": ensure_layout, "consts": consts, "operator": operator, "math": math,
-                 "constants": {}, "device": device, **allocators(device), **{k.name: k for k in kernels}}
+                 "constants": [], "device": device, **allocators(device), **{k.name: k for k in kernels}}
     exec(compile(source, "<fuselens wrapper>", "exec"), namespace)
     return namespace["call"]

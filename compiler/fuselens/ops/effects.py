@@ -30,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 _INPLACE_VIEW = torch.Tag.inplace_view
 _DYNAMIC_SHAPE = torch.Tag.dynamic_output_shape
+_SEEDED = torch.Tag.nondeterministic_seeded
 
 
 class OverlapError(RuntimeError):
@@ -56,6 +57,11 @@ class Effects:
     stand_ins: list = field(default_factory=list)
     result: object = None                        # what the call returned, on stand-ins
     tensor_vars: list = field(default_factory=list)  # capture's values for the stand-ins
+
+    @property
+    def draws_random_numbers(self) -> bool:
+        """An operator the call reached is tagged `nondeterministic_seeded` (bernoulli, randperm)."""
+        return any(_SEEDED in op.tags for op, _, _ in self.trace)
 
     @property
     def written(self) -> list[int]:

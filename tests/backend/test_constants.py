@@ -1,0 +1,133 @@
+"""Values that depend on no input of a graph (a causal mask from `arange`, a table made of ones):
+a program makes them on its first call and keeps them, kernels and extern calls alike, except
+what the caller gets, what draws random numbers, and what is too large to hold."""
+import collections
+
+import torch
+
+from fl_backend_testing import DEVICE, compile
+from fuselens.codegen import launcher, wrapper
+
+
+def randn(*shape):
+    return torch.randn(*shape, device=DEVICE)
+
+
+def count_externs(monkeypatch, *names):
+    """Calls of these torch functions from now on (by wrappers, where they look them up)."""
+    calls = collections.Counter()
+    for name in names:
+        real = getattr(torch, name)
+
+        def counting(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+        counting.__name__ = name
+        monkeypatch.setattr(torch, name, counting)
+    return calls
+
+
+def _project_by_constant(x):
+    return torch.tanh(x @ (torch.ones(16, 4, device=x.device) * 0.5))
+
+
+def test_constant_kernels_run_once_and_stay_correct(monkeypatch):
+    # the matrix made from ones is a constant: made on the first call, kept by the program (in
+    # training it would be saved for the backward, a forward output, so it is made each call)
+    inputs = [randn(8, 16)]
+    cg = compile(_project_by_constant, *inputs)
+    assert "def make_constants" in cg.wrapper_source
+    launches = collections.Counter()
+    real = launcher.TritonKernel.run
+
+    def counting(self, *args, **kwargs):
+        launches[self.name] += 1
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(launcher.TritonKernel, "run", counting)
+    for _ in range(3):
+        x = randn(*inputs[0].shape)
+        torch.testing.assert_close(cg(x)[0], _project_by_constant(x), atol=1e-5, rtol=1e-5)
+    constant_kernels = [k for k in launches if launches[k] == 1]
+    assert constant_kernels and all(launches[k] >= 3 for k in launches if k not in constant_kernels)
+
+
+def _packed_sequence_mask(q, k):
+    """What HF's masking_utils computes before attention when no mask is given: positions from
+    arange, packed-sequence starts (diff, cumsum), a mask read through advanced indexing."""
+    batch, length = q.shape[0], q.shape[2]
+    positions = torch.arange(length, device=q.device).expand(batch, length)
+    first = positions[:, :1] - 1
+    starts = torch.diff(positions, prepend=first, dim=-1) != 1
+    seq = torch.cumsum(starts, -1)
+    b = torch.arange(batch, device=q.device).view(batch, 1, 1, 1)
+    qi = torch.arange(length, device=q.device).view(1, 1, length, 1)
+    ki = torch.arange(length, device=q.device).view(1, 1, 1, length)
+    mask = (ki <= qi) & (seq[b, qi] == seq[b, ki])
+    return torch.nn.functional.scaled_dot_product_attention(q, k, k, attn_mask=mask)
+
+
+def test_extern_calls_on_constants_run_once(monkeypatch):
+    # diff, cumsum and the indexing are extern calls reading only constants: all of them, and the
+    # mask kernel after them, run on the first call only; attention runs every call
+    q, k = randn(2, 4, 16, 8), randn(2, 4, 16, 8)
+    cg = compile(_packed_sequence_mask, q, k)
+    made, call = cg.wrapper_source.split("def call(")
+    assert "torch.diff(" in made and "cumsum(" in made and "getitem(" in made
+    assert "diff" not in call and "getitem" not in call and "prims.sdpa(" in call
+    inputs = [(randn(2, 4, 16, 8), randn(2, 4, 16, 8)) for _ in range(3)]
+    wants = [_packed_sequence_mask(q, k) for q, k in inputs]
+    calls = count_externs(monkeypatch, "diff")
+    for (q, k), want in zip(inputs, wants):
+        torch.testing.assert_close(cg(q, k)[0], want, atol=1e-5, rtol=1e-5)
+    assert calls["diff"] == 1
+
+
+def _dropped_by_constant_probability(x):
+    keep = torch.bernoulli(torch.full((64,), 0.5, device=x.device))
+    return x * keep, torch.randperm(64, device=x.device)
+
+
+def test_random_extern_calls_on_constants_run_each_call():
+    # bernoulli reads only a constant, randperm reads nothing: both draw from torch's generator
+    # (ATen tags them nondeterministic_seeded), so each call draws new numbers, as eager does
+    x = randn(64)
+    cg = compile(_dropped_by_constant_probability, x)
+    assert "make_constants" not in cg.wrapper_source or "bernoulli" not in cg.wrapper_source.split("def call(")[0]
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        want = _dropped_by_constant_probability(x)
+        torch.manual_seed(seed)
+        got = cg(x)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+    torch.manual_seed(0)
+    first = cg(x)
+    assert any(not torch.equal(a, b) for a, b in zip(first, cg(x)))
+
+
+def test_a_constant_an_extern_may_return_a_view_of_is_made_each_call():
+    def f(x):
+        c = torch.ones(8, 8, device=x.device) * 2
+        return x + 1, torch.diagonal(c)  # a view of the constant reaches the caller
+    x = randn(8)
+    cg = compile(f, x)
+    cg(x)[1].mul_(100)
+    torch.testing.assert_close(cg(x)[1], torch.full((8,), 2.0, device=DEVICE))
+
+
+def test_a_constant_returned_to_the_caller_is_a_new_tensor_each_call():
+    def f(x):
+        return x + 1, torch.cumsum(torch.ones(8, device=x.device), 0)
+    x = randn(8)
+    cg = compile(f, x)
+    first = cg(x)[1]
+    first.zero_()
+    torch.testing.assert_close(cg(x)[1], torch.arange(1.0, 9.0, device=DEVICE))
+
+
+def test_constants_larger_than_the_limit_are_made_each_call(monkeypatch):
+    monkeypatch.setattr(wrapper, "CONSTANT_MAX_BYTES", 0)
+    q, k = randn(2, 4, 16, 8), randn(2, 4, 16, 8)
+    cg = compile(_packed_sequence_mask, q, k)
+    assert "make_constants" not in cg.wrapper_source
+    torch.testing.assert_close(cg(q, k)[0], _packed_sequence_mask(q, k), atol=1e-5, rtol=1e-5)
