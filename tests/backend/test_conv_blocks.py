@@ -7,6 +7,7 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import fuselens
 from fl_backend_testing import DEVICE, vary_batch_norm
@@ -193,6 +194,37 @@ def test_channels_last_training_saves_and_reduces_in_that_layout(monkeypatch):
     cl = torch.empty(2, 8, 24, 24).contiguous(memory_format=torch.channels_last).stride()
     assert cl in saved and [s for s in saved if s != cl] == [x.stride()], saved  # (x itself, as given)
     assert len(set(re.findall(r"\b(buf\d+)_partial\b", forward.wrapper_source))) == 4  # 2 statistics, 2 BatchNorms
+
+
+def test_the_gradient_through_relu_follows_its_condition_layout(monkeypatch):
+    """At the top of a channels-last network the average pool's gradient reaches ReLU's VJP
+    (`where(out <= 0, 0, g / 49)`) as a row-major broadcast: the result takes the layout of the
+    condition, as ATen's TensorIterator lays out `where` (its condition is its first operand).
+    So the gradient is stored channels-last and the BatchNorm's sums over it are column
+    partials, not a reduction over rows read at a stride of C."""
+    import inspect
+    monkeypatch.setenv("FUSELENS_CONV_LAYOUT", "channels_last")
+    torch.manual_seed(0)
+    conv, bn, fc = nn.Conv2d(8, 8, 1, bias=False).to(DEVICE), nn.BatchNorm2d(8).to(DEVICE), nn.Linear(8, 4).to(DEVICE)
+
+    def top(x):
+        y = torch.relu(bn(conv(x)) + x)
+        return fc(torch.flatten(F.adaptive_avg_pool2d(y, 1), 1))
+    x = torch.randn(32, 8, 7, 7, device=DEVICE).contiguous(memory_format=torch.channels_last).requires_grad_()
+    compiled = fuselens.compile(top)
+    compiled(x).sum().backward()
+    got = [x.grad] + [p.grad for p in (*conv.parameters(), *bn.parameters(), *fc.parameters())]
+    for t in [x, *conv.parameters(), *bn.parameters(), *fc.parameters()]:
+        t.grad = None
+    top(x).sum().backward()
+    want = [x.grad] + [p.grad for p in (*conv.parameters(), *bn.parameters(), *fc.parameters())]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
+    spec = next(iter(fuselens._compiled_of(compiled).entries[0].graph_calls[0].compiled._specializations.values()))
+    backward = inspect.getclosurevars(spec.run).nonlocals["state"].backward
+    source = next(iter(backward.programs.values())).wrapper_source
+    assert "empty((32, 8, 7, 7), (392, 49, 7, 1)" not in source  # no row-major [N, C, H, W] value
+    assert len(set(re.findall(r"\b(buf\d+)_partial\b", source))) == 2  # BatchNorm's two sums
 
 
 def test_an_output_saved_for_backward_is_stored_once(monkeypatch):

@@ -332,7 +332,9 @@ class Lowering:
             if p is prim.convert:
                 return ops().to_dtype(vals[0], kwargs["dtype"])
             return ops().pointwise(p, vals, dtype)
-        full = [a for a in operands if isinstance(a, TensorValue) and tuple(a.shape) == shape]
+        # laid out as ATen's TensorIterator does: after its first operand of the full shape (a
+        # `where`'s condition included)
+        full = [a for a in args if isinstance(a, TensorValue) and tuple(a.shape) == shape]
         v = self._lazy(shape, dtype, loc, fn, args, order=order_of(full[0]) if full else None, heavy=p.heavy)
         if not isinstance(v, Lazy):
             return v
