@@ -159,6 +159,15 @@ def test_partials_without_a_row_kernel_take_longer_chunks(monkeypatch, caplog):
     assert "partials of 32 rows" in bwd[0]  # joined the dx kernel: chunks as before
 
 
+def test_partials_of_few_columns_without_a_row_kernel_take_shorter_chunks(monkeypatch, caplog):
+    # 1024 rows of 8 columns (one column tile): 4 chunks of 256 rows where 32 programs are wanted
+    # would leave the GPU idle (a channels-last BatchNorm over 64 channels): 32 chunks of 32 rows
+    monkeypatch.setattr(fusion, "TILE_PROGRAMS", 32)
+    monkeypatch.setattr(fusion, "TARGET_PARTIALS", 4)
+    cg, scheds = schedules(caplog, lambda x: x.sum(0), randn(1024, 8), grad=False)
+    assert "partials of 32 rows" in scheds[0][0] and "reduction over [32, 8] reducing dims [0]" in scheds[0][1]
+
+
 @pytest.mark.skipif(DEVICE != "cuda" or not launcher.supports_pdl(torch.device(DEVICE)),
                     reason="programmatic dependent launch (Hopper and later)")
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])

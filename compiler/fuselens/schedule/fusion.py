@@ -425,15 +425,16 @@ def schedule(graph: LoweredGraph) -> Schedule:
     pairs = split_column_reductions(graph)
     scheduler = Scheduler(graph)
     sched = scheduler.run()
-    # partials that found no row kernel to join: longer chunks (the column tiles give the
-    # parallelism), then schedule again with the new partial shapes
+    # partials that found no row kernel to join: chunks sized with the column tiles (longer where
+    # there are many columns, shorter where few: 64 channels of a ResNet's first stage), then
+    # schedule again with the new partial shapes
     changed = False
     for k in sched.steps:
         if isinstance(k, FusedKernel) and k.chunk and not k.has_row_reductions:
             for n in k.nodes:
                 if n.kind == "partial":
                     rows = math.prod(n.in_shape[d] for d in n.red_dims)
-                    chunk = max(n.chunk, tile_chunk(rows, math.prod(n.in_shape) // max(rows, 1)))
+                    chunk = tile_chunk(rows, math.prod(n.in_shape) // max(rows, 1))
                     if chunk != n.chunk:
                         set_chunk(*pairs[n.name], chunk)
                         changed = True
