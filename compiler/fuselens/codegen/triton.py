@@ -161,7 +161,10 @@ class KernelWriter:
         self.op_names: set[str] = set()
         self.source_lines: set = set()
         self.varies: dict[str, frozenset] = {}  # temporary -> which block axes ("x", "r") it varies along
-        self.hoist_at = None  # where loads go in a persistent kernel (after the index setup)
+        # where loads of no computed value go (line, the scope depth they are hoisted from, the block
+        # axes they may vary along, indent, scope): after a persistent kernel's index setup, or before
+        # a chunked kernel's row loop (a column's per-channel values, loaded once, not once a block)
+        self.hoist = None
         self._reads: dict[str, list] = {}  # buffer name -> the buffers its body loads
 
     # --- emission helpers -------------------------------------------------------------------------
@@ -172,21 +175,25 @@ class KernelWriter:
         self.lines.append((self.indent, text + loc_comment(loc)))
 
     def cse(self, text, dtype, hoist=False):
-        """`hoist`: a load that reads nothing computed may go up to the kernel's first lines
-        (persistent kernels), where its latency overlaps the row reductions before its use."""
+        """`hoist`: a load that reads nothing computed may go up to `self.hoist`: a persistent
+        kernel's first lines, where its latency overlaps the row reductions before its use; out of
+        a chunked kernel's row loop where it does not vary along the rows."""
         for scope in reversed(self.scopes):
             if text in scope:
                 return CV(scope[text], dtype)
-        name = self.new_tmp(self.axes(text))
-        if hoist and self.hoist_at is not None and len(self.scopes) == 1 and "tmp" not in text:
+        axes = self.axes(text)
+        name = self.new_tmp(axes)
+        h = self.hoist
+        if hoist and h is not None and len(self.scopes) == h["depth"] and "tmp" not in text and axes <= h["axes"]:
             loc = self.loc
             if loc:
                 self.source_lines.add((loc[0], loc[1]))
-            self.lines.insert(self.hoist_at, (self.indent, f"{name} = {text}" + loc_comment(loc)))
-            self.hoist_at += 1
+            self.lines.insert(h["at"], (h["indent"], f"{name} = {text}" + loc_comment(loc)))
+            h["at"] += 1
+            h["scope"][text] = name
         else:
             self.emit(f"{name} = {text}")
-        self.scopes[-1][text] = name
+            self.scopes[-1][text] = name
         return CV(name, dtype)
 
     def new_tmp(self, axes):
@@ -510,6 +517,8 @@ class KernelWriter:
                 self.emit(f"{acc} = tl.full([{rows}, RBLOCK], {neutral(buf.reduce, dtype)}, {TL_DTYPES[dtype]})",
                           loc=buf.loc)
                 self.accs[buf.name] = acc
+        self.hoist = dict(at=len(self.lines), depth=len(self.scopes) + 1, axes={"r"}, indent=self.indent,
+                          scope=self.scopes[-1])
         self.emit("for xoffset in range(xpid * xchunk, xpid * xchunk + xchunk, XBLOCK):")
         self._chunk_loop = self.scope()
         self._chunk_loop.__enter__()
@@ -561,7 +570,8 @@ class KernelWriter:
             self.emit("rindex = tl.arange(0, RBLOCK)[None, :]")
             self.emit("rmask = rindex < rnumel")
             self.emit_index_vars(self.r_dims, "rindex", self.kernel.shape)
-            self.hoist_at = len(self.lines)
+            self.hoist = dict(at=len(self.lines), depth=1, axes={"x", "r"}, indent=self.indent,
+                              scope=self.scopes[-1])
 
     @contextlib.contextmanager
     def row_loop(self):
