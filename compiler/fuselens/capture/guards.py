@@ -220,8 +220,16 @@ def _is_literal(v) -> bool:
     return False
 
 
+_storage = torch.Tensor.untyped_storage
+
+
 def unshared(written, inputs) -> bool:
-    """Each tensor of `written` is the only one of `inputs` on its storage (empty ones aside)."""
+    """Each tensor of `written` is the only one of `inputs` on its storage (empty ones aside).
+    Checked on every call of a training step (a ResNet's ~480 inputs): first whether any two
+    inputs share a storage at all (one pass, at half the cost), and only then which ones."""
+    starts = [s.data_ptr() for s in map(_storage, [t for t in inputs if isinstance(t, torch.Tensor)])]
+    if len(set(starts)) == len(starts):
+        return True
     count: dict[int, int] = {}
     for t in inputs:
         if isinstance(t, torch.Tensor) and t.numel():
