@@ -191,10 +191,15 @@ class WrapperWriter:
             return names
         return list(self.kernels[id(step)][1].in_args)
 
-    def step_writes(self, step) -> list:
+    def step_buffers(self, step) -> list:
+        """The buffers a step writes."""
         if isinstance(step, ExternCall):
-            return [b.name for b in ([step.result] if step.result is not None else []) + list(step.items)]
-        return list(self.kernels[id(step)][1].out_args)
+            return ([step.result] if step.result is not None else []) + list(step.items)
+        writer = self.kernels[id(step)][1]
+        return [writer.buffers[name] for name in writer.out_args]
+
+    def step_writes(self, step) -> list:
+        return [b.name for b in self.step_buffers(step)]
 
     def extern_effects(self, step):
         """What an extern call does (ops/effects.py), from a run on meta tensors; None where it
@@ -222,8 +227,10 @@ class WrapperWriter:
         arguments reads: a value the caller gets is never one the program keeps. What the other
         steps read of them fits CONSTANT_MAX_BYTES."""
         steps = self.sched.steps
-        made_by = {name: i for i, step in enumerate(steps) for name in self.step_writes(step)}
+        writes = [self.step_writes(step) for step in steps]
+        made_by = {name: i for i, names in enumerate(writes) for name in names}
         reads = [self.step_reads(step) for step in steps]
+        buffers = {b.name: b for step in steps for b in self.step_buffers(step)}
         known: dict = {}  # extern index -> its Effects, asked only of the externs it decides
 
         def facts(i):
@@ -241,21 +248,24 @@ class WrapperWriter:
         def may_return_a_view(j):
             return not steps[j].prim.fresh_contiguous and \
                 (facts(j) is None or any(a is not None for a in facts(j).aliases))
-        const = set(range(len(steps)))
+        excluded: set = set()
         while True:
-            smaller = {i for i in const if all(made_by.get(n) in const for n in reads[i]) and
-                       not any(n in keep for n in self.step_writes(steps[i])) and computes_from_nothing(i)}
-            for j, step in enumerate(steps):
-                if j not in smaller and isinstance(step, ExternCall) and \
-                        any(made_by.get(n) in smaller for n in reads[j]) and may_return_a_view(j):
-                    smaller -= {made_by.get(n) for n in reads[j]}
-            held = {n for j in range(len(steps)) if j not in smaller for n in reads[j] if made_by.get(n) in smaller}
-            size = {n: self.buffer(n).dtype.itemsize * math.prod(self.buffer(n).shape) for n in held}
-            if sum(size.values()) > CONSTANT_MAX_BYTES:  # the largest made each call instead
-                smaller.discard(made_by[max(size, key=size.get)])
-            if smaller == const:
-                return const
-            const = smaller
+            const: set = set()
+            for i in range(len(steps)):  # in order: a step's inputs are decided before it
+                if i not in excluded and all(made_by.get(n) in const for n in reads[i]) and computes_from_nothing(i):
+                    const.add(i)
+            out = {i for i in const if any(n in keep for n in writes[i])}
+            for j in set(range(len(steps))) - const:
+                if any(made_by.get(n) in const for n in reads[j]) and isinstance(steps[j], ExternCall) and \
+                        may_return_a_view(j):
+                    out |= {made_by[n] for n in reads[j] if made_by.get(n) in const}
+            if not out:
+                held = {n for j in set(range(len(steps))) - const for n in reads[j] if made_by.get(n) in const}
+                size = {n: buffers[n].dtype.itemsize * math.prod(buffers[n].shape) for n in held}
+                if sum(size.values()) <= CONSTANT_MAX_BYTES:
+                    return const
+                out = {made_by[max(size, key=size.get)]}  # the largest made each call instead
+            excluded |= out
 
     def generate(self):
         g, steps = self.graph, self.sched.steps
