@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import linecache
+from dataclasses import dataclass
 import math
 import os
 import re
@@ -75,6 +76,18 @@ def neutral(reduce, dtype):
     if info is None:
         return "0" if reduce == "max" else "1"
     return str(info.min if reduce == "max" else info.max)
+
+
+@dataclass
+class Hoist:
+    """Where loads of no computed value go: after a persistent kernel's index setup, where their
+    latency overlaps the row reductions before their use, or before a chunked kernel's row loop
+    (a column's per-channel values, loaded once rather than once a block of rows)."""
+    at: int          # the line they are inserted at
+    depth: int       # the scope depth a load is hoisted from (the loop's body)
+    axes: set        # the block axes a hoisted load may vary along
+    indent: int
+    scope: dict      # the scope they are remembered in
 
 
 class CV:
@@ -161,10 +174,7 @@ class KernelWriter:
         self.op_names: set[str] = set()
         self.source_lines: set = set()
         self.varies: dict[str, frozenset] = {}  # temporary -> which block axes ("x", "r") it varies along
-        # where loads of no computed value go (line, the scope depth they are hoisted from, the block
-        # axes they may vary along, indent, scope): after a persistent kernel's index setup, or before
-        # a chunked kernel's row loop (a column's per-channel values, loaded once, not once a block)
-        self.hoist = None
+        self.hoist: Hoist | None = None
         self._reads: dict[str, list] = {}  # buffer name -> the buffers its body loads
 
     # --- emission helpers -------------------------------------------------------------------------
@@ -175,22 +185,20 @@ class KernelWriter:
         self.lines.append((self.indent, text + loc_comment(loc)))
 
     def cse(self, text, dtype, hoist=False):
-        """`hoist`: a load that reads nothing computed may go up to `self.hoist`: a persistent
-        kernel's first lines, where its latency overlaps the row reductions before its use; out of
-        a chunked kernel's row loop where it does not vary along the rows."""
+        """`hoist`: a load that reads nothing computed may go up to `self.hoist` (Hoist)."""
         for scope in reversed(self.scopes):
             if text in scope:
                 return CV(scope[text], dtype)
         axes = self.axes(text)
         name = self.new_tmp(axes)
         h = self.hoist
-        if hoist and h is not None and len(self.scopes) == h["depth"] and "tmp" not in text and axes <= h["axes"]:
+        if hoist and h is not None and len(self.scopes) == h.depth and "tmp" not in text and axes <= h.axes:
             loc = self.loc
             if loc:
                 self.source_lines.add((loc[0], loc[1]))
-            self.lines.insert(h["at"], (h["indent"], f"{name} = {text}" + loc_comment(loc)))
-            h["at"] += 1
-            h["scope"][text] = name
+            self.lines.insert(h.at, (h.indent, f"{name} = {text}" + loc_comment(loc)))
+            h.at += 1
+            h.scope[text] = name
         else:
             self.emit(f"{name} = {text}")
             self.scopes[-1][text] = name
@@ -517,8 +525,7 @@ class KernelWriter:
                 self.emit(f"{acc} = tl.full([{rows}, RBLOCK], {neutral(buf.reduce, dtype)}, {TL_DTYPES[dtype]})",
                           loc=buf.loc)
                 self.accs[buf.name] = acc
-        self.hoist = dict(at=len(self.lines), depth=len(self.scopes) + 1, axes={"r"}, indent=self.indent,
-                          scope=self.scopes[-1])
+        self.hoist = Hoist(len(self.lines), len(self.scopes) + 1, {"r"}, self.indent, self.scopes[-1])
         self.emit("for xoffset in range(xpid * xchunk, xpid * xchunk + xchunk, XBLOCK):")
         self._chunk_loop = self.scope()
         self._chunk_loop.__enter__()
@@ -570,8 +577,7 @@ class KernelWriter:
             self.emit("rindex = tl.arange(0, RBLOCK)[None, :]")
             self.emit("rmask = rindex < rnumel")
             self.emit_index_vars(self.r_dims, "rindex", self.kernel.shape)
-            self.hoist = dict(at=len(self.lines), depth=1, axes={"x", "r"}, indent=self.indent,
-                              scope=self.scopes[-1])
+            self.hoist = Hoist(len(self.lines), 1, {"x", "r"}, self.indent, self.scopes[-1])
 
     @contextlib.contextmanager
     def row_loop(self):

@@ -254,18 +254,18 @@ class WrapperWriter:
             for i in range(len(steps)):  # in order: a step's inputs are decided before it
                 if i not in excluded and all(made_by.get(n) in const for n in reads[i]) and computes_from_nothing(i):
                     const.add(i)
-            out = {i for i in const if any(n in keep for n in writes[i])}
+            leave_out = {i for i in const if any(n in keep for n in writes[i])}
             for j in set(range(len(steps))) - const:
                 if any(made_by.get(n) in const for n in reads[j]) and isinstance(steps[j], ExternCall) and \
                         may_return_a_view(j):
-                    out |= {made_by[n] for n in reads[j] if made_by.get(n) in const}
-            if not out:
+                    leave_out |= {made_by[n] for n in reads[j] if made_by.get(n) in const}
+            if not leave_out:
                 held = {n for j in set(range(len(steps))) - const for n in reads[j] if made_by.get(n) in const}
                 size = {n: buffers[n].dtype.itemsize * math.prod(buffers[n].shape) for n in held}
                 if sum(size.values()) <= CONSTANT_MAX_BYTES:
                     return const
-                out = {made_by[max(size, key=size.get)]}  # the largest made each call instead
-            excluded |= out
+                leave_out = {made_by[max(size, key=size.get)]}  # the largest made each call instead
+            excluded |= leave_out
 
     def generate(self):
         g, steps = self.graph, self.sched.steps
