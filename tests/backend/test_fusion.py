@@ -467,3 +467,37 @@ def test_stages_log_what_they_built(caplog):
     assert "buf0 = max of [4, 6] over dims [1]" in text  # lower
     assert "kernel (reduction over [4, 6] reducing dims [1]): buf0, buf1, buf2; stores buf2" in text  # schedule
     assert "def fl_red_fused_amax_div_exp_sub_sum_0(" in text  # codegen
+
+
+def test_a_value_computed_twice_is_computed_once():
+    # two equal sums (what the two BatchNorms of a downsample block's backward both take of one
+    # gradient): one accumulator in the kernel, not two
+    # (2048 rows: summed in partials, each partial its own accumulator)
+    def f(x):
+        return x.sum(0) * (x - 1).sum(0) + x.sum(0)
+    cg = check(f, randn(2048, 8), grad=False, atol=1e-4, rtol=1e-4)
+    assert len(set(re.findall(r"\bbuf\d+_partial\b", cg.wrapper_source))) == 2
+
+
+def test_equal_outputs_stay_two_tensors():
+    # merged, the caller would get one tensor twice: a write into one would show in the other
+    def f(x):
+        return x + 1, x + 1
+    x = randn(8)
+    cg, (a, b) = run(f, x)
+    assert a is not b
+    a.mul_(0)
+    torch.testing.assert_close(b, x + 1)
+
+
+def test_equal_numbers_of_other_types_are_not_merged():
+    # an int tensor times 1 stays int, times 1.0 becomes float; adding -0.0 keeps a -0.0, adding
+    # 0.0 does not
+    def f(i, x):
+        return i * 1, i * 1.0, x + 0.0, x + -0.0
+    i, x = torch.arange(4, device=DEVICE), torch.tensor([-0.0, 1.0], device=DEVICE)
+    cg, got = run(f, i, x)
+    for g, w in zip(got, f(i, x)):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w)
+        assert torch.equal(torch.signbit(g), torch.signbit(w)) if g.is_floating_point() else True

@@ -1,6 +1,6 @@
 """Primitive ops: one registry (primitives.py) with VJP rules (vjp.py) and torch-level decompositions."""
 from . import primitives, vjp  # noqa: F401  (vjp registers rules onto the primitives)
 from .primitives import PRIMITIVES, Primitive
-from .trace import to_primitive_graph, values_only
+from .trace import merge_common_subexpressions, to_primitive_graph, values_only
 
-__all__ = ["PRIMITIVES", "Primitive", "to_primitive_graph", "values_only"]
+__all__ = ["PRIMITIVES", "Primitive", "merge_common_subexpressions", "to_primitive_graph", "values_only"]

@@ -220,3 +220,44 @@ def values_only(graph: fx.Graph) -> fx.Graph:
             graph.erase_node(n)
     graph.eliminate_dead_code()
     return graph
+
+
+# primitives whose result is a function of their operands alone (extern calls may draw random
+# numbers or return views; with_value / with_vjp route gradients)
+_PURE_KINDS = ("pointwise", "reduction", "view", "source")
+
+
+def merge_common_subexpressions(graph: fx.Graph) -> fx.Graph:
+    """Nodes computing the same pure primitive of the same operands become one node: a VJP or a
+    decomposition that computes a value again (the two BatchNorms of a ResNet's downsample block
+    each summing the same gradient) computes it once. Two graph outputs stay two nodes: the caller
+    gets two tensors, as from eager."""
+    seen: dict = {}
+    returned = set(next(n for n in reversed(graph.nodes) if n.op == "output").all_input_nodes)
+    for n in list(graph.nodes):
+        if n.op != "call_function" or getattr(n.target, "kind", None) not in _PURE_KINDS or \
+                n.target in (prim.with_value, prim.with_vjp):
+            continue
+        key = (n.target, _operand_key(n.args), _operand_key(n.kwargs))
+        first = seen.setdefault(key, n)
+        if first is not n and not (n in returned and first in returned):
+            n.replace_all_uses_with(first)
+            graph.erase_node(n)
+            if n in returned:
+                returned.add(first)
+    return graph
+
+
+def _operand_key(v):
+    """A hashable stand-in for operands, equal only for equal operands: nodes by identity, numbers
+    by type and repr (1, 1.0 and True promote differently; 0.0 and -0.0 differ), other objects
+    by identity."""
+    if isinstance(v, fx.Node):
+        return v
+    if isinstance(v, (tuple, list)):
+        return type(v), tuple(_operand_key(x) for x in v)
+    if isinstance(v, dict):
+        return dict, tuple((k, _operand_key(x)) for k, x in v.items())
+    if v is None or isinstance(v, (bool, int, float, str, torch.dtype, torch.device)):
+        return type(v), repr(v)
+    return "object", id(v)

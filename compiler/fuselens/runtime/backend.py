@@ -26,7 +26,7 @@ from ..codegen.triton import generate_kernel
 from ..codegen.wrapper import generate_wrapper, load_wrapper
 from ..lower import lower_graph
 from ..lower.ir import View
-from ..ops import to_primitive_graph, values_only
+from ..ops import merge_common_subexpressions, to_primitive_graph, values_only
 from ..schedule.fusion import FusedKernel, schedule
 from . import program_cache, stats
 from .cudagraphs import TrainingGraphs
@@ -110,7 +110,7 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
     """`boxed`: see Program. `first_kernel_index` numbers this program's kernels after another's (a backward's after
     its forward's), so kernel names stay unique within a compiled graph. `free_outputs`: lower_graph's."""
     _log("ops", "primitive graph:\n%s", prim_graph)
-    lowered = lower_graph(prim_graph, device, input_vals, free_outputs)
+    lowered = lower_graph(merge_common_subexpressions(prim_graph), device, input_vals, free_outputs)
     _log("lower", "buffers:\n%s", lowered.describe)
     sched = schedule(lowered)
     _log("schedule", "kernels:\n%s", sched.describe)
