@@ -3,6 +3,7 @@ model's sources are read through constants and modules' dicts instead of walking
 and every change of the model's structure that the guards checked before is still seen."""
 from __future__ import annotations
 
+import ast
 from collections import OrderedDict
 
 import pytest
@@ -163,3 +164,61 @@ def test_a_comprehensions_own_variable_is_not_a_source():
     o.a, p.a = 1, -1
     assert _holds(exprs, "x, ys", {}, x=o, ys=[o]) is True
     assert _holds(exprs, "x, ys", {}, x=o, ys=[p]) is False
+
+
+def _capture_sources(net, *args):
+    from fuselens.capture.capture import capture
+    from fuselens.capture.source import function_source
+    return capture(function_source(type(net).forward), (net, *args), {})
+
+
+def test_templated_guards_read_as_the_same_guards_written_out():
+    # guards written over their sources (Sources.guard's templates) and the same guards written
+    # out (parsed: Reads._templatize) make the same facts and hold for the same models
+    from fuselens.capture.guards import Reads
+    results = {}
+    for change in [None, *CHANGES]:
+        torch.manual_seed(0)
+        net = Net().train()
+        cap = _capture_sources(net, X)
+        assert all(g.template is not None for g in cap.guards if ".shape" in g.expr)
+        sig = cap.guard_source.split("\n")[0][len("def __fl_guard("):-2]
+        written_out = [Guard(g.expr, g.reason) for g in cap.guards]
+        assert Reads(cap.guards, sig, cap.namespace).facts == Reads(written_out, sig, cap.namespace).facts
+        if change is not None:
+            CHANGES[change](net)
+        got = [_holds([g.expr for g in gs], sig, cap.namespace, self=net, x=X) if gs is written_out else
+               _holds_source(cap.guard_source, cap.namespace, self=net, x=X) for gs in (cap.guards, written_out)]
+        assert got[0] == got[1], change
+        results[change] = got[0]
+    assert results.pop(None) is True
+    # a tensor replaced by one of the same metadata is read anew by the graph call: no recompile
+    assert {c for c, held in results.items() if held} == {"parameter replaced", "buffer replaced"}
+
+
+def _holds_source(source, consts, **args):
+    ns = dict(consts, torch=torch)
+    exec(source, ns)
+    try:
+        return ns["__fl_guard"](**args)
+    except Exception:
+        return False
+
+
+def test_a_template_over_no_plain_source_is_parsed():
+    # a size expression (a dynamic dim used as a value) is no chain of attributes and items
+    from fuselens.capture.guards import SRC, Sources
+    s = Sources({"x": torch.randn(3, 4)})
+    s.guard(f"{SRC} == 12", "size", "(x.shape[0] * x.shape[1])")
+    s.guard(f"{SRC} is not None", "x given", "x")
+    ns = {"torch": torch}
+    exec(s.function_source("x"), ns)
+    assert ns["__fl_guard"](torch.randn(3, 4)) and ns["__fl_guard"](torch.randn(2, 6))
+    assert not ns["__fl_guard"](torch.randn(3, 5))
+
+
+@pytest.mark.parametrize("hint", ["_0_", "__1_", "_12_name"])
+def test_a_constants_name_is_never_a_templates_placeholder(hint):
+    from fuselens.capture.guards import Sources, _ARG
+    name = Sources({}).constant(object(), hint)
+    assert not _ARG.search(name), name

@@ -15,6 +15,7 @@ from __future__ import annotations
 import types
 
 from . import breaks as B
+from .guards import SRC, arg
 from .values import UNKNOWN, ForeignData, TensorVar, contains_tensor, leaves
 
 
@@ -26,8 +27,8 @@ class Concrete:
         self.sources = sources  # guards.Sources
 
     # -- what is read from outside: found again at its source, and guarded -----------------
-    def guard(self, expr: str, why: str) -> None:
-        self.sources.guard(expr, why)
+    def guard(self, expr: str, why: str, *over: str) -> None:
+        self.sources.guard(expr, why, *over)
 
     def guard_value(self, src: str, v) -> None:
         self.sources.guard_value(src, v)
@@ -51,7 +52,7 @@ class Concrete:
         if tv.source == src:
             self.sources.guard_tensor(src, t, ev.dynamic.get(src, ()))
         else:  # the same tensor reached by two names: guard the aliasing
-            self.sources.guard(f"{src} is {tv.source}", f"{src} is the same tensor as {tv.source}")
+            self.sources.guard(f"{SRC} is {arg(1)}", f"{src} is the same tensor as {tv.source}", src, tv.source)
         # read again after an in-place op on it (e.g. `self.buf.add_(1)`): the new value
         return ev.mutated_inputs.get(tv.source, tv)
 
@@ -76,7 +77,7 @@ class Abstract:
     runs_python = False  # the editor never runs the user's code, nor a library's on its values
 
     # -- nothing is guarded: the editor compiles nothing ------------------------------------
-    def guard(self, expr, why):
+    def guard(self, expr, why, *over):
         pass
 
     def guard_value(self, src, v):

@@ -4,7 +4,7 @@ break out frame by frame (collecting what resume.py needs)."""
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 from . import breaks as B
@@ -116,6 +116,9 @@ class Guard:
     over the guard function's parameters and constants."""
     expr: str
     reason: str  # what it checks, in words
+    # `expr` as written over the sources it reads (`over`, each `guards.arg(i)` in it), or None
+    template: str | None = field(default=None, repr=False, compare=False)
+    over: tuple = field(default=(), repr=False, compare=False)
 
 
 class Opaque(Exception):

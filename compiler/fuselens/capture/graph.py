@@ -63,6 +63,10 @@ class GraphBuilder:
         self.abstract = abstract
         self.inputs: list[tuple[str, object]] = []   # (source expression, runtime object)
         self._input_by_id: dict[int, TensorVar] = {}
+        self._by_storage: dict[int, list] = {}  # storage address -> the inputs on it: (source, tensor)
+        self._by_source: dict[str, object] = {}
+        self._names: set[str] = set()  # the placeholders' names
+        self._last_input = None  # placeholders are kept in order, before the first op
         self.n_ops = 0
         self.lines: set[tuple[str, int]] = set()
         self.constants: dict[str, object] = {}  # attributes of the graph module (`_as_node`)
@@ -74,12 +78,16 @@ class GraphBuilder:
         if tv is not None:
             return tv
         name = self._placeholder_name(source)
-        first = self._first_op()
-        if first is None:
+        first = self._first_op() if self._last_input is None else None
+        if self._last_input is not None:
+            with self.graph.inserting_after(self._last_input):
+                node = self.graph.placeholder(name)
+        elif first is None:
             node = self.graph.placeholder(name)
         else:
             with self.graph.inserting_before(first):
                 node = self.graph.placeholder(name)
+        self._last_input = node
         if obj is None or self.abstract:
             meta, device = None, None
         else:
@@ -91,7 +99,18 @@ class GraphBuilder:
         tv = TensorVar(node, meta, device, source=source)
         self.inputs.append((source, obj))
         self._input_by_id[key] = tv
+        if isinstance(obj, torch.Tensor) and obj.layout == torch.strided:  # (sparse ones have no storage)
+            self._by_source[source] = obj
+            self._by_storage.setdefault(obj.untyped_storage().data_ptr(), []).append((source, obj))
         return tv
+
+    def sharing(self, source: str) -> list[str]:
+        """The other inputs, not empty, on the storage of the input found at `source`."""
+        obj = self._by_source.get(source)  # (none in the abstract domain)
+        if obj is None:
+            return []
+        return [s for s, o in self._by_storage.get(obj.untyped_storage().data_ptr(), ())
+                if s != source and o.numel()]
 
     def abstract_input(self, source: str) -> TensorVar:
         node = self.graph.placeholder(self._placeholder_name(source))
@@ -107,10 +126,10 @@ class GraphBuilder:
         s = (s or "in")[:40]
         if not s.isidentifier():
             s = "in_" + s
-        taken = {n.target for n in self.graph.nodes if n.op == "placeholder"}
         name, k = s, 1
-        while name in taken:
+        while name in self._names:
             name, k = f"{s}_{k}", k + 1
+        self._names.add(name)
         return name
 
     def _first_op(self):

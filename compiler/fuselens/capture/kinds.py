@@ -29,6 +29,7 @@ from . import breaks as B
 from . import calls as C
 from .builtins import NOT_HANDLED, known_handler
 from .frames import AbstractSeq
+from .guards import SRC
 from .objects import _IMMUTABLE, _no_source, _runs_python, _stdlib
 from .side_effects import MUTABLE
 from .source import FunctionSource
@@ -241,7 +242,7 @@ class Module(Kind):
             src = ev.domain.source(ev, v)
             items = list(v)
             if src is not None:
-                ev.domain.guard(f"len({src}) == {len(items)}", f"len({src})")
+                ev.domain.guard(f"len({SRC}) == {len(items)}", f"len({src})", src)
                 for i, m in enumerate(items):
                     if ev.value_sources.get(m) is None:  # (a slice's modules have theirs)
                         ev.value_sources.set(m, f"{src}[{i}]")

@@ -20,6 +20,7 @@ import torch.nn as nn
 from . import breaks as B
 from . import calls as C
 from . import side_effects as S
+from .guards import SRC
 from .side_effects import MUTABLE
 from .source import NoSourceError, function_source
 from .values import (UNKNOWN, BoundUserMethod, ForeignData, LocalFunction, SymInt, TensorVar, Unknown,
@@ -38,12 +39,12 @@ class Objects:
         self.value_sources.set(mod, src)
         v = getattr(mod, attr)
         if attr == "training":
-            self.domain.guard(f"{src}.training is {v}", f"{src}.training (train/eval mode)")
+            self.domain.guard(f"{SRC}.training is {v}", f"{src}.training (train/eval mode)", src)
         elif isinstance(v, torch.Tensor):
             return self.input(v, f"{src}.{attr}")
         elif isinstance(v, (int, float, bool, str, type(None))):
             # hyper-parameters such as Dropout.p: constants, guarded by value
-            self.domain.guard(f"{src}.{attr} == {v!r}", f"{src}.{attr} (module attribute)")
+            self.domain.guard(f"{SRC} == {v!r}", f"{src}.{attr} (module attribute)", f"{src}.{attr}")
         elif isinstance(v, nn.Module):
             self.value_sources.set(v, f"{src}.{attr}")
             self.domain.guard_module(v, f"{src}.{attr}")

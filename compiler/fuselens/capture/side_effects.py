@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch.nn as nn
 
+from .guards import SRC, arg
 from .values import TensorVar, Unknown
 
 MUTABLE = (list, dict, set)
@@ -73,8 +74,8 @@ class SideEffects:
         if self.sources is None or src is None or id(v) in self._observed:
             return
         real = self.real(v)
-        self.sources.guard(f"type({src}) is {type(real).__name__} and len({src}) == {len(real)}",
-                           f"{src}: {type(real).__name__} of length {len(real)}")
+        self.sources.guard(f"type({SRC}) is {type(real).__name__} and len({SRC}) == {len(real)}",
+                           f"{src}: {type(real).__name__} of length {len(real)}", src)
 
     def observe_item(self, v, key) -> None:
         """The capture reads `v[key]`: while `v` is as on entry, only that item is guarded
@@ -88,7 +89,7 @@ class SideEffects:
         if not present or any(m.obj is v for m in self.log) or not _is_key(key):
             self.observe(v)
             return
-        self.sources.guard(f"type({src}) is {type(real).__name__}", f"{src} is a {type(real).__name__}")
+        self.sources.guard(f"type({SRC}) is {type(real).__name__}", f"{src} is a {type(real).__name__}", src)
         self.sources.guard_argument(f"{src}[{key!r}]", real[key], {})
 
     # -- models ------------------------------------------------------------------------------
@@ -100,7 +101,7 @@ class SideEffects:
             first = self.source(hit[1])
             if self.sources is not None and first is not None and src is not None and src != first:
                 # one object by two names: mutations through either reach both
-                self.sources.guard(f"{src} is {first}", f"{src} is the same object as {first}")
+                self.sources.guard(f"{SRC} is {arg(1)}", f"{src} is the same object as {first}", src, first)
             return hit[1]
         m = type(real)()
         self._models[id(real)] = (real, m)  # before the items: a container may hold itself
@@ -190,7 +191,7 @@ class SideEffects:
                  for other, src, _ in self._sources.values()
                  if other is not m and type(other) is type(m) and src is not None}
         for a, b in sorted(pairs):
-            self.sources.guard(f"{a} is not {b}", f"{a} is not the same object as {b}")
+            self.sources.guard(f"{SRC} is not {arg(1)}", f"{a} is not the same object as {b}", a, b)
 
     def replays(self) -> list[Mutation]:
         """The mutations of modelled containers: the transformed function makes them."""

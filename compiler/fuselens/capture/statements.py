@@ -95,12 +95,12 @@ class Statements:
         scope.vars = _join(results)
 
     def _mark(self, scope):
-        nodes = list(self.g.graph.nodes)
+        last = next(iter(reversed(self.g.graph.nodes)), None)
         chain, s = [], scope  # rebind() updates the callers' variables too
         while s is not None:
             chain.append((s, dict(s.vars)))
             s = s.parent if s.parent is not None else s.enclosing
-        return (nodes[-1] if nodes else None, chain, self.g.n_ops,
+        return (last, chain, self.g.n_ops,
                 dict(self.mutated_inputs), dict(self._newer), self.effects.mark())
 
     def _rollback(self, scope, mark):

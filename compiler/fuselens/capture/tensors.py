@@ -14,6 +14,7 @@ from ..ops import effects as E
 from . import autocast as AC
 from . import bounds
 from . import calls as C
+from .guards import SRC
 from .graph import MetaEvalError
 from .values import UNKNOWN, SymInt, SymShape, TensorVar, leaves
 from .frames import AbstractSeq
@@ -70,8 +71,8 @@ class Tensors:
             for s, obj in self.g.inputs:
                 for d in self.dynamic.get(s, ()):
                     if isinstance(obj, torch.Tensor) and d < obj.dim():
-                        self.sources.guard(f"{s}.shape[{d}] == {obj.shape[d]}",
-                                           f"{s}.shape[{d}] (an intermediate's size is read)")
+                        self.sources.guard(f"{SRC}.shape[{d}] == {obj.shape[d]}",
+                                           f"{s}.shape[{d}] (an intermediate's size is read)", s)
         if not dyn:
             return torch.Size(shape)
         out = []
@@ -382,14 +383,9 @@ class Tensors:
     def check_no_alias(self, inp: TensorVar, node, scope):
         """An input written in place must not share memory with another input: the graph
         reads each input once, so it would not see the write through the other name."""
-        t = self.sources.resolve(inp.source)
-        ptr = t.untyped_storage().data_ptr()
-        for src, other in self.g.inputs:
-            if src == inp.source or not isinstance(other, torch.Tensor) or other.numel() == 0:
-                continue
-            if other.untyped_storage().data_ptr() == ptr:
-                self.brk(B.INPLACE_VIEW, node, scope, whole_stmt=True,
-                         detail=f"`{inp.source}` shares memory with `{src}`")
+        for src in self.g.sharing(inp.source):
+            self.brk(B.INPLACE_VIEW, node, scope, whole_stmt=True,
+                     detail=f"`{inp.source}` shares memory with `{src}`")
         self.sources.written.append(inp.source)  # guarded with all inputs at once (guards.py)
 
     def _replace(self, old, new, scope):
