@@ -2,6 +2,7 @@
 meaningful the function is captured as one graph with no break."""
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
@@ -684,3 +685,48 @@ def test_copy_into_tensor_requiring_grad_keeps_requires_grad():
         h.copy_(y)
         return h
     check(f, X, Y)
+
+
+# a function's lines end where its code ends (capture/source.py); a block cut before trailing
+# statements that compile to nothing is read again whole where the cut one does not parse
+def ends_in_an_empty_else(x, flag=False):
+    y = x * 2
+    if flag:
+        y = y + 1
+    else:
+        pass
+    return y
+
+
+def ends_in_statements_of_no_code(x, flag=False):
+    x.mul_(2)
+    if flag:
+        x.add_(1)
+    else:
+        pass
+
+
+def ends_in_a_nested_function(x):
+    def inner(t):
+        return (t +
+                1)
+    return inner(x)
+
+
+@pytest.mark.parametrize("fn", [ends_in_an_empty_else, ends_in_statements_of_no_code, ends_in_a_nested_function])
+def test_functions_are_read_to_their_last_statement(fn):
+    from fuselens.capture.source import function_source
+    node = function_source(fn).node
+    lines, first = inspect.getsourcelines(fn)
+    assert (node.lineno, node.end_lineno) == (first, first + len(lines) - 1)
+    check(fn, X.clone())
+
+
+def test_a_block_cut_before_statements_of_no_code_is_read_again_whole():
+    # (Python 3.11-3.12 keep a position for `pass`; a cut like this one comes from code that
+    # compiles to nothing at all)
+    from fuselens.capture.source import _parse_source
+    fn = ends_in_statements_of_no_code
+    lines, first = inspect.getsourcelines(fn)
+    _, tree = _parse_source(fn.__code__, fn, lines[:-1], first)
+    assert tree.body[0].end_lineno == first + len(lines) - 1
