@@ -6,6 +6,7 @@ import re
 
 import torch
 import torch.fx as fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from ..ops import effects
 from . import meta_memo
@@ -272,7 +273,9 @@ class GraphBuilder:
         root = torch.nn.Module()
         for name, v in self.constants.items():
             setattr(root, name, v)
-        return fx.GraphModule(root, self.graph)
+        # its Python code made when first run or printed: the backend reads the graph (a model's
+        # forward: 20-50 ms of a capture on the dev CPU), and runs the code only to fall back
+        return _LazyGraphModule(root, self.graph)
 
 
 def _check_device_kernel(fn, margs, mkwargs, device):

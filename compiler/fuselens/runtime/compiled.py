@@ -255,9 +255,10 @@ class CompiledFunction:
             return out
         self.entries.append(entry)
         _log(entry)
-        _LOG_CAPTURE.debug("%s: entry %d\nguards:\n  %s\n%s%s", entry.function, len(self.entries),
-                           "\n  ".join(g.reason for g in entry.guards), entry.source,
-                           "".join(f"\n{g.name}:\n{g.gm.code.strip()}" for g in entry.graphs))
+        if _LOG_CAPTURE.isEnabledFor(logging.DEBUG):
+            _LOG_CAPTURE.debug("%s: entry %d\nguards:\n  %s\n%s%s", entry.function, len(self.entries),
+                               "\n  ".join(g.reason for g in entry.guards), entry.source,
+                               "".join(f"\n{g.name}:\n{g.gm.code.strip()}" for g in entry.graphs))
         if len(self.entries) > 1:
             _LOG_RUNTIME.debug("%s: recompiled (%d entries); dynamic dims: %s", entry.function,
                                len(self.entries), self.dynamic or "none")
