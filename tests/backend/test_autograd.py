@@ -266,6 +266,26 @@ def test_saved_tensor_hooks_that_change_a_saved_layout():
     torch.testing.assert_close(torch.autograd.grad(out, x, g)[0], want)
 
 
+def test_saved_values_layouts_are_read_once_without_hooks(monkeypatch):
+    # without saved-tensor hooks the saved values come back as the forward's program stored them:
+    # a backward call reads the layouts of its incoming gradients only (a ResNet-50's backward
+    # has ~300 saved values); hooks that change a layout are seen (the test above)
+    from fuselens.runtime import training
+    f = lambda x: torch.sin(x) * x  # noqa: E731
+    x = randn(32, 16).requires_grad_()
+    cg = compile(f, x)
+    read = []
+    real = training.layout_key
+    monkeypatch.setattr(training, "layout_key", lambda ts: read.append(len(ts)) or real(ts))
+    g = randn(32, 16)
+    want = torch.autograd.grad(f(x), x, g)[0]
+    torch.testing.assert_close(torch.autograd.grad(cg(x)[0], x, g)[0], want)
+    read.clear()
+    for _ in range(2):
+        torch.testing.assert_close(torch.autograd.grad(cg(x)[0], x, g)[0], want)
+    assert read == [1, 1]  # the gradient's layout, each call
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")
 def test_reduce_overhead_keeps_the_callers_inputs():
     import fuselens

@@ -46,8 +46,11 @@ class GraphCall:
         if self.n_wb and torch.is_grad_enabled():
             # an input written back must not be the tensor the graph saves for backward (the
             # write bumps its version and backward would refuse it): the graph gets a copy
-            inputs = tuple(t.clone() if k in self.wb_positions and t.requires_grad else t
-                           for k, t in enumerate(inputs))
+            copied = [k for k in self.wb_positions if inputs[k].requires_grad]
+            if copied:
+                inputs = list(inputs)
+                for k in copied:
+                    inputs[k] = inputs[k].clone()
         fn = self.compiled
         if fn is None:
             from .cudagraphs import CudaGraphed, graphable
@@ -55,7 +58,8 @@ class GraphCall:
             # a graph that draws random numbers takes a fresh seed per call as a kernel argument:
             # a replayed CUDA graph would freeze it, so such graphs launch normally
             if self.mode == "reduce-overhead" and graphable(inputs) and not getattr(fn, "uses_random", False):
-                self.compiled = CudaGraphed(fn, on_direct=lambda: setattr(self, "compiled", fn))
+                self.compiled = CudaGraphed(fn, on_direct=lambda: setattr(self, "compiled", fn),
+                                            fixed_layouts=not any(self.dynamic_dims))  # (the guards fix them)
         if torch.is_autocast_enabled():  # capture already inserted autocast's casts
             with torch.autocast("cuda", enabled=False), torch.autocast("cpu", enabled=False):
                 outs = fn(*inputs)

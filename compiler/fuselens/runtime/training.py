@@ -25,9 +25,11 @@ def layout_key(inputs):
 
 class _StridedPrograms:
     """A compiled backward program per layout of its inputs: compiled at its first call and again
-    only for new layouts. The incoming gradients come with whatever strides the caller gave them;
-    the saved values with the forward's, unless saved-tensor hooks (`save_on_cpu`, offloading)
-    hand back copies of another layout: both are looked at on every call. `graph()`: the
+    only for new layouts. The incoming gradients come with whatever strides the caller gave them:
+    looked at on every call; the saved values with the forward's (its program's, one layout: read
+    once), unless saved-tensor hooks (`save_on_cpu`, offloading) hand back copies of another
+    layout: then they are looked at on every call too (~0.5 us a tensor; a ResNet-50's backward
+    reads ~300). `graph()`: the
     backward graph (a program-cache hit has its programs only: partitioned again when a new
     layout comes). `ran_new()`: called after a layout's program first ran (the program cache
     stores it with the others)."""
@@ -37,15 +39,22 @@ class _StridedPrograms:
         self.graph, self.device, self.mode, self.dynamic, self.build = graph, device, mode, dynamic, build_program
         self.first_kernel_index, self.programs, self.ran_new = first_kernel_index, programs, ran_new
         self.variants: dict = {}  # frozenset of undefined tangents -> _StridedPrograms
+        self._saved_key = None  # layout_key of the saved values as the forward stores them
         # frozenset of undefined tangents -> {layout_key: Program}: stored with the rest (Compiled)
         self.variant_programs = {} if variant_programs is None else variant_programs
 
     def get(self, inputs):
         return self._get(inputs)[0]
 
-    def _get(self, inputs):
-        """(program, seconds it took to build or None where it was there)."""
-        key = layout_key(inputs)
+    def _get(self, inputs, stored=0):
+        """(program, seconds it took to build or None where it was there). `stored`: the first
+        `stored` inputs are values the forward saved, unpacked as it stored them (no hooks)."""
+        if stored and not self.dynamic:
+            if self._saved_key is None:
+                self._saved_key = layout_key(inputs[:stored])
+            key = self._saved_key + layout_key(inputs[stored:])
+        else:
+            key = layout_key(inputs)
         program = self.programs.get(key)
         if program is not None:
             return program, None
@@ -59,11 +68,12 @@ class _StridedPrograms:
     def __call__(self, *inputs):
         return self.run(list(inputs))
 
-    def run(self, args: list, replay=None):
+    def run(self, args: list, replay=None, stored=0):
         """The backward on `args`, which it empties: each saved value is freed after its last use
         (where the caller holds no other reference), as eager autograd frees them. `replay(program,
-        args)`: what runs the layout's program instead of a launch (a CUDA graph's replay)."""
-        program, seconds = self._get(args)
+        args)`: what runs the layout's program instead of a launch (a CUDA graph's replay), whose
+        inputs are of the layout it was made for. `stored`: see _get."""
+        program, seconds = self._get(args, stored)
         program.compile_ahead()  # a layout first seen here: its kernels together (no-op later)
         out = program.call_boxed(args) if replay is None else replay(program, args)
         if seconds is not None:
@@ -134,6 +144,8 @@ class CompiledFunction(torch.autograd.Function):
         else:
             outs, ctx.run = state.graphs.forward(*inputs)
         ctx.state = state
+        # saved-tensor hooks may hand the saved values back in another layout (backward looks)
+        ctx.hooked = _saved_tensor_hooks is None or _saved_tensor_hooks(False) is not None
         n = state.num_fw_outputs
         ctx.num_saved = len(outs) - n
         ctx.save_for_backward(*outs[n:], *[inputs[i] for i in state.checked_inputs],
@@ -175,7 +187,9 @@ class CompiledFunction(torch.autograd.Function):
                      for k, (g, shape) in enumerate(zip(given, ctx.tangent_shapes))]
         args += given
         del given
-        grads = programs.run(args) if graphs is None else graphs.backward(ctx.run, programs, args)
+        stored = 0 if ctx.hooked else ctx.num_saved
+        grads = programs.run(args, stored=stored) if graphs is None else \
+            graphs.backward(ctx.run, programs, args, stored)
         result = [None] * state.num_slots
         for slot, k in state.gradient_slots(defined):
             result[slot] = grads[k]
@@ -189,6 +203,8 @@ _backward_once = once_differentiable(CompiledFunction.backward)
 # unwraps tensors left over from a finished one); with neither, the C++ apply itself saves its
 # overhead on every training call
 _apply = super(torch.autograd.Function, CompiledFunction).apply
+# the innermost saved-tensor hooks (None: none), where this torch tells
+_saved_tensor_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
 _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
