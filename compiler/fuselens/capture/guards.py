@@ -444,9 +444,9 @@ class Reads:
                     self.own.add(template)
 
     def _form(self, g):
-        over = getattr(g, "over", ())
-        if getattr(g, "template", None) is not None and all(_chain_root(self._node(s), self.roots) for s in over):
-            return g.template, tuple(over)
+        """(template, sources) of a guard: as written where its sources are plain sources."""
+        if g.template is not None and all(_chain_root(self._node(s), self.roots) for s in g.over):
+            return g.template, tuple(g.over)
         return self._templatize(g.expr)
 
     def _templatize(self, expr):
