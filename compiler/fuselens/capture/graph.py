@@ -1,6 +1,7 @@
 """Building one FX graph: graph inputs, op nodes with meta tensors for shapes, outputs."""
 from __future__ import annotations
 
+import contextlib
 import operator
 import re
 
@@ -79,16 +80,13 @@ class GraphBuilder:
         if tv is not None:
             return tv
         name = self._placeholder_name(source)
-        first = self._first_op() if self._last_input is None else None
         if self._last_input is not None:
-            with self.graph.inserting_after(self._last_input):
-                node = self.graph.placeholder(name)
-        elif first is None:
-            node = self.graph.placeholder(name)
+            where = self.graph.inserting_after(self._last_input)
         else:
-            with self.graph.inserting_before(first):
-                node = self.graph.placeholder(name)
-        self._last_input = node
+            first = self._first_op()
+            where = self.graph.inserting_before(first) if first is not None else contextlib.nullcontext()
+        with where:
+            node = self._last_input = self.graph.placeholder(name)
         if obj is None or self.abstract:
             meta, device = None, None
         else:
