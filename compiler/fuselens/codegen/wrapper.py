@@ -14,6 +14,7 @@ functions themselves and whole-buffer permutations as `.permute` (cheaper than `
 """
 from __future__ import annotations
 
+import marshal
 import math
 import operator
 import os
@@ -379,19 +380,22 @@ class WrapperWriter:
 
 
 def generate_wrapper(graph: LoweredGraph, sched: Schedule, kernels: dict, device, boxed=False):
-    """Source of `call(*inputs)`, the function itself, and the objects its source names as `consts[i]`.
-    `boxed`: `call(args)` takes its inputs as a list, which it empties, and frees each input after
-    its last use (a backward's saved values: eager autograd frees them as its backward goes)."""
+    """Source of `call(*inputs)`, its code (marshalled), the function itself, and the objects its
+    source names as `consts[i]`. `boxed`: `call(args)` takes its inputs as a list, which it empties,
+    and frees each input after its last use (a backward's saved values: eager autograd frees them
+    as its backward goes)."""
     writer = WrapperWriter(graph, sched, kernels, device, boxed)
     source = writer.generate()
-    return source, load_wrapper(source, [k for k, _ in kernels.values()], writer.consts, device), writer.consts
+    code = marshal.dumps(compile(source, "<fuselens wrapper>", "exec"))
+    return source, code, load_wrapper(code, [k for k, _ in kernels.values()], writer.consts, device), writer.consts
 
 
-def load_wrapper(source: str, kernels, consts: list, device):
-    """The function `call` of a wrapper's source, with the kernels (TritonKernels) it launches by name."""
+def load_wrapper(code: bytes, kernels, consts: list, device):
+    """The function `call` of a wrapper's code (marshalled: a program loaded from the program cache is
+    not compiled again: a ResNet-50 training wrapper 26-33 -> 0.3 ms on the dev CPU), with the kernels (TritonKernels) it launches by name."""
     device = torch.device(device)
     namespace = {"torch": torch, "prims": types.SimpleNamespace(**PRIMITIVES), "reinterpret": reinterpret,
                  "ensure_layout": ensure_layout, "consts": consts, "operator": operator, "math": math,
                  "constants": [], "device": device, **allocators(device), **{k.name: k for k in kernels}}
-    exec(compile(source, "<fuselens wrapper>", "exec"), namespace)
+    exec(marshal.loads(code), namespace)
     return namespace["call"]

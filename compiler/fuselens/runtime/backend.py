@@ -131,10 +131,10 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
         kernel_jobs = _compile_jobs([kernel], launches[-1:], device)
         launcher.start_compiles(kernel_jobs)
         jobs += kernel_jobs
-    source, call, consts = generate_wrapper(lowered, sched, kernels, device, boxed)
+    source, code, call, consts = generate_wrapper(lowered, sched, kernels, device, boxed)
     _log("codegen", "%s", lambda: "\n\n".join([info.source for info in infos] + [source]))
     kernel_objects = [k for k, _ in kernels.values()]
-    made_from = dict(source=source, device=str(device), has_seed=lowered.has_seed, infos=infos, consts=consts,
+    made_from = dict(source=source, code=code, device=str(device), has_seed=lowered.has_seed, infos=infos, consts=consts,
                      kernels=[(k.name, k.source, k.mode, k.max_autotune, k.itemsize, k.pdl) for k in kernel_objects],
                      launches=launches, boxed=boxed, output_layouts=[_layout(o) for o in lowered.outputs])
     return Program(call, infos, source, lowered.has_seed, jobs, made_from, boxed)
@@ -152,7 +152,7 @@ def load_program(made_from: dict) -> Program:
     for kernel, (_, _, sizes) in zip(kernels, made_from["launches"]):
         kernel.call_sizes = tuple(sizes)  # as the wrapper's generation set them: its launches take the fast path
     device = made_from["device"]
-    call = load_wrapper(made_from["source"], kernels, made_from["consts"], device)
+    call = load_wrapper(made_from["code"], kernels, made_from["consts"], device)
     return Program(call, made_from["infos"], made_from["source"], made_from["has_seed"],
                    _compile_jobs(kernels, made_from["launches"], device), made_from, made_from["boxed"])
 
