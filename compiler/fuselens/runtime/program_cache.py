@@ -7,7 +7,8 @@ metadata: shapes, strides, dtypes, requires_grad, source locations), the inputs'
 devices and requires_grad, the dynamic dims, the grad mode, autocast and default dtype, the
 mode, and the compiler itself (fuselens's source, torch's, triton's and Python's versions, the
 GPU's compute capability, the environment variables codegen reads). A hit makes the programs
-again from their sources (wrapper and kernels: runtime/backend.py `load_program`); Triton's
+again from their sources (the wrapper's code marshalled, the kernels' source: runtime/backend.py
+`load_program`); Triton's
 compile of the kernels is cached apart, by codegen/launcher.py and cuda.py.
 
 The entries live beside the kernel cache: `$FUSELENS_CACHE_DIR/programs` (default
