@@ -346,3 +346,21 @@ def test_metadata_writes_of_locals_are_captured(fn):
     """`y.t_()` on a local: its new value is a view of the value it replaced; resuming after it
     makes it from that value, not from y's latest (which is itself: capture looped and fell back)."""
     check(fn, torch.randn(3, 4), graphs=1, breaks=[])
+
+
+def test_writes_of_every_kind_in_one_graph_on_every_call():
+    # the write-back of a graph decides at its first call which inputs it copies by one
+    # `_foreach_copy_` per dtype (buffers), which one by one (a leaf written under no_grad, as an
+    # optimizer does; two views of one storage): every later call writes each the same way
+    def step(x, stats, counts, w, buf):
+        h = x @ w
+        stats.mul_(0.9).add_(h.mean(0), alpha=0.1)
+        counts.add_(1)
+        with torch.no_grad():
+            w.sub_(0.01 * h.sum())
+        buf[0].add_(1)
+        buf[1].mul_(2)
+        return h.relu()
+    x = torch.randn(4, 8)
+    check(step, x, torch.zeros(8), torch.zeros((), dtype=torch.long), torch.randn(8, 8).requires_grad_(),
+          torch.ones(2, 3), calls=3)

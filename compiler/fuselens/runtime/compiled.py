@@ -39,7 +39,7 @@ class GraphCall:
         self.n_wb = len(info.writeback)
         self.wb_targets = [info.inputs.index(s) for s in info.writeback]
         self.wb_positions = set(self.wb_targets)
-        self.wb_distinct = None  # whether the written inputs share no storage (first call)
+        self.wb_plan = None  # (groups of targets copied by one _foreach_copy_, the others): first call
 
     def __call__(self, *inputs):
         targets = inputs
@@ -76,23 +76,29 @@ class GraphCall:
         launches and ~0.9 ms of an H100 host's time; by dtype, 3 launches and 60 us), the rest one
         by one, recorded as eager's in-place op records them (the input joins the graph).
         Capture's guards keep the inputs' aliasing as it was; targets that overlap are copied in
-        order, one by one."""
+        order, one by one. Which are which is decided at the first call: the guards fix each
+        target's dtype, device and requires_grad, and the grad mode, so the values' requires_grad."""
         targets = [targets[k] for k in self.wb_targets]
-        if self.wb_distinct is None:
-            self.wb_distinct = len({(t.untyped_storage().data_ptr(), t.device) for t in targets}) == len(targets)
-        plain: dict = {}  # (dtype, device) -> (targets, values)
-        for target, value in zip(targets, new):
+        if self.wb_plan is None:
+            distinct = len({(t.untyped_storage().data_ptr(), t.device) for t in targets}) == len(targets)
+            groups: dict = {}  # (dtype, device) -> target indices
+            one_by_one = []
+            for i, (target, value) in enumerate(zip(targets, new)):
+                if distinct and not (target.requires_grad or value.requires_grad):
+                    groups.setdefault((target.dtype, target.device), []).append(i)
+                else:
+                    one_by_one.append(i)
+            self.wb_plan = list(groups.values()), one_by_one
+        groups, one_by_one = self.wb_plan
+        for i in one_by_one:
+            target, value = targets[i], new[i]
             if target.is_leaf and target.requires_grad:  # mutated under no_grad (an optimizer
                 with torch.no_grad():                     # step): capture rejects the rest
                     target.copy_(value)
-            elif self.wb_distinct and not (target.requires_grad or value.requires_grad):
-                group = plain.setdefault((target.dtype, target.device), ([], []))
-                group[0].append(target)
-                group[1].append(value)
             else:
                 target.copy_(value)
-        for group_targets, values in plain.values():
-            torch._foreach_copy_(group_targets, values)
+        for group in groups:
+            torch._foreach_copy_([targets[i] for i in group], [new[i] for i in group])
 
     def _compile(self, inputs):
         from . import backend
