@@ -730,3 +730,34 @@ def test_a_block_cut_before_statements_of_no_code_is_read_again_whole():
     lines, first = inspect.getsourcelines(fn)
     _, tree = _parse_source(fn.__code__, fn, lines[:-1], first)
     assert tree.body[0].end_lineno == first + len(lines) - 1
+
+
+def empty_generator():
+    return
+    yield  # unreachable: no code, but it makes the function a generator
+
+
+def dead_code_after_return(x):
+    return x * 2
+    x = x + 1  # unreachable
+
+
+def calls_an_empty_generator(x):
+    g = empty_generator()
+    if g is None:
+        return x * 5
+    for v in g:
+        x = x + v
+    return x * 3
+
+
+@pytest.mark.parametrize("fn", [empty_generator, dead_code_after_return])
+def test_statements_after_the_last_instruction_are_read(fn):
+    from fuselens.capture.source import function_source
+    node = function_source(fn).node
+    lines, first = inspect.getsourcelines(fn)
+    assert node.end_lineno == first + len(lines) - 1
+
+
+def test_a_function_made_a_generator_by_an_unreachable_yield():
+    check(calls_an_empty_generator, X.clone())

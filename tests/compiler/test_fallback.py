@@ -381,3 +381,22 @@ def test_eagers_exception_type(fn, real_backend, monkeypatch):
     with pytest.raises(Exception) as compiled:
         cf(x)
     assert compiled.type is eager.type and str(compiled.value) == str(eager.value)
+
+
+def test_an_input_without_storage_is_captured():
+    # a wrapper subclass (TwoTensor here; DTensor alike) has no storage of its own: capture does
+    # not ask which storage it shares unless something writes into an input
+    from torch.testing._internal.two_tensor import TwoTensor
+    a = TwoTensor(torch.randn(3), torch.randn(3))
+
+    def f(x):
+        return x * 2 + 1
+    cf = fuselens.compile(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FuselensWarning)  # (its graph runs eagerly: the backend's call)
+        got = cf(a)
+    want = f(a)
+    assert type(got) is TwoTensor
+    torch.testing.assert_close(got.a, want.a)
+    torch.testing.assert_close(got.b, want.b)
+    assert len(fuselens.inspect(cf)[0].graphs) == 1

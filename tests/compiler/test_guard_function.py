@@ -222,3 +222,40 @@ def test_a_constants_name_is_never_a_templates_placeholder(hint):
     from fuselens.capture.guards import Sources, _ARG
     name = Sources({}).constant(object(), hint)
     assert not _ARG.search(name), name
+
+
+def _by_mode(x, mode):
+    return x + 1 if mode == "__fl__0_" else x - 1
+
+
+def _by_bytes(x, mode):
+    return x + 1 if mode == b"__fl__1_ __fl__0_" else x - 1
+
+
+def _by_key(x, table):
+    return x + table["__fl__0_"] if "__fl__0_" in table else x - 1
+
+
+@pytest.mark.parametrize("f, args", [
+    (_by_mode, ["__fl__0_", "mode", "__fl__0_", "other"]),
+    (_by_bytes, [b"__fl__1_ __fl__0_", b"mode", b"__fl__1_ __fl__0_"]),
+    (_by_key, [{"__fl__0_": 2.0}, {"table": 2.0}, {"__fl__0_": 2.0}, {"other": 1.0}])])
+def test_a_placeholders_text_in_a_value_is_the_value(f, args):
+    # a guard's template writes its sources as `__fl__<i>_`: the same text in a guarded string
+    # (a mode, a dict's key) is compared as the string, not read as a source
+    cf = fuselens.compile(f)
+    x = torch.zeros(2)
+    for a in args:
+        torch.testing.assert_close(cf(x, a), f(x, a))
+
+
+def test_a_template_with_a_placeholders_text_in_a_literal_is_filled_by_its_syntax():
+    # (a guard written without `literal`: Sources.guard fills it by its tree, and the guard
+    # function takes it as it is)
+    from fuselens.capture.guards import SRC, Sources
+    s = Sources({"m": "__fl__0_"})
+    s.guard(f"{SRC} == '{SRC}'", "m", "m")
+    assert s.guards[0].expr == "m == '__fl__0_'" and s.guards[0].template is None
+    ns = {"torch": torch}
+    exec(s.function_source("m"), ns)
+    assert ns["__fl_guard"]("__fl__0_") and not ns["__fl_guard"]("m")

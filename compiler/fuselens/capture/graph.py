@@ -67,6 +67,7 @@ class GraphBuilder:
         self._input_by_id: dict[int, TensorVar] = {}
         self._by_storage: dict[int, list] = {}  # storage address -> the inputs on it: (source, tensor)
         self._by_source: dict[str, object] = {}
+        self._storageless: list = []  # tensor inputs with no storage
         self._names: set[str] = set()  # the placeholders' names
         self._last_input = None  # placeholders are kept in order, before the first op
         self.n_ops = 0
@@ -79,14 +80,7 @@ class GraphBuilder:
         tv = self._input_by_id.get(key)
         if tv is not None:
             return tv
-        name = self._placeholder_name(source)
-        if self._last_input is not None:
-            where = self.graph.inserting_after(self._last_input)
-        else:
-            first = self._first_op()
-            where = self.graph.inserting_before(first) if first is not None else contextlib.nullcontext()
-        with where:
-            node = self._last_input = self.graph.placeholder(name)
+        node = self._placeholder(source)
         if obj is None or self.abstract:
             meta, device = None, None
         else:
@@ -98,21 +92,40 @@ class GraphBuilder:
         tv = TensorVar(node, meta, device, source=source)
         self.inputs.append((source, obj))
         self._input_by_id[key] = tv
-        if isinstance(obj, torch.Tensor) and obj.layout == torch.strided:  # (sparse ones have no storage)
+        if isinstance(obj, torch.Tensor):
             self._by_source[source] = obj
-            self._by_storage.setdefault(obj.untyped_storage().data_ptr(), []).append((source, obj))
+            storage = _storage_address(obj)
+            if storage is not None:
+                self._by_storage.setdefault(storage, []).append((source, obj))
+            else:
+                self._storageless.append(obj)
         return tv
 
     def sharing(self, source: str) -> list[str]:
-        """The other inputs, not empty, on the storage of the input found at `source`."""
+        """The other inputs, not empty, on the storage of the input found at `source`. Where an
+        input has no storage (sparse, a wrapper subclass such as DTensor), what its
+        `untyped_storage` raises: which memory it shares is not known."""
         obj = self._by_source.get(source)  # (none in the abstract domain)
         if obj is None:
             return []
+        for t in [obj, *self._storageless]:
+            t.untyped_storage()
         return [s for s, o in self._by_storage.get(obj.untyped_storage().data_ptr(), ())
                 if s != source and o.numel()]
 
+    def _placeholder(self, source: str):
+        """A new placeholder, after the last one (placeholders come before the first op)."""
+        if self._last_input is not None:
+            where = self.graph.inserting_after(self._last_input)
+        else:
+            first = self._first_op()
+            where = self.graph.inserting_before(first) if first is not None else contextlib.nullcontext()
+        with where:
+            self._last_input = self.graph.placeholder(self._placeholder_name(source))
+        return self._last_input
+
     def abstract_input(self, source: str) -> TensorVar:
-        node = self.graph.placeholder(self._placeholder_name(source))
+        node = self._placeholder(source)
         node.meta["val"] = None
         self.inputs.append((source, None))
         return TensorVar(node, None, None, source=source)
@@ -274,6 +287,13 @@ class GraphBuilder:
         # its Python code made when first run or printed: the backend reads the graph (a model's
         # forward: 20-50 ms of a capture on the dev CPU), and runs the code only to fall back
         return _LazyGraphModule(root, self.graph)
+
+
+def _storage_address(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # sparse tensors, wrapper subclasses (DTensor)
+        return None
 
 
 def _check_device_kernel(fn, margs, mkwargs, device):

@@ -98,6 +98,9 @@ class Sources:
         written over these sources as `arg(i)` (SRC for the first), so that the guard function
         is built without parsing it."""
         text = fill(expr, over) if over else expr
+        if over and len(_ARG.findall(expr)) != sum(_template(expr)[1].values()):
+            # a placeholder's text inside a literal (written without `literal`): not a template
+            text, expr, over = _fill_tree(expr, over), None, ()
         if text not in self._seen:
             self._seen.add(text)
             self.guards.append(Guard(text, reason, expr if over else None, over))
@@ -108,11 +111,11 @@ class Sources:
         elif isinstance(v, float) and v != v:
             self.guard(f"{SRC} != {SRC}", f"{src} is nan", src)
         elif _is_literal(v):
-            self.guard(f"type({SRC}) is {type(v).__name__} and {SRC} == {v!r}", f"{src} == {v!r}", src)
+            self.guard(f"type({SRC}) is {type(v).__name__} and {SRC} == {literal(v)}", f"{src} == {v!r}", src)
         elif _bound_builtin(v):
             # `buf.write`: a new object at each lookup, of the same receiver and name
             self.guard(f"{SRC}.__self__ is {self.constant(v.__self__, type(v.__self__).__name__)}"
-                       f" and {SRC}.__name__ == {v.__name__!r}", f"{src} is the same method", src)
+                       f" and {SRC}.__name__ == {literal(v.__name__)}", f"{src} is the same method", src)
         elif isinstance(v, _STATIC_KINDS) or isinstance(v, (torch.dtype, torch.device, torch.Size)):
             # code and classes: inlined or called as they are, so the very object matters
             self.guard(f"{SRC} is {self.constant(v, getattr(v, '__name__', type(v).__name__))}"
@@ -174,12 +177,13 @@ class Sources:
                 self.guard_argument(f"{src}[{i}]", x, dynamic)
         elif isinstance(v, dict):
             keys = [self.key(k) for k in v]  # a key that is no literal (a class) by its constant
-            self.guard(f"type({SRC}) is {self.type_name(v)} and tuple({SRC}.keys()) == ({''.join(k + ', ' for k in keys)})",
+            written = "".join(_escaped(k) + ", " for k in keys)
+            self.guard(f"type({SRC}) is {self.type_name(v)} and tuple({SRC}.keys()) == ({written})",
                        f"{src}: dict with keys {tuple(v.keys())!r}", src)
             for k, x in zip(keys, v.values()):
                 self.guard_argument(f"{src}[{k}]", x, dynamic)
         elif type(v) is set and all(_is_literal(x) for x in v):
-            self.guard(f"type({SRC}) is set and {SRC} == {v!r}" if v else
+            self.guard(f"type({SRC}) is set and {SRC} == {literal(v)}" if v else
                        f"type({SRC}) is set and not {SRC}", f"{src} == {v!r}", src)
         elif isinstance(v, nn.Module):
             self.guard_module(v, src)
@@ -285,9 +289,36 @@ SRC = arg(0)
 
 def fill(template: str, over) -> str:
     """The template with its sources written in."""
+    if not over:
+        return template
     if len(over) == 1:
         return template.replace(SRC, over[0])
     return _ARG.sub(lambda m: over[int(m.group(1))], template)
+
+
+def literal(v) -> str:
+    """A literal value as a template writes it: its repr, where a placeholder's text in a string
+    is written with an escape (`'__fl\\x5f_0_'`), so that it is not taken for a source."""
+    return _escaped(repr(v))
+
+
+def _escaped(text: str) -> str:
+    return text.replace("__fl__", "__fl\\x5f_")
+
+
+def _fill_tree(template: str, over) -> str:
+    """fill() by the template's syntax tree: its sources where it names them, not in its literals."""
+    def sub(node):
+        m = _ARG.fullmatch(node.id) if isinstance(node, ast.Name) else None
+        if m:
+            return ast.parse(over[int(m.group(1))], mode="eval").body
+        for field, value in ast.iter_fields(node):
+            if isinstance(value, list):
+                setattr(node, field, [sub(v) if isinstance(v, ast.AST) else v for v in value])
+            elif isinstance(value, ast.AST):
+                setattr(node, field, sub(value))
+        return node
+    return ast.unparse(sub(ast.parse(template, mode="eval").body))
 
 
 def guard_function(guards, sig_text: str, constants: dict, reads: "Reads | None" = None) -> str:
@@ -450,8 +481,12 @@ class Reads:
         return self._templatize(g.expr)
 
     def _templatize(self, expr):
-        """A guard written without its sources: each source it reads becomes a template's."""
+        """A guard written without its sources: each source it reads becomes a template's (one
+        with a placeholder's text in a literal is taken as it is: no source of it is rewritten)."""
         tree = ast.parse(expr, mode="eval")
+        if any(isinstance(n, ast.Constant) and isinstance(n.value, (str, bytes)) and
+               ("__fl__" in n.value if isinstance(n.value, str) else b"__fl__" in n.value) for n in ast.walk(tree)):
+            return expr, ()
         over = []
         roots, constants = self.roots, self.constants
 

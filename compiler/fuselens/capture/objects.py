@@ -20,7 +20,7 @@ import torch.nn as nn
 from . import breaks as B
 from . import calls as C
 from . import side_effects as S
-from .guards import SRC
+from .guards import SRC, literal
 from .side_effects import MUTABLE
 from .source import NoSourceError, function_source
 from .values import (UNKNOWN, BoundUserMethod, ForeignData, LocalFunction, SymInt, TensorVar, Unknown,
@@ -44,7 +44,7 @@ class Objects:
             return self.input(v, f"{src}.{attr}")
         elif isinstance(v, (int, float, bool, str, type(None))):
             # hyper-parameters such as Dropout.p: constants, guarded by value
-            self.domain.guard(f"{SRC} == {v!r}", f"{src}.{attr} (module attribute)", f"{src}.{attr}")
+            self.domain.guard(f"{SRC} == {literal(v)}", f"{src}.{attr} (module attribute)", f"{src}.{attr}")
         elif isinstance(v, nn.Module):
             self.value_sources.set(v, f"{src}.{attr}")
             self.domain.guard_module(v, f"{src}.{attr}")

@@ -61,7 +61,7 @@ def _parse_source(code, fn, lines, start):
     except SyntaxError:
         rest = linecache.getlines(code.co_filename)[start - 1:]
         block = inspect.getblock(rest) if rest[:len(lines)] == lines else lines
-        if len(block) > len(lines):  # cut before a trailing statement of no code: read as inspect does
+        if len(block) > len(lines):  # cut in a statement's middle (_ends_at): read as inspect does
             return _parse_source(code, fn, block, start)
         # a lambda in the middle of an expression: parse the whole file instead
         all_lines = linecache.getlines(code.co_filename)
@@ -156,20 +156,32 @@ def _source_lines(code: types.CodeType, module_globals) -> tuple[list[str], int]
     if start >= len(lines):
         raise OSError("lineno is out of bounds")
     end = _last_line(code)
-    if end > start:  # (what inspect.getblock finds by tokenizing the rest of the file: ~4 ms a function)
-        return lines[start:end], start + 1
+    if end > start and _ends_at(lines, start, end):  # (inspect.getblock tokenizes the rest of the
+        return lines[start:end], start + 1          # file to find the end: ~4 ms a function)
     return inspect.getblock(lines[start:]), start + 1
 
 
 def _last_line(code: types.CodeType) -> int:
     """The last line of the code's instructions and those of the code it defines (0 where Python
-    keeps no positions). A block cut there misses only statements that compile to nothing (a
-    trailing `pass`), or fails to parse, and is then read again by inspect (_parse_source)."""
+    keeps no positions)."""
     end = max((e for _, e, _, _ in code.co_positions() if e), default=0)
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             end = max(end, _last_line(c))
     return end
+
+
+def _ends_at(lines, start: int, end: int) -> bool:
+    """Whether the definition on line `start` ends on line `end`: the next line of code is not
+    indented deeper than its first (statements that compile to nothing, an unreachable `yield`
+    that makes it a generator, come after its last instruction). A block cut in the middle of a
+    statement does not parse, and is read again by inspect (_parse_source)."""
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    for line in lines[end:]:
+        text = line.strip()
+        if text and not text.startswith("#"):
+            return len(line) - len(line.lstrip()) <= indent
+    return True
 
 
 def _defaults(args: ast.arguments, fn) -> dict:
