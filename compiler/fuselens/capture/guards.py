@@ -308,17 +308,23 @@ def _escaped(text: str) -> str:
 
 def _fill_tree(template: str, over) -> str:
     """fill() by the template's syntax tree: its sources where it names them, not in its literals."""
-    def sub(node):
+    def source(node):
         m = _ARG.fullmatch(node.id) if isinstance(node, ast.Name) else None
-        if m:
-            return ast.parse(over[int(m.group(1))], mode="eval").body
-        for field, value in ast.iter_fields(node):
-            if isinstance(value, list):
-                setattr(node, field, [sub(v) if isinstance(v, ast.AST) else v for v in value])
-            elif isinstance(value, ast.AST):
-                setattr(node, field, sub(value))
-        return node
-    return ast.unparse(sub(ast.parse(template, mode="eval").body))
+        return ast.parse(over[int(m.group(1))], mode="eval").body if m else None
+    return ast.unparse(_replaced(ast.parse(template, mode="eval").body, source))
+
+
+def _replaced(node, replace):
+    """`node` with each subtree, from the top, replaced by `replace(subtree)` where that is not None."""
+    new = replace(node)
+    if new is not None:
+        return new
+    for field, value in ast.iter_fields(node):
+        if isinstance(value, list):
+            setattr(node, field, [_replaced(v, replace) if isinstance(v, ast.AST) else v for v in value])
+        elif isinstance(value, ast.AST):
+            setattr(node, field, _replaced(value, replace))
+    return node
 
 
 def guard_function(guards, sig_text: str, constants: dict, reads: "Reads | None" = None) -> str:
@@ -490,20 +496,15 @@ class Reads:
         over = []
         roots, constants = self.roots, self.constants
 
-        def sub(node):
+        def placeholder(node):
             if isinstance(node, _SCOPES):
                 return node
             if isinstance(node, (ast.Name, *_CHAIN)) and _chain_root(node, roots) is not None and \
                     not (isinstance(node, ast.Name) and node.id in constants):
                 over.append(ast.unparse(node))
                 return ast.Name(id=arg(len(over) - 1), ctx=ast.Load())
-            for field, value in ast.iter_fields(node):
-                if isinstance(value, list):
-                    setattr(node, field, [sub(v) if isinstance(v, ast.AST) else v for v in value])
-                elif isinstance(value, ast.AST):
-                    setattr(node, field, sub(value))
-            return node
-        return ast.unparse(sub(tree.body)), tuple(over)
+            return None
+        return ast.unparse(_replaced(tree.body, placeholder)), tuple(over)
 
     def _node(self, src: str):
         node = self._nodes.get(src)
