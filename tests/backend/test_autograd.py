@@ -626,6 +626,25 @@ def test_tensors_passed_by_keyword_get_their_gradients(fn, shapes):
     check(fn, *[randn(*s) for s in shapes])
 
 
+@pytest.mark.parametrize("fn", [
+    lambda x, w, b: torch.addmm(b, x, w),  # transformers' Conv1D (GPT-2): the weight is (in, out)
+    lambda x, w, b: F.linear(x, w.t(), b),  # nn.Linear: the weight is (out, in)
+], ids=["addmm", "linear"])
+def test_a_half_precision_bias_row_is_added_in_the_gemms_epilogue(fn):
+    # as eager's: cuBLAS adds the bias before the product rounds, and no kernel of ours reads the
+    # product again only to add it (GPT-2's QKV projection, whose reader is SDPA: 12 passes a step)
+    x, w, b = randn(16, 24).bfloat16(), randn(24, 40).bfloat16(), randn(40).bfloat16()
+    cg = check(fn, x, w, b)
+    forward = cg.wrapper_source.split("# backward")[0]
+    assert "addmm" in forward and ".launch(" not in forward, forward
+    # the weight's gradient in the weight's layout (a transposed one, copied by autograd into .grad),
+    # in fp32 too (the bias added apart)
+    for dtype in (torch.bfloat16, torch.float32):
+        x, w, b = (t.detach().to(dtype).requires_grad_() for t in (x, w, b))
+        gw, = torch.autograd.grad(compile(fn, x, w, b)(x, w, b)[0].sum(), [w])
+        assert gw.stride() == w.stride()
+
+
 def _logits_loss(x, w, b, w2, target):
     h = torch.tanh(F.linear(x, w, b))  # addmm: K and N unaligned
     return F.cross_entropy(h @ w2.t(), target), h  # mm: N unaligned (an odd vocabulary)

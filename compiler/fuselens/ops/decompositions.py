@@ -1092,23 +1092,32 @@ def matmul(a, b):
     return P.reshape(emit(prim.bmm, a3, b3), batch + (a.shape[-2], b.shape[-1]))
 
 
+def _biased_gemm(bias, a, b):
+    """a @ b + bias, a (M, K) and b (K, N). A bias row (N,) of a's and b's half precision goes
+    into one extern call as eager's (`F.linear`, `torch.addmm`): cuBLAS adds it in its epilogue
+    before the product rounds, at no cost (a separate add costs a pass over the output where no
+    kernel fuses with it: the attention's QKV projection, whose reader is SDPA). In fp32 the
+    epilogue makes cuBLAS pick slower kernels (H100, BERT-base's 3072 -> 768 projection: 500 us
+    with the bias, 418 without), so there the add is pointwise and fuses with what follows (GeLU,
+    the residual add before a layer norm)."""
+    if tuple(bias.shape) == (b.shape[1],) and a.dtype == b.dtype == bias.dtype and _is_half(a.dtype):
+        return _gemm(prim.addmm, a, b, bias)
+    return P.add(mm(a, b), bias)
+
+
 @register(F.linear)
 def linear(x, weight, bias=None):
-    if (bias is not None and x.ndim >= 2 and weight.ndim == 2 and tuple(bias.shape) == (weight.shape[0],)
-            and x.dtype == weight.dtype == bias.dtype and _is_half(x.dtype)):
-        # one extern call as eager's: cuBLAS adds the bias in its epilogue, at no cost in half
-        # precision (a separate bias add costs a pass over the output when nothing else fuses
-        # with it). In fp32 the epilogue makes cuBLAS pick slower kernels (H100, BERT-base's
-        # 3072 -> 768 projection: 500 us with the bias, 418 without), so there the bias add is
-        # pointwise and fuses with what follows (GeLU, the residual add before a layer norm).
-        out = _gemm(prim.addmm, P.reshape(x, (-1, x.shape[-1])), P.transpose(weight, 0, 1), bias)
-        return P.reshape(out, x.shape[:-1] + (weight.shape[0],))
-    out = matmul(x, P.transpose(weight, 0, 1))
-    return out if bias is None else P.add(out, bias)
+    if bias is None or x.ndim < 2 or weight.ndim != 2:
+        out = matmul(x, P.transpose(weight, 0, 1))
+        return out if bias is None else P.add(out, bias)
+    out = _biased_gemm(bias, P.reshape(x, (-1, x.shape[-1])), P.transpose(weight, 0, 1))
+    return P.reshape(out, x.shape[:-1] + (weight.shape[0],))
 
 
 @register(*_t("addmm"))
 def addmm(bias, a, b, *, beta=1, alpha=1):
+    if alpha == 1 and beta == 1:
+        return _biased_gemm(bias, a, b)
     out = mm(a, b)
     if alpha != 1:
         out = P.mul(out, alpha)

@@ -119,17 +119,19 @@ def _cat(g, out, tensors, dim):
 
 
 # --- extern ---------------------------------------------------------------------------------------
-rule(prim.mm)(lambda g, out, a, b: (emit(prim.mm, g, P.transpose(b, 0, 1)), emit(prim.mm, P.transpose(a, 0, 1), g)))
-def _addmm_vjp(g, out, bias, a, b):
-    # the bias gradient sums g over its rows: a column reduction, whose first stage joins the
-    # kernel that computes g (an activation's backward) instead of reading g once more
-    # b is the transposed weight of a linear: its gradient computed as (g^T a)^T comes out in the
-    # weight's own row-major layout (a^T g would be a transposed view, which autograd copies)
-    return (P.sum_to(g, tuple(bias.shape)), emit(prim.mm, g, P.transpose(b, 0, 1)),
-            P.transpose(emit(prim.mm, P.transpose(g, 0, 1), a), 0, 1))
+def _rhs_grad(g, a, b):
+    """The gradient of b in a @ b, in b's own layout (one in another is copied by autograd):
+    column-major (a linear's weight, transposed) as (g^T a)^T, else (transformers' Conv1D) a^T g."""
+    if b.val.stride(0) == 1 and b.val.stride(1) != 1:
+        return P.transpose(emit(prim.mm, P.transpose(g, 0, 1), a), 0, 1)
+    return emit(prim.mm, P.transpose(a, 0, 1), g)
 
 
-rule(prim.addmm)(_addmm_vjp)
+rule(prim.mm)(lambda g, out, a, b: (emit(prim.mm, g, P.transpose(b, 0, 1)), _rhs_grad(g, a, b)))
+# the bias gradient sums g over its rows: a column reduction, whose first stage joins the kernel
+# that computes g (an activation's backward) instead of reading g once more
+rule(prim.addmm)(lambda g, out, bias, a, b: (P.sum_to(g, tuple(bias.shape)), emit(prim.mm, g, P.transpose(b, 0, 1)),
+                                              _rhs_grad(g, a, b)))
 rule(prim.bmm)(lambda g, out, a, b: (emit(prim.bmm, g, P.transpose(b, 1, 2)), emit(prim.bmm, P.transpose(a, 1, 2), g)))
 
 
