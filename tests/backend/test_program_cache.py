@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fl_backend_testing import DEVICE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -162,7 +163,8 @@ def counts():
     return stats.backend["compiles"], stats.backend["cache_hits"]
 
 
-X, W = torch.randn(4, 8), torch.randn(8, 8, requires_grad=True)
+# on the device the backend runs kernels on: CPU tensors run eagerly where Triton does not interpret
+X, W = torch.randn(4, 8, device=DEVICE), torch.randn(8, 8, device=DEVICE, requires_grad=True)
 
 
 @pytest.mark.parametrize("fn,args,grad", [
@@ -171,7 +173,7 @@ X, W = torch.randn(4, 8), torch.randn(8, 8, requires_grad=True)
     (scale, (X, W.detach()), True),  # no input requires grad: inference programs
     (scale, (X, W), False),  # grad mode off
     (scale, (X.t().contiguous().t(), W), True),  # another stride
-    (scale, (torch.randn(5, 8), W), True),  # another shape
+    (scale, (torch.randn(5, 8, device=DEVICE), W), True),  # another shape
 ], ids=["constant", "dtype", "requires_grad", "grad_mode", "stride", "shape"])
 def test_what_differs_compiles(cache, fn, args, grad):
     compiled_call(scale, X, W)
