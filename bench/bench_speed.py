@@ -19,6 +19,7 @@ import copy
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -303,10 +304,11 @@ def fresh_process(name, compiler, cache):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def cold(w) -> dict:
+def cold(w, keep=None) -> dict:
     """Each compiler's first step in a fresh process on empty caches, then in a second process on
     the caches the first filled; eager's first step in a fresh process is the floor of both (CUDA
-    libraries' start-up, lazy imports, the allocator growing)."""
+    libraries' start-up, lazy imports, the allocator growing). `keep`: a folder the filled caches
+    are merged into, for a `--speed` run after this one to start on (it times steps, not compiles)."""
     row = {"workload": w.name}
     with tempfile.TemporaryDirectory() as d:
         row["eager_first"] = fresh_process(w.name, "eager", d)
@@ -314,6 +316,8 @@ def cold(w) -> dict:
         with tempfile.TemporaryDirectory() as d:
             row[f"{compiler}_cold"] = fresh_process(w.name, compiler, d)
             row[f"{compiler}_warm"] = fresh_process(w.name, compiler, d)
+            if keep:
+                shutil.copytree(d, keep, dirs_exist_ok=True)
         print(json.dumps(row), flush=True)
     return row
 
@@ -456,7 +460,7 @@ def main(a):
     rows = []
     for w in chosen:
         try:
-            row = cold(w) if a.cold else measure(w, compilers, ro=not a.no_ro)
+            row = cold(w, a.keep_caches) if a.cold else measure(w, compilers, ro=not a.no_ro)
         except Exception as e:  # noqa: BLE001 (one broken workload must not lose the others' numbers)
             import traceback
             traceback.print_exc()

@@ -19,7 +19,7 @@ Speed (issue 18): the six workloads of bench_speed.py, eager vs fuselens vs torc
 (Inductor), default and reduce-overhead modes; first calls in fresh processes.
 
     PYTHONPATH=compiler python bench/models.py --speed [--workloads a,b] [--json speed.json]
-    PYTHONPATH=compiler python bench/models.py --cold [--workloads a,b] [--json cold.json]
+    PYTHONPATH=compiler python bench/models.py --cold [--workloads a,b] [--json cold.json] [--keep-caches DIR]
     PYTHONPATH=compiler python bench/models.py --merge speed.json cold.json --json bench/results/models-speed-h100.json
     PYTHONPATH=compiler python bench/models.py --profile resnet50_fp32_infer
 """
@@ -268,6 +268,8 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--speed", action="store_true", help="issue 18's speed table (bench_speed.py)")
     ap.add_argument("--cold", action="store_true", help="first calls in fresh processes, cold and warm-cache")
+    ap.add_argument("--keep-caches", metavar="DIR", help="cold: merge the caches it filled into DIR; point "
+                    "TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, FUSELENS_CACHE_DIR at DIR/triton, ... for --speed")
     ap.add_argument("--profile", help="kernel time by kernel of one speed workload")
     ap.add_argument("--first-call", nargs=2, metavar=("WORKLOAD", "COMPILER"), help=argparse.SUPPRESS)
     ap.add_argument("--merge", nargs="+")
