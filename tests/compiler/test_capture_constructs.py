@@ -2,8 +2,11 @@
 meaningful the function is captured as one graph with no break."""
 from __future__ import annotations
 
+import ast
 import inspect
 import math
+import pathlib
+import types
 
 import pytest
 import torch
@@ -761,3 +764,24 @@ def test_statements_after_the_last_instruction_are_read(fn):
 
 def test_a_function_made_a_generator_by_an_unreachable_yield():
     check(calls_an_empty_generator, X.clone())
+
+
+def _positions(node):
+    return [(type(n).__name__, n.lineno, n.col_offset, n.end_lineno, n.end_col_offset)
+            for n in ast.walk(node) if hasattr(n, "lineno")]
+
+
+def test_function_asts_carry_their_files_positions():
+    # diagnostics point at sub-expressions by these positions: every node of a function's AST
+    # (module functions, methods, methods of nested classes) at its place in the file as a whole-file
+    # parse puts it
+    import torch.nn.modules.activation as module
+    from fuselens.capture.source import function_source
+    whole = ast.parse(pathlib.Path(module.__file__).read_text())
+    defs = {(n.name, n.lineno): n for n in ast.walk(whole) if isinstance(n, ast.FunctionDef)}
+    functions = [f for c in vars(module).values() if isinstance(c, type) and c.__module__ == module.__name__
+                 for f in vars(c).values() if isinstance(f, types.FunctionType)]
+    assert len(functions) > 50
+    for fn in functions:
+        node = function_source(fn).node
+        assert _positions(node) == _positions(defs[(node.name, node.lineno)]), fn.__qualname__
