@@ -5,6 +5,7 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import fuselens
 from fl_capture_testing import check
@@ -69,6 +70,35 @@ def test_batch_norm_layers_write_their_own_running_statistics(runs):
     for got, want in zip(compiled.buffers(), m.buffers()):
         torch.testing.assert_close(got, want)
     assert runs["runs"] < 8  # the third layer's calls recalled (its input is the second's kind)
+
+
+def test_a_write_without_functional_form_is_evaluated_once(monkeypatch):
+    """A training BatchNorm writes its running statistics, which no functional ATen overload
+    returns: the graph runs the call on copies of them (effects.OnCopies), whose metas follow
+    from the call's own evaluation (a second one was ~4 ms a fresh shape)."""
+    meta_memo._MEMO.clear()
+    evaluated = []
+    run = effects.run
+
+    def recorded(fn, *args, **kwargs):
+        evaluated.append(fn)
+        return run(fn, *args, **kwargs)
+    monkeypatch.setattr(effects, "run", recorded)
+    torch.manual_seed(0)
+    m = nn.BatchNorm2d(3).train()
+    nn.init.normal_(m.weight)
+    compiled = fuselens.compile(copy.deepcopy(m))
+    x = torch.randn(2, 3, 4, 4)
+    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got, want = compiled(xc), m(xe)
+    torch.testing.assert_close(got, want)
+    got.sum().backward()
+    want.sum().backward()
+    torch.testing.assert_close(xc.grad, xe.grad)
+    for a, b in zip([*compiled.buffers(), *(p.grad for p in compiled.parameters())],
+                    [*m.buffers(), *(p.grad for p in m.parameters())]):
+        torch.testing.assert_close(a, b)
+    assert F.batch_norm in evaluated and not any(isinstance(fn, effects.OnCopies) for fn in evaluated)
 
 
 def test_a_call_on_other_layouts_is_evaluated_again(runs):

@@ -213,6 +213,20 @@ class GraphBuilder:
         eff.tensor_vars = tvs
         return out_meta, device, eff
 
+    def add_on_copies(self, fn, eff, args, kwargs, loc, out_meta, device):
+        """`fn`'s call, which writes its arguments `eff.written`, as `OnCopies(fn, written)`, whose
+        metas follow from `fn`'s own evaluation (`out_meta`, `eff`) instead of a second one (a
+        training BatchNorm's is a Python decomposition, ~4 ms a fresh shape): the written stand-ins
+        as the call left them, copied, then the result's tensors that are none of them. Evaluated
+        again where a result views an argument without being it."""
+        written = tuple(eff.written)
+        results = effects._flat_tensors(out_meta)
+        if any(a is not None and r is None for a, r in zip(eff.aliases, eff.returns_arg)):
+            return self.call(effects.OnCopies(fn, written), args, kwargs, loc)
+        copies = [eff.stand_ins[i].clone() for i in written]
+        fresh = [t for t, arg in zip(results, eff.returns_arg) if arg not in written]
+        return self.add(effects.OnCopies(fn, written), args, kwargs, loc, tuple(copies + fresh), device)
+
     def add(self, target, args, kwargs, loc, out_meta, device, *, n_outputs=None):
         """The graph node of a call `evaluate` ran: a TensorVar, or a tuple of them."""
         node_args = _map(args, self._as_node)

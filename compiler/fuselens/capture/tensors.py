@@ -150,7 +150,7 @@ class Tensors:
         try:
             out_meta, device, eff = self.g.evaluate(fn, args, kwargs)
             if eff is not None and eff.writes:
-                return self.functionalize(fn, args, kwargs, eff, e, scope)
+                return self.functionalize(fn, args, kwargs, eff, e, scope, out_meta, device)
             if no_grad_views:
                 args, kwargs = self.grad_leaves(args, e, scope), self.grad_leaves(kwargs, e, scope)
                 out_meta, device, eff = self.g.evaluate(fn, args, kwargs)
@@ -206,7 +206,7 @@ class Tensors:
             return type(v)(self.grad_leaves(x, e, scope) for x in v)
         return v
 
-    def functionalize(self, fn, args, kwargs, eff, e, scope):
+    def functionalize(self, fn, args, kwargs, eff, e, scope, out_meta, device):
         """A call that writes into tensor arguments, as out-of-place graph ops: each written
         argument gets its new value (`rebind` writes it back into the tensor it views and
         derives that tensor's other live views again), and the call returns what it returned
@@ -236,7 +236,7 @@ class Tensors:
         fresh = []  # tensors of the result that are no argument (BatchNorm's output)
         if not news:  # any other write: the call itself, run on copies of what it writes
             written = eff.written
-            out = self.g.call(E.OnCopies(fn, tuple(written)), args, kwargs, loc)
+            out = self.g.add_on_copies(fn, eff, args, kwargs, loc, out_meta, device)
             news = dict(zip(written, out))
             fresh = list(out[len(written):])
         for k, new in news.items():
