@@ -645,6 +645,12 @@ def test_a_half_precision_bias_row_is_added_in_the_gemms_epilogue(fn):
         assert gw.stride() == w.stride()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias_shape", [(3, 5), (2, 1, 5)])
+def test_a_linears_bias_may_broadcast_over_the_inputs_leading_dims(bias_shape, dtype):
+    check(lambda x, w, b: F.linear(x, w, b), randn(2, 3, 4).to(dtype), randn(5, 4).to(dtype), randn(*bias_shape).to(dtype))
+
+
 def _logits_loss(x, w, b, w2, target):
     h = torch.tanh(F.linear(x, w, b))  # addmm: K and N unaligned
     return F.cross_entropy(h @ w2.t(), target), h  # mm: N unaligned (an odd vocabulary)

@@ -785,3 +785,18 @@ def test_function_asts_carry_their_files_positions():
     for fn in functions:
         node = function_source(fn).node
         assert _positions(node) == _positions(defs[(node.name, node.lineno)]), fn.__qualname__
+
+
+def test_a_function_indented_at_its_sources_first_line():
+    # a source known only to linecache whose first line is indented (no line above it for the
+    # parse's `if 1:`)
+    import linecache
+    import textwrap
+    src = "    def f(x):\n        return x + 1\n"
+    linecache.cache["<indented snippet>"] = (len(src), None, src.splitlines(True), "<indented snippet>")
+    scope = {}
+    exec(compile(textwrap.dedent(src), "<indented snippet>", "exec"), scope)
+    from fuselens.capture.source import function_source
+    node = function_source(scope["f"]).node
+    assert (node.lineno, node.col_offset, node.end_lineno) == (1, 4, 2)
+    check(scope["f"], X.clone())

@@ -43,9 +43,11 @@ def _parse_at(text: str, start: int) -> ast.Module:
     indented definition (a method) under an `if 1:` on the line before it (columns kept as they
     are, where a dedent would need every node shifted back: ~1 ms a function)."""
     first = next((line for line in text.splitlines() if line.strip()), "")
-    if first[:1] in (" ", "\t") and start > 1:
+    if first[:1] not in (" ", "\t"):
+        return ast.parse("\n" * (start - 1) + text)
+    if start > 1:
         return ast.parse("\n" * (start - 2) + "if 1:\n" + text)
-    return ast.parse("\n" * (start - 1) + text)
+    return ast.increment_lineno(ast.parse("if 1:\n" + text), -1)  # (indented at line 1: a cell's text)
 
 
 def _parse_source(code, fn, lines, start):

@@ -1107,8 +1107,8 @@ def _biased_gemm(bias, a, b):
 
 @register(F.linear)
 def linear(x, weight, bias=None):
-    if bias is None or x.ndim < 2 or weight.ndim != 2:
-        out = matmul(x, P.transpose(weight, 0, 1))
+    if bias is None or x.ndim < 2 or weight.ndim != 2 or tuple(bias.shape) != (weight.shape[0],):
+        out = matmul(x, P.transpose(weight, 0, 1))  # (a bias may broadcast over x's leading dims)
         return out if bias is None else P.add(out, bias)
     out = _biased_gemm(bias, P.reshape(x, (-1, x.shape[-1])), P.transpose(weight, 0, 1))
     return P.reshape(out, x.shape[:-1] + (weight.shape[0],))
