@@ -11,7 +11,7 @@ import itertools
 import pytest
 import torch
 import torch.nn as nn  # noqa: F401 (used by the generated functions)
-import torch.nn.functional as F  # noqa: F401
+import torch.nn.functional as F
 
 import fuselens
 from fl_capture_testing import check
@@ -364,3 +364,16 @@ def test_writes_of_every_kind_in_one_graph_on_every_call():
     x = torch.randn(4, 8)
     check(step, x, torch.zeros(8), torch.zeros((), dtype=torch.long), torch.randn(8, 8).requires_grad_(),
           torch.ones(2, 3), calls=3)
+
+
+def batch_norm_under_no_grad(x, running_mean, running_var, weight, bias):
+    with torch.no_grad():
+        y = F.batch_norm(x, running_mean, running_var, weight, bias, training=True)
+    return y, y * x
+
+
+def test_a_call_run_on_copies_under_no_grad_returns_what_requires_no_grad():
+    # the graph runs in grad mode: BatchNorm's output (its running statistics written on copies)
+    # required grad through x where eager's does not (a backward from it reached x)
+    check(batch_norm_under_no_grad, torch.randn(4, 3, 5, requires_grad=True), torch.zeros(3), torch.ones(3),
+          torch.randn(3), torch.randn(3))

@@ -181,8 +181,7 @@ class Tensors:
         if not self.grad_enabled and isinstance(r, TensorVar) and any(
                 isinstance(a, TensorVar) and a.meta.requires_grad for a in list(args) + list(kwargs.values())):
             # the graph runs with grad mode on: results computed under no_grad are detached
-            d = self.g.call(torch.Tensor.detach, [r], {}, self.user_loc(e, scope))
-            d.view_of = (r, torch.Tensor.detach, (), {}, None)
+            d = self._detached(r, self.user_loc(e, scope))
             if r.view_of is not None and r.view_of[1] not in _DETACH and r.view_of[0].meta.requires_grad:
                 # a view: eager's still requires grad (grad_leaves), a write into it in grad mode raises
                 d.node.meta["no_grad_view"] = True
@@ -205,6 +204,11 @@ class Tensors:
         if type(v) in (list, tuple):
             return type(v)(self.grad_leaves(x, e, scope) for x in v)
         return v
+
+    def _detached(self, r, loc):
+        d = self.g.call(torch.Tensor.detach, [r], {}, loc)
+        d.view_of = (r, torch.Tensor.detach, (), {}, None)
+        return d
 
     def functionalize(self, fn, args, kwargs, eff, e, scope, out_meta, device):
         """A call that writes into tensor arguments, as out-of-place graph ops: each written
@@ -239,6 +243,8 @@ class Tensors:
             out = self.g.add_on_copies(fn, eff, args, kwargs, loc, out_meta, device)
             news = dict(zip(written, out))
             fresh = list(out[len(written):])
+            if not self.grad_enabled and any(t.meta.requires_grad for t in tvs):
+                fresh = [self._detached(f, loc) for f in fresh]  # (as `op` detaches its results)
         for k, new in news.items():
             t = tvs[k]
             if new is t:  # an identity on these values: nothing changes
