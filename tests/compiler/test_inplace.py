@@ -377,3 +377,13 @@ def test_a_call_run_on_copies_under_no_grad_returns_what_requires_no_grad():
     # required grad through x where eager's does not (a backward from it reached x)
     check(batch_norm_under_no_grad, torch.randn(4, 3, 5, requires_grad=True), torch.zeros(3), torch.ones(3),
           torch.randn(3), torch.randn(3))
+
+
+def cumsum_out(x, out):
+    torch.cumsum(x, 0, out=out)
+    return out + 1
+
+
+def test_an_out_argument_resized_by_the_call_is_resized_in_the_callers_tensor():
+    # eager resizes an `out=` of another shape; the write-back copied into the old shape (an error)
+    check(cumsum_out, torch.randn(3, 4), torch.empty(0))

@@ -76,15 +76,16 @@ class GraphCall:
         launches and ~0.9 ms of an H100 host's time; by dtype, 3 launches and 60 us), the rest one
         by one, recorded as eager's in-place op records them (the input joins the graph).
         Capture's guards keep the inputs' aliasing as it was; targets that overlap are copied in
-        order, one by one. Which are which is decided at the first call: the guards fix each
-        target's dtype, device and requires_grad, and the grad mode, so the values' requires_grad."""
+        order, one by one, as are targets an `out=` resized (eager resized them: resized here
+        first). Which are which is decided at the first call: the guards fix each target's
+        dtype, device, shape and requires_grad, and the grad mode, so the values' requires_grad."""
         targets = [targets[k] for k in self.wb_targets]
         if self.wb_plan is None:
             distinct = len({(t.untyped_storage().data_ptr(), t.device) for t in targets}) == len(targets)
             groups: dict = {}  # (dtype, device) -> target indices
             one_by_one = []
             for i, (target, value) in enumerate(zip(targets, new)):
-                if distinct and not (target.requires_grad or value.requires_grad):
+                if distinct and not (target.requires_grad or value.requires_grad) and target.shape == value.shape:
                     groups.setdefault((target.dtype, target.device), []).append(i)
                 else:
                     one_by_one.append(i)
@@ -92,6 +93,8 @@ class GraphCall:
         groups, one_by_one = self.wb_plan
         for i in one_by_one:
             target, value = targets[i], new[i]
+            if target.shape != value.shape:
+                target.resize_(value.shape)
             if target.is_leaf and target.requires_grad:  # mutated under no_grad (an optimizer
                 with torch.no_grad():                     # step): capture rejects the rest
                     target.copy_(value)
