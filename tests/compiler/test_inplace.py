@@ -387,3 +387,15 @@ def cumsum_out(x, out):
 def test_an_out_argument_resized_by_the_call_is_resized_in_the_callers_tensor():
     # eager resizes an `out=` of another shape; the write-back copied into the old shape (an error)
     check(cumsum_out, torch.randn(3, 4), torch.empty(0))
+
+
+def index_select_into(y, index, out):
+    return torch.index_select(y, 1, index, out=out)
+
+
+def test_an_out_whose_elements_share_memory_is_refused_before_it_is_resized():
+    # eager checks the `out=` as given (an expanded tensor), before resizing it to the result
+    y, index = torch.rand(3, 6), torch.tensor([0, 1])
+    for f in (index_select_into, fuselens.compile(index_select_into)):
+        with pytest.raises(RuntimeError, match="unsupported operation"):
+            f(y, index, torch.rand(1, 6).expand(2, 6))

@@ -249,6 +249,7 @@ def run(fn, args, kwargs, tensors: list[torch.Tensor]):
     Raises what the call raises, and OverlapError where eager would refuse the memory a write
     shares."""
     rec = _Recorder()
+    before = [(t.size(), t.stride()) for t in tensors]  # (an `out=` is checked as it was, not as resized)
     try:
         with rec:
             result = fn(*args, **kwargs)
@@ -273,7 +274,7 @@ def run(fn, args, kwargs, tensors: list[torch.Tensor]):
                     continue  # a tensor the call made itself
                 metadata = _INPLACE_VIEW in op.tags
                 if not metadata:
-                    _check_overlap(op, w, a, k)
+                    _check_overlap(op, w, a, k, before[idx])
                 eff.writes.append(Write(idx, op, metadata, any(w is t for t in tensors)))
     # torch's Python API writes every `out=` tensor, whatever operators that took below the
     # dispatcher (linalg.matrix_rank's out= shows none)
@@ -362,10 +363,11 @@ def _byte_range(t):
     return start, start + sum((n - 1) * s for n, s in zip(t.size(), t.stride())) + 1
 
 
-def _check_overlap(op, written, args, kwargs):
+def _check_overlap(op, written, args, kwargs, layout):
     """ATen's TensorIterator checks, which meta kernels skip: a written tensor may not have
-    elements that share memory, nor partially overlap a tensor the same operator reads."""
-    if any(s == 0 and n > 1 for n, s in zip(written.size(), written.stride())):
+    elements that share memory (checked in its `layout` before the call: an `out=` is resized
+    after), nor partially overlap a tensor the same operator reads."""
+    if any(s == 0 and n > 1 for n, s in zip(*layout)):
         raise OverlapError("unsupported operation: more than one element of the written-to tensor "
                            "refers to a single memory location. Please clone() the tensor before "
                            "performing the operation.")
