@@ -304,15 +304,17 @@ def fresh_process(name, compiler, cache):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def cold(w, keep=None) -> dict:
+def cold(w, keep=None, compilers=("eager", "fuselens", "inductor")) -> dict:
     """Each compiler's first step in a fresh process on empty caches, then in a second process on
     the caches the first filled; eager's first step in a fresh process is the floor of both (CUDA
     libraries' start-up, lazy imports, the allocator growing). `keep`: a folder the filled caches
-    are merged into, for a `--speed` run after this one to start on (it times steps, not compiles)."""
+    are merged into, for a `--speed` run after this one to start on (it times steps, not compiles).
+    `compilers`: which of eager, fuselens and Inductor to run (rows of several runs merge)."""
     row = {"workload": w.name}
-    with tempfile.TemporaryDirectory() as d:
-        row["eager_first"] = fresh_process(w.name, "eager", d)
-    for compiler in ("fuselens", "inductor"):
+    if "eager" in compilers:
+        with tempfile.TemporaryDirectory() as d:
+            row["eager_first"] = fresh_process(w.name, "eager", d)
+    for compiler in [c for c in ("fuselens", "inductor") if c in compilers]:
         with tempfile.TemporaryDirectory() as d:
             row[f"{compiler}_cold"] = fresh_process(w.name, compiler, d)
             row[f"{compiler}_warm"] = fresh_process(w.name, compiler, d)
@@ -402,7 +404,7 @@ def print_table(result):
               f"{r.get('graphs', '-')}/{r.get('breaks', '-')} "
               f"{fmt(r.get('fuselens_peak_mb'), '%5.0f')}/{fmt(r.get('inductor_peak_mb'), '%5.0f')}/"
               f"{fmt(r.get('eager_peak_mb'), '%4.0f')}")
-    cold_rows = [r for r in result["rows"] if "fuselens_cold" in r]
+    cold_rows = [r for r in result["rows"] if "fuselens_cold" in r or "inductor_cold" in r]
     if cold_rows:
         print("\nfirst call s (fresh process; cold = empty caches, warm = a second process on them)")
         print(f"{'workload':26} {'fl cold':>8} {'(own)':>6} {'ind cold':>8} {'fl/ind':>6} {'fl warm':>8} "
@@ -460,7 +462,7 @@ def main(a):
     rows = []
     for w in chosen:
         try:
-            row = cold(w, a.keep_caches) if a.cold else measure(w, compilers, ro=not a.no_ro)
+            row = cold(w, a.keep_caches, compilers) if a.cold else measure(w, compilers, ro=not a.no_ro)
         except Exception as e:  # noqa: BLE001 (one broken workload must not lose the others' numbers)
             import traceback
             traceback.print_exc()

@@ -274,7 +274,7 @@ def main():
     ap.add_argument("--first-call", nargs=2, metavar=("WORKLOAD", "COMPILER"), help=argparse.SUPPRESS)
     ap.add_argument("--merge", nargs="+")
     ap.add_argument("--workloads")
-    ap.add_argument("--compilers", default="eager,fuselens,inductor", help="speed, profile: which to time")
+    ap.add_argument("--compilers", default="eager,fuselens,inductor", help="speed, cold, profile: which to time")
     ap.add_argument("--no-ro", action="store_true", help="speed: without the reduce-overhead columns")
     ap.add_argument("--json")
     a = ap.parse_args()

@@ -2,6 +2,7 @@
 argument specialization, cubin cache keys and files, the launch function's parameter buffer
 (read back through a stand-in for cuLaunchKernelEx), and Triton's stages compiling a cubin."""
 import ctypes
+import json
 import os
 import pathlib
 import subprocess
@@ -243,3 +244,26 @@ def test_workers_fork_safely_beside_other_threads_and_in_forked_processes(tmp_pa
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["True", "True"]
+
+
+def test_parameters_read_from_the_source_are_the_ones_triton_builds(tmp_path):
+    """A process launching cached cubins reads each kernel's parameters from its generated source
+    (launcher.kernel_params), building no Triton JIT function: they must be that function's, for
+    kernels of every kind (pointwise, a seeded one, reductions with combine functions, chunked)."""
+    from fl_backend_testing import compile
+    cases = [(lambda x: torch.relu(x) * 2, torch.randn(64)), (lambda x: x + torch.rand_like(x), torch.randn(64)),
+             (lambda x: x.softmax(-1), torch.randn(8, 32)), (lambda x: (x * 2).prod(-1), torch.randn(8, 32)),
+             (lambda x: (x * 2).amax(0), torch.randn(4096, 8))]  # (chunked columns, then their maxima)
+    sources = {launcher.canonical(k.name, k.source)[1]: launcher.canonical(k.name, k.source)[0]
+               for fn, x in cases for k in compile(fn, x).kernels}
+    assert len(sources) == 6 and all(any(part in s for s in sources) for part in ("do_not_specialize", "_combine", "xchunk"))
+    script = (f"import json\nfrom fuselens.codegen import launcher\nsources = json.loads({json.dumps(json.dumps(sources))})\n"
+              "print(json.dumps({n: [(p.name, p.is_constexpr, p.do_not_specialize) for p in "
+              "getattr(launcher.load_module(s), n).params] for s, n in sources.items()}))")
+    env = {k: v for k, v in os.environ.items() if k not in ("FUSELENS_INTERPRET", "TRITON_INTERPRET")}
+    env.update(PYTHONPATH=str(ROOT / "compiler"), FUSELENS_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    tritons = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {n: [[p.name, p.is_constexpr, p.do_not_specialize] for p in launcher.kernel_params(n, s)]
+            for s, n in sources.items()} == tritons

@@ -18,12 +18,14 @@ starts while the one before it finishes, and waits for it with `gdc_wait()`).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import json
 import os
 import re
 import struct
 import threading
+import types
 
 CUDA_ERROR_INVALID_CONTEXT = 201
 CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
@@ -258,12 +260,14 @@ def make_launch(binary: Binary, params, spec, args, sizes, grid: int, device: in
     matches what the launch was built for (a pointer the binary assumes aligned is not, another
     value of an integer other than the seed) or torch's current device differs; else it launches
     on torch's current stream. Integers are compared by value (the wrapper passes constants), so
-    they are written into the parameter buffer as literals; only pointers, the seed and floats
-    are written per call. `pdl`: launched with programmatic dependent launch (see launch_config)."""
+    the buffer takes them from the function's constants; only pointers, the seed and floats are
+    written per call. `pdl`: launched with programmatic dependent launch (see launch_config)."""
     import torch
     signature, _, attrs = spec
     values = list(args) + list(sizes)
-    fmt, fields, checks, ptrs, aligned = "@", [], [], [], []
+    # the function's text names its constants (k{i}), given by its globals: launches of one
+    # structure share one compiled code object (a ResNet training graph's 362 launches, ~40 texts)
+    fmt, fields, checks, ptrs, aligned, consts = "@", [], [], [], [], {}
     for i, (p, v) in enumerate(zip(params, values)):
         ty, arg = signature[p.name], f"a{i}" if i < len(args) else None
         if ty[0] == "*":
@@ -273,11 +277,14 @@ def make_launch(binary: Binary, params, spec, args, sizes, grid: int, device: in
             if (i,) in attrs:
                 aligned.append(f"p{i}")
             continue
+        per_call = p.do_not_specialize or ty == "fp32"
+        if not per_call:
+            consts[f"k{i}"] = v
         if ty != "constexpr":
             fmt += PACK[ty]
-            fields.append(arg if arg and (p.do_not_specialize or ty == "fp32") else repr(v))
-        if arg and not (p.do_not_specialize or ty == "fp32"):
-            checks.append(f"{arg} != {v!r}")
+            fields.append(arg if arg and per_call else f"k{i}")
+        if arg and not per_call:
+            checks.append(f"{arg} != k{i}")
     n_extra = binary.n_params - (len(fmt) - 1)
     if n_extra < 0:
         raise RuntimeError(f"{binary.name}: {binary.n_params} kernel parameters for {len(fmt) - 1} arguments")
@@ -293,11 +300,24 @@ def make_launch(binary: Binary, params, spec, args, sizes, grid: int, device: in
     param_ptrs = (ctypes.c_void_p * max(len(offsets), 1))(*[ctypes.addressof(buf) + o for o in offsets])
     if aligned:
         checks.insert(0, f"({' | '.join(aligned)}) & 15")
-    checks.append(f"get_device() != {device}")
+    checks.append("get_device() != device")
     config = launch_config(binary, grid, pdl)
     lock = threading.Lock()
+    namespace = {"function": binary.function, "params": param_ptrs, "buf": buf, "pack": struct.Struct(fmt).pack_into,
+                 "config": config, "config_ptr": ctypes.c_void_p(ctypes.addressof(config)),
+                 "cu_launch": lib().cuLaunchKernelEx, "acquire": lock.acquire, "release": lock.release,
+                 "get_device": torch._C._cuda_getDevice, "get_stream": torch._C._cuda_getCurrentRawStream,
+                 "make_context_current": make_context_current, "check": check, "device": device,
+                 "what": f"cuLaunchKernelEx({binary.name})", **consts}
+    code = _launch_code(len(args), tuple(ptrs), tuple(checks), tuple(fields))
+    return types.FunctionType(code.replace(co_filename=f"<fuselens launch {binary.name}>"), namespace, "launch")
+
+
+@functools.cache
+def _launch_code(n_args, ptrs, checks, fields):
+    """The code of a launch function of this structure (make_launch gives its globals)."""
     call = "cu_launch(config_ptr, function, params, None)"
-    lines = [f"def launch({', '.join(f'a{i}' for i in range(len(args)))}):",
+    lines = [f"def launch({', '.join(f'a{i}' for i in range(n_args))}):",
              *[f"    p{i} = a{i}.data_ptr()" for i in ptrs],
              f"    if {' or '.join(checks)}:",
              "        return False",
@@ -305,20 +325,15 @@ def make_launch(binary: Binary, params, spec, args, sizes, grid: int, device: in
              # `with` costs 0.3 us more a launch)
              "    acquire()",
              "    try:",
-             f"        config.hStream = get_stream({device})",
+             "        config.hStream = get_stream(device)",
              f"        pack(buf, 0, {', '.join(fields)})",
              f"        err = {call}",
              f"        if err == {CUDA_ERROR_INVALID_CONTEXT}:  # a thread that has not used CUDA yet",
-             f"            err = make_context_current({device}) or {call}",
+             f"            err = make_context_current(device) or {call}",
              "    finally:",
              "        release()",
              "    if err:",
-             f"        check(err, 'cuLaunchKernelEx({binary.name})')",
+             "        check(err, what)",
              "    return True"]
-    namespace = {"function": binary.function, "params": param_ptrs, "buf": buf, "pack": struct.Struct(fmt).pack_into,
-                 "config": config, "config_ptr": ctypes.c_void_p(ctypes.addressof(config)),
-                 "cu_launch": lib().cuLaunchKernelEx, "acquire": lock.acquire, "release": lock.release,
-                 "get_device": torch._C._cuda_getDevice, "get_stream": torch._C._cuda_getCurrentRawStream,
-                 "make_context_current": make_context_current, "check": check}
-    exec(compile("\n".join(lines), f"<fuselens launch {binary.name}>", "exec"), namespace)
-    return namespace["launch"]
+    module = compile("\n".join(lines), "<fuselens launch>", "exec")
+    return next(c for c in module.co_consts if isinstance(c, types.CodeType))
