@@ -314,6 +314,7 @@ def cold(w, keep=None, compilers=("eager", "fuselens", "inductor")) -> dict:
     if "eager" in compilers:
         with tempfile.TemporaryDirectory() as d:
             row["eager_first"] = fresh_process(w.name, "eager", d)
+        print(json.dumps(row), flush=True)
     for compiler in [c for c in ("fuselens", "inductor") if c in compilers]:
         with tempfile.TemporaryDirectory() as d:
             row[f"{compiler}_cold"] = fresh_process(w.name, compiler, d)
@@ -404,7 +405,7 @@ def print_table(result):
               f"{r.get('graphs', '-')}/{r.get('breaks', '-')} "
               f"{fmt(r.get('fuselens_peak_mb'), '%5.0f')}/{fmt(r.get('inductor_peak_mb'), '%5.0f')}/"
               f"{fmt(r.get('eager_peak_mb'), '%4.0f')}")
-    cold_rows = [r for r in result["rows"] if "fuselens_cold" in r or "inductor_cold" in r]
+    cold_rows = [r for r in result["rows"] if any(k in r for k in ("fuselens_cold", "inductor_cold", "eager_first"))]
     if cold_rows:
         print("\nfirst call s (fresh process; cold = empty caches, warm = a second process on them)")
         print(f"{'workload':26} {'fl cold':>8} {'(own)':>6} {'ind cold':>8} {'fl/ind':>6} {'fl warm':>8} "

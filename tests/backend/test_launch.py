@@ -19,7 +19,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def params(*names, seed=None, constexpr=("XBLOCK",)):
-    return [P(name=n, is_constexpr=n in constexpr, do_not_specialize=n == seed) for n in names]
+    return [launcher.Param(n, n in constexpr, n == seed) for n in names]
 
 
 def test_specialization_follows_tritons_rules():

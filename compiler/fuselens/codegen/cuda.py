@@ -53,7 +53,7 @@ def specialize(params, args, sizes, config):
     """Triton's (signature, constexprs, attrs) for one launch, by Triton's JIT rules: pointers
     16-byte aligned and integers divisible by 16 are marked so, integers equal to 1 become
     constants; a parameter declared do_not_specialize (the seed) is always i64, so a fresh seed
-    per call never compiles a new variant. `params` are the JIT function's parameters."""
+    per call never compiles a new variant. `params`: the kernel's (launcher.kernel_params)."""
     signature, constexprs, attrs = {}, {}, {}
     values = list(args) + list(sizes) + [config.XBLOCK] + ([] if config.RBLOCK is None else [config.RBLOCK])
     assert len(values) == len(params), f"{len(values)} arguments for {len(params)} parameters"
@@ -266,7 +266,7 @@ def make_launch(binary: Binary, params, spec, args, sizes, grid: int, device: in
     signature, _, attrs = spec
     values = list(args) + list(sizes)
     # the function's text names its constants (k{i}), given by its globals: launches of one
-    # structure share one compiled code object (a ResNet training graph's 362 launches, ~40 texts)
+    # structure share one compile of their text (a ResNet training graph's 362 launches, 37 texts)
     fmt, fields, checks, ptrs, aligned, consts = "@", [], [], [], [], {}
     for i, (p, v) in enumerate(zip(params, values)):
         ty, arg = signature[p.name], f"a{i}" if i < len(args) else None
@@ -277,13 +277,13 @@ def make_launch(binary: Binary, params, spec, args, sizes, grid: int, device: in
             if (i,) in attrs:
                 aligned.append(f"p{i}")
             continue
-        per_call = p.do_not_specialize or ty == "fp32"
+        per_call = arg is not None and (p.do_not_specialize or ty == "fp32")  # written from the call
         if not per_call:
             consts[f"k{i}"] = v
         if ty != "constexpr":
             fmt += PACK[ty]
-            fields.append(arg if arg and per_call else f"k{i}")
-        if arg and not per_call:
+            fields.append(arg if per_call else f"k{i}")
+        if arg is not None and not per_call:
             checks.append(f"{arg} != k{i}")
     n_extra = binary.n_params - (len(fmt) - 1)
     if n_extra < 0:
