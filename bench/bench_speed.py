@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import cProfile
 import json
 import os
 import pathlib
@@ -281,10 +282,15 @@ def first_call(name, compiler):
     m = eager if compiler == "eager" else \
         fuselens.compile(eager) if compiler == "fuselens" else torch.compile(eager)
     run = make_step(m, w, args, kwargs)
+    profile = os.environ.get("FL_BENCH_PROFILE")  # a path: the step under cProfile, its stats written there
+    profiler = cProfile.Profile() if profile else contextlib.nullcontext()
     t = time.perf_counter()
-    run()
-    torch.cuda.synchronize()
+    with profiler:
+        run()
+        torch.cuda.synchronize()
     res = {"seconds": time.perf_counter() - t}
+    if profile:
+        profiler.dump_stats(profile)
     if compiler == "fuselens":
         from fuselens.runtime import stats
         res["own_seconds"] = res["seconds"] - stats.triton_compile_seconds()
@@ -294,9 +300,11 @@ def first_call(name, compiler):
     print(json.dumps(res))
 
 
-def fresh_process(name, compiler, cache):
+def fresh_process(name, compiler, cache, profile=None):
     env = dict(os.environ, TRITON_CACHE_DIR=f"{cache}/triton", TORCHINDUCTOR_CACHE_DIR=f"{cache}/inductor",
                FUSELENS_CACHE_DIR=f"{cache}/fuselens")
+    if profile:
+        env["FL_BENCH_PROFILE"] = profile
     out = subprocess.run([sys.executable, str(HERE / "models.py"), "--first-call", name, compiler], env=env,
                          capture_output=True, text=True, timeout=590)
     if out.returncode != 0:
@@ -304,21 +312,28 @@ def fresh_process(name, compiler, cache):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def cold(w, keep=None, compilers=("eager", "fuselens", "inductor")) -> dict:
+def cold(w, keep=None, compilers=("eager", "fuselens", "inductor"), profile_dir=None) -> dict:
     """Each compiler's first step in a fresh process on empty caches, then in a second process on
     the caches the first filled; eager's first step in a fresh process is the floor of both (CUDA
     libraries' start-up, lazy imports, the allocator growing). `keep`: a folder the filled caches
     are merged into, for a `--speed` run after this one to start on (it times steps, not compiles).
-    `compilers`: which of eager, fuselens and Inductor to run (rows of several runs merge)."""
+    `compilers`: which of eager, fuselens and Inductor to run (rows of several runs merge).
+    `profile_dir`: one more process each, eager's first step and each compiler's warm one under
+    cProfile (its stats in `<workload>-<compiler>.prof` there; the table's times are unprofiled)."""
     row = {"workload": w.name}
+    prof = (lambda c: os.path.join(profile_dir, f"{w.name}-{c}.prof")) if profile_dir else None
     if "eager" in compilers:
         with tempfile.TemporaryDirectory() as d:
             row["eager_first"] = fresh_process(w.name, "eager", d)
+            if prof:
+                row["eager_first_profiled"] = fresh_process(w.name, "eager", d, prof("eager"))
         print(json.dumps(row), flush=True)
     for compiler in [c for c in ("fuselens", "inductor") if c in compilers]:
         with tempfile.TemporaryDirectory() as d:
             row[f"{compiler}_cold"] = fresh_process(w.name, compiler, d)
             row[f"{compiler}_warm"] = fresh_process(w.name, compiler, d)
+            if prof:
+                row[f"{compiler}_warm_profiled"] = fresh_process(w.name, compiler, d, prof(compiler))
             if keep:
                 shutil.copytree(d, keep, dirs_exist_ok=True)
         print(json.dumps(row), flush=True)
@@ -463,7 +478,8 @@ def main(a):
     rows = []
     for w in chosen:
         try:
-            row = cold(w, a.keep_caches, compilers) if a.cold else measure(w, compilers, ro=not a.no_ro)
+            row = cold(w, a.keep_caches, compilers, a.profile_first) if a.cold else \
+                measure(w, compilers, ro=not a.no_ro)
         except Exception as e:  # noqa: BLE001 (one broken workload must not lose the others' numbers)
             import traceback
             traceback.print_exc()

@@ -19,7 +19,8 @@ Speed (issue 18): the six workloads of bench_speed.py, eager vs fuselens vs torc
 (Inductor), default and reduce-overhead modes; first calls in fresh processes.
 
     PYTHONPATH=compiler python bench/models.py --speed [--workloads a,b] [--json speed.json]
-    PYTHONPATH=compiler python bench/models.py --cold [--workloads a,b] [--json cold.json] [--keep-caches DIR]
+    PYTHONPATH=compiler python bench/models.py --cold [--workloads a,b] [--compilers eager,fuselens] [--json cold.json]
+        [--keep-caches DIR] [--profile-first DIR]
     PYTHONPATH=compiler python bench/models.py --merge speed.json cold.json --json bench/results/models-speed-h100.json
     PYTHONPATH=compiler python bench/models.py --profile resnet50_fp32_infer
 """
@@ -271,6 +272,8 @@ def main():
     ap.add_argument("--keep-caches", metavar="DIR", help="cold: merge the caches it filled into DIR; point "
                     "TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, FUSELENS_CACHE_DIR at DIR/triton, ... for --speed")
     ap.add_argument("--profile", help="kernel time by kernel of one speed workload")
+    ap.add_argument("--profile-first", metavar="DIR", help="cold: also eager's first step and each compiler's "
+                    "warm one under cProfile, stats in DIR/<workload>-<compiler>.prof")
     ap.add_argument("--first-call", nargs=2, metavar=("WORKLOAD", "COMPILER"), help=argparse.SUPPRESS)
     ap.add_argument("--merge", nargs="+")
     ap.add_argument("--workloads")
