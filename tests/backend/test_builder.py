@@ -1,0 +1,40 @@
+"""ops/builder.py: a pointwise primitive's meta result, remembered by its operands' layouts."""
+import torch
+
+from fuselens.ops import builder as b
+
+
+class _Forgetful(dict):
+    def __setitem__(self, key, value):
+        pass
+
+
+def _layouts(monkeypatch, memo):
+    """Layouts of pointwise results from a builder remembering into `memo`, each call made twice."""
+    monkeypatch.setattr(b, "_POINTWISE_VALS", memo)
+
+    def meta(shape, dtype=torch.float32, stride=None):
+        return torch.empty_strided(shape, stride or torch.empty(shape).stride(), dtype=dtype, device="meta")
+    g = b.GraphBuilder("cpu")
+    out = []
+    with g.building():
+        x = g.placeholder("x", meta((2, 3, 4, 5)))
+        xcl = g.placeholder("xcl", meta((2, 3, 4, 5), stride=(60, 1, 15, 3)))  # channels-last
+        row, col = g.placeholder("row", meta((1, 5))), g.placeholder("col", meta((4, 1)))
+        i = g.placeholder("i", meta((4, 5), torch.int64))
+        h = g.placeholder("h", meta((2, 3, 4, 5), torch.bfloat16))
+        calls = [(b.add, x, x), (b.add, xcl, xcl), (b.add, x, xcl), (b.add, xcl, x), (b.add, row, col),
+                 (b.add, col, row), (b.mul, i, 2), (b.mul, i, 2.5), (b.mul, i, True), (b.div, i, 2),
+                 (b.lt, x, xcl), (b.lt, xcl, 0.5), (b.where, b.lt(xcl, 0), x, xcl), (b.exp, h), (b.exp, x),
+                 (b.cast, xcl, torch.float16), (b.add, h, x), (b.add, h, xcl)]
+        for _ in range(2):
+            out += [(tuple(v.shape), v.val.stride(), v.dtype) for fn, *args in calls for v in [fn(*args)]]
+    return out
+
+
+def test_remembered_pointwise_metas_are_torchs(monkeypatch):
+    """Calls whose key was seen get the layout torch's meta kernel gives them: calls differing only
+    in a stride, a dtype, a broadcast or a scalar's type keep their own."""
+    memo = {}
+    assert _layouts(monkeypatch, memo) == _layouts(monkeypatch, _Forgetful())
+    assert 10 < len(memo) < 40  # each distinct call once (casts included), the second round all recalled
