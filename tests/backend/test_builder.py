@@ -38,3 +38,16 @@ def test_remembered_pointwise_metas_are_torchs(monkeypatch):
     memo = {}
     assert _layouts(monkeypatch, memo) == _layouts(monkeypatch, _Forgetful())
     assert 10 < len(memo) < 40  # each distinct call once (casts included), the second round all recalled
+
+
+def test_a_result_that_is_an_operand_is_not_remembered_as_a_new_tensor(monkeypatch):
+    """A convert to the operand's own dtype returns the operand itself: its storage offset and
+    identity are kept, and the next such call is run again, not answered with a fresh tensor."""
+    from fuselens.ops import primitives as prim
+    monkeypatch.setattr(b, "_POINTWISE_VALS", {})
+    g = b.GraphBuilder("cpu")
+    with g.building():
+        y = g.placeholder("y", torch.empty(10, device="meta")[5:])
+        for _ in range(2):
+            same = b.emit(prim.convert, y, dtype=torch.float32)
+            assert same.val is y.val and same.val.storage_offset() == 5

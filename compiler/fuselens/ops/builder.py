@@ -233,10 +233,16 @@ def _operand_key(v):
     return (type(v), v)
 
 
+def _flat(v):
+    if isinstance(v, (list, tuple)):
+        return [x for item in v for x in _flat(item)]
+    return list(v.values()) if isinstance(v, dict) else [v]
+
+
 def _pointwise_val(p, operands, run):
     """`run()` (p.impl on the operands' metas), or the result it gave for operands of the same key."""
     try:
-        key = (p, _operand_key(operands), torch.get_default_dtype())
+        key = (p, _operand_key(operands), torch.get_default_dtype(), torch.is_grad_enabled())
         layout = _POINTWISE_VALS.get(key)
     except TypeError:  # a symbolic size, an unhashable argument: not remembered
         return run()
@@ -244,7 +250,9 @@ def _pointwise_val(p, operands, run):
         shape, stride, dtype = layout
         return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
     val = run()
+    # only new tensors (not an operand itself, as a convert to its own dtype returns, nor a view)
     if isinstance(val, torch.Tensor) and val.device.type == "meta" and not val.requires_grad and \
+            val._base is None and not any(val is _meta(o) for o in _flat(operands)) and \
             all(type(n) is int for n in (*val.shape, *val.stride())):
         if len(_POINTWISE_VALS) >= 20000:  # (a process compiling many models)
             _POINTWISE_VALS.clear()
