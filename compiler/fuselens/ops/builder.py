@@ -17,6 +17,7 @@ import threading
 import torch
 import torch.fx as fx
 from torch.fx.node import map_aggregate
+from torch.utils._pytree import tree_leaves
 
 from . import primitives as prim
 
@@ -233,12 +234,6 @@ def _operand_key(v):
     return (type(v), v)
 
 
-def _flat(v):
-    if isinstance(v, (list, tuple)):
-        return [x for item in v for x in _flat(item)]
-    return list(v.values()) if isinstance(v, dict) else [v]
-
-
 def _pointwise_val(p, operands, run):
     """`run()` (p.impl on the operands' metas), or the result it gave for operands of the same key."""
     try:
@@ -252,7 +247,7 @@ def _pointwise_val(p, operands, run):
     val = run()
     # only new tensors (not an operand itself, as a convert to its own dtype returns, nor a view)
     if isinstance(val, torch.Tensor) and val.device.type == "meta" and not val.requires_grad and \
-            val._base is None and not any(val is _meta(o) for o in _flat(operands)) and \
+            val._base is None and not any(val is _meta(o) for o in tree_leaves(operands)) and \
             all(type(n) is int for n in (*val.shape, *val.stride())):
         if len(_POINTWISE_VALS) >= 20000:  # (a process compiling many models)
             _POINTWISE_VALS.clear()
