@@ -151,8 +151,17 @@ def test_torch_python_autocast_runs_in_several_dtypes_is_interpreted():
     check(_encoder_layer, torch.randn(2, 3, 16), graphs=1, breaks=[])
 
 
+def _in_place_relu_and_add(x, y):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h = F.relu(x @ y.T, inplace=True)  # functionalized to ATen overloads, asked as those
+        h += y @ x.T
+        return h
+
+
 @pytest.mark.parametrize("fn, args", [(_under_autocast(_linear), (torch.randn(4, 8), torch.randn(4, 8))),
-                                      (_encoder_layer, (torch.randn(2, 3, 16),))], ids=["linear", "encoder_layer"])
+                                      (_encoder_layer, (torch.randn(2, 3, 16),)),
+                                      (_in_place_relu_and_add, (torch.randn(4, 8), torch.randn(4, 8)))],
+                         ids=["linear", "encoder_layer", "in_place"])
 def test_a_later_process_asks_no_probe_again(tmp_path, monkeypatch, fn, args):
     """The answers are kept on disk (a probe costs milliseconds, a model asks dozens): a process
     that finds them there asks none, and gets the same answers, REFUSED included."""

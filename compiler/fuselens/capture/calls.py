@@ -85,7 +85,10 @@ def qualified_name(fn) -> tuple[str, str] | None:
     module), or None (a lambda, a bound method). The name is its qualified name, or else the
     module's attribute that it is: `torch.addmm` (qualified `_VariableFunctionsClass.addmm`),
     `F.max_pool2d` (made inside torch's `boolean_dispatch`, renamed). A method descriptor
-    (`Tensor.view`) is found from its class's module."""
+    (`Tensor.view`) is found from its class's module; an ATen operator (`aten::add.Tensor`, what
+    in-place calls are functionalized to) from `torch.ops`."""
+    if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return "torch.ops", str(fn).replace("::", ".")
     owner = getattr(fn, "__objclass__", None)
     module = getattr(owner if owner is not None else fn, "__module__", None) or ""
     mod = sys.modules.get(module)
