@@ -303,6 +303,9 @@ def first_call(name, compiler):
 def fresh_process(name, compiler, cache, profile=None):
     env = dict(os.environ, TRITON_CACHE_DIR=f"{cache}/triton", TORCHINDUCTOR_CACHE_DIR=f"{cache}/inductor",
                FUSELENS_CACHE_DIR=f"{cache}/fuselens")
+    # Python modules from their .pyc files, as a user's installed packages (torch's are): a machine
+    # that writes none (PYTHONDONTWRITEBYTECODE=1) would compile fuselens's from source in every process
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if profile:
         env["FL_BENCH_PROFILE"] = profile
     out = subprocess.run([sys.executable, str(HERE / "models.py"), "--first-call", name, compiler], env=env,

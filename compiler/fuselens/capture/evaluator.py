@@ -132,7 +132,7 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
                     bound[k] = self.external_constant(v, None, k)
         scope = Scope(fs, caller, caller.depth + 1, bound, enclosing)
         scope.call_node = call
-        if is_generator(fs.node):
+        if is_generator(fs.node, fs.source_text):
             return GeneratorCall(fs, scope)  # its body runs when it is iterated
         try:
             return self._run_body(fs, scope)

@@ -33,8 +33,9 @@ class FunctionSource:
         return self.node.args
 
 
-# code object -> (its source, dedented; the AST holding its definition, at the file's positions):
-# each inlined call asked again (the lines, their dedent, the parse: ~1 ms a function the first time)
+# code object -> (its source, dedented; its definition's AST node, at the file's positions): each
+# inlined call asked again (the lines, their dedent, the parse, the search of the file's tree for
+# the definition: ~1 ms a function the first time)
 _PARSED: dict = {}
 
 
@@ -108,18 +109,17 @@ def function_source(fn) -> FunctionSource:
             lines, start = _source_lines(code, getattr(fn, "__globals__", None))
         except (OSError, TypeError) as e:
             raise NoSourceError(f"no source for {getattr(fn, '__qualname__', fn)!r}: {e}") from None
-        found = _PARSED[code] = _parse_source(code, fn, lines, start)
-    dedented, tree = found
-    node = _find_def(tree, code)
-    if node is None:
-        raise NoSourceError(f"cannot find the definition of {fn.__qualname__} in its source")
-    name = fn.__name__
-    if isinstance(node, ast.Lambda):  # `lambda args: expr` is `def f(args): return expr`
-        node = ast.copy_location(ast.FunctionDef(
-            name="__fl_lambda", args=node.args, body=[ast.copy_location(ast.Return(value=node.body), node.body)],
-            decorator_list=[], returns=None, type_comment=None, type_params=[]), node)
-        node.end_lineno, node.end_col_offset = node.body[0].end_lineno, node.body[0].end_col_offset
-        name = "__fl_lambda"
+        dedented, tree = _parse_source(code, fn, lines, start)
+        node = _find_def(tree, code)
+        if node is None:
+            raise NoSourceError(f"cannot find the definition of {fn.__qualname__} in its source")
+        if isinstance(node, ast.Lambda):  # `lambda args: expr` is `def f(args): return expr`
+            node = ast.copy_location(ast.FunctionDef(
+                name="__fl_lambda", args=node.args, body=[ast.copy_location(ast.Return(value=node.body), node.body)],
+                decorator_list=[], returns=None, type_comment=None, type_params=[]), node)
+            node.end_lineno, node.end_col_offset = node.body[0].end_lineno, node.body[0].end_col_offset
+        found = _PARSED[code] = (dedented, node)
+    dedented, node = found
     closure, cells = {}, {}
     if fn.__closure__:
         for name, cell in zip(code.co_freevars, fn.__closure__):
