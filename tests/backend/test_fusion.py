@@ -84,6 +84,18 @@ def test_outputs_have_eagers_layout_and_are_written_in_it(fn, shape):
         assert "tl.store(out_ptr0 + xindex," in cg.kernels[0].source
 
 
+def test_a_gemm_output_read_through_its_3d_view_is_read_at_xindex():
+    # F.linear on (B, S, K) is a 2-D GEMM viewed back as (B, S, N): the activation after it reads
+    # the GEMM's output in its own row-major order, so at `xindex`, with no division or modulus
+    # for it (BERT's GeLU: three divisions an element by kernel arguments, 0.36 against 0.27 ms)
+    fn = lambda x, w, b: torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b))  # noqa: E731
+    cg, (out,) = run(fn, randn(4, 8, 16), randn(24, 16), randn(24))
+    (kernel,) = cg.kernels
+    loads = [line.split("  #")[0].strip() for line in kernel.source.splitlines() if "tl.load" in line]
+    assert any(re.match(r"tmp\d+ = tl\.load\(in_ptr\d \+ xindex\b", load) for load in loads), loads
+    assert "x0 =" not in kernel.source and "x1 =" not in kernel.source  # only the bias's column index
+
+
 def test_a_view_that_fails_in_eager_fails_compiled():
     # the graph returns `(x * 2).T.contiguous()`; Python transposes it back and views it flat,
     # which eager refuses: so must fuselens, with eager's error and no fallback warning

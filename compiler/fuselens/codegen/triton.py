@@ -298,7 +298,16 @@ class KernelWriter:
         row, element = self._row_major
 
         def equal(a, b):  # (different loop variables: not equal; sympy cancels a term and its negation)
-            return a == b or a.free_symbols == b.free_symbols and sympy.expand(a - b) == 0
+            if a == b:
+                return True
+            if a.free_symbols == b.free_symbols and sympy.expand(a - b) == 0:
+                return True
+            # sizes by their values: a view's stride s0*s1 (BERT's [4096, 3072] GEMM output read as
+            # [32, 128, 3072]) is the row-major stride s2 of the same value, and `xindex` then
+            # saves three divisions an element. Not with dynamic sizes, where the values change
+            loops = lambda e: {v for v in e.free_symbols if v.name[0] in "xr"}  # noqa: E731
+            return not self.dynamic_values and loops(a) == loops(b) and \
+                sympy.expand((a - b).subs(self.sizevars.values)) == 0
         if self.x_dims and equal(index, row):
             return "xindex"  # the kernel's own row (or element, in a pointwise kernel)
         reduced_last = all(d in red for d in range(len(shape) - len(red), len(shape)))
