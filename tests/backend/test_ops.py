@@ -172,6 +172,25 @@ def test_conv2d_and_embedding():
           atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("padding_idx", [-1, 2])
+def test_embedding_backward_sums_the_rows_of_each_index(padding_idx):
+    # repeated indices add up; the padding row gets none. On CUDA in fp32 it adds with atomics
+    # (the order of the sums varies): equal to ATen's within rounding, and ATen's own result
+    # exactly when deterministic algorithms are asked for
+    from fuselens.ops import primitives as prim
+    idx = torch.tensor([[0, 3, 2, 3], [2, 2, 4, 3]], device=DEVICE)
+    g = t(2, 4, 5)
+    want = torch.ops.aten.embedding_dense_backward(g, idx, 6, padding_idx, False)
+    torch.testing.assert_close(prim.embedding_backward.impl(g, idx, 6, padding_idx), want)
+    assert not want[5].any() and (padding_idx < 0 or not want[padding_idx].any())
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert torch.equal(prim.embedding_backward.impl(g, idx, 6, padding_idx), want)
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+
+
 def test_unsupported_op_runs_as_extern_with_gradient():
     def f(x):
         return torch.cumsum(torch.sin(x), 1) * 2  # cumsum has no decomposition: an extern call
