@@ -208,7 +208,7 @@ def test_kernels_compiled_before_the_first_call_are_the_ones_it_launches(monkeyp
     expected, launched = {}, []
 
     def predict(self, dtypes, scalars, sizes, device):
-        expected[self.name] = (self, self.expected_launches(dtypes, scalars, sizes))
+        expected[self.name] = (self, self.expected_launches(dtypes, scalars, sizes, device.index or 0))
         return []
     real_run = launcher.TritonKernel.run
 

@@ -155,6 +155,45 @@ def test_wrapper_call_binds_the_launch_for_its_sizes_only(monkeypatch):
     assert all(sizes == (64,) for sizes, _ in calls[1:])
 
 
+def test_autotuning_times_a_kernel_source_once_across_kernels_and_processes(monkeypatch, tmp_path):
+    # a model's identical kernels (its layers) and a later process reuse the choice: timing
+    # candidates is a GPU run of each; a warm process also compiles only the chosen config ahead
+    monkeypatch.setattr(launcher, "INTERPRET", False)
+    monkeypatch.setenv("FUSELENS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(launcher, "torch_cuda_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "GPU-A")
+    monkeypatch.setattr(launcher, "_choices", {})
+    timed = []
+    monkeypatch.setattr(launcher.TritonKernel, "autotune",
+                        lambda self, args, sizes, candidates: timed.append((self.name, sizes)) or candidates[1])
+    monkeypatch.setattr(launcher.TritonKernel, "launch_for", lambda self, args, sizes, config: lambda *a: True)
+    source = "@triton.jit\ndef fl_red_k_{}(in_ptr0, xnumel, rnumel, xchunk, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):\n"
+    first, second = (launcher.TritonKernel(f"fl_red_k_{i}", source.format(i), "chunked_tiles", itemsize=2)
+                     for i in (3, 9))
+    x = torch.empty(8)
+    expected = launcher.configs("chunked_tiles", 4096, 3072, False, False, 256, 2)
+    assert len(expected) > 1  # (else nothing to choose)
+    first.run(x, xnumel=4096, rnumel=3072, xchunk=256)
+    second.run(x, xnumel=4096, rnumel=3072, xchunk=256)
+    assert timed == [("fl_red_k_3", (4096, 3072, 256))]
+    assert first.best == second.best and list(first.best.values()) == [expected[1]]
+    sizes = (4096, 3072, 256)
+    assert [c for _, _, c in second.expected_launches([torch.bfloat16], [], sizes, 0)] == [expected[1]]
+    second.run(x, xnumel=1024, rnumel=3072, xchunk=64)  # other sizes: timed
+    assert timed[-1] == ("fl_red_k_9", (1024, 3072, 64))
+
+    monkeypatch.setattr(launcher, "_choices", {})  # a later process: read from the cache directory
+    third = launcher.TritonKernel("fl_red_k_5", source.format(5), "chunked_tiles", itemsize=2)
+    assert [c for _, _, c in third.expected_launches([torch.bfloat16], [], sizes, 0)] == [expected[1]]
+    third.run(x, xnumel=4096, rnumel=3072, xchunk=256)
+    assert len(timed) == 2 and list(third.best.values()) == [expected[1]]
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "GPU-B")  # another GPU model: timed
+    assert len(third.expected_launches([torch.bfloat16], [], sizes, 0)) == len(expected)
+    launcher.TritonKernel("fl_red_k_6", source.format(6), "chunked_tiles", itemsize=2).run(
+        x, xnumel=4096, rnumel=3072, xchunk=256)
+    assert len(timed) == 3
+
+
 COMPILE = '''
 import torch
 from fuselens.codegen import cuda, launcher

@@ -12,16 +12,17 @@ triton yourself earlier in that process requires TRITON_INTERPRET=1 to be set al
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -250,7 +251,7 @@ def load_module(source: str):
         return module
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Config:
     XBLOCK: int
     RBLOCK: int | None = None
@@ -290,11 +291,12 @@ def configs(mode: str, xnumel: int, rnumel: int, interpret: bool, max_autotune: 
         rmax = min(next_power_of_2(rnumel), MAX_RTILE)
         if interpret:
             return [Config(min(chunk, 16), min(rmax, 512))]
-        # default mode: one shape, 8x64 with 4 warps: on the H100 the best or within 3% of the best
-        # of six shapes for a ResNet's BatchNorm statistics and ReLU-with-BatchNorm gradients (64 to
-        # 1024 channels), where 32x64 took up to 24% longer (bench/NOTES.md)
-        pairs = [(8, 64)] + ([(32, 64), (16, 64), (64, 64), (16, 128), (32, 128), (4, 256), (8, 512), (16, 1024)]
-                             if max_autotune else [])
+        # default mode: two shapes, timed (the choice is kept: TritonKernel.tuned). 8x64 with 4 warps
+        # was the best or within 3% of the best of six shapes for a ResNet's BatchNorm statistics and
+        # ReLU-with-BatchNorm gradients (64 to 1024 channels) on the H100; GPT-2's bf16 tanh-GeLU
+        # backward with its bias partials (4096 x 3072) took 48 us there, 35 with 16x64 (bench/NOTES.md)
+        pairs = [(8, 64), (16, 64)] + ([(32, 64), (64, 64), (16, 128), (32, 128), (4, 256), (8, 512), (16, 1024)]
+                                       if max_autotune else [])
         out = []
         for x, r in pairs:
             c = Config(min(x, chunk), min(r, rmax), 8 if min(x, chunk) * min(r, rmax) >= 4096 else 4)
@@ -360,7 +362,7 @@ def _refuse(*args):
     return False
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Param:
     """What launching reads of a kernel parameter (as Triton's JIT parameter has it)."""
     name: str
@@ -432,7 +434,7 @@ class TritonKernel:
         config = self.best.get(key)
         if config is None:
             candidates = configs(self.mode, xnumel, rnumel or 1, INTERPRET, self.max_autotune, xchunk, self.itemsize)
-            config = candidates[0] if len(candidates) == 1 else self.autotune(args, sizes, candidates)
+            config = candidates[0] if len(candidates) == 1 else self.tuned(args, sizes, candidates)
             self.best[key] = config
         if INTERPRET:
             with np.errstate(all="ignore"):  # the interpreter computes masked-off lanes too (x/0 is harmless)
@@ -451,14 +453,18 @@ class TritonKernel:
         scalars = tuple(a for a, p in zip(args, self.params) if isinstance(a, int) and not p.do_not_specialize)
         return spec, (config, torch_cuda_device(), sizes, tuple(spec[0].values()), tuple(spec[2]), scalars)
 
-    def expected_launches(self, dtypes, scalars, sizes):
+    def expected_launches(self, dtypes, scalars, sizes, device):
         """The launches the wrapper will make, before it makes them: (args, sizes, config) for every
-        config the first launch may try, with stand-ins for the tensors (of these dtypes, 16-byte
-        aligned as torch allocates). `scalars`: the seed (any int) and the size arguments."""
+        config the first launch may try (the one autotuning chose before, where it did), with
+        stand-ins for the tensors (of these dtypes, 16-byte aligned as torch allocates). `scalars`:
+        the seed (any int) and the size arguments; `device`: a CUDA device's index."""
         args = [_Aligned(d) for d in dtypes] + list(scalars)
         xnumel, rnumel, xchunk = (tuple(sizes) + (None, None))[:3]
-        return [(args, tuple(sizes), c)
-                for c in configs(self.mode, xnumel, rnumel or 1, INTERPRET, self.max_autotune, xchunk, self.itemsize)]
+        candidates = configs(self.mode, xnumel, rnumel or 1, INTERPRET, self.max_autotune, xchunk, self.itemsize)
+        if len(candidates) > 1:
+            chosen = remembered_choice(self.choice_key(tuple(sizes), candidates, device))
+            candidates = [chosen] if chosen else candidates
+        return [(args, tuple(sizes), c) for c in candidates]
 
     def compile_jobs(self, dtypes, scalars, sizes, device):
         """cubin_job()s for expected_launches on `device` (a torch.device): compiled together,
@@ -468,7 +474,7 @@ class TritonKernel:
             return []
         index = device.index if device.index is not None else torch_cuda_device()
         return [cubin_job(self.compiled_source, self.compiled_name, self.specialize(args, sz, c)[0], c, index)
-                for args, sz, c in self.expected_launches(dtypes, scalars, sizes)]
+                for args, sz, c in self.expected_launches(dtypes, scalars, sizes, index)]
 
     def launch_for(self, args, sizes, config):
         """The launch function for these arguments and config (compiled, or read from the cache, on a miss)."""
@@ -482,6 +488,26 @@ class TritonKernel:
                                       device, self.pdl)
             self._launches[key] = launch
         return launch
+
+    def choice_key(self, sizes, candidates, device) -> str:
+        """What autotuning's choice for these sizes depends on: the compiled kernel, its candidates,
+        the GPU's model and Triton's version (its codegen)."""
+        import torch
+        import triton
+        from . import cuda
+        text = repr((cuda._digest(self.compiled_source), self.compiled_name, self.mode, tuple(sizes), candidates,
+                     torch.cuda.get_device_name(device), triton.__version__))
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def tuned(self, args, sizes, candidates):
+        """The best of `candidates` for these sizes: as chosen before for this kernel's source (by
+        another kernel of the same source, a model's layers, or an earlier process), else timed."""
+        key = self.choice_key(sizes, candidates, torch_cuda_device())
+        config = remembered_choice(key)
+        if config is None or config not in candidates:
+            config = self.autotune(args, sizes, candidates)
+            remember_choice(key, config)
+        return config
 
     def autotune(self, args, sizes, candidates):
         """Time each config once per shape on the GPU (kernels are pure: outputs never alias inputs)."""
@@ -504,6 +530,36 @@ class TritonKernel:
                   ", ".join(f"{c.XBLOCK}x{c.RBLOCK}/{c.num_warps}w {ms * 1e3:.1f}us" for ms, c in timings),
                   file=sys.stderr, flush=True)
         return min(timings, key=lambda tc: tc[0])[1]
+
+
+# Autotuning's choices by TritonKernel.choice_key: in this process, and on disk under
+# FUSELENS_CACHE_DIR/autotune as the cubins are, so a model's identical kernels are timed once and
+# a later process times none (a warm process timed each candidate of each kernel again)
+_choices: dict = {}
+
+
+def _choice_path(key):
+    return os.path.join(cache_dir(), "autotune", key + ".json")
+
+
+def remembered_choice(key) -> Config | None:
+    if key not in _choices:
+        try:
+            with open(_choice_path(key)) as f:
+                _choices[key] = Config(**json.load(f))
+        except (OSError, ValueError, TypeError):
+            return None
+    return _choices[key]
+
+
+def remember_choice(key, config: Config):
+    _choices[key] = config
+    path = _choice_path(key)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(dataclasses.asdict(config), f)
+    os.replace(tmp, path)
 
 
 class _Aligned:
