@@ -231,7 +231,41 @@ def test_a_value_stored_for_an_extern_is_read_by_its_later_users():
         r = torch.relu(s)
         return (r @ w) * r, s.amax()
     cg = check(f, randn(16, 8), randn(16, 8), randn(8, 8), grad=False)
-    assert cg.wrapper_source.count("empty((16, 8)") == 2  # r and the result, not s
+    assert cg.wrapper_source.count("empty((16, 8)") == 1  # r, not s: the result is written over r @ w
+    assert "in place" in cg.wrapper_source
+
+
+def in_place_lines(cg):
+    return [line for line in cg.wrapper_source.splitlines() if "in place" in line]
+
+
+@pytest.mark.parametrize("fn, inputs, over", [
+    # GeLU after a 3-D linear: over the GEMM's result, viewed (B, S, N)
+    (lambda x, w, v: torch.nn.functional.gelu(torch.nn.functional.linear(x, w)) @ v, ((4, 8, 16), (24, 16), (24, 8)),
+     True),
+    # a layer norm (a persistent reduction) of a GEMM's result, written over it
+    (lambda x, w: manual_layer_norm(x @ w, 1.5, 0.5) + 1, ((32, 16), (16, 64)), True),
+    # read at other elements than written (a transpose): not in place
+    (lambda x, w: ((x @ w).t() * 2).contiguous() + 1, ((16, 16), (16, 16)), False),
+    # the GEMM's result read again after the kernel: not in place
+    (lambda x, w: (lambda y: (torch.sigmoid(y) + 1) @ y)(x @ w), ((16, 16), (16, 16)), False),
+])
+def test_an_output_is_written_over_an_input_read_only_where_it_is_written(fn, inputs, over):
+    # each element read once, at the element written, by a kernel in one pass: its output takes the
+    # memory of an input that dies there (a fresh GEMM result), as Inductor's in-place kernels do
+    cg = check(fn, *[randn(*s) for s in inputs], grad=False, atol=1e-4, rtol=1e-4)
+    assert bool(in_place_lines(cg)) == over, cg.wrapper_source
+
+
+def test_what_the_caller_gets_is_no_view_of_an_input_it_was_written_over():
+    fn = lambda x, w: torch.nn.functional.gelu(torch.nn.functional.linear(x, w))  # noqa: E731
+    cg, (out,) = run(fn, randn(4, 8, 16), randn(24, 16))
+    assert not out._is_view() and not in_place_lines(cg)  # (4, 8, 24) over (32, 24): a view, so a new buffer
+    fn = lambda x, w: torch.nn.functional.gelu(x @ w)  # noqa: E731
+    x, w = randn(32, 16), randn(16, 24)
+    cg, (out,) = run(fn, x, w)
+    assert not out._is_view() and in_place_lines(cg)  # the same layout: the GEMM's result itself
+    torch.testing.assert_close(out, fn(x, w), atol=1e-4, rtol=1e-4)
 
 
 def test_unrelated_reductions_stay_separate_kernels():
@@ -304,9 +338,11 @@ def test_kernel_lines_carry_their_source_line():
 
 
 def test_sizes_are_kernel_arguments_and_kernels_are_reused_across_shapes(monkeypatch):
+    # (the interpreter loads a kernel's module; a GPU loads its cubin, compiled or from the cache)
     loads = []
-    real = launcher.load_module
+    real, real_binary = launcher.load_module, launcher.load_binary
     monkeypatch.setattr(launcher, "load_module", lambda src: loads.append(src) or real(src))
+    monkeypatch.setattr(launcher, "load_binary", lambda src, *a: loads.append(src) or real_binary(src, *a))
     x = randn(6, 10)
     cg, _ = run(manual_softmax, x)
     first = cg.kernels[0].source

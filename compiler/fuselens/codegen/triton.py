@@ -167,6 +167,10 @@ class KernelWriter:
         self.mask_stack: list[str] = []
         self.in_args: dict[str, str] = {}
         self.out_args: dict[str, str] = {}
+        # buffer name -> the (index, mask) of each load from it, of its store: what the wrapper
+        # needs to know to write an output over an input (WrapperWriter.in_place_of)
+        self.load_sites: dict[str, set] = {}
+        self.store_sites: dict[str, set] = {}
         self.size_args: dict = {}  # size symbol -> kernel argument name
         self.buffers: dict[str, object] = {}
         self.uses_seed = False
@@ -315,6 +319,10 @@ class KernelWriter:
             return "xindex * rnumel + rindex" if self.x_dims else "rindex"
         return self.expr(index)
 
+    @staticmethod
+    def along_r(index) -> bool:
+        return any(s.name[0] == "r" for s in sympy.sympify(index).free_symbols)
+
     def mask_for(self, index) -> str | None:
         names = {s.name[0] for s in sympy.sympify(index).free_symbols if s.name[0] in "xr"}
         parts = []
@@ -343,7 +351,9 @@ class KernelWriter:
         ptr = self.arg_for(buf, self.in_args, "in_ptr")
         # a constant index is a broadcast element, always in bounds: a scalar load takes no mask
         mask = self.mask_for(index) if sympy.sympify(index).free_symbols else None
-        text = f"tl.load({ptr} + {self.index_text(index)}" + (f", {mask}, other=0)" if mask else ")")
+        index_text = self.index_text(index)
+        self.load_sites.setdefault(buf.name, set()).add((index_text, mask, self.along_r(index)))
+        text = f"tl.load({ptr} + {index_text}" + (f", {mask}, other=0)" if mask else ")")
         if compute_dtype(buf.dtype) != buf.dtype:
             text += ".to(tl.float32)"
         return self.cse(text, compute_dtype(buf.dtype), hoist=True)
@@ -479,6 +489,7 @@ class KernelWriter:
             index_text, mask = "xindex", "xmask"
         else:
             index_text, mask = self.index_text(index), self.mask_for(index)
+        self.store_sites.setdefault(buf.name, set()).add((index_text, mask, self.along_r(index)))
         if value.literal:  # a block of the pointers' shape: [XBLOCK, 1] where they do not vary along r
             along_r = any(s.name[0] == "r" for s in index.free_symbols)
             shape = "[XBLOCK, RBLOCK]" if along_r else "[XBLOCK, 1]" if self.kernel.is_reduction else "[XBLOCK]"

@@ -34,6 +34,11 @@ def reinterpret(t, size, stride, offset):
     return torch.as_strided(t, size, stride, t.storage_offset() + offset)
 
 
+def _span(shape, stride):
+    """Elements of memory a layout spans."""
+    return 0 if 0 in shape else 1 + sum((size - 1) * st for size, st in zip(shape, stride))
+
+
 def _row_major(shape, stride):
     return all(st == cs for size, st, cs in zip(shape, stride, contiguous_strides(shape)) if size != 1)
 
@@ -326,6 +331,7 @@ class WrapperWriter:
             # less than torch.empty_strided), on the current device: the graph's, or else a slower one
             out.append(f"    empty = empty_current if current_device() == {self.device.index or 0} else empty_on")
         pool: dict = {}  # (shape, stride, dtype) -> names of dead buffers
+        taken: set = set()  # inputs a kernel wrote its output over
         for i in indices:
             step = steps[i]
             if isinstance(step, ExternCall):
@@ -345,7 +351,13 @@ class WrapperWriter:
                     buf = writer.buffers[name]
                     shape, stride = self.allocated_as.get(name, (buf.shape, buf.stride))
                     key = (shape, stride, buf.dtype)
-                    if pool.get(key):
+                    over = self.in_place_of(i, writer, name, key, last_use, keep | never_reused | taken)
+                    same = over is not None and self.allocated(over) == (shape, stride)
+                    if over is not None and (same or name not in keep):  # (what the caller gets is no view)
+                        taken.add(over)
+                        view = "" if same else f".as_strided({shape}, {stride})"
+                        out.append(f"    {name} = {over}{view}  # in place: read only where written")
+                    elif pool.get(key):
                         old = pool[key].pop()
                         out.append(f"    {name} = {old}; del {old}  # reuse")
                     else:
@@ -361,10 +373,39 @@ class WrapperWriter:
                                f"{lines_comment(writer.source_lines)}")
             for name in [n for n, last in last_use.items() if last == i and n not in keep]:
                 buf = self.buffer(name)
-                if isinstance(buf, ComputedBuffer) and name not in never_reused:
+                if isinstance(buf, ComputedBuffer) and name not in never_reused and name not in taken:
                     pool.setdefault((buf.shape, buf.stride, buf.dtype), []).append(name)
                 else:
                     out.append(f"    del {name}")
+
+    def in_place_of(self, i, writer, name, key, last_use, excluded):
+        """An input of kernel step `i` whose memory its output `name` (allocated as `key`) can take
+        over, or None: a buffer of this program (a kernel's, or a GEMM's fresh result) in its last
+        use, of the same size, stride and dtype, read only at the very elements the output is
+        written, in one pass (a pointwise kernel; a persistent reduction's whole elements, not its
+        per-row values). Each element is then read before it is overwritten, by the thread that
+        overwrites it, as Inductor's in-place kernels do: no new buffer, and the writes land on
+        cache lines the reads brought in (BERT's GeLU after its GEMM: 27.5 -> measured in NOTES)."""
+        if writer.mode not in ("pointwise", "persistent"):
+            return None
+        sites = writer.store_sites.get(name, set())
+        if len(sites) != 1 or (writer.mode == "persistent" and not next(iter(sites))[2]):
+            return None
+        for other, loads in writer.load_sites.items():
+            if loads != sites or other in excluded or last_use.get(other) != i:
+                continue
+            buf = self.buffer(other)
+            made = next((s for s in self.sched.steps if isinstance(s, ExternCall) and s.result is buf), None)
+            fresh = isinstance(buf, ComputedBuffer) or \
+                made is not None and made.prim.fresh_contiguous and buf.stride == contiguous_strides(buf.shape)
+            if fresh and buf.dtype == key[2] and _span(*self.allocated(other)) == _span(*key[:2]):
+                return other
+        return None
+
+    def allocated(self, name):
+        """(shape, stride) a buffer of this program is allocated as."""
+        buf = self.buffer(name)
+        return self.allocated_as.get(name, (buf.shape, buf.stride))
 
     def buffer(self, name):
         for step in self.sched.steps:
