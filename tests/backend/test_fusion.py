@@ -491,13 +491,14 @@ def test_max_autotune_tries_more_block_sizes():
 
 def test_persistent_reductions_keep_the_gpu_busy():
     """A block holds as many rows as fit, unless that leaves fewer than MIN_PROGRAMS programs:
-    a bias gradient's second stage (768 columns of 256 partials) gets 384 programs, not 24."""
+    a bias gradient's second stage (768 columns of 256 partials) gets 384 programs, not 24. Timed
+    against it: blocks of about 1024 elements, where those are fewer rows."""
     def programs(xnumel, rnumel):
-        (config,) = launcher.configs("persistent", xnumel, rnumel, interpret=False, max_autotune=False)
-        return launcher.grid0("persistent", (xnumel, rnumel), config), config.XBLOCK
-    assert programs(768, 256) == (384, 2)
-    assert programs(1 << 16, 768) == (8192, 8)  # many rows: the largest block
-    assert programs(100, 4096) == (100, 1)
+        config, *other = launcher.configs("persistent", xnumel, rnumel, interpret=False, max_autotune=False)
+        return launcher.grid0("persistent", (xnumel, rnumel), config), config.XBLOCK, [c.XBLOCK for c in other]
+    assert programs(768, 256) == (384, 2, [])
+    assert programs(1 << 16, 768) == (8192, 8, [1])  # many rows: the largest block, or one row
+    assert programs(100, 4096) == (100, 1, [])
 
 
 def test_pointwise_warps_follow_the_narrowest_dtype():
