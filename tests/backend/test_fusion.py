@@ -541,10 +541,10 @@ def test_equal_outputs_stay_two_tensors():
 
 def test_equal_numbers_of_other_types_are_not_merged():
     # an int tensor times 1 stays int, times 1.0 becomes float; adding -0.0 keeps a -0.0, adding
-    # 0.0 does not
+    # 0.0 does not; -(+0.0) is -0.0 (on a GPU, Triton <= 3.6 made a -0.0 constant +0.0 and `-x` 0 - x)
     def f(i, x):
-        return i * 1, i * 1.0, x + 0.0, x + -0.0
-    i, x = torch.arange(4, device=DEVICE), torch.tensor([-0.0, 1.0], device=DEVICE)
+        return i * 1, i * 1.0, x + 0.0, x + -0.0, torch.where(x > 0, x, -0.0), -x
+    i, x = torch.arange(4, device=DEVICE), torch.tensor([-0.0, 1.0, 0.0], device=DEVICE)
     cg, got = run(f, i, x)
     for g, w in zip(got, f(i, x)):
         assert g.dtype == w.dtype

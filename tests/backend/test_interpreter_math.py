@@ -16,13 +16,14 @@ FLOATS = [torch.float32, torch.bfloat16, torch.float16]
 
 def arity(prim):
     """The number of operands of a primitive's kernel line."""
-    return len(set(re.findall(r"\{(\d)\}", prim.triton or "")))
+    return len(set(re.findall(r"\{(\d)\}", prim.triton_for(torch.float32) or "")))
 
 
 # every pointwise primitive computing a value from one or two tensors of one float dtype (where's
 # first operand is a condition; convert, slice_backward and cat are lowered by codegen itself;
 # copy and stop_gradient compute nothing)
-MATH = sorted(n for n, p in PRIMITIVES.items() if p.kind == "pointwise" and arity(p) in (1, 2) and p.triton != "{0}")
+MATH = sorted(n for n, p in PRIMITIVES.items()
+              if p.kind == "pointwise" and arity(p) in (1, 2) and p.triton_for(torch.float32) != "{0}")
 
 
 def operands(impl, n, dtype):

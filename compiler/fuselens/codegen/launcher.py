@@ -60,10 +60,11 @@ def _primitive_functions():
     """{Triton function a pointwise primitive's kernel line calls (`tl.exp`, `libdevice.tanh`):
     that primitive's torch function}. tl.where is left to Triton: codegen's masks call it too,
     and a selection is exact in any implementation."""
+    import torch
     from ..ops.primitives import PRIMITIVES
     out = {}
     for p in PRIMITIVES.values():
-        m = _CALL.fullmatch(p.triton or "") if p.kind == "pointwise" else None
+        m = _CALL.fullmatch(p.triton_for(torch.float32) or "") if p.kind == "pointwise" else None
         if m and m.group(1) != "tl.where":
             out[m.group(1)] = p.impl
     return out

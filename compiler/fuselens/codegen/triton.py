@@ -408,13 +408,20 @@ class KernelWriter:
             return CV(self.expr(self.sizevars(int(value))), compute_dtype(dtype))
         if compute_dtype(dtype) != dtype:  # a half-precision constant is the nearest value of its type
             value = torch.tensor(value, dtype=dtype).item()
+        if dtype.is_floating_point and value == 0 and math.copysign(1.0, value) < 0:
+            # Triton (<= 3.6) makes a scalar constant equal to 0 its type's zero, dropping the sign
+            # of -0.0 (`x + -0.0` gave +0.0 for x = -0.0): its bits, reinterpreted
+            bits, ints = (-2 ** 63, "tl.int64") if dtype == torch.float64 else (-2 ** 31, "tl.int32")
+            cd = compute_dtype(dtype)
+            return self.cse(f"tl.full([1], {bits}, {ints}).to({TL_DTYPES[cd]}, bitcast=True)", cd)
         return CV(literal(value, dtype), compute_dtype(dtype), value=value)
 
     def pointwise(self, p, vals, out_dtype):
         self.op_names.add(p.name)
-        if p.triton.startswith("libdevice."):  # libdevice picks its function by operand types: no bare literals
+        template = p.triton_for(out_dtype)
+        if template.startswith("libdevice."):  # libdevice picks its function by operand types: no bare literals
             vals = [CV(f"tl.full([1], {v}, {TL_DTYPES[v.dtype]})", v.dtype) if v.literal else v for v in vals]
-        return self.round(self.cse(p.triton.format(*[v.expr for v in vals]), compute_dtype(out_dtype)), out_dtype)
+        return self.round(self.cse(template.format(*[v.expr for v in vals]), compute_dtype(out_dtype)), out_dtype)
 
     def round(self, v, dtype):
         """A value computed in fp32 as the nearest value of half-precision `dtype`: each primitive's

@@ -2,7 +2,8 @@
   - `impl`: a torch function computing it. Run on meta tensors it is the shape/dtype rule; run on
     real tensors it is the reference (and the extern call for primitives without a Triton lowering).
   - `vjp`: the vector-Jacobian product rule, written with the same primitives (see autograd/joint.py).
-  - its lowering: `triton` (a format string over operand expressions) for pointwise primitives,
+  - its lowering: `triton` (a format string over operand expressions, or a function of the
+    result's dtype giving one) for pointwise primitives,
     `reduce` for reductions; primitives with neither are extern calls to `impl`.
 The VJP rules live in vjp.py next to the decompositions, registered onto these objects by name,
 because they are written with the builder's helpers, which themselves emit these primitives.
@@ -54,6 +55,10 @@ class Primitive:
     def vjp(self, rule):
         self._vjp = _in_compute_precision(rule) if rule is not None and self.kind == "pointwise" else rule
 
+    def triton_for(self, dtype) -> str | None:
+        """The Triton lowering of a pointwise primitive with a result of `dtype`."""
+        return self.triton if self.triton is None or isinstance(self.triton, str) else self.triton(dtype)
+
     def __call__(self, *args, **kwargs):
         return self.impl(*args, **kwargs)
 
@@ -81,7 +86,9 @@ def _pointwise(name, impl, triton, **kwargs):
 
 
 # --- pointwise: unary -------------------------------------------------------------------------
-neg = _pointwise("neg", torch.neg, "-{0}")
+# a float times -1, not Triton's unary minus: `0 - x` in triton <= 3.6, +0.0 for +0.0 where eager
+# gives -0.0 (an unsigned int cannot be multiplied by -1 in Triton: its minus wraps as torch's)
+neg = _pointwise("neg", torch.neg, lambda dtype: "{0} * -1.0" if dtype.is_floating_point else "-{0}")
 abs = _pointwise("abs", torch.abs, "tl.abs({0})")
 exp = _pointwise("exp", torch.exp, "tl.exp({0})")
 exp2 = _pointwise("exp2", torch.exp2, "tl.exp2({0})")
