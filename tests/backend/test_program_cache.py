@@ -185,6 +185,23 @@ def test_what_differs_compiles(cache, fn, args, grad):
     assert counts() == (2, 2)
 
 
+def test_a_loaded_training_program_runs_no_check_step(cache, monkeypatch):
+    # a new training program runs both halves once before its first step (a kernel that fails
+    # then still has the graph to fall back to); one loaded from the cache ran that check, and a
+    # step, in the process that stored it: its first call is the step alone
+    from fuselens.runtime import backend
+    checks = []
+    real = backend.compile_training
+
+    def counting(*args, **kwargs):
+        run, check, programs, made = real(*args, **kwargs)
+        return run, (lambda *xs: checks.append(1) or check(*xs)), programs, made
+    monkeypatch.setattr(backend, "compile_training", counting)
+    compiled_call(scale, X, W)
+    compiled_call(scale, X, W)
+    assert counts() == (1, 1) and len(checks) == 1
+
+
 def test_a_fuselens_variable_set_after_a_compile_compiles_again(cache, monkeypatch):
     # the variables are part of the key as they are at each compile, not as at the process's first
     compiled_call(scale, X, W)

@@ -287,7 +287,10 @@ class CompiledGraph:
                                                           graphs, cached, lambda: spec.ran_new_backward())
             spec = _Specialization(run, [k for p in programs for k in p.kernels],
                                    "\n".join(f"# {label}\n{p.wrapper_source}"
-                                             for label, p in zip(("forward", "backward"), programs)), check)
+                                             for label, p in zip(("forward", "backward"), programs)),
+                                   # (an entry of the cache is a program that ran its check, and then a
+                                   # step, in the process that stored it: not again in this one)
+                                   check if cached is None else None)
         else:
             made = cached if cached is not None else \
                 build_program(values_only(to_primitive_graph(self.gm, inputs, device)), device, self.mode, dynamic)
