@@ -167,30 +167,30 @@ def test_autotuning_times_a_kernel_source_once_across_kernels_and_processes(monk
     monkeypatch.setattr(launcher.TritonKernel, "autotune",
                         lambda self, args, sizes, candidates: timed.append((self.name, sizes)) or candidates[1])
     monkeypatch.setattr(launcher.TritonKernel, "launch_for", lambda self, args, sizes, config: lambda *a: True)
-    source = "@triton.jit\ndef fl_red_k_{}(in_ptr0, xnumel, rnumel, xchunk, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):\n"
-    first, second = (launcher.TritonKernel(f"fl_red_k_{i}", source.format(i), "chunked_tiles", itemsize=2)
+    source = "@triton.jit\ndef fl_red_k_{}(in_ptr0, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):\n"
+    first, second = (launcher.TritonKernel(f"fl_red_k_{i}", source.format(i), "looped", itemsize=2)
                      for i in (3, 9))
     x = torch.empty(8)
-    expected = launcher.configs("chunked_tiles", 4096, 3072, False, False, 256, 2)
+    expected = launcher.configs("looped", 4096, 8192, False, False, None, 2)
     assert len(expected) > 1  # (else nothing to choose)
-    first.run(x, xnumel=4096, rnumel=3072, xchunk=256)
-    second.run(x, xnumel=4096, rnumel=3072, xchunk=256)
-    assert timed == [("fl_red_k_3", (4096, 3072, 256))]
+    first.run(x, xnumel=4096, rnumel=8192)
+    second.run(x, xnumel=4096, rnumel=8192)
+    assert timed == [("fl_red_k_3", (4096, 8192))]
     assert first.best == second.best and list(first.best.values()) == [expected[1]]
-    sizes = (4096, 3072, 256)
+    sizes = (4096, 8192)
     assert [c for _, _, c in second.expected_launches([torch.bfloat16], [], sizes, 0)] == [expected[1]]
-    second.run(x, xnumel=1024, rnumel=3072, xchunk=64)  # other sizes: timed
-    assert timed[-1] == ("fl_red_k_9", (1024, 3072, 64))
+    second.run(x, xnumel=1024, rnumel=8192)  # other sizes: timed
+    assert timed[-1] == ("fl_red_k_9", (1024, 8192))
 
     monkeypatch.setattr(launcher, "_choices", {})  # a later process: read from the cache directory
-    third = launcher.TritonKernel("fl_red_k_5", source.format(5), "chunked_tiles", itemsize=2)
+    third = launcher.TritonKernel("fl_red_k_5", source.format(5), "looped", itemsize=2)
     assert [c for _, _, c in third.expected_launches([torch.bfloat16], [], sizes, 0)] == [expected[1]]
-    third.run(x, xnumel=4096, rnumel=3072, xchunk=256)
+    third.run(x, xnumel=4096, rnumel=8192)
     assert len(timed) == 2 and list(third.best.values()) == [expected[1]]
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "GPU-B")  # another GPU model: timed
     assert len(third.expected_launches([torch.bfloat16], [], sizes, 0)) == len(expected)
-    launcher.TritonKernel("fl_red_k_6", source.format(6), "chunked_tiles", itemsize=2).run(
-        x, xnumel=4096, rnumel=3072, xchunk=256)
+    launcher.TritonKernel("fl_red_k_6", source.format(6), "looped", itemsize=2).run(
+        x, xnumel=4096, rnumel=8192)
     assert len(timed) == 3
 
 

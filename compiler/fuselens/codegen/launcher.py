@@ -292,12 +292,13 @@ def configs(mode: str, xnumel: int, rnumel: int, interpret: bool, max_autotune: 
         rmax = min(next_power_of_2(rnumel), MAX_RTILE)
         if interpret:
             return [Config(min(chunk, 16), min(rmax, 512))]
-        # default mode: two shapes, timed (the choice is kept: TritonKernel.tuned). 8x64 with 4 warps
-        # was the best or within 3% of the best of six shapes for a ResNet's BatchNorm statistics and
-        # ReLU-with-BatchNorm gradients (64 to 1024 channels) on the H100; GPT-2's bf16 tanh-GeLU
-        # backward with its bias partials (4096 x 3072) took 48 us there, 35 with 16x64 (bench/NOTES.md)
-        pairs = [(8, 64), (16, 64)] + ([(32, 64), (64, 64), (16, 128), (32, 128), (4, 256), (8, 512), (16, 1024)]
-                                       if max_autotune else [])
+        # default mode: one shape, 8x64 with 4 warps: on the H100 the best or within 3% of the best
+        # of six shapes for a ResNet's BatchNorm statistics and ReLU-with-BatchNorm gradients (64 to
+        # 1024 channels; timed with L2 flushes). GPT-2's bf16 tanh-GeLU backward with its bias
+        # partials (4096 x 3072) took 48 us there, 35 with 16x64; timing both in default mode
+        # (autotuning: back to back, no flush) left ResNet-50's training step 10% slower (bench/NOTES.md)
+        pairs = [(8, 64)] + ([(32, 64), (16, 64), (64, 64), (16, 128), (32, 128), (4, 256), (8, 512), (16, 1024)]
+                             if max_autotune else [])
         out = []
         for x, r in pairs:
             c = Config(min(x, chunk), min(r, rmax), 8 if min(x, chunk) * min(r, rmax) >= 4096 else 4)
