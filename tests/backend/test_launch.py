@@ -194,6 +194,27 @@ def test_autotuning_times_a_kernel_source_once_across_kernels_and_processes(monk
     assert len(timed) == 3
 
 
+def test_autotuning_a_kernel_that_writes_over_its_input_times_it_on_copies(monkeypatch, tmp_path):
+    # the wrapper passes one buffer as an input and the output written over it (`# in place`):
+    # each timed run would apply the kernel to its own result again; the call's run, once
+    monkeypatch.setattr(launcher, "INTERPRET", False)
+    monkeypatch.setenv("FUSELENS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(launcher, "torch_cuda_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "GPU-A")
+    monkeypatch.setattr(launcher, "_choices", {})
+    monkeypatch.setattr(launcher, "cubin_job", lambda *a: None)
+    monkeypatch.setattr(launcher, "compile_concurrently", lambda jobs: None)
+    monkeypatch.setattr(launcher.TritonKernel, "specialize", lambda self, args, sizes, config: ((None,), None))
+    monkeypatch.setattr(launcher.TritonKernel, "launch_for",  # (a kernel doubling its input into its output)
+                        lambda self, args, sizes, config: lambda x, y, out: out.copy_((x * 2 + y).view(-1)) is not None)
+    monkeypatch.setattr(launcher, "gpu_time", lambda fn: [fn() for _ in range(3)] and 1.0)
+    k = launcher.TritonKernel("fl_red_k_0", "@triton.jit\ndef fl_red_k_0(in_ptr0, in_ptr1, out_ptr0, xnumel, "
+                              "rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):\n", "looped")
+    x, y = torch.ones(4, 8), torch.ones(4, 8)
+    k.run(x, y, x.view(32), xnumel=4096, rnumel=8192)
+    assert torch.equal(x, torch.full((4, 8), 3.0)) and torch.equal(y, torch.ones(4, 8))
+
+
 COMPILE = '''
 import torch
 from fuselens.codegen import cuda, launcher

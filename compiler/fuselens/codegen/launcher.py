@@ -517,8 +517,10 @@ class TritonKernel:
         return config
 
     def autotune(self, args, sizes, candidates):
-        """Time each config once per shape on the GPU (kernels are pure: outputs never alias inputs)."""
+        """Time each config once per shape on the GPU, on copies of the arguments where an output is
+        written over an input (codegen/wrapper.py's `# in place`): each timed run would write it again."""
         device = torch_cuda_device()
+        args = _timing_args(args)
         compile_concurrently([cubin_job(self.compiled_source, self.compiled_name,
                                         self.specialize(args, sizes, c)[0], c, device)
                               for c in candidates])
@@ -537,6 +539,25 @@ class TritonKernel:
                   ", ".join(f"{c.XBLOCK}x{c.RBLOCK}/{c.num_warps}w {ms * 1e3:.1f}us" for ms, c in timings),
                   file=sys.stderr, flush=True)
         return min(timings, key=lambda tc: tc[0])[1]
+
+
+def _timing_args(args):
+    """`args` with a copy in place of each group of tensors at one address (an output written over
+    an input: the copy is shared alike, in its layouts)."""
+    import collections
+    import torch
+    ptrs = collections.Counter(a.data_ptr() for a in args if isinstance(a, torch.Tensor))
+    copies: dict = {}
+
+    def copy(a):
+        if not isinstance(a, torch.Tensor) or ptrs[a.data_ptr()] == 1:
+            return a
+        first = copies.get(a.data_ptr())
+        if first is None:
+            first = copies[a.data_ptr()] = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype,
+                                                               device=a.device).copy_(a)
+        return first.as_strided(a.shape, a.stride())
+    return [copy(a) for a in args]
 
 
 # Autotuning's choices by TritonKernel.choice_key: in this process, and on disk under

@@ -381,11 +381,11 @@ class WrapperWriter:
     def in_place_of(self, i, writer, name, key, last_use, excluded):
         """An input of kernel step `i` whose memory its output `name` (allocated as `key`) can take
         over, or None: a buffer of this program (a kernel's, or a GEMM's fresh result) in its last
-        use, of the same size, stride and dtype, read only at the very elements the output is
-        written, in one pass (a pointwise kernel; a persistent reduction's whole elements, not its
-        per-row values). Each element is then read before it is overwritten, by the thread that
-        overwrites it, as Inductor's in-place kernels do: no new buffer, and the writes land on
-        cache lines the reads brought in (BERT's GeLU after its GEMM: 27.5 -> measured in NOTES)."""
+        use, of the output's dtype and spanning as much memory, read only at the very elements the
+        output is written, in one pass (a pointwise kernel; a persistent reduction's whole
+        elements, not its per-row values). Each element is then read before it is overwritten, by
+        the thread that overwrites it, as in Inductor's in-place kernels (its GeLU and layer norms
+        after a GEMM): no new buffer. Autotuning times such a kernel on copies (launcher.py)."""
         if writer.mode not in ("pointwise", "persistent"):
             return None
         sites = writer.store_sites.get(name, set())
