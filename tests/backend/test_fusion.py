@@ -249,6 +249,9 @@ def in_place_lines(cg):
     (lambda x, w: ((x @ w).t() * 2).contiguous() + 1, ((16, 16), (16, 16)), False),
     # the GEMM's result read again after the kernel: not in place
     (lambda x, w: (lambda y: (torch.sigmoid(y) + 1) @ y)(x @ w), ((16, 16), (16, 16)), False),
+    # the kernel stores z * 2 before it reads the GEMM's result for y + z * 2: only the second
+    # output goes over it (the first one there made the second read its own values)
+    (lambda x, w, z: (lambda y, a: (a, y + a))(x @ w, z * 2), ((8, 4), (4, 6), (8, 6)), True),
 ])
 def test_an_output_is_written_over_an_input_read_only_where_it_is_written(fn, inputs, over):
     # each element read once, at the element written, by a kernel in one pass: its output takes the

@@ -319,6 +319,14 @@ class KernelWriter:
             return "xindex * rnumel + rindex" if self.x_dims else "rindex"
         return self.expr(index)
 
+    def reads_before_writing(self, inp, out) -> bool:
+        """Whether every load of buffer `inp` comes before the store of buffer `out` in the kernel's
+        lines: a load emitted for a later output than `out` follows its store."""
+        load, store = f"tl.load({self.in_args[inp]} + ", f"tl.store({self.out_args[out]} + "
+        loads = [i for i, (_, text) in enumerate(self.lines) if load in text]
+        stores = [i for i, (_, text) in enumerate(self.lines) if store in text]
+        return bool(loads and stores) and max(loads) < min(stores)
+
     @staticmethod
     def along_r(index) -> bool:
         return any(s.name[0] == "r" for s in sympy.sympify(index).free_symbols)

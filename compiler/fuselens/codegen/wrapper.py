@@ -383,16 +383,18 @@ class WrapperWriter:
         over, or None: a buffer of this program (a kernel's, or a GEMM's fresh result) in its last
         use, of the output's dtype and spanning as much memory, read only at the very elements the
         output is written, in one pass (a pointwise kernel; a persistent reduction's whole
-        elements, not its per-row values). Each element is then read before it is overwritten, by
-        the thread that overwrites it, as in Inductor's in-place kernels (its GeLU and layer norms
-        after a GEMM): no new buffer. Autotuning times such a kernel on copies (launcher.py)."""
+        elements, not its per-row values), and every read of it before the write in the kernel's
+        lines. Each element is then read before it is overwritten, by the thread that overwrites
+        it, as in Inductor's in-place kernels (its GeLU and layer norms after a GEMM): no new
+        buffer. Autotuning times such a kernel on copies (launcher.py)."""
         if writer.mode not in ("pointwise", "persistent"):
             return None
         sites = writer.store_sites.get(name, set())
         if len(sites) != 1 or (writer.mode == "persistent" and not next(iter(sites))[2]):
             return None
         for other, loads in writer.load_sites.items():
-            if loads != sites or other in excluded or last_use.get(other) != i:
+            if loads != sites or other in excluded or last_use.get(other) != i or \
+                    not writer.reads_before_writing(other, name):
                 continue
             buf = self.buffer(other)
             made = next((s for s in self.sched.steps if isinstance(s, ExternCall) and s.result is buf), None)
