@@ -155,14 +155,20 @@ def test_wrapper_call_binds_the_launch_for_its_sizes_only(monkeypatch):
     assert all(sizes == (64,) for sizes, _ in calls[1:])
 
 
-def test_autotuning_times_a_kernel_source_once_across_kernels_and_processes(monkeypatch, tmp_path):
-    # a model's identical kernels (its layers) and a later process reuse the choice: timing
-    # candidates is a GPU run of each; a warm process also compiles only the chosen config ahead
+@pytest.fixture
+def gpu_stand_in(monkeypatch, tmp_path):
+    """A launcher that autotunes as on a GPU (the interpreter has one config to try), on a GPU model
+    named GPU-A, with its cache in tmp_path and no choices remembered yet."""
     monkeypatch.setattr(launcher, "INTERPRET", False)
     monkeypatch.setenv("FUSELENS_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(launcher, "torch_cuda_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "GPU-A")
     monkeypatch.setattr(launcher, "_choices", {})
+
+
+def test_autotuning_times_a_kernel_source_once_across_kernels_and_processes(monkeypatch, gpu_stand_in):
+    # a model's identical kernels (its layers) and a later process reuse the choice: timing
+    # candidates is a GPU run of each; a warm process also compiles only the chosen config ahead
     timed = []
     monkeypatch.setattr(launcher.TritonKernel, "autotune",
                         lambda self, args, sizes, candidates: timed.append((self.name, sizes)) or candidates[1])
@@ -194,14 +200,9 @@ def test_autotuning_times_a_kernel_source_once_across_kernels_and_processes(monk
     assert len(timed) == 3
 
 
-def test_autotuning_a_kernel_that_writes_over_its_input_times_it_on_copies(monkeypatch, tmp_path):
+def test_autotuning_a_kernel_that_writes_over_its_input_times_it_on_copies(monkeypatch, gpu_stand_in):
     # the wrapper passes one buffer as an input and the output written over it (`# in place`):
     # each timed run would apply the kernel to its own result again; the call's run, once
-    monkeypatch.setattr(launcher, "INTERPRET", False)
-    monkeypatch.setenv("FUSELENS_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(launcher, "torch_cuda_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "GPU-A")
-    monkeypatch.setattr(launcher, "_choices", {})
     monkeypatch.setattr(launcher, "cubin_job", lambda *a: None)
     monkeypatch.setattr(launcher, "compile_concurrently", lambda jobs: None)
     monkeypatch.setattr(launcher.TritonKernel, "specialize", lambda self, args, sizes, config: ((None,), None))
