@@ -14,6 +14,7 @@ functions themselves and whole-buffer permutations as `.permute` (cheaper than `
 """
 from __future__ import annotations
 
+import functools
 import marshal
 import math
 import operator
@@ -396,10 +397,9 @@ class WrapperWriter:
             if loads != sites or other in excluded or last_use.get(other) != i or \
                     not writer.reads_before_writing(other, name):
                 continue
-            buf = self.buffer(other)
-            made = next((s for s in self.sched.steps if isinstance(s, ExternCall) and s.result is buf), None)
-            fresh = isinstance(buf, ComputedBuffer) or \
-                made is not None and made.prim.fresh_contiguous and buf.stride == contiguous_strides(buf.shape)
+            buf, made = self._made.get(other, (None, None))
+            fresh = isinstance(buf, ComputedBuffer) or isinstance(made, ExternCall) and made.result is buf and \
+                made.prim.fresh_contiguous and buf.stride == contiguous_strides(buf.shape)
             if fresh and buf.dtype == key[2] and _span(*self.allocated(other)) == _span(*key[:2]):
                 return other
         return None
@@ -409,17 +409,20 @@ class WrapperWriter:
         buf = self.buffer(name)
         return self.allocated_as.get(name, (buf.shape, buf.stride))
 
-    def buffer(self, name):
+    @functools.cached_property
+    def _made(self) -> dict:
+        """Buffer name -> (the buffer, the step that makes it), over the schedule's steps once (every
+        freed buffer and every in-place candidate looks one up)."""
+        made: dict = {}
         for step in self.sched.steps:
-            if isinstance(step, FusedKernel):
-                for n in step.nodes:
-                    if n.name == name:
-                        return n
-            elif step.result is not None and step.result.name == name:
-                return step.result
-            elif any(b.name == name for b in step.items):
-                return next(b for b in step.items if b.name == name)
-        return None
+            bufs = step.nodes if isinstance(step, FusedKernel) else \
+                ([step.result] if step.result is not None else []) + list(step.items)
+            for b in bufs:
+                made.setdefault(b.name, (b, step))
+        return made
+
+    def buffer(self, name):
+        return self._made.get(name, (None, None))[0]
 
 
 def generate_wrapper(graph: LoweredGraph, sched: Schedule, kernels: dict, device, boxed=False):
