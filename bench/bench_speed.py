@@ -2,14 +2,15 @@
 six real-model workloads (published configs, random weights, dropout off), eager vs fuselens vs
 torch.compile (Inductor), in default and reduce-overhead modes.
 
-Step times are medians of triton.testing.do_bench in ROUNDS rounds that alternate the compilers
-(the median round is kept: an H100's clock drifts within a run). Per compiler also: kernels
-launched per step and their GPU time (torch.profiler), host time of one step started on an idle
-GPU (until the call returns, launches queued), peak GPU memory of a training step above what the
-model holds, and the largest error against eager, max|got - want| / max|want| over the outputs
-(and the parameters' gradients on training rows). First calls (--cold): each compiler in a fresh
-process with empty caches (Triton's, Inductor's, fuselens's), then a second process on the same
-caches (warm); fuselens's own part is the first call less the time Triton compiled its kernels;
+Step times are medians of triton.testing.do_bench in ROUNDS rounds that alternate the compilers (the
+median round is kept, each round's time is in the JSON: a GPU's clock drifts within a run, and a
+compiled model's first round ran up to 1.5x its later ones on an H200, bench/NOTES.md 58). Per
+compiler also: kernels launched per step and their GPU time (torch.profiler), host time of one step
+started on an idle GPU (until the call returns, launches queued), peak GPU memory of a training step
+above what the model holds, and the largest error against eager, max|got - want| / max|want| over
+the outputs (and the parameters' gradients on training rows). First calls (--cold): each compiler in
+a fresh process with empty caches (Triton's, Inductor's, fuselens's), then a second process on the
+same caches (warm); fuselens's own part is the first call less the time Triton compiled its kernels;
 a warm call is split into capture, loading programs from the cache and the rest (first runs);
 eager's first step in a fresh process is the floor both compilers stand on."""
 from __future__ import annotations
@@ -31,8 +32,8 @@ from dataclasses import dataclass
 import torch
 
 import fuselens
+from run import ROUNDS, in_rounds, median  # (bench/ is on sys.path: models.py runs this module)
 
-ROUNDS = 3
 HERE = pathlib.Path(__file__).resolve().parent
 
 
@@ -174,14 +175,6 @@ def do_bench(fn):
     return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
 
 
-def in_rounds(calls: dict) -> dict:
-    times = {k: [] for k in calls}
-    for _ in range(ROUNDS):
-        for k, call in calls.items():
-            times[k].append(do_bench(call))
-    return {k: sorted(ts)[ROUNDS // 2] for k, ts in times.items()}
-
-
 def profile(call, steps=3):
     from torch.profiler import ProfilerActivity, profile as prof_
     call()
@@ -253,8 +246,8 @@ def measure(w, compilers, ro=True) -> dict:
     for key in steps:
         if key != "eager":
             row[f"{key}_max_err"] = max_error(results(models[key], steps[key], w), want)
-    for key, ms in in_rounds(steps).items():
-        row[f"{key}_ms"] = ms
+    for key, ms in in_rounds(steps, do_bench).items():
+        row[f"{key}_ms"], row[f"{key}_rounds_ms"] = median(ms), ms
     for key in compilers:
         row[f"{key}_launches"], row[f"{key}_kernel_ms"] = launches(steps[key])
         row[f"{key}_host_ms"] = host_ms(steps[key])

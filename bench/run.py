@@ -76,13 +76,18 @@ def host_time(call, n=2000) -> float:
 
 
 def in_rounds(calls: dict, timer) -> dict:
-    """{name: timer(call)} in ROUNDS rounds that alternate the calls, the median round each (the
-    machine's speed drifts within a run: whichever is timed first must not be favoured)."""
+    """{name: [timer(call) of each round]} in ROUNDS rounds that alternate the calls (the machine's
+    speed drifts within a run: whichever is timed first must not be favoured); `median` of each
+    is what a table reports."""
     times = {k: [] for k in calls}
     for _ in range(ROUNDS):
         for k, call in calls.items():
             times[k].append(timer(call))
-    return {k: sorted(ts)[ROUNDS // 2] for k, ts in times.items()}
+    return times
+
+
+def median(times):
+    return sorted(times)[len(times) // 2]
 
 
 def host_per_call(call, n=25) -> float:
@@ -222,7 +227,7 @@ def measure(w, bw, args) -> dict:
     if w.backward:
         row["fuselens_ro_max_err"] = max_error(fns["fuselens_ro"](*inputs), ref)
     for k, ms in in_rounds(steps, do_bench).items():
-        row[f"{k}_ms"] = ms
+        row[f"{k}_ms"] = median(ms)
     row["ratio"] = row["fuselens_ms"] / row["torch_compile_ms"]
     if w.min_bytes:
         row["bw_frac"] = w.min_bytes / (row["fuselens_ms"] * 1e-3) / bw
@@ -253,7 +258,7 @@ def measure(w, bw, args) -> dict:
                      fuselens_ro_moved=alternating(moved, other[1:]),
                      fuselens_ro_x_moved=alternating(x_moved, inputs[1:]))
         for k, seconds in in_rounds(calls, host_time).items():  # host time drifts there too
-            row[f"{k}_b2b_us"] = seconds * 1e6
+            row[f"{k}_b2b_us"] = median(seconds) * 1e6
         for k, f in (("fuselens_ro", ro), ("torch_compile_ro", tro)):
             row[f"{k}_host_us"] = host_per_call(calls[k]) * 1e6
             row[f"{k}_max_err"] = max_error(f(*inputs), ref)
