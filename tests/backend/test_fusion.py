@@ -366,6 +366,16 @@ def test_buffer_reuse():
     assert "buf2 = buf0; del buf0  # reuse" in cg.wrapper_source
 
 
+def test_a_dead_buffer_no_later_buffer_takes_is_freed_at_its_last_use():
+    def f(x):
+        a = x.sum(1, keepdim=True)            # kernel 0 writes a (6, 1)
+        b = (x * a).sum(0, keepdim=True)      # kernel 1 reads a, its last use
+        return torch.sin(b) * 3               # no later buffer of a's layout: a is freed, not held
+    lines = check(f, randn(6, 5), grad=False).wrapper_source.splitlines()
+    last = max(i for i, line in enumerate(lines) if "buf0" in line and "del buf0" not in line)
+    assert lines[last + 1].strip() == "del buf0"
+
+
 def test_buffers_are_allocated_in_the_layouts_kernels_index():
     # each buffer by its size, strides and dtype (codegen/wrapper.py allocators): an output's
     # layout is eager's, per-row values keep their (n, 1) strides

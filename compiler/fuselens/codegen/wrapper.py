@@ -322,8 +322,8 @@ class WrapperWriter:
 
     def emit_steps(self, indices, keep, never_reused):
         """The lines of these steps in order, in a function's body: a buffer is deleted after its
-        last use among them, unless in `keep`, and a dead kernel output's memory is taken over by a
-        later buffer of the same size, stride and dtype, unless in `never_reused` (what an
+        last use among them, unless in `keep`, or its memory, a dead kernel output's, is taken over
+        by a later buffer of the same size, stride and dtype, unless in `never_reused` (what an
         extern read: its result may be a view of it; what the program keeps)."""
         steps, out = self.sched.steps, self.lines
         last_use = {n: i for i in indices for n in self.step_reads(steps[i])}
@@ -332,6 +332,7 @@ class WrapperWriter:
             # less than torch.empty_strided), on the current device: the graph's, or else a slower one
             out.append(f"    empty = empty_current if current_device() == {self.device.index or 0} else empty_on")
         pool: dict = {}  # (shape, stride, dtype) -> names of dead buffers
+        pooled: dict = {}  # dead buffer in `pool` -> its line in `out`: `del` unless a later buffer takes it
         taken: set = set()  # inputs a kernel wrote its output over
         for i in indices:
             step = steps[i]
@@ -360,6 +361,7 @@ class WrapperWriter:
                         out.append(f"    {name} = {over}{view}  # in place: read only where written")
                     elif pool.get(key):
                         old = pool[key].pop()
+                        del pooled[old]
                         out.append(f"    {name} = {old}; del {old}  # reuse")
                     else:
                         out.append(f"    {name} = empty({shape}, {stride}, {buf.dtype})")
@@ -376,8 +378,13 @@ class WrapperWriter:
                 buf = self.buffer(name)
                 if isinstance(buf, ComputedBuffer) and name not in never_reused and name not in taken:
                     pool.setdefault((buf.shape, buf.stride, buf.dtype), []).append(name)
+                    pooled[name] = len(out)
+                    out.append(None)
                 else:
                     out.append(f"    del {name}")
+        for name, line in pooled.items():  # no later buffer took its memory: freed where it died
+            out[line] = f"    del {name}"
+        out[:] = [line for line in out if line is not None]
 
     def in_place_of(self, i, writer, name, key, last_use, excluded):
         """An input of kernel step `i` whose memory its output `name` (allocated as `key`) can take
