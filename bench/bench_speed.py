@@ -411,7 +411,8 @@ def fmt(v, f):
 
 
 def print_table(result):
-    print(f"\n{result.get('device')}, torch {result.get('torch')}; step ms (median of {ROUNDS} alternating rounds)")
+    print(f"\n{result.get('device')}, torch {result.get('torch')}; step ms (median of alternating rounds, "
+          f"{ROUNDS} a run since session 28: a row's *_rounds_ms)")
     print(f"{'workload':26} {'eager':>7} {'fuselens':>8} {'induct':>7} {'fl/ind':>6} {'fl/eag':>6} {'fl RO':>7} "
           f"{'ind RO':>7} {'launch e/f/i':>14} {'host ms f/i':>11} {'err f/i':>15} {'g/b':>5} {'peak MB f/i/e':>16}")
     for r in result["rows"]:
