@@ -4,6 +4,8 @@ API's inputs."""
 from __future__ import annotations
 
 import collections
+import enum
+import functools
 import io
 import warnings
 
@@ -255,6 +257,96 @@ def test_module_training_flag_guarded():
     m.eval()
     torch.testing.assert_close(cm(X), m[0](X))
     assert n_entries(cm) == 2
+
+
+class _Mode(enum.Enum):
+    SUM = "sum"
+    MEAN = "mean"
+
+
+class _Level(enum.IntEnum):
+    LOW = 1
+    HIGH = 2
+
+
+def _double(t):
+    return t * 2
+
+
+class _Scaler:
+    def __init__(self, k):
+        self.k = k
+
+    def scale(self, t):
+        return t * self.k
+
+    def __call__(self, t):
+        return t * self.k + 1
+
+
+class _Holder(nn.Module):
+    """Hyper-parameters and helpers held as plain attributes, read by forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.act = torch.relu                 # a builtin
+        self.fn = _double                     # a Python function
+        self.lam = lambda t: t - 1            # a lambda
+        self.cls = nn.Tanh                    # a class, made in forward
+        self.method = _Scaler(2.0).scale      # a bound method of another object
+        self.pool = (2, 1)                    # a tuple of ints
+        self.k = 2                            # an int (float after the change: another dtype)
+        self.mode = _Mode.SUM                 # an Enum member
+        self.level = _Level.LOW               # an IntEnum member
+        self.dtype = torch.float32
+        self.fns = (torch.sin, torch.cos)     # a tuple of functions
+        self.cap = float("inf")               # no literal: by a constant
+        self.part = functools.partial(torch.clamp, min=0.0)
+        self.obj = _Scaler(3.0)               # a callable object
+
+    def forward(self, x):
+        y = self.act(x) + self.fn(x) + self.lam(x) + self.cls()(x) + self.method(x)
+        y = y + F.avg_pool1d(x[None], *self.pool)[0].sum() + self.fns[0](x) + self.fns[1](x)
+        y = y + (x.int() * self.k).to(self.dtype) + x.clamp(max=self.cap) + self.part(x) + self.obj(x)
+        y = y.sum(1) if self.mode is _Mode.SUM else y.mean(1)
+        return y * (10 if self.level == _Level.HIGH else 1)
+
+
+ATTRIBUTE_CHANGES = {
+    "builtin": lambda m: setattr(m, "act", torch.sigmoid),
+    "function": lambda m: setattr(m, "fn", lambda t: t * 3),
+    "lambda": lambda m: setattr(m, "lam", lambda t: t + 1),
+    "class": lambda m: setattr(m, "cls", nn.Sigmoid),
+    "bound method of another object": lambda m: setattr(m, "method", _Scaler(5.0).scale),
+    "attribute of a method's object": lambda m: setattr(m.method.__self__, "k", 7.0),
+    "tuple of ints": lambda m: setattr(m, "pool", (4, 2)),
+    "int to float": lambda m: setattr(m, "k", 2.0),
+    "int to bool": lambda m: setattr(m, "k", True),
+    "infinity": lambda m: setattr(m, "cap", 0.5),
+    "Enum member": lambda m: setattr(m, "mode", _Mode.MEAN),
+    "IntEnum member": lambda m: setattr(m, "level", _Level.HIGH),
+    "dtype": lambda m: setattr(m, "dtype", torch.float64),
+    "tuple of functions": lambda m: setattr(m, "fns", (torch.cos, torch.sin)),
+    "partial": lambda m: setattr(m, "part", functools.partial(torch.clamp, min=-0.5)),
+    "partial's keywords": lambda m: m.part.keywords.update(min=0.5),
+    "callable object": lambda m: setattr(m, "obj", _Scaler(4.0)),
+    "callable object's attribute": lambda m: setattr(m.obj, "k", 4.0),
+}
+
+
+@pytest.mark.parametrize("change", list(ATTRIBUTE_CHANGES))
+def test_module_attribute_changed_after_first_call_is_seen(change):
+    """Whatever a module attribute forward reads holds, its change is a recompile, never a
+    stale result: values by type and value, code, classes and enum members by identity."""
+    m = _Holder()
+    cm = fuselens.compile(m)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(cm(x), m(x))
+    ATTRIBUTE_CHANGES[change](m)
+    want = m(x)
+    got = cm(x)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want)
 
 
 def test_module_parameter_replaced_is_seen():

@@ -8,8 +8,10 @@ over sources; the runtime compiles them into one function per cache entry."""
 from __future__ import annotations
 
 import ast
+import enum
 import functools
 import inspect
+import math
 import re
 import types
 
@@ -110,8 +112,18 @@ class Sources:
             self.guard(f"{SRC} is {v!r}", f"{src} == {v!r}", src)
         elif isinstance(v, float) and v != v:
             self.guard(f"{SRC} != {SRC}", f"{src} is nan", src)
-        elif _is_literal(v):
+        elif isinstance(v, enum.Enum):  # a member is one object: compared by identity, as `is` would
+            self.guard(f"{SRC} is {self.constant(v, type(v).__name__)}", f"{src} is {v}", src)
+        elif is_literal(v):
             self.guard(f"type({SRC}) is {type(v).__name__} and {SRC} == {literal(v)}", f"{src} == {v!r}", src)
+        elif isinstance(v, (int, float, str, bytes)):  # infinity, numpy's scalars: by constants
+            self.guard(f"type({SRC}) is {self.constant(type(v), type(v).__name__)} and "
+                       f"{SRC} == {self.constant(v, type(v).__name__)}", f"{src} == {v!r}", src)
+        elif isinstance(v, tuple):  # of more than literals (functions): item by item
+            self.guard(f"type({SRC}) is {self.type_name(v)} and len({SRC}) == {len(v)}",
+                       f"{src}: {type(v).__name__} of length {len(v)}", src)
+            for i, x in enumerate(v):
+                self.guard_value(f"{src}[{i}]", x)
         elif _bound_builtin(v):
             # `buf.write`: a new object at each lookup, of the same receiver and name
             self.guard(f"{SRC}.__self__ is {self.constant(v.__self__, type(v.__self__).__name__)}"
@@ -121,9 +133,15 @@ class Sources:
             self.guard(f"{SRC} is {self.constant(v, getattr(v, '__name__', type(v).__name__))}"
                        if not isinstance(v, (torch.device, torch.Size)) else
                        f"{SRC} == {self.constant(v, type(v).__name__)}", f"{src} is the same object", src)
+        elif type(v) is functools.partial:  # called as its three parts (kinds.Partial), read whole
+            self.guard(f"type({SRC}) is {self.constant(functools.partial, 'partial')}", f"{src} is a partial", src)
+            self.guard_value(f"{src}.func", v.func)
+            self.guard_argument(f"{src}.args", v.args, {})
+            self.guard_argument(f"{src}.keywords", v.keywords, {})
         elif isinstance(v, types.MethodType):
-            self.guard(f"{SRC}.__func__ is {self.constant(v.__func__, v.__func__.__name__)}",
-                       f"{src} is the same method", src)
+            self.guard(f"{SRC} is {self.constant(v.__func__, v.__func__.__name__)}",
+                       f"{src} is the same method", f"{src}.__func__")
+            self.guard_value(f"{src}.__self__", v.__self__)  # (what is read of it: where it is read)
         else:
             # any other object: only its type; attributes read during capture are guarded
             # where they are read (Evaluator.getattr)
@@ -182,7 +200,7 @@ class Sources:
                        f"{src}: dict with keys {tuple(v.keys())!r}", src)
             for k, x in zip(keys, v.values()):
                 self.guard_argument(f"{src}[{k}]", x, dynamic)
-        elif type(v) is set and all(_is_literal(x) for x in v):
+        elif type(v) is set and all(is_literal(x) for x in v):
             self.guard(f"type({SRC}) is set and {SRC} == {literal(v)}" if v else
                        f"type({SRC}) is set and not {SRC}", f"{src} == {v!r}", src)
         elif isinstance(v, nn.Module):
@@ -198,7 +216,7 @@ class Sources:
 
     def key(self, k) -> str:
         """A dict key as Python in a guard."""
-        if _is_literal(k) or k is None or type(k) is tuple and all(_is_literal(x) or x is None for x in k):
+        if is_literal(k):
             return repr(k)
         return self.constant(k, getattr(k, "__name__", type(k).__name__))
 
@@ -228,12 +246,15 @@ def _bound_builtin(v) -> bool:
         not isinstance(v.__self__, (types.ModuleType, type)) and v.__self__ is not None
 
 
-def _is_literal(v) -> bool:
-    if isinstance(v, (int, float, str, bytes)):
+def is_literal(v) -> bool:
+    """A value its repr writes back exactly, as Python: None, a bool, int, finite float, str or
+    bytes of these very types (an IntEnum's or numpy's repr is no such Python), a tuple of them."""
+    t = type(v)
+    if v is None or t in (bool, int, str, bytes):
         return True
-    if isinstance(v, tuple):
-        return all(_is_literal(x) for x in v)
-    return False
+    if t is float:
+        return math.isfinite(v)
+    return t is tuple and all(is_literal(x) for x in v)
 
 
 _storage = torch.Tensor.untyped_storage

@@ -20,13 +20,17 @@ import torch.nn as nn
 from . import breaks as B
 from . import calls as C
 from . import side_effects as S
-from .guards import SRC, literal
+from .guards import SRC
 from .side_effects import MUTABLE
 from .source import NoSourceError, function_source
 from .values import (UNKNOWN, BoundUserMethod, ForeignData, LocalFunction, SymInt, TensorVar, Unknown,
                      contains_tensor, leaves)
 from .frames import AbstractSeq
 from .statements import MAX_UNROLL
+
+
+# what a module attribute holds that is code (guarded by identity), not an object whose reads are guarded
+_CODE = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, type, types.ModuleType)
 
 
 class Objects:
@@ -42,19 +46,24 @@ class Objects:
             self.domain.guard(f"{SRC}.training is {v}", f"{src}.training (train/eval mode)", src)
         elif isinstance(v, torch.Tensor):
             return self.input(v, f"{src}.{attr}")
-        elif isinstance(v, (int, float, bool, str, type(None))):
-            # hyper-parameters such as Dropout.p: constants, guarded by value
-            self.domain.guard(f"{SRC} == {literal(v)}", f"{src}.{attr} (module attribute)", f"{src}.{attr}")
+        elif type(v) in MUTABLE or isinstance(v, tuple) and any(isinstance(x, torch.Tensor) for x in v):
+            return self.wrap_external(v, f"{src}.{attr}")
         elif isinstance(v, nn.Module):
             self.value_sources.set(v, f"{src}.{attr}")
             self.domain.guard_module(v, f"{src}.{attr}")
-        elif type(v) in MUTABLE or isinstance(v, tuple) and any(isinstance(x, torch.Tensor) for x in v):
-            return self.wrap_external(v, f"{src}.{attr}")
-        elif hasattr(v, "__dict__") and not callable(v) and not isinstance(v, types.ModuleType):
-            # an object the module holds (a config): found there on each call, guarded by its
-            # type; what capture reads of it is guarded where it is read (getattr)
+        elif isinstance(v, _CODE) and attr not in mod.__dict__:
+            pass  # its class's own code (a method), not guarded, as its forward is not
+        else:
+            # whatever else it holds is a constant of the capture, guarded by what it is
+            # (guards.py guard_value): a hyper-parameter by type and value, code, classes and
+            # enum members by identity, a tuple item by item
             self.domain.guard_value(f"{src}.{attr}", v)
-            self.value_sources.set(v, f"{src}.{attr}")
+            if hasattr(v, "__dict__") and not isinstance(v, _CODE):
+                # an object it holds (a config, a callable object), guarded by its type: found
+                # there on each call, what capture reads of it is guarded where it is read (getattr)
+                self.value_sources.set(v, f"{src}.{attr}")
+            elif isinstance(v, types.MethodType) and self.value_sources.get(v.__self__) is None:
+                self.value_sources.set(v.__self__, f"{src}.{attr}.__self__")  # (a method's object, alike)
         return v
 
     # -- objects of Python classes that the captured code makes ---------------------------------

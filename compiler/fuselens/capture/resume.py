@@ -30,6 +30,7 @@ import torch
 from ..ops import effects as E
 from . import side_effects as S
 from .frames import BreakSignal, FrameAtBreak, has_loop_jump
+from .guards import is_literal
 from .source import FunctionSource, build_function
 from .values import GeneratorCall, LocalFunction, SymInt, SymShape, TensorVar, ValueSources
 
@@ -187,7 +188,7 @@ class Materializer:
             return name
         if isinstance(v, torch.Size):
             return f"torch.Size({list(v)!r})" if "torch" in () else self.sources.constant(v, "size")
-        if _is_literal(v):
+        if is_literal(v):
             return repr(v)
         src = self.value_sources.get(v)
         if src is not None:
@@ -263,14 +264,6 @@ def _position(node) -> tuple:
 def _compiled_callee():
     from ..runtime.compiled import compiled_callee  # the runtime imports capture: not at import time
     return compiled_callee
-
-
-def _is_literal(v):
-    if v is None or isinstance(v, (bool, int, str)):
-        return True
-    if isinstance(v, float):
-        return v == v and v not in (float("inf"), float("-inf"))
-    return False
 
 
 # ------------------------------------------------------------------------------------ names
@@ -406,7 +399,7 @@ class _Substitute(ast.NodeTransformer):
                 e = self.mat.expr(v)
             except CannotResume:
                 return self.generic_visit(node)
-            if isinstance(v, (TensorVar, SymInt)) or not _is_literal(v):
+            if isinstance(v, (TensorVar, SymInt)) or not is_literal(v):
                 name = f"__fl_t{len(self.temps)}"
                 self.temps[name] = e
                 return ast.copy_location(ast.Name(id=name, ctx=ast.Load()), node)
@@ -417,7 +410,7 @@ class _Substitute(ast.NodeTransformer):
 def _materializable(v) -> bool:
     """Values worth passing from the graph to Python: tensors, sizes, literals, and
     containers of them (anything else is cheaper and safer to evaluate again)."""
-    if isinstance(v, (TensorVar, SymInt)) or _is_literal(v):
+    if isinstance(v, (TensorVar, SymInt)) or is_literal(v):
         return True
     if type(v) in (list, tuple):
         return all(_materializable(x) for x in v)
