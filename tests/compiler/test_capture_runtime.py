@@ -349,6 +349,32 @@ def test_module_attribute_changed_after_first_call_is_seen(change):
     torch.testing.assert_close(got, want)
 
 
+
+class _Settings:
+    scale = 2.0  # a class-level setting, changed by assignment to the class
+
+
+class _ReadsClassAttributes(nn.Module):
+    OFFSET = 1
+
+    def forward(self, x):
+        return x * _Settings.scale + type(self).OFFSET
+
+
+@pytest.mark.parametrize("change", ["through a global class", "through type(self)"])
+def test_class_attribute_changed_after_first_call_is_seen(change):
+    m = _ReadsClassAttributes()
+    cm = fuselens.compile(m)
+    torch.testing.assert_close(cm(X), X * 2.0 + 1)
+    try:
+        if change == "through a global class":
+            _Settings.scale = 3.0
+        else:
+            _ReadsClassAttributes.OFFSET = 5
+        torch.testing.assert_close(cm(X), m(X))
+    finally:
+        _Settings.scale, _ReadsClassAttributes.OFFSET = 2.0, 1
+
 def test_module_parameter_replaced_is_seen():
     m = nn.Linear(8, 2)
     cm = fuselens.compile(m)

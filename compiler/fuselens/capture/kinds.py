@@ -65,7 +65,10 @@ class Kind:
             return getattr(obj, attr)  # the capture's own object: what it holds, as is
         v = getattr(obj, attr)
         src = ev.domain.source(ev, obj)
-        if src is not None and not isinstance(v, torch.Tensor) and not isinstance(obj, (type, types.FunctionType)):
+        if src is None and isinstance(obj, type):  # a class is a constant (by identity) wherever it came from
+            src = ev.domain.constant(obj, obj.__name__)
+        if src is not None and not isinstance(v, torch.Tensor) and not isinstance(obj, types.FunctionType):
+            # (a class's too: `type(self).SCALE`, `Config.flag` changed between calls recompiles)
             ev.domain.guard_value(f"{src}.{attr}", v)
         if type(v) in MUTABLE:
             if src is None:  # found through an object of no source: that very object
