@@ -120,11 +120,8 @@ class Sources:
             # values equal by their parts (infinity, numpy's scalars, a slice): by constants
             self.guard(f"type({SRC}) is {self.constant(type(v), type(v).__name__)} and "
                        f"{SRC} == {self.constant(v, type(v).__name__)}", f"{src} == {v!r}", src)
-        elif isinstance(v, tuple):  # of more than literals (functions): item by item
-            self.guard(f"type({SRC}) is {self.type_name(v)} and len({SRC}) == {len(v)}",
-                       f"{src}: {type(v).__name__} of length {len(v)}", src)
-            for i, x in enumerate(v):
-                self.guard_value(f"{src}[{i}]", x)
+        elif isinstance(v, tuple):  # of more than literals (functions): item by item, as an argument's
+            self.guard_argument(src, v, {})
         elif _bound_builtin(v):
             # `buf.write`: a new object at each lookup, of the same receiver and name
             self.guard(f"{SRC}.__self__ is {self.constant(v.__self__, type(v.__self__).__name__)}"
