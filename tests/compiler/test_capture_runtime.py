@@ -9,6 +9,7 @@ import functools
 import io
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -304,12 +305,14 @@ class _Holder(nn.Module):
         self.part = functools.partial(torch.clamp, min=0.0)
         self.obj = _Scaler(3.0)               # a callable object
         self.sl, self.rng, self.names, self.z = slice(0, 8), range(1), frozenset({"a"}), 1 + 0j
+        self.np_scale = np.float32(0.5)       # a NumPy scalar: a number of no builtin type
 
     def forward(self, x):
         y = self.act(x) + self.fn(x) + self.lam(x) + self.cls()(x) + self.method(x)
         y = y + F.avg_pool1d(x[None], *self.pool)[0].sum() + self.fns[0](x) + self.fns[1](x)
         y = y + (x.int() * self.k).to(self.dtype) + x.clamp(max=self.cap) + self.part(x) + self.obj(x)
         y = y + x[..., self.sl].sum() * len(self.rng) * (2 if "b" in self.names else 1) * abs(self.z)
+        y = y * self.np_scale
         y = y.sum(1) if self.mode is _Mode.SUM else y.mean(1)
         return y * (10 if self.level == _Level.HIGH else 1)
 
@@ -337,6 +340,7 @@ ATTRIBUTE_CHANGES = {
     "range": lambda m: setattr(m, "rng", range(3)),
     "frozenset": lambda m: setattr(m, "names", frozenset({"b"})),
     "complex": lambda m: setattr(m, "z", 3 + 4j),
+    "NumPy scalar": lambda m: setattr(m, "np_scale", np.float32(0.25)),
 }
 
 

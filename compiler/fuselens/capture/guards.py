@@ -12,6 +12,7 @@ import enum
 import functools
 import inspect
 import math
+import numbers
 import re
 import types
 
@@ -116,8 +117,8 @@ class Sources:
             self.guard(f"{SRC} is {self.constant(v, type(v).__name__)}", f"{src} is {v}", src)
         elif is_literal(v):
             self.guard(f"type({SRC}) is {type(v).__name__} and {SRC} == {literal(v)}", f"{src} == {v!r}", src)
-        elif isinstance(v, (int, float, complex, str, bytes, slice, range, frozenset)):
-            # values equal by their parts (infinity, numpy's scalars, a slice): by constants
+        elif isinstance(v, (numbers.Number, str, bytes, slice, range, frozenset)):
+            # values equal by their parts (infinity, NumPy's scalars, a slice): by constants
             self.guard(f"type({SRC}) is {self.constant(type(v), type(v).__name__)} and "
                        f"{SRC} == {self.constant(v, type(v).__name__)}", f"{src} == {v!r}", src)
         elif isinstance(v, tuple):  # of more than literals (functions): item by item, as an argument's
