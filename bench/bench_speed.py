@@ -289,6 +289,7 @@ def first_call(name, compiler):
         res["own_seconds"] = res["seconds"] - stats.triton_compile_seconds()
         res["backend"] = dict(stats.backend)  # graphs compiled vs loaded from the program cache
         res["capture_s"] = stats.capture["seconds"]
+        res["captures_kept"] = stats.capture["kept"]  # taken from the first process (capture_cache.py)
         res["triton_s"] = stats.triton_compile_seconds()
     print(json.dumps(res))
 
@@ -435,7 +436,7 @@ def print_table(result):
     if cold_rows:
         print("\nfirst call s (fresh process; cold = empty caches, warm = a second process on them)")
         print(f"{'workload':26} {'fl cold':>8} {'(own)':>6} {'ind cold':>8} {'fl/ind':>6} {'fl warm':>8} "
-              f"{'(capture':>8} {'load':>5} {'runs)':>5} {'ind warm':>8} {'eager':>6}")
+              f"{'(capture':>8} {'kept':>4} {'load':>5} {'runs)':>5} {'ind warm':>8} {'eager':>6}")
         for r in cold_rows:
             fc, ic, fw, iw, e = (r.get(k, {}) for k in ("fuselens_cold", "inductor_cold", "fuselens_warm",
                                                           "inductor_warm", "eager_first"))
@@ -444,7 +445,8 @@ def print_table(result):
             runs = fw["seconds"] - fw["capture_s"] - load if "capture_s" in fw and load is not None else None
             print(f"{r['workload'][:26]:26} {fmt(fc.get('seconds'), '%8.2f')} {fmt(fc.get('own_seconds'), '%6.2f')} "
                   f"{fmt(ic.get('seconds'), '%8.2f')} {fmt(ratio, '%6.2f')} {fmt(fw.get('seconds'), '%8.2f')} "
-                  f"{fmt(fw.get('capture_s'), '%8.2f')} {fmt(load, '%5.2f')} {fmt(runs, '%5.2f')} "
+                  f"{fmt(fw.get('capture_s'), '%8.2f')} {fmt(fw.get('captures_kept'), '%4d')} {fmt(load, '%5.2f')} "
+                  f"{fmt(runs, '%5.2f')} "
                   f"{fmt(iw.get('seconds'), '%8.2f')} {fmt(e.get('seconds'), '%6.2f')} "
                   f"{fc.get('error') or ic.get('error') or ''}")
     for r in result["rows"]:

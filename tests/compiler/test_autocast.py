@@ -167,6 +167,7 @@ def test_a_later_process_asks_no_probe_again(tmp_path, monkeypatch, fn, args):
     that finds them there asks none, and gets the same answers, REFUSED included."""
     from fuselens.capture import autocast as AC
     monkeypatch.setenv("FUSELENS_PROGRAM_CACHE", "1")
+    monkeypatch.setenv("FUSELENS_CAPTURE_CACHE", "0")  # (a kept capture would ask nothing at all)
     monkeypatch.setenv("FUSELENS_CACHE_DIR", str(tmp_path))
     asked = []
     probe = AC._probe

@@ -308,8 +308,8 @@ def test_generated_code_error_is_raised_not_rerun(monkeypatch):
     # again: the statements it ran (the print) must not repeat
     real = runtime.build_function
 
-    def broken(source, name, globals_, consts):
-        fn = real(source, name, globals_, consts)
+    def broken(source, name, globals_, consts, code=None):
+        fn = real(source, name, globals_, consts, code)
         if name != "_effects":
             return fn
 

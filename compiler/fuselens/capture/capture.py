@@ -54,6 +54,9 @@ class Capture:
     # break helpers: (name, source, globals): each runs a statement of an inlined function, with
     # that function's module globals (a callee from another module names its own globals)
     helpers: list = field(default_factory=list)
+    files: set = field(default_factory=set)  # of the functions it ran (runtime/capture_cache.py)
+    # the transformed function's and the guard function's code (source.factory_code), once compiled
+    codes: dict = field(default_factory=dict)
 
 
 def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
@@ -109,7 +112,7 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
     if graph is not None:  # run as shown, but reading the graph's inputs faster
         text = sources.fast_graph_call(text, graph_name, graph.inputs)
     return Capture(fs, source, dict(sources.constants), list(sources.guards), guard_src, graph,
-                   brk, writer.resumes, shapes, text, helpers)
+                   brk, writer.resumes, shapes, text, helpers, ev.files)
 
 
 def _graph_call(name, builder) -> tuple:

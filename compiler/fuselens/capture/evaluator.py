@@ -72,6 +72,7 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
         self.effects = SideEffects(sources)  # containers from outside are modelled, mutations replayed
         self.uncertain: list[str] = []  # abstract: files of the arms of unknown branches being walked
         self.foreign = False  # abstract: a ForeignData was made (NumPy's data may reach torch)
+        self.files: set[str] = set()  # of every function run here: what a kept capture was made from
 
     # ===================================================================== functions
     def run(self, fs: FunctionSource, bound: dict) -> object:
@@ -80,6 +81,7 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
 
     def _run_body(self, fs, scope):
         node = fs.node
+        self.files.add(fs.filename)
         try:
             if isinstance(node, ast.Lambda):
                 return self.eval(node.body, scope)

@@ -188,13 +188,18 @@ def _defaults(args: ast.arguments, fn) -> dict:
     return out
 
 
-def build_function(source: str, name: str, globals_: dict, consts: dict):
+def build_function(source: str, name: str, globals_: dict, consts: dict, code=None):
     """Compile generated source into a function whose globals are `globals_` (the user's
-    module, untouched) and whose extra names come from `consts` through a closure."""
+    module, untouched) and whose extra names come from `consts` through a closure. `code`: what
+    factory_code made of these arguments (in this process or, marshalled, in another)."""
+    code = code or factory_code(source, name, consts)
+    return types.FunctionType(code, globals_)(*[consts[n] for n in sorted(consts)])
+
+
+def factory_code(source: str, name: str, consts) -> types.CodeType:
+    """The code of a function of `consts`' names that returns the function `source` defines."""
     names = sorted(consts)
     inner = "\n".join("    " + l for l in source.splitlines())
     factory = f"def __fl_factory({', '.join(names)}):\n{inner}\n    return {name}"
     code = compile(factory, f"<fuselens transformed {name}>", "exec")
-    fcode = next(c for c in code.co_consts if isinstance(c, types.CodeType))
-    factory_fn = types.FunctionType(fcode, globals_)
-    return factory_fn(*[consts[n] for n in names])
+    return next(c for c in code.co_consts if isinstance(c, types.CodeType))

@@ -49,8 +49,8 @@ def enabled() -> bool:
     return os.environ.get("FUSELENS_PROGRAM_CACHE", "1") != "0"
 
 
-def directory() -> str:
-    path = os.path.join(launcher.cache_dir(), "programs")
+def directory(folder="programs") -> str:
+    path = os.path.join(launcher.cache_dir(), folder)
     os.makedirs(path, exist_ok=True)
     return path
 
@@ -75,7 +75,8 @@ def _environment() -> tuple:
     """The FUSELENS_ variables that change what is compiled, as they are now (lowering reads
     FUSELENS_CONV_LAYOUT at each compile: a snapshot of the first key's would outlive a change)."""
     return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("FUSELENS_")
-                        and k not in ("FUSELENS_CACHE_DIR", "FUSELENS_LOG", "FUSELENS_PROGRAM_CACHE")))
+                        and k not in ("FUSELENS_CACHE_DIR", "FUSELENS_LOG", "FUSELENS_PROGRAM_CACHE",
+                                     "FUSELENS_CAPTURE_CACHE")))
 
 
 def compiler_version() -> str:
@@ -166,10 +167,11 @@ def key(gm: fx.GraphModule, inputs, mode, dynamic_dims) -> str | None:
     return hashlib.sha256(_compiler() + data).hexdigest()
 
 
-def load(k: str, kind: type):
-    """The entry stored under `k` (an instance of `kind`), or None: absent, or unreadable (logged)."""
+def load(k: str, kind: type, folder="programs"):
+    """The entry stored under `k` (an instance of `kind`), or None: absent, or unreadable (logged).
+    `folder`: which of the caches kept beside the kernels' (`captures`: runtime/capture_cache.py)."""
     try:
-        with open(os.path.join(directory(), k), "rb") as f:
+        with open(os.path.join(directory(folder), k), "rb") as f:
             blob = f.read()
     except OSError:  # absent (or no cache directory can be made)
         return None
@@ -182,26 +184,26 @@ def load(k: str, kind: type):
             raise TypeError(f"a {type(entry).__name__}, not a {kind.__name__}")
         return entry
     except Exception as e:  # corrupt, or made by a compiler whose objects no longer load
-        _log.debug("program cache: entry %s ignored (%s: %s); compiling", k, type(e).__name__, e)
+        _log.debug("%s cache: entry %s ignored (%s: %s)", folder, k, type(e).__name__, e)
         return None
 
 
-def store(k: str, entry) -> None:
+def store(k: str, entry, folder="programs") -> None:
     """Write the entry under `k` whole (or not at all): a failure costs the next process a compile."""
     try:
         payload = _pickle(entry)
     except Exception as e:  # a constant of the program that cannot be pickled
-        _log.debug("program cache: entry %s not stored (%s: %s)", k, type(e).__name__, e)
+        _log.debug("%s cache: entry %s not stored (%s: %s)", folder, k, type(e).__name__, e)
         return
     tmp = None
     try:
-        path = os.path.join(directory(), k)
+        path = os.path.join(directory(folder), k)
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         with open(tmp, "wb") as f:
             f.write(FORMAT + hashlib.sha256(payload).digest() + payload)
         os.replace(tmp, path)
     except OSError as e:
-        _log.debug("program cache: entry %s not stored (%s)", k, e)
+        _log.debug("%s cache: entry %s not stored (%s)", folder, k, e)
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)

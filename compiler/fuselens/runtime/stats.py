@@ -13,7 +13,9 @@ _triton_seconds = 0.0
 # cache; backward_layouts: backward programs compiled at a backward call for a layout of its
 # inputs not compiled ahead (their time is in `seconds`)
 backend = {"compiles": 0, "seconds": 0.0, "cache_hits": 0, "cache_load_seconds": 0.0, "backward_layouts": 0}
-capture = {"functions": 0, "seconds": 0.0}
+# functions captured, and captures taken from an earlier process instead (`kept`:
+# runtime/capture_cache.py); `seconds` counts both
+capture = {"functions": 0, "seconds": 0.0, "kept": 0}
 
 
 @contextlib.contextmanager

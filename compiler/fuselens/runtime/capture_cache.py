@@ -1,0 +1,480 @@
+"""Captures kept across processes: a later process's first call of a function takes what an earlier
+process captured for it, instead of capturing again (a ResNet-50 training step: ~0.3-0.45 s of a
+warm start on a GPU host).
+
+A capture is written over its constants (capture.Capture's `namespace`): its transformed function,
+its guard function and its graph's call name them. In one process they are the objects capture
+saw, and guards compare modules, functions and classes by identity (`SRC is __fl_Conv2d_7`).
+Another process has other objects, so a kept capture names each constant by how that process
+finds it again, and is not kept where one has no such name:
+- an nn.Module by the source its identity guard reads (`self.layer1[0].conv1`), evaluated on the
+  arguments of the call that loads it (so that its identity guards hold by construction), of the
+  class it had (by the class's qualified name), with no hooks (capture breaks at a call of a
+  module with hooks);
+- a function, builtin, class, enum member, Python module or module's globals by its qualified
+  name (a function's code compared by hash: program_cache's `qualified_name`);
+- None, numbers, strings, slices, dtypes, devices and sizes by value.
+A closure cell, a tensor, a lambda or any other object capture met makes the capture unkept.
+What capture relied on without a guard, as the same objects within one process, is code: the
+functions it ran and the classes of its constants. A kept capture holds the hash of every source
+file these come from and is taken only while all of them are as they were.
+
+Kept: captures without a graph break (no resume functions, no break helpers) and without dynamic
+dims. When it keeps one, capture checks that the names give back the very objects of its
+namespace (an unpickled constant that is not the object, a module source that reads another
+module: not kept). A process takes a kept capture when its files are unchanged, its constants are
+found, and its guard function holds for the call's arguments; otherwise it captures, and keeps
+the new capture beside the others (up to KEPT_PER_FUNCTION). Entries live in
+`$FUSELENS_CACHE_DIR/captures` under a hash of the function's file, qualified name and line, the
+`fullgraph` setting and the compiler's version (program_cache.py, which also writes and checks the
+files); FUSELENS_CAPTURE_CACHE=0 turns it off. Anything that fails here costs a capture, never a
+result: it is logged on `fuselens.runtime` at DEBUG.
+"""
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+import io
+import logging
+import marshal
+import os
+import pickle
+import sys
+import types
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.fx._lazy_graph_module import _LazyGraphModule
+
+from ..capture.calls import qualified_name
+from ..capture.capture import Capture, GraphInfo
+from ..capture.guards import SRC
+from ..capture.resume import signature
+from ..capture.source import FunctionSource, build_function, factory_code
+from . import program_cache
+
+FOLDER = "captures"
+KEPT_PER_FUNCTION = 8
+_log = logging.getLogger("fuselens.runtime")
+
+
+def enabled() -> bool:
+    return os.environ.get("FUSELENS_CAPTURE_CACHE", "1") != "0" and program_cache.enabled()
+
+
+Unstable = program_cache.Unstable  # a constant that another process has no name for
+
+
+@dataclass
+class Kept:
+    """One capture as another process makes it again (see the module's text)."""
+    files: dict            # source file -> sha256 of its bytes
+    values: bytes          # (the constants named by reference or by value, what each found one must be), pickled
+    found: list            # (constant, the source its identity guard reads): modules, unnamed functions
+    signature: str         # the guard function's parameters, as written
+    function_source: str
+    guard_source: str
+    source: str
+    guards: list
+    tensor_shapes: dict
+    graph: tuple           # (nodes as data, inputs, writeback, function, lines, op_count, name)
+    codes: bytes           # the two functions' code, marshalled (Capture.codes)
+
+
+def key(fs: FunctionSource, fullgraph: bool) -> str | None:
+    if not enabled() or fs.generated or not os.path.isfile(fs.filename):
+        return None
+    where = (fs.filename, fs.qualname, getattr(fs.node, "lineno", 0), fullgraph, program_cache._environment())
+    return hashlib.sha256(program_cache.compiler_version().encode() + repr(where).encode()).hexdigest()
+
+
+# -- keeping --------------------------------------------------------------------------------------
+def keep(k: str, cap: Capture, args, kwargs) -> None:
+    """Store `cap`, just captured from this call, under `k` (beside what is kept there already)."""
+    if cap.graph_break is not None or cap.resumes or cap.helpers or cap.graph is None:
+        return
+    try:
+        kept = _kept(cap, args, kwargs)
+    except Exception as e:  # (Unstable, or anything else: the capture is just not kept)
+        _log.debug("capture cache: %s not kept (%s: %s)", cap.fs.qualname, type(e).__name__, e)
+        return
+    others = [c for c in (program_cache.load(k, list, FOLDER) or []) if c.guard_source != kept.guard_source]
+    program_cache.store(k, [kept] + others[:KEPT_PER_FUNCTION - 1], FOLDER)
+
+
+def _kept(cap: Capture, args, kwargs) -> Kept:
+    ns = cap.namespace
+    found, values = [], {}  # found: (constant, (guard position, source), what it must be)
+    facts = _facts(cap.guards, ns)
+    defaults = signature(cap.fs.node.args, cap.fs.defaults)[1]  # (another process's are its own)
+    for name, v in ns.items():
+        if name in defaults:
+            if defaults[name] is not v:
+                raise Unstable(f"{name}: not the function's default")
+        elif isinstance(v, nn.Module) or isinstance(v, types.FunctionType) and qualified_name(v) is None:
+            if name not in facts:
+                raise Unstable(f"{name}: a {type(v).__name__} no guard reads from the arguments")
+            if isinstance(v, nn.Module) and _has_hooks(v):
+                raise Unstable(f"{name}: a module with hooks")
+            check = _module_check(type(v)) if isinstance(v, nn.Module) else _fingerprint(v)
+            found.append((name, facts[name], check))
+        elif _by_value(v) or _by_reference(v):
+            values[name] = v
+        else:
+            raise Unstable(f"{name}: a {type(v).__name__}")
+    if _global_hooks():
+        raise Unstable("global module hooks")
+    found.sort(key=lambda m: m[1][0])  # in the order capture guarded them (parents first)
+    checks = [check for _, _, check in found]
+    found = [(name, src) for name, (_, src), _ in found]
+    params = cap.guard_source.split("\n", 1)[0][len("def __fl_guard("):-len("):")]
+    blob = _pickle((values, checks), cap.fs, values)
+    again, again_checks = _unpickle(blob, cap.fs)  # the names give back these very objects, or nothing is kept
+    for name, v in values.items():
+        w = again[name]
+        if not (w is v or _by_value(v) and type(w) is type(v) and w == v):
+            raise Unstable(f"{name}: {v!r} is not found again by its name")
+    if again_checks != checks:
+        raise Unstable("a module's class is not found again by its name")
+    resolve, resolve_code = _resolver(params, found, dict(values, **defaults))
+    for (name, src), m in zip(found, resolve(*args, **kwargs)):
+        if m is not ns[name]:
+            raise Unstable(f"{name}: {src} reads another object")
+    files = _files(cap, values, [c[0] for c in checks if isinstance(c, tuple)])
+    g = cap.graph
+    graph = (_nodes(g.gm.graph), g.inputs, g.writeback, g.function, g.lines, g.op_count, g.name)
+    return Kept(files, blob, found, params, cap.function_source, cap.guard_source, cap.source,
+                list(cap.guards), dict(cap.tensor_shapes), graph,
+                marshal.dumps(dict(cap.codes, resolve=resolve_code)))
+
+
+def _facts(guards, ns) -> dict:
+    """constant -> (the position of its identity guard, the source that guard finds it at), of
+    modules and functions."""
+    facts = {}
+    for i, g in enumerate(guards):
+        t = g.template
+        if t is not None and t.startswith(f"{SRC} is ") and len(g.over) == 1:
+            name = t[len(SRC) + 4:]
+            if isinstance(ns.get(name), (nn.Module, types.FunctionType)) and name not in facts:
+                facts[name] = (i, g.over[0])
+    return facts
+
+
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def _module_check(cls) -> tuple:
+    """What a found module's class must be: the very class (by its name) with the same forward (a
+    class's methods are not guarded: one patched in one process and not in another differs here)."""
+    return cls, _fingerprint(cls.forward)
+
+
+def _has_hooks(m: nn.Module) -> bool:
+    return any(getattr(m, h, None) for h in _HOOKS)
+
+
+def _global_hooks() -> bool:
+    """Hooks registered for every module (capture takes a module's call as its forward)."""
+    return any(getattr(nn.modules.module, "_global" + h, None) for h in _HOOKS)
+
+
+_VALUE_TYPES = (type(None), bool, int, float, complex, str, bytes, slice, range, type(...), torch.dtype,
+                torch.device, torch.layout, torch.memory_format, torch.Size)
+_CODE_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType,
+               types.WrapperDescriptorType, types.ClassMethodDescriptorType, types.GetSetDescriptorType)
+
+
+def _by_value(v) -> bool:
+    if type(v) in (tuple, frozenset):
+        return all(_by_value(x) for x in v)
+    return type(v) in _VALUE_TYPES
+
+
+def _by_reference(v) -> bool:
+    return isinstance(v, (type, enum.Enum, types.ModuleType, types.CellType, *_CODE_TYPES)) or \
+        _globals_of(v) is not None
+
+
+def _globals_of(v) -> str | None:
+    """The name of the module whose globals `v` is, or None."""
+    if type(v) is not dict:
+        return None
+    name = v.get("__name__")
+    mod = sys.modules.get(name) if isinstance(name, str) else None
+    return name if mod is not None and mod.__dict__ is v else None
+
+
+def _fingerprint(fn, seen=()) -> str | None:
+    """A Python function's code, defaults and closure's contents (which capture read as they were),
+    hashed, a function among them by its own fingerprint (a decorator's wrapped function has no
+    name); None for a builtin."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    if fn in seen:  # (a function whose closure holds itself)
+        return "itself"
+    try:
+        closure = tuple(c.cell_contents for c in fn.__closure__ or ())
+    except ValueError:  # an empty cell
+        raise Unstable(f"{fn.__qualname__}: an empty closure cell") from None
+    state = [_fingerprint(v, (*seen, fn)) if isinstance(v, types.FunctionType) else program_cache._canonical(v)
+             for v in (*closure, *(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).items())]
+    return hashlib.sha256(marshal.dumps(code) + pickle.dumps(state, protocol=4)).hexdigest()
+
+
+class _Pickler(program_cache._Pickler):
+    """Code, Python modules, modules' globals and closure cells by name; nn.Modules and real tensors
+    never (by value they would be copies: see the module's text). `fs`: the function captured, whose
+    cells are named by its variables; `values`: functions whose cells are named by them."""
+
+    def __init__(self, file, fs=None, values=()):
+        super().__init__(file, protocol=4)
+        self.cells = dict(fs.cells) if fs is not None else {}
+        self.owners = [v for v in values if isinstance(v, types.FunctionType) and v.__closure__]
+        self.storages = {}  # a meta storage -> its _MetaStorage (one per storage: views share it)
+
+    def reducer_override(self, obj):
+        # a graph's meta values with their storages shared and their offsets (torch pickles a meta
+        # tensor as a fresh one: a split's parts at offset 0, the backend's layouts otherwise)
+        if type(obj) is not torch.Tensor or obj.device.type != "meta":
+            return NotImplemented
+        storage = obj.untyped_storage()
+        ms = self.storages.get(storage._cdata)
+        if ms is None:
+            ms = self.storages[storage._cdata] = _MetaStorage(storage.nbytes())
+        return _meta_tensor, (ms, tuple(obj.shape), obj.stride(), obj.storage_offset(), obj.dtype, obj.requires_grad)
+
+    def persistent_id(self, obj):
+        if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, type)):
+            return None  # (operators by the dispatch table, classes by pickle's own name)
+        if isinstance(obj, nn.Module) or isinstance(obj, torch.Tensor) and obj.device.type != "meta":
+            raise Unstable(f"a {type(obj).__name__}")
+        if isinstance(obj, types.ModuleType):
+            return ("module", obj.__name__)
+        if isinstance(obj, _CODE_TYPES):
+            return ("code", *self._name(obj), _fingerprint(obj))
+        if isinstance(obj, types.CellType):
+            return self._cell(obj)
+        module = _globals_of(obj)
+        if module is not None:
+            return ("globals", module)
+        return None
+
+    def _name(self, obj):
+        name = qualified_name(obj)
+        if name is None:
+            raise Unstable(f"{getattr(obj, '__qualname__', obj)!r}: no name another process finds")
+        return name
+
+    def _cell(self, cell):
+        for var, c in self.cells.items():
+            if c is cell:
+                return ("cell", None, var)
+        for fn in self.owners:
+            for var, c in zip(fn.__code__.co_freevars, fn.__closure__):
+                if c is cell:
+                    return ("cell", ("code", *self._name(fn), _fingerprint(fn)), var)
+        raise Unstable("a closure cell of no function named")
+
+
+class _MetaStorage:
+    __slots__ = ("nbytes", "storage")
+
+    def __init__(self, nbytes):
+        self.nbytes, self.storage = nbytes, None
+
+    def __reduce__(self):
+        return _MetaStorage, (self.nbytes,)
+
+
+def _meta_tensor(ms: _MetaStorage, shape, stride, offset, dtype, requires_grad):
+    if ms.storage is None:
+        ms.storage = torch.empty(ms.nbytes, dtype=torch.uint8, device="meta").untyped_storage()
+    t = torch.empty(0, dtype=dtype, device="meta").set_(ms.storage, offset, shape, stride)
+    return t.requires_grad_(requires_grad)
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file, fs=None):
+        super().__init__(file)
+        self.fs = fs
+
+    def persistent_load(self, pid):
+        if pid[0] == "cell":
+            if pid[1] is None:
+                return self.fs.cells[pid[2]]
+            fn = self.persistent_load(pid[1])
+            return fn.__closure__[fn.__code__.co_freevars.index(pid[2])]
+        kind, module = pid[0], pid[1]
+        mod = sys.modules.get(module) or __import__(module, fromlist=["_"])
+        if kind == "module":
+            return mod
+        if kind == "globals":
+            return mod.__dict__
+        obj = mod
+        for part in pid[2].split("."):
+            obj = getattr(obj, part)
+        if _fingerprint(obj) != pid[3]:
+            raise Unstable(f"{module}.{pid[2]}: its code changed")
+        return obj
+
+
+def _pickle(obj, fs=None, values=()) -> bytes:
+    f = io.BytesIO()
+    _Pickler(f, fs, values).dump(obj)
+    return f.getvalue()
+
+
+def _unpickle(blob: bytes, fs=None):
+    return _Unpickler(io.BytesIO(blob), fs).load()
+
+
+def _resolver(signature: str, found, values: dict, code=None):
+    """(`f(*args, **kwargs)` -> each found constant as the call's arguments lead to it, the code of
+    its factory: `code`, from the process that kept it, or compiled here)."""
+    lines = [f"def __fl_resolve({signature}):"]
+    lines += [f"    {name} = {src}" for name, src in found]
+    lines.append(f"    return ({''.join(name + ', ' for name, _ in found)})")
+    text = "\n".join(lines)
+    code = code or factory_code(text, "__fl_resolve", {})
+    return build_function(text, "__fl_resolve", {"torch": torch, **values}, {}, code), code
+
+
+# -- the files a capture was made from ----------------------------------------------------------------
+def _files(cap: Capture, values: dict, classes) -> dict:
+    paths = set(cap.files) | {cap.fs.filename}
+    for v in list(values.values()) + list(classes):
+        for cls in (v.__mro__ if isinstance(v, type) else ()):
+            paths.add(_module_file(cls.__module__))
+        if isinstance(v, (types.FunctionType, types.ModuleType)):
+            paths.add(getattr(v, "__file__", None) or _module_file(getattr(v, "__module__", None)))
+        name = _globals_of(v)
+        if name is not None:
+            paths.add(_module_file(name))
+    hashes = {}
+    for p in paths:
+        if p is None or not p.endswith(".py"):
+            continue  # builtins, extension modules: fixed by the versions in the compiler's hash
+        h = _file_hash(p)
+        if h is None:
+            raise Unstable(f"{p}: not a file")
+        hashes[p] = h
+    return hashes
+
+
+def _module_file(name) -> str | None:
+    mod = sys.modules.get(name) if isinstance(name, str) else None
+    return getattr(mod, "__file__", None)
+
+
+def _file_hash(path: str) -> str | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return _hash_of(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _hash_of(path, mtime_ns, size) -> str | None:  # (a file read once while it stays as it is)
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+# -- graphs as data ---------------------------------------------------------------------------------
+class _Ref:
+    """A node named in another node's arguments or metadata."""
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+    def __reduce__(self):
+        return _Ref, (self.name,)
+
+
+def _nodes(graph: fx.Graph) -> bytes:
+    """The graph as a list (a linked graph pickles one recursion level per node), pickled; of each
+    node's metadata, the entries that name nodes (few: `writes`) listed apart."""
+    ref = lambda n: _Ref(n.name)
+    data = []
+    for n in graph.nodes:
+        meta = dict(n.meta)
+        linked = [k for k, v in meta.items() if _names_node(v)]
+        for k in linked:
+            meta[k] = fx.node.map_arg(meta[k], ref)
+        data.append((n.op, n.name, n.target, fx.node.map_arg(n.args, ref), fx.node.map_arg(dict(n.kwargs), ref),
+                     meta, linked, n.type))
+    return _pickle(data)
+
+
+def _names_node(v) -> bool:
+    found = []
+    fx.node.map_arg(v, found.append) if isinstance(v, (fx.Node, tuple, list, dict, slice)) else None
+    return bool(found)
+
+
+def _graph(blob: bytes) -> fx.Graph:
+    graph, env = fx.Graph(), {}
+    find = lambda r: env[r.name] if type(r) is _Ref else r
+    for op, name, target, args, kwargs, meta, linked, type_expr in _unpickle(blob):
+        node = graph.create_node(op, target, fx.node.map_aggregate(args, find),
+                                 fx.node.map_aggregate(kwargs, find), name, type_expr)
+        if node.name != name:
+            raise ValueError(f"node {name} made as {node.name}")
+        for k in linked:
+            meta[k] = fx.node.map_aggregate(meta[k], find)
+        node.meta = meta
+        env[name] = node
+    return graph
+
+
+# -- taking ------------------------------------------------------------------------------------------
+def candidates(k: str, fs: FunctionSource, args, kwargs):
+    """The captures kept under `k`, each made again with this process's objects for this call
+    (newest first): the caller takes the first whose guard function holds."""
+    for kept in program_cache.load(k, list, FOLDER) or []:
+        try:
+            cap = _capture(kept, fs, args, kwargs)
+        except Exception as e:
+            _log.debug("capture cache: a capture of %s not taken (%s: %s)", fs.qualname, type(e).__name__, e)
+            continue
+        if cap is not None:
+            yield cap
+
+
+def _capture(kept: Kept, fs: FunctionSource, args, kwargs) -> Capture | None:
+    for path, h in kept.files.items():
+        if _file_hash(path) != h:
+            _log.debug("capture cache: %s changed since a capture of %s", path, fs.qualname)
+            return None
+    if _global_hooks():
+        return None
+    values, checks = _unpickle(kept.values, fs)
+    codes = marshal.loads(kept.codes)
+    ns = dict(values, **signature(fs.node.args, fs.defaults)[1])  # the function's defaults here
+    found = _resolver(kept.signature, kept.found, ns, codes.pop("resolve"))[0](*args, **kwargs)
+    classes = {}  # class -> its check, made once
+    for (name, _), check, v in zip(kept.found, checks, found):
+        if isinstance(check, tuple):
+            cls = type(v)
+            if cls not in classes:
+                classes[cls] = _module_check(cls)
+            if classes[cls] != check or _has_hooks(v):
+                return None
+        elif not isinstance(v, types.FunctionType) or _fingerprint(v) != check:
+            return None
+        ns[name] = v
+    nodes, inputs, writeback, function, lines, op_count, name = kept.graph
+    gm = _LazyGraphModule(nn.Module(), _graph(nodes))
+    graph = GraphInfo(gm, inputs, writeback, function, lines, op_count, name)
+    return Capture(fs, kept.source, ns, kept.guards, kept.guard_source, graph, None,
+                   tensor_shapes=kept.tensor_shapes, function_source=kept.function_source,
+                   files=set(kept.files), codes=codes)
