@@ -299,9 +299,16 @@ def _meta_tensor(ms: _MetaStorage, shape, stride, offset, dtype, requires_grad):
 
 
 class _Unpickler(pickle.Unpickler):
+    """Names resolved in the modules this process has imported, never by importing one (its
+    top-level code would run where eager's does not)."""
+
     def __init__(self, file, fs=None):
         super().__init__(file)
         self.fs = fs
+
+    def find_class(self, module, name):
+        _imported(module)
+        return super().find_class(module, name)
 
     def persistent_load(self, pid):
         if pid[0] == "cell":
@@ -310,7 +317,7 @@ class _Unpickler(pickle.Unpickler):
             fn = self.persistent_load(pid[1])
             return fn.__closure__[fn.__code__.co_freevars.index(pid[2])]
         kind, module = pid[0], pid[1]
-        mod = sys.modules.get(module) or __import__(module, fromlist=["_"])
+        mod = _imported(module)
         if kind == "module":
             return mod
         if kind == "globals":
@@ -321,6 +328,13 @@ class _Unpickler(pickle.Unpickler):
         if _fingerprint(obj) != pid[3]:
             raise Unstable(f"{module}.{pid[2]}: its code changed")
         return obj
+
+
+def _imported(module: str):
+    mod = sys.modules.get(module)
+    if mod is None:
+        raise Unstable(f"module {module} is not imported")
+    return mod
 
 
 def _pickle(obj, fs=None, values=()) -> bytes:
