@@ -58,9 +58,15 @@ class Net(nn.Module):
 
     def forward(self, x, shift=SHIFT):
         x = self.blocks(self.stem(x))
+        if helpers.DEBUG:  # a module's setting, read as a constant of the process
+            x = x + 1
         return helpers.scale(self.head(x.mean((2, 3)))) + shift
 '''
 HELPERS = '''
+import os
+DEBUG = os.environ.get("USER_DEBUG") == "1"
+
+
 def scale(x):
     return x * 2.0
 '''
@@ -115,7 +121,8 @@ def test_second_process_takes_the_kept_capture(tmp_path, user):
     assert (second["functions"], second["kept"]) == (0, 1)
 
 
-@pytest.mark.parametrize("edit", ["method", "function", "other_file", "closure_value", "default_value"])
+@pytest.mark.parametrize("edit", ["method", "function", "other_file", "closure_value", "default_value",
+                                  "module_setting"])
 def test_what_changed_since_is_captured_again(tmp_path, user, edit):
     process(tmp_path, "first")
     env = {}
@@ -127,8 +134,10 @@ def test_what_changed_since_is_captured_again(tmp_path, user, edit):
         (user / "helpers.py").write_text(HELPERS.replace("2.0", "3.0"))
     elif edit == "closure_value":  # the same code, a closure holding another value
         env["ACT_SCALE"] = "0.5"
-    else:  # the same code, the function's default another value (each process's own, guarded)
+    elif edit == "default_value":  # the same code, the function's default another value
         env["SHIFT"] = "1.0"
+    else:  # the same code, a module's attribute (read without a guard) another value
+        env["USER_DEBUG"] = "1"
     second = process(tmp_path, "second", **env)  # (each equal to eager: `process`)
     assert (second["functions"], second["kept"]) == (1, 0)
     third = process(tmp_path, "third", **env)  # kept beside the first
@@ -194,16 +203,20 @@ def test_another_model_is_captured_afresh(kept, other):
 
 class Act(nn.Module):
     def forward(self, x):
-        return torch.relu(x)
+        return self.scaled(torch.relu(x))
+
+    def scaled(self, x):
+        return x * 2
 
 
-def test_a_module_class_whose_forward_changed_is_captured_afresh(kept, monkeypatch):
+@pytest.mark.parametrize("method", ["forward", "scaled"])
+def test_a_module_class_whose_method_changed_is_captured_afresh(kept, monkeypatch, method):
     # (a class's methods are not guarded: a library that patches one in one process and not in
     # another, as here between two compiles)
     torch.manual_seed(0)
     x = torch.randn(2, 3, 8, 8)
     compiled_step(Net(act=Act).train(), x)
-    monkeypatch.setattr(Act, "forward", lambda self, x: torch.sigmoid(x))
+    monkeypatch.setattr(Act, method, lambda self, x: torch.sigmoid(x))
     compiled_step(Net(act=Act).train(), x)
     assert (kept["functions"], kept["kept"]) == (2, 0)
 

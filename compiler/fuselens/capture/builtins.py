@@ -237,7 +237,7 @@ def _marked_constant(ev, fn, args, kwargs, e, scope):
     so): a constant of the process on constant arguments, called now as torch.compile does."""
     if ev.domain.runs_python and all(foldable(v) and not isinstance(v, (TensorVar, SymInt))
                                for v in leaves([args, kwargs])):
-        return fn(*args, **kwargs)
+        return ev.run_natively(fn, args, kwargs)
     return NOT_HANDLED
 
 

@@ -55,6 +55,7 @@ class Capture:
     # that function's module globals (a callee from another module names its own globals)
     helpers: list = field(default_factory=list)
     files: set = field(default_factory=set)  # of the functions it ran (runtime/capture_cache.py)
+    process_state: tuple = ((), ())  # Evaluator.process_reads' items, process_unchecked
     # the transformed function's and the guard function's code (source.factory_code), once compiled
     codes: dict = field(default_factory=dict)
 
@@ -112,7 +113,8 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
     if graph is not None:  # run as shown, but reading the graph's inputs faster
         text = sources.fast_graph_call(text, graph_name, graph.inputs)
     return Capture(fs, source, dict(sources.constants), list(sources.guards), guard_src, graph,
-                   brk, writer.resumes, shapes, text, helpers, ev.files)
+                   brk, writer.resumes, shapes, text, helpers, ev.files,
+                   process_state=(tuple(ev.process_reads.items()), tuple(ev.process_unchecked)))
 
 
 def _graph_call(name, builder) -> tuple:

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import enum
+import types
 
 import torch
 
 from . import breaks as B
+from .guards import is_literal
 from .side_effects import MUTABLE, SideEffects
 from .graph import GraphBuilder
 from .source import FunctionSource, NoSourceError, function_source
@@ -27,6 +30,9 @@ from .objects import Objects, dataclass_generated_init
 from .kinds import kind_of
 from .domains import Abstract, Concrete
 
+# values that are the same in another process where their names are (runtime/capture_cache.py)
+_NAMED = (type, types.FunctionType, types.BuiltinFunctionType, types.ModuleType, enum.Enum, torch.dtype,
+          torch.device)
 MAX_INLINE_DEPTH = 40  # real models nest deep: decorators, layers, attention interfaces
 _TORCH_DIR = __import__("os").path.dirname(torch.__file__)
 
@@ -73,8 +79,26 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
         self.uncertain: list[str] = []  # abstract: files of the arms of unknown branches being walked
         self.foreign = False  # abstract: a ForeignData was made (NumPy's data may reach torch)
         self.files: set[str] = set()  # of every function run here: what a kept capture was made from
+        # what capture took as constants of the process without a guard, for a capture kept across
+        # processes (runtime/capture_cache.py): (module name, attribute) -> the value read (checked
+        # again there), and the calls run natively on objects of no such check (it keeps none then)
+        self.process_reads: dict = {}
+        self.process_unchecked: list[str] = []
 
     # ===================================================================== functions
+    def run_natively(self, fn, args, kwargs):
+        """Python capture runs rather than inlines (the standard library on plain values): its result
+        is a constant of the capture. It is one in another process too where the call reads only
+        literals, code, classes, objects the capture made, and modules' attributes (checked again
+        there): any other object (a config's state) is noted in `process_unchecked`."""
+        reads = list(self.process_reads.values())
+        for a in [*args, *kwargs.values()]:
+            if not (is_literal(a) or isinstance(a, _NAMED) or self.effects.is_fresh(a) or
+                    any(a is v for v in reads) or isinstance(a, types.MethodType) and  # (a method's
+                    isinstance(a.__func__, types.FunctionType)):                       # signature)
+                self.process_unchecked.append(f"{getattr(fn, '__qualname__', fn)} on a {type(a).__name__}")
+        return fn(*args, **kwargs)
+
     def run(self, fs: FunctionSource, bound: dict) -> object:
         scope = Scope(fs, None, 0, dict(bound))
         return self._run_body(fs, scope)
@@ -112,7 +136,8 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
                                                        or isinstance(v, (Unknown, SymInt)) for v in every):
                     # Python with no source to read (a frozen module's `Mapping.get`) touching
                     # no tensor and no container capture models: Python runs it
-                    return fn(self_value, *args, **kwargs) if self_value is not None else fn(*args, **kwargs)
+                    return self.run_natively(fn, ([self_value] if self_value is not None else []) + list(args),
+                                             kwargs)
                 if contains_tensor(every):
                     self.brk(B.UNKNOWN_CALL, call, caller, detail=str(e))
                 # (the editor cannot see into it, nor tell that a graph would)

@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import ast
 import builtins
+import enum
+import functools
 import operator
+import types
 
 import torch
+import torch.nn as nn
 
 from . import breaks as B
 from . import calls as C
 from .side_effects import MUTABLE
+
+# globals whose guards cover what capture reads of them (values, identities, a graph's inputs);
+# one of another type is guarded by its type alone: Evaluator.process_reads
+_GUARDED = (type(None), bool, int, float, complex, str, bytes, tuple, frozenset, slice, range, type,
+            types.FunctionType, types.BuiltinFunctionType, types.ModuleType, types.MethodType, enum.Enum,
+            functools.partial, torch.dtype, torch.device, torch.Tensor, nn.Module)
 from .values import (UNKNOWN, ForeignData, LocalFunction, SymInt, SymShape, TensorVar,
                      Unknown, contains_tensor)
 from .frames import AbstractKwargs, AbstractSeq, Opaque, Scope, Suspend
@@ -48,6 +58,8 @@ class Expressions:
         raise NameError(f"name '{name}' is not defined")
 
     def global_value(self, name, v, scope):
+        if not isinstance(v, _GUARDED) and type(v) not in MUTABLE:  # guarded by its type alone (a
+            self.process_reads.setdefault((scope.fs.globals.get("__name__"), name), v)  # registry)
         return self.wrap_external(v, self.domain.global_source(scope.fs.globals, name, v))
 
     def wrap_external(self, v, src):

@@ -123,6 +123,7 @@ class PythonModule(Kind):
         v = getattr(obj, attr)
         if isinstance(v, torch.Tensor) or type(v) in MUTABLE:
             return ev.wrap_external(v, f"{ev.domain.constant(obj, obj.__name__.split('.')[-1])}.{attr}")
+        ev.process_reads.setdefault((obj.__name__, attr), v)
         return v
 
 
@@ -275,7 +276,7 @@ class PythonFunction(Kind):
         if isinstance(fn, types.FunctionType) and _stdlib(fn) and ev.domain.runs_python and not any(
                 contains_tensor(v) or type(v) in MUTABLE or isinstance(v, (Unknown, SymInt))
                 for v in list(args) + list(kwargs.values())):
-            r = fn(*args, **kwargs)  # the standard library on plain values (inspect, re...)
+            r = ev.run_natively(fn, args, kwargs)  # the standard library on plain values (inspect, re...)
             if fn in (copy.copy, copy.deepcopy) and r is not args[0] and hasattr(r, "__dict__") \
                     and not isinstance(r, (torch.Tensor, nn.Module, type, types.FunctionType)):
                 ev.effects.fresh(r)  # a new object: the capture's own, as eager makes one each call

@@ -7,28 +7,38 @@ its guard function and its graph's call name them. In one process they are the o
 saw, and guards compare modules, functions and classes by identity (`SRC is __fl_Conv2d_7`).
 Another process has other objects, so a kept capture names each constant by how that process
 finds it again, and is not kept where one has no such name:
-- an nn.Module by the source its identity guard reads (`self.layer1[0].conv1`), evaluated on the
-  arguments of the call that loads it (so that its identity guards hold by construction), of the
-  class it had (by the class's qualified name), with no hooks (capture breaks at a call of a
-  module with hooks);
+- an nn.Module (or a function of no name: a decorator's wrapped one) by the source its identity
+  guard reads (`self.layer1[0].conv1`), evaluated on the arguments of the call that loads it,
+  parents first, stopping at the first module of another class (so its identity guards hold by
+  construction), with no hooks (capture breaks at a call of a module with hooks);
 - a function, builtin, class, enum member, Python module or module's globals by its qualified
-  name (a function's code compared by hash: program_cache's `qualified_name`);
+  name (program_cache's `qualified_name`; a function's code, defaults and closure's contents
+  compared by fingerprint);
+- the function's own defaults and closure cells: this process's function's;
 - None, numbers, strings, slices, dtypes, devices and sizes by value.
-A closure cell, a tensor, a lambda or any other object capture met makes the capture unkept.
-What capture relied on without a guard, as the same objects within one process, is code: the
-functions it ran and the classes of its constants. A kept capture holds the hash of every source
-file these come from and is taken only while all of them are as they were.
+A tensor, a NumPy scalar or any other object capture met makes the capture unkept.
+
+What capture relied on without a guard, as constants of the process, is checked again instead:
+- code: the hash of every source file capture ran or took a class or function from, and which
+  file each module name it uses is; the methods of every class it holds (a module's class, a
+  class constant) and of their bases, by their code (a method patched in one process only);
+- modules' attributes it read as constants (`config.DEBUG`, a registry held in a global,
+  `F.gelu`): read again, compared by value (an object of no value: by its class, as its guard);
+- standard-library calls it ran natively: constants where they read only literals, code, objects
+  the capture made and the attributes above; a capture that ran one on anything else (a config
+  object's state) is not kept.
 
 Kept: captures without a graph break (no resume functions, no break helpers) and without dynamic
 dims. When it keeps one, capture checks that the names give back the very objects of its
 namespace (an unpickled constant that is not the object, a module source that reads another
-module: not kept). A process takes a kept capture when its files are unchanged, its constants are
-found, and its guard function holds for the call's arguments; otherwise it captures, and keeps
-the new capture beside the others (up to KEPT_PER_FUNCTION). Entries live in
-`$FUSELENS_CACHE_DIR/captures` under a hash of the function's file, qualified name and line, the
-`fullgraph` setting and the compiler's version (program_cache.py, which also writes and checks the
-files); FUSELENS_CAPTURE_CACHE=0 turns it off. Anything that fails here costs a capture, never a
-result: it is logged on `fuselens.runtime` at DEBUG.
+module: not kept). A process takes a kept capture when the checks above pass and its guard
+function holds for the call's arguments; otherwise it captures, and keeps the new capture beside
+the others (up to KEPT_PER_FUNCTION). Names resolve only in modules already imported (importing
+one would run its top-level code where eager does not). Entries live in
+`$FUSELENS_CACHE_DIR/captures` under a hash of the function's file, module, qualified name and line,
+the `fullgraph` setting and the compiler's version (program_cache.py, which also writes and checks
+the files); FUSELENS_CAPTURE_CACHE=0 (or FUSELENS_PROGRAM_CACHE=0) turns it off. Anything that
+fails here costs a capture, never a result: it is logged on `fuselens.runtime` at DEBUG.
 """
 from __future__ import annotations
 
@@ -42,6 +52,7 @@ import os
 import pickle
 import sys
 import types
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -72,6 +83,8 @@ Unstable = program_cache.Unstable  # a constant that another process has no name
 class Kept:
     """One capture as another process makes it again (see the module's text)."""
     files: dict            # source file -> sha256 of its bytes
+    modules: dict          # module name -> its file, of the modules whose names it uses
+    state: bytes           # what capture took as constants of the process: checked again (_process_state)
     values: bytes          # (the constants named by reference or by value, what each found one must be), pickled
     found: list            # (constant, the source its identity guard reads): modules, unnamed functions
     signature: str         # the guard function's parameters, as written
@@ -87,7 +100,8 @@ class Kept:
 def key(fs: FunctionSource, fullgraph: bool) -> str | None:
     if not enabled() or fs.generated or not os.path.isfile(fs.filename):
         return None
-    where = (fs.filename, fs.qualname, getattr(fs.node, "lineno", 0), fullgraph, program_cache._environment())
+    where = (fs.filename, fs.globals.get("__name__"), fs.qualname, getattr(fs.node, "lineno", 0), fullgraph,
+             program_cache._environment())
     return hashlib.sha256(program_cache.compiler_version().encode() + repr(where).encode()).hexdigest()
 
 
@@ -119,7 +133,7 @@ def _kept(cap: Capture, args, kwargs) -> Kept:
                 raise Unstable(f"{name}: a {type(v).__name__} no guard reads from the arguments")
             if isinstance(v, nn.Module) and _has_hooks(v):
                 raise Unstable(f"{name}: a module with hooks")
-            check = _module_check(type(v)) if isinstance(v, nn.Module) else _fingerprint(v)
+            check = _class_print(type(v)) if isinstance(v, nn.Module) else _fingerprint(v)
             found.append((name, facts[name], check))
         elif _by_value(v) or _by_reference(v):
             values[name] = v
@@ -131,22 +145,29 @@ def _kept(cap: Capture, args, kwargs) -> Kept:
     checks = [check for _, _, check in found]
     found = [(name, src) for name, (_, src), _ in found]
     params = cap.guard_source.split("\n", 1)[0][len("def __fl_guard("):-len("):")]
-    blob = _pickle((values, checks), cap.fs, values)
-    again, again_checks = _unpickle(blob, cap.fs)  # the names give back these very objects, or nothing is kept
-    for name, v in values.items():
+    classes = [c for c in values.values() if isinstance(c, type)]
+    class_prints = [_class_print(c) for c in classes]
+    blob = _pickle((values, checks, classes, class_prints), cap.fs, values)
+    again, again_checks, again_classes, _ = _unpickle(blob, cap.fs)  # the names give back these very
+    for name, v in values.items():                                     # objects, or nothing is kept
         w = again[name]
         if not (w is v or _by_value(v) and type(w) is type(v) and w == v):
             raise Unstable(f"{name}: {v!r} is not found again by its name")
-    if again_checks != checks:
-        raise Unstable("a module's class is not found again by its name")
-    resolve, resolve_code = _resolver(params, found, dict(values, **defaults))
-    for (name, src), m in zip(found, resolve(*args, **kwargs)):
+    if again_checks != checks or any(a is not b for a, b in zip(again_classes, classes)):
+        raise Unstable("a class is not found again by its name")
+    resolve, resolve_code = _resolver(params, found, checks, dict(values, **defaults))
+    for (name, src), m in zip(found, resolve(*args, **kwargs) or ()):
         if m is not ns[name]:
             raise Unstable(f"{name}: {src} reads another object")
-    files = _files(cap, values, [c[0] for c in checks if isinstance(c, tuple)])
+    files, modules = _files(cap, values, [c[0] for c in checks if isinstance(c, tuple)])
+    reads, unchecked = cap.process_state
+    if unchecked:
+        raise Unstable(f"ran {unchecked[0]}")
+    state = _pickle([(m, a, _state(v)) for (m, a), v in reads])
+    modules.update((m, getattr(sys.modules.get(m), "__file__", None)) for (m, _), _ in reads)
     g = cap.graph
     graph = (_nodes(g.gm.graph), g.inputs, g.writeback, g.function, g.lines, g.op_count, g.name)
-    return Kept(files, blob, found, params, cap.function_source, cap.guard_source, cap.source,
+    return Kept(files, modules, state, blob, found, params, cap.function_source, cap.guard_source, cap.source,
                 list(cap.guards), dict(cap.tensor_shapes), graph,
                 marshal.dumps(dict(cap.codes, resolve=resolve_code)))
 
@@ -167,10 +188,46 @@ def _facts(guards, ns) -> dict:
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
-def _module_check(cls) -> tuple:
-    """What a found module's class must be: the very class (by its name) with the same forward (a
-    class's methods are not guarded: one patched in one process and not in another differs here)."""
-    return cls, _fingerprint(cls.forward)
+def _class_print(cls) -> tuple:
+    """What a class must be in another process: the very class (by its name) with the same methods
+    in it and its bases (a class's methods are not guarded: one patched in one process and not in
+    the other differs here)."""
+    return cls, tuple((c.__qualname__, tuple((k, _method_print(f)) for k, f in vars(c).items()
+                                              if isinstance(f, _METHODS)))
+                      for c in cls.__mro__ if c.__module__ != "builtins")
+
+
+_METHODS = (types.FunctionType, staticmethod, classmethod, property)
+_CODE_PRINTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _method_print(f) -> str | None:
+    """A method's code, hashed (not its closure: a decorator's holds objects whose pickled state
+    differs between processes; a method patched in is another function, of other code)."""
+    if isinstance(f, (staticmethod, classmethod)):
+        f = f.__func__
+    if isinstance(f, property):
+        return repr(tuple(_method_print(g) for g in (f.fget, f.fset, f.fdel) if g is not None))
+    if not isinstance(f, types.FunctionType):
+        return None
+    return _code_print(f.__code__)
+
+
+def _code_print(code) -> str:
+    """A code object's hash, the same in every process where the code is (marshal's bytes are
+    not: they depend on objects' reference counts)."""
+    p = _CODE_PRINTS.get(code)  # (nn.Module's ~150 methods are in every module class's print)
+    if p is None:
+        h = hashlib.sha256(code.co_code)
+        h.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars, code.co_name,
+                       code.co_filename, code.co_flags, code.co_argcount, code.co_posonlyargcount,
+                       code.co_kwonlyargcount)).encode())
+        for k in code.co_consts:
+            h.update(_code_print(k).encode() if isinstance(k, types.CodeType) else
+                     repr(sorted(map(repr, k))).encode() if isinstance(k, frozenset) else
+                     repr((type(k).__name__, k)).encode())
+        p = _CODE_PRINTS[code] = h.hexdigest()
+    return p
 
 
 def _has_hooks(m: nn.Module) -> bool:
@@ -186,6 +243,20 @@ _VALUE_TYPES = (type(None), bool, int, float, complex, str, bytes, slice, range,
                 torch.device, torch.layout, torch.memory_format, torch.Size)
 _CODE_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType,
                types.WrapperDescriptorType, types.ClassMethodDescriptorType, types.GetSetDescriptorType)
+
+
+def _state(v):
+    """`v` as data equal in two processes where `v` is the same: a module by its name, a function
+    by its name and fingerprint, anything else as the program cache's key writes it (an object by
+    its pickled state), or by its class where it has none (a context variable: as its guard)."""
+    if isinstance(v, types.ModuleType):
+        return ("module", v.__name__)
+    if isinstance(v, types.FunctionType):
+        return ("function", qualified_name(v), _fingerprint(v))
+    try:
+        return program_cache._canonical(v)
+    except Unstable:
+        return ("object", _class_print(type(v)))
 
 
 def _by_value(v) -> bool:
@@ -223,7 +294,7 @@ def _fingerprint(fn, seen=()) -> str | None:
         raise Unstable(f"{fn.__qualname__}: an empty closure cell") from None
     state = [_fingerprint(v, (*seen, fn)) if isinstance(v, types.FunctionType) else program_cache._canonical(v)
              for v in (*closure, *(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).items())]
-    return hashlib.sha256(marshal.dumps(code) + pickle.dumps(state, protocol=4)).hexdigest()
+    return hashlib.sha256(_code_print(code).encode() + pickle.dumps(state, protocol=4)).hexdigest()
 
 
 class _Pickler(program_cache._Pickler):
@@ -325,8 +396,8 @@ class _Unpickler(pickle.Unpickler):
         obj = mod
         for part in pid[2].split("."):
             obj = getattr(obj, part)
-        if _fingerprint(obj) != pid[3]:
-            raise Unstable(f"{module}.{pid[2]}: its code changed")
+        if qualified_name(obj) != (module, pid[2]) or _fingerprint(obj) != pid[3]:
+            raise Unstable(f"{module}.{pid[2]}: another function, or its code changed")
         return obj
 
 
@@ -347,37 +418,49 @@ def _unpickle(blob: bytes, fs=None):
     return _Unpickler(io.BytesIO(blob), fs).load()
 
 
-def _resolver(signature: str, found, values: dict, code=None):
-    """(`f(*args, **kwargs)` -> each found constant as the call's arguments lead to it, the code of
-    its factory: `code`, from the process that kept it, or compiled here)."""
+def _resolver(signature: str, found, checks, values: dict, code=None):
+    """(`f(*args, **kwargs)` -> each found constant as the call's arguments lead to it, or None at
+    the first module of another class (parents first: nothing is read through an object of a class
+    the capture did not see); the code of its factory: `code`, from the process that kept it, or
+    compiled here)."""
     lines = [f"def __fl_resolve({signature}):"]
-    lines += [f"    {name} = {src}" for name, src in found]
+    classes = {}
+    for (name, src), check in zip(found, checks):
+        lines.append(f"    {name} = {src}")
+        if isinstance(check, tuple):
+            cls = classes.setdefault(check[0], f"__fl_class_{len(classes)}")
+            lines.append(f"    if type({name}) is not {cls}:\n        return None")
     lines.append(f"    return ({''.join(name + ', ' for name, _ in found)})")
     text = "\n".join(lines)
-    code = code or factory_code(text, "__fl_resolve", {})
-    return build_function(text, "__fl_resolve", {"torch": torch, **values}, {}, code), code
+    consts = {name: cls for cls, name in classes.items()}
+    code = code or factory_code(text, "__fl_resolve", consts)
+    return build_function(text, "__fl_resolve", {"torch": torch, **values}, consts, code), code
 
 
 # -- the files a capture was made from ----------------------------------------------------------------
-def _files(cap: Capture, values: dict, classes) -> dict:
-    paths = set(cap.files) | {cap.fs.filename}
+def _files(cap: Capture, values: dict, classes) -> tuple[dict, dict]:
+    """(source file -> its hash, module name -> its file): of what capture ran, and of the modules
+    whose names the capture uses (in another process a name may be another file's module)."""
+    paths, names = set(cap.files) | {cap.fs.filename}, set()
     for v in list(values.values()) + list(classes):
         for cls in (v.__mro__ if isinstance(v, type) else ()):
-            paths.add(_module_file(cls.__module__))
-        if isinstance(v, (types.FunctionType, types.ModuleType)):
-            paths.add(getattr(v, "__file__", None) or _module_file(getattr(v, "__module__", None)))
-        name = _globals_of(v)
-        if name is not None:
-            paths.add(_module_file(name))
+            names.add(cls.__module__)
+        if isinstance(v, types.FunctionType):
+            names.add(v.__module__)
+            paths.add(v.__code__.co_filename)
+        if isinstance(v, types.ModuleType):
+            names.add(v.__name__)
+        names.add(_globals_of(v))
+    modules = {n: _module_file(n) for n in names if n is not None}
     hashes = {}
-    for p in paths:
+    for p in paths | set(modules.values()):
         if p is None or not p.endswith(".py"):
             continue  # builtins, extension modules: fixed by the versions in the compiler's hash
         h = _file_hash(p)
         if h is None:
             raise Unstable(f"{p}: not a file")
         hashes[p] = h
-    return hashes
+    return hashes, modules
 
 
 def _module_file(name) -> str | None:
@@ -450,6 +533,17 @@ def _graph(blob: bytes) -> fx.Graph:
     return graph
 
 
+def _process_state(blob: bytes) -> bool:
+    """Whether the modules' attributes capture took as constants of the process (a flag, a registry,
+    a function looked up in a module) are as they were."""
+    for module, attr, was in _unpickle(blob):
+        mod = sys.modules.get(module)
+        if mod is None or not hasattr(mod, attr) or _state(getattr(mod, attr)) != was:
+            _log.debug("capture cache: %s.%s differs", module, attr)
+            return False
+    return True
+
+
 # -- taking ------------------------------------------------------------------------------------------
 def candidates(k: str, fs: FunctionSource, args, kwargs):
     """The captures kept under `k`, each made again with this process's objects for this call
@@ -469,19 +563,29 @@ def _capture(kept: Kept, fs: FunctionSource, args, kwargs) -> Capture | None:
         if _file_hash(path) != h:
             _log.debug("capture cache: %s changed since a capture of %s", path, fs.qualname)
             return None
-    if _global_hooks():
+    for name, path in kept.modules.items():
+        if getattr(sys.modules.get(name), "__file__", None) != path:
+            _log.debug("capture cache: module %s is not %s's here", name, path)
+            return None
+    if _global_hooks() or not _process_state(kept.state):
         return None
-    values, checks = _unpickle(kept.values, fs)
+    values, checks, classes, class_prints = _unpickle(kept.values, fs)
+    prints = {}  # class -> its print, made once
+    for cls, p in zip(classes, class_prints):
+        prints[cls] = _class_print(cls)
+        if prints[cls] != p:
+            return None
     codes = marshal.loads(kept.codes)
     ns = dict(values, **signature(fs.node.args, fs.defaults)[1])  # the function's defaults here
-    found = _resolver(kept.signature, kept.found, ns, codes.pop("resolve"))[0](*args, **kwargs)
-    classes = {}  # class -> its check, made once
+    found = _resolver(kept.signature, kept.found, checks, ns, codes.pop("resolve"))[0](*args, **kwargs)
+    if found is None:
+        return None
     for (name, _), check, v in zip(kept.found, checks, found):
         if isinstance(check, tuple):
             cls = type(v)
-            if cls not in classes:
-                classes[cls] = _module_check(cls)
-            if classes[cls] != check or _has_hooks(v):
+            if cls not in prints:
+                prints[cls] = _class_print(cls)
+            if prints[cls] != check or _has_hooks(v):
                 return None
         elif not isinstance(v, types.FunctionType) or _fingerprint(v) != check:
             return None
