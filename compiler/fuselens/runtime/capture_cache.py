@@ -156,7 +156,10 @@ def _kept(cap: Capture, args, kwargs) -> Kept:
     if again_checks != checks or any(a is not b for a, b in zip(again_classes, classes)):
         raise Unstable("a class is not found again by its name")
     resolve, resolve_code = _resolver(params, found, checks, dict(values, **defaults))
-    for (name, src), m in zip(found, resolve(*args, **kwargs) or ()):
+    objects = resolve(*args, **kwargs)
+    if objects is None:
+        raise Unstable("a module's source reads a module of another class")
+    for (name, src), m in zip(found, objects):
         if m is not ns[name]:
             raise Unstable(f"{name}: {src} reads another object")
     files, modules = _files(cap, values, [c[0] for c in checks if isinstance(c, tuple)])
