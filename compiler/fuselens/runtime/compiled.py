@@ -322,10 +322,11 @@ class CompiledFunction:
         guards hold for this call, or None."""
         with stats.gc_paused():
             for cap in capture_cache.candidates(k, fs, args, kwargs):
-                entry = self._entry(fs, cap)
-                try:
+                try:  # (an entry that does not build costs a capture, never the compile)
+                    entry = self._entry(fs, cap)
                     ok = entry.guard_fn(*args, **kwargs)
-                except Exception:
+                except Exception as e:
+                    _LOG_RUNTIME.debug("%s: a kept capture not taken (%s: %s)", fs.qualname, type(e).__name__, e)
                     ok = False
                 if ok:
                     stats.capture["kept"] += 1
