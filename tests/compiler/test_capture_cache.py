@@ -289,5 +289,21 @@ def test_a_corrupt_entry_is_captured_afresh(kept, tmp_path):
     assert (kept["functions"], kept["kept"]) == (2, 1)
 
 
+def test_a_kept_capture_that_does_not_build_is_captured_afresh(kept, monkeypatch):
+    from fuselens.runtime import capture_cache
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    compiled_step(Net().train(), x)
+    real = capture_cache._capture
+
+    def broken(*args):
+        cap = real(*args)
+        cap.codes, cap.guard_source = {}, "def __fl_guard(:"  # (as an entry made by a bug would be)
+        return cap
+    monkeypatch.setattr(capture_cache, "_capture", broken)
+    compiled_step(Net().train(), x)  # compiled, not the eager fallback of an internal error
+    assert (kept["functions"], kept["kept"]) == (2, 0)
+
+
 if __name__ == "__main__":
     child(sys.argv[1])
