@@ -151,7 +151,9 @@ def _disabled(cf):
 def test_users_error_raised_as_in_eager_side_effects_once(fn, real_backend, monkeypatch):
     if real_backend:
         monkeypatch.setattr(backend, "compile_graph", REAL_COMPILE_GRAPH)
-    x0 = torch.randn(8).abs() + 0.5
+    # (inputs of their own: printed sums are compared as text, and another order of a sum's terms
+    # may round the last printed digit otherwise for some inputs)
+    x0 = torch.randn(8, generator=torch.Generator().manual_seed(0)).abs() + 0.5
     cf = fuselens.compile(fn)
     for bad in (True, False, True, False):  # the function keeps working after the user's error
         expected = _run(fn, x0.clone(), bad)
