@@ -12,7 +12,6 @@ import copy
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np

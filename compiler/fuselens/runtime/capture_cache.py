@@ -94,7 +94,7 @@ class Kept:
     guards: list
     tensor_shapes: dict
     graph: tuple           # (nodes as data, inputs, writeback, function, lines, op_count, name)
-    codes: bytes           # the two functions' code, marshalled (Capture.codes)
+    codes: bytes           # the transformed, guard and resolver functions' code, marshalled (Capture.codes)
 
 
 def key(fs: FunctionSource, fullgraph: bool) -> str | None:
