@@ -21,6 +21,7 @@ import sympy
 import torch
 import torch.fx as fx
 
+from ..autograd.facts import with_eager_derivative
 from ..codegen import launcher
 from ..codegen.triton import generate_kernel
 from ..codegen.wrapper import generate_wrapper, load_wrapper
@@ -118,7 +119,8 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
     fused = [s for s in sched.steps if isinstance(s, FusedKernel)]
     pdl = launcher.supports_pdl(torch.device(device))
     for i, step in enumerate(fused):
-        name, source, writer = generate_kernel(step, first_kernel_index + i, lowered.sizevars, dynamic_values, pdl)
+        name, source, writer = generate_kernel(step, first_kernel_index + i, lowered.sizevars, dynamic_values, pdl,
+                                               torch.device(device).type == "cuda")
         itemsize = min((b.dtype.itemsize for b in writer.buffers.values()), default=4)
         kernel = launcher.TritonKernel(name, source, writer.mode, mode == "max-autotune", itemsize, pdl)
         kernels[id(step)] = (kernel, writer)
@@ -350,6 +352,11 @@ class CompiledGraph:
 
 
 class _MarkWrites(fx.Interpreter):
+    """The graph run eagerly with eager's autograd for what it writes in place."""
+
+    def call_function(self, target, args, kwargs):
+        return with_eager_derivative(target, args, kwargs, super().call_function(target, args, kwargs))
+
     def run_node(self, n):
         out = super().run_node(n)
         written = self.env.get(n.meta.get("writes"))
