@@ -27,6 +27,9 @@ _LOG_RUNTIME = logging.getLogger("fuselens.runtime")
 
 
 # -- graphs ------------------------------------------------------------------------------------
+# torch's "barebones" unsigned dtypes: few kernels (CUDA's _foreach_copy_ has none), copied one by one
+_BAREBONES_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
+
 class GraphCall:
     """Runs one captured graph: compiled by the backend on first call, mutated inputs
     written back after it."""
@@ -85,7 +88,8 @@ class GraphCall:
             groups: dict = {}  # (dtype, device) -> target indices
             one_by_one = []
             for i, (target, value) in enumerate(zip(targets, new)):
-                if distinct and not (target.requires_grad or value.requires_grad) and target.shape == value.shape:
+                if (distinct and not (target.requires_grad or value.requires_grad) and target.shape == value.shape
+                        and target.dtype not in _BAREBONES_UNSIGNED):
                     groups.setdefault((target.dtype, target.device), []).append(i)
                 else:
                     one_by_one.append(i)
