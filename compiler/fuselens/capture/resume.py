@@ -647,6 +647,7 @@ class Writer:
         stmt = self.compiling_calls(s, sig) if sig.whole_stmt else substitute(s, inner.completed, self.mat, temps)
         stmt = self.explicit_super(inner, [stmt])[0][0]
         x_live: list[str] = []  # the helper's variables its exceptional continuation reads
+        returns = False  # the statement may return from the callee (`Returned`)
         unbound: list[str] = []  # live names the statement, run in Python, may leave unbound
         # -- the innermost frame: the helper that runs the break, and its continuation
         if sig.cond is not None and isinstance(s, ast.If):
@@ -668,6 +669,11 @@ class Writer:
             exprs = self._unbound_args(unbound)
             ret = ast.Tuple(elts=[exprs.get(n) or ast.Name(id=n, ctx=ast.Load()) for n in live],
                             ctx=ast.Load())
+            if cont_body:
+                # a `return` of the callee inside the statement (one Python runs whole: a `try`
+                # with a `finally`, a loop) ends the callee: the helper hands its value on as
+                # `Returned`, not as the live values its continuation would take
+                stmt, returns = _returning(stmt, self.sources.constant(Returned, "Returned"))
             run = with_wrappers(inner.levels, [stmt])
             if _in_try(inner.levels):
                 run, x_live = self._helper_raising(inner, run, uid)
@@ -687,6 +693,10 @@ class Writer:
             inner_call = f"__fl_cont{uid}_0(*{st})"
             consts[f"__fl_cont{uid}_0"] = self.generated(inner, f"__fl_cont{uid}_0", cont_params,
                                                          cont_body, unbound=unbound)
+            if returns:
+                returned = self.sources.constant(Returned, "Returned")
+                consts[returned] = Returned
+                inner_call = f"{st}.value if type({st}) is {returned} else {inner_call}"
         else:
             inner_call = st
         # -- each enclosing frame: continue after the call, with its result in __fl_ret
@@ -825,6 +835,39 @@ class Raised:
 
     def __init__(self, call):
         self.call = call
+
+
+class Returned:
+    """What a break helper returns where its statement, run in Python, returned from the callee
+    (a `return` inside a `try`/`finally` or a loop run whole): the callee's result, in place of
+    the live values its continuation takes (write_inlined)."""
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _returning(stmt, returned: str):
+    """`stmt` with each `return v` of its own frame (not of a function or lambda defined in it)
+    made `return Returned(v)`; and whether it has one."""
+    found = []
+
+    class Wrap(ast.NodeTransformer):
+        def visit_Return(self, node):
+            found.append(node)
+            value = node.value if node.value is not None else ast.Constant(value=None)
+            call = ast.Call(func=ast.Name(id=returned, ctx=ast.Load()), args=[value], keywords=[])
+            return ast.copy_location(ast.Return(value=ast.copy_location(call, node)), node)
+
+        def visit_FunctionDef(self, node):
+            return node  # its returns are its own
+        visit_AsyncFunctionDef = visit_Lambda = visit_ClassDef = visit_FunctionDef
+
+    # (a copy: `stmt` may be the user's own node; the values carried on nodes stay themselves)
+    keep = {id(v): v for n in ast.walk(stmt) for k in ("_fl_value", "_fl_items") if hasattr(n, k)
+            for v in [getattr(n, k)]}
+    out = Wrap().visit(copy.deepcopy(stmt, keep))
+    return ast.fix_missing_locations(out), bool(found)
 
 
 def _reraise(exc):
