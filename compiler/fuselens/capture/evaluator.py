@@ -65,7 +65,7 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
         self.abstract = abstract
         self.sources = sources          # capture.Sources (concrete): guards and constants
         self.on_break = on_break        # abstract domain: called with each GraphBreak
-        self.dynamic = dynamic or {}    # source expr -> set of dynamic dims
+        self.dynamic = {} if dynamic is None else dynamic  # source expr -> set of dynamic dims (the runtime's)
         # stack of (device_type, dtype) of active autocast: one entered around the call too
         self.autocast: list = [(d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")
                                if torch.is_autocast_enabled(d)]

@@ -269,6 +269,8 @@ class PythonFunction(Kind):
     plain values run natively (their result is a constant)."""
 
     def call(self, ev, fn, args, kwargs, e, scope):
+        if C.compile_disabled(fn.fn if isinstance(fn, BoundUserMethod) else fn):
+            ev.brk(B.COMPILE_DISABLED, e, scope, detail=f"call to {_name(fn)}")
         if isinstance(fn, BoundUserMethod):
             return ev.inline(fn.fn, args, kwargs, e, scope, self_value=fn.self_value)
         if isinstance(fn, types.MethodType):
@@ -490,6 +492,11 @@ def _torch_receives(ev, args, kwargs):
     """Abstract domain: NumPy's data reaching torch claims the breaks of the calls that made it."""
     if ev.foreign:
         ev.foreign_reaches_torch([args, kwargs])
+
+
+def _name(fn) -> str:
+    fn = getattr(fn, "fn", fn) if isinstance(fn, BoundUserMethod) else fn
+    return getattr(fn, "__qualname__", None) or getattr(fn, "qualname", None) or type(fn).__name__
 
 
 def _short(node, limit=60) -> str:

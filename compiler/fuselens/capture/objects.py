@@ -313,6 +313,8 @@ class Objects:
             # identity and .training, however the module was reached (a global, a list item)
             self.domain.guard_module(mod, src)
         fwd = type(mod).forward
+        if C.compile_disabled(fwd):
+            self.brk(B.COMPILE_DISABLED, e, scope, detail=f"call to {type(mod).__name__}.forward")
         return self.inline(fwd, args, kwargs, e, scope, self_value=mod)
 
 

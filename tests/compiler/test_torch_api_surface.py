@@ -1,0 +1,140 @@
+"""The torch API users call inside models, compiled: each entry point's result (and gradients,
+where it has them) equals eager's, never a crash. Beside the random-program tester
+(test_differential.py), which generates none of these: the `torch.compiler` API, custom
+`autograd.Function`s, distributions, parametrizations, hooks, `torch.func`, checkpointing,
+context managers and structured outputs."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import typing
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fuselens
+from fuselens.capture.analyze import analyze_source
+from fl_capture_testing import assert_same, check, clone_tree
+
+X = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+
+
+def check_grads(fn, *args, breaks=None):
+    """`fn(*args)` (a scalar) compiled == eager, and so are the gradients of its inputs that
+    require grad and of the parameters of the modules among the arguments."""
+    def grads(f):
+        a = clone_tree(args)
+        for m in a:
+            if isinstance(m, nn.Module):
+                m.zero_grad(set_to_none=True)
+        out = f(*a)
+        out.backward()
+        leaves = [t for t in a if isinstance(t, torch.Tensor) and t.requires_grad]
+        leaves += [p for m in a if isinstance(m, nn.Module) for p in m.parameters()]
+        return out.detach(), [t.grad for t in leaves]
+    torch.manual_seed(0)
+    want = grads(fn)
+    cf = fuselens.compile(fn)
+    for _ in range(2):
+        torch.manual_seed(0)
+        got = grads(cf)
+        assert_same(got, want)
+    if breaks is not None:
+        ex = fuselens.explain(fn, *clone_tree(args))
+        assert [b.code for b in ex.graph_breaks] == breaks, str(ex)
+
+
+# ---------------------------------------------------------------------------- torch.compiler
+@torch.compiler.disable
+def _disabled(t):
+    return t * 2
+
+
+@torch._dynamo.disable
+def _dynamo_disabled(t):
+    return t * 3
+
+
+def _plain(t):
+    return t - 1
+
+
+_called_disabled = torch.compiler.disable(_plain)
+
+
+@torch.compiler.disable(recursive=False)
+def _disabled_not_recursive(t):
+    return _plain(t) * 4
+
+
+@pytest.mark.parametrize("helper", [_disabled, _dynamo_disabled, _called_disabled, _disabled_not_recursive],
+                         ids=["compiler.disable", "_dynamo.disable", "disable(fn)", "recursive=False"])
+def test_compiler_disable_runs_eagerly_behind_a_break(helper):
+    def f(x):
+        return helper(x + 1).sin() + 1
+    check(f, X, breaks=["FL141"])
+
+
+def test_compiler_disable_on_a_method_and_a_forward():
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        @torch.compiler.disable
+        def forward(self, x):
+            return self.lin(x)
+
+        @torch.compiler.disable
+        def scale(self, x):
+            return x * 2
+
+    layer = Layer()
+
+    def f(x):
+        y = layer(x).relu()
+        z = layer.scale(x + 1)
+        return y + z
+    check(f, X, breaks=["FL141", "FL141"])
+    check_grads(lambda x: f(x).sum(), X.clone().requires_grad_())
+
+
+def test_compiler_disable_break_seen_by_the_editor():
+    src = ("import torch\n\n@torch.compiler.disable\ndef h(x):\n    return x * 2\n\n"
+           "@torch._dynamo.disable(recursive=False)\ndef h2(x):\n    return x * 2\n\n"
+           "@torch.compile\ndef f(x):\n    y = h(x + 1)\n    return h2(y).sin()\n")
+    (fn,) = [f for f in analyze_source(src, "/tmp/fl_disable_example.py").functions if f.name == "f"]
+    assert [b.code for b in fn.breaks] == ["FL141", "FL141"]
+
+
+def test_is_compiling_is_true_while_compiled():
+    def f(x):
+        return x + 1 if torch.compiler.is_compiling() else x - 1
+    assert_same(fuselens.compile(f)(X), X + 1)  # as under torch.compile
+    assert_same(f(X), X - 1)
+
+
+def test_allow_in_graph_function_is_captured():
+    def helper(t):
+        return t.sin() * 2
+    allowed = torch.compiler.allow_in_graph(helper)
+
+    def f(x):
+        return allowed(x + 1) - 1
+    check(f, X, graphs=1, breaks=[])
+
+
+def test_mark_dynamic_makes_the_dim_dynamic_from_the_first_call():
+    def f(x):
+        return (x * 2).sum(0) + x.shape[0]
+    cf = fuselens.compile(f)
+    x = X.clone()
+    torch._dynamo.mark_dynamic(x, 0)
+    assert_same(cf(x), f(x))
+    for n in (3, 6, 9):
+        y = torch.randn(n, 8)
+        assert_same(cf(y), f(y))
+    assert len(fuselens.inspect(cf)) == 1  # no recompile on another row count
