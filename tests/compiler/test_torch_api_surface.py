@@ -138,3 +138,44 @@ def test_mark_dynamic_makes_the_dim_dynamic_from_the_first_call():
         y = torch.randn(n, 8)
         assert_same(cf(y), f(y))
     assert len(fuselens.inspect(cf)) == 1  # no recompile on another row count
+
+
+# ---------------------------------------------------------------------------- torch.distributions
+def _normal(mu, log_sigma):
+    d = torch.distributions.Normal(mu, log_sigma.exp())
+    return d.log_prob(mu * 0.5).sum() + d.entropy().sum() + d.rsample().sum()
+
+
+def _categorical(mu, log_sigma):
+    d = torch.distributions.Categorical(logits=mu * log_sigma)
+    return d.log_prob(torch.tensor([0, 1, 2, 3])).sum() + d.entropy().sum() + d.probs.sum()
+
+
+def _bernoulli(mu, log_sigma):
+    d = torch.distributions.Bernoulli(probs=torch.sigmoid(mu + log_sigma))
+    return d.log_prob((mu > 0).float()).sum() + d.entropy().sum() + d.sample().sum()
+
+
+@pytest.mark.parametrize("fn", [_normal, _categorical, _bernoulli], ids=lambda f: f.__name__[1:])
+def test_distribution_methods_equal_eager(fn):
+    """A distribution's methods are its class's Python code (found on the object, through its
+    MRO), inlined: values and gradients as eager's (sampling with the same seed)."""
+    mu = torch.randn(4, 4, generator=torch.Generator().manual_seed(1)).requires_grad_()
+    ls = torch.randn(4, 4, generator=torch.Generator().manual_seed(2)).requires_grad_()
+    check_grads(fn, mu, ls)
+
+
+class _Noisy:
+    def __init__(self, t):
+        self.a = t * 2
+        print("made")  # a break inside `__init__`
+        self.b = self.a + 1
+
+
+def test_object_whose_init_breaks_is_the_call_result(capsys):
+    """`cls(...)` whose `__init__` breaks: the caller goes on with the object (not `__init__`'s
+    None), as with torch.distributions' validation (a data-dependent `if` in `__init__`)."""
+    def f(x):
+        o = _Noisy(x + 1)
+        return o.a * o.b
+    check(f, X, breaks=["FL100"])

@@ -25,7 +25,7 @@ from .side_effects import MUTABLE
 from .source import NoSourceError, function_source
 from .values import (UNKNOWN, BoundUserMethod, ForeignData, LocalFunction, SymInt, TensorVar, Unknown,
                      contains_tensor, leaves)
-from .frames import AbstractSeq
+from .frames import AbstractSeq, BreakSignal
 from .statements import MAX_UNROLL
 
 
@@ -87,7 +87,12 @@ class Objects:
         elif dataclass_generated_init(init, obj):
             self.dataclass_init(obj, args, kwargs, init, e, scope)
         else:
-            self.inline(init, args, kwargs, e, scope, self_value=obj)
+            try:
+                self.inline(init, args, kwargs, e, scope, self_value=obj)
+            except BreakSignal as b:
+                if b.pending_call is e:  # a break inside `__init__`: the call's result is `obj`
+                    b.pending_constructed = obj
+                raise
         return obj
 
     def iterate_object(self, v, node, scope):

@@ -704,11 +704,10 @@ class Writer:
         for i, fr in enumerate(frames[1:], start=1):
             ftemps: dict[str, str] = {}
             cur = substitute(fr.stmt, fr.completed, self.mat, ftemps, replace_call=fr.call)
-            first = ast.parse(f"__fl_ret = {inner_call}").body[0]
-            ast.fix_missing_locations(ast.copy_location(first, fr.call))
-            for n in ast.walk(first):
+            first = ast.parse(_call_result(inner_call, fr, ftemps, self.mat)).body
+            for n in (x for st in first for x in ast.walk(st)):
                 ast.copy_location(n, fr.call)
-            body = continuation(fr.levels, False, current=[first, cur])
+            body = continuation(fr.levels, False, current=first + [cur])
             own = list(ftemps) + [n for n in self.live(fr, body) if n not in ftemps]
             params = [st, inn] + own
             lives.append([ftemps[n] if n in ftemps else self.mat.expr(fr.vars[n]) for n in own])
@@ -763,10 +762,10 @@ class Writer:
         name = None
         for i, fr in enumerate(frames[1:], start=1):
             ftemps: dict[str, str] = {}
-            first = ast.parse(f"__fl_ret = {inner_call}").body[0]
-            for n in ast.walk(first):
+            first = ast.parse(_call_result(inner_call, fr, ftemps, self.mat)).body
+            for n in (x for st in first for x in ast.walk(st)):
                 ast.copy_location(n, fr.call)
-            cur = [first, substitute(fr.stmt, fr.completed, self.mat, ftemps, replace_call=fr.call)]
+            cur = first + [substitute(fr.stmt, fr.completed, self.mat, ftemps, replace_call=fr.call)]
             body = continuation(fr.levels, False, current=cur)
             own = list(ftemps) + [n for n in self.live(fr, body) if n not in ftemps]
             lives.append([ftemps[n] if n in ftemps else self.mat.expr(fr.vars[n]) for n in own])
@@ -803,6 +802,17 @@ class Writer:
 
     def helper_sources(self) -> list[tuple[str, str, FunctionSource]]:
         return [(n, ast.unparse(h), fs) for n, h, fs in self.helpers]
+
+
+def _call_result(inner_call, frame, temps, mat) -> str:
+    """`__fl_ret = <the result of the call that led to the inner frames>`: the inner frames'
+    continuation's return value, or, where the call made an object (its `__init__` broke), that
+    object (a live value of the frame's, as a temporary)."""
+    if frame.constructed is None:
+        return f"__fl_ret = {inner_call}"
+    name = f"__fl_new{len(temps)}"
+    temps[name] = mat.expr(frame.constructed)
+    return f"{inner_call}\n__fl_ret = {name}"
 
 
 def _with_lines(text, outer_frames, mat):

@@ -51,8 +51,8 @@ class Statements:
                     self._rollback(scope, mark)
                 b.frames.append(FrameAtBreak(scope, s, [list(l) for l in scope.levels],
                                              dict(scope.completed), dict(scope.vars),
-                                             call=b.pending_call))
-                b.pending_call = None
+                                             call=b.pending_call, constructed=b.pending_constructed))
+                b.pending_call = b.pending_constructed = None
             raise
         except NOT_USER_EXCEPTIONS:
             raise
