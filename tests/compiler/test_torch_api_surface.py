@@ -179,3 +179,128 @@ def test_object_whose_init_breaks_is_the_call_result(capsys):
         o = _Noisy(x + 1)
         return o.a * o.b
     check(f, X, breaks=["FL100"])
+
+
+# ---------------------------------------------------------------------------- autograd.Function
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+class _StraightThrough(torch.autograd.Function):
+    """Its backward is not its forward's derivative (which is 0): only the user's backward is right."""
+    @staticmethod
+    def forward(ctx, x):
+        return x.round()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class _Reverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, alpha):
+        ctx.alpha = alpha
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return -ctx.alpha * g, None
+
+
+class _ProductAndArgmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y):
+        ctx.save_for_backward(x, y)
+        idx = x.argmax(-1)
+        ctx.mark_non_differentiable(idx)
+        return x * y, idx
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g, g_idx):
+        x, y = ctx.saved_tensors
+        return (g * y if ctx.needs_input_grad[0] else None), (g * x if ctx.needs_input_grad[1] else None)
+
+
+class _RandomMask(torch.autograd.Function):
+    """Draws random numbers in its forward: a backward that recomputed the forward would differ."""
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, x):
+        _RandomMask.calls += 1
+        m = (torch.rand_like(x) > 0.5).to(x.dtype)
+        ctx.save_for_backward(m)
+        return x * m
+
+    @staticmethod
+    def backward(ctx, g):
+        (m,) = ctx.saved_tensors
+        return g * m
+
+
+class _SetupContext(torch.autograd.Function):
+    @staticmethod
+    def forward(x, k):
+        return x * k
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.k = inputs[1]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.k, None
+
+
+_FUNCTION_CALLS = {
+    "square": lambda x, y: _Square.apply(x.sin()).sum(),
+    "straight_through": lambda x, y: (_StraightThrough.apply(x * 3) * y).sum(),
+    "reverse": lambda x, y: _Reverse.apply(x.sin(), 0.5).sum() + y.sum(),
+    "several_outputs": lambda x, y: (lambda p, i: p.sum() + i.float().sum())(*_ProductAndArgmax.apply(x, y)),
+    "random_forward": lambda x, y: (_RandomMask.apply(x) * y).sum(),
+    "setup_context": lambda x, y: _SetupContext.apply(x, 3.0).sum() + y.sum(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_FUNCTION_CALLS))
+def test_custom_autograd_function_gradients_are_its_backward(name):
+    """Where gradients are recorded: the user's backward gives them (a break, FL142), forward
+    and backward run once each, as eager's."""
+    fn = _FUNCTION_CALLS[name]
+
+    def f(x, y):
+        return fn(x + 1, y)
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    y = torch.randn(4, 5, generator=torch.Generator().manual_seed(4)).requires_grad_()
+    check_grads(f, x, y, breaks=["FL142"])
+
+
+def test_custom_autograd_function_runs_its_forward_once():
+    def f(x):
+        return _RandomMask.apply(x * 2).sum()
+    cf = fuselens.compile(f)
+    x = X.clone().requires_grad_()
+    for _ in range(2):
+        _RandomMask.calls = 0
+        cf(x).backward()
+        assert _RandomMask.calls == 1
+
+
+def test_custom_autograd_function_without_gradients_is_captured():
+    """In inference its forward is code like any other: captured, with its context object."""
+    def f(x):
+        with torch.no_grad():
+            a = _StraightThrough.apply(x * 3)
+        p, i = _ProductAndArgmax.apply(x.detach(), x.detach() + 1)
+        return a + p + i[:, None] + _SetupContext.apply(x.detach(), 2.0)
+    check(f, X.clone().requires_grad_(), graphs=1, breaks=[])

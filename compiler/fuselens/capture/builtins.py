@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from . import breaks as B
 from . import calls as C
-from .frames import AbstractSeq
+from .frames import AbstractSeq, BreakSignal
 from .objects import foldable
 from .tensors import TensorMethod
 from .values import UNKNOWN, BoundUserMethod, LocalFunction, SymInt, TensorVar, Unknown, contains_tensor, leaves
@@ -220,6 +220,47 @@ def _assert(ev, fn, args, kwargs, e, scope):
     return None
 
 
+_FUNCTION_APPLY = torch.autograd.Function.apply.__func__
+_DEFAULT_SETUP_CONTEXT = torch.autograd.function._SingleLevelFunction.setup_context
+
+
+def _is_function_apply(fn) -> bool:
+    """`MyFunction.apply` of a custom `torch.autograd.Function`."""
+    return isinstance(fn, types.MethodType) and getattr(fn, "__func__", None) is _FUNCTION_APPLY \
+        and isinstance(fn.__self__, type) and issubclass(fn.__self__, torch.autograd.Function)
+
+
+def _autograd_function_apply(ev, fn, args, kwargs, e, scope):
+    """`MyFunction.apply(...)`. Where autograd records it (grad mode on, a tensor argument that
+    requires grad), eager runs the user's `backward` for its gradients: the call runs eagerly
+    behind a break, so forward and backward each run once, as eager's (recomputing the forward in
+    the backward would draw its random numbers again and repeat its side effects). Elsewhere it
+    is its `forward` (with its context object, in no-grad mode, as `apply` runs it), captured."""
+    cls = fn.__self__
+    tensors = [v for v in leaves([args, kwargs]) if isinstance(v, TensorVar)]
+    if ev.grad_enabled and any(t.meta is not None and t.meta.requires_grad for t in tensors):
+        ev.brk(B.AUTOGRAD_FUNCTION, e, scope, detail=f"{cls.__qualname__}.apply")
+    ctx = torch.autograd.function.FunctionCtx()
+    ctx.needs_input_grad = tuple(isinstance(a, TensorVar) and a.meta is not None and a.meta.requires_grad
+                                 for a in args)
+    ev.effects.fresh(ctx)
+    prev = ev.grad_enabled
+    ev.grad_enabled = False
+    try:
+        with torch.no_grad():
+            if cls.setup_context is _DEFAULT_SETUP_CONTEXT:
+                return ev.call(cls.forward, [ctx, *args], kwargs, e, scope)
+            out = ev.call(cls.forward, list(args), kwargs, e, scope)
+            ev.call(cls.setup_context, [ctx, tuple(args), out], {}, e, scope)
+            return out
+    except BreakSignal:
+        # (a resume would continue the forward outside its no-grad mode): the call runs in Python
+        ev.brk(B.AUTOGRAD_FUNCTION, e, scope, whole_stmt=True,
+               detail=f"{cls.__qualname__}.forward breaks the graph")
+    finally:
+        ev.grad_enabled = prev
+
+
 def _compile_time(answer):
     def h(ev, fn, args, kwargs, e, scope):
         return answer
@@ -265,4 +306,6 @@ def known_handler(fn):
         return _marked_constant
     if C.is_logging_call(fn):
         return _logging
+    if _is_function_apply(fn):
+        return _autograd_function_apply
     return None
