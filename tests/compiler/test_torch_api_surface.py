@@ -304,3 +304,197 @@ def test_custom_autograd_function_without_gradients_is_captured():
         p, i = _ProductAndArgmax.apply(x.detach(), x.detach() + 1)
         return a + p + i[:, None] + _SetupContext.apply(x.detach(), 2.0)
     check(f, X.clone().requires_grad_(), graphs=1, breaks=[])
+
+
+# ---------------------------------------------------------------------------- parametrizations
+_PARAMETRIZE = {
+    "weight_norm": lambda lin: nn.utils.parametrizations.weight_norm(lin),
+    "spectral_norm": lambda lin: nn.utils.parametrizations.spectral_norm(lin),
+    "orthogonal": lambda lin: nn.utils.parametrizations.orthogonal(lin),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_PARAMETRIZE))
+def test_parametrized_linear_equals_eager(name):
+    torch.manual_seed(0)
+    lin = _PARAMETRIZE[name](nn.Linear(8, 8))
+    lin.eval()  # (spectral_norm's power iteration writes its vectors in training)
+    model = nn.Sequential(lin, nn.ReLU())
+    check_grads(lambda m, x: m(x).sum(), model, X.clone())
+
+
+# ---------------------------------------------------------------------------- hooks
+def test_forward_hooks_and_pre_hooks_on_submodules():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    seen = []
+    model[0].register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
+    model[2].register_forward_hook(lambda mod, args, out: out + 1)
+    model[1].register_forward_hook(lambda mod, args, out: seen.append(out.shape))
+    check_grads(lambda m, x: m(x).sum(), model, X.clone())
+    assert seen and all(s == (4, 8) for s in seen)
+
+
+def test_forward_hook_with_kwargs():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8))
+    model[0].register_forward_hook(lambda mod, args, kwargs, out: out * 3, with_kwargs=True)
+    check_grads(lambda m, x: m(x).sum(), model, X.clone())
+
+
+# ---------------------------------------------------------------------------- torch.func
+def test_functional_call():
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 4)
+    params = {k: v.detach() * 2 for k, v in lin.named_parameters()}
+
+    def f(x):
+        return torch.func.functional_call(lin, params, (x,))
+    check(f, X)
+
+
+def test_vmap():
+    def f(x):
+        return torch.func.vmap(lambda row: row.sin() * row.sum())(x)
+    check(f, X)
+
+
+def test_grad():
+    def f(x):
+        return torch.func.grad(lambda t: (t.sin() ** 2).sum())(x)
+    check(f, X)
+
+
+# ---------------------------------------------------------------------------- checkpointing
+class _Checkpointed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def block(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+    def forward(self, x):
+        y = torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False)
+        return (y * x).sum()
+
+
+def test_checkpoint_inside_a_model():
+    torch.manual_seed(0)
+    check_grads(lambda m, x: m(x), _Checkpointed(), X.clone().requires_grad_())
+
+
+# ---------------------------------------------------------------------------- context managers
+class _Scaled:
+    """A user's own context manager."""
+    def __init__(self, log):
+        self.log = log
+
+    def __enter__(self):
+        self.log.append("enter")
+        return 2.0
+
+    def __exit__(self, *exc):
+        self.log.append("exit")
+        return False
+
+
+@contextlib.contextmanager
+def _generator_manager(k):
+    yield k * 2
+
+
+_MANAGERS = {
+    "no_grad": lambda x: _in(torch.no_grad(), x),
+    "enable_grad": lambda x: _in(torch.enable_grad(), x),
+    "set_grad_enabled": lambda x: _in(torch.set_grad_enabled(False), x),
+    "inference_mode": lambda x: _in(torch.inference_mode(), x),
+    "autocast": lambda x: _in(torch.autocast("cpu", dtype=torch.bfloat16), x),
+    "nullcontext": lambda x: _in(contextlib.nullcontext(), x),
+    "own_class": lambda x: _in(_Scaled([]), x),
+    "contextmanager": lambda x: _in(_generator_manager(3), x),
+}
+
+
+def _in(cm, x):
+    w = x + 1
+    with cm as k:
+        y = (w @ w.T).float() * (k if isinstance(k, (int, float)) else 1)
+    return y.sum() + w.sum()
+
+
+@pytest.mark.parametrize("name", sorted(_MANAGERS))
+def test_context_managers(name):
+    fn = _MANAGERS[name]
+    x = X.clone().requires_grad_()
+    if name in ("no_grad", "set_grad_enabled", "inference_mode"):
+        check(fn, x)
+    else:
+        check_grads(fn, x)
+
+
+# ---------------------------------------------------------------------------- structured outputs
+@dataclasses.dataclass
+class _Out:
+    logits: torch.Tensor
+    loss: typing.Optional[torch.Tensor] = None
+
+
+class _Pair(typing.NamedTuple):
+    first: torch.Tensor
+    second: torch.Tensor
+
+
+class _ModelOutputLike(dict):
+    """transformers' ModelOutput in small: a dict whose items are also attributes."""
+    def __getattr__(self, k):
+        try:
+            return self[k]
+        except KeyError:
+            raise AttributeError(k) from None
+
+    def __setattr__(self, k, v):
+        self[k] = v
+
+
+def test_dataclass_output():
+    def f(x):
+        return _Out(logits=x.sin(), loss=x.sum())
+    check(f, X)
+
+
+def test_namedtuple_output():
+    def f(x):
+        p = _Pair(x.sin(), x.cos())
+        return _Pair(p.first + 1, p.second * 2)
+    check(f, X)
+
+
+def test_model_output_like_dict_subclass():
+    def f(x):
+        out = _ModelOutputLike(logits=x.sin())
+        out.loss = out.logits.sum()
+        return out
+    check(f, X)
+
+
+def test_set_grad_enabled_leaves_grad_mode_as_eager_does():
+    """`torch.set_grad_enabled(mode)` sets grad mode when made: as a `with` item it is restored
+    on exit (capture once left it off for the whole process); called on its own it sets it for
+    the code after it (a break: Python sets it)."""
+    def in_with(x):
+        with torch.set_grad_enabled(False):
+            y = x * 2
+        return y + x
+
+    def bare(x):
+        torch.set_grad_enabled(False)
+        y = x * 2
+        torch.set_grad_enabled(True)
+        return y + x
+    x = X.clone().requires_grad_()
+    check(in_with, x, breaks=[])
+    assert torch.is_grad_enabled()
+    check(bare, x, breaks=["FL151", "FL151"])
+    assert torch.is_grad_enabled()

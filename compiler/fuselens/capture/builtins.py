@@ -197,6 +197,21 @@ def _native(ev, fn, args, kwargs, e, scope):
     return fn(*args, **kwargs)
 
 
+def _set_grad_enabled(ev, fn, args, kwargs, e, scope):
+    """`torch.set_grad_enabled(mode)` sets grad mode when made, not when entered. As a `with`'s
+    context expression, grad mode is the evaluator's state from `__enter__` (statements.py): the
+    object is made here with the process's grad mode left as it was. Called on its own, it sets
+    grad mode for the code after it, in the caller too: a break, Python sets it, and what follows
+    is captured in that mode (every capture guards grad mode)."""
+    if ev.with_expr is not e:
+        ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="torch.set_grad_enabled() outside a `with` sets grad mode")
+    prev = torch.is_grad_enabled()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        torch._C._set_grad_enabled(prev)
+
+
 def _usage_log(ev, fn, args, kwargs, e, scope):
     """torch's API-usage telemetry (`torch._C._log_api_usage_once`, which torchvision calls in
     its ops): nothing a program can observe; torch.compile drops it too."""
@@ -285,7 +300,7 @@ def _marked_constant(ev, fn, args, kwargs, e, scope):
 KNOWN = {len: _len, range: _range, getattr: _getattr, hasattr: _hasattr, min: _minmax, max: _minmax,
          type: _type, isinstance: _isinstance, super: _super, iter: _iter, next: _next, callable: _callable,
          setattr: _setattr, delattr: _delattr, functools.reduce: _reduce, print: _print,
-         torch.no_grad: _native, torch.enable_grad: _native, torch.set_grad_enabled: _native,
+         torch.no_grad: _native, torch.enable_grad: _native, torch.set_grad_enabled: _set_grad_enabled,
          torch.autocast: _native, torch._C._log_api_usage_once: _usage_log, torch._assert: _assert}
 KNOWN.update({f: _torch_function_query for f in C.TORCH_FUNCTION_QUERIES})
 KNOWN.update({f: _compile_time(True) for f in C.IS_COMPILING})

@@ -70,6 +70,7 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
         self.autocast: list = [(d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")
                                if torch.is_autocast_enabled(d)]
         self.grad_enabled = torch.is_grad_enabled()
+        self.with_expr = None  # the context expression of the `with` being entered (builtins.py)
         self.deriving_views = False  # Tensors.rebind derives the views of a written tensor again
         self.value_sources = ValueSources()   # object -> source expression
         self.mutated_inputs: dict[str, TensorVar] = {}  # input source -> its latest value

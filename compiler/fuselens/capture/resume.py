@@ -166,6 +166,11 @@ class Materializer:
         if isinstance(v, tuple) and type(v) is tuple:
             inner = ", ".join(self.expr(x) for x in v)
             return f"({inner},)" if len(v) == 1 else f"({inner})"
+        if isinstance(v, tuple) and isinstance(getattr(type(v), "_fields", None), tuple) \
+                and type(v).__module__ != "torch.return_types":
+            # a named tuple (`typing.NamedTuple`, `collections.namedtuple`): made again with its type
+            inner = ", ".join(self.expr(x) for x in v)
+            return f"{self.sources.constant(type(v), type(v).__name__)}({inner})"
         if isinstance(v, tuple) and type(v).__module__ == "torch.return_types":
             # a named tuple of torch's (`x.max(dim=1)`): made again with its type
             inner = "".join(self.expr(x) + ", " for x in v)

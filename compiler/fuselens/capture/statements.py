@@ -367,7 +367,11 @@ class Statements:
             self.exec_block(s.body, scope, ("with", s))
             return
         item = items[0]
-        cm = self.eval(item.context_expr, scope)
+        self.with_expr = item.context_expr
+        try:
+            cm = self.eval(item.context_expr, scope)
+        finally:
+            self.with_expr = None
         if self._made_by_contextmanager(cm):
             self._generator_with(s, items, cm, scope)
             return
