@@ -498,3 +498,20 @@ def test_set_grad_enabled_leaves_grad_mode_as_eager_does():
     assert torch.is_grad_enabled()
     check(bare, x, breaks=["FL151", "FL151"])
     assert torch.is_grad_enabled()
+
+
+def test_hooks_registered_or_removed_after_a_call_recompile():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+
+    def f(x):
+        return model(x).sum()
+    cf = fuselens.compile(f)
+    assert_same(cf(X), f(X))
+    handle = model[0].register_forward_hook(lambda mod, args, out: out * 2)
+    assert_same(cf(X), f(X))
+    handle.remove()
+    assert_same(cf(X), f(X))
+    pre = model[1].register_forward_pre_hook(lambda mod, args: (args[0] - 1,))
+    assert_same(cf(X), f(X))
+    pre.remove()

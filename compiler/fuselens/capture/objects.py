@@ -308,8 +308,9 @@ class Objects:
         return r
 
     def call_module(self, mod, args, kwargs, e, scope):
-        if mod._forward_hooks or mod._forward_pre_hooks or getattr(mod, "_backward_hooks", None):
-            self.brk(B.UNKNOWN_CALL, e, scope, detail=f"{type(mod).__name__} has hooks")
+        if getattr(mod, "_backward_hooks", None) or getattr(mod, "_backward_pre_hooks", None) \
+                or getattr(mod, "_forward_hooks_always_called", None) or _global_module_hooks():
+            self.brk(B.UNKNOWN_CALL, e, scope, detail=f"{type(mod).__name__} has backward or global hooks")
         if not self.effects.is_fresh(mod):
             src = self.domain.source(self, mod)
             if src is None:
@@ -320,7 +321,41 @@ class Objects:
         fwd = type(mod).forward
         if C.compile_disabled(fwd):
             self.brk(B.COMPILE_DISABLED, e, scope, detail=f"call to {type(mod).__name__}.forward")
-        return self.inline(fwd, args, kwargs, e, scope, self_value=mod)
+        if not (mod._forward_pre_hooks or mod._forward_hooks):
+            return self.inline(fwd, args, kwargs, e, scope, self_value=mod)
+        return self._call_hooked(mod, fwd, args, kwargs, e, scope)
+
+    def _call_hooked(self, mod, fwd, args, kwargs, e, scope):
+        """A module call with forward pre-hooks and hooks (guarded: guards.guard_module), in
+        `nn.Module._call_impl`'s order: each pre-hook may replace the arguments, each hook the
+        result. The hooks are code like any other."""
+        args = tuple(args)
+        for hook_id, hook in list(mod._forward_pre_hooks.items()):
+            if hook_id in mod._forward_pre_hooks_with_kwargs:
+                r = self.call(hook, [mod, args, kwargs], {}, e, scope)
+                if r is not None:
+                    if not (isinstance(r, tuple) and len(r) == 2):
+                        raise RuntimeError("forward pre-hook must return None or a tuple of (new_args, new_kwargs), "
+                                           f"but got {r}.")
+                    args, kwargs = r
+            else:
+                r = self.call(hook, [mod, args], {}, e, scope)
+                if r is not None:
+                    args = r if isinstance(r, tuple) else (r,)
+        result = self.inline(fwd, list(args), kwargs, e, scope, self_value=mod)
+        for hook_id, hook in list(mod._forward_hooks.items()):
+            with_kwargs = hook_id in mod._forward_hooks_with_kwargs
+            r = self.call(hook, [mod, args, kwargs, result] if with_kwargs else [mod, args, result], {}, e, scope)
+            if r is not None:
+                result = r
+        return result
+
+
+def _global_module_hooks() -> bool:
+    """Hooks registered for every module (`nn.modules.module.register_module_forward_hook`...)."""
+    m = nn.modules.module
+    return bool(m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks
+                or getattr(m, "_global_backward_pre_hooks", None) or getattr(m, "_global_forward_hooks_always_called", None))
 
 
 # container methods whose effect and result do not depend on the contents: a model only
