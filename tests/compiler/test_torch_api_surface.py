@@ -471,12 +471,27 @@ def test_namedtuple_output():
     check(f, X)
 
 
+class _Rows(list):
+    pass
+
+
 def test_model_output_like_dict_subclass():
     def f(x):
         out = _ModelOutputLike(logits=x.sin())
         out.loss = out.logits.sum()
         return out
-    check(f, X)
+    check(f, X, breaks=[])
+
+
+def test_list_and_ordered_dict_subclasses_holding_tensors():
+    import collections
+
+    def f(x):
+        rows = _Rows([x.sin(), x.cos()])
+        rows.append(x + 1)
+        d = collections.OrderedDict(first=rows[0], last=rows[-1])
+        return rows, d
+    check(f, X, breaks=[])
 
 
 def test_set_grad_enabled_leaves_grad_mode_as_eager_does():

@@ -396,7 +396,11 @@ class Class(Kind):
     def call(self, ev, cls, args, kwargs, e, scope):
         if issubclass(cls, (int, float, bool, str, tuple, list, dict, set, range, slice, enumerate, zip,
                             reversed)) and not _runs_python(cls) or C.is_pure_foldable(cls):
-            return ev.fold(cls, args, kwargs, e, scope)
+            if cls.__module__ == "builtins" or not contains_tensor([args, kwargs]) or issubclass(cls, tuple):
+                return ev.fold(cls, args, kwargs, e, scope)
+            # a subclass of list or dict of Python's (a ModelOutput-like dict with attribute
+            # access) holding graph tensors: the capture's own object, made by its C `__init__`
+            return ev.new_object(cls, args, kwargs, e, scope)
         if cls.__module__.startswith("torch") and not contains_tensor([args, kwargs]):
             # torch objects (Size, dtype, device, a module without parameters) from constants
             _torch_receives(ev, args, kwargs)
