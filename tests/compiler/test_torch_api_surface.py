@@ -530,3 +530,30 @@ def test_hooks_registered_or_removed_after_a_call_recompile():
     pre = model[1].register_forward_pre_hook(lambda mod, args: (args[0] - 1,))
     assert_same(cf(X), f(X))
     pre.remove()
+
+
+@torch.compiler.disable
+class _DisabledClass:
+    def __init__(self, t):
+        self.t = t * 2
+
+    def __call__(self, t):
+        return t + self.t
+
+
+def test_compiler_disable_on_a_class():
+    """On a class, torch.compiler.disable marks its `__init__` and `__call__`."""
+    def f(x):
+        obj = _DisabledClass(x + 1)
+        y = obj(x)
+        return y.sin()
+    check(f, X, breaks=["FL141", "FL141"])
+
+
+def test_compiler_disable_on_a_method_seen_by_the_editor():
+    src = ("import torch\nimport torch.nn as nn\n\nclass M(nn.Module):\n"
+           "    @torch.compiler.disable\n    def helper(self, x):\n        return x * 2\n\n"
+           "    def forward(self, x):\n        y = self.helper(x + 1)\n        return y.sin()\n\n"
+           "m = torch.compile(M())\n")
+    (fn,) = [f for f in analyze_source(src, "/tmp/fl_disable_method.py").functions if f.name == "forward"]
+    assert [b.code for b in fn.breaks] == ["FL141"]

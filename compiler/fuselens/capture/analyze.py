@@ -91,7 +91,7 @@ class AbstractClass:
     def function_source(self, f: ast.FunctionDef) -> FunctionSource:
         # `__class__`: what zero-argument super() reads in a method of this class
         return FunctionSource(f.name, f"{self.node.name}.{f.name}", self.filename, f, self.env,
-                              closure={"__class__": self})
+                              closure={"__class__": self}, compile_disabled=_decorated_disabled(f, self.env))
 
     def method_source(self, name) -> FunctionSource | None:
         found = self.find(name)

@@ -46,6 +46,8 @@ class Kind:
 
     def call(self, ev, fn, args, kwargs, e, scope):
         method = inspect.getattr_static(type(fn), "__call__", None)
+        if C.compile_disabled(method):
+            ev.brk(B.COMPILE_DISABLED, e, scope, detail=f"call to a `{type(fn).__qualname__}` object")
         if isinstance(method, types.FunctionType) and not _no_source(method):
             return ev.inline(method, args, kwargs, e, scope, self_value=fn)
         return ev.domain.opaque_call(ev, fn, args, kwargs, e, scope)

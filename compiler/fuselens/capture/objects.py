@@ -78,6 +78,8 @@ class Objects:
             if issubclass(cls, tuple) and hasattr(cls, "_fields"):
                 return cls(*args, **kwargs)  # a named tuple: its generated __new__ packs its arguments
             self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"`{cls.__qualname__}` has its own __new__")
+        if C.compile_disabled(cls.__init__):  # (`torch.compiler.disable` on the class)
+            self.brk(B.COMPILE_DISABLED, e, scope, detail=f"creating a `{cls.__qualname__}` object")
         obj = cls.__new__(cls)
         self.effects.fresh(obj)
         init = cls.__init__
