@@ -557,3 +557,22 @@ def test_compiler_disable_on_a_method_seen_by_the_editor():
            "m = torch.compile(M())\n")
     (fn,) = [f for f in analyze_source(src, "/tmp/fl_disable_method.py").functions if f.name == "forward"]
     assert [b.code for b in fn.breaks] == ["FL141"]
+
+
+class _WithFunction(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        for _ in range(2):
+            x = _StraightThrough.apply(self.lin(x)) + x
+        return x
+
+
+def test_custom_autograd_function_inside_a_module_and_a_loop():
+    torch.manual_seed(0)
+    model = _WithFunction()
+    check_grads(lambda m, x: m(x).sum(), model, X.clone(), breaks=["FL142", "FL142"])
+    with torch.no_grad():
+        check(lambda x: model(x), X, breaks=[])
