@@ -253,11 +253,12 @@ def _autograd_function_apply(ev, fn, args, kwargs, e, scope):
     is its `forward` (with its context object, in no-grad mode, as `apply` runs it), captured."""
     cls = fn.__self__
     tensors = [v for v in leaves([args, kwargs]) if isinstance(v, TensorVar)]
-    if ev.grad_enabled and any(t.meta is not None and t.meta.requires_grad for t in tensors):
+    if any(t.meta is None for t in tensors):
+        return UNKNOWN  # (the editor: whether autograd records the call is not known)
+    if ev.grad_enabled and any(t.meta.requires_grad for t in tensors):
         ev.brk(B.AUTOGRAD_FUNCTION, e, scope, detail=f"{cls.__qualname__}.apply")
     ctx = torch.autograd.function.FunctionCtx()
-    ctx.needs_input_grad = tuple(isinstance(a, TensorVar) and a.meta is not None and a.meta.requires_grad
-                                 for a in args)
+    ctx.needs_input_grad = tuple(isinstance(a, TensorVar) and a.meta.requires_grad for a in args)
     ev.effects.fresh(ctx)
     prev = ev.grad_enabled
     ev.grad_enabled = False
