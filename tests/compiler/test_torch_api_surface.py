@@ -381,8 +381,12 @@ class _Checkpointed(nn.Module):
 
 
 def test_checkpoint_inside_a_model():
+    """Training: it runs in Python as eager's (its memory behaviour kept); inference: captured."""
     torch.manual_seed(0)
-    check_grads(lambda m, x: m(x), _Checkpointed(), X.clone().requires_grad_())
+    model = _Checkpointed()
+    check_grads(lambda m, x: m(x), model, X.clone().requires_grad_())
+    with torch.no_grad():
+        check(lambda x: model(x), X, breaks=[])
 
 
 # ---------------------------------------------------------------------------- context managers

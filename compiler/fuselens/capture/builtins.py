@@ -16,6 +16,7 @@ import types
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 
 from . import breaks as B
 from . import calls as C
@@ -277,6 +278,21 @@ def _autograd_function_apply(ev, fn, args, kwargs, e, scope):
         ev.grad_enabled = prev
 
 
+def _checkpoint(ev, fn, args, kwargs, e, scope):
+    """`torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=...)`: where autograd
+    records nothing (inference) it is `function(*args)`, captured; where it does, it runs in
+    Python as eager's, which keeps its memory behaviour (recomputing in the backward)."""
+    tensors = [v for v in leaves([args, kwargs]) if isinstance(v, TensorVar)]
+    options = {"context_fn", "determinism_check", "debug", "early_stop", "preserve_rng_state"}
+    reentrant = kwargs.get("use_reentrant")
+    if not isinstance(reentrant, bool) or reentrant and set(kwargs) - {"use_reentrant", "preserve_rng_state"} \
+            or any(t.meta is None for t in tensors) or not args \
+            or ev.grad_enabled and any(t.meta.requires_grad for t in tensors):
+        return NOT_HANDLED  # (eager's warning or error, or the gradient's recomputation)
+    rest = {k: v for k, v in kwargs.items() if k != "use_reentrant" and k not in options}
+    return ev.call(args[0], list(args[1:]), rest, e, scope)
+
+
 def _compile_time(answer):
     def h(ev, fn, args, kwargs, e, scope):
         return answer
@@ -302,7 +318,8 @@ KNOWN = {len: _len, range: _range, getattr: _getattr, hasattr: _hasattr, min: _m
          type: _type, isinstance: _isinstance, super: _super, iter: _iter, next: _next, callable: _callable,
          setattr: _setattr, delattr: _delattr, functools.reduce: _reduce, print: _print,
          torch.no_grad: _native, torch.enable_grad: _native, torch.set_grad_enabled: _set_grad_enabled,
-         torch.autocast: _native, torch._C._log_api_usage_once: _usage_log, torch._assert: _assert}
+         torch.autocast: _native, torch._C._log_api_usage_once: _usage_log, torch._assert: _assert,
+         torch.utils.checkpoint.checkpoint: _checkpoint}
 KNOWN.update({f: _torch_function_query for f in C.TORCH_FUNCTION_QUERIES})
 KNOWN.update({f: _compile_time(True) for f in C.IS_COMPILING})
 KNOWN.update({f: _compile_time(False) for f in C.NOT_TRACING})
