@@ -62,7 +62,7 @@ class Capture:
 
 def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
             prefix="") -> Capture:
-    dynamic = dynamic or {}
+    dynamic = {} if dynamic is None else dynamic  # (dims marked dynamic are added: the caller's)
     builder = GraphBuilder()
     probe = Evaluator(builder)
     bound = probe.bind(fs, args, kwargs)

@@ -316,7 +316,7 @@ class CompiledFunction:
             stats.capture["functions"] += 1
             save_probes()  # what autocast does to each call, for the next process
             entry = self._entry(fs, cap)
-            if kept:
+            if kept and not self.dynamic:  # (none marked dynamic by `mark_dynamic` either)
                 capture_cache.keep(kept, cap, args, kwargs)
         stats.capture["seconds"] += time.perf_counter() - start
         return entry
