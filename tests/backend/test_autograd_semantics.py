@@ -346,3 +346,38 @@ def test_beside_a_loss_the_backward_without_the_other_outputs_gradients_is_compi
         if not both:  # the loss-only backward was compiled with the first call, not at backward()
             assert stats.backend["backward_layouts"] == before["backward_layouts"]
     assert stats.backend["backward_layouts"] == before["backward_layouts"] + 1
+
+
+def _saved_then_written(x, y):
+    s = torch.sign(x) * x
+    m = torch.maximum(y, s)  # saves s
+    s[0] = 1  # unused afterwards: the graph drops the op, not its effect on s's version
+    return m
+
+
+def test_a_saved_value_written_by_an_unused_op_fails_backward_as_eager():
+    x, y, _ = _inputs()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _saved_then_written(x, y).sum().backward()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        fuselens.compile(_saved_then_written)(x, y).sum().backward()
+
+
+def _unused_sum(x, y):
+    z = x + y  # unused: its shapes must still match, as eager checks them
+    return x * 2
+
+
+def test_an_unused_op_checks_its_shapes_at_each_size_of_a_dynamic_dim():
+    """The backend traces the graph again at each call's sizes; its kernels leave the op out."""
+    cf = fuselens.compile(_unused_sum)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fuselens.FuselensWarning)  # the user's error, not a fallback
+        for n in (4, 6):  # the rows go dynamic
+            cf(torch.randn(n, 3, device=DEVICE), torch.randn(n, 3, device=DEVICE))
+        with pytest.raises(RuntimeError, match="must match the size"):
+            cf(torch.randn(7, 3, device=DEVICE), torch.randn(5, 3, device=DEVICE))
+        x = torch.randn(8, 3, device=DEVICE)
+        torch.testing.assert_close(cf(x, torch.randn(8, 3, device=DEVICE)), x * 2)
+    graph = fuselens.inspect(cf)[-1].graphs[0]
+    assert "add" in graph.ir and len(graph.kernels) == 1
