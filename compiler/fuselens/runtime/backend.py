@@ -22,6 +22,7 @@ import torch
 import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
+from ..autograd.facts import check_shapes
 from ..codegen import launcher
 from ..codegen.triton import generate_kernel
 from ..codegen.wrapper import generate_wrapper, load_wrapper
@@ -225,7 +226,12 @@ class _Specialization:
 class CompiledGraph:
     def __init__(self, gm: fx.GraphModule, example_inputs, mode="default", dynamic_dims=None, guarded=False,
                  name="a graph"):
-        self.gm, self.mode, self.dynamic_dims, self.name = gm, mode, dynamic_dims, name
+        self.mode, self.dynamic_dims, self.name = mode, dynamic_dims, name
+        # with dynamic dims, capture keeps ops whose results are unused for their shape checks
+        # (capture/graph.py): checked on meta tensors at each new size, left out of the kernels
+        pruned = _without_unused(gm) if any(dynamic_dims or ()) else None
+        self.gm = pruned if pruned is not None else gm
+        self._checked = gm if pruned is not None else None
         # guarded: the caller's guards fix every input's shape, stride, dtype, device and
         # requires_grad, and the grad mode (no dynamic dims); after one verified call the
         # specialization lookup is skipped
@@ -274,6 +280,8 @@ class CompiledGraph:
         return spec
 
     def _build(self, inputs):
+        if self._checked is not None:
+            check_shapes(self._checked, inputs)
         device = graph_device(self.gm, inputs)
         dynamic = self._dynamic_values(inputs)
         needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
@@ -354,6 +362,19 @@ class CompiledGraph:
 
     def _eager_spec(self):
         return _Specialization(self._eager, verified=True, eager=True)
+
+
+def _without_unused(gm: fx.GraphModule) -> fx.GraphModule | None:
+    """A copy of `gm` without the ops whose results nothing uses (writes and random ops stay), or
+    None where it has none."""
+    graph, copies = fx.Graph(), {}
+    graph.output(graph.graph_copy(gm.graph, copies))
+    for n in graph.nodes:
+        if n.meta.get("writes") is not None:
+            n.meta["writes"] = copies[n.meta["writes"]]
+    if not graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or "writes" in n.meta):
+        return None
+    return fx.GraphModule(gm, graph)
 
 
 def eager_run(gm: fx.GraphModule):
