@@ -362,22 +362,3 @@ def test_a_saved_value_written_by_an_unused_op_fails_backward_as_eager():
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         fuselens.compile(_saved_then_written)(x, y).sum().backward()
 
-
-def _unused_sum(x, y):
-    z = x + y  # unused: its shapes must still match, as eager checks them
-    return x * 2
-
-
-def test_an_unused_op_checks_its_shapes_at_each_size_of_a_dynamic_dim():
-    """The backend traces the graph again at each call's sizes; its kernels leave the op out."""
-    cf = fuselens.compile(_unused_sum)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", fuselens.FuselensWarning)  # the user's error, not a fallback
-        for n in (4, 6):  # the rows go dynamic
-            cf(torch.randn(n, 3, device=DEVICE), torch.randn(n, 3, device=DEVICE))
-        with pytest.raises(RuntimeError, match="must match the size"):
-            cf(torch.randn(7, 3, device=DEVICE), torch.randn(5, 3, device=DEVICE))
-        x = torch.randn(8, 3, device=DEVICE)
-        torch.testing.assert_close(cf(x, torch.randn(8, 3, device=DEVICE)), x * 2)
-    graph = fuselens.inspect(cf)[-1].graphs[0]
-    assert "add" in graph.ir and len(graph.kernels) == 1
