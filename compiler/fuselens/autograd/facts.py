@@ -143,7 +143,8 @@ def _walk(roots, leaf_bit, saved_storages):
 def check_shapes(gm: fx.GraphModule, inputs) -> None:
     """`gm` run on meta stand-ins of `inputs`: raises where an op's shape checks refuse them."""
     with torch.no_grad(), torch.device("meta"):
-        _MetaRun(gm).run(*[_meta_input(t) for t in inputs])
+        # (not freed at its last read: a value is kept until its `writes` node moves its version)
+        _MetaRun(gm, garbage_collect_values=False).run(*[_meta_input(t) for t in inputs])
 
 
 def eager_autograd(gm: fx.GraphModule, inputs) -> EagerAutograd:

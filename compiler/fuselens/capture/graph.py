@@ -296,9 +296,8 @@ class GraphBuilder:
         """The graph module returning `values`. Ops whose results nothing uses go, except where
         eager's run of them is seen: a write (`meta["writes"]`: autograd refuses a backward through
         a value saved before it, autograd/facts.py), a random op (it draws), and an op on a size
-        of the inputs in `dynamic_sources` that may change (the backend traces the graph again
-        at each call's sizes, raising where eager's shape checks raise; its own elimination drops
-        the op before any kernel)."""
+        of the inputs in `dynamic_sources` that may change (the backend checks its shapes at each
+        call's sizes, raising where eager's checks raise, and builds no kernel for it)."""
         self.graph.output(tuple(_as_node(v) for v in values))
         sized = _on_sources(self.graph, dynamic_sources)
         self.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or "writes" in n.meta or n in sized)
@@ -313,11 +312,11 @@ class GraphBuilder:
 def _on_sources(graph: fx.Graph, sources) -> set:
     """The nodes that read, directly or through others, a placeholder of one of `sources`."""
     found: set = set()
-    if sources:
-        for n in graph.nodes:
-            if n.meta.get("source") in sources if n.op == "placeholder" else \
-                    any(a in found for a in n.all_input_nodes):
-                found.add(n)
+    for n in graph.nodes if sources else ():
+        reads = n.meta.get("source") in sources if n.op == "placeholder" else \
+            any(a in found for a in n.all_input_nodes)
+        if reads:
+            found.add(n)
     return found
 
 

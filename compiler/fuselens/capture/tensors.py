@@ -518,8 +518,8 @@ def _refused_by_autograd(chain, root: TensorVar, old: TensorVar, new: TensorVar)
                 if chain else "a leaf Variable that requires grad is being used in an in-place operation")
     if (old.meta.requires_grad or new.meta.requires_grad) and \
             any(v.node.meta.get("multi_output_view") for v in chain):
-        return ("a view of one of several views an operator returned (split, chunk, unbind) is "
-                "modified in place: autograd refuses it")
+        return ("one of several views an operator returned (split, chunk, unbind), or a view of "
+                "one, is modified in place: autograd refuses it (use an out-of-place op)")
     return None
 
 
