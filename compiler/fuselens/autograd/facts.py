@@ -144,6 +144,13 @@ def _walk(roots, leaf_bit, saved_storages):
     return memo
 
 
+def check_shapes(gm: fx.GraphModule, inputs) -> None:
+    """`gm` run on meta stand-ins of `inputs`: raises where an op's shape checks refuse them."""
+    with torch.no_grad(), torch.device("meta"):
+        # (not freed at its last read: a value is kept until its `writes` node moves its version)
+        _MetaRun(gm, garbage_collect_values=False).run(*[_meta_input(t) for t in inputs])
+
+
 def eager_autograd(gm: fx.GraphModule, inputs) -> EagerAutograd:
     metas = [_meta_input(t) for t in inputs]
     with torch.enable_grad(), torch.device("meta"):

@@ -293,15 +293,32 @@ class GraphBuilder:
         return node
 
     # -- finishing ----------------------------------------------------------------------------
-    def output(self, values: list) -> fx.GraphModule:
+    def output(self, values: list, dynamic_sources=frozenset()) -> fx.GraphModule:
+        """The graph module returning `values`. Ops whose results nothing uses go, except where
+        eager's run of them is seen: a write (`meta["writes"]`: autograd refuses a backward through
+        a value saved before it, autograd/facts.py), a random op (it draws), and an op on a size
+        of the inputs in `dynamic_sources` that may change (the backend checks its shapes at each
+        call's sizes, raising where eager's checks raise, and builds no kernel for it)."""
         self.graph.output(tuple(_as_node(v) for v in values))
-        self.graph.eliminate_dead_code()
+        sized = _on_sources(self.graph, dynamic_sources)
+        self.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or "writes" in n.meta or n in sized)
         root = torch.nn.Module()
         for name, v in self.constants.items():
             setattr(root, name, v)
         # its Python code made when first run or printed: the backend reads the graph (a model's
         # forward: 20-50 ms of a capture on the dev CPU), and runs the code only to fall back
         return _LazyGraphModule(root, self.graph)
+
+
+def _on_sources(graph: fx.Graph, sources) -> set:
+    """The nodes that read, directly or through others, a placeholder of one of `sources`."""
+    found: set = set()
+    for n in graph.nodes if sources else ():
+        reads = n.meta.get("source") in sources if n.op == "placeholder" else \
+            any(a in found for a in n.all_input_nodes)
+        if reads:
+            found.add(n)
+    return found
 
 
 def _storage_address(t: torch.Tensor) -> int | None:
