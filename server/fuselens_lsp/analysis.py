@@ -27,6 +27,8 @@ SEVERITIES = {
 @dataclass
 class Settings:
     information_severity: str = "information"   # for functions that use torch but are not compiled
+    #: which of those get diagnostics: "reachable" (from something compiled or a `forward`) or "all"
+    uncompiled_functions: str = "reachable"
     time_limit_s: float = 120.0
     discovery: tuple[str, ...] = ("comment", "main", "pytest")
 
@@ -38,6 +40,8 @@ class Settings:
         sev = d.get("informationSeverity")
         if isinstance(sev, str) and (sev in SEVERITIES or sev == "off"):
             s.information_severity = sev
+        if d.get("uncompiledFunctions") in ("reachable", "all"):
+            s.uncompiled_functions = d["uncompiledFunctions"]
         worker = d.get("worker") or {}
         tl = worker.get("timeLimitSeconds", d.get("worker.timeLimitSeconds"))
         if isinstance(tl, (int, float)) and tl > 0:
@@ -332,9 +336,15 @@ def analyze(source: str, uri: str, filename: str, version: int | None,
     # FunctionAnalysis object, at the same place in an unchanged text: its ranges are reused
     memo = cache.memo if cache is not None else {}
     fresh = {}
+    reached = None
+    if settings.uncompiled_functions == "reachable":
+        from .reachability import reachable
+        reached = reachable(source, {fa.qualname for fa in analysis.functions if fa.compiled})
     for fa in analysis.functions:
         if not (fa.compiled or fa.uses_torch or fa.qualname in on_path):
             continue
+        if not (fa.compiled or fa.qualname in on_path or reached is None or fa.qualname in reached):
+            continue  # never captured (an `__init__` helper, a script's function): not worth a word
         sev = _severity(fa, settings)
         got = memo.get(id(fa))
         if got is None or got[0] is not fa or got[1] != sev:
