@@ -638,9 +638,19 @@ async function compileAndBenchmark(arg?: any, qualname?: string): Promise<void> 
     target = { line: ed.selection.active.line, character: ed.selection.active.character };
   }
   tree.refreshSoon();
-  const r: any = await client.sendRequest(ExecuteCommandRequest.type,
+  let r: any = await client.sendRequest(ExecuteCommandRequest.type,
     { command: 'fuselens.server.compileAndBenchmark', arguments: [uri, target] });
   await tree.refresh();
+  if (r?.canRunMain) {
+    // found no inputs without running anything: running the `__main__` block is the user's call
+    const run = 'Run the __main__ block';
+    const pick = await vscode.window.showWarningMessage(`fuselens: Compile & benchmark \`${r.qualname}\`: ${r.message}`, run);
+    if (pick === run && client) {
+      r = await client.sendRequest(ExecuteCommandRequest.type,
+        { command: 'fuselens.server.compileAndBenchmark', arguments: [uri, r.qualname, { runMain: true }] });
+      await tree.refresh();
+    }
+  }
   if (r?.qualname) { await revealFunction(uri!, r.qualname); }
 }
 

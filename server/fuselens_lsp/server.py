@@ -489,12 +489,15 @@ def _function_for(res: Result, target):
 
 @server.command(CMD_COMPILE)
 async def compile_and_benchmark(ls: FuselensServer, *args):
-    """Arguments: uri, then a qualname or a position {line, character} (0-based)."""
+    """Arguments: uri, then a qualname or a position {line, character} (0-based), then options
+    {runMain: true} when the user picked running the file's `__main__` block to find inputs (it
+    runs their script, so it is never done unasked)."""
     if len(args) == 1 and isinstance(args[0], (list, tuple)):
         args = tuple(args[0])
     if len(args) < 2:
         return {"ok": False, "error": "Compile & benchmark needs a file and a function."}
     uri, target = args[0], args[1]
+    run_main = bool(len(args) > 2 and isinstance(args[2], dict) and args[2].get("runMain"))
     if not ls.trusted:
         msg = ("Compile & benchmark runs your code, so it needs a trusted workspace. "
                "Diagnostics and fixes work in restricted mode.")
@@ -519,9 +522,12 @@ async def compile_and_benchmark(ls: FuselensServer, *args):
     if key in ls.running:
         return {"ok": False, "error": f"`{fn.qualname}` is already being compiled."}
     path = ls.filename(uri)
+    discovery = ["main"] if run_main else [w for w in ls.settings.discovery if w != "main"]
+    # the file's `__main__` block could give inputs, but running it runs the user's script: asked
+    main_offered = not run_main and "main" in ls.settings.discovery and MAIN_BLOCK_RE.search(res.source) is not None
     job = {"path": path, "source": res.source, "qualname": fn.qualname, "def_line": fn.line,
-           "discovery": list(ls.settings.discovery), "roots": ls.workspace_roots(),
-           "tests": ls.find_tests(fn.name) if "pytest" in ls.settings.discovery else []}
+           "discovery": discovery, "roots": ls.workspace_roots(),
+           "tests": ls.find_tests(fn.name) if "pytest" in discovery else []}
     cancel = asyncio.Event()
     ls.running[key] = cancel
     token = str(uuid.uuid4())
@@ -568,6 +574,12 @@ async def compile_and_benchmark(ls: FuselensServer, *args):
         summary["message"] = _summary_message(fn.qualname, outcome.result)
         ls.runs[key] = summary
         ls.window_show_message(lsp.ShowMessageParams(type=lsp.MessageType.Info, message=summary["message"]))
+    elif main_offered and (outcome.result or {}).get("noInputs"):
+        # the client asks whether to run the `__main__` block (fuselens.compileAndBenchmark)
+        summary["canRunMain"] = True
+        summary["message"] += ("\nThe file's `if __name__ == \"__main__\":` block was not run: running it "
+                               "runs your script (its training steps, prints and writes).")
+        ls.runs[key] = summary
     else:
         ls.runs[key] = summary
         prefix = f"fuselens: Compile & benchmark `{fn.qualname}`: "
@@ -578,6 +590,9 @@ async def compile_and_benchmark(ls: FuselensServer, *args):
                                                    + "\n" + outcome.stderr_tail[-4000:]))
     ls.protocol.notify(NOTIFY_CHANGED, {"uri": uri})
     return _jsonable(summary)
+
+
+MAIN_BLOCK_RE = re.compile(r"^if\s+__name__\s*==\s*['\"]__main__['\"]\s*:", re.M)
 
 
 def _summary_message(qualname, r: dict) -> str:
@@ -597,7 +612,7 @@ def _summary_message(qualname, r: dict) -> str:
     elif r.get("timingNote"):
         parts.append(r["timingNote"])
     parts.append(f"inputs: {r.get('inputs')}")
-    return ". ".join(parts)
+    return ". ".join(p.rstrip(". ") for p in parts)
 
 
 def _jsonable(v):

@@ -36,6 +36,10 @@ class UserError(Exception):
     """A problem the user can fix (no inputs, bad example comment, function not found)."""
 
 
+class NoInputs(UserError):
+    """None of the ways tried found example inputs."""
+
+
 class _Recorded(BaseException):
     pass
 
@@ -249,7 +253,7 @@ def find_inputs(job, device, log):
                     return fn, args, kwargs, f"recorded from {os.path.basename(test_path)}::{tname}"
             tried.append("no pytest test in the workspace calls the function" if not job.get("tests")
                          else "the tests that mention the function did not call it")
-    raise UserError("No example inputs for `" + qualname + "` (" + "; ".join(tried) + ").\n" + examples.HOW_TO)
+    raise NoInputs("No example inputs for `" + qualname + "` (" + "; ".join(tried) + ").\n" + examples.HOW_TO)
 
 
 def load_module(path, source, modname):
@@ -521,7 +525,7 @@ def main() -> int:
         emit({"type": "result", **res})
         return 0
     except UserError as e:
-        emit({"type": "result", "ok": False, "userError": True, "error": str(e)})
+        emit({"type": "result", "ok": False, "userError": True, "noInputs": isinstance(e, NoInputs), "error": str(e)})
         return 0
     except BaseException as e:
         tb = traceback.format_exc()

@@ -77,14 +77,20 @@ async def test_inputs_recorded_from_main_block(session):
 
 
     if __name__ == "__main__":
+        open(__file__ + ".ran", "w").close()
         t = torch.randn(8, 16)
         print(gelu(t).shape)
         raise SystemExit("the rest of the block never runs")
     '''
     await session.init()
     uri = await session.open("gl.py", src)
+    # unasked, the user's script is not run: the client is told it could be
     r = as_dict(await session.command(uri, "gelu"))
+    assert not r["ok"] and r["canRunMain"] and "was not run" in r["message"], r
+    assert not (session.root / "gl.py.ran").exists()
+    r = as_dict(await session.command(uri, "gelu", {"runMain": True}))
     assert r["ok"], r
+    assert (session.root / "gl.py.ran").exists()
     assert r["result"]["inputs"] == "recorded from the __main__ block"
     assert r["result"]["check"]["ok"]
 
@@ -259,7 +265,7 @@ async def test_module_forward_with_main_block_and_with_comment(session):
     '''
     await session.init()
     uri = await session.open("net.py", src)
-    r = as_dict(await session.command(uri, "Net.forward"))
+    r = as_dict(await session.command(uri, "Net.forward", {"runMain": True}))
     assert r["ok"], r
     assert r["result"]["inputs"] == "recorded from the __main__ block" and r["result"]["check"]["ok"]
     r = as_dict(await session.command(uri, "Scale.forward"))
