@@ -16,7 +16,8 @@ SERVER = [sys.executable, "-m", "fuselens_lsp"]
 REPO = Path(__file__).resolve().parents[2]
 # pytest-lsp gives the server exactly this environment: without PYTHONPATH it would import the
 # fuselens_lsp and fuselens installed in the venv (another checkout's), not this one's
-SERVER_ENV = {**os.environ, "FUSELENS_INTERPRET": "1", "TRITON_INTERPRET": "1",
+# (torch.compile's CPU compile in each Compile & benchmark would cost tens of seconds a test)
+SERVER_ENV = {**os.environ, "FUSELENS_INTERPRET": "1", "TRITON_INTERPRET": "1", "FUSELENS_BENCH_TORCH_COMPILE": "0",
               "PYTHONPATH": os.pathsep.join([str(REPO / "server"), str(REPO / "compiler")])}
 
 
