@@ -282,6 +282,7 @@ async function startClient(ctx: vscode.ExtensionContext): Promise<void> {
 type Fn = {
   name: string; qualname: string; line: number; col: number; compiled: boolean; graphCount: number;
   breakCount: number; breaks: any[]; run: any | null; running: boolean; relevant: boolean; stale: boolean;
+  asRun?: boolean; quiet?: boolean;
 };
 type Doc = { uri: string; functions: Fn[]; syntaxError: [number, number, string] | null; stale: string[] };
 type Node =
@@ -376,16 +377,21 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
         if (run.status === 'ok') {
           const t = run.timings ?? {};
           if (t.eager && t.fuselens) {
-            let d = `eager ${ms(t.eager)} · fuselens ${ms(t.fuselens)} (${(t.eager / t.fuselens).toFixed(2)}×)`;
+            const cpu = !!t.cpu;
+            let d = `eager ${ms(t.eager)} · fuselens${cpu ? ' graphs as PyTorch' : ''} ${ms(t.fuselens)} (${(t.eager / t.fuselens).toFixed(2)}×)`;
             if (t.torchCompile) { d += ` · torch.compile ${ms(t.torchCompile)} (${(t.eager / t.torchCompile).toFixed(2)}×)`; }
-            out.push({ kind: 'info', label: 'Timings', description: d, icon: 'dashboard', tooltip: `${d}\non ${run.gpu}` });
+            out.push({ kind: 'info', label: cpu ? 'CPU times (no GPU)' : 'Timings', description: d, icon: 'dashboard',
+              tooltip: cpu ? `${d}\n${run.timingNote}` : `${d}\non ${run.gpu}` });
           } else if (run.timingNote) {
-            out.push({ kind: 'info', label: 'No GPU: kernels checked in the interpreter, not timed', tooltip: run.timingNote, icon: 'info' });
+            out.push({ kind: 'info', label: 'Not timed', tooltip: run.timingNote, icon: 'info' });
           }
           if (run.check) {
-            out.push({ kind: 'info', label: run.check.ok ? 'Output matches eager' : 'Output differs from eager',
-              description: run.check.ok ? '' : run.check.message, tooltip: run.check.message,
-              icon: run.check.ok ? 'pass' : 'error' });
+            const c = run.check;
+            const random = c.randomOps?.length ? ` (random ops: ${c.randomOps.join(', ')})` : '';
+            const label = c.ok ? (c.evalMode ? 'Output matches eager in eval mode' : 'Output matches eager')
+              : random ? 'Output not comparable' : 'Output differs from eager';
+            out.push({ kind: 'info', label: label + random, description: c.ok && !c.evalMode ? '' : c.message, tooltip: c.message,
+              icon: c.ok ? 'pass' : random ? 'info' : 'error' });
           }
           if (run.hasTransformedSource) {
             out.push({ kind: 'info', label: 'Show transformed code', icon: 'go-to-file', command: {
@@ -436,7 +442,8 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
         const it = new vscode.TreeItem(f.qualname, f.run || f.breakCount || f.running ? C.Expanded : C.Collapsed);
         const parts = [`${f.graphCount} graph${f.graphCount === 1 ? '' : 's'}`, `${f.breakCount} break${f.breakCount === 1 ? '' : 's'}`];
         if (f.run?.speedup) { parts.push(`${f.run.speedup.toFixed(2)}× vs eager`); }
-        it.description = parts.join(' · ') + (f.compiled ? '' : ' · not compiled') + (f.stale ? ' · stale' : '');
+        it.description = parts.join(' · ') + (f.asRun ? ' · as run' : f.compiled ? '' : ' · not compiled') + (f.stale ? ' · stale' : '');
+        if (f.asRun) { it.tooltip = 'Graphs and breaks of the last Compile & benchmark run on this text of the file'; }
         it.iconPath = new vscode.ThemeIcon(f.breakCount ? 'debug-breakpoint-unverified' : 'symbol-function');
         it.contextValue = f.run?.hasTransformedSource ? 'function-compiled-run' : 'function';
         it.id = `${node.uri}#${f.qualname}`;

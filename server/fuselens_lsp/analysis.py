@@ -153,13 +153,15 @@ class FunctionInfo:
     graph_count: int
     breaks: list = field(default_factory=list)       # GraphBreak values (unsuppressed)
     suppressed: int = 0
+    #: reached from nothing compiled and no `forward` (reachability.py): no diagnostics, no lens
+    quiet: bool = False
 
     def to_json(self, stale: bool = False) -> dict:
         return {
             "stale": stale, "name": self.name, "qualname": self.qualname, "line": self.line - 1, "col": self.col,
             "endLine": self.end_line - 1, "endCol": self.end_col, "compiled": self.compiled,
             "usesTorch": self.uses_torch, "graphCount": self.graph_count,
-            "breakCount": len(self.breaks), "suppressed": self.suppressed,
+            "breakCount": len(self.breaks), "suppressed": self.suppressed, "quiet": self.quiet,
             "breaks": [break_json(b) for b in self.breaks],
         }
 
@@ -343,18 +345,19 @@ def analyze(source: str, uri: str, filename: str, version: int | None,
     for fa in analysis.functions:
         if not (fa.compiled or fa.uses_torch or fa.qualname in on_path):
             continue
-        if not (fa.compiled or fa.qualname in on_path or reached is None or fa.qualname in reached):
-            continue  # never captured (an `__init__` helper, a script's function): not worth a word
-        sev = _severity(fa, settings)
+        # never captured (an `__init__` helper, a script's function): no claim made, no lens; it
+        # is still listed, for Compile & benchmark
+        quiet = not (fa.compiled or fa.qualname in on_path or reached is None or fa.qualname in reached)
+        sev = None if quiet else _severity(fa, settings)
         got = memo.get(id(fa))
-        if got is None or got[0] is not fa or got[1] != sev:
-            kept = [b for b in fa.breaks if not is_suppressed(lines, b)]
-            got = (fa, sev, kept, _entries(fa, kept, codec, uri, filename) if sev is not None else [])
+        if got is None or got[0] is not fa or got[1] != (sev, quiet):
+            kept = [] if quiet else [b for b in fa.breaks if not is_suppressed(lines, b)]
+            got = (fa, (sev, quiet), kept, _entries(fa, kept, codec, uri, filename) if sev is not None else [])
         fresh[id(fa)] = got
         kept = got[2]
         functions.append(FunctionInfo(fa.name, fa.qualname, fa.line, fa.col, fa.end_line, fa.end_col,
                                       fa.compiled, fa.uses_torch, fa.graph_count, kept,
-                                      len(fa.breaks) - len(kept)))
+                                      0 if quiet else len(fa.breaks) - len(kept), quiet))
         for key, rng, b, related in got[3]:
             d = by_key.get(key)
             if d is None:

@@ -154,23 +154,56 @@ class FuselensServer(LanguageServer):
             seen = None
         diags = list(seen["diagnostics"]) if seen else []
         have = {_diag_key(d) for d in diags}
-        diags += [d for d in (res.diagnostics if res else []) if _diag_key(d) not in have]
+        ran = seen.get("ran", {}) if seen else {}
+        for d in (res.diagnostics if res else []):
+            if _diag_key(d) in have:
+                continue
+            q = (d.data or {}).get("qualname")
+            if q in ran:  # a run of `q` on this text did not break here: a hint, out of Problems
+                d = lsp.Diagnostic(range=d.range, severity=lsp.DiagnosticSeverity.Hint, code=d.code,
+                                   code_description=d.code_description, source=d.source,
+                                   related_information=d.related_information, data={**d.data, "notSeenAtRunTime": True},
+                                   message=d.message + f"\n(not seen when Compile & benchmark ran `{q}` on its "
+                                                       "example inputs: another input may still break here)")
+            diags.append(d)
         diags.sort(key=lambda d: (d.range.start.line, d.range.start.character))
         self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
             uri=uri, version=res.version if res else None, diagnostics=diags))
 
-    def record_run_breaks(self, qualname: str, breaks: list[dict]) -> None:
+    def record_run_breaks(self, qualname: str, breaks: list[dict], run_uri: str, result: dict) -> None:
         """Publishes the breaks a run's concrete capture found, on every workspace file they occur
-        in: at the break, and at each call on the way to it that is in another workspace file."""
+        in: at the break, and at each call on the way to it that is in another workspace file.
+        In the run's own file, the run replaces the analysis' guesses about `qualname` (its
+        counts, and its diagnostics the run did not meet) until the file changes."""
         from .seen import seen_diagnostics
         roots = [os.path.realpath(r) for r in self.workspace_roots()]
         docs = {os.path.realpath(self.filename(u)): d for u, d in self.workspace.text_documents.items()}
         found = seen_diagnostics(qualname, breaks, roots, docs)
+        run_path = os.path.realpath(self.filename(run_uri))
+        if run_path not in found:
+            doc = self.workspace.text_documents.get(run_uri)
+            found[run_path] = ([], doc, _mtime(run_path))
         for path, (diags, doc, mtime) in found.items():
             uri = doc.uri if doc is not None else _path_uri(path)
-            self.seen[uri] = {"diagnostics": diags, "version": doc.version if doc is not None else None,
-                              "path": path, "mtime": mtime}
+            entry = {"diagnostics": diags, "version": doc.version if doc is not None else None,
+                     "path": path, "mtime": mtime, "ran": {}}
+            old = self.seen.get(uri)
+            if old is not None and _unchanged(old, doc):  # other functions' runs on this text stay
+                entry["diagnostics"] = [d for d in old["diagnostics"] if (d.data or {}).get("qualname") != qualname] + diags
+                entry["ran"] = {q: r for q, r in old.get("ran", {}).items() if q != qualname}
+            if path == run_path:
+                entry["ran"][qualname] = {"graphCount": result.get("graphCount"),
+                                          "breaks": [b for b in breaks if b.get("filename") and
+                                                     os.path.realpath(b["filename"]) == run_path]}
+            self.seen[uri] = entry
             self.publish(uri)
+
+    def run_counts(self, uri: str, qualname: str) -> dict | None:
+        """{graphCount, breaks} of the run of `qualname` on this text of the document, if any."""
+        seen = self.seen.get(uri)
+        if seen is None or not _unchanged(seen, self.workspace.text_documents.get(uri)):
+            return None
+        return seen.get("ran", {}).get(qualname)
 
     async def current(self, uri: str) -> Result | None:
         """The analysis of the document's current version, waiting for a pending one."""
@@ -365,10 +398,16 @@ async def code_lens(ls: FuselensServer, params: lsp.CodeLensParams):
     codec, old = PositionCodec(res.source), PositionCodec(res.stale_source)
     lenses = []
     for f in res.functions:
+        if f.quiet:
+            continue
         stale = f.qualname in res.stale
         rng = (old if stale else codec).range(f.line, f.col, f.line, f.col)
         kind = "compiled" if f.compiled else "not compiled"
-        title = f"fuselens: {_plural(f.graph_count, 'graph')}, {_plural(len(f.breaks), 'graph break')} ({kind})"
+        ran = None if stale else ls.run_counts(uri, f.qualname)
+        if ran is not None:
+            title = f"fuselens: {_plural(ran['graphCount'], 'graph')}, {_plural(len(ran['breaks']), 'graph break')} (as run)"
+        else:
+            title = f"fuselens: {_plural(f.graph_count, 'graph')}, {_plural(len(f.breaks), 'graph break')} ({kind})"
         if stale:
             lines = len(codec.lines)
             if rng.start.line >= lines:
@@ -568,8 +607,8 @@ async def compile_and_benchmark(ls: FuselensServer, *args):
                "uri": uri, "message": outcome.message, "stderr": outcome.stderr_tail[-4000:]}
     if outcome.result is not None:
         summary["result"] = outcome.result
-    if outcome.result is not None and outcome.result.get("breaks"):
-        ls.record_run_breaks(fn.qualname, outcome.result["breaks"])
+    if outcome.status == "ok":
+        ls.record_run_breaks(fn.qualname, outcome.result["breaks"], uri, outcome.result)
     if outcome.status == "ok":
         summary["message"] = _summary_message(fn.qualname, outcome.result)
         ls.runs[key] = summary
@@ -598,18 +637,26 @@ MAIN_BLOCK_RE = re.compile(r"^if\s+__name__\s*==\s*['\"]__main__['\"]\s*:", re.M
 def _summary_message(qualname, r: dict) -> str:
     kernels = sum(len(g["kernels"]) for g in r.get("graphs", []))
     check = r.get("check", {})
-    parts = [f"fuselens: `{qualname}`: {_plural(r.get('graphCount', len(r.get('graphs', []))), 'graph')}, "
-             f"{_plural(kernels, 'kernel')}; output {check.get('message', 'not checked')}" if check.get("ok")
-             else f"fuselens: `{qualname}`: OUTPUT DIFFERS FROM EAGER: {check.get('message')}"]
+    head = f"fuselens: `{qualname}`: {_plural(r.get('graphCount', len(r.get('graphs', []))), 'graph')}, " \
+           f"{_plural(kernels, 'kernel')}; "
+    if check.get("ok"):
+        parts = [head + f"output {check.get('message', 'not checked')}"]
+    elif check.get("randomOps"):  # not a compiler error: the message says why they differ
+        parts = [head + f"output {check.get('message')}"]
+    else:
+        parts = [f"fuselens: `{qualname}`: OUTPUT DIFFERS FROM EAGER: {check.get('message')}"]
     t = r.get("timings") or {}
     if t.get("eager") and t.get("fuselens"):
-        s = f"eager {t['eager']:.3f} ms, fuselens {t['fuselens']:.3f} ms ({t['eager'] / t['fuselens']:.2f}×)"
+        cpu = t.get("cpu")
+        s = (f"CPU times: eager {t['eager']:.3f} ms, fuselens's graphs as plain PyTorch {t['fuselens']:.3f} ms"
+             if cpu else f"eager {t['eager']:.3f} ms, fuselens {t['fuselens']:.3f} ms")
+        s += f" ({t['eager'] / t['fuselens']:.2f}×)"
         if t.get("torchCompile"):
-            s += f", torch.compile {t['torchCompile']:.3f} ms ({t['eager'] / t['torchCompile']:.2f}×)"
+            s += f", torch.compile{' (CPU)' if cpu else ''} {t['torchCompile']:.3f} ms ({t['eager'] / t['torchCompile']:.2f}×)"
         elif t.get("torchCompileError"):
             s += f", torch.compile failed ({t['torchCompileError']})"
         parts.append(s)
-    elif r.get("timingNote"):
+    if r.get("timingNote"):
         parts.append(r["timingNote"])
     parts.append(f"inputs: {r.get('inputs')}")
     return ". ".join(p.rstrip(". ") for p in parts)
@@ -678,6 +725,11 @@ async def req_functions(ls: FuselensServer, params):
         for f in res.functions:
             j = f.to_json(stale=f.qualname in res.stale)
             j["run"] = _run_view(ls.runs.get((uri, f.qualname)))
+            ran = None if j["stale"] else ls.run_counts(uri, f.qualname)
+            if ran is not None:  # the run's graphs and breaks, not the analysis' guess
+                j.update(graphCount=ran["graphCount"], breakCount=len(ran["breaks"]), asRun=True,
+                         breaks=[{k: b[k] for k in ("code", "title", "line", "col", "endLine", "endCol", "explanation",
+                                                    "hint", "docUrl", "torchCode", "function")} for b in ran["breaks"]])
             j["running"] = (uri, f.qualname) in ls.running
             j["relevant"] = bool(f.compiled or j["run"] or j["running"] or (path, f.qualname) in on_path)
             fns.append(j)

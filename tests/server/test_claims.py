@@ -80,16 +80,17 @@ def test_calls_of_values_the_editor_cannot_resolve_are_not_breaks():
 
 def test_functions_the_compiler_never_reaches_get_nothing_unless_asked():
     r = run(TRAIN)
-    names = {f.qualname for f in r.functions}
+    names = {f.qualname for f in r.functions if not f.quiet}
     # reached: compiled, and what a forward calls
     assert {"train_step", "gelu"} <= names
-    # an `__init__` helper and a script function: no lens, no diagnostic
+    # an `__init__` helper and a script function: listed (for Compile & benchmark), quiet
     assert not names & {"Block._init_weights", "resize_rows"}
+    assert {"Block._init_weights", "resize_rows"} <= {f.qualname for f in r.functions if f.quiet}
     lines = {d.range.start.line for d in r.diagnostics}
     assert line_of(TRAIN, "if torch.sum(w) > n") not in lines
     assert line_of(TRAIN, "print(self.fc.weight") not in lines
     every = run(TRAIN, uncompiledFunctions="all")
-    assert {"Block._init_weights", "resize_rows"} <= {f.qualname for f in every.functions}
+    assert {"Block._init_weights", "resize_rows"} <= {f.qualname for f in every.functions if not f.quiet}
     assert line_of(TRAIN, "if torch.sum(w) > n") in {d.range.start.line for d in every.diagnostics}
 
 
