@@ -309,13 +309,22 @@ def _severity(fn, settings: Settings) -> lsp.DiagnosticSeverity | None:
     return SEVERITIES[settings.information_severity]
 
 
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+def plain_text(text: str) -> str:
+    """Markdown code spans as quoted text: the editor shows a diagnostic's message as plain
+    text (hovers, Problems), where backticks would show as they are."""
+    return _CODE_SPAN.sub(r"'\1'", text)
+
+
 def _message(b) -> str:
     msg = f"{b.title}: {b.explanation}"
     if b.hint:
         msg += f"\nHint: {b.hint}"
     if b.torch_code:
         msg += f"\n(torch.compile: {b.torch_code})"
-    return msg
+    return plain_text(msg)
 
 
 def analyze(source: str, uri: str, filename: str, version: int | None,

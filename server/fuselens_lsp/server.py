@@ -19,6 +19,7 @@ import gc
 import logging
 import os
 import re
+import sys
 import time
 import traceback
 import uuid
@@ -163,7 +164,7 @@ class FuselensServer(LanguageServer):
                 d = lsp.Diagnostic(range=d.range, severity=lsp.DiagnosticSeverity.Hint, code=d.code,
                                    code_description=d.code_description, source=d.source,
                                    related_information=d.related_information, data={**d.data, "notSeenAtRunTime": True},
-                                   message=d.message + f"\n(not seen when Compile & benchmark ran `{q}` on its "
+                                   message=d.message + f"\n(not seen when Compile & benchmark ran '{q}' on its "
                                                        "example inputs: another input may still break here)")
             diags.append(d)
         diags.sort(key=lambda d: (d.range.start.line, d.range.start.character))
@@ -290,6 +291,10 @@ def on_initialized(ls: FuselensServer, params: lsp.InitializedParams):
     # `initialize` is answered without torch; import it now, in the analysis thread, so that it
     # is (mostly) there when the first file opens
     ls.analysis_pool.submit(_warm_up)
+    try:
+        CLIENT_LOG.loop = asyncio.get_running_loop()
+    except RuntimeError:  # not on the loop's thread: warnings stay on stderr
+        pass
 
 
 def _warm_up():
@@ -786,6 +791,29 @@ def req_transformed(ls: FuselensServer, params):
     return {"source": r.get("transformedSource", ""), "explanation": r.get("explanation", "")}
 
 
+class _ClientLog(logging.Handler):
+    """Log records (and Python warnings, e.g. torch's UserWarnings) go to the client's log at
+    their own level: on stderr the client logs every line as an error."""
+
+    loop = None  # the server's event loop, once the client is initialized (stderr until then)
+
+    def emit(self, record):
+        if self.loop is None:
+            sys.stderr.write(self.format(record) + "\n")
+            return
+        mtype = lsp.MessageType.Error if record.levelno >= logging.ERROR else lsp.MessageType.Warning
+        params = lsp.LogMessageParams(type=mtype, message=self.format(record))
+        try:
+            self.loop.call_soon_threadsafe(server.window_log_message, params)
+        except RuntimeError:  # the loop has stopped: the server is exiting
+            pass
+
+
+CLIENT_LOG = _ClientLog(logging.WARNING)
+
+
 def start(stdin=None, stdout=None) -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    CLIENT_LOG.setFormatter(logging.Formatter("%(name)s %(levelname)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[CLIENT_LOG])
+    logging.captureWarnings(True)
     server.start_io(stdin, stdout)
