@@ -14,7 +14,8 @@
 //      among them FL101 (logger.warning_once); hovering it explains the break; the side panel lists
 //      that forward first under the file, every other function as not compiled
 //   09 train_loop.py: no warning on `model(batch[...])` (an un-annotated parameter), warnings on the
-//      printed `.item()` and `backward()`
+//      printed `.item()` and `backward()`, the print guard offered for the printed `.item()`;
+//      dropout_block.py's run: the outputs differ through random ops (named), checked in eval mode
 //   10 the language server is killed: the extension restarts it and an edit gets diagnostics again
 //   11 a second workspace whose .venv lacks torch: one notification says what the interpreter lacks,
 //      with its buttons, and the status item says the server is not running
@@ -328,6 +329,30 @@ async function editorText() {
       throw new Error('the printed .item() and backward() should have warnings: ' + JSON.stringify(squiggled));
     }
     await shot('no-warning-on-model-call');
+    // the printed .item() is offered the print guard, not only Suppress
+    await page.locator('.editor-group-container.active .monaco-editor .view-lines span:text-is("print")').first().click();
+    await pressFor('Control+.', '.action-widget .monaco-list-row');
+    await page.locator('.action-widget .monaco-list-row', { hasText: 'is_compiling' }).first().waitFor({ timeout: 20000 });
+    log('print(loss.item()) offers the guard');
+    await shot('print-item-guard-offered');
+    await page.keyboard.press('Escape');
+
+    // a dropout block: the run says its outputs differ through random ops and checks in eval mode
+    await pressFor('Control+P', '.quick-input-widget .quick-input-box input');
+    await page.keyboard.type('dropout_block.py', { delay: 10 });
+    await page.waitForSelector('.quick-input-list .monaco-list-row:has-text("dropout_block.py")', { timeout: 15000 });
+    await page.keyboard.press('Enter');
+    await page.waitForSelector('.editor-group-container.active .monaco-editor .view-lines:has-text("class Block")', { timeout: 30000 });
+    await page.locator('.editor-group-container.active .codelens-decoration a', { hasText: 'Compile & benchmark' }).first().click({ timeout: 60000 });
+    const evalRow = page.locator('.pane-body .monaco-list-row:has-text("in eval mode")').first();
+    await evalRow.waitFor({ timeout: 240000 });
+    const evalText = (await evalRow.innerText()).replace(/\s+/g, ' ');
+    log('dropout block check:', evalText);
+    if (!/random ops: dropout/.test(evalText)) { throw new Error('the check should name the random ops: ' + evalText); }
+    const cpuRow = page.locator('.pane-body .monaco-list-row:has-text("CPU times")').first();
+    if (await cpuRow.count()) { log('timings:', (await cpuRow.innerText()).replace(/\s+/g, ' ')); }
+    await page.waitForTimeout(500);
+    await shot('dropout-eval-mode-check');
 
     // 10: the language server dies; the extension restarts it and diagnostics come back
     const codeServerPid = Number(process.env.FUSELENS_E2E_CS_PID || 0);
