@@ -198,6 +198,14 @@ class FuselensServer(LanguageServer):
                                                      os.path.realpath(b["filename"]) == run_path]}
             self.seen[uri] = entry
             self.publish(uri)
+        self.refresh_code_lenses()
+
+    def refresh_code_lenses(self) -> None:
+        """Asks the client for the code lenses again (their counts are the run's now)."""
+        caps = self.client_capabilities
+        ws = caps.workspace if caps else None
+        if ws and ws.code_lens and ws.code_lens.refresh_support:
+            self.workspace_code_lens_refresh(None)
 
     def run_counts(self, uri: str, qualname: str) -> dict | None:
         """{graphCount, breaks} of the run of `qualname` on this text of the document, if any."""

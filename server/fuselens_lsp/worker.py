@@ -485,9 +485,10 @@ def run_job(job: dict) -> dict:
     torch.manual_seed(0)
     actual = compiled(*_detach_copy(args), **_detach_copy(kwargs))
     result["check"] = compare(expected, actual)
+    # (described before any check in eval mode adds a specialization of its own)
+    result.update(describe_compiled(compiled, job["path"], job["source"]))
     if not result["check"]["ok"]:
         result["check"] = _check_random(fn, args, kwargs, compiled, result["check"])
-    result.update(describe_compiled(compiled, job["path"], job["source"]))
     kernels = [k for g in result["graphs"] for k in g["kernels"]]
 
     timings = {"eager": None, "fuselens": None, "torchCompile": None, "torchCompileError": None}

@@ -23,6 +23,12 @@ SERVER_ENV = {**os.environ, "FUSELENS_INTERPRET": "1", "TRITON_INTERPRET": "1", 
 
 @pytest_lsp.fixture(config=ClientServerConfig(server_command=SERVER, server_env=SERVER_ENV))
 async def client(lsp_client: LanguageClient):
+    lsp_client.lens_refreshes = 0
+
+    @lsp_client.feature(lsp.WORKSPACE_CODE_LENS_REFRESH)
+    def _lens_refresh(params):  # the server asks after a run (its counts are the run's)
+        lsp_client.lens_refreshes += 1
+
     yield lsp_client
     await lsp_client.shutdown_session()
 

@@ -47,6 +47,8 @@ def test_dropout_difference_is_explained_and_checked_in_eval_mode(run_job):
     assert c["randomOps"] and "dropout" in c["randomOps"][0], c
     assert c["evalMode"] and c["ok"], c
     assert "random ops" in c["message"] and "in eval mode (no random ops) it matches eager" in c["message"]
+    # the graphs shown are the run's, not the eval-mode check's too
+    assert len(r["graphs"]) == r["graphCount"] == 1
 
 
 def test_without_a_gpu_eager_and_fuselens_graphs_are_timed_on_the_cpu(run_job):

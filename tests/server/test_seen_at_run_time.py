@@ -84,7 +84,8 @@ async def test_a_run_replaces_the_guesses_about_its_function_until_the_file_chan
     # the guess the run did not meet: a hint (out of Problems), saying so; the run's break stays
     assert after["FL120"].severity == lsp.DiagnosticSeverity.Hint and "not seen when" in after["FL120"].message
     assert after["FL100"].severity == lsp.DiagnosticSeverity.Warning
-    # lens and panel count the run's graphs and breaks
+    # lens and panel count the run's graphs and breaks; the client is asked for the lenses again
+    assert session.client.lens_refreshes >= 1
     lenses = await session.client.text_document_code_lens_async(
         lsp.CodeLensParams(text_document=lsp.TextDocumentIdentifier(uri=uri)))
     assert "fuselens: 2 graphs, 1 graph break (as run)" in [l.command.title for l in lenses]
