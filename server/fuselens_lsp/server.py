@@ -29,7 +29,8 @@ from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
 from . import __version__
-from .analysis import PositionCodec, Result, Settings, analyze, break_json, function_at, split_lines
+from .analysis import (PositionCodec, Result, Settings, analyze, break_json, function_at, plain_text,
+                       split_lines)
 from .compile_sites import CompileSites
 from .documents import LspLinesWorkspace
 from .incremental import IncrementalAnalyzer
@@ -504,7 +505,7 @@ async def code_action(ls: FuselensServer, params: lsp.CodeActionParams):
                 edit = lsp.TextEdit(range=lsp.Range(start=s, end=e), new_text=text)
                 title = fx.title
             actions.append(lsp.CodeAction(
-                title=title, kind=lsp.CodeActionKind.QuickFix, diagnostics=[d],
+                title=plain_text(title), kind=lsp.CodeActionKind.QuickFix, diagnostics=[d],
                 is_preferred=fx.preferred,
                 edit=lsp.WorkspaceEdit(document_changes=[lsp.TextDocumentEdit(
                     text_document=lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=res.version),
