@@ -37,7 +37,12 @@ mkdir -p "$RUN/ws/.venv/bin"
 printf '#!/bin/sh\nexec "%s" "$@"\n' "$PY" > "$RUN/ws/.venv/bin/python" && chmod +x "$RUN/ws/.venv/bin/python"
 # a second workspace whose .venv lacks torch (and pygls...): the extension must say so
 mkdir -p "$RUN/ws-notorch" && cp tests/extension/workspace/showcase.py "$RUN/ws-notorch/"
-python3 -m venv --without-pip "$RUN/ws-notorch/.venv"
+python3 -m venv --without-pip "$RUN/ws-notorch/.venv" 2>/dev/null || {
+  # no venv module: an interpreter that sees no site-packages lacks them all the same
+  rm -rf "$RUN/ws-notorch/.venv" && mkdir -p "$RUN/ws-notorch/.venv/bin"  # (not through a venv's symlink)
+  printf '#!/bin/sh\nexec "%s" -S "$@"\n' "$(command -v python3)" > "$RUN/ws-notorch/.venv/bin/python"
+  chmod +x "$RUN/ws-notorch/.venv/bin/python"
+}
 cat > "$RUN/data/User/settings.json" <<JSON
 {
   "workbench.startupEditor": "none",
