@@ -630,7 +630,11 @@ function updateStatus(): void {
 }
 
 async function compileAndBenchmark(arg?: any, qualname?: string): Promise<void> {
-  if (!client) { return; }
+  if (!client || serverState.kind !== 'ready') {
+    const why = serverState.kind === 'failed' ? `is not running: ${serverState.reason}` : 'is still starting';
+    void vscode.window.showWarningMessage(`fuselens: the language server ${why}.`);
+    return;
+  }
   let uri: string | undefined;
   let target: any;
   if (typeof arg === 'string') { uri = arg; target = qualname; }
