@@ -3,7 +3,8 @@
 # playwright-core (tests/extension/e2e.js). Installs what it needs first (idempotent, cached in
 # scripts/.cache/), builds the .vsix, installs it into a fresh code-server profile, opens a copy
 # of tests/extension/workspace/, and runs the steps; screenshots go to test-output/e2e/.
-#   FUSELENS_E2E_PYTHON   interpreter for the language server (default: .venv/bin/python)
+#   FUSELENS_E2E_PYTHON   interpreter for the language server (default: .venv/bin/python); the
+#                         workspace gets it as its own .venv, and no fuselens setting names it
 #   FUSELENS_E2E_README=1 also writes docs/images/editor.png (the README screenshot)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,6 +32,17 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 RUN=$(mktemp -d /tmp/fuselens-e2e.XXXXXX)
 mkdir -p "$RUN/data/User" "$RUN/exts" "$RUN/xdg/config" "$RUN/xdg/data" "$RUN/xdg/cache" "$RUN/ws"
 cp -r tests/extension/workspace/. "$RUN/ws/"
+# a fresh workspace with a .venv and no settings: the extension must find the interpreter itself
+mkdir -p "$RUN/ws/.venv/bin"
+printf '#!/bin/sh\nexec "%s" "$@"\n' "$PY" > "$RUN/ws/.venv/bin/python" && chmod +x "$RUN/ws/.venv/bin/python"
+# a second workspace whose .venv lacks torch (and pygls...): the extension must say so
+mkdir -p "$RUN/ws-notorch" && cp tests/extension/workspace/showcase.py "$RUN/ws-notorch/"
+python3 -m venv --without-pip "$RUN/ws-notorch/.venv" 2>/dev/null || {
+  # no venv module: an interpreter that sees no site-packages lacks them all the same
+  rm -rf "$RUN/ws-notorch/.venv" && mkdir -p "$RUN/ws-notorch/.venv/bin"  # (not through a venv's symlink)
+  printf '#!/bin/sh\nexec "%s" -S "$@"\n' "$(command -v python3)" > "$RUN/ws-notorch/.venv/bin/python"
+  chmod +x "$RUN/ws-notorch/.venv/bin/python"
+}
 cat > "$RUN/data/User/settings.json" <<JSON
 {
   "workbench.startupEditor": "none",
@@ -46,7 +58,6 @@ cat > "$RUN/data/User/settings.json" <<JSON
   "chat.commandCenter.enabled": false,
   "workbench.secondarySideBar.defaultVisibility": "hidden",
   "git.openRepositoryInParentFolders": "never",
-  "fuselens.pythonPath": "$PY",
   "fuselens.worker.timeLimitSeconds": 240
 }
 JSON
@@ -71,7 +82,7 @@ for _ in $(seq 1 100); do
 done
 echo "[e2e] code-server up on port $PORT; driving the workbench"
 set +e
-FUSELENS_E2E_CS_PID=$CSPID node tests/extension/e2e.js "http://127.0.0.1:$PORT/?folder=$RUN/ws" "$OUT" 2>&1 | tee "$OUT/driver.log"
+FUSELENS_E2E_CS_PID=$CSPID node tests/extension/e2e.js "http://127.0.0.1:$PORT/?folder=$RUN/ws" "$OUT" "http://127.0.0.1:$PORT/?folder=$RUN/ws-notorch" 2>&1 | tee "$OUT/driver.log"
 RC=${PIPESTATUS[0]}
 set -e
 if [ "$RC" != 0 ]; then

@@ -5,6 +5,7 @@
 import * as path from 'path';
 import * as fs from 'fs';
 import * as os from 'os';
+import * as cp from 'child_process';
 import * as vscode from 'vscode';
 import {
   CloseAction, ErrorAction, ExecuteCommandRequest, LanguageClient, LanguageClientOptions,
@@ -22,27 +23,161 @@ const restarts: number[] = [];
 
 // ------------------------------------------------------------------ server process
 
-async function pythonCommand(): Promise<string> {
-  const configured = vscode.workspace.getConfiguration('fuselens').get<string>('pythonPath', '').trim();
-  if (configured) { return configured; }
+// The server's state, shown by the status item whatever file is active.
+type ServerState = { kind: 'starting'; python: string } | { kind: 'ready'; python: string }
+  | { kind: 'failed'; reason: string; python?: string };
+let serverState: ServerState = { kind: 'starting', python: '' };
+
+// What the server imports, by module; pip's names for the ones the extension offers to install
+// (torch is the user's choice of build: the extension never installs it).
+const NEEDED = ['pygls', 'lsprotocol', 'libcst', 'torch'];
+const PIP_NAMES: Record<string, string> = { pygls: 'pygls>=2,<3', lsprotocol: 'lsprotocol', libcst: 'libcst' };
+
+type Interpreter = { command: string; origin: string };
+
+function workspaceVenv(): string | undefined {
+  const bin = process.platform === 'win32' ? path.join('Scripts', 'python.exe') : path.join('bin', 'python');
+  for (const f of vscode.workspace.workspaceFolders ?? []) {
+    for (const dir of ['.venv', 'venv']) {
+      const exe = path.join(f.uri.fsPath, dir, bin);
+      if (fs.existsSync(exe)) { return exe; }
+    }
+  }
+  return undefined;
+}
+
+function insideWorkspace(exe: string): boolean {
+  const abs = path.resolve(exe);
+  return (vscode.workspace.workspaceFolders ?? []).some(f => abs.startsWith(f.uri.fsPath + path.sep));
+}
+
+async function pythonExtensionApi(): Promise<any | undefined> {
   const py = vscode.extensions.getExtension('ms-python.python');
-  if (py) {
+  if (!py) { return undefined; }
+  try {
+    return py.isActive ? py.exports : await py.activate();
+  } catch (e) {
+    output.appendLine(`fuselens: could not ask the Python extension for its interpreter: ${e}`);
+    return undefined;
+  }
+}
+
+// The interpreter users expect: the setting; else the Python extension's selected one; else a
+// .venv/venv in the workspace; else python3. In restricted mode an interpreter inside the
+// workspace is the workspace's code, so it is not run.
+async function findInterpreter(): Promise<Interpreter> {
+  const configured = vscode.workspace.getConfiguration('fuselens').get<string>('pythonPath', '').trim();
+  if (configured) { return { command: configured, origin: 'the fuselens.pythonPath setting' }; }
+  const trusted = vscode.workspace.isTrusted;
+  const api = await pythonExtensionApi();
+  if (api?.environments) {
     try {
-      const api: any = py.isActive ? py.exports : await py.activate();
-      const envPath = api?.environments?.getActiveEnvironmentPath?.(vscode.workspace.workspaceFolders?.[0]?.uri);
-      if (envPath) {
-        const env = await api.environments.resolveEnvironment(envPath);
-        const exe: string | undefined = env?.executable?.uri?.fsPath ?? envPath.path;
-        // In restricted mode an interpreter inside the workspace is the workspace's code: don't run it.
-        const inside = (vscode.workspace.workspaceFolders ?? []).some(f => exe && path.resolve(exe).startsWith(f.uri.fsPath + path.sep));
-        if (exe && (vscode.workspace.isTrusted || !inside)) { return exe; }
-        if (exe) { output.appendLine(`fuselens: restricted mode: not starting ${exe} (inside the workspace); using python3`); }
-      }
+      const envPath = api.environments.getActiveEnvironmentPath?.(vscode.workspace.workspaceFolders?.[0]?.uri);
+      const env = envPath ? await api.environments.resolveEnvironment(envPath) : undefined;
+      const exe: string | undefined = env?.executable?.uri?.fsPath ?? envPath?.path;
+      if (exe && (trusted || !insideWorkspace(exe))) { return { command: exe, origin: "the Python extension's selected interpreter" }; }
+      if (exe) { output.appendLine(`fuselens: restricted mode: not starting ${exe} (inside the workspace)`); }
     } catch (e) {
       output.appendLine(`fuselens: could not ask the Python extension for its interpreter: ${e}`);
     }
   }
-  return 'python3';
+  const venv = workspaceVenv();
+  if (venv && trusted) { return { command: venv, origin: 'the workspace\'s virtual environment' }; }
+  if (venv) { output.appendLine(`fuselens: restricted mode: not starting ${venv} (inside the workspace)`); }
+  return { command: process.platform === 'win32' ? 'python' : 'python3', origin: 'the default (no interpreter selected, no .venv in the workspace)' };
+}
+
+type Check = { ok: true } | { ok: false; reason: string; missing: string[] };
+
+// Asks the interpreter what it lacks (find_spec: nothing is imported, so it takes ~50 ms).
+function checkInterpreter(py: Interpreter): Promise<Check> {
+  const script = 'import sys, json, importlib.util as u\n' +
+    `m = [n for n in ${JSON.stringify(NEEDED)} if u.find_spec(n) is None]\n` +
+    'if "pygls" not in m:\n' +
+    '    from importlib.metadata import version\n' +
+    '    try:\n        v = int(version("pygls").split(".")[0])\n    except Exception:\n        v = 0\n' +
+    '    if v < 2: m.append("pygls>=2")\n' +
+    'print(json.dumps({"missing": m, "version": list(sys.version_info[:2])}))';
+  return new Promise(resolve => {
+    cp.execFile(py.command, ['-c', script], { timeout: 30_000, cwd: os.tmpdir(), env: { ...process.env, PYTHONSAFEPATH: '1' } },
+      (err, stdout, stderr) => {
+        if (err && (err as any).code === 'ENOENT') {
+          resolve({ ok: false, missing: [], reason: `"${py.command}" (${py.origin}) was not found` });
+          return;
+        }
+        try {
+          const r = JSON.parse(stdout.trim().split('\n').pop() ?? '');
+          const [maj, min] = r.version;
+          if (maj < 3 || (maj === 3 && min < 10)) {
+            resolve({ ok: false, missing: [], reason: `${py.command} (${py.origin}) is Python ${maj}.${min}; fuselens needs 3.10 or newer` });
+          } else if (r.missing.length) {
+            resolve({ ok: false, missing: r.missing.map((m: string) => m.replace('>=2', '')),
+              reason: `${py.command} (${py.origin}) lacks ${r.missing.join(', ')}` });
+          } else {
+            resolve({ ok: true });
+          }
+        } catch {
+          resolve({ ok: false, missing: [], reason: `${py.command} (${py.origin}) did not run: ${(stderr || String(err)).trim().split('\n').pop()}` });
+        }
+      });
+  });
+}
+
+function setState(s: ServerState): void {
+  serverState = s;
+  updateStatus();
+}
+
+let notified = '';  // the failure last notified: the same one is not shown again
+
+async function notifyFailure(py: Interpreter | undefined, check: { reason: string; missing: string[] }): Promise<void> {
+  if (notified === check.reason) { return; }
+  notified = check.reason;
+  const installable = check.missing.filter(m => m in PIP_NAMES);
+  const buttons: string[] = [];
+  if (await pythonExtensionApi()) { buttons.push('Select interpreter'); }
+  buttons.push('Open setting');
+  if (py && installable.length && vscode.workspace.isTrusted) { buttons.push(`Install ${installable.join(', ')}`); }
+  const what = check.missing.includes('torch')
+    ? ' It needs torch (install the build for your machine) and pygls 2, lsprotocol and libcst.'
+    : ' It needs pygls 2, lsprotocol, libcst and torch.';
+  const pick = await vscode.window.showErrorMessage(
+    `fuselens: the language server cannot start: ${check.reason}.${what} Select an interpreter that has them, ` +
+    'set "fuselens.pythonPath", or install what is missing.', ...buttons);
+  if (pick === 'Select interpreter') {
+    await vscode.commands.executeCommand('python.setInterpreter');
+  } else if (pick === 'Open setting') {
+    await vscode.commands.executeCommand('workbench.action.openSettings', 'fuselens.pythonPath');
+  } else if (pick && py) {
+    await pipInstall(py, installable);
+  }
+}
+
+// pip, on the user's click, with progress; the result shown, and the server started after.
+async function pipInstall(py: Interpreter, modules: string[]): Promise<void> {
+  const specs = modules.map(m => PIP_NAMES[m]);
+  output.appendLine(`fuselens: ${py.command} -m pip install ${specs.join(' ')}`);
+  const result = await vscode.window.withProgress(
+    { location: vscode.ProgressLocation.Notification, title: `fuselens: installing ${modules.join(', ')} into ${py.command}`, cancellable: true },
+    (_p, token) => new Promise<{ code: number | null; tail: string }>(resolve => {
+      const child = cp.spawn(py.command, ['-m', 'pip', 'install', ...specs], { cwd: os.tmpdir() });
+      let tail = '';
+      const take = (b: Buffer) => { const s = b.toString(); output.append(s); tail = (tail + s).slice(-2000); };
+      child.stdout.on('data', take);
+      child.stderr.on('data', take);
+      child.on('error', e => resolve({ code: -1, tail: String(e) }));
+      child.on('close', code => resolve({ code, tail }));
+      token.onCancellationRequested(() => child.kill());
+    }));
+  if (result.code === 0) {
+    void vscode.window.showInformationMessage(`fuselens: installed ${modules.join(', ')}; starting the language server.`);
+    notified = '';
+    await restartServer();
+  } else {
+    const last = result.tail.trim().split('\n').filter(Boolean).pop() ?? '';
+    void vscode.window.showErrorMessage(`fuselens: pip could not install ${modules.join(', ')} into ${py.command}: ${last}`, 'Show output')
+      .then(b => { if (b) { output.show(); } });
+  }
 }
 
 function settingsObject(): any {
@@ -50,13 +185,38 @@ function settingsObject(): any {
   const c = vscode.workspace.getConfiguration('fuselens');
   return {
     informationSeverity: c.get('informationSeverity'),
+    uncompiledFunctions: c.get('uncompiledFunctions'),
     worker: { timeLimitSeconds: c.get('worker.timeLimitSeconds') },
     exampleInputs: { discovery: c.get('exampleInputs.discovery') },
   };
 }
 
+let extensionContext: vscode.ExtensionContext;
+let starting: Promise<void> | undefined;
+
+// Stops the server (if any) and starts it again: on a setting, interpreter or trust change.
+async function restartServer(): Promise<void> {
+  if (starting) { await starting.catch(() => undefined); }
+  restarts.length = 0;
+  const old = client;
+  client = undefined;
+  if (old) { await old.stop().catch(() => undefined); }
+  starting = startClient(extensionContext);
+  await starting;
+}
+
 async function startClient(ctx: vscode.ExtensionContext): Promise<void> {
-  const python = await pythonCommand();
+  const py = await findInterpreter();
+  setState({ kind: 'starting', python: py.command });
+  const check = await checkInterpreter(py);
+  if (!check.ok) {
+    output.appendLine(`fuselens: not starting the language server: ${check.reason}`);
+    setState({ kind: 'failed', reason: check.reason, python: py.command });
+    void notifyFailure(check.missing.length ? py : undefined, check);
+    return;
+  }
+  notified = '';
+  const python = py.command;
   // The .vsix bundles the server and the compiler; in a development checkout they are the
   // repository's own folders. Either way they go first on PYTHONPATH.
   const bundled = [path.join(ctx.extensionPath, 'server'), path.join(ctx.extensionPath, 'compiler')]
@@ -65,7 +225,7 @@ async function startClient(ctx: vscode.ExtensionContext): Promise<void> {
   env.PYTHONPATH = [...bundled, env.PYTHONPATH].filter(Boolean).join(path.delimiter);
   // Never import from the current folder (a workspace could shadow torch or fuselens_lsp).
   env.PYTHONSAFEPATH = '1';
-  output.appendLine(`fuselens: starting the language server: ${python} -m fuselens_lsp`);
+  output.appendLine(`fuselens: starting the language server: ${python} -m fuselens_lsp (${py.origin})`);
   const serverOptions: ServerOptions = {
     command: python, args: ['-m', 'fuselens_lsp'], transport: TransportKind.stdio,
     options: { env, cwd: os.tmpdir() },
@@ -75,37 +235,45 @@ async function startClient(ctx: vscode.ExtensionContext): Promise<void> {
     outputChannel: output,
     synchronize: { configurationSection: 'fuselens' },
     initializationOptions: { settings: settingsObject(), trusted: vscode.workspace.isTrusted },
+    // one notification of ours (the status item says the rest), not the client's generic ones
+    initializationFailedHandler: () => false,
     errorHandler: {
-      error: () => ({ action: ErrorAction.Continue }),
+      error: () => ({ action: ErrorAction.Continue, handled: true }),
       closed: () => {
         const now = Date.now();
         restarts.push(now);
         while (restarts.length && now - restarts[0] > 180_000) { restarts.shift(); }
         if (restarts.length <= 5) {
-          return { action: CloseAction.Restart, message: 'The fuselens language server stopped; restarting it.' };
+          setState({ kind: 'starting', python });
+          output.appendLine('fuselens: the language server stopped; restarting it');
+          return { action: CloseAction.Restart, handled: true };
         }
-        return {
-          action: CloseAction.DoNotRestart,
-          message: 'The fuselens language server stopped 5 times in 3 minutes and is not restarted. ' +
-            'See the "fuselens" output, then run "fuselens: Restart language server".',
-        };
+        const reason = `the language server (${python}) stopped 5 times in 3 minutes`;
+        setState({ kind: 'failed', reason, python });
+        return { action: CloseAction.DoNotRestart, message: `fuselens: ${reason} and is not restarted. ` +
+          'See the "fuselens" output, then run "fuselens: Restart language server".' };
       },
     },
   };
-  client = new LanguageClient('fuselens', 'fuselens', serverOptions, clientOptions);
-  client.onDidChangeState(e => {
+  const mine = new LanguageClient('fuselens', 'fuselens', serverOptions, clientOptions);
+  client = mine;
+  mine.onDidChangeState(e => {
+    if (client !== mine) { return; }
     if (e.newState === State.Running) {
-      client!.onNotification('fuselens/didChange', () => tree.refreshSoon());
-      void client!.sendNotification('fuselens/setTrusted', { trusted: vscode.workspace.isTrusted });
+      setState({ kind: 'ready', python });
+      void mine.sendNotification('fuselens/setTrusted', { trusted: vscode.workspace.isTrusted });
       tree.refreshSoon();
+    } else if (e.newState === State.Starting) {
+      setState({ kind: 'starting', python });
     }
   });
+  mine.onNotification('fuselens/didChange', () => tree.refreshSoon());
   try {
-    await client.start();
+    await mine.start();
   } catch (e) {
-    void vscode.window.showErrorMessage(
-      `fuselens: the language server did not start with "${python}" (${e}). It needs torch, pygls 2, ` +
-      `lsprotocol and libcst; set "fuselens.pythonPath" to an interpreter that has them.`);
+    const reason = `the language server did not start with ${python}: ${String(e).split('\n')[0]}`;
+    setState({ kind: 'failed', reason, python });
+    void notifyFailure(undefined, { reason, missing: [] });
   }
 }
 
@@ -114,6 +282,7 @@ async function startClient(ctx: vscode.ExtensionContext): Promise<void> {
 type Fn = {
   name: string; qualname: string; line: number; col: number; compiled: boolean; graphCount: number;
   breakCount: number; breaks: any[]; run: any | null; running: boolean; relevant: boolean; stale: boolean;
+  asRun?: boolean; quiet?: boolean;
 };
 type Doc = { uri: string; functions: Fn[]; syntaxError: [number, number, string] | null; stale: string[] };
 type Node =
@@ -208,16 +377,21 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
         if (run.status === 'ok') {
           const t = run.timings ?? {};
           if (t.eager && t.fuselens) {
-            let d = `eager ${ms(t.eager)} · fuselens ${ms(t.fuselens)} (${(t.eager / t.fuselens).toFixed(2)}×)`;
+            const cpu = !!t.cpu;
+            let d = `eager ${ms(t.eager)} · fuselens${cpu ? ' graphs as PyTorch' : ''} ${ms(t.fuselens)} (${(t.eager / t.fuselens).toFixed(2)}×)`;
             if (t.torchCompile) { d += ` · torch.compile ${ms(t.torchCompile)} (${(t.eager / t.torchCompile).toFixed(2)}×)`; }
-            out.push({ kind: 'info', label: 'Timings', description: d, icon: 'dashboard', tooltip: `${d}\non ${run.gpu}` });
+            out.push({ kind: 'info', label: cpu ? 'CPU times (no GPU)' : 'Timings', description: d, icon: 'dashboard',
+              tooltip: cpu ? `${d}\n${run.timingNote}` : `${d}\non ${run.gpu}` });
           } else if (run.timingNote) {
-            out.push({ kind: 'info', label: 'No GPU: kernels checked in the interpreter, not timed', tooltip: run.timingNote, icon: 'info' });
+            out.push({ kind: 'info', label: 'Not timed', tooltip: run.timingNote, icon: 'info' });
           }
           if (run.check) {
-            out.push({ kind: 'info', label: run.check.ok ? 'Output matches eager' : 'Output differs from eager',
-              description: run.check.ok ? '' : run.check.message, tooltip: run.check.message,
-              icon: run.check.ok ? 'pass' : 'error' });
+            const c = run.check;
+            const random = c.randomOps?.length ? ` (random ops: ${c.randomOps.join(', ')})` : '';
+            const label = c.ok ? (c.evalMode ? 'Output matches eager in eval mode' : 'Output matches eager')
+              : random ? 'Output not comparable' : 'Output differs from eager';
+            out.push({ kind: 'info', label: label + random, description: c.ok && !c.evalMode ? '' : c.message, tooltip: c.message,
+              icon: c.ok ? 'pass' : random ? 'info' : 'error' });
           }
           if (run.hasTransformedSource) {
             out.push({ kind: 'info', label: 'Show transformed code', icon: 'go-to-file', command: {
@@ -268,7 +442,8 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
         const it = new vscode.TreeItem(f.qualname, f.run || f.breakCount || f.running ? C.Expanded : C.Collapsed);
         const parts = [`${f.graphCount} graph${f.graphCount === 1 ? '' : 's'}`, `${f.breakCount} break${f.breakCount === 1 ? '' : 's'}`];
         if (f.run?.speedup) { parts.push(`${f.run.speedup.toFixed(2)}× vs eager`); }
-        it.description = parts.join(' · ') + (f.compiled ? '' : ' · not compiled') + (f.stale ? ' · stale' : '');
+        it.description = parts.join(' · ') + (f.asRun ? ' · as run' : f.compiled ? '' : ' · not compiled') + (f.stale ? ' · stale' : '');
+        if (f.asRun) { it.tooltip = 'Graphs and breaks of the last Compile & benchmark run on this text of the file'; }
         it.iconPath = new vscode.ThemeIcon(f.breakCount ? 'debug-breakpoint-unverified' : 'symbol-function');
         it.contextValue = f.run?.hasTransformedSource ? 'function-compiled-run' : 'function';
         it.id = `${node.uri}#${f.qualname}`;
@@ -410,11 +585,33 @@ function viewerColumn(sourceUri: string): vscode.ViewColumn {
   return src?.viewColumn ? src.viewColumn + 1 : vscode.ViewColumn.Beside;
 }
 
-// The status bar item: the active file's graph breaks, or why its results are stale.
+// The status bar item: the server's state until it is ready; then the active file's graph
+// breaks, or why its results are stale.
 function updateStatus(): void {
+  if (!status) { return; }
+  const st = serverState;
+  if (st.kind !== 'ready') {
+    if (st.kind === 'starting') {
+      status.text = '$(sync~spin) fuselens: starting';
+      status.tooltip = `Starting the fuselens language server${st.python ? ` with ${st.python}` : ''}`;
+      status.command = 'fuselens.showOutput';
+    } else {
+      status.text = '$(error) fuselens: not running';
+      status.tooltip = `The fuselens language server is not running: ${st.reason}.\nClick for what to do.`;
+      status.command = 'fuselens.showServerProblem';
+    }
+    status.show();
+    return;
+  }
   const ed = vscode.window.activeTextEditor;
   const d = ed && ed.document.languageId === 'python' ? tree.docFor(ed.document.uri.toString()) : undefined;
-  if (!d) { status.hide(); return; }
+  if (!d) {
+    status.text = '$(check) fuselens';
+    status.tooltip = `The fuselens language server is running (${st.python})`;
+    status.command = 'fuselens.functions.focus';
+    status.show();
+    return;
+  }
   const breaks = d.functions.filter(f => f.compiled).reduce((n, f) => n + f.breakCount, 0);
   if (d.syntaxError) {
     const [line, , msg] = d.syntaxError;
@@ -433,7 +630,11 @@ function updateStatus(): void {
 }
 
 async function compileAndBenchmark(arg?: any, qualname?: string): Promise<void> {
-  if (!client) { return; }
+  if (!client || serverState.kind !== 'ready') {
+    const why = serverState.kind === 'failed' ? `is not running: ${serverState.reason}` : 'is still starting';
+    void vscode.window.showWarningMessage(`fuselens: the language server ${why}.`);
+    return;
+  }
   let uri: string | undefined;
   let target: any;
   if (typeof arg === 'string') { uri = arg; target = qualname; }
@@ -448,9 +649,19 @@ async function compileAndBenchmark(arg?: any, qualname?: string): Promise<void> 
     target = { line: ed.selection.active.line, character: ed.selection.active.character };
   }
   tree.refreshSoon();
-  const r: any = await client.sendRequest(ExecuteCommandRequest.type,
+  let r: any = await client.sendRequest(ExecuteCommandRequest.type,
     { command: 'fuselens.server.compileAndBenchmark', arguments: [uri, target] });
   await tree.refresh();
+  if (r?.canRunMain) {
+    // found no inputs without running anything: running the `__main__` block is the user's call
+    const run = 'Run the __main__ block';
+    const pick = await vscode.window.showWarningMessage(`fuselens: Compile & benchmark \`${r.qualname}\`: ${r.message}`, run);
+    if (pick === run && client) {
+      r = await client.sendRequest(ExecuteCommandRequest.type,
+        { command: 'fuselens.server.compileAndBenchmark', arguments: [uri, r.qualname, { runMain: true }] });
+      await tree.refresh();
+    }
+  }
   if (r?.qualname) { await revealFunction(uri!, r.qualname); }
 }
 
@@ -462,6 +673,7 @@ async function revealFunction(uri: string, qualname: string): Promise<void> {
 }
 
 export async function activate(ctx: vscode.ExtensionContext): Promise<void> {
+  extensionContext = ctx;
   output = vscode.window.createOutputChannel('fuselens', { log: true });
   tree = new FunctionsProvider();
   kernelDocs = new KernelDocs();
@@ -503,23 +715,38 @@ export async function activate(ctx: vscode.ExtensionContext): Promise<void> {
       const doc = await vscode.workspace.openTextDocument(vscode.Uri.from({ scheme: SCHEME, path: `/${qualname}.transformed.py`, query: q }));
       await vscode.window.showTextDocument(doc, { preview: true, viewColumn: viewerColumn(uri) });
     }),
-    vscode.commands.registerCommand('fuselens.restartServer', async () => {
-      restarts.length = 0;
-      if (client) { await client.stop().catch(() => undefined); client = undefined; }
-      await startClient(ctx);
+    vscode.commands.registerCommand('fuselens.restartServer', () => { notified = ''; return restartServer(); }),
+    vscode.commands.registerCommand('fuselens.showOutput', () => output.show()),
+    vscode.commands.registerCommand('fuselens.showServerProblem', async () => {
+      if (serverState.kind !== 'failed') { output.show(); return; }
+      notified = '';
+      const py = await findInterpreter();
+      const check = await checkInterpreter(py);
+      if (check.ok) { await restartServer(); return; }
+      await notifyFailure(check.missing.length ? py : undefined, check);
     }),
     vscode.window.onDidChangeTextEditorSelection(e => kernelDocs.followCursor(e.textEditor)),
     vscode.window.onDidChangeActiveTextEditor(ed => { kernelDocs.followCursor(ed); updateStatus(); }),
-    vscode.workspace.onDidGrantWorkspaceTrust(() => {
-      void client?.sendNotification('fuselens/setTrusted', { trusted: true });
-    }),
+    // trusted now: an interpreter inside the workspace may be run, and the server may run code
+    vscode.workspace.onDidGrantWorkspaceTrust(() => { notified = ''; void restartServer(); }),
     vscode.workspace.onDidChangeConfiguration(e => {
-      if (e.affectsConfiguration('fuselens.pythonPath')) {
-        void vscode.commands.executeCommand('fuselens.restartServer');
-      }
+      if (e.affectsConfiguration('fuselens.pythonPath')) { notified = ''; void restartServer(); }
     }),
   );
-  await startClient(ctx);
+  // the Python extension's interpreter changed: the server runs on the new one
+  const api = await pythonExtensionApi();
+  const onEnv = api?.environments?.onDidChangeActiveEnvironmentPath;
+  if (typeof onEnv === 'function') {
+    ctx.subscriptions.push(onEnv(() => {
+      if (!vscode.workspace.getConfiguration('fuselens').get<string>('pythonPath', '').trim()) { notified = ''; void restartServer(); }
+    }));
+  }
+  // a .venv made after the window opened: picked up when nothing was found before
+  const venvs = vscode.workspace.createFileSystemWatcher('**/{.venv,venv}/{bin/python,Scripts/python.exe}');
+  venvs.onDidCreate(() => { if (serverState.kind === 'failed') { notified = ''; void restartServer(); } });
+  ctx.subscriptions.push(venvs);
+  starting = startClient(ctx);
+  await starting;
 }
 
 export async function deactivate(): Promise<void> {

@@ -27,6 +27,8 @@ SEVERITIES = {
 @dataclass
 class Settings:
     information_severity: str = "information"   # for functions that use torch but are not compiled
+    #: which of those get diagnostics: "reachable" (from something compiled or a `forward`) or "all"
+    uncompiled_functions: str = "reachable"
     time_limit_s: float = 120.0
     discovery: tuple[str, ...] = ("comment", "main", "pytest")
 
@@ -38,6 +40,8 @@ class Settings:
         sev = d.get("informationSeverity")
         if isinstance(sev, str) and (sev in SEVERITIES or sev == "off"):
             s.information_severity = sev
+        if d.get("uncompiledFunctions") in ("reachable", "all"):
+            s.uncompiled_functions = d["uncompiledFunctions"]
         worker = d.get("worker") or {}
         tl = worker.get("timeLimitSeconds", d.get("worker.timeLimitSeconds"))
         if isinstance(tl, (int, float)) and tl > 0:
@@ -149,13 +153,15 @@ class FunctionInfo:
     graph_count: int
     breaks: list = field(default_factory=list)       # GraphBreak values (unsuppressed)
     suppressed: int = 0
+    #: reached from nothing compiled and no `forward` (reachability.py): no diagnostics, no lens
+    quiet: bool = False
 
     def to_json(self, stale: bool = False) -> dict:
         return {
             "stale": stale, "name": self.name, "qualname": self.qualname, "line": self.line - 1, "col": self.col,
             "endLine": self.end_line - 1, "endCol": self.end_col, "compiled": self.compiled,
             "usesTorch": self.uses_torch, "graphCount": self.graph_count,
-            "breakCount": len(self.breaks), "suppressed": self.suppressed,
+            "breakCount": len(self.breaks), "suppressed": self.suppressed, "quiet": self.quiet,
             "breaks": [break_json(b) for b in self.breaks],
         }
 
@@ -303,13 +309,22 @@ def _severity(fn, settings: Settings) -> lsp.DiagnosticSeverity | None:
     return SEVERITIES[settings.information_severity]
 
 
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+def plain_text(text: str) -> str:
+    """Markdown code spans as quoted text: the editor shows a diagnostic's message as plain
+    text (hovers, Problems), where backticks would show as they are."""
+    return _CODE_SPAN.sub(r"'\1'", text)
+
+
 def _message(b) -> str:
     msg = f"{b.title}: {b.explanation}"
     if b.hint:
         msg += f"\nHint: {b.hint}"
     if b.torch_code:
         msg += f"\n(torch.compile: {b.torch_code})"
-    return msg
+    return plain_text(msg)
 
 
 def analyze(source: str, uri: str, filename: str, version: int | None,
@@ -332,19 +347,26 @@ def analyze(source: str, uri: str, filename: str, version: int | None,
     # FunctionAnalysis object, at the same place in an unchanged text: its ranges are reused
     memo = cache.memo if cache is not None else {}
     fresh = {}
+    reached = None
+    if settings.uncompiled_functions == "reachable":
+        from .reachability import reachable
+        reached = reachable(source, {fa.qualname for fa in analysis.functions if fa.compiled})
     for fa in analysis.functions:
         if not (fa.compiled or fa.uses_torch or fa.qualname in on_path):
             continue
-        sev = _severity(fa, settings)
+        # never captured (an `__init__` helper, a script's function): no claim made, no lens; it
+        # is still listed, for Compile & benchmark
+        quiet = not (fa.compiled or fa.qualname in on_path or reached is None or fa.qualname in reached)
+        sev = None if quiet else _severity(fa, settings)
         got = memo.get(id(fa))
-        if got is None or got[0] is not fa or got[1] != sev:
-            kept = [b for b in fa.breaks if not is_suppressed(lines, b)]
-            got = (fa, sev, kept, _entries(fa, kept, codec, uri, filename) if sev is not None else [])
+        if got is None or got[0] is not fa or got[1] != (sev, quiet):
+            kept = [] if quiet else [b for b in fa.breaks if not is_suppressed(lines, b)]
+            got = (fa, (sev, quiet), kept, _entries(fa, kept, codec, uri, filename) if sev is not None else [])
         fresh[id(fa)] = got
         kept = got[2]
         functions.append(FunctionInfo(fa.name, fa.qualname, fa.line, fa.col, fa.end_line, fa.end_col,
                                       fa.compiled, fa.uses_torch, fa.graph_count, kept,
-                                      len(fa.breaks) - len(kept)))
+                                      0 if quiet else len(fa.breaks) - len(kept), quiet))
         for key, rng, b, related in got[3]:
             d = by_key.get(key)
             if d is None:

@@ -132,10 +132,24 @@ def _replace(module, target, replacement) -> cst.Module:
 
 # ---------------------------------------------------------------- the rewrites
 
-def rewrite_guard_side_effect(tree: _Tree, start, end) -> str:
-    """`print(...)` / `logger.info(...)` statement → guarded by `if not torch.compiler.is_compiling():`."""
+#: calls that only report (their statement may be skipped under compilation)
+_REPORTING = {"print", "debug", "info", "warning", "warn", "error", "critical", "exception", "log",
+              "warning_once", "info_once"}
+
+
+def _reports(call: cst.Call) -> bool:
+    f = call.func
+    name = f.value if isinstance(f, cst.Name) else f.attr.value if isinstance(f, cst.Attribute) else None
+    return name in _REPORTING
+
+
+def rewrite_guard_side_effect(tree: _Tree, start, end, only_reporting: bool = False) -> str:
+    """`print(...)` / `logger.info(...)` statement → guarded by `if not torch.compiler.is_compiling():`.
+    `only_reporting`: the break lies in the call's arguments (`print(loss.item())`), so only a
+    statement that just reports is guarded."""
     for stmt in tree.nodes_covering(start, end, cst.SimpleStatementLine):
-        if len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Expr) and isinstance(stmt.body[0].value, cst.Call):
+        if len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Expr) and isinstance(stmt.body[0].value, cst.Call) \
+                and (not only_reporting or _reports(stmt.body[0].value)):
             module, torch_name = _ensure_torch_import(tree.module)
             guarded = cst.If(
                 test=cst.parse_expression(f"not {torch_name}.compiler.is_compiling()"),
@@ -144,7 +158,13 @@ def rewrite_guard_side_effect(tree: _Tree, start, end) -> str:
             # _ensure_torch_import returns a new module whose unchanged statements are the same
             # objects, so the target is still found by identity.
             return _replace(module, stmt, guarded).code
-    raise NoFix("the call is not a statement of its own")
+    raise NoFix("the call is not a statement of its own" + (" that prints or logs" if only_reporting else ""))
+
+
+def rewrite_guard_reporting(tree: _Tree, start, end) -> str:
+    """A break in the arguments of a print or logging call (`print(loss.item())`): the call,
+    guarded."""
+    return rewrite_guard_side_effect(tree, start, end, only_reporting=True)
 
 
 def _is_item_call(node) -> bool:
@@ -329,11 +349,16 @@ def suppression_edit(lines: list[str], line: int, code: str) -> tuple:
     return (line - 1, len(stripped), line - 1, len(text), f"  # fuselens: ignore[{code}]")
 
 
+_GUARD = "Guard with `if not torch.compiler.is_compiling():`"
+#: code -> the rewrites tried, each offered when it leaves the function with fewer breaks
 REWRITES = {
-    "FL100": ("Guard with `if not torch.compiler.is_compiling():`", rewrite_guard_side_effect, False),
-    "FL101": ("Guard with `if not torch.compiler.is_compiling():`", rewrite_guard_side_effect, False),
-    "FL110": ("Keep the 0-d tensor (drop `.item()`)", rewrite_item, True),
-    "FL120": ("Select with `torch.where` instead of branching", rewrite_where, False),
+    "FL100": [(_GUARD, rewrite_guard_side_effect, False)],
+    "FL101": [(_GUARD, rewrite_guard_side_effect, False)],
+    "FL110": [("Keep the 0-d tensor (drop `.item()`)", rewrite_item, True),
+              (_GUARD, rewrite_guard_reporting, False)],
+    "FL111": [(_GUARD, rewrite_guard_reporting, False)],
+    "FL113": [(_GUARD, rewrite_guard_reporting, False)],
+    "FL120": [("Select with `torch.where` instead of branching", rewrite_where, False)],
 }
 
 
@@ -344,9 +369,7 @@ def fixes_for_break(source: str, filename: str, brk: dict, qualname: str,
     lines = split_lines(source)
     code = brk["code"]
     line, end_line = brk["line"] + 1, brk["endLine"] + 1
-    spec = REWRITES.get(code)
-    if spec is not None:
-        title, fn, preferred = spec
+    for title, fn, preferred in REWRITES.get(code, ()):
         try:
             tree = _Tree(source)
             start = (line, _char_col(lines, line, brk["col"]))

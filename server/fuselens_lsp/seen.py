@@ -12,7 +12,7 @@ import os
 from lsprotocol import types as lsp
 from pygls.uris import from_fs_path
 
-from .analysis import SOURCE, PositionCodec
+from .analysis import SOURCE, PositionCodec, plain_text
 
 
 def _inside(path: str, roots: list[str]) -> bool:
@@ -53,7 +53,7 @@ def seen_diagnostics(qualname: str, breaks: list[dict], roots: list[str], docs: 
             mtime = os.stat(path).st_mtime_ns
         except OSError:
             mtime = None
-        d = lsp.Diagnostic(range=_range(codec, loc), message=message, severity=lsp.DiagnosticSeverity.Warning,
+        d = lsp.Diagnostic(range=_range(codec, loc), message=plain_text(message), severity=lsp.DiagnosticSeverity.Warning,
                            code=b["code"], code_description=lsp.CodeDescription(href=b["docUrl"]) if b.get("docUrl") else None,
                            source=SOURCE, related_information=related or None,
                            data={"qualname": qualname, "code": b["code"], "seenAtRunTime": True})

@@ -19,6 +19,7 @@ import gc
 import logging
 import os
 import re
+import sys
 import time
 import traceback
 import uuid
@@ -28,7 +29,8 @@ from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
 from . import __version__
-from .analysis import PositionCodec, Result, Settings, analyze, break_json, function_at, split_lines
+from .analysis import (PositionCodec, Result, Settings, analyze, break_json, function_at, plain_text,
+                       split_lines)
 from .compile_sites import CompileSites
 from .documents import LspLinesWorkspace
 from .incremental import IncrementalAnalyzer
@@ -154,23 +156,64 @@ class FuselensServer(LanguageServer):
             seen = None
         diags = list(seen["diagnostics"]) if seen else []
         have = {_diag_key(d) for d in diags}
-        diags += [d for d in (res.diagnostics if res else []) if _diag_key(d) not in have]
+        ran = seen.get("ran", {}) if seen else {}
+        for d in (res.diagnostics if res else []):
+            if _diag_key(d) in have:
+                continue
+            q = (d.data or {}).get("qualname")
+            if q in ran:  # a run of `q` on this text did not break here: a hint, out of Problems
+                d = lsp.Diagnostic(range=d.range, severity=lsp.DiagnosticSeverity.Hint, code=d.code,
+                                   code_description=d.code_description, source=d.source,
+                                   related_information=d.related_information, data={**d.data, "notSeenAtRunTime": True},
+                                   message=d.message + f"\n(not seen when Compile & benchmark ran '{q}' on its "
+                                                       "example inputs: another input may still break here)")
+            diags.append(d)
         diags.sort(key=lambda d: (d.range.start.line, d.range.start.character))
         self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
             uri=uri, version=res.version if res else None, diagnostics=diags))
 
-    def record_run_breaks(self, qualname: str, breaks: list[dict]) -> None:
+    def record_run_breaks(self, qualname: str, breaks: list[dict], run_uri: str, result: dict) -> None:
         """Publishes the breaks a run's concrete capture found, on every workspace file they occur
-        in: at the break, and at each call on the way to it that is in another workspace file."""
+        in: at the break, and at each call on the way to it that is in another workspace file.
+        In the run's own file, the run replaces the analysis' guesses about `qualname` (its
+        counts, and its diagnostics the run did not meet) until the file changes."""
         from .seen import seen_diagnostics
         roots = [os.path.realpath(r) for r in self.workspace_roots()]
         docs = {os.path.realpath(self.filename(u)): d for u, d in self.workspace.text_documents.items()}
         found = seen_diagnostics(qualname, breaks, roots, docs)
+        run_path = os.path.realpath(self.filename(run_uri))
+        if run_path not in found:
+            doc = self.workspace.text_documents.get(run_uri)
+            found[run_path] = ([], doc, _mtime(run_path))
         for path, (diags, doc, mtime) in found.items():
             uri = doc.uri if doc is not None else _path_uri(path)
-            self.seen[uri] = {"diagnostics": diags, "version": doc.version if doc is not None else None,
-                              "path": path, "mtime": mtime}
+            entry = {"diagnostics": diags, "version": doc.version if doc is not None else None,
+                     "path": path, "mtime": mtime, "ran": {}}
+            old = self.seen.get(uri)
+            if old is not None and _unchanged(old, doc):  # other functions' runs on this text stay
+                entry["diagnostics"] = [d for d in old["diagnostics"] if (d.data or {}).get("qualname") != qualname] + diags
+                entry["ran"] = {q: r for q, r in old.get("ran", {}).items() if q != qualname}
+            if path == run_path:
+                entry["ran"][qualname] = {"graphCount": result.get("graphCount"),
+                                          "breaks": [b for b in breaks if b.get("filename") and
+                                                     os.path.realpath(b["filename"]) == run_path]}
+            self.seen[uri] = entry
             self.publish(uri)
+        self.refresh_code_lenses()
+
+    def refresh_code_lenses(self) -> None:
+        """Asks the client for the code lenses again (their counts are the run's now)."""
+        caps = self.client_capabilities
+        ws = caps.workspace if caps else None
+        if ws and ws.code_lens and ws.code_lens.refresh_support:
+            self.workspace_code_lens_refresh(None)
+
+    def run_counts(self, uri: str, qualname: str) -> dict | None:
+        """{graphCount, breaks} of the run of `qualname` on this text of the document, if any."""
+        seen = self.seen.get(uri)
+        if seen is None or not _unchanged(seen, self.workspace.text_documents.get(uri)):
+            return None
+        return seen.get("ran", {}).get(qualname)
 
     async def current(self, uri: str) -> Result | None:
         """The analysis of the document's current version, waiting for a pending one."""
@@ -257,6 +300,10 @@ def on_initialized(ls: FuselensServer, params: lsp.InitializedParams):
     # `initialize` is answered without torch; import it now, in the analysis thread, so that it
     # is (mostly) there when the first file opens
     ls.analysis_pool.submit(_warm_up)
+    try:
+        CLIENT_LOG.loop = asyncio.get_running_loop()
+    except RuntimeError:  # not on the loop's thread: warnings stay on stderr
+        pass
 
 
 def _warm_up():
@@ -365,10 +412,16 @@ async def code_lens(ls: FuselensServer, params: lsp.CodeLensParams):
     codec, old = PositionCodec(res.source), PositionCodec(res.stale_source)
     lenses = []
     for f in res.functions:
+        if f.quiet:
+            continue
         stale = f.qualname in res.stale
         rng = (old if stale else codec).range(f.line, f.col, f.line, f.col)
         kind = "compiled" if f.compiled else "not compiled"
-        title = f"fuselens: {_plural(f.graph_count, 'graph')}, {_plural(len(f.breaks), 'graph break')} ({kind})"
+        ran = None if stale else ls.run_counts(uri, f.qualname)
+        if ran is not None:
+            title = f"fuselens: {_plural(ran['graphCount'], 'graph')}, {_plural(len(ran['breaks']), 'graph break')} (as run)"
+        else:
+            title = f"fuselens: {_plural(f.graph_count, 'graph')}, {_plural(len(f.breaks), 'graph break')} ({kind})"
         if stale:
             lines = len(codec.lines)
             if rng.start.line >= lines:
@@ -452,7 +505,7 @@ async def code_action(ls: FuselensServer, params: lsp.CodeActionParams):
                 edit = lsp.TextEdit(range=lsp.Range(start=s, end=e), new_text=text)
                 title = fx.title
             actions.append(lsp.CodeAction(
-                title=title, kind=lsp.CodeActionKind.QuickFix, diagnostics=[d],
+                title=plain_text(title), kind=lsp.CodeActionKind.QuickFix, diagnostics=[d],
                 is_preferred=fx.preferred,
                 edit=lsp.WorkspaceEdit(document_changes=[lsp.TextDocumentEdit(
                     text_document=lsp.OptionalVersionedTextDocumentIdentifier(uri=uri, version=res.version),
@@ -489,12 +542,15 @@ def _function_for(res: Result, target):
 
 @server.command(CMD_COMPILE)
 async def compile_and_benchmark(ls: FuselensServer, *args):
-    """Arguments: uri, then a qualname or a position {line, character} (0-based)."""
+    """Arguments: uri, then a qualname or a position {line, character} (0-based), then options
+    {runMain: true} when the user picked running the file's `__main__` block to find inputs (it
+    runs their script, so it is never done unasked)."""
     if len(args) == 1 and isinstance(args[0], (list, tuple)):
         args = tuple(args[0])
     if len(args) < 2:
         return {"ok": False, "error": "Compile & benchmark needs a file and a function."}
     uri, target = args[0], args[1]
+    run_main = bool(len(args) > 2 and isinstance(args[2], dict) and args[2].get("runMain"))
     if not ls.trusted:
         msg = ("Compile & benchmark runs your code, so it needs a trusted workspace. "
                "Diagnostics and fixes work in restricted mode.")
@@ -519,9 +575,12 @@ async def compile_and_benchmark(ls: FuselensServer, *args):
     if key in ls.running:
         return {"ok": False, "error": f"`{fn.qualname}` is already being compiled."}
     path = ls.filename(uri)
+    discovery = ["main"] if run_main else [w for w in ls.settings.discovery if w != "main"]
+    # the file's `__main__` block could give inputs, but running it runs the user's script: asked
+    main_offered = not run_main and "main" in ls.settings.discovery and MAIN_BLOCK_RE.search(res.source) is not None
     job = {"path": path, "source": res.source, "qualname": fn.qualname, "def_line": fn.line,
-           "discovery": list(ls.settings.discovery), "roots": ls.workspace_roots(),
-           "tests": ls.find_tests(fn.name) if "pytest" in ls.settings.discovery else []}
+           "discovery": discovery, "roots": ls.workspace_roots(),
+           "tests": ls.find_tests(fn.name) if "pytest" in discovery else []}
     cancel = asyncio.Event()
     ls.running[key] = cancel
     token = str(uuid.uuid4())
@@ -562,12 +621,18 @@ async def compile_and_benchmark(ls: FuselensServer, *args):
                "uri": uri, "message": outcome.message, "stderr": outcome.stderr_tail[-4000:]}
     if outcome.result is not None:
         summary["result"] = outcome.result
-    if outcome.result is not None and outcome.result.get("breaks"):
-        ls.record_run_breaks(fn.qualname, outcome.result["breaks"])
+    if outcome.status == "ok":
+        ls.record_run_breaks(fn.qualname, outcome.result["breaks"], uri, outcome.result)
     if outcome.status == "ok":
         summary["message"] = _summary_message(fn.qualname, outcome.result)
         ls.runs[key] = summary
         ls.window_show_message(lsp.ShowMessageParams(type=lsp.MessageType.Info, message=summary["message"]))
+    elif main_offered and (outcome.result or {}).get("noInputs"):
+        # the client asks whether to run the `__main__` block (fuselens.compileAndBenchmark)
+        summary["canRunMain"] = True
+        summary["message"] += ("\nThe file's `if __name__ == \"__main__\":` block was not run: running it "
+                               "runs your script (its training steps, prints and writes).")
+        ls.runs[key] = summary
     else:
         ls.runs[key] = summary
         prefix = f"fuselens: Compile & benchmark `{fn.qualname}`: "
@@ -580,24 +645,35 @@ async def compile_and_benchmark(ls: FuselensServer, *args):
     return _jsonable(summary)
 
 
+MAIN_BLOCK_RE = re.compile(r"^if\s+__name__\s*==\s*['\"]__main__['\"]\s*:", re.M)
+
+
 def _summary_message(qualname, r: dict) -> str:
     kernels = sum(len(g["kernels"]) for g in r.get("graphs", []))
     check = r.get("check", {})
-    parts = [f"fuselens: `{qualname}`: {_plural(r.get('graphCount', len(r.get('graphs', []))), 'graph')}, "
-             f"{_plural(kernels, 'kernel')}; output {check.get('message', 'not checked')}" if check.get("ok")
-             else f"fuselens: `{qualname}`: OUTPUT DIFFERS FROM EAGER: {check.get('message')}"]
+    head = f"fuselens: `{qualname}`: {_plural(r.get('graphCount', len(r.get('graphs', []))), 'graph')}, " \
+           f"{_plural(kernels, 'kernel')}; "
+    if check.get("ok"):
+        parts = [head + f"output {check.get('message', 'not checked')}"]
+    elif check.get("randomOps"):  # not a compiler error: the message says why they differ
+        parts = [head + f"output {check.get('message')}"]
+    else:
+        parts = [f"fuselens: `{qualname}`: OUTPUT DIFFERS FROM EAGER: {check.get('message')}"]
     t = r.get("timings") or {}
     if t.get("eager") and t.get("fuselens"):
-        s = f"eager {t['eager']:.3f} ms, fuselens {t['fuselens']:.3f} ms ({t['eager'] / t['fuselens']:.2f}×)"
+        cpu = t.get("cpu")
+        s = (f"CPU times: eager {t['eager']:.3f} ms, fuselens's graphs as plain PyTorch {t['fuselens']:.3f} ms"
+             if cpu else f"eager {t['eager']:.3f} ms, fuselens {t['fuselens']:.3f} ms")
+        s += f" ({t['eager'] / t['fuselens']:.2f}×)"
         if t.get("torchCompile"):
-            s += f", torch.compile {t['torchCompile']:.3f} ms ({t['eager'] / t['torchCompile']:.2f}×)"
+            s += f", torch.compile{' (CPU)' if cpu else ''} {t['torchCompile']:.3f} ms ({t['eager'] / t['torchCompile']:.2f}×)"
         elif t.get("torchCompileError"):
             s += f", torch.compile failed ({t['torchCompileError']})"
         parts.append(s)
-    elif r.get("timingNote"):
+    if r.get("timingNote"):
         parts.append(r["timingNote"])
     parts.append(f"inputs: {r.get('inputs')}")
-    return ". ".join(parts)
+    return ". ".join(p.rstrip(". ") for p in parts)
 
 
 def _jsonable(v):
@@ -663,6 +739,11 @@ async def req_functions(ls: FuselensServer, params):
         for f in res.functions:
             j = f.to_json(stale=f.qualname in res.stale)
             j["run"] = _run_view(ls.runs.get((uri, f.qualname)))
+            ran = None if j["stale"] else ls.run_counts(uri, f.qualname)
+            if ran is not None:  # the run's graphs and breaks, not the analysis' guess
+                j.update(graphCount=ran["graphCount"], breakCount=len(ran["breaks"]), asRun=True,
+                         breaks=[{k: b[k] for k in ("code", "title", "line", "col", "endLine", "endCol", "explanation",
+                                                    "hint", "docUrl", "torchCode", "function")} for b in ran["breaks"]])
             j["running"] = (uri, f.qualname) in ls.running
             j["relevant"] = bool(f.compiled or j["run"] or j["running"] or (path, f.qualname) in on_path)
             fns.append(j)
@@ -719,6 +800,29 @@ def req_transformed(ls: FuselensServer, params):
     return {"source": r.get("transformedSource", ""), "explanation": r.get("explanation", "")}
 
 
+class _ClientLog(logging.Handler):
+    """Log records (and Python warnings, e.g. torch's UserWarnings) go to the client's log at
+    their own level: on stderr the client logs every line as an error."""
+
+    loop = None  # the server's event loop, once the client is initialized (stderr until then)
+
+    def emit(self, record):
+        if self.loop is None:
+            sys.stderr.write(self.format(record) + "\n")
+            return
+        mtype = lsp.MessageType.Error if record.levelno >= logging.ERROR else lsp.MessageType.Warning
+        params = lsp.LogMessageParams(type=mtype, message=self.format(record))
+        try:
+            self.loop.call_soon_threadsafe(server.window_log_message, params)
+        except RuntimeError:  # the loop has stopped: the server is exiting
+            pass
+
+
+CLIENT_LOG = _ClientLog(logging.WARNING)
+
+
 def start(stdin=None, stdout=None) -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    CLIENT_LOG.setFormatter(logging.Formatter("%(name)s %(levelname)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[CLIENT_LOG])
+    logging.captureWarnings(True)
     server.start_io(stdin, stdout)

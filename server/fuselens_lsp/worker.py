@@ -19,6 +19,7 @@ import traceback
 import types
 
 from . import examples
+from .run_checks import eval_mode, modules_in, plain_pytorch_graphs, random_ops, time_cpu
 
 _PROTO = None
 
@@ -34,6 +35,10 @@ def progress(message: str, percentage: int | None = None) -> None:
 
 class UserError(Exception):
     """A problem the user can fix (no inputs, bad example comment, function not found)."""
+
+
+class NoInputs(UserError):
+    """None of the ways tried found example inputs."""
 
 
 class _Recorded(BaseException):
@@ -249,7 +254,7 @@ def find_inputs(job, device, log):
                     return fn, args, kwargs, f"recorded from {os.path.basename(test_path)}::{tname}"
             tried.append("no pytest test in the workspace calls the function" if not job.get("tests")
                          else "the tests that mention the function did not call it")
-    raise UserError("No example inputs for `" + qualname + "` (" + "; ".join(tried) + ").\n" + examples.HOW_TO)
+    raise NoInputs("No example inputs for `" + qualname + "` (" + "; ".join(tried) + ").\n" + examples.HOW_TO)
 
 
 def load_module(path, source, modname):
@@ -414,6 +419,28 @@ def break_json(b) -> dict:
                       for f in b.stack]}
 
 
+def _check_random(fn, args, kwargs, compiled, plain_check: dict) -> dict:
+    """A failed check, explained when random ops make eager and fuselens differ by design:
+    checked again with the call's modules in eval mode where that removes them."""
+    import torch
+    ops = random_ops(lambda: fn(*_detach_copy(args), **_detach_copy(kwargs)))
+    if not ops:
+        return plain_check
+    why = (f"differs from eager through random ops ({', '.join(ops)}): a compiled graph draws its "
+           f"random numbers its own way, so train-mode outputs cannot match ({plain_check['message']})")
+    with eval_mode(modules_in(fn, args, kwargs)):
+        left = random_ops(lambda: fn(*_detach_copy(args), **_detach_copy(kwargs)))
+        if left:
+            return {"ok": False, "randomOps": ops, "maxAbsErr": plain_check.get("maxAbsErr"),
+                    "message": why + f"; in eval mode random ops remain ({', '.join(left)}): not comparable"}
+        torch.manual_seed(0)
+        expected = fn(*_detach_copy(args), **_detach_copy(kwargs))
+        torch.manual_seed(0)
+        again = compare(expected, compiled(*_detach_copy(args), **_detach_copy(kwargs)))
+    return {**again, "randomOps": ops, "evalMode": True,
+            "message": why + f"; in eval mode (no random ops) it {again['message']}"}
+
+
 # ------------------------------------------------------------------ the job
 
 def run_job(job: dict) -> dict:
@@ -458,7 +485,10 @@ def run_job(job: dict) -> dict:
     torch.manual_seed(0)
     actual = compiled(*_detach_copy(args), **_detach_copy(kwargs))
     result["check"] = compare(expected, actual)
+    # (described before any check in eval mode adds a specialization of its own)
     result.update(describe_compiled(compiled, job["path"], job["source"]))
+    if not result["check"]["ok"]:
+        result["check"] = _check_random(fn, args, kwargs, compiled, result["check"])
     kernels = [k for g in result["graphs"] for k in g["kernels"]]
 
     timings = {"eager": None, "fuselens": None, "torchCompile": None, "torchCompileError": None}
@@ -494,10 +524,29 @@ def run_job(job: dict) -> dict:
             log(f"kernel profiling failed: {e!r}")
         result["timingNote"] = None
     else:
-        result["timingNote"] = ("Timings need a GPU: none here, so the kernels were generated and "
-                                "checked in Triton's interpreter, not timed.")
+        progress("timing eager on the CPU (no GPU)", 60)
+        timings["eager"] = time_cpu(fn, args, kwargs)
+        progress("timing fuselens's graphs as plain PyTorch", 70)
+        with plain_pytorch_graphs():
+            plain = fuselens.compile(fn)
+            timings["fuselens"] = time_cpu(plain, args, kwargs)
+        progress("timing torch.compile on the CPU", 80)
+        try:
+            if os.environ.get("FUSELENS_BENCH_TORCH_COMPILE", "1") == "0":
+                raise RuntimeError("not timed (FUSELENS_BENCH_TORCH_COMPILE=0)")
+            tc = torch.compile(fn)
+            ok = compare(expected, tc(*_detach_copy(args), **_detach_copy(kwargs)))
+            if not ok["ok"] and not result["check"].get("randomOps"):
+                raise RuntimeError("torch.compile result differs from eager: " + ok["message"])
+            timings["torchCompile"] = time_cpu(tc, args, kwargs)
+        except Exception as e:
+            timings["torchCompileError"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        timings["cpu"] = True
+        result["timingNote"] = ("No GPU: times on the CPU, where fuselens's graphs ran as plain PyTorch "
+                                "(its Triton kernels need a GPU; they were checked in Triton's interpreter), "
+                                "so they show what the graph breaks cost, not the kernels' speed")
     result["timings"] = timings
-    if timings["eager"] and timings["fuselens"]:
+    if gpu and timings["eager"] and timings["fuselens"]:
         result["speedup"] = timings["eager"] / timings["fuselens"]
     result["elapsedS"] = time.perf_counter() - t0
     result["log"] = logs[-20:]
@@ -521,7 +570,7 @@ def main() -> int:
         emit({"type": "result", **res})
         return 0
     except UserError as e:
-        emit({"type": "result", "ok": False, "userError": True, "error": str(e)})
+        emit({"type": "result", "ok": False, "userError": True, "noInputs": isinstance(e, NoInputs), "error": str(e)})
         return 0
     except BaseException as e:
         tb = traceback.format_exc()

@@ -13,13 +13,19 @@
 //      classifier): the Problems panel lists warnings only in GPT2ForSequenceClassification.forward,
 //      among them FL101 (logger.warning_once); hovering it explains the break; the side panel lists
 //      that forward first under the file, every other function as not compiled
-//   09 the language server is killed: the extension restarts it and an edit gets diagnostics again
+//   09 train_loop.py: no warning on `model(batch[...])` (an un-annotated parameter), warnings on the
+//      printed `.item()` and `backward()`, the print guard offered for the printed `.item()`;
+//      dropout_block.py's run: the outputs differ through random ops (named), checked in eval mode
+//   10 the language server is killed: the extension restarts it and an edit gets diagnostics again
+//   11 a second workspace whose .venv lacks torch: one notification says what the interpreter lacks,
+//      with its buttons, and the status item says the server is not running
+// The workspace has no fuselens setting: the extension finds the interpreter in its .venv.
 const { chromium } = require('playwright-core');
 const fs = require('fs');
 const os = require('os');
 const path = require('path');
 
-const [url, outDir] = process.argv.slice(2);
+const [url, outDir, noTorchUrl] = process.argv.slice(2);
 const T0 = Date.now();
 const t = () => ((Date.now() - T0) / 1000).toFixed(1) + 's';
 const log = (...a) => console.log(`[${t()}]`, ...a);
@@ -110,7 +116,7 @@ async function editorText() {
     await page.waitForSelector('.codelens-decoration a:has-text("Compile & benchmark")', { timeout: 30000 });
     const statusItem = page.locator('.statusbar-item:has-text("fuselens:")').first();
     await page.waitForSelector('.statusbar-item:has-text("graph break")', { timeout: 30000 });
-    log('status bar item:', (await statusItem.innerText()).trim());
+    log('status bar item:', (await statusItem.innerText()).trim(), '(interpreter found in the workspace .venv, no setting)');
     await shot('squiggle');
 
     // 02: hover the print() break
@@ -304,7 +310,51 @@ async function editorText() {
     log('side panel: GPT2ForSequenceClassification.forward first, its FL101 under it, the rest not compiled');
     await shot('gpt2-side-panel');
 
-    // 09: the language server dies; the extension restarts it and diagnostics come back
+    // 09: a training step calling an un-annotated `model`: no claim there, the real breaks reported
+    await page.locator('.monaco-workbench').click({ position: { x: 700, y: 400 } }).catch(() => {});
+    await pressFor('Control+P', '.quick-input-widget .quick-input-box input');
+    await page.keyboard.type('train_loop.py', { delay: 10 });
+    await page.waitForSelector('.quick-input-list .monaco-list-row:has-text("train_loop.py")', { timeout: 15000 });
+    await page.keyboard.press('Enter');
+    await page.waitForSelector('.editor-group-container.active .monaco-editor .view-lines:has-text("train_step")', { timeout: 30000 });
+    await page.waitForFunction(() => document.querySelectorAll('.editor-group-container.active .monaco-editor .squiggly-warning').length >= 2, null, { timeout: 60000 });
+    const squiggled = await page.locator('.editor-group-container.active .monaco-editor').first().evaluate(ed => {
+      const tops = [...ed.querySelectorAll('.squiggly-warning')].map(e => e.getBoundingClientRect().top);
+      return [...ed.querySelectorAll('.view-line')].filter(l => tops.some(t => Math.abs(t - l.getBoundingClientRect().top) < 3))
+        .map(l => l.textContent.replace(/\u00a0/g, ' ').trim());
+    });
+    log('warning squiggles on:', JSON.stringify(squiggled));
+    if (squiggled.some(l => l.includes('model('))) { throw new Error('a warning on the call of the un-annotated model: ' + JSON.stringify(squiggled)); }
+    if (!squiggled.some(l => l.includes('loss.item()')) || !squiggled.some(l => l.includes('backward()'))) {
+      throw new Error('the printed .item() and backward() should have warnings: ' + JSON.stringify(squiggled));
+    }
+    await shot('no-warning-on-model-call');
+    // the printed .item() is offered the print guard, not only Suppress
+    await page.locator('.editor-group-container.active .monaco-editor .view-lines span:text-is("print")').first().click();
+    await pressFor('Control+.', '.action-widget .monaco-list-row');
+    await page.locator('.action-widget .monaco-list-row', { hasText: 'is_compiling' }).first().waitFor({ timeout: 20000 });
+    log('print(loss.item()) offers the guard');
+    await shot('print-item-guard-offered');
+    await page.keyboard.press('Escape');
+
+    // a dropout block: the run says its outputs differ through random ops and checks in eval mode
+    await pressFor('Control+P', '.quick-input-widget .quick-input-box input');
+    await page.keyboard.type('dropout_block.py', { delay: 10 });
+    await page.waitForSelector('.quick-input-list .monaco-list-row:has-text("dropout_block.py")', { timeout: 15000 });
+    await page.keyboard.press('Enter');
+    await page.waitForSelector('.editor-group-container.active .monaco-editor .view-lines:has-text("class Block")', { timeout: 30000 });
+    await page.locator('.editor-group-container.active .codelens-decoration a', { hasText: 'Compile & benchmark' }).first().click({ timeout: 60000 });
+    const evalRow = page.locator('.pane-body .monaco-list-row:has-text("in eval mode")').first();
+    await evalRow.waitFor({ timeout: 240000 });
+    const evalText = (await evalRow.innerText()).replace(/\s+/g, ' ');
+    log('dropout block check:', evalText);
+    if (!/random ops: dropout/.test(evalText)) { throw new Error('the check should name the random ops: ' + evalText); }
+    const cpuRow = page.locator('.pane-body .monaco-list-row:has-text("CPU times")').first();
+    if (await cpuRow.count()) { log('timings:', (await cpuRow.innerText()).replace(/\s+/g, ' ')); }
+    await page.waitForTimeout(500);
+    await shot('dropout-eval-mode-check');
+
+    // 10: the language server dies; the extension restarts it and diagnostics come back
     const codeServerPid = Number(process.env.FUSELENS_E2E_CS_PID || 0);
     if (codeServerPid) {
       const before = serverPids(codeServerPid);
@@ -348,6 +398,22 @@ async function editorText() {
       }
       log('diagnostics from the restarted server');
       await shot('server-restarted');
+    }
+    // 11: a workspace whose interpreter lacks torch: one clear notification with the reason
+    if (noTorchUrl) {
+      await page.goto(noTorchUrl, { waitUntil: 'domcontentloaded' });
+      await page.waitForSelector('.monaco-workbench', { timeout: 60000 });
+      const toast = page.locator('.notification-toast:has-text("cannot start")').first();
+      await toast.waitFor({ timeout: 60000 });
+      const text = (await toast.innerText()).replace(/\s+/g, ' ');
+      log('notification:', text);
+      if (!/lacks [^.]*torch/.test(text) || !/ws-notorch\/\.venv/.test(text)) { throw new Error('the notification should name the interpreter and what it lacks: ' + text); }
+      for (const b of ['Open setting', 'Install pygls, lsprotocol, libcst']) {
+        if (!(await toast.locator(`.monaco-button:has-text("${b}")`).count())) { throw new Error(`no "${b}" button: ` + text); }
+      }
+      await page.waitForSelector('.statusbar-item:has-text("fuselens: not running")', { timeout: 10000 });
+      log('status item: fuselens: not running');
+      await shot('interpreter-lacks-torch');
     }
     log('PASSED');
   } catch (e) {

@@ -16,12 +16,19 @@ SERVER = [sys.executable, "-m", "fuselens_lsp"]
 REPO = Path(__file__).resolve().parents[2]
 # pytest-lsp gives the server exactly this environment: without PYTHONPATH it would import the
 # fuselens_lsp and fuselens installed in the venv (another checkout's), not this one's
-SERVER_ENV = {**os.environ, "FUSELENS_INTERPRET": "1", "TRITON_INTERPRET": "1",
+# (torch.compile's CPU compile in each Compile & benchmark would cost tens of seconds a test)
+SERVER_ENV = {**os.environ, "FUSELENS_INTERPRET": "1", "TRITON_INTERPRET": "1", "FUSELENS_BENCH_TORCH_COMPILE": "0",
               "PYTHONPATH": os.pathsep.join([str(REPO / "server"), str(REPO / "compiler")])}
 
 
 @pytest_lsp.fixture(config=ClientServerConfig(server_command=SERVER, server_env=SERVER_ENV))
 async def client(lsp_client: LanguageClient):
+    lsp_client.lens_refreshes = 0
+
+    @lsp_client.feature(lsp.WORKSPACE_CODE_LENS_REFRESH)
+    def _lens_refresh(params):  # the server asks after a run (its counts are the run's)
+        lsp_client.lens_refreshes += 1
+
     yield lsp_client
     await lsp_client.shutdown_session()
 

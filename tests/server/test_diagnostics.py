@@ -10,6 +10,9 @@ from fl_lsp_testing import as_dict, text_of
 
 pytestmark = pytest.mark.asyncio
 
+# functions nothing compiled reaches get diagnostics only when asked (test_claims.py)
+ALL_FUNCTIONS = {"uncompiledFunctions": "all"}
+
 PRINT_SRC = '''\
 import torch
 
@@ -45,7 +48,7 @@ async def test_function_that_uses_torch_but_is_not_compiled_gets_information(ses
         n = x.sum().item()
         return torch.relu(x) * n
     '''
-    await session.init()
+    await session.init(settings=ALL_FUNCTIONS)
     uri = await session.open("b.py", src)
     diags = await session.diagnostics(uri)
     assert [d.code for d in diags] == ["FL110"]
@@ -188,7 +191,7 @@ async def test_code_lens_shows_counts_and_compile_and_benchmark(session):
     def plain(a):
         return a
     '''
-    await session.init()
+    await session.init(settings=ALL_FUNCTIONS)
     uri = await session.open("j.py", src)
     lenses = await session.client.text_document_code_lens_async(
         lsp.CodeLensParams(text_document=lsp.TextDocumentIdentifier(uri=uri)))
@@ -220,12 +223,12 @@ async def test_changed_settings_reanalyse_open_files(session):
         print(x)
         return torch.relu(x)
     '''
-    await session.init()
+    await session.init(settings=ALL_FUNCTIONS)
     uri = await session.open("cfg.py", src)
     assert [d.severity for d in await session.diagnostics(uri)] == [lsp.DiagnosticSeverity.Information]
     session.client.diagnostics.pop(uri)
     session.client.workspace_did_change_configuration(lsp.DidChangeConfigurationParams(
-        settings={"fuselens": {"informationSeverity": "hint"}}))
+        settings={"fuselens": {**ALL_FUNCTIONS, "informationSeverity": "hint"}}))
     assert [d.severity for d in await session.diagnostics(uri)] == [lsp.DiagnosticSeverity.Hint]
 
 
@@ -247,7 +250,7 @@ async def test_side_panel_lists_compiled_functions_and_callees_with_breaks_first
     def f(x):
         return helper(x) * 2
     '''
-    await session.init()
+    await session.init(settings=ALL_FUNCTIONS)
     uri = await session.open("panel.py", src)
     r = as_dict(await session.request("fuselens/functions", {"uri": uri}))
     fns = r["documents"][0]["functions"]

@@ -121,6 +121,13 @@ UNSUPPORTED_EXPR = _kind(
     "fuselens does not know how to capture this expression: it runs in Python between graphs.",
     "Rewrite it with tensor operations, or move it outside the compiled function.",
     "GB0147")
+BACKWARD = _kind(
+    "FL152", "backward() in a compiled function",
+    "`backward()` runs the autograd engine, which a graph cannot hold: the graph ends, Python runs "
+    "the backward pass (not compiled), and the rest of the function continues in a new graph.",
+    "Compile the forward and the loss only, and call `loss.backward()` (and the optimizer step) "
+    "outside the compiled function: its backward pass is then compiled too.",
+    None)
 UNROLLABLE_LOOP = _kind(
     "FL160", "Loop that cannot be unrolled",
     "The loop iterates over something not known at compile time (a tensor, an iterator), or the "

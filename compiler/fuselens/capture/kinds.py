@@ -133,6 +133,14 @@ class Tensor(Kind):
     """A tensor of the graph (TensorVar): operations become graph nodes; its data never reaches
     Python unless its bounds decide (capture/bounds.py)."""
 
+    def call(self, ev, fn, args, kwargs, e, scope):
+        if ev.domain.abstract:
+            # a tensor is not callable: the editor took a value it cannot resolve (an
+            # un-annotated parameter, an attribute of one) for a tensor, and it is a module or
+            # a function, which capture inlines: no break to claim
+            return UnknownValue.call(self, ev, UNKNOWN, args, kwargs, e, scope)
+        return super().call(ev, fn, args, kwargs, e, scope)
+
     def getattr(self, ev, obj, attr, e, scope):
         return ev.tensor_attr(obj, attr, e, scope)
 

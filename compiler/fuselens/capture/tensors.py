@@ -121,7 +121,9 @@ class Tensors:
             if name == "get_device":
                 return -1 if t.device.type == "cpu" else t.device.index
             return getattr(t.meta, name)(*args, **kwargs)
-        if name in ("backward", "register_hook", "retain_grad", "requires_grad_", "share_memory_",
+        if name == "backward":
+            self.brk(B.BACKWARD, e, scope, detail="Tensor.backward()", whole_stmt=True)
+        if name in ("register_hook", "retain_grad", "requires_grad_", "share_memory_",
                     "resize_", "set_", "storage", "untyped_storage", "__array__", "data_ptr"):
             self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"Tensor.{name}()", whole_stmt=True)
         if name in ("__bool__", "__int__", "__float__", "__index__"):

@@ -1,0 +1,60 @@
+"""What a Compile & benchmark run reports where a plain comparison or timing would mislead:
+random ops (dropout) and a machine without a GPU. The worker's job, run in this process."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+NET = '''\
+import torch
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.drop = nn.Dropout(0.5)
+
+    # fuselens: example(x=float32[8, 16])
+    def forward(self, x):
+        return self.drop(torch.relu(self.lin(x)))
+'''
+
+
+@pytest.fixture
+def run_job(monkeypatch, tmp_path):
+    monkeypatch.setenv("FUSELENS_INTERPRET", "1")
+    import torch
+    from fuselens_lsp import worker
+    monkeypatch.setattr(worker, "progress", lambda *a, **k: None)
+    # torch.compile's CPU compile takes tens of seconds: its failure path is what is checked here
+    monkeypatch.setattr(torch, "compile", lambda fn, *a, **k: (_ for _ in ()).throw(RuntimeError("no C++ compiler")))
+
+    def run(src, qualname):
+        path = tmp_path / "net.py"
+        path.write_text(textwrap.dedent(src))
+        line = next(i for i, t in enumerate(src.splitlines(), 1) if f"def {qualname.split('.')[-1]}(" in t)
+        return worker.run_job({"path": str(path), "source": path.read_text(), "qualname": qualname,
+                               "def_line": line, "discovery": ["comment"], "roots": [], "tests": []})
+    return run
+
+
+def test_dropout_difference_is_explained_and_checked_in_eval_mode(run_job):
+    r = run_job(NET, "Net.forward")
+    c = r["check"]
+    assert c["randomOps"] and "dropout" in c["randomOps"][0], c
+    assert c["evalMode"] and c["ok"], c
+    assert "random ops" in c["message"] and "in eval mode (no random ops) it matches eager" in c["message"]
+    # the graphs shown are the run's, not the eval-mode check's too
+    assert len(r["graphs"]) == r["graphCount"] == 1
+
+
+def test_without_a_gpu_eager_and_fuselens_graphs_are_timed_on_the_cpu(run_job):
+    r = run_job(NET.replace("nn.Dropout(0.5)", "nn.Identity()"), "Net.forward")
+    assert r["check"]["ok"] and "randomOps" not in r["check"]
+    t = r["timings"]
+    assert t["cpu"] and t["eager"] > 0 and t["fuselens"] > 0, t
+    assert t["torchCompileError"] == "RuntimeError: no C++ compiler"
+    assert "plain PyTorch" in r["timingNote"] and "speedup" not in r
