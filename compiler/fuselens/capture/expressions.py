@@ -15,13 +15,15 @@ import torch.nn as nn
 
 from . import breaks as B
 from . import calls as C
+from .guards import is_literal
 from .side_effects import MUTABLE
+from .values import NUMPY_SCALARS
 
 # globals whose guards cover what capture reads of them (values, identities, a graph's inputs);
 # one of another type is guarded by its type alone: Evaluator.process_reads
 _GUARDED = (type(None), bool, int, float, complex, str, bytes, tuple, frozenset, slice, range, type,
             types.FunctionType, types.BuiltinFunctionType, types.ModuleType, types.MethodType, enum.Enum,
-            functools.partial, torch.dtype, torch.device, torch.Tensor, nn.Module)
+            functools.partial, torch.dtype, torch.device, torch.Tensor, nn.Module, *NUMPY_SCALARS)
 from .values import (UNKNOWN, ForeignData, LocalFunction, SymInt, SymShape, TensorVar,
                      Unknown, contains_tensor)
 from .frames import AbstractKwargs, AbstractSeq, Opaque, Scope, Suspend
@@ -356,7 +358,7 @@ class Expressions:
 
     def sym_arith(self, fn, args, e, scope):
         hints = [a.hint if isinstance(a, SymInt) else a for a in args]
-        if not all(isinstance(h, int) for h in hints) or fn is operator.truediv:
+        if not all(type(h) in (int, bool) for h in hints) or fn is operator.truediv:  # (written as literals)
             return fn(*[self.specialize(a, e, scope) if isinstance(a, SymInt) else a for a in args])
         hint = fn(*hints)
         sym = _SYM_TEXT.get(fn)
@@ -368,13 +370,14 @@ class Expressions:
         ha = a.hint if isinstance(a, SymInt) else a
         hb = b.hint if isinstance(b, SymInt) else b
         r = fn(ha, hb)
-        ea = a.expr if isinstance(a, SymInt) else repr(a)
-        eb = b.expr if isinstance(b, SymInt) else repr(b)
         text = {operator.eq: "==", operator.ne: "!=", operator.lt: "<", operator.le: "<=",
                 operator.gt: ">", operator.ge: ">="}.get(fn)
-        if text is None:
+        if text is None or not all(isinstance(v, SymInt) or is_literal(v) for v in (a, b)):
+            # (a NumPy integer has no literal: `np.int64(4)` is no name the guard function has)
             return fn(self.specialize(a, e, scope) if isinstance(a, SymInt) else a,
                       self.specialize(b, e, scope) if isinstance(b, SymInt) else b)
+        ea = a.expr if isinstance(a, SymInt) else repr(a)
+        eb = b.expr if isinstance(b, SymInt) else repr(b)
         self.domain.guard(f"({ea} {text} {eb}) is {r}", f"{ea} {text} {eb}")
         return r
 

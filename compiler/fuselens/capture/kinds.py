@@ -19,6 +19,7 @@ import ast
 import copy
 import functools
 import inspect
+import numbers
 import operator
 import types
 
@@ -33,8 +34,8 @@ from .guards import SRC
 from .objects import _IMMUTABLE, _no_source, _runs_python, _stdlib
 from .side_effects import MUTABLE
 from .source import FunctionSource
-from .values import (UNKNOWN, BoundUserMethod, ForeignData, GeneratorCall, LocalFunction, SymInt, TensorVar,
-                     Unknown, contains_tensor, leaves)
+from .values import (NUMPY_DTYPE, NUMPY_SCALARS, UNKNOWN, BoundUserMethod, ForeignData, GeneratorCall,
+                     LocalFunction, SymInt, TensorVar, Unknown, contains_tensor, leaves)
 from .tensors import TensorMethod
 
 
@@ -348,8 +349,8 @@ class CMethod(Kind):
             return fn(*args, **kwargs)
         if isinstance(fn, types.BuiltinMethodType) and isinstance(owner, MUTABLE):
             return ev.container_method(fn, args, kwargs, e, scope)
-        if isinstance(fn, types.BuiltinMethodType) and type(owner) in _IMMUTABLE:
-            return ev.fold(fn, args, kwargs, e, scope)  # `name.startswith("x")`, `"{}".format(n)`
+        if isinstance(fn, types.BuiltinMethodType) and (type(owner) in _IMMUTABLE or isinstance(owner, NUMPY_SCALARS)):
+            return ev.fold(fn, args, kwargs, e, scope)  # `name.startswith("x")`, `"{}".format(n)`, `v.item()`
         return (PURE if C.is_pure_foldable(fn) else OBJECT).call(ev, fn, args, kwargs, e, scope)
 
 
@@ -359,6 +360,25 @@ class PureFunction(Kind):
 
     def call(self, ev, fn, args, kwargs, e, scope):
         return ev.fold(fn, args, kwargs, e, scope)
+
+
+class NumpyFunction(Kind):
+    """A NumPy function (calls.is_numpy_function: `np.sqrt`, `np.prod`) on numbers, strings and
+    NumPy scalars: computed now, as eager computes it, where it gives such a value (a NumPy
+    scalar is a number: guarded by value, read by torch as values.torch_number). On an array, or
+    giving one, it is NumPy work capture cannot see into."""
+
+    def call(self, ev, fn, args, kwargs, e, scope):
+        if ev.domain.runs_python and all(isinstance(v, (*_NUMPY_DATA, SymInt, NUMPY_DTYPE))
+                                         for v in leaves([args, kwargs])):
+            plain_args, plain_kwargs = ev.plain_constants((args, kwargs), e, scope)
+            r = fn(*plain_args, **plain_kwargs)
+            if all(isinstance(v, _NUMPY_DATA) for v in leaves(r)):
+                return r
+        return OBJECT.call(ev, fn, args, kwargs, e, scope)
+
+
+_NUMPY_DATA = (numbers.Number, str, bytes, type(None), type, *NUMPY_SCALARS)
 
 
 class Getter(Kind):
@@ -407,8 +427,9 @@ class Class(Kind):
 OBJECT, PYTHON_MODULE, TENSOR, TENSOR_METHOD, SYMINT, UNKNOWN_VALUE, STAND_IN, MODULE, GENERATOR = (
     Kind(), PythonModule(), Tensor(), TensorMethodKind(), SymbolicInt(), UnknownValue(), StandIn(), Module(),
     Generator())
-PYTHON_FUNCTION, TORCH_FUNCTION, KNOWN_FUNCTION, C_METHOD, PURE, PARTIAL, CLASS, GETTER = (
-    PythonFunction(), TorchFunction(), KnownFunction(), CMethod(), PureFunction(), Partial(), Class(), Getter())
+PYTHON_FUNCTION, TORCH_FUNCTION, KNOWN_FUNCTION, C_METHOD, PURE, PARTIAL, CLASS, GETTER, NUMPY_FUNCTION = (
+    PythonFunction(), TorchFunction(), KnownFunction(), CMethod(), PureFunction(), Partial(), Class(), Getter(),
+    NumpyFunction())
 
 _HOOKS = ("__fl_abstract_getattr__", "__fl_abstract_call__", "__fl_abstract_iter__")
 _C_METHODS = (types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType)
@@ -475,6 +496,8 @@ def _callable_kind(fn) -> Kind:
         return GETTER
     if C.is_pure_foldable(fn):
         return PURE
+    if C.is_numpy_function(fn):
+        return NUMPY_FUNCTION
     return OBJECT
 
 

@@ -23,8 +23,8 @@ from . import side_effects as S
 from .guards import SRC
 from .side_effects import MUTABLE
 from .source import NoSourceError, function_source
-from .values import (UNKNOWN, BoundUserMethod, ForeignData, LocalFunction, SymInt, TensorVar, Unknown,
-                     contains_tensor, leaves)
+from .values import (NUMPY_SCALARS, UNKNOWN, BoundUserMethod, ForeignData, LocalFunction, SymInt, TensorVar,
+                     Unknown, contains_tensor, leaves)
 from .frames import AbstractSeq
 from .statements import MAX_UNROLL
 
@@ -78,6 +78,8 @@ class Objects:
             if issubclass(cls, tuple) and hasattr(cls, "_fields"):
                 return cls(*args, **kwargs)  # a named tuple: its generated __new__ packs its arguments
             self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"`{cls.__qualname__}` has its own __new__")
+        if cls.__new__ is not object.__new__ and cls.__init__ is object.__init__:
+            return self.made_by_c_new(cls, args, kwargs, e, scope)
         obj = cls.__new__(cls)
         self.effects.fresh(obj)
         init = cls.__init__
@@ -89,6 +91,32 @@ class Objects:
         else:
             self.inline(init, args, kwargs, e, scope, self_value=obj)
         return obj
+
+    def made_by_c_new(self, cls, args, kwargs, e, scope):
+        """`cls(...)` for a class whose C `__new__` makes the object from the arguments (a NumPy
+        scalar type: `np.float32(0.5)`; allocated without them it would be another value): made
+        now from constants where it is a value (foldable), a break otherwise."""
+        if not self.domain.runs_python or any(isinstance(v, Unknown) for v in leaves([args, kwargs])):
+            return UNKNOWN
+        args, kwargs = self.plain_constants((args, kwargs), e, scope)
+        self.require_foldable(list(args) + list(kwargs.values()), e, scope)
+        r = cls(*args, **kwargs)
+        if not foldable(r):
+            self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"creating a `{cls.__qualname__}` object")
+        return r
+
+    def plain_constants(self, v, e, scope):
+        """`v` (arguments of a call run natively) with each dynamic size specialized (guarded on
+        its value) and each modelled container's contents guarded (side_effects.py)."""
+        if isinstance(v, SymInt):
+            return self.specialize(v, e, scope)
+        if isinstance(v, (list, tuple, dict)):
+            self.effects.observe(v)
+            if isinstance(v, dict):
+                return {k: self.plain_constants(x, e, scope) for k, x in v.items()}
+            items = [self.plain_constants(x, e, scope) for x in v]
+            return items if isinstance(v, list) else tuple(items) if type(v) is not torch.Size else torch.Size(items)
+        return v
 
     def iterate_object(self, v, node, scope):
         """The items of an object of a Python class: its own `__iter__` evaluated (a generator
@@ -329,7 +357,7 @@ FOLDABLE_ATOMS = (int, float, complex, bool, str, bytes, type(None), range, slic
                    types.BuiltinFunctionType, types.ModuleType, nn.Module, TensorVar, SymInt,
                    Unknown, LocalFunction, BoundUserMethod, type(Ellipsis), types.MethodType,
                    BaseException,  # an exception capture raised and a captured handler took
-                   inspect.Parameter)
+                   inspect.Parameter, *NUMPY_SCALARS)
 
 
 # values whose methods compute a new value and change nothing: called on constants, they fold
