@@ -59,6 +59,8 @@ class Net(nn.Module):
         x = self.blocks(self.stem(x))
         if helpers.DEBUG:  # a module's setting, read as a constant of the process
             x = x + 1
+        if os.environ.get("USER_MODE") == "negate":  # the environment, read on every call (guarded)
+            x = -x
         return helpers.scale(self.head(x.mean((2, 3)))) + shift
 '''
 HELPERS = '''
@@ -121,7 +123,7 @@ def test_second_process_takes_the_kept_capture(tmp_path, user):
 
 
 @pytest.mark.parametrize("edit", ["method", "function", "other_file", "closure_value", "default_value",
-                                  "module_setting"])
+                                  "module_setting", "environment_read"])
 def test_what_changed_since_is_captured_again(tmp_path, user, edit):
     process(tmp_path, "first")
     env = {}
@@ -135,8 +137,10 @@ def test_what_changed_since_is_captured_again(tmp_path, user, edit):
         env["ACT_SCALE"] = "0.5"
     elif edit == "default_value":  # the same code, the function's default another value
         env["SHIFT"] = "1.0"
-    else:  # the same code, a module's attribute (read without a guard) another value
+    elif edit == "module_setting":  # the same code, a module's attribute (read without a guard) another value
         env["USER_DEBUG"] = "1"
+    else:  # the same code, an environment variable read in forward another value (its guard fails)
+        env["USER_MODE"] = "negate"
     second = process(tmp_path, "second", **env)  # (each equal to eager: `process`)
     assert (second["functions"], second["kept"]) == (1, 0)
     third = process(tmp_path, "third", **env)  # kept beside the first

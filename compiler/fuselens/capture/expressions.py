@@ -15,6 +15,7 @@ import torch.nn as nn
 
 from . import breaks as B
 from . import calls as C
+from . import environ
 from .guards import is_literal
 from .side_effects import MUTABLE
 from .values import NUMPY_SCALARS
@@ -232,6 +233,9 @@ class Expressions:
                 spec = lambda v: tuple(self.specialize(d, e, scope) if isinstance(d, SymInt) else d  # noqa: E731
                                        for d in v) if isinstance(v, tuple) else v
                 r = fn(spec(left), spec(right))
+            elif op in ("In", "NotIn") and isinstance(right, environ.ENVIRONMENTS):
+                found = environ.read(self, right, "__contains__", [left], {}, e, scope)
+                r = found if isinstance(found, Unknown) else found is (op == "In")
             else:
                 # `k in d` reads d's keys alone (`"output_attentions" in kwargs`); on an object
                 # of a user class, its own `__contains__` answers (as its `__getitem__` does)

@@ -28,6 +28,7 @@ import torch.nn as nn
 
 from . import breaks as B
 from . import calls as C
+from . import environ
 from .builtins import NOT_HANDLED, known_handler
 from .frames import AbstractSeq
 from .guards import SRC
@@ -381,6 +382,30 @@ class NumpyFunction(Kind):
 _NUMPY_DATA = (numbers.Number, str, bytes, type(None), type, *NUMPY_SCALARS)
 
 
+class Environment(Kind):
+    """`os.environ` (environ.py): what capture reads of it is guarded by value; its methods are
+    EnvironMethods, whose calls are those guarded reads."""
+
+    def getattr(self, ev, env, attr, e, scope):
+        return environ.method(env, attr)
+
+    def getitem(self, ev, env, key, e, scope):
+        return environ.read(ev, env, "__getitem__", [key], {}, e, scope)
+
+    def truth(self, ev, env, node, scope, kind, whole_stmt):
+        n = environ.read(ev, env, "__len__", [], {}, node, scope)
+        return n if isinstance(n, Unknown) else n > 0
+
+    def iterate(self, ev, env, node, scope, whole_stmt):
+        keys = environ.read(ev, env, "keys", [], {}, node, scope)
+        return AbstractSeq(UNKNOWN) if isinstance(keys, Unknown) else list(keys)
+
+
+class EnvironmentMethod(Kind):
+    def call(self, ev, m, args, kwargs, e, scope):
+        return environ.read(ev, m.env, m.name, args, kwargs, e, scope)
+
+
 class Getter(Kind):
     """`operator.itemgetter(k)` or `attrgetter(name)`, called: the items or attributes read as the
     syntax reads them (of a tensor too: `itemgetter(0)(t)` is `t[0]`)."""
@@ -430,6 +455,7 @@ OBJECT, PYTHON_MODULE, TENSOR, TENSOR_METHOD, SYMINT, UNKNOWN_VALUE, STAND_IN, M
 PYTHON_FUNCTION, TORCH_FUNCTION, KNOWN_FUNCTION, C_METHOD, PURE, PARTIAL, CLASS, GETTER, NUMPY_FUNCTION = (
     PythonFunction(), TorchFunction(), KnownFunction(), CMethod(), PureFunction(), Partial(), Class(), Getter(),
     NumpyFunction())
+ENVIRONMENT, ENVIRONMENT_METHOD = Environment(), EnvironmentMethod()
 
 _HOOKS = ("__fl_abstract_getattr__", "__fl_abstract_call__", "__fl_abstract_iter__")
 _C_METHODS = (types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType)
@@ -459,6 +485,10 @@ def _type_kind(t) -> Kind | None:
         return STAND_IN
     if issubclass(t, nn.Module):
         return MODULE
+    if issubclass(t, environ.ENVIRONMENTS):
+        return ENVIRONMENT
+    if issubclass(t, environ.EnvironMethod):
+        return ENVIRONMENT_METHOD
     if issubclass(t, GeneratorCall):
         return GENERATOR
     if issubclass(t, (LocalFunction, FunctionSource, BoundUserMethod)):

@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from . import breaks as B
 from . import calls as C
+from . import environ
 from . import side_effects as S
 from .guards import SRC
 from .side_effects import MUTABLE
@@ -282,6 +283,8 @@ class Objects:
         if fn in (sum, any, all, sorted, set, frozenset) and args:  # they read items one by one
             args = [self.iterate(args[0], e, scope), *args[1:]]
             vals = list(args) + list(kwargs.values())
+        if fn is dict and len(args) == 1 and isinstance(args[0], environ.ENVIRONMENTS):
+            return environ.read(self, args[0], "copy", [], {}, e, scope)
         if fn is dict and len(args) == 1 and not isinstance(args[0], dict):
             return dict(self.iterate(args[0], e, scope), **kwargs)  # pairs: `dict(obj.items())`
         if fn not in (isinstance, type, id, callable, hasattr, getattr):
