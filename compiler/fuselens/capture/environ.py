@@ -49,10 +49,17 @@ def read(ev, env, name: str, args, kwargs, e, scope):
         return UNKNOWN
     if name in _WRITES:
         ev.brk(B.UNKNOWN_CALL, e, scope, detail=f"os.environ.{name}() changes the process's environment")
+    guard(ev, env, name, args)  # (before the read, which may raise KeyError)
+    return getattr(env, name)(*args, **kwargs)
+
+
+def guard(ev, env, name: str, args) -> None:
+    """Guard what `env.<name>(*args)` reads: one variable's value or absence, its membership,
+    the environment's length, or all of it."""
     src = _source(ev, env)
     key = args[0] if args else None
     if name in _BY_KEY and isinstance(key, (str, bytes)):  # (a key of another type raises in eager)
-        value = env.get(key)  # guarded before the read, which may raise KeyError
+        value = env.get(key)
         if name == "__contains__":
             ev.domain.guard(f"({literal(key)} in {SRC}) is {value is not None}",
                             f"{key!r} {'in' if value is not None else 'not in'} {src}", src)
@@ -63,7 +70,6 @@ def read(ev, env, name: str, args, kwargs, e, scope):
         ev.domain.guard(f"len({SRC}) == {len(env)}", f"len({src}) == {len(env)}", src)
     elif name not in _BY_KEY:  # iterated or copied: all of it
         ev.domain.guard(f"dict({SRC}) == {literal(dict(env))}", f"{src} is as it was", src)
-    return getattr(env, name)(*args, **kwargs)
 
 
 _WHOLE = ("keys", "values", "items", "copy", "__iter__", "__len__", "__eq__", "__or__", "__ror__")

@@ -28,7 +28,7 @@ import torch.nn as nn
 
 from . import breaks as B
 from . import calls as C
-from . import environ
+from . import environ, process_state
 from .builtins import NOT_HANDLED, known_handler
 from .frames import AbstractSeq
 from .guards import SRC
@@ -278,7 +278,7 @@ class PythonFunction(Kind):
         if isinstance(fn, types.FunctionType) and _stdlib(fn) and ev.domain.runs_python and not any(
                 contains_tensor(v) or type(v) in MUTABLE or isinstance(v, (Unknown, SymInt))
                 for v in list(args) + list(kwargs.values())):
-            r = ev.run_natively(fn, args, kwargs)  # the standard library on plain values (inspect, re...)
+            r = process_state.run(ev, fn, args, kwargs, e, scope)  # the standard library on plain values
             if fn in (copy.copy, copy.deepcopy) and r is not args[0] and hasattr(r, "__dict__") \
                     and not isinstance(r, (torch.Tensor, nn.Module, type, types.FunctionType)):
                 ev.effects.fresh(r)  # a new object: the capture's own, as eager makes one each call
