@@ -153,3 +153,18 @@ def test_a_size_compared_with_a_numpy_integer_under_dynamic_dims():
     for n in (3, 4, 5, 6):
         x = torch.randn(n)
         torch.testing.assert_close(cf(x), f(x), rtol=0, atol=0)
+
+
+def test_the_editor_reports_no_break_where_capture_computes_numpy(tmp_path):
+    from fuselens.capture.analyze import analyze_source
+    path = tmp_path / "fl_numpy_numbers.py"
+    path.write_text("import numpy as np\n\n\ndef f(x):\n"
+                    "    return x / np.sqrt(x.shape[-1]) * np.float32(0.5) + np.prod(x.shape)\n")
+    [fn] = analyze_source(path.read_text(), str(path)).functions
+    assert fn.breaks == []
+    x = torch.randn(2, 3)
+    assert not fuselens.explain(_numpy_of_sizes, x).graph_breaks
+
+
+def _numpy_of_sizes(x):
+    return x / np.sqrt(x.shape[-1]) * np.float32(0.5) + np.prod(x.shape)

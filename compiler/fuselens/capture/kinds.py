@@ -370,8 +370,10 @@ class NumpyFunction(Kind):
     giving one, it is NumPy work capture cannot see into."""
 
     def call(self, ev, fn, args, kwargs, e, scope):
-        if ev.domain.runs_python and all(isinstance(v, (*_NUMPY_DATA, SymInt, NUMPY_DTYPE))
-                                         for v in leaves([args, kwargs])):
+        values = list(leaves([args, kwargs]))
+        if not ev.domain.runs_python and not any(isinstance(v, (ForeignData, TensorVar)) for v in values):
+            return UNKNOWN  # the editor computes no NumPy: on what it does not know, it says nothing
+        if ev.domain.runs_python and all(isinstance(v, (*_NUMPY_DATA, SymInt, NUMPY_DTYPE)) for v in values):
             plain_args, plain_kwargs = ev.plain_constants((args, kwargs), e, scope)
             r = fn(*plain_args, **plain_kwargs)
             if all(isinstance(v, _NUMPY_DATA) for v in leaves(r)):
