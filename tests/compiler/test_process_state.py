@@ -160,3 +160,13 @@ def test_a_standard_library_call_that_reads_other_state_runs_on_every_call(tmp_p
 
     cf = fuselens.compile(_random_id)
     assert len({cf(torch.zeros(1)).item() for _ in range(4)}) > 1  # (a new id on every call, as eager's)
+
+
+def test_a_guard_on_the_whole_environment_writes_no_value_out(env):
+    env.setenv(VAR, "a-secret-value")
+    cf = fuselens.compile(_copied)
+    cf(torch.zeros(1))
+    entry, = fuselens.inspect(cf)
+    assert not any("a-secret-value" in g.expr for g in entry.guards)
+    env.setenv(VAR, "another-secret")
+    torch.testing.assert_close(cf(torch.zeros(1)), _copied(torch.zeros(1)), rtol=0, atol=0)

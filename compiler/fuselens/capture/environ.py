@@ -11,6 +11,7 @@ environment (`os.environ[k] = v`, `setdefault`, `pop`...) is a break: eager make
 The editor knows no process's environment: what it reads is unknown."""
 from __future__ import annotations
 
+import hashlib
 import os
 
 from . import breaks as B
@@ -68,11 +69,18 @@ def guard(ev, env, name: str, args) -> None:
                             f"{src}[{key!r}] " + ("is unset" if value is None else f"== {value!r}"), src)
     elif name == "__len__":
         ev.domain.guard(f"len({SRC}) == {len(env)}", f"len({src}) == {len(env)}", src)
-    elif name not in _BY_KEY:  # iterated or copied: all of it
-        ev.domain.guard(f"dict({SRC}) == {literal(dict(env))}", f"{src} is as it was", src)
+    elif name not in _BY_KEY:  # iterated or copied: all of it (by a digest: no secret is written out)
+        ev.domain.guard(f"{ev.domain.constant(digest, 'environ_digest')}({SRC}) == {literal(digest(env))}",
+                        f"{src} is as it was", src)
 
 
 _WHOLE = ("keys", "values", "items", "copy", "__iter__", "__len__", "__eq__", "__or__", "__ror__")
+
+
+def digest(env) -> str:
+    """The environment's variables and values, hashed (a guard on all of it, kept on disk with a
+    capture, writes no value out)."""
+    return hashlib.sha256(repr(sorted(env.items())).encode()).hexdigest()
 
 
 def _source(ev, env) -> str:

@@ -79,7 +79,7 @@ class Expressions:
                 return v
             # a named tuple or a structseq (torch.return_types.sort) keeps its type: `.values`
             return tuple(out) if type(v) is tuple else type(v)(*out) if hasattr(v, "_fields") else type(v)(out)
-        if src is not None and not isinstance(v, (int, float, str, bool, type(None))):
+        if src is not None and not isinstance(v, (int, float, str, bool, type(None), *NUMPY_SCALARS)):
             self.value_sources.set(v, src)
         return v
 

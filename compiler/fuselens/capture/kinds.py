@@ -80,7 +80,7 @@ class Kind:
             if src is None:  # found through an object of no source: the tensor itself
                 return ev.input(v, ev.domain.constant(v, f"{type(obj).__name__}_{attr}"))
             return ev.input(v, f"{src}.{attr}")
-        if src is not None and not isinstance(v, (int, float, str, bool, type(None))):
+        if src is not None and not isinstance(v, (int, float, str, bool, type(None), *NUMPY_SCALARS)):
             ev.value_sources.set(v, f"{src}.{attr}")
         return v
 
