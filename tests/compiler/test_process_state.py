@@ -52,7 +52,8 @@ def _iterated(x):
 
 
 def _copied(x):
-    return x + len(dict(os.environ).get(VAR, "")) + len(os.environ.copy().get(VAR, ""))
+    return x + len(dict(os.environ).get(VAR, "")) + len(os.environ.copy().get(VAR, "")) + \
+        len(dict(os.environ, FL_EXTRA="xyz")["FL_EXTRA"])
 
 
 def _length(x):

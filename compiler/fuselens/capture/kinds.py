@@ -350,7 +350,8 @@ class CMethod(Kind):
             return fn(*args, **kwargs)
         if isinstance(fn, types.BuiltinMethodType) and isinstance(owner, MUTABLE):
             return ev.container_method(fn, args, kwargs, e, scope)
-        if isinstance(fn, types.BuiltinMethodType) and (type(owner) in _IMMUTABLE or isinstance(owner, NUMPY_SCALARS)):
+        if isinstance(fn, types.BuiltinMethodType) and (type(owner) in _IMMUTABLE or
+                                                         isinstance(owner, NUMPY_SCALARS)):
             return ev.fold(fn, args, kwargs, e, scope)  # `name.startswith("x")`, `"{}".format(n)`, `v.item()`
         return (PURE if C.is_pure_foldable(fn) else OBJECT).call(ev, fn, args, kwargs, e, scope)
 
@@ -404,6 +405,8 @@ class Environment(Kind):
 
 
 class EnvironmentMethod(Kind):
+    """`os.environ.get` and the environment's other methods (environ.EnvironMethod), called."""
+
     def call(self, ev, m, args, kwargs, e, scope):
         return environ.read(ev, m.env, m.name, args, kwargs, e, scope)
 

@@ -284,7 +284,7 @@ class Objects:
             args = [self.iterate(args[0], e, scope), *args[1:]]
             vals = list(args) + list(kwargs.values())
         if fn is dict and len(args) == 1 and isinstance(args[0], environ.ENVIRONMENTS):
-            return environ.read(self, args[0], "copy", [], {}, e, scope)
+            return dict(environ.read(self, args[0], "copy", [], {}, e, scope), **kwargs)
         if fn is dict and len(args) == 1 and not isinstance(args[0], dict):
             return dict(self.iterate(args[0], e, scope), **kwargs)  # pairs: `dict(obj.items())`
         if fn not in (isinstance, type, id, callable, hasattr, getattr):
