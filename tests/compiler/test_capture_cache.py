@@ -9,12 +9,12 @@ weights."""
 from __future__ import annotations
 
 import copy
+import fractions
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 MODEL = '''
 import os
+import numpy as np
 import torch
 import torch.nn as nn
 import helpers  # another file of the user's
@@ -54,6 +55,7 @@ class Net(nn.Module):
         self.stem = nn.Conv2d(3, width, 3, padding=1)
         self.blocks = nn.Sequential(Block(width), Block(width))
         self.head = nn.Linear(width, 5)
+        self.gain = np.float32(0.75)
 
     def forward(self, x, shift=SHIFT):
         x = self.blocks(self.stem(x))
@@ -61,6 +63,7 @@ class Net(nn.Module):
             x = x + 1
         if os.environ.get("USER_MODE") == "negate":  # the environment, read on every call (guarded)
             x = -x
+        x = x * self.gain  # a NumPy scalar: kept by value
         return helpers.scale(self.head(x.mean((2, 3)))) + shift
 '''
 HELPERS = '''
@@ -266,10 +269,10 @@ def test_a_kept_graph_is_the_captured_graph():
 class Scaled(nn.Module):
     def __init__(self):
         super().__init__()
-        self.scale = np.float32(0.5)  # a NumPy scalar: kept by value only for builtin types
+        self.scale = fractions.Fraction(1, 2)  # a number of no type kept by value
 
     def forward(self, x):
-        return x * self.scale
+        return x * 0.5 if self.scale == 0.5 else x
 
 
 def test_a_capture_with_a_constant_of_no_builtin_type_is_not_kept(kept, tmp_path):
