@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 
-.PHONY: demo test test-python test-e2e conformance vsix venv clean
+.PHONY: demo test test-gpu test-python test-e2e conformance vsix venv clean
 
 $(VENV)/.installed: requirements-test.txt pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,11 @@ test-python: venv
 # The OpInfo database through fuselens on every sample (not only the first); one summary line.
 conformance: venv
 	FUSELENS_INTERPRET=1 TRITON_INTERPRET=1 FUSELENS_OPINFO=full $(VPY) -m pytest -q -n 2 tests/conformance
+
+# The suite on a CUDA GPU with real Triton kernels, run with the machine's own Python (no venv is
+# made there: PY=python3 must hold torch with CUDA, triton, pytest-xdist, transformers, expecttest)
+test-gpu:
+	PY=$(PY) bash scripts/test-gpu.sh
 
 test-e2e: venv
 	bash scripts/e2e.sh

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+from pathlib import Path
 import warnings
 
 import torch
 import torch.fx as fx
 
 from fuselens.runtime.backend import compile_graph
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from numerics import ulp_error  # noqa: E402,F401 - the numerics contract's measure, for the tests
 
 DEVICE = "cuda" if os.environ.get("FUSELENS_INTERPRET") != "1" and torch.cuda.is_available() else "cpu"
 
@@ -99,3 +104,4 @@ def vary_batch_norm(bn):
             bn.weight.uniform_(0.5, 2)
             bn.bias.uniform_(-1, 1)
     return bn
+

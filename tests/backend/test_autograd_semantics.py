@@ -346,3 +346,19 @@ def test_beside_a_loss_the_backward_without_the_other_outputs_gradients_is_compi
         if not both:  # the loss-only backward was compiled with the first call, not at backward()
             assert stats.backend["backward_layouts"] == before["backward_layouts"]
     assert stats.backend["backward_layouts"] == before["backward_layouts"] + 1
+
+
+def _saved_then_written(x, y):
+    s = torch.sign(x) * x
+    m = torch.maximum(y, s)  # saves s
+    s[0] = 1  # unused afterwards: the graph drops the op, not its effect on s's version
+    return m
+
+
+def test_a_saved_value_written_by_an_unused_op_fails_backward_as_eager():
+    x, y, _ = _inputs()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _saved_then_written(x, y).sum().backward()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        fuselens.compile(_saved_then_written)(x, y).sum().backward()
+

@@ -3,6 +3,7 @@ side of it, and resume correctness (values after the break equal eager's)."""
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import operator
 import warnings
@@ -253,9 +254,10 @@ def test_call_without_source_breaks():
     assert "crc32" in ex.graph_breaks[0].explanation
 
 
-def test_module_with_hooks_breaks():
+def test_module_with_backward_hooks_breaks():
+    """Forward hooks are evaluated (test_torch_api_surface.py); a backward hook is autograd's."""
     lin = nn.Linear(8, 8)
-    lin.register_forward_hook(lambda m, i, o: o * 2)
+    lin.register_full_backward_hook(lambda m, gi, go: None)
 
     def f(x):
         return lin(x + 1) - 1
@@ -392,6 +394,31 @@ def test_break_in_helper_called_inside_expression_and_loop():
             out = out + _helper_with_print(out) * i
         return [out, _helper_with_print(x) + out]
     check(f, X, breaks=["FL100"] * 4)
+
+
+def _returns_from_try_finally(t):
+    try:
+        if t.dim() == 2:
+            return t * 2
+    finally:
+        print("in helper")  # a break in a `finally`: the whole `try` runs in Python
+    return t
+
+
+def _returns_from_loop(t):
+    for k in itertools.count():  # an iterator capture does not unroll: the loop runs in Python
+        if k == 1:
+            return t + k
+    return t
+
+
+@pytest.mark.parametrize("helper", [_returns_from_try_finally, _returns_from_loop])
+def test_helper_returning_from_a_statement_run_in_python(helper):
+    """A callee's `return` inside the statement that Python runs whole at a break ends the
+    callee: the caller goes on with its value (it was once taken for the callee's live values)."""
+    def f(x):
+        return helper(x + 1).sin() + 1
+    check(f, X, breaks=["FL100" if helper is _returns_from_try_finally else "FL160"])
 
 
 def test_break_in_method_of_module():

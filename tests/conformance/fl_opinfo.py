@@ -19,7 +19,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-from torch.testing._internal.common_device_type import onlyCUDA
+from torch.testing._internal.common_device_type import onlyCPU, onlyCUDA
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils import _pytree as pytree
@@ -41,8 +41,11 @@ def op_id(op) -> str:
     return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
 
 
-# the ops that run on a CPU (kernels run in Triton's interpreter there; on a GPU machine too)
-OPS = sorted((op for op in op_db if onlyCUDA not in op.decorators), key=op_id)
+# where the samples live: CUDA with real Triton kernels when FUSELENS_INTERPRET is off on a GPU
+# machine (`make test-gpu`), else the CPU, with kernels in Triton's interpreter
+DEVICE = "cuda" if os.environ.get("FUSELENS_INTERPRET", "1") in ("", "0") and torch.cuda.is_available() else "cpu"
+# the ops that run on that device
+OPS = sorted((op for op in op_db if (onlyCPU if DEVICE == "cuda" else onlyCUDA) not in op.decorators), key=op_id)
 
 
 @dataclass
@@ -114,7 +117,7 @@ def _run(fn, args, kwargs, grad: bool, seeded: _SeededOps | None = None):
                     if isinstance(t, torch.Tensor) and t.requires_grad and t.dtype.is_floating_point]
             if leaves and outs:
                 gen = torch.Generator().manual_seed(1)
-                cots = [torch.randn(t.shape, generator=gen, dtype=torch.float32).to(t.dtype) for t in outs]
+                cots = [torch.randn(t.shape, generator=gen, dtype=torch.float32).to(t.device, t.dtype) for t in outs]
                 grads = torch.autograd.grad(outs, leaves, cots, allow_unused=True)
         return out, grads
     except Exception as e:  # noqa: BLE001 - compared with the other side
@@ -228,7 +231,7 @@ def check(op, variant: str, dtype, sample) -> Outcome | None:
         return None  # torch's own error sample does not raise on this build
     nondet = not raised and (
         (seeded.random and f"eager draws random numbers ({seeded.random})")
-        or (op.has_nondeterministic_output and "eager returns uninitialized memory"))
+        or (_uninitialized(op, fn, args, kwargs, expected) and "eager returns uninitialized memory"))
     if nondet:
         expected, actual = _metadata(expected), _metadata(actual)
     if raised:  # capture stops at the error (a graph break) to let eager raise it: no news
@@ -241,6 +244,29 @@ def check(op, variant: str, dtype, sample) -> Outcome | None:
     if fell_back:
         return Outcome("fallback", _fallback_cause(fell_back[0]), brk)
     return Outcome("equal", "", brk)
+
+
+def _uninitialized(op, fn, args, kwargs, expected) -> bool:
+    """Whether eager's result holds memory it never wrote (torch.empty and its kin): OpInfo's
+    `has_nondeterministic_output` where this torch has it (2.12 and later), else seen: two calls,
+    each made right after a block of each result's size was filled with other bytes and freed,
+    return different bits."""
+    flag = getattr(op, "has_nondeterministic_output", None)
+    if flag is not None:
+        return flag
+    results = [t for t in pytree.tree_leaves(expected[0]) if isinstance(t, torch.Tensor) and t.layout == torch.strided]
+    if not results:
+        return False
+    bits = []
+    for fill in (0x55, 0xAA):
+        for t in results:  # freed at once: the allocator hands the block to the call's result
+            torch.full((t.untyped_storage().nbytes(),), fill, dtype=torch.uint8, device=t.device)
+        again = _run(fn, *_copy((args, kwargs)), False)
+        if isinstance(again, Exception):
+            return False
+        bits.append([t.detach().contiguous().view(-1).view(torch.uint8).cpu()
+                     for t in pytree.tree_leaves(again[0]) if isinstance(t, torch.Tensor) and t.layout == torch.strided])
+    return any(not torch.equal(a, b) for a, b in zip(*bits))
 
 
 def _with_written(res, args, kwargs, variant):
@@ -265,7 +291,7 @@ def _metadata(res):
 
 # -- cases -----------------------------------------------------------------------------------
 def dtypes(op):
-    supported = op.supported_dtypes("cpu")
+    supported = op.supported_dtypes(DEVICE)
     return [d for d in DTYPES if d in supported]
 
 
@@ -287,9 +313,9 @@ def variants(op, dtype):
 def samples(op, variant, dtype):
     """The samples to run: all of them with FUSELENS_OPINFO=full, else the first SAMPLES."""
     if variant == "error":
-        it = op.error_inputs("cpu") if dtype == torch.float32 else iter(())
+        it = op.error_inputs(DEVICE) if dtype == torch.float32 else iter(())
     else:
-        it = op.sample_inputs("cpu", dtype, requires_grad=variant == "grad")
+        it = op.sample_inputs(DEVICE, dtype, requires_grad=variant == "grad")
     for k, s in enumerate(it):
         if k == SAMPLES:
             return

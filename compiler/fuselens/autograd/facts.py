@@ -54,15 +54,19 @@ class _MetaRun(fx.Interpreter):
             kwargs = {**kwargs, "device": "meta"}
         if target is torch.Tensor.to:
             args = (args[0], *("meta" if _is_device(a) else a for a in args[1:]))
-        result = super().call_function(target, args, kwargs)
-        if isinstance(target, torch._ops.OpOverload) and isinstance(result, torch.Tensor) and \
-                result.grad_fn is not None and result.grad_fn.name() in RAISING_NODES:
-            # capture's functional form of an in-place op (`aten.copy` for `copy_`) may have no
-            # derivative where the op eager ran has one: ask that op, on a copy of what it writes
-            inplace = _inplace_overload(target)
-            if inplace is not None:
-                result = inplace(args[0].clone(), *args[1:], **kwargs)
-        return result
+        return with_eager_derivative(target, args, kwargs, super().call_function(target, args, kwargs))
+
+
+def with_eager_derivative(target, args, kwargs, result):
+    """`result` of `target(*args, **kwargs)`, with the derivative of the op eager ran: capture's
+    functional form of an in-place op (`aten.copy` for `copy_`) may have none where the in-place
+    op has one (torch 2.11's `aten.copy`), so then that op's result, on a copy of what it writes."""
+    if isinstance(target, torch._ops.OpOverload) and isinstance(result, torch.Tensor) and \
+            result.grad_fn is not None and result.grad_fn.name() in RAISING_NODES:
+        inplace = _inplace_overload(target)
+        if inplace is not None:
+            return inplace(args[0].clone(), *args[1:], **kwargs)
+    return result
 
 
 def _inplace_overload(op):
@@ -138,6 +142,13 @@ def _walk(roots, leaf_bit, saved_storages):
                 error = error or c_error
             memo[fn] = (bits, error)
     return memo
+
+
+def check_shapes(gm: fx.GraphModule, inputs) -> None:
+    """`gm` run on meta stand-ins of `inputs`: raises where an op's shape checks refuse them."""
+    with torch.no_grad(), torch.device("meta"):
+        # (not freed at its last read: a value is kept until its `writes` node moves its version)
+        _MetaRun(gm, garbage_collect_values=False).run(*[_meta_input(t) for t in inputs])
 
 
 def eager_autograd(gm: fx.GraphModule, inputs) -> EagerAutograd:

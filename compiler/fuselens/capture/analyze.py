@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from . import breaks as B
+from . import calls as C
 from .evaluator import Evaluator
 from .graph import GraphBuilder
 from .source import FunctionSource
@@ -90,7 +91,7 @@ class AbstractClass:
     def function_source(self, f: ast.FunctionDef) -> FunctionSource:
         # `__class__`: what zero-argument super() reads in a method of this class
         return FunctionSource(f.name, f"{self.node.name}.{f.name}", self.filename, f, self.env,
-                              closure={"__class__": self})
+                              closure={"__class__": self}, compile_disabled=_decorated_disabled(f, self.env))
 
     def method_source(self, name) -> FunctionSource | None:
         found = self.find(name)
@@ -498,7 +499,8 @@ def module_env(tree: ast.Module, filename: str) -> dict:
                     v = _source_import(filename, s.module, a.name) or UNKNOWN
                 env[a.asname or a.name] = v
         elif isinstance(s, ast.FunctionDef):
-            env[s.name] = FunctionSource(s.name, s.name, filename, s, env)
+            env[s.name] = FunctionSource(s.name, s.name, filename, s, env,
+                                         compile_disabled=_decorated_disabled(s, env))
         elif isinstance(s, ast.ClassDef):
             env[s.name] = AbstractClass(s, env, filename)
         elif isinstance(s, (ast.Assign, ast.AnnAssign)):
@@ -592,6 +594,15 @@ def compiled_elsewhere(source: str, filename: str) -> set[tuple[str, str]]:
     here = os.path.realpath(filename)
     return {(os.path.realpath(c.filename), c.node.name) for c in _compiled_names(tree, env)[1]
             if os.path.realpath(c.filename) != here}
+
+
+def _decorated_disabled(f: ast.FunctionDef, env) -> bool:
+    """`@torch.compiler.disable` (or `torch._dynamo.disable`, called or not) decorates `f`."""
+    for d in f.decorator_list:
+        target = _resolve(d.func if isinstance(d, ast.Call) else d, env)
+        if any(target is t for t in C.DISABLE_DECORATORS):
+            return True
+    return False
 
 
 def _decorated_compiled(f: ast.FunctionDef, env) -> bool:

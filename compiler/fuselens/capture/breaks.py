@@ -93,6 +93,23 @@ UNKNOWN_CALL = _kind(
     "cannot be captured: Python calls it between graphs.",
     "Use a torch operation instead, or move the call outside the compiled function.",
     "GB0147")
+COMPILE_DISABLED = _kind(
+    "FL141", "Call to a function marked torch.compiler.disable",
+    "`@torch.compiler.disable` (or `torch._dynamo.disable`) keeps a function out of graphs: the "
+    "graph ends before the call, Python runs the function eagerly, and the rest continues in a "
+    "new graph, as under torch.compile.",
+    "Remove the decorator if the function can be compiled; otherwise keep the call where a break "
+    "costs least (outside loops).",
+    "GB0098")
+AUTOGRAD_FUNCTION = _kind(
+    "FL142", "Custom autograd.Function whose gradient is recorded",
+    "A `torch.autograd.Function`'s `apply`, where autograd records it (an argument requires grad): "
+    "eager's gradient comes from the function's own `backward`, so Python runs the call eagerly "
+    "between graphs (its forward and backward run once each, as in eager). Without gradients "
+    "(inference, `torch.no_grad()`), its `forward` is captured into the graph.",
+    "Where the function only restates what torch differentiates already, call its forward's "
+    "torch code directly; otherwise keep the call, or compile the code around it.",
+    None)
 UNSUPPORTED_STMT = _kind(
     "FL150", "Statement not supported in a graph",
     "This statement (e.g. del, global, a generator, a context manager of C code) cannot be "

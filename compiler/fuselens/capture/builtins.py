@@ -17,11 +17,12 @@ import types
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 
 from . import breaks as B
 from . import calls as C
 from . import environ
-from .frames import AbstractSeq
+from .frames import AbstractSeq, BreakSignal
 from .objects import foldable
 from .tensors import TensorMethod
 from .values import UNKNOWN, BoundUserMethod, LocalFunction, SymInt, TensorVar, Unknown, contains_tensor, leaves
@@ -207,6 +208,21 @@ def _native(ev, fn, args, kwargs, e, scope):
     return fn(*args, **kwargs)
 
 
+def _set_grad_enabled(ev, fn, args, kwargs, e, scope):
+    """`torch.set_grad_enabled(mode)` sets grad mode when made, not when entered. As a `with`'s
+    context expression, grad mode is the evaluator's state from `__enter__` (statements.py): the
+    object is made here with the process's grad mode left as it was. Called on its own, it sets
+    grad mode for the code after it, in the caller too: a break, Python sets it, and what follows
+    is captured in that mode (every capture guards grad mode)."""
+    if ev.with_expr is not e:
+        ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="torch.set_grad_enabled() outside a `with` sets grad mode")
+    prev = torch.is_grad_enabled()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        torch._C._set_grad_enabled(prev)
+
+
 def _usage_log(ev, fn, args, kwargs, e, scope):
     """torch's API-usage telemetry (`torch._C._log_api_usage_once`, which torchvision calls in
     its ops): nothing a program can observe; torch.compile drops it too."""
@@ -228,6 +244,63 @@ def _assert(ev, fn, args, kwargs, e, scope):
     if not args[0]:
         raise AssertionError(args[1] if len(args) > 1 else "")
     return None
+
+
+_FUNCTION_APPLY = torch.autograd.Function.apply.__func__
+_DEFAULT_SETUP_CONTEXT = torch.autograd.function._SingleLevelFunction.setup_context
+
+
+def _is_function_apply(fn) -> bool:
+    """`MyFunction.apply` of a custom `torch.autograd.Function`."""
+    return isinstance(fn, types.MethodType) and getattr(fn, "__func__", None) is _FUNCTION_APPLY \
+        and isinstance(fn.__self__, type) and issubclass(fn.__self__, torch.autograd.Function)
+
+
+def _autograd_function_apply(ev, fn, args, kwargs, e, scope):
+    """`MyFunction.apply(...)`. Where autograd records it (grad mode on, a tensor argument that
+    requires grad), eager runs the user's `backward` for its gradients: the call runs eagerly
+    behind a break, so forward and backward each run once, as eager's (recomputing the forward in
+    the backward would draw its random numbers again and repeat its side effects). Elsewhere it
+    is its `forward` (with its context object, in no-grad mode, as `apply` runs it), captured."""
+    cls = fn.__self__
+    tensors = [v for v in leaves([args, kwargs]) if isinstance(v, TensorVar)]
+    if any(t.meta is None for t in tensors):
+        return UNKNOWN  # (the editor: whether autograd records the call is not known)
+    if ev.grad_enabled and any(t.meta.requires_grad for t in tensors):
+        ev.brk(B.AUTOGRAD_FUNCTION, e, scope, detail=f"{cls.__qualname__}.apply")
+    ctx = torch.autograd.function.FunctionCtx()
+    ctx.needs_input_grad = tuple(isinstance(a, TensorVar) and a.meta.requires_grad for a in args)
+    ev.effects.fresh(ctx)
+    prev = ev.grad_enabled
+    ev.grad_enabled = False
+    try:
+        with torch.no_grad():
+            if cls.setup_context is _DEFAULT_SETUP_CONTEXT:
+                return ev.call(cls.forward, [ctx, *args], kwargs, e, scope)
+            out = ev.call(cls.forward, list(args), kwargs, e, scope)
+            ev.call(cls.setup_context, [ctx, tuple(args), out], {}, e, scope)
+            return out
+    except BreakSignal:
+        # (a resume would continue the forward outside its no-grad mode): the call runs in Python
+        ev.brk(B.AUTOGRAD_FUNCTION, e, scope, whole_stmt=True,
+               detail=f"{cls.__qualname__}.forward breaks the graph")
+    finally:
+        ev.grad_enabled = prev
+
+
+def _checkpoint(ev, fn, args, kwargs, e, scope):
+    """`torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=...)`: where autograd
+    records nothing (inference) it is `function(*args)`, captured; where it does, it runs in
+    Python as eager's, which keeps its memory behaviour (recomputing in the backward)."""
+    tensors = [v for v in leaves([args, kwargs]) if isinstance(v, TensorVar)]
+    options = {"context_fn", "determinism_check", "debug", "early_stop", "preserve_rng_state"}
+    reentrant = kwargs.get("use_reentrant")
+    if not isinstance(reentrant, bool) or reentrant and set(kwargs) - {"use_reentrant", "preserve_rng_state"} \
+            or any(t.meta is None for t in tensors) or not args \
+            or ev.grad_enabled and any(t.meta.requires_grad for t in tensors):
+        return NOT_HANDLED  # (eager's warning or error, or the gradient's recomputation)
+    rest = {k: v for k, v in kwargs.items() if k != "use_reentrant" and k not in options}
+    return ev.call(args[0], list(args[1:]), rest, e, scope)
 
 
 def _compile_time(answer):
@@ -254,9 +327,9 @@ def _marked_constant(ev, fn, args, kwargs, e, scope):
 KNOWN = {len: _len, range: _range, getattr: _getattr, hasattr: _hasattr, min: _minmax, max: _minmax,
          type: _type, isinstance: _isinstance, super: _super, iter: _iter, next: _next, callable: _callable,
          setattr: _setattr, delattr: _delattr, functools.reduce: _reduce, print: _print,
-         torch.no_grad: _native, torch.enable_grad: _native, torch.set_grad_enabled: _native,
+         torch.no_grad: _native, torch.enable_grad: _native, torch.set_grad_enabled: _set_grad_enabled,
          torch.autocast: _native, torch._C._log_api_usage_once: _usage_log, torch._assert: _assert,
-         os.getenv: _getenv}
+         torch.utils.checkpoint.checkpoint: _checkpoint, os.getenv: _getenv}
 if hasattr(os, "getenvb"):
     KNOWN[os.getenvb] = _getenv
 KNOWN.update({f: _torch_function_query for f in C.TORCH_FUNCTION_QUERIES})
@@ -278,4 +351,6 @@ def known_handler(fn):
         return _marked_constant
     if C.is_logging_call(fn):
         return _logging
+    if _is_function_apply(fn):
+        return _autograd_function_apply
     return None

@@ -136,6 +136,21 @@ def marked_constant(fn) -> bool:
     return getattr(fn, "_dynamo_marked_constant", False) is True
 
 
+def compile_disabled(fn) -> bool:
+    """`torch.compiler.disable` (or `torch._dynamo.disable`, `skip`) marked `fn` (a method: its
+    function), so it runs eagerly behind a graph break, as torch.compile runs it. The editor's
+    functions carry the mark as parsed from their decorators (analyze.py)."""
+    if isinstance(fn, types.MethodType):
+        fn = fn.__func__
+    if not isinstance(fn, types.FunctionType):  # a FunctionSource the editor parsed
+        return getattr(fn, "compile_disabled", False) is True
+    return fn.__dict__.get("_torchdynamo_disable") is True
+
+
+# the decorators that make that mark, as the editor resolves them from a file's source
+DISABLE_DECORATORS = {torch.compiler.disable, torch._dynamo.disable}
+
+
 # `has_torch_function(args)`: does an argument override torch functions? (builtins.py)
 TORCH_FUNCTION_QUERIES = {torch._C._has_torch_function, torch._C._has_torch_function_unary,
                           torch._C._has_torch_function_variadic}

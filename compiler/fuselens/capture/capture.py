@@ -62,7 +62,7 @@ class Capture:
 
 def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
             prefix="") -> Capture:
-    dynamic = dynamic or {}
+    dynamic = {} if dynamic is None else dynamic  # (dims marked dynamic are added: the caller's)
     builder = GraphBuilder()
     probe = Evaluator(builder)
     bound = probe.bind(fs, args, kwargs)
@@ -100,7 +100,8 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
     graph = None
     if builder.n_ops:
         writeback = [src for src, v in ev.mutated_inputs.items()]
-        gm = builder.output(list(writer.mat.outputs) + [ev.mutated_inputs[s] for s in writeback])
+        gm = builder.output(list(writer.mat.outputs) + [ev.mutated_inputs[s] for s in writeback],
+                            {s for s, dims in ev.dynamic.items() if dims})
         graph = GraphInfo(gm, [s for s, _ in builder.inputs], writeback, fs.qualname,
                           sorted(l for l in builder.lines if l[0] == fs.filename) or sorted(builder.lines),
                           builder.n_ops, graph_name)

@@ -50,6 +50,9 @@ class Concrete:
         """A tensor from outside the graph: a graph input, guarded on its metadata."""
         tv = ev.g.input(t, src)
         if tv.source == src:
+            marked = t.__dict__.get("_dynamo_dynamic_indices")
+            if marked:  # `torch._dynamo.mark_dynamic(t, d)`: dynamic from the first call on
+                ev.dynamic.setdefault(src, set()).update(d % t.dim() for d in marked if t.dim())
             self.sources.guard_tensor(src, t, ev.dynamic.get(src, ()))
         else:  # the same tensor reached by two names: guard the aliasing
             self.sources.guard(f"{SRC} is {arg(1)}", f"{src} is the same tensor as {tv.source}", src, tv.source)

@@ -65,11 +65,12 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
         self.abstract = abstract
         self.sources = sources          # capture.Sources (concrete): guards and constants
         self.on_break = on_break        # abstract domain: called with each GraphBreak
-        self.dynamic = dynamic or {}    # source expr -> set of dynamic dims
+        self.dynamic = {} if dynamic is None else dynamic  # source expr -> set of dynamic dims (the runtime's)
         # stack of (device_type, dtype) of active autocast: one entered around the call too
         self.autocast: list = [(d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")
                                if torch.is_autocast_enabled(d)]
         self.grad_enabled = torch.is_grad_enabled()
+        self.with_expr = None  # the context expression of the `with` being entered (builtins.py)
         self.deriving_views = False  # Tensors.rebind derives the views of a written tensor again
         self.value_sources = ValueSources()   # object -> source expression
         self.mutated_inputs: dict[str, TensorVar] = {}  # input source -> its latest value

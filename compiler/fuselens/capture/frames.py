@@ -49,6 +49,9 @@ class FrameAtBreak:
     completed: dict              # id(expr) -> (expr, value): sub-expressions already evaluated
     vars: dict                   # variables at the break
     call: ast.Call | None = None  # in outer frames: the call that led to the inner frame
+    # in outer frames whose call made an object (`cls(...)` ran `__init__`): that object, the
+    # call's result (the inner frame's return value is `__init__`'s None)
+    constructed: object = None
 
 
 class CannotCapture(Exception):
@@ -67,6 +70,7 @@ class BreakSignal(Exception):
         self.cond = cond
         self.frames: list[FrameAtBreak] = []   # innermost first
         self.pending_call = None
+        self.pending_constructed = None  # (FrameAtBreak.constructed, for the frame to come)
         # whole statement: the calls in it that led to the break, compiled on their own when
         # Python runs the statement (as each frame Python enters is compiled under torch.compile)
         self.compile_calls: list[ast.Call] = []

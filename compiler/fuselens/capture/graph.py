@@ -8,6 +8,7 @@ import re
 import torch
 import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..ops import effects
 from . import meta_memo
@@ -293,15 +294,32 @@ class GraphBuilder:
         return node
 
     # -- finishing ----------------------------------------------------------------------------
-    def output(self, values: list) -> fx.GraphModule:
+    def output(self, values: list, dynamic_sources=frozenset()) -> fx.GraphModule:
+        """The graph module returning `values`. Ops whose results nothing uses go, except where
+        eager's run of them is seen: a write (`meta["writes"]`: autograd refuses a backward through
+        a value saved before it, autograd/facts.py), a random op (it draws), and an op on a size
+        of the inputs in `dynamic_sources` that may change (the backend checks its shapes at each
+        call's sizes, raising where eager's checks raise, and builds no kernel for it)."""
         self.graph.output(tuple(_as_node(v) for v in values))
-        self.graph.eliminate_dead_code()
+        sized = _on_sources(self.graph, dynamic_sources)
+        self.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or "writes" in n.meta or n in sized)
         root = torch.nn.Module()
         for name, v in self.constants.items():
             setattr(root, name, v)
         # its Python code made when first run or printed: the backend reads the graph (a model's
         # forward: 20-50 ms of a capture on the dev CPU), and runs the code only to fall back
         return _LazyGraphModule(root, self.graph)
+
+
+def _on_sources(graph: fx.Graph, sources) -> set:
+    """The nodes that read, directly or through others, a placeholder of one of `sources`."""
+    found: set = set()
+    for n in graph.nodes if sources else ():
+        reads = n.meta.get("source") in sources if n.op == "placeholder" else \
+            any(a in found for a in n.all_input_nodes)
+        if reads:
+            found.add(n)
+    return found
 
 
 def _storage_address(t: torch.Tensor) -> int | None:
@@ -336,8 +354,8 @@ def _probe_device_kernel(fn, margs, mkwargs, device):
             if isinstance(v, torch.Tensor) else v
     try:
         probe = fn(*_map(margs, empty("meta")), **_map(mkwargs, empty("meta")))
-    except Exception:  # empty shapes are not valid here: nothing to learn
-        return None
+    except Exception:  # empty shapes are not valid here: ask the dispatcher
+        return _missing_device_kernel(fn, margs, mkwargs, device)
     outs = probe if isinstance(probe, (tuple, list)) else [probe]
     if not all(isinstance(o, torch.Tensor) and o.numel() == 0 for o in outs):
         return None
@@ -347,6 +365,38 @@ def _probe_device_kernel(fn, margs, mkwargs, device):
         return str(e)
     except Exception:  # e.g. an empty reduction: refused for emptiness only
         pass
+    return None
+
+
+class _OpsCalled(TorchDispatchMode):
+    """The ATen overloads a call dispatches to (below autograd and composite decompositions)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def _missing_device_kernel(fn, margs, mkwargs, device):
+    """Where empty tensors cannot stand in (sizes the arguments index into: `narrow_copy`'s start),
+    the call runs on its meta values and each ATen overload it reaches is looked up in the
+    dispatcher's table for `device` (`narrow_copy.out` has none on CUDA): eager's NotImplementedError,
+    or None."""
+    key = {"cpu": "CPU", "cuda": "CUDA"}.get(torch.device(device).type)
+    if key is None:
+        return None
+    called = _OpsCalled()
+    try:
+        with called:
+            fn(*margs, **mkwargs)
+    except Exception:  # noqa: BLE001 - invalid on meta too: capture reports that itself
+        return None
+    for op in called.ops:
+        if not torch._C._dispatch_has_computed_kernel_for_dispatch_key(op.name(), key):
+            return f"Could not run '{op.name()}' with arguments from the '{key}' backend."
     return None
 
 

@@ -174,6 +174,15 @@ class Sources:
         if c != src:
             self.guard(f"{SRC} is {c}", f"{src} is the same {type(mod).__name__}", src)
         self.guard(f"{SRC}.training is {mod.training}", f"{src}.training is {mod.training}", src)
+        # its forward hooks (capture evaluates them: objects.call_module), as they are now
+        if not (mod._forward_pre_hooks or mod._forward_hooks):
+            self.guard(f"not {SRC}._forward_pre_hooks and not {SRC}._forward_hooks",
+                       f"{src} has no forward hooks", src)
+        for kind in ("_forward_pre_hooks", "_forward_hooks"):
+            hooks = list(getattr(mod, kind).values())
+            if hooks:
+                names = "".join(f"{self.constant(h, 'hook')}, " for h in hooks)
+                self.guard(f"[*{SRC}.{kind}.values()] == [{names}]", f"{src}.{kind} are the same hooks", src)
 
     def global_source(self, gdict: dict, name: str, v) -> str:
         g = self.constant(gdict, "G")

@@ -48,6 +48,8 @@ class Kind:
 
     def call(self, ev, fn, args, kwargs, e, scope):
         method = inspect.getattr_static(type(fn), "__call__", None)
+        if C.compile_disabled(method):
+            ev.brk(B.COMPILE_DISABLED, e, scope, detail=f"call to a `{type(fn).__qualname__}` object")
         if isinstance(method, types.FunctionType) and not _no_source(method):
             return ev.inline(method, args, kwargs, e, scope, self_value=fn)
         return ev.domain.opaque_call(ev, fn, args, kwargs, e, scope)
@@ -271,6 +273,8 @@ class PythonFunction(Kind):
     plain values run natively (their result is a constant)."""
 
     def call(self, ev, fn, args, kwargs, e, scope):
+        if C.compile_disabled(fn.fn if isinstance(fn, BoundUserMethod) else fn):
+            ev.brk(B.COMPILE_DISABLED, e, scope, detail=f"call to {_name(fn)}")
         if isinstance(fn, BoundUserMethod):
             return ev.inline(fn.fn, args, kwargs, e, scope, self_value=fn.self_value)
         if isinstance(fn, types.MethodType):
@@ -297,10 +301,13 @@ class TorchFunction(Kind):
             # the editor does not walk torch's own Python on plain values (`torch.compile`
             # itself): what it would find there is torch's, not the user's, and depends on state
             return UNKNOWN
-        if plain and isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType) \
-                and not isinstance(fn.__self__, (TensorVar, torch.Tensor)):
+        if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType) \
+                and not isinstance(fn.__self__, (TensorVar, torch.Tensor)) \
+                and (plain or not isinstance(fn.__self__, type)):
             # a method of one of torch's Python objects (`no_grad().clone()`, which a
-            # `@torch.no_grad()` decorator calls): code like the user's
+            # `@torch.no_grad()` decorator calls; a distribution's `log_prob(x)`, a constraint's
+            # `check(x)`): code like the user's, found on the object's class, not an op of the
+            # module that defines it
             return ev.inline(fn.__func__, args, kwargs, e, scope, self_value=fn.__self__)
         if plain and isinstance(fn, types.FunctionType):
             # torch's own Python helpers on plain values (`F._canonical_mask(None, ...)`,
@@ -327,6 +334,9 @@ class CMethod(Kind):
     constant it folds."""
 
     def call(self, ev, fn, args, kwargs, e, scope):
+        if not args and not kwargs and isinstance(fn, types.MethodWrapperType) \
+                and fn == object.__init__.__get__(fn.__self__):
+            return None  # `super().__init__()` reaching object's: it does nothing, on any object
         owner = _c_method_self(fn, args)
         name = getattr(fn, "__name__", "")
         if name == "__setattr__" and len(args) >= 2 and not ev.effects.is_fresh(owner) \
@@ -438,8 +448,12 @@ class Class(Kind):
     def call(self, ev, cls, args, kwargs, e, scope):
         if issubclass(cls, (int, float, bool, str, tuple, list, dict, set, range, slice, enumerate, zip,
                             reversed)) and not _runs_python(cls) or C.is_pure_foldable(cls):
-            return ev.fold(cls, args, kwargs, e, scope)
-        if cls.__module__.startswith("torch") and not any(contains_tensor(a) for a in args):
+            if cls.__module__ == "builtins" or not contains_tensor([args, kwargs]) or issubclass(cls, tuple):
+                return ev.fold(cls, args, kwargs, e, scope)
+            # a subclass of list or dict of Python's (a ModelOutput-like dict with attribute
+            # access) holding graph tensors: the capture's own object, made by its C `__init__`
+            return ev.new_object(cls, args, kwargs, e, scope)
+        if cls.__module__.startswith("torch") and not contains_tensor([args, kwargs]):
             # torch objects (Size, dtype, device, a module without parameters) from constants
             _torch_receives(ev, args, kwargs)
             if any(isinstance(v, Unknown) for v in leaves([args, kwargs])):
@@ -548,6 +562,11 @@ def _torch_receives(ev, args, kwargs):
     """Abstract domain: NumPy's data reaching torch claims the breaks of the calls that made it."""
     if ev.foreign:
         ev.foreign_reaches_torch([args, kwargs])
+
+
+def _name(fn) -> str:
+    fn = getattr(fn, "fn", fn) if isinstance(fn, BoundUserMethod) else fn
+    return getattr(fn, "__qualname__", None) or getattr(fn, "qualname", None) or type(fn).__name__
 
 
 def _short(node, limit=60) -> str:

@@ -26,7 +26,7 @@ from .side_effects import MUTABLE
 from .source import NoSourceError, function_source
 from .values import (NUMPY_SCALARS, UNKNOWN, BoundUserMethod, ForeignData, LocalFunction, SymInt, TensorVar,
                      Unknown, contains_tensor, leaves)
-from .frames import AbstractSeq
+from .frames import AbstractSeq, BreakSignal
 from .statements import MAX_UNROLL
 
 
@@ -79,6 +79,8 @@ class Objects:
             if issubclass(cls, tuple) and hasattr(cls, "_fields"):
                 return cls(*args, **kwargs)  # a named tuple: its generated __new__ packs its arguments
             self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"`{cls.__qualname__}` has its own __new__")
+        if C.compile_disabled(cls.__init__):  # (`torch.compiler.disable` on the class)
+            self.brk(B.COMPILE_DISABLED, e, scope, detail=f"creating a `{cls.__qualname__}` object")
         if cls.__new__ is not object.__new__ and cls.__init__ is object.__init__:
             return self.made_by_c_new(cls, args, kwargs, e, scope)
         obj = cls.__new__(cls)
@@ -90,7 +92,12 @@ class Objects:
         elif dataclass_generated_init(init, obj):
             self.dataclass_init(obj, args, kwargs, init, e, scope)
         else:
-            self.inline(init, args, kwargs, e, scope, self_value=obj)
+            try:
+                self.inline(init, args, kwargs, e, scope, self_value=obj)
+            except BreakSignal as b:
+                if b.pending_call is e:  # a break inside `__init__`: the call's result is `obj`
+                    b.pending_constructed = obj
+                raise
         return obj
 
     def made_by_c_new(self, cls, args, kwargs, e, scope):
@@ -334,8 +341,9 @@ class Objects:
         return r
 
     def call_module(self, mod, args, kwargs, e, scope):
-        if mod._forward_hooks or mod._forward_pre_hooks or getattr(mod, "_backward_hooks", None):
-            self.brk(B.UNKNOWN_CALL, e, scope, detail=f"{type(mod).__name__} has hooks")
+        if getattr(mod, "_backward_hooks", None) or getattr(mod, "_backward_pre_hooks", None) \
+                or getattr(mod, "_forward_hooks_always_called", None) or _global_module_hooks():
+            self.brk(B.UNKNOWN_CALL, e, scope, detail=f"{type(mod).__name__} has backward or global hooks")
         if not self.effects.is_fresh(mod):
             src = self.domain.source(self, mod)
             if src is None:
@@ -344,7 +352,43 @@ class Objects:
             # identity and .training, however the module was reached (a global, a list item)
             self.domain.guard_module(mod, src)
         fwd = type(mod).forward
-        return self.inline(fwd, args, kwargs, e, scope, self_value=mod)
+        if C.compile_disabled(fwd):
+            self.brk(B.COMPILE_DISABLED, e, scope, detail=f"call to {type(mod).__name__}.forward")
+        if not (mod._forward_pre_hooks or mod._forward_hooks):
+            return self.inline(fwd, args, kwargs, e, scope, self_value=mod)
+        return self._call_hooked(mod, fwd, args, kwargs, e, scope)
+
+    def _call_hooked(self, mod, fwd, args, kwargs, e, scope):
+        """A module call with forward pre-hooks and hooks (guarded: guards.guard_module), in
+        `nn.Module._call_impl`'s order: each pre-hook may replace the arguments, each hook the
+        result. The hooks are code like any other."""
+        args = tuple(args)
+        for hook_id, hook in list(mod._forward_pre_hooks.items()):
+            if hook_id in mod._forward_pre_hooks_with_kwargs:
+                r = self.call(hook, [mod, args, kwargs], {}, e, scope)
+                if r is not None:
+                    if not (isinstance(r, tuple) and len(r) == 2):
+                        raise RuntimeError("forward pre-hook must return None or a tuple of (new_args, new_kwargs), "
+                                           f"but got {r}.")
+                    args, kwargs = r
+            else:
+                r = self.call(hook, [mod, args], {}, e, scope)
+                if r is not None:
+                    args = r if isinstance(r, tuple) else (r,)
+        result = self.inline(fwd, list(args), kwargs, e, scope, self_value=mod)
+        for hook_id, hook in list(mod._forward_hooks.items()):
+            with_kwargs = hook_id in mod._forward_hooks_with_kwargs
+            r = self.call(hook, [mod, args, kwargs, result] if with_kwargs else [mod, args, result], {}, e, scope)
+            if r is not None:
+                result = r
+        return result
+
+
+def _global_module_hooks() -> bool:
+    """Hooks registered for every module (`nn.modules.module.register_module_forward_hook`...)."""
+    m = nn.modules.module
+    return bool(m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks
+                or getattr(m, "_global_backward_pre_hooks", None) or getattr(m, "_global_forward_hooks_always_called", None))
 
 
 # container methods whose effect and result do not depend on the contents: a model only

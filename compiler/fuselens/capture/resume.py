@@ -21,26 +21,16 @@ import builtins
 import copy
 import functools
 import itertools
-import operator
-import re
 from dataclasses import dataclass, field
 
-import torch
-
-from ..ops import effects as E
-from . import side_effects as S
 from .frames import BreakSignal, FrameAtBreak, has_loop_jump
 from .guards import is_literal
+from .materialize import CannotResume, Materializer
 from .source import FunctionSource, build_function
-from .values import GeneratorCall, LocalFunction, SymInt, SymShape, TensorVar, ValueSources
+from .values import LocalFunction, SymInt, TensorVar
 
 
 _UIDS = itertools.count()
-
-
-class CannotResume(Exception):
-    """A live value has no Python form (e.g. a local function): the whole function must run
-    eagerly."""
 
 
 @dataclass
@@ -55,192 +45,6 @@ class Transformed:
     source: str                              # Python source of the transformed function
     namespace: dict                          # constants it refers to (closure)
     resumes: list[Resume] = field(default_factory=list)
-
-
-class Materializer:
-    """Python expressions for values in the transformed function's scope; tensors that are
-    not graph inputs become graph outputs, modelled containers (side_effects.py) their real
-    objects. Where mutations are replayed, the real objects are found by their sources at
-    entry (`refs`): a replayed `xs.pop(0)` must not change what `xs[1]` names."""
-
-    def __init__(self, sources, mutated: dict, effects=None, latest=lambda v: v, value_sources=None):
-        self.sources = sources
-        # id(object) -> where this call finds it (an argument, `self.config`...): an object
-        # guarded by its type alone is named by its source, never frozen into a constant
-        self.value_sources = value_sources if value_sources is not None else ValueSources()
-        self.outputs: list[TensorVar] = []
-        self._out_index: dict[int, int] = {}
-        self._mutated = mutated
-        self.effects = effects
-        self.latest = latest             # a tensor's value after in-place ops on it
-        self.refs: dict[str, str] = {}   # source -> name bound at entry
-        # the function's own lists, dicts and sets, one name each: Python code (a replayed
-        # `log.append(items)`, a resume) gets the very object, as in eager
-        self.prelude: list[str] = []
-        self._own: dict[int, tuple] = {}
-        self._n_own = 0
-        self._replays = None
-
-    def source(self, src: str) -> str:
-        if self._replays is None:  # materializing starts once capture has ended
-            self._replays = self.effects.replays() if self.effects is not None else []
-        if src.isidentifier() or not self._replays:
-            return src
-        name = self.refs.get(src)
-        if name is None:
-            name = self.refs[src] = f"__fl_r{len(self.refs)}"
-        return name
-
-    def entry_lines(self) -> list[str]:
-        """Binds the sources of `refs` (the first lines of the transformed function)."""
-        if not self.refs:
-            return []
-        return [f"{', '.join(self.refs.values())} = {', '.join(self.refs)}"]
-
-    def replay_lines(self) -> list[str]:
-        """The logged mutations of modelled containers, made on the real objects."""
-        return [line for part in self.replay_parts() for line in part]
-
-    def replay_parts(self) -> tuple[list[str], list[str]]:
-        """The replayed mutations as (before the graph call, after it): those that come first
-        and need nothing the graph or the code after it makes are made before the graph runs,
-        as in eager (where the graph raises, eager had made them already)."""
-        lines = self._replay()
-        made_later = ["__fl_o"] + [p.split(" = ", 1)[0] for p in self.prelude]
-        k = 0
-        while k < len(lines) and not any(re.search(rf"\b{re.escape(n)}\b", lines[k]) for n in made_later):
-            k += 1
-        return lines[:k], lines[k:]
-
-    def _replay(self) -> list[str]:
-        out = []
-        for m in (self.effects.replays() if self.effects is not None else []):
-            target = self.expr(m.obj)
-            args = [self.expr(a) for a in m.args] + [f"{k}={self.expr(a)}" for k, a in m.kwargs.items()]
-            if m.name == "__setattr__":
-                out.append(f"{target}.{m.args[0]} = {args[1]}")
-            elif m.name == "__setitem__":
-                out.append(f"{target}[{args[0]}] = {args[1]}")
-            elif m.name == "__delitem__":
-                out.append(f"del {target}[{args[0]}]")
-            else:
-                out.append(f"{target}.{m.name}({', '.join(args)})")
-        return out
-
-    @property
-    def input_src(self):  # looked up late: inputs are mutated after the Materializer is made
-        return {id(v): k for k, v in self._mutated.items()}
-
-    def expr(self, v, exact=False) -> str:
-        """`exact`: `v` itself, not its value after later in-place ops (the value a metadata write
-        replaced, as the base of the view it made: `y.t_()` is y's old value transposed)."""
-        if isinstance(v, TensorVar):
-            v = v if exact else self.latest(v)
-            if id(v) in self.input_src:  # a mutated input: written back, read it from there
-                return self.source(self.input_src[id(v)])
-            if v.source is not None:
-                return self.source(v.source)
-            if v.view_of is not None:
-                # a view is made again from its base in Python: aliasing stays as in eager
-                return self.view_expr(v.view_of, v)
-            i = self._out_index.get(id(v))
-            if i is None:
-                i = self._out_index[id(v)] = len(self.outputs)
-                self.outputs.append(v)
-            return f"__fl_o[{i}]"
-        if isinstance(v, SymInt):
-            return v.expr
-        if isinstance(v, slice):
-            return f"slice({self.expr(v.start)}, {self.expr(v.stop)}, {self.expr(v.step)})"
-        if v is Ellipsis:
-            return "..."
-        if isinstance(v, LocalFunction):
-            raise CannotResume(f"local function {v.name!r} is live across a graph break")
-        if isinstance(v, GeneratorCall):
-            raise CannotResume("a generator not yet iterated is live across a graph break")
-        if isinstance(v, SymShape):
-            return "torch.Size([" + ", ".join(self.expr(x) for x in v) + "])"
-        src = self.effects.source(v) if self.effects is not None else None
-        if src is not None:
-            return self.source(src)
-        if isinstance(v, tuple) and type(v) is tuple:
-            inner = ", ".join(self.expr(x) for x in v)
-            return f"({inner},)" if len(v) == 1 else f"({inner})"
-        if isinstance(v, tuple) and type(v).__module__ == "torch.return_types":
-            # a named tuple of torch's (`x.max(dim=1)`): made again with its type
-            inner = "".join(self.expr(x) + ", " for x in v)
-            return f"torch.return_types.{type(v).__name__}(({inner}))"
-        if self.effects is not None and self.effects.is_fresh(v):
-            return self.fresh_object(v)
-        if type(v) in (list, dict, set):
-            hit = self._own.get(id(v))
-            if hit is not None:
-                return hit[1]
-            name = self.own_name()
-            self._own[id(v)] = (v, name)
-            if type(v) is list:
-                text = "[" + ", ".join(self.expr(x) for x in v) + "]"
-            elif type(v) is dict:
-                text = "{" + ", ".join(f"{self.expr(k)}: {self.expr(x)}" for k, x in v.items()) + "}"
-            else:
-                text = "{" + ", ".join(self.expr(x) for x in v) + "}" if v else "set()"
-            self.prelude.append(f"{name} = {text}")
-            return name
-        if isinstance(v, torch.Size):
-            return f"torch.Size({list(v)!r})" if "torch" in () else self.sources.constant(v, "size")
-        if is_literal(v):
-            return repr(v)
-        src = self.value_sources.get(v)
-        if src is not None:
-            return self.source(src)
-        return self.sources.constant(v, getattr(v, "__name__", type(v).__name__))
-
-
-    def own_name(self) -> str:
-        self._n_own += 1
-        return f"__fl_m{self._n_own}"
-
-    def fresh_object(self, v) -> str:
-        """An object of a Python class the captured code made: rebuilt from its state, once
-        (side_effects.rebuild), under one name."""
-        hit = self._own.get(id(v))
-        if hit is not None:
-            if hit[1] is None:
-                raise CannotResume(f"a {type(v).__name__} object that contains itself escapes")
-            return hit[1]
-        self._own[id(v)] = (v, None)  # being made
-        attrs, items = S.state(v)
-        a = "{" + ", ".join(f"{k!r}: {self.expr(x)}" for k, x in (attrs or {}).items()) + "}"
-        if items is None:
-            i = "None"
-        elif isinstance(v, dict):
-            i = "[" + ", ".join(f"({self.expr(k)}, {self.expr(x)})" for k, x in items) + "]"
-        else:
-            i = "[" + ", ".join(self.expr(x) for x in items) + "]"
-        name = self.own_name()
-        self._own[id(v)] = (v, name)
-        cls = self.sources.constant(type(v), type(v).__name__)
-        self.prelude.append(f"{name} = {self.sources.constant(S.rebuild, 'rebuild')}({cls}, {a}, {i})")
-        return name
-
-    def view_expr(self, view_of, view=None) -> str:
-        parent, fn, args, kwargs, item = view_of
-        # (a metadata write's result views the value it replaced: both are the variable's latest)
-        p = self.expr(parent, exact=view is not None and self.latest(parent) is self.latest(view))
-        # taken under no_grad of a tensor that requires grad, eager's requires grad (E.no_grad_view)
-        no_grad = view is not None and view.node is not None and view.node.meta.get("no_grad_view")
-        if no_grad and fn in (torch.Tensor.detach, torch.detach):
-            fn, no_grad = E.no_grad_view, False
-        if fn is operator.getitem:
-            text = f"{p}[{self.expr(args[0])}]"
-        else:
-            a = [self.expr(x) for x in args] + [f"{k}={self.expr(x)}" for k, x in kwargs.items()]
-            if getattr(fn, "__qualname__", "").startswith(("Tensor.", "TensorBase.")):
-                text = f"{p}.{fn.__name__}({', '.join(a)})"
-            else:
-                text = f"{self.sources.constant(fn, fn.__name__)}({', '.join([p] + a)})"
-        text = text if item is None else f"{text}[{item}]"
-        return f"{self.sources.constant(E.no_grad_view, 'no_grad_view')}({text})" if no_grad else text
 
 
 def _super_site(frame):
@@ -647,6 +451,7 @@ class Writer:
         stmt = self.compiling_calls(s, sig) if sig.whole_stmt else substitute(s, inner.completed, self.mat, temps)
         stmt = self.explicit_super(inner, [stmt])[0][0]
         x_live: list[str] = []  # the helper's variables its exceptional continuation reads
+        returns = False  # the statement may return from the callee (`Returned`)
         unbound: list[str] = []  # live names the statement, run in Python, may leave unbound
         # -- the innermost frame: the helper that runs the break, and its continuation
         if sig.cond is not None and isinstance(s, ast.If):
@@ -668,6 +473,11 @@ class Writer:
             exprs = self._unbound_args(unbound)
             ret = ast.Tuple(elts=[exprs.get(n) or ast.Name(id=n, ctx=ast.Load()) for n in live],
                             ctx=ast.Load())
+            if cont_body:
+                # a `return` of the callee inside the statement (one Python runs whole: a `try`
+                # with a `finally`, a loop) ends the callee: the helper hands its value on as
+                # `Returned`, not as the live values its continuation would take
+                stmt, returns = _returning(stmt, self.sources.constant(Returned, "Returned"))
             run = with_wrappers(inner.levels, [stmt])
             if _in_try(inner.levels):
                 run, x_live = self._helper_raising(inner, run, uid)
@@ -687,6 +497,10 @@ class Writer:
             inner_call = f"__fl_cont{uid}_0(*{st})"
             consts[f"__fl_cont{uid}_0"] = self.generated(inner, f"__fl_cont{uid}_0", cont_params,
                                                          cont_body, unbound=unbound)
+            if returns:
+                returned = self.sources.constant(Returned, "Returned")
+                consts[returned] = Returned
+                inner_call = f"{st}.value if type({st}) is {returned} else {inner_call}"
         else:
             inner_call = st
         # -- each enclosing frame: continue after the call, with its result in __fl_ret
@@ -694,11 +508,10 @@ class Writer:
         for i, fr in enumerate(frames[1:], start=1):
             ftemps: dict[str, str] = {}
             cur = substitute(fr.stmt, fr.completed, self.mat, ftemps, replace_call=fr.call)
-            first = ast.parse(f"__fl_ret = {inner_call}").body[0]
-            ast.fix_missing_locations(ast.copy_location(first, fr.call))
-            for n in ast.walk(first):
+            first = ast.parse(_call_result(inner_call, fr, ftemps, self.mat)).body
+            for n in (x for st in first for x in ast.walk(st)):
                 ast.copy_location(n, fr.call)
-            body = continuation(fr.levels, False, current=[first, cur])
+            body = continuation(fr.levels, False, current=first + [cur])
             own = list(ftemps) + [n for n in self.live(fr, body) if n not in ftemps]
             params = [st, inn] + own
             lives.append([ftemps[n] if n in ftemps else self.mat.expr(fr.vars[n]) for n in own])
@@ -753,10 +566,10 @@ class Writer:
         name = None
         for i, fr in enumerate(frames[1:], start=1):
             ftemps: dict[str, str] = {}
-            first = ast.parse(f"__fl_ret = {inner_call}").body[0]
-            for n in ast.walk(first):
+            first = ast.parse(_call_result(inner_call, fr, ftemps, self.mat)).body
+            for n in (x for st in first for x in ast.walk(st)):
                 ast.copy_location(n, fr.call)
-            cur = [first, substitute(fr.stmt, fr.completed, self.mat, ftemps, replace_call=fr.call)]
+            cur = first + [substitute(fr.stmt, fr.completed, self.mat, ftemps, replace_call=fr.call)]
             body = continuation(fr.levels, False, current=cur)
             own = list(ftemps) + [n for n in self.live(fr, body) if n not in ftemps]
             lives.append([ftemps[n] if n in ftemps else self.mat.expr(fr.vars[n]) for n in own])
@@ -795,6 +608,17 @@ class Writer:
         return [(n, ast.unparse(h), fs) for n, h, fs in self.helpers]
 
 
+def _call_result(inner_call, frame, temps, mat) -> str:
+    """`__fl_ret = <the result of the call that led to the inner frames>`: the inner frames'
+    continuation's return value, or, where the call made an object (its `__init__` broke), that
+    object (a live value of the frame's, as a temporary)."""
+    if frame.constructed is None:
+        return f"__fl_ret = {inner_call}"
+    name = f"__fl_new{len(temps)}"
+    temps[name] = mat.expr(frame.constructed)
+    return f"{inner_call}\n__fl_ret = {name}"
+
+
 def _with_lines(text, outer_frames, mat):
     """`text` inside the `with` blocks of the enclosing frames (outermost first). Their items
     are code of those frames: a name of the frame's (`with ctx_factory():` in torch's grad-mode
@@ -825,6 +649,39 @@ class Raised:
 
     def __init__(self, call):
         self.call = call
+
+
+class Returned:
+    """What a break helper returns where its statement, run in Python, returned from the callee
+    (a `return` inside a `try`/`finally` or a loop run whole): the callee's result, in place of
+    the live values its continuation takes (write_inlined)."""
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _returning(stmt, returned: str):
+    """`stmt` with each `return v` of its own frame (not of a function or lambda defined in it)
+    made `return Returned(v)`; and whether it has one."""
+    found = []
+
+    class Wrap(ast.NodeTransformer):
+        def visit_Return(self, node):
+            found.append(node)
+            value = node.value if node.value is not None else ast.Constant(value=None)
+            call = ast.Call(func=ast.Name(id=returned, ctx=ast.Load()), args=[value], keywords=[])
+            return ast.copy_location(ast.Return(value=ast.copy_location(call, node)), node)
+
+        def visit_FunctionDef(self, node):
+            return node  # its returns are its own
+        visit_AsyncFunctionDef = visit_Lambda = visit_ClassDef = visit_FunctionDef
+
+    # (a copy: `stmt` may be the user's own node; the values carried on nodes stay themselves)
+    keep = {id(v): v for n in ast.walk(stmt) for k in ("_fl_value", "_fl_items") if hasattr(n, k)
+            for v in [getattr(n, k)]}
+    out = Wrap().visit(copy.deepcopy(stmt, keep))
+    return ast.fix_missing_locations(out), bool(found)
 
 
 def _reraise(exc):

@@ -51,8 +51,8 @@ class Statements:
                     self._rollback(scope, mark)
                 b.frames.append(FrameAtBreak(scope, s, [list(l) for l in scope.levels],
                                              dict(scope.completed), dict(scope.vars),
-                                             call=b.pending_call))
-                b.pending_call = None
+                                             call=b.pending_call, constructed=b.pending_constructed))
+                b.pending_call = b.pending_constructed = None
             raise
         except NOT_USER_EXCEPTIONS:
             raise
@@ -367,7 +367,11 @@ class Statements:
             self.exec_block(s.body, scope, ("with", s))
             return
         item = items[0]
-        cm = self.eval(item.context_expr, scope)
+        self.with_expr = item.context_expr
+        try:
+            cm = self.eval(item.context_expr, scope)
+        finally:
+            self.with_expr = None
         if self._made_by_contextmanager(cm):
             self._generator_with(s, items, cm, scope)
             return

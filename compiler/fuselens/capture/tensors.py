@@ -180,6 +180,8 @@ class Tensors:
             a = eff.aliases[i]
             if a is not None and args and tvs[a] is args[0]:
                 o.view_of = (args[0], fn, tuple(args[1:]), dict(kwargs), i if o is not r else None)
+            if eff.multi_output_views[i]:
+                o.node.meta["multi_output_view"] = True
         if not self.grad_enabled and isinstance(r, TensorVar) and any(
                 isinstance(a, TensorVar) and a.meta.requires_grad for a in list(args) + list(kwargs.values())):
             # the graph runs with grad mode on: results computed under no_grad are detached
@@ -261,7 +263,6 @@ class Tensors:
             t = tvs[k]
             if new is t:  # an identity on these values: nothing changes
                 continue
-            new.node.meta["writes"] = t.node  # eager wrote t in place: autograd's version check
             self.rebind(t, new, scope, e)
         if len(fresh) != eff.returns_arg.count(None):
             self.brk(B.UNSUPPORTED_OP, e, scope, whole_stmt=True,
@@ -329,6 +330,7 @@ class Tensors:
         if self.abstract:
             self._replace(old, new, scope)
             return
+        new.node.meta["writes"] = old.node  # eager wrote `old` in place: autograd's version check
         chain, root = [], old
         while root.view_of is not None:
             chain.append(root)
@@ -341,6 +343,10 @@ class Tensors:
                     raise RuntimeError("a view created in no_grad mode is modified in place with grad mode enabled")
                 if v.view_of[1] in _DETACH:
                     break
+        if recorded:
+            refused = _refused_by_autograd(chain, root, old, new)
+            if refused:  # the statement runs in Python and raises eager's error there
+                self.brk(B.UNSUPPORTED_OP, node, scope, whole_stmt=True, detail=refused)
         if root.source is not None:
             self.check_no_alias(root, node, scope)
         new_root = new
@@ -419,6 +425,9 @@ class Tensors:
         for k, v in list(self.mutated_inputs.items()):
             if v is old:
                 self.mutated_inputs[k] = new
+            if self.mutated_inputs[k] is new and new.node is not None:
+                # where a run of the graph that raises has got to in writing input k (runtime/backend.py)
+                new.node.meta["input_value"] = k
         self._newer[id(old)] = (old, new)
 
     def live_views(self, root, scope, also=None) -> list:
@@ -505,6 +514,25 @@ def functional_setitem(x, idx, v):
     out = x.clone()
     out[idx] = v
     return out
+
+
+def _refused_by_autograd(chain, root: TensorVar, old: TensorVar, new: TensorVar) -> str | None:
+    """Why autograd refuses a write it records (grad mode, no detach between) into `old`, a view
+    of `root` through `chain` (`old` first; empty: `old` is `root`), giving it the value `new`:
+    a leaf that requires grad and its views are never written in place; one of several views an
+    operator returned (or a view of one) is not written by anything that requires grad (eager's
+    check_inplace). Capture's functional forms (`x[i] = v` as a setitem on a copy) and meta
+    stand-ins rebuilt by strides do not run these checks, so they are made here, for every write."""
+    placeholder = root.node is not None and root.node.op == "placeholder"
+    leaf = root.node.meta.get("is_leaf", True) if placeholder else root.meta.is_leaf
+    if leaf and root.meta.requires_grad and old.meta.requires_grad:
+        return ("a view of a leaf Variable that requires grad is being used in an in-place operation"
+                if chain else "a leaf Variable that requires grad is being used in an in-place operation")
+    if (old.meta.requires_grad or new.meta.requires_grad) and \
+            any(v.node.meta.get("multi_output_view") for v in chain):
+        return ("one of several views an operator returned (split, chunk, unbind), or a view of "
+                "one, is modified in place: autograd refuses it (use an out-of-place op)")
+    return None
 
 
 def _untracked(view: TensorVar) -> bool:

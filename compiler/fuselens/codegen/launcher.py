@@ -49,8 +49,9 @@ def cache_dir():
     return path
 
 
-# a primitive's kernel line that is one call of a Triton function on its operands: `tl.exp({0})`
-_CALL = re.compile(r"((?:tl|libdevice)\.\w+)\(\{0\}(?:, \{\d\})*\)")
+# a primitive's kernel line that is one call of a Triton function on its operands: `tl.exp({0})`,
+# or of a kernel-local helper (ops/primitives.py TRITON_HELPERS): `fl_sigmoid({0})`
+_CALL = re.compile(r"((?:tl\.|libdevice\.)?\w+)\(\{0\}(?:, \{\d\})*\)")
 # the handle attribute naming the torch computation that made an interpreted value
 _TORCH_OP = "fuselens_torch_op"
 
@@ -64,10 +65,33 @@ def _primitive_functions():
     from ..ops.primitives import PRIMITIVES
     out = {}
     for p in PRIMITIVES.values():
-        m = _CALL.fullmatch(p.triton_for(torch.float32) or "") if p.kind == "pointwise" else None
-        if m and m.group(1) != "tl.where":
-            out[m.group(1)] = p.impl
+        for dtype in (torch.float32, torch.bfloat16, torch.float64):  # spellings may differ by dtype
+            m = _CALL.fullmatch(p.triton_for(dtype) or "") if p.kind == "pointwise" else None
+            if m and m.group(1) != "tl.where":
+                out[m.group(1)] = p.impl
     return out
+
+
+# A value computed in fp32 rounded to a half type and widened back, as a kernel-local function whose
+# conversions Triton's compiler cannot remove: with FMA contraction on it folds
+# `x.to(tl.bfloat16).to(tl.float32)` into x, losing the rounding of each half-precision result
+# (an H200 run: `(a * b + a) * b - a` in bfloat16 differed from eager in 50% of its elements). In
+# Triton's interpreter it is the two casts (patch_interpreter_casts rounds them as torch does).
+ROUND_HELPERS = {
+    "bfloat16": ("fl_round_bf16", "def fl_round_bf16(x):\n    return tl.inline_asm_elementwise("
+                 "\"{ .reg .b16 h, z; cvt.rn.bf16.f32 h, $1; mov.b16 z, 0; mov.b32 $0, {z, h}; }\", "
+                 "\"=r,r\", [x], dtype=tl.float32, is_pure=True, pack=1)"),
+    "float16": ("fl_round_f16", "def fl_round_f16(x):\n    return tl.inline_asm_elementwise("
+                "\"{ .reg .b16 h; cvt.rn.f16.f32 h, $1; cvt.f32.f16 $0, h; }\", "
+                "\"=r,r\", [x], dtype=tl.float32, is_pure=True, pack=1)"),
+}
+
+
+def _interpreted_rounding(half):
+    def fl_round(x):
+        import triton.language as tl
+        return x.to(getattr(tl, half)).to(tl.float32)
+    return fl_round
 
 
 def _as_torch(numpy_data, name):
@@ -132,7 +156,7 @@ def patch_interpreter_math():
         return
     from triton.runtime.interpreter import interpreter_semantic
     for name, torch_fn in _primitive_functions().items():
-        module, attr = name.split(".")
+        module, _, attr = name.rpartition(".")
         if module != "tl":
             continue
         original = getattr(tl, attr)
@@ -245,6 +269,12 @@ def load_module(source: str):
         spec.loader.exec_module(module)
         if INTERPRET:
             module.libdevice = _InterpretedLibdevice()
+            for helper, torch_fn in _primitive_functions().items():  # the kernel's own helpers
+                if hasattr(module, helper):
+                    setattr(module, helper, _interpreted(torch_fn, helper))
+            for half, (helper, _) in ROUND_HELPERS.items():
+                if hasattr(module, helper):
+                    setattr(module, helper, _interpreted_rounding(half))
             patch_interpreter_casts()
             patch_interpreter_reductions()
             patch_interpreter_math()

@@ -39,7 +39,8 @@ from ..lower.indexing import FloorDiv, ModIndex
 from ..lower.ir import compute_dtype, contiguous_strides, use_handler
 from ..schedule.fusion import (PERSISTENT_RNUMEL_MAX, FusedKernel, ReadRecorder, keep_shape, loop_ranges, loop_vars,
                                moved_row_vars, node_vars, row_shapes, store_index)
-from .launcher import MAX_RTILE, next_power_of_2
+from ..ops.primitives import PRIMITIVES, TRITON_HELPERS
+from .launcher import MAX_RTILE, ROUND_HELPERS, next_power_of_2
 
 # blocks never exceed this many elements, so a size divisible by it needs no mask
 MAX_XBLOCK = 1024
@@ -61,6 +62,9 @@ REDUCE_COMBINE = {"sum": "{0} + {1}", "max": "tl.maximum({0}, {1}, tl.PropagateN
 COMBINE_FNS = {r: f"def _{r}_combine(a, b):\n    return {REDUCE_COMBINE[r].format('a', 'b')}"
                for r in ("max", "min", "prod")}
 
+
+# a primitive's spelling that calls one of the kernel-local helpers of ops/primitives.py
+_HELPER_CALL = re.compile(r"(fl_\w+)\(")
 
 # names in a kernel line whose values vary over the block: temporaries, loop variables, masks
 _BLOCK_NAMES = re.compile(r"\b(tmp\d+|[xr]\d+|[xr]index|[xr]mask)\b")
@@ -129,7 +133,8 @@ def loc_comment(loc):
 
 
 class KernelWriter:
-    def __init__(self, kernel: FusedKernel, name_index: int, sizevars, dynamic_values=frozenset(), pdl=False):
+    def __init__(self, kernel: FusedKernel, name_index: int, sizevars, dynamic_values=frozenset(), pdl=False,
+                 reciprocal_divisors=False):
         self.kernel = kernel
         self.pdl = pdl  # launched with programmatic dependent launch (codegen/cuda.py)
         self.sizevars = sizevars
@@ -157,6 +162,7 @@ class KernelWriter:
         self._chunk_loop = None
         self._row_major = None  # (index of the kernel's row, of its element), row-major
         self.dynamic_values = dynamic_values
+        self.reciprocal_divisors = reciprocal_divisors  # divide by a number as ATen's CUDA kernels do
         self.group = {n.name: n for n in kernel.nodes}
         self.values: dict[str, CV] = {}  # reduction results and per-row values, by buffer name
         self.lines: list[tuple[int, str]] = []
@@ -175,6 +181,7 @@ class KernelWriter:
         self.buffers: dict[str, object] = {}
         self.uses_seed = False
         self.combines: set[str] = set()  # reductions whose combine function the kernel defines
+        self.helpers: set[str] = set()  # the primitives' Triton helpers (TRITON_HELPERS) the kernel calls
         self.op_names: set[str] = set()
         self.source_lines: set = set()
         self.varies: dict[str, frozenset] = {}  # temporary -> which block axes ("x", "r") it varies along
@@ -412,8 +419,11 @@ class KernelWriter:
 
     def constant(self, value, dtype):
         if not isinstance(value, bool) and float(value).is_integer() and int(value) in self.dynamic_values:
-            # a size that may change (e.g. the count a mean divides by): a kernel argument, not a literal
-            return CV(self.expr(self.sizevars(int(value))), compute_dtype(dtype))
+            # a size that may change (e.g. the count a mean divides by): a kernel argument, not a
+            # literal; an integer argument, converted where the constant is a float
+            cd = compute_dtype(dtype)
+            size = self.expr(self.sizevars(int(value)))
+            return self.cse(f"{size}.to({TL_DTYPES[cd]})", cd) if cd.is_floating_point else CV(size, cd)
         if compute_dtype(dtype) != dtype:  # a half-precision constant is the nearest value of its type
             value = torch.tensor(value, dtype=dtype).item()
         if dtype.is_floating_point and value == 0 and math.copysign(1.0, value) < 0:
@@ -426,8 +436,17 @@ class KernelWriter:
 
     def pointwise(self, p, vals, out_dtype):
         self.op_names.add(p.name)
+        if p.name == "div" and self.reciprocal_divisors and vals[1].literal and out_dtype.is_floating_point:
+            # as ATen's CUDA kernel divides by a Python scalar: a product with its reciprocal,
+            # computed in opmath from the divisor as a value of the result's dtype
+            opmath = compute_dtype(out_dtype)
+            divisor = torch.tensor(vals[1].value, dtype=out_dtype).to(opmath)
+            p, vals = PRIMITIVES["mul"], [vals[0], self.constant((1 / divisor).item(), opmath)]
         template = p.triton_for(out_dtype)
-        if template.startswith("libdevice."):  # libdevice picks its function by operand types: no bare literals
+        helper = _HELPER_CALL.match(template)
+        if helper:
+            self.helpers.add(helper.group(1))
+        if template.startswith("libdevice.") or helper:  # libdevice picks its function by operand types: no bare literals
             vals = [CV(f"tl.full([1], {v}, {TL_DTYPES[v.dtype]})", v.dtype) if v.literal else v for v in vals]
         return self.round(self.cse(template.format(*[v.expr for v in vals]), compute_dtype(out_dtype)), out_dtype)
 
@@ -436,7 +455,9 @@ class KernelWriter:
         result is a tensor of its dtype, as eager's op results are (identity for other dtypes)."""
         if compute_dtype(dtype) == dtype or v.literal:
             return v
-        return self.cse(f"{v}.to({TL_DTYPES[dtype]}).to(tl.float32)", torch.float32)
+        helper, _ = ROUND_HELPERS[str(dtype)[6:]]
+        self.helpers.add(helper)
+        return self.cse(f"{helper}({v})", torch.float32)
 
     def to_dtype(self, v, dtype):
         if v.literal:
@@ -831,6 +852,9 @@ class KernelWriter:
         header = ["import triton", "import triton.language as tl", "from triton.language.extra import libdevice", ""]
         for r in sorted(self.combines & COMBINE_FNS.keys()):
             header += ["", "@triton.jit", *COMBINE_FNS[r].split("\n"), ""]
+        sources = {**TRITON_HELPERS, **dict(ROUND_HELPERS.values())}
+        for h in sorted(self.helpers):
+            header += ["", "@triton.jit", *sources[h].split("\n"), ""]
         # a fresh seed every call: Triton must not compile a variant per seed's divisibility
         jit = '@triton.jit(do_not_specialize=["seed"])' if self.uses_seed else "@triton.jit"
         header += ["", jit, f"def {name}({', '.join(params)}):"]
@@ -890,13 +914,14 @@ def memory_extent(buf):
     return 1 + sum((s - 1) * abs(st) for s, st in zip(buf.shape, buf.stride)) if buf.numel() else 0
 
 
-def generate_kernel(kernel: FusedKernel, index: int, sizevars, dynamic_values=frozenset(), pdl=False):
+def generate_kernel(kernel: FusedKernel, index: int, sizevars, dynamic_values=frozenset(), pdl=False, cuda=False):
     """`pdl`: the kernel waits for the one before it (gdc_wait) and is launched with programmatic
-    dependent launch, so its launch overlaps the previous kernel's last programs (Hopper and later)."""
-    writer = KernelWriter(kernel, index, sizevars, dynamic_values, pdl)
+    dependent launch, so its launch overlaps the previous kernel's last programs (Hopper and later).
+    `cuda`: its tensors are on a CUDA device, whose ATen kernels' semantics it follows."""
+    writer = KernelWriter(kernel, index, sizevars, dynamic_values, pdl, cuda)
     name, source = writer.generate()
     if not writer.int64 and any(memory_extent(b) >= 2 ** 31 for b in writer.buffers.values()):
-        writer = KernelWriter(kernel, index, sizevars, dynamic_values, pdl)
+        writer = KernelWriter(kernel, index, sizevars, dynamic_values, pdl, cuda)
         writer.int64 = True
         name, source = writer.generate()
     return name, source, writer

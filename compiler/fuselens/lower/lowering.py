@@ -323,7 +323,7 @@ class Lowering:
         operands = args[1:] if p is prim.where else args
         tensor_dtypes = [a.dtype for a in operands if isinstance(a, TensorValue)]
         const_dtype = tensor_dtypes[0] if tensor_dtypes else dtype
-        if p.opmath_scalars:
+        if self.device.type in p.opmath_scalars:
             const_dtype = compute_dtype(const_dtype)
 
         def fn(idx):

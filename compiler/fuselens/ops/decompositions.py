@@ -269,6 +269,13 @@ def clamp(x, min=None, max=None, inplace=False):
     return _clamp(x, min, max, nan_gets_gradient=False)
 
 
+@functools.cache
+def _nan_scalar_bound_propagates() -> bool:
+    """Whether this torch's clamp with a NaN number as a bound gives NaN (2.13) or ignores it (2.11):
+    asked of torch itself."""
+    return bool(torch.clamp(torch.zeros(1), max=math.nan).isnan())
+
+
 def _clamp(x, min, max, nan_gets_gradient):
     out = x if nan_gets_gradient or not x.dtype.is_floating_point else P.where(P.eq(x, x), x, math.nan)
     for bound, past in ((min, P.lt), (max, P.gt)):
@@ -278,7 +285,7 @@ def _clamp(x, min, max, nan_gets_gradient):
         # a NaN bound gives NaN, as torch's clamp propagates it (a NaN x stays: no comparison holds)
         if isinstance(bound, TVal) and bound.dtype.is_floating_point:
             out = P.where(P.ne(bound, bound), math.nan, out)
-        elif isinstance(bound, float) and math.isnan(bound):
+        elif isinstance(bound, float) and math.isnan(bound) and _nan_scalar_bound_propagates():
             out = P.where(P.eq(out, out), bound, out)
     return out
 

@@ -53,6 +53,9 @@ class Effects:
     returns_arg: list = field(default_factory=list)
     # for each tensor in the result: index of the argument whose storage it shares, else None
     aliases: list = field(default_factory=list)
+    # for each tensor in the result: one of several views a single operator returned (`split`,
+    # `chunk`, `unbind`): autograd refuses an in-place write into it, or into a view of it
+    multi_output_views: list = field(default_factory=list)
     trace: list = field(default_factory=list)    # (OpOverload, args, kwargs) on stand-ins
     stand_ins: list = field(default_factory=list)
     result: object = None                        # what the call returned, on stand-ins
@@ -286,7 +289,14 @@ def run(fn, args, kwargs, tensors: list[torch.Tensor]):
         eff.returns_arg.append(next((i for i, t in enumerate(tensors) if r is t), None))
         key = _storage_key(r)
         eff.aliases.append(next((i for i, s in enumerate(storages) if s == key), None))
+        eff.multi_output_views.append(r._is_view() and _creation_meta(r) == _MULTI_OUTPUT_NODE)
     return result, eff
+
+
+# how autograd made a view: asked of it, not read from schemas (`chunk` is one operator of
+# several views, `tensor_split` several operators of one view each)
+_creation_meta = torch._C._autograd._get_creation_meta
+_MULTI_OUTPUT_NODE = torch._C._autograd.CreationMeta.MULTI_OUTPUT_NODE
 
 
 # ATen operators whose schema leaves out what they write, with the operator of the same

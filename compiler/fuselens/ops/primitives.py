@@ -22,7 +22,7 @@ PRIMITIVES: dict[str, "Primitive"] = {}
 class Primitive:
     """A primitive op. Callable (runs `impl`) so a primitive FX graph also runs eagerly."""
 
-    def __init__(self, name, impl, kind, *, triton=None, reduce=None, fresh_contiguous=False, opmath_scalars=False,
+    def __init__(self, name, impl, kind, *, triton=None, reduce=None, fresh_contiguous=False, opmath_scalars=(),
                  heavy=False):
         self.name = name
         self.__name__ = f"prim_{name}"
@@ -35,10 +35,10 @@ class Primitive:
         # an extern whose result is always a new contiguous tensor, never a view of an operand
         # (the wrapper skips its layout check and may keep constants it reads)
         self.fresh_contiguous = fresh_contiguous
-        # a Python scalar operand enters at compute precision, not rounded to a half-precision
-        # tensor operand's dtype (ATen's mul and div take the original scalar in opmath; add
-        # and sub round it)
-        self.opmath_scalars = opmath_scalars
+        # the device types on which a Python scalar operand enters at compute precision, not
+        # rounded to a half-precision tensor operand's dtype (ATen's mul and div take the original
+        # scalar in opmath; its CPU add and sub round it, its CUDA kernels do not)
+        self.opmath_scalars = frozenset(opmath_scalars)
         # a pointwise primitive whose Triton lowering is a libdevice routine of tens of instructions
         # (range reduction, a polynomial): lowering stores a value computed with one rather than
         # compute it again for each element a consumer broadcasts it to (RoPE's cos and sin)
@@ -85,22 +85,46 @@ def _pointwise(name, impl, triton, **kwargs):
     return Primitive(name, impl, "pointwise", triton=triton, **kwargs)
 
 
+# --- pointwise: numerics on a GPU ---------------------------------------------------------------
+# Each pointwise primitive's Triton spelling errs against a float64 reference by no more than
+# eager's CUDA kernel (measured: docs/backend.md, Numerics): libdevice's exp and Triton's correctly
+# rounded division and square root where Triton's own `tl.exp`, `/` and `tl.sqrt` are fast
+# approximations (63, 2.0 and 0.94 ulp in float32 where eager's are 1.9, 0.5 and 0.5).
+# Kernel-local Triton functions a primitive's spelling calls: each kernel using one defines it
+# (codegen/triton.py), and Triton's interpreter runs it as the primitive's torch function.
+TRITON_HELPERS = {
+    # eager's sigmoid: 1 / (1 + exp(-x)) with an accurate exp and a correctly rounded division
+    "fl_sigmoid": "def fl_sigmoid(x):\n    return tl.div_rn(1.0, 1.0 + libdevice.exp(-x))",
+    # float32 erf and pow in float64, rounded once: libdevice's float32 routines err by 1.06 and
+    # 2.4 ulp where eager's err by 1.01 and 0.88
+    "fl_erf_f64": "def fl_erf_f64(x):\n    return libdevice.erf(x.to(tl.float64)).to(tl.float32)",
+    "fl_pow_f64": "def fl_pow_f64(x, y):\n    return libdevice.pow(x.to(tl.float64), y.to(tl.float64)).to(tl.float32)",
+}
+
+
+def _fp32_compute(fp32, other):
+    """A spelling for results computed in float32 (float32 and the half types), another for float64
+    (and integers, where a template applies to them)."""
+    return lambda dtype: fp32 if dtype in (torch.float32, torch.bfloat16, torch.float16) else other
+
+
 # --- pointwise: unary -------------------------------------------------------------------------
 # a float times -1, not Triton's unary minus: `0 - x` in triton <= 3.6, +0.0 for +0.0 where eager
 # gives -0.0 (an unsigned int cannot be multiplied by -1 in Triton: its minus wraps as torch's)
 neg = _pointwise("neg", torch.neg, lambda dtype: "{0} * -1.0" if dtype.is_floating_point else "-{0}")
 abs = _pointwise("abs", torch.abs, "tl.abs({0})")
-exp = _pointwise("exp", torch.exp, "tl.exp({0})")
+exp = _pointwise("exp", torch.exp, "libdevice.exp({0})")
 exp2 = _pointwise("exp2", torch.exp2, "tl.exp2({0})")
 log = _pointwise("log", torch.log, "tl.log({0})")
 log1p = _pointwise("log1p", torch.log1p, "libdevice.log1p({0})", heavy=True)
-sqrt = _pointwise("sqrt", torch.sqrt, "tl.sqrt({0})")
+sqrt = _pointwise("sqrt", torch.sqrt, _fp32_compute("tl.sqrt_rn({0})", "tl.sqrt({0})"))
 rsqrt = _pointwise("rsqrt", torch.rsqrt, "tl.rsqrt({0})")
 sin = _pointwise("sin", torch.sin, "tl.sin({0})", heavy=True)
 cos = _pointwise("cos", torch.cos, "tl.cos({0})", heavy=True)
 tanh = _pointwise("tanh", torch.tanh, "libdevice.tanh({0})", heavy=True)
-sigmoid = _pointwise("sigmoid", torch.sigmoid, "tl.sigmoid({0})")
-erf = _pointwise("erf", torch.erf, "tl.erf({0})", heavy=True)
+sigmoid = _pointwise("sigmoid", torch.sigmoid, _fp32_compute("fl_sigmoid({0})", "tl.sigmoid({0})"))
+erf = _pointwise("erf", torch.erf, lambda dtype: "fl_erf_f64({0})" if dtype == torch.float32 else "libdevice.erf({0})",
+                 heavy=True)
 floor = _pointwise("floor", torch.floor, "tl.floor({0})")
 ceil = _pointwise("ceil", torch.ceil, "tl.ceil({0})")
 logical_not = _pointwise("logical_not", torch.logical_not, "({0} == 0)")
@@ -117,11 +141,13 @@ with_value = _pointwise("with_value", lambda t, v: v.expand_as(t).clone(), None)
 with_vjp = _pointwise("with_vjp", lambda x, inputs, rule: x, "{0}")
 
 # --- pointwise: binary (operands broadcast; the builder casts them to one dtype first) ----------
-add = _pointwise("add", torch.add, "{0} + {1}")
-sub = _pointwise("sub", torch.sub, "{0} - {1}")
-mul = _pointwise("mul", torch.mul, "{0} * {1}", opmath_scalars=True)
-div = _pointwise("div", torch.div, "{0} / {1}", opmath_scalars=True)
-pow = _pointwise("pow", torch.pow, "libdevice.pow({0}, {1})", heavy=True)
+add = _pointwise("add", torch.add, "{0} + {1}", opmath_scalars=("cuda",))
+sub = _pointwise("sub", torch.sub, "{0} - {1}", opmath_scalars=("cuda",))
+mul = _pointwise("mul", torch.mul, "{0} * {1}", opmath_scalars=("cpu", "cuda"))
+# ATen's CUDA kernel divides by a Python scalar as a product with its reciprocal (codegen/triton.py)
+div = _pointwise("div", torch.div, _fp32_compute("tl.div_rn({0}, {1})", "{0} / {1}"), opmath_scalars=("cpu", "cuda"))
+pow = _pointwise("pow", torch.pow, lambda dtype: "fl_pow_f64({0}, {1})" if dtype == torch.float32 else "libdevice.pow({0}, {1})",
+                 heavy=True)
 maximum = _pointwise("maximum", torch.maximum, "tl.maximum({0}, {1}, tl.PropagateNan.ALL)")
 minimum = _pointwise("minimum", torch.minimum, "tl.minimum({0}, {1}, tl.PropagateNan.ALL)")
 eq = _pointwise("eq", torch.eq, "{0} == {1}")

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 import torch.fx as fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
+from ..autograd.facts import check_shapes, with_eager_derivative
 from ..codegen import launcher
 from ..codegen.triton import generate_kernel
 from ..codegen.wrapper import generate_wrapper, load_wrapper
@@ -118,7 +120,8 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
     fused = [s for s in sched.steps if isinstance(s, FusedKernel)]
     pdl = launcher.supports_pdl(torch.device(device))
     for i, step in enumerate(fused):
-        name, source, writer = generate_kernel(step, first_kernel_index + i, lowered.sizevars, dynamic_values, pdl)
+        name, source, writer = generate_kernel(step, first_kernel_index + i, lowered.sizevars, dynamic_values, pdl,
+                                               torch.device(device).type == "cuda")
         itemsize = min((b.dtype.itemsize for b in writer.buffers.values()), default=4)
         kernel = launcher.TritonKernel(name, source, writer.mode, mode == "max-autotune", itemsize, pdl)
         kernels[id(step)] = (kernel, writer)
@@ -211,6 +214,7 @@ class _Specialization:
     check: object = None  # callable(*inputs): exercises what `run` alone would not (the backward)
     verified: bool = False  # ran once without error
     eager: bool = False  # the backend failed for these inputs: `run` is the graph run eagerly
+    failure: Exception | None = None  # why, until the first call warns of it (errors.fall_back)
     cache_entry: tuple | None = None  # (program-cache key, what it stores): stored once a call ran it
     stored: bool = False
 
@@ -223,12 +227,17 @@ class _Specialization:
 class CompiledGraph:
     def __init__(self, gm: fx.GraphModule, example_inputs, mode="default", dynamic_dims=None, guarded=False,
                  name="a graph"):
-        self.gm, self.mode, self.dynamic_dims, self.name = gm, mode, dynamic_dims, name
+        self.mode, self.dynamic_dims, self.name = mode, dynamic_dims, name
+        # with dynamic dims, capture keeps ops whose results are unused for their shape checks
+        # (capture/graph.py): checked on meta tensors at each new size, left out of the kernels
+        pruned = _without_unused(gm) if any(dynamic_dims or ()) else None
+        self.gm = pruned if pruned is not None else gm
+        self._checked = gm if pruned is not None else None
         # guarded: the caller's guards fix every input's shape, stride, dtype, device and
         # requires_grad, and the grad mode (no dynamic dims); after one verified call the
         # specialization lookup is skipped
         self.guarded = guarded and not any(dynamic_dims or ())
-        self._writes = any("writes" in n.meta for n in gm.graph.nodes)
+        self._eager_run = eager_run(gm)
         self._fast = None
         self._specializations: dict = {}
         self.kernels: list[KernelInfo] = []
@@ -244,7 +253,7 @@ class CompiledGraph:
     def _eager(self, *inputs):
         # the graph is functional: where eager wrote a tensor in place (meta["writes"]), its
         # version is bumped, so that autograd refuses the backward eager refuses
-        out = _MarkWrites(self.gm).run(*inputs) if self._writes else self.gm(*inputs)
+        out = self._eager_run(*inputs)
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
     def _dynamic_values(self, inputs):
@@ -263,8 +272,8 @@ class CompiledGraph:
             with stats.gc_paused():
                 spec = self._build(inputs)
         except Exception as e:  # any backend failure costs speed, never correctness
-            fall_back("the backend", self.name, e)
             spec = self._eager_spec()
+            spec.failure = e
         if len(self._specializations) >= SPECIALIZATION_LIMIT:
             self._specializations.pop(next(iter(self._specializations)))
         self._specializations[key] = spec
@@ -272,6 +281,8 @@ class CompiledGraph:
         return spec
 
     def _build(self, inputs):
+        if self._checked is not None:
+            check_shapes(self._checked, inputs)
         device = graph_device(self.gm, inputs)
         dynamic = self._dynamic_values(inputs)
         needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
@@ -317,7 +328,12 @@ class CompiledGraph:
                 return self._eager(*inputs)
             spec = self._specialize(list(inputs))
             if spec.eager:
-                return self._eager(*inputs)
+                if spec.failure is None:
+                    return self._eager(*inputs)
+                # the graph's eager run raising too (a shape check at sizes a dynamic dim took)
+                # is the user's error, raised as is: only a failure of the backend's own is warned of
+                cause, spec.failure = spec.failure, None
+                return fall_back("the backend", self.name, cause, lambda: self._eager(*inputs))
             try:
                 return self._run(spec, inputs)
             except Exception as e:  # e.g. a kernel that Triton fails to compile
@@ -349,12 +365,73 @@ class CompiledGraph:
         return _Specialization(self._eager, verified=True, eager=True)
 
 
-class _MarkWrites(fx.Interpreter):
+def _without_unused(gm: fx.GraphModule) -> fx.GraphModule | None:
+    """A copy of `gm` without the ops whose results nothing uses (writes and random ops stay), or
+    None where it has none."""
+    graph, copies = fx.Graph(), {}
+    graph.output(graph.graph_copy(gm.graph, copies))
+    for n in graph.nodes:
+        if n.meta.get("writes") is not None:
+            n.meta["writes"] = copies[n.meta["writes"]]
+    if not graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or "writes" in n.meta):
+        return None
+    return fx.GraphModule(gm, graph)
+
+
+def eager_run(gm: fx.GraphModule):
+    """What runs `gm` eagerly: EagerRun where it writes, else its generated code, called without
+    GraphModule.__call__, which prints its own traceback to stderr when the code raises (eager
+    prints nothing)."""
+    if any("writes" in n.meta or "input_value" in n.meta for n in gm.graph.nodes):
+        return lambda *inputs: EagerRun(gm).run(*inputs)
+
+    def run(*inputs):  # (a lazy module's code is made at its first run, not before)
+        if isinstance(gm, _LazyGraphModule):
+            gm.real_recompile()
+        return gm.forward(*inputs)
+    return run
+
+
+class EagerRun(fx.Interpreter):
+    """A graph that writes run eagerly: where eager wrote a tensor in place (`meta["writes"]`), its
+    version moves on, so that autograd refuses the backward eager refuses. Where the run raises
+    (the user's error: a shape check at sizes a dynamic dim took), the exception carries
+    `fl_input_values`, the values the inputs were given so far ({source: tensor}, from the nodes'
+    `meta["input_value"]`): eager's writes before its error happened, and the runtime makes them."""
+
+    def __init__(self, gm):
+        super().__init__(gm)
+        self.extra_traceback = False  # the user's error as eager words it, no node appended
+        self.input_values: dict = {}
+        # a written value is kept until the node that writes it has run (its version moves on there)
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        last_use = {v: user for user, used in self.user_to_last_uses.items() for v in used}
+        for n in gm.graph.nodes:
+            written = n.meta.get("writes")
+            if written in last_use and order[last_use[written]] < order[n]:
+                self.user_to_last_uses[last_use[written]].remove(written)
+                self.user_to_last_uses.setdefault(n, []).append(written)
+                last_use[written] = n
+
+    def run(self, *args):
+        try:
+            return super().run(*args)
+        except Exception as e:
+            if self.input_values:
+                e.fl_input_values = self.input_values
+            raise
+
+    def call_function(self, target, args, kwargs):  # with eager's autograd for what it writes in place
+        return with_eager_derivative(target, args, kwargs, super().call_function(target, args, kwargs))
+
     def run_node(self, n):
         out = super().run_node(n)
         written = self.env.get(n.meta.get("writes"))
         if isinstance(written, torch.Tensor):
             torch.autograd.graph.increment_version(written)
+        source = n.meta.get("input_value")
+        if source is not None:
+            self.input_values[source] = out
         return out
 
 

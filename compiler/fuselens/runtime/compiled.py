@@ -27,6 +27,9 @@ _LOG_RUNTIME = logging.getLogger("fuselens.runtime")
 
 
 # -- graphs ------------------------------------------------------------------------------------
+# torch's "barebones" unsigned dtypes: few kernels (CUDA's _foreach_copy_ has none), copied one by one
+_BAREBONES_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
+
 class GraphCall:
     """Runs one captured graph: compiled by the backend on first call, mutated inputs
     written back after it."""
@@ -60,11 +63,19 @@ class GraphCall:
             if self.mode == "reduce-overhead" and graphable(inputs) and not getattr(fn, "uses_random", False):
                 self.compiled = CudaGraphed(fn, on_direct=lambda: setattr(self, "compiled", fn),
                                             fixed_layouts=not any(self.dynamic_dims))  # (the guards fix them)
-        if torch.is_autocast_enabled():  # capture already inserted autocast's casts
-            with torch.autocast("cuda", enabled=False), torch.autocast("cpu", enabled=False):
+        try:
+            if torch.is_autocast_enabled():  # capture already inserted autocast's casts
+                with torch.autocast("cuda", enabled=False), torch.autocast("cpu", enabled=False):
+                    outs = fn(*inputs)
+            else:
                 outs = fn(*inputs)
-        else:
-            outs = fn(*inputs)
+        except Exception as e:  # the user's error (backend.EagerRun): eager's writes before it are made
+            written = getattr(e, "fl_input_values", None)
+            if written is not None:
+                del e.fl_input_values
+                for source, value in written.items():
+                    _copy_into(targets[self.info.inputs.index(source)], value)
+            raise
         if self.n_wb:
             self._write_back(targets, outs[len(outs) - self.n_wb:])
         return outs
@@ -85,21 +96,15 @@ class GraphCall:
             groups: dict = {}  # (dtype, device) -> target indices
             one_by_one = []
             for i, (target, value) in enumerate(zip(targets, new)):
-                if distinct and not (target.requires_grad or value.requires_grad) and target.shape == value.shape:
+                if (distinct and not (target.requires_grad or value.requires_grad) and target.shape == value.shape
+                        and target.dtype not in _BAREBONES_UNSIGNED):
                     groups.setdefault((target.dtype, target.device), []).append(i)
                 else:
                     one_by_one.append(i)
             self.wb_plan = list(groups.values()), one_by_one
         groups, one_by_one = self.wb_plan
         for i in one_by_one:
-            target, value = targets[i], new[i]
-            if target.shape != value.shape:
-                target.resize_(value.shape)
-            if target.is_leaf and target.requires_grad:  # mutated under no_grad (an optimizer
-                with torch.no_grad():                     # step): capture rejects the rest
-                    target.copy_(value)
-            else:
-                target.copy_(value)
+            _copy_into(targets[i], new[i])
         for group in groups:
             torch._foreach_copy_([targets[i] for i in group], [new[i] for i in group])
 
@@ -118,6 +123,17 @@ class GraphCall:
     @property
     def wrapper_source(self):
         return getattr(self.compiled, "wrapper_source", None)
+
+
+def _copy_into(target, value):
+    """An input's new value written into it, as eager's in-place op left it."""
+    if target.shape != value.shape:
+        target.resize_(value.shape)
+    if target.is_leaf and target.requires_grad:  # mutated under no_grad (an optimizer
+        with torch.no_grad():                     # step): capture rejects the rest
+            target.copy_(value)
+    else:
+        target.copy_(value)
 
 
 # -- cache entries ---------------------------------------------------------------------------------
@@ -312,7 +328,7 @@ class CompiledFunction:
             stats.capture["functions"] += 1
             save_probes()  # what autocast does to each call, for the next process
             entry = self._entry(fs, cap)
-            if kept:
+            if kept and not self.dynamic:  # (none marked dynamic by `mark_dynamic` either)
                 capture_cache.keep(kept, cap, args, kwargs)
         stats.capture["seconds"] += time.perf_counter() - start
         return entry
