@@ -9,12 +9,12 @@ weights."""
 from __future__ import annotations
 
 import copy
+import fractions
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 MODEL = '''
 import os
+import numpy as np
 import torch
 import torch.nn as nn
 import helpers  # another file of the user's
@@ -54,11 +55,15 @@ class Net(nn.Module):
         self.stem = nn.Conv2d(3, width, 3, padding=1)
         self.blocks = nn.Sequential(Block(width), Block(width))
         self.head = nn.Linear(width, 5)
+        self.gain = np.float32(0.75)
 
     def forward(self, x, shift=SHIFT):
         x = self.blocks(self.stem(x))
         if helpers.DEBUG:  # a module's setting, read as a constant of the process
             x = x + 1
+        if os.environ.get("USER_MODE") == "negate":  # the environment, read on every call (guarded)
+            x = -x
+        x = x * self.gain  # a NumPy scalar: kept by value
         return helpers.scale(self.head(x.mean((2, 3)))) + shift
 '''
 HELPERS = '''
@@ -121,7 +126,7 @@ def test_second_process_takes_the_kept_capture(tmp_path, user):
 
 
 @pytest.mark.parametrize("edit", ["method", "function", "other_file", "closure_value", "default_value",
-                                  "module_setting"])
+                                  "module_setting", "environment_read"])
 def test_what_changed_since_is_captured_again(tmp_path, user, edit):
     process(tmp_path, "first")
     env = {}
@@ -135,8 +140,10 @@ def test_what_changed_since_is_captured_again(tmp_path, user, edit):
         env["ACT_SCALE"] = "0.5"
     elif edit == "default_value":  # the same code, the function's default another value
         env["SHIFT"] = "1.0"
-    else:  # the same code, a module's attribute (read without a guard) another value
+    elif edit == "module_setting":  # the same code, a module's attribute (read without a guard) another value
         env["USER_DEBUG"] = "1"
+    else:  # the same code, an environment variable read in forward another value (its guard fails)
+        env["USER_MODE"] = "negate"
     second = process(tmp_path, "second", **env)  # (each equal to eager: `process`)
     assert (second["functions"], second["kept"]) == (1, 0)
     third = process(tmp_path, "third", **env)  # kept beside the first
@@ -262,10 +269,10 @@ def test_a_kept_graph_is_the_captured_graph():
 class Scaled(nn.Module):
     def __init__(self):
         super().__init__()
-        self.scale = np.float32(0.5)  # a NumPy scalar: kept by value only for builtin types
+        self.scale = fractions.Fraction(1, 2)  # a number of no type kept by value
 
     def forward(self, x):
-        return x * self.scale
+        return x * 0.5 if self.scale == 0.5 else x
 
 
 def test_a_capture_with_a_constant_of_no_builtin_type_is_not_kept(kept, tmp_path):

@@ -12,6 +12,7 @@ call then goes on as the function's kind says: `torch._assert` on a tensor is an
 from __future__ import annotations
 
 import functools
+import os
 import types
 
 import torch
@@ -20,6 +21,7 @@ import torch.utils.checkpoint
 
 from . import breaks as B
 from . import calls as C
+from . import environ
 from .frames import AbstractSeq, BreakSignal
 from .objects import foldable
 from .tensors import TensorMethod
@@ -36,6 +38,8 @@ def _len(ev, fn, args, kwargs, e, scope):
         return ev.sizes(v)[0]
     if isinstance(v, (Unknown, AbstractSeq)) or hasattr(type(v), "__fl_abstract_iter__"):
         return UNKNOWN
+    if isinstance(v, environ.ENVIRONMENTS):
+        return environ.read(ev, v, "__len__", [], {}, e, scope)
     ev.effects.observe_len(v)
     return len(v)
 
@@ -185,6 +189,12 @@ def _reduce(ev, fn, args, kwargs, e, scope):
     return acc
 
 
+def _getenv(ev, fn, args, kwargs, e, scope):
+    """`os.getenv(key, default)`: `os.environ.get` (`os.getenvb`: `os.environb.get`), guarded."""
+    env = os.environb if fn is getattr(os, "getenvb", None) else os.environ
+    return environ.read(ev, env, "get", args, kwargs, e, scope)
+
+
 def _print(ev, fn, args, kwargs, e, scope):
     ev.brk(B.PRINT, e, scope)
 
@@ -319,7 +329,9 @@ KNOWN = {len: _len, range: _range, getattr: _getattr, hasattr: _hasattr, min: _m
          setattr: _setattr, delattr: _delattr, functools.reduce: _reduce, print: _print,
          torch.no_grad: _native, torch.enable_grad: _native, torch.set_grad_enabled: _set_grad_enabled,
          torch.autocast: _native, torch._C._log_api_usage_once: _usage_log, torch._assert: _assert,
-         torch.utils.checkpoint.checkpoint: _checkpoint}
+         torch.utils.checkpoint.checkpoint: _checkpoint, os.getenv: _getenv}
+if hasattr(os, "getenvb"):
+    KNOWN[os.getenvb] = _getenv
 KNOWN.update({f: _torch_function_query for f in C.TORCH_FUNCTION_QUERIES})
 KNOWN.update({f: _compile_time(True) for f in C.IS_COMPILING})
 KNOWN.update({f: _compile_time(False) for f in C.NOT_TRACING})

@@ -44,6 +44,17 @@ def is_pure_foldable(fn) -> bool:
     return isinstance(fn, types.BuiltinFunctionType) and any(getattr(fn, "__self__", None) is m for m in (math, operator))  # `in` would call ndarray.__eq__
 
 
+def is_numpy_function(fn) -> bool:
+    """A ufunc (`np.sqrt`) or an array function of NumPy's API (`np.prod`, `np.clip`): each a
+    computation on its arguments alone, but those writing files (`np.save`)."""
+    t = type(fn)
+    return t.__module__ == "numpy" and t.__name__ in ("ufunc", "_ArrayFunctionDispatcher") and \
+        getattr(getattr(fn, "_implementation", None), "__module__", "") not in _NUMPY_IO
+
+
+_NUMPY_IO = ("numpy.lib._npyio_impl",)
+
+
 def is_torch_callable(fn) -> bool:
     """A function or builtin of the torch namespace (an op for the graph), not a Module."""
     if isinstance(fn, type):

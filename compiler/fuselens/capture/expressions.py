@@ -15,13 +15,16 @@ import torch.nn as nn
 
 from . import breaks as B
 from . import calls as C
+from . import environ
+from .guards import is_literal
 from .side_effects import MUTABLE
+from .values import NUMPY_SCALARS
 
 # globals whose guards cover what capture reads of them (values, identities, a graph's inputs);
 # one of another type is guarded by its type alone: Evaluator.process_reads
 _GUARDED = (type(None), bool, int, float, complex, str, bytes, tuple, frozenset, slice, range, type,
             types.FunctionType, types.BuiltinFunctionType, types.ModuleType, types.MethodType, enum.Enum,
-            functools.partial, torch.dtype, torch.device, torch.Tensor, nn.Module)
+            functools.partial, torch.dtype, torch.device, torch.Tensor, nn.Module, *NUMPY_SCALARS)
 from .values import (UNKNOWN, ForeignData, LocalFunction, SymInt, SymShape, TensorVar,
                      Unknown, contains_tensor)
 from .frames import AbstractKwargs, AbstractSeq, Opaque, Scope, Suspend
@@ -76,7 +79,7 @@ class Expressions:
                 return v
             # a named tuple or a structseq (torch.return_types.sort) keeps its type: `.values`
             return tuple(out) if type(v) is tuple else type(v)(*out) if hasattr(v, "_fields") else type(v)(out)
-        if src is not None and not isinstance(v, (int, float, str, bool, type(None))):
+        if src is not None and not isinstance(v, (int, float, str, bool, type(None), *NUMPY_SCALARS)):
             self.value_sources.set(v, src)
         return v
 
@@ -230,6 +233,9 @@ class Expressions:
                 spec = lambda v: tuple(self.specialize(d, e, scope) if isinstance(d, SymInt) else d  # noqa: E731
                                        for d in v) if isinstance(v, tuple) else v
                 r = fn(spec(left), spec(right))
+            elif op in ("In", "NotIn") and isinstance(right, environ.ENVIRONMENTS):
+                found = environ.read(self, right, "__contains__", [left], {}, e, scope)
+                r = found if isinstance(found, Unknown) else found is (op == "In")
             else:
                 # `k in d` reads d's keys alone (`"output_attentions" in kwargs`); on an object
                 # of a user class, its own `__contains__` answers (as its `__getitem__` does)
@@ -356,7 +362,7 @@ class Expressions:
 
     def sym_arith(self, fn, args, e, scope):
         hints = [a.hint if isinstance(a, SymInt) else a for a in args]
-        if not all(isinstance(h, int) for h in hints) or fn is operator.truediv:
+        if not all(type(h) in (int, bool) for h in hints) or fn is operator.truediv:  # (written as literals)
             return fn(*[self.specialize(a, e, scope) if isinstance(a, SymInt) else a for a in args])
         hint = fn(*hints)
         sym = _SYM_TEXT.get(fn)
@@ -368,13 +374,14 @@ class Expressions:
         ha = a.hint if isinstance(a, SymInt) else a
         hb = b.hint if isinstance(b, SymInt) else b
         r = fn(ha, hb)
-        ea = a.expr if isinstance(a, SymInt) else repr(a)
-        eb = b.expr if isinstance(b, SymInt) else repr(b)
         text = {operator.eq: "==", operator.ne: "!=", operator.lt: "<", operator.le: "<=",
                 operator.gt: ">", operator.ge: ">="}.get(fn)
-        if text is None:
+        if text is None or not all(isinstance(v, SymInt) or is_literal(v) for v in (a, b)):
+            # (a NumPy integer has no literal: `np.int64(4)` is no name the guard function has)
             return fn(self.specialize(a, e, scope) if isinstance(a, SymInt) else a,
                       self.specialize(b, e, scope) if isinstance(b, SymInt) else b)
+        ea = a.expr if isinstance(a, SymInt) else repr(a)
+        eb = b.expr if isinstance(b, SymInt) else repr(b)
         self.domain.guard(f"({ea} {text} {eb}) is {r}", f"{ea} {text} {eb}")
         return r
 

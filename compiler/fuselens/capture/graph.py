@@ -253,7 +253,8 @@ class GraphBuilder:
         """A call's argument in the graph: a constant the graph's code cannot spell (a NumPy array
         would print as `array([...])`) is an attribute of the graph module."""
         v = _as_node(v)
-        if isinstance(v, fx.Node) or isinstance(v, _LITERALS) or callable(v):
+        # (a literal's subclass is none: `np.float64(0.5)`, an IntEnum member write no Python)
+        if isinstance(v, fx.Node) or type(v) in _LITERALS or callable(v):
             return v
         name = f"_const{len(self.constants)}"
         self.constants[name] = v

@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 
 from .frames import Guard
+from .values import NUMPY_SCALARS
 
 
 class Sources:
@@ -111,13 +112,14 @@ class Sources:
     def guard_value(self, src: str, v) -> None:
         if isinstance(v, (bool, type(None))):
             self.guard(f"{SRC} is {v!r}", f"{src} == {v!r}", src)
-        elif isinstance(v, float) and v != v:
-            self.guard(f"{SRC} != {SRC}", f"{src} is nan", src)
+        elif isinstance(v, (float, complex, *NUMPY_SCALARS)) and v != v:  # NaN equals nothing
+            self.guard(f"type({SRC}) is {self.constant(type(v), type(v).__name__)} and {SRC} != {SRC}",
+                       f"{src} is nan", src)
         elif isinstance(v, enum.Enum):  # a member is one object: compared by identity, as `is` would
             self.guard(f"{SRC} is {self.constant(v, type(v).__name__)}", f"{src} is {v}", src)
         elif is_literal(v):
             self.guard(f"type({SRC}) is {type(v).__name__} and {SRC} == {literal(v)}", f"{src} == {v!r}", src)
-        elif isinstance(v, (numbers.Number, str, bytes, slice, range, frozenset)):
+        elif isinstance(v, (numbers.Number, str, bytes, slice, range, frozenset, *NUMPY_SCALARS)):
             # values equal by their parts (infinity, NumPy's scalars, a slice): by constants
             self.guard(f"type({SRC}) is {self.constant(type(v), type(v).__name__)} and "
                        f"{SRC} == {self.constant(v, type(v).__name__)}", f"{src} == {v!r}", src)

@@ -19,6 +19,7 @@ import ast
 import copy
 import functools
 import inspect
+import numbers
 import operator
 import types
 
@@ -27,14 +28,15 @@ import torch.nn as nn
 
 from . import breaks as B
 from . import calls as C
+from . import environ, process_state
 from .builtins import NOT_HANDLED, known_handler
 from .frames import AbstractSeq
 from .guards import SRC
 from .objects import _IMMUTABLE, _no_source, _runs_python, _stdlib
 from .side_effects import MUTABLE
 from .source import FunctionSource
-from .values import (UNKNOWN, BoundUserMethod, ForeignData, GeneratorCall, LocalFunction, SymInt, TensorVar,
-                     Unknown, contains_tensor, leaves)
+from .values import (NUMPY_DTYPE, NUMPY_SCALARS, UNKNOWN, BoundUserMethod, ForeignData, GeneratorCall,
+                     LocalFunction, SymInt, TensorVar, Unknown, contains_tensor, leaves)
 from .tensors import TensorMethod
 
 
@@ -80,7 +82,7 @@ class Kind:
             if src is None:  # found through an object of no source: the tensor itself
                 return ev.input(v, ev.domain.constant(v, f"{type(obj).__name__}_{attr}"))
             return ev.input(v, f"{src}.{attr}")
-        if src is not None and not isinstance(v, (int, float, str, bool, type(None))):
+        if src is not None and not isinstance(v, (int, float, str, bool, type(None), *NUMPY_SCALARS)):
             ev.value_sources.set(v, f"{src}.{attr}")
         return v
 
@@ -288,7 +290,7 @@ class PythonFunction(Kind):
         if isinstance(fn, types.FunctionType) and _stdlib(fn) and ev.domain.runs_python and not any(
                 contains_tensor(v) or type(v) in MUTABLE or isinstance(v, (Unknown, SymInt))
                 for v in list(args) + list(kwargs.values())):
-            r = ev.run_natively(fn, args, kwargs)  # the standard library on plain values (inspect, re...)
+            r = process_state.run(ev, fn, args, kwargs, e, scope)  # the standard library on plain values
             if fn in (copy.copy, copy.deepcopy) and r is not args[0] and hasattr(r, "__dict__") \
                     and not isinstance(r, (torch.Tensor, nn.Module, type, types.FunctionType)):
                 ev.effects.fresh(r)  # a new object: the capture's own, as eager makes one each call
@@ -366,8 +368,9 @@ class CMethod(Kind):
             return fn(*args, **kwargs)
         if isinstance(fn, types.BuiltinMethodType) and isinstance(owner, MUTABLE):
             return ev.container_method(fn, args, kwargs, e, scope)
-        if isinstance(fn, types.BuiltinMethodType) and type(owner) in _IMMUTABLE:
-            return ev.fold(fn, args, kwargs, e, scope)  # `name.startswith("x")`, `"{}".format(n)`
+        if isinstance(fn, types.BuiltinMethodType) and (type(owner) in _IMMUTABLE or
+                                                         isinstance(owner, NUMPY_SCALARS)):
+            return ev.fold(fn, args, kwargs, e, scope)  # `name.startswith("x")`, `"{}".format(n)`, `v.item()`
         return (PURE if C.is_pure_foldable(fn) else OBJECT).call(ev, fn, args, kwargs, e, scope)
 
 
@@ -377,6 +380,53 @@ class PureFunction(Kind):
 
     def call(self, ev, fn, args, kwargs, e, scope):
         return ev.fold(fn, args, kwargs, e, scope)
+
+
+class NumpyFunction(Kind):
+    """A NumPy function (calls.is_numpy_function: `np.sqrt`, `np.prod`) on numbers, strings and
+    NumPy scalars: computed now, as eager computes it, where it gives such a value (a NumPy
+    scalar is a number: guarded by value, read by torch as values.torch_number). On an array, or
+    giving one, it is NumPy work capture cannot see into."""
+
+    def call(self, ev, fn, args, kwargs, e, scope):
+        values = list(leaves([args, kwargs]))
+        if not ev.domain.runs_python and not any(isinstance(v, (ForeignData, TensorVar)) for v in values):
+            return UNKNOWN  # the editor computes no NumPy: on what it does not know, it says nothing
+        if ev.domain.runs_python and all(isinstance(v, (*_NUMPY_DATA, SymInt, NUMPY_DTYPE)) for v in values):
+            plain_args, plain_kwargs = ev.plain_constants((args, kwargs), e, scope)
+            r = fn(*plain_args, **plain_kwargs)
+            if all(isinstance(v, _NUMPY_DATA) for v in leaves(r)):
+                return r
+        return OBJECT.call(ev, fn, args, kwargs, e, scope)
+
+
+_NUMPY_DATA = (numbers.Number, str, bytes, type(None), type, *NUMPY_SCALARS)
+
+
+class Environment(Kind):
+    """`os.environ` (environ.py): what capture reads of it is guarded by value; its methods are
+    EnvironMethods, whose calls are those guarded reads."""
+
+    def getattr(self, ev, env, attr, e, scope):
+        return environ.method(env, attr)
+
+    def getitem(self, ev, env, key, e, scope):
+        return environ.read(ev, env, "__getitem__", [key], {}, e, scope)
+
+    def truth(self, ev, env, node, scope, kind, whole_stmt):
+        n = environ.read(ev, env, "__len__", [], {}, node, scope)
+        return n if isinstance(n, Unknown) else n > 0
+
+    def iterate(self, ev, env, node, scope, whole_stmt):
+        keys = environ.read(ev, env, "keys", [], {}, node, scope)
+        return AbstractSeq(UNKNOWN) if isinstance(keys, Unknown) else list(keys)
+
+
+class EnvironmentMethod(Kind):
+    """`os.environ.get` and the environment's other methods (environ.EnvironMethod), called."""
+
+    def call(self, ev, m, args, kwargs, e, scope):
+        return environ.read(ev, m.env, m.name, args, kwargs, e, scope)
 
 
 class Getter(Kind):
@@ -429,8 +479,10 @@ class Class(Kind):
 OBJECT, PYTHON_MODULE, TENSOR, TENSOR_METHOD, SYMINT, UNKNOWN_VALUE, STAND_IN, MODULE, GENERATOR = (
     Kind(), PythonModule(), Tensor(), TensorMethodKind(), SymbolicInt(), UnknownValue(), StandIn(), Module(),
     Generator())
-PYTHON_FUNCTION, TORCH_FUNCTION, KNOWN_FUNCTION, C_METHOD, PURE, PARTIAL, CLASS, GETTER = (
-    PythonFunction(), TorchFunction(), KnownFunction(), CMethod(), PureFunction(), Partial(), Class(), Getter())
+PYTHON_FUNCTION, TORCH_FUNCTION, KNOWN_FUNCTION, C_METHOD, PURE, PARTIAL, CLASS, GETTER, NUMPY_FUNCTION = (
+    PythonFunction(), TorchFunction(), KnownFunction(), CMethod(), PureFunction(), Partial(), Class(), Getter(),
+    NumpyFunction())
+ENVIRONMENT, ENVIRONMENT_METHOD = Environment(), EnvironmentMethod()
 
 _HOOKS = ("__fl_abstract_getattr__", "__fl_abstract_call__", "__fl_abstract_iter__")
 _C_METHODS = (types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType)
@@ -460,6 +512,10 @@ def _type_kind(t) -> Kind | None:
         return STAND_IN
     if issubclass(t, nn.Module):
         return MODULE
+    if issubclass(t, environ.ENVIRONMENTS):
+        return ENVIRONMENT
+    if issubclass(t, environ.EnvironMethod):
+        return ENVIRONMENT_METHOD
     if issubclass(t, GeneratorCall):
         return GENERATOR
     if issubclass(t, (LocalFunction, FunctionSource, BoundUserMethod)):
@@ -497,6 +553,8 @@ def _callable_kind(fn) -> Kind:
         return GETTER
     if C.is_pure_foldable(fn):
         return PURE
+    if C.is_numpy_function(fn):
+        return NUMPY_FUNCTION
     return OBJECT
 
 

@@ -19,12 +19,13 @@ import torch.nn as nn
 
 from . import breaks as B
 from . import calls as C
+from . import environ
 from . import side_effects as S
 from .guards import SRC
 from .side_effects import MUTABLE
 from .source import NoSourceError, function_source
-from .values import (UNKNOWN, BoundUserMethod, ForeignData, LocalFunction, SymInt, TensorVar, Unknown,
-                     contains_tensor, leaves)
+from .values import (NUMPY_SCALARS, UNKNOWN, BoundUserMethod, ForeignData, LocalFunction, SymInt, TensorVar,
+                     Unknown, contains_tensor, leaves)
 from .frames import AbstractSeq, BreakSignal
 from .statements import MAX_UNROLL
 
@@ -80,6 +81,8 @@ class Objects:
             self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"`{cls.__qualname__}` has its own __new__")
         if C.compile_disabled(cls.__init__):  # (`torch.compiler.disable` on the class)
             self.brk(B.COMPILE_DISABLED, e, scope, detail=f"creating a `{cls.__qualname__}` object")
+        if cls.__new__ is not object.__new__ and cls.__init__ is object.__init__:
+            return self.made_by_c_new(cls, args, kwargs, e, scope)
         obj = cls.__new__(cls)
         self.effects.fresh(obj)
         init = cls.__init__
@@ -96,6 +99,32 @@ class Objects:
                     b.pending_constructed = obj
                 raise
         return obj
+
+    def made_by_c_new(self, cls, args, kwargs, e, scope):
+        """`cls(...)` for a class whose C `__new__` makes the object from the arguments (a NumPy
+        scalar type: `np.float32(0.5)`; allocated without them it would be another value): made
+        now from constants where it is a value (foldable), a break otherwise."""
+        if not self.domain.runs_python or any(isinstance(v, Unknown) for v in leaves([args, kwargs])):
+            return UNKNOWN
+        args, kwargs = self.plain_constants((args, kwargs), e, scope)
+        self.require_foldable(list(args) + list(kwargs.values()), e, scope)
+        r = cls(*args, **kwargs)
+        if not foldable(r):
+            self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"creating a `{cls.__qualname__}` object")
+        return r
+
+    def plain_constants(self, v, e, scope):
+        """`v` (arguments of a call run natively) with each dynamic size specialized (guarded on
+        its value) and each modelled container's contents guarded (side_effects.py)."""
+        if isinstance(v, SymInt):
+            return self.specialize(v, e, scope)
+        if isinstance(v, (list, tuple, dict)):
+            self.effects.observe(v)
+            if isinstance(v, dict):
+                return {k: self.plain_constants(x, e, scope) for k, x in v.items()}
+            items = [self.plain_constants(x, e, scope) for x in v]
+            return items if isinstance(v, list) else tuple(items) if type(v) is not torch.Size else torch.Size(items)
+        return v
 
     def iterate_object(self, v, node, scope):
         """The items of an object of a Python class: its own `__iter__` evaluated (a generator
@@ -261,6 +290,8 @@ class Objects:
         if fn in (sum, any, all, sorted, set, frozenset) and args:  # they read items one by one
             args = [self.iterate(args[0], e, scope), *args[1:]]
             vals = list(args) + list(kwargs.values())
+        if fn is dict and len(args) == 1 and isinstance(args[0], environ.ENVIRONMENTS):
+            return dict(environ.read(self, args[0], "copy", [], {}, e, scope), **kwargs)
         if fn is dict and len(args) == 1 and not isinstance(args[0], dict):
             return dict(self.iterate(args[0], e, scope), **kwargs)  # pairs: `dict(obj.items())`
         if fn not in (isinstance, type, id, callable, hasattr, getattr):
@@ -373,7 +404,7 @@ FOLDABLE_ATOMS = (int, float, complex, bool, str, bytes, type(None), range, slic
                    types.BuiltinFunctionType, types.ModuleType, nn.Module, TensorVar, SymInt,
                    Unknown, LocalFunction, BoundUserMethod, type(Ellipsis), types.MethodType,
                    BaseException,  # an exception capture raised and a captured handler took
-                   inspect.Parameter)
+                   inspect.Parameter, *NUMPY_SCALARS)
 
 
 # values whose methods compute a new value and change nothing: called on constants, they fold

@@ -16,7 +16,7 @@ from . import bounds
 from . import calls as C
 from .guards import SRC
 from .graph import MetaEvalError
-from .values import UNKNOWN, SymInt, SymShape, TensorVar, leaves
+from .values import NUMPY_SCALARS, UNKNOWN, SymInt, SymShape, TensorVar, leaves, torch_number
 from .frames import AbstractSeq
 
 
@@ -150,6 +150,8 @@ class Tensors:
                 return self.inline(fn, args, kwargs, e, scope)
             args, kwargs = cast
         try:
+            if _has_numpy((args, kwargs)):
+                args, kwargs = self.numbers_for_torch(fn, args, kwargs)
             out_meta, device, eff = self.g.evaluate(fn, args, kwargs)
             if eff is not None and eff.writes:
                 return self.functionalize(fn, args, kwargs, eff, e, scope, out_meta, device)
@@ -195,6 +197,16 @@ class Tensors:
                 r.view_of[0].node.meta.get("no_grad_view"):
             r.node.meta["no_grad_view"] = True  # a view of one, so is it
         return r
+
+    def numbers_for_torch(self, fn, args, kwargs):
+        """`args` and `kwargs` with each NumPy scalar the number torch reads it as
+        (values.torch_number), so that the graph computes with eager's numbers. A tensor made
+        from NumPy data (`torch.tensor(np.float64(0.1))`) keeps the dtype NumPy's gives it, now
+        written out. (A np.bool_ where torch takes a bool is eager's TypeError: as a float, the
+        call is refused here too, and runs in Python.)"""
+        if fn in _FROM_DATA and "dtype" not in kwargs and not self.abstract:
+            kwargs = dict(kwargs, dtype=self.g.evaluate(fn, args, kwargs)[0].dtype)
+        return _numbers((args, kwargs))
 
     def grad_leaves(self, v, e, scope):
         """`v` with each view taken under no_grad of a tensor that requires grad read as eager
@@ -549,6 +561,32 @@ def _dense(t) -> bool:
             return False
         expected *= n
     return True
+
+
+_FROM_DATA = (torch.tensor, torch.as_tensor, torch.asarray)  # the dtype from the data's
+
+
+def _has_numpy(v) -> bool:
+    if isinstance(v, (list, tuple)):
+        return any(_has_numpy(x) for x in v)
+    if isinstance(v, dict):
+        return any(_has_numpy(x) for x in v.values())
+    if isinstance(v, slice):
+        return _has_numpy((v.start, v.stop, v.step))
+    return isinstance(v, NUMPY_SCALARS)
+
+
+def _numbers(v):
+    """`v` with its NumPy scalars as torch reads them."""
+    if isinstance(v, NUMPY_SCALARS):
+        return torch_number(v)
+    if type(v) in (list, tuple):
+        return type(v)(_numbers(x) for x in v)
+    if type(v) is dict:
+        return {k: _numbers(x) for k, x in v.items()}
+    if isinstance(v, slice):
+        return slice(*(_numbers(x) for x in (v.start, v.stop, v.step)))
+    return v
 
 
 def name_of(fn) -> str:

@@ -10,6 +10,26 @@ from dataclasses import dataclass, field
 
 import torch
 
+try:  # (NumPy is optional to torch, and so to capture)
+    import numpy as _np
+    NUMPY_SCALARS, NUMPY_DTYPE = (_np.bool_, _np.number), _np.dtype
+except ImportError:  # pragma: no cover
+    NUMPY_SCALARS, NUMPY_DTYPE = (), ()
+
+
+def torch_number(v):
+    """The Python number torch's argument parser reads the NumPy scalar `v` as (`scalar_slow` in
+    torch/csrc/utils/python_arg_parser.cpp), so that a graph holds what eager computes with: an
+    integer as an int, a complex128 (a subclass of Python's complex) as a complex, anything else
+    as a float: a float16 or float32 by its exact value, np.bool_ as 0.0 or 1.0 (eager's
+    `bool_tensor * np.True_` is float32; a bool parameter refuses it), a complex64 by its real
+    part (eager warns that it drops the imaginary one)."""
+    if isinstance(v, _np.integer):
+        return int(v)
+    if isinstance(v, complex):
+        return complex(v)
+    return float(v.real)
+
 
 class TensorVar:
     """A tensor inside the graph being built. `meta` is a tensor on device 'meta' with the

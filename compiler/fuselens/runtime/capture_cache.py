@@ -15,8 +15,8 @@ finds it again, and is not kept where one has no such name:
   name (program_cache's `qualified_name`; a function's code, defaults and closure's contents
   compared by fingerprint);
 - the function's own defaults and closure cells: this process's function's;
-- None, numbers, strings, slices, dtypes, devices and sizes by value.
-A tensor, a NumPy scalar or any other object capture met makes the capture unkept.
+- None, numbers (NumPy's scalars too), strings, slices, dtypes, devices and sizes by value.
+A tensor or any other object capture met makes the capture unkept.
 
 What capture relied on without a guard, as constants of the process, is checked again instead:
 - code: the hash of every source file capture ran or took a class or function from, and which
@@ -64,6 +64,7 @@ from ..capture.calls import qualified_name
 from ..capture.capture import Capture, GraphInfo
 from ..capture.guards import SRC
 from ..capture.resume import signature
+from ..capture.values import NUMPY_SCALARS
 from ..capture.source import FunctionSource, build_function, factory_code
 from . import program_cache
 
@@ -265,7 +266,7 @@ def _state(v):
 def _by_value(v) -> bool:
     if type(v) in (tuple, frozenset):
         return all(_by_value(x) for x in v)
-    return type(v) in _VALUE_TYPES
+    return type(v) in _VALUE_TYPES or isinstance(v, NUMPY_SCALARS)
 
 
 def _by_reference(v) -> bool:
