@@ -5,6 +5,7 @@ generated code names NumPy (`np.float64(0.5)` is no name a graph's or a resume's
 from __future__ import annotations
 
 import math
+import re
 import warnings
 
 import numpy as np
@@ -57,9 +58,9 @@ def test_a_tensor_made_from_a_numpy_scalar_has_its_dtype(s):
 def test_a_numpy_bool_for_a_bool_parameter_raises_as_in_eager():
     def f(x):
         return x.sum(0, keepdim=np.True_)
-    with pytest.raises(TypeError, match="must be bool"):
+    with pytest.raises(TypeError) as eager:  # its words differ between torch versions
         f(torch.randn(3, 4))
-    with pytest.raises(TypeError, match="must be bool"):
+    with pytest.raises(TypeError, match=re.escape(str(eager.value))):
         fuselens.compile(f)(torch.randn(3, 4))
 
 
