@@ -359,6 +359,38 @@ def rewrite_log_after_step(tree: _Tree, start, end) -> str:
     return _replace(tree.module, fn, cst.FlattenSentinel([compiled, wrapper])).code
 
 
+def rewrite_backward_tail(tree: _Tree, start, end) -> str:
+    """`loss.backward()` as the function's last statement (or just before `return loss`) →
+    removed, the function returning `loss`, so that its callers run the backward pass outside
+    the compiled function. Only where no other `return` or `yield` exists, `backward` takes
+    no arguments and the function returned `loss` or nothing."""
+    stmt = next((s for s in tree.nodes_covering(start, end, cst.SimpleStatementLine)
+                 if len(s.body) == 1 and isinstance(s.body[0], cst.Expr)), None)
+    call = stmt.body[0].value if stmt is not None else None
+    if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+            and call.func.attr.value == "backward" and isinstance(call.func.value, cst.Name) and not call.args):
+        raise NoFix("not a statement `loss.backward()` on a name")
+    loss = call.func.value.value
+    fn = tree.parent.get(tree.parent.get(stmt))
+    if not isinstance(fn, cst.FunctionDef) or fn.asynchronous is not None or not _returns_only_at_tail(fn):
+        raise NoFix("the function returns elsewhere or is not a plain function")
+    body = list(fn.body.body)
+    i = body.index(stmt)
+    rest = body[i + 1:]
+    returns_loss = cst.SimpleStatementLine(body=[cst.Return(cst.Name(loss))], leading_lines=stmt.leading_lines,
+                                           trailing_whitespace=stmt.trailing_whitespace)
+    if not rest:
+        body[i] = returns_loss
+    elif len(rest) == 1 and isinstance(rest[0], cst.SimpleStatementLine) and len(rest[0].body) == 1 \
+            and isinstance(rest[0].body[0], cst.Return) and (rest[0].body[0].value is None or (
+                isinstance(rest[0].body[0].value, cst.Name) and rest[0].body[0].value.value in (loss, "None"))):
+        body[i:] = [rest[0].with_changes(body=[cst.Return(cst.Name(loss))],
+                                         leading_lines=list(stmt.leading_lines) + list(rest[0].leading_lines))]
+    else:
+        raise NoFix("`backward()` is not the function's tail")
+    return _replace(tree.module, fn, fn.with_changes(body=fn.body.with_changes(body=body))).code
+
+
 def _names_in(node) -> set[str]:
     out = set()
 
@@ -492,6 +524,8 @@ REWRITES = {
     "FL111": [(_GUARD, rewrite_guard_reporting, False)],
     "FL113": [(_GUARD, rewrite_guard_reporting, False)],
     "FL120": [("Select with `torch.where` instead of branching", rewrite_where, False)],
+    "FL152": [("Move `backward()` out: the function returns the loss and callers must call "
+               "`.backward()` on it", rewrite_backward_tail, False)],
 }
 
 

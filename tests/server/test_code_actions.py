@@ -250,3 +250,47 @@ async def test_item_logging_fix_only_where_it_is_simple(session, body):
     diag = next(d for d in await session.diagnostics(uri) if d.code == "FL110")
     titles = [a.title for a in await actions_for(session, uri, diag)]
     assert titles and not any("Log after the step" in t for t in titles)
+
+
+@pytest.mark.parametrize("tail, rewritten", [
+    ("    # gradients\n    loss.backward()\n    return loss\n", "    # gradients\n    return loss\n"),
+    ("    loss.backward()  # grads\n", "    return loss  # grads\n"),
+])
+async def test_backward_tail_moves_out_and_the_function_returns_the_loss(session, tail, rewritten):
+    head = textwrap.dedent('''\
+    import torch
+
+
+    @torch.compile
+    def train_step(model, batch):
+        loss = model(batch).sum()
+    ''')
+    src = head + tail
+    await session.init()
+    uri = await session.open("bw.py", src)
+    action, new, diags = await fix_and_reanalyse(session, uri, src, "FL152", "Move 'backward()' out")
+    assert new == head + rewritten
+    assert "callers must call" in action.title and not action.is_preferred
+    assert diags == []
+
+
+@pytest.mark.parametrize("tail", [
+    "    loss.backward()\n    opt.step()\n",              # more than a tail
+    "    loss.backward()\n    return loss.detach()\n",    # returns something else
+    "    loss.backward(retain_graph=True)\n",             # callers would need the arguments
+    "    if loss > 0:\n        return loss\n    loss.backward()\n",  # another return
+])
+async def test_backward_fix_only_for_a_simple_tail(session, tail):
+    src = textwrap.dedent('''\
+    import torch
+
+
+    @torch.compile
+    def train_step(model, batch, opt):
+        loss = model(batch).sum()
+    ''') + tail
+    await session.init()
+    uri = await session.open("bw_no.py", src)
+    diag = next(d for d in await session.diagnostics(uri) if d.code == "FL152")
+    titles = [a.title for a in await actions_for(session, uri, diag)]
+    assert titles and not any("Move 'backward()' out" in t for t in titles)
