@@ -808,7 +808,9 @@ def req_transformed(ls: FuselensServer, params):
     r = _run_result(ls, params)
     if r is None:
         return None
-    return {"source": r.get("transformedSource", ""), "explanation": r.get("explanation", "")}
+    from .transformed_view import explained
+    return {"source": explained(r.get("transformedSource", ""), _get(params, "qualname")),
+            "explanation": r.get("explanation", "")}
 
 
 class _ClientLog(logging.Handler):

@@ -298,3 +298,7 @@ async def test_runs_of_the_last_window_are_shown_again(session):
     k = as_dict(await session.request("fuselens/kernel", {"uri": uri, "qualname": "sincos", "graph": 0,
                                                          "kernel": "k0"}))
     assert k["source"].startswith("@triton.jit")
+    t = as_dict(await session.request("fuselens/transformedSource", {"uri": uri, "qualname": "sincos"}))
+    header, code = t["source"].split("\n\n", 1)
+    assert "__fl_graph_0  runs a compiled graph" in header  # the compiler's names explained
+    assert code == saved["result"]["transformedSource"]
