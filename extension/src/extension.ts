@@ -456,7 +456,20 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
     return this.docs.flatMap(d => d.functions.filter(f => f.run?.hasTransformedSource).map(f => [d.uri, f.qualname] as [string, string]));
   }
 
+  // The panel is narrow and a row's text is cut at its edge: every row's tooltip has its whole
+  // text (label and description) when the row sets no fuller one.
   getTreeItem(node: Node): vscode.TreeItem {
+    const it = this.treeItem(node);
+    if (it.tooltip === undefined) {
+      const label = typeof it.label === 'string' ? it.label : it.label?.label ?? (node.kind === 'file' ? vscode.Uri.parse(node.uri).fsPath : '');
+      it.tooltip = it.description ? `${label}\n${it.description}` : label;
+    } else if (typeof it.tooltip === 'string' && typeof it.label === 'string' && !it.tooltip.includes(it.label)) {
+      it.tooltip = `${it.label}\n${it.tooltip}`;
+    }
+    return it;
+  }
+
+  private treeItem(node: Node): vscode.TreeItem {
     const C = vscode.TreeItemCollapsibleState;
     switch (node.kind) {
       case 'file': {
@@ -478,7 +491,7 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
         const parts = [`${f.graphCount} graph${f.graphCount === 1 ? '' : 's'}`, `${f.breakCount} break${f.breakCount === 1 ? '' : 's'}`];
         if (f.run?.speedup) { parts.push(`${f.run.speedup.toFixed(2)}× vs eager`); }
         it.description = parts.join(' · ') + (f.asRun ? ' · as run' : f.compiled ? '' : ' · not compiled') + (f.stale ? ' · stale' : '');
-        if (f.asRun) { it.tooltip = 'Graphs and breaks of the last Compile & benchmark run on this text of the file'; }
+        if (f.asRun) { it.tooltip = `${it.description}\nGraphs and breaks of the last Compile & benchmark run on this text of the file`; }
         it.iconPath = new vscode.ThemeIcon(f.breakCount ? 'debug-breakpoint-unverified' : 'symbol-function');
         it.contextValue = f.run?.hasTransformedSource ? 'function-compiled-run' : 'function';
         it.id = `${node.uri}#${f.qualname}`;
