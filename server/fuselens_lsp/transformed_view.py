@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
+import textwrap
 
 _INTERNAL = re.compile(r"\b__fl_[A-Za-z0-9_]*")
 _REF = re.compile(r"__fl_r\d+$")
@@ -43,19 +44,27 @@ def explained(source: str, qualname: str) -> str:
     if not names:
         return source
     refs = _ref_sources(source)
-    lines = [f"# What fuselens runs for `{qualname}` (read-only). The names it adds:"]
     width = max(len(n) for n in names)
-    other = False
+    entries, other = [], False
     for name in names:
-        if name in refs:
-            lines.append(f"#   {name:<{width}}  `{refs[name]}`, bound on entry (writes to it below are the "
-                         "function's own, made on the real object after the graph, as in eager)")
-            continue
-        meaning = next((m for p, m in _MEANINGS if p.match(name)), None)
+        meaning = f"`{refs[name]}`, bound on entry" if name in refs else \
+            next((m for p, m in _MEANINGS if p.match(name)), None)
         if meaning is None:
             other = True
         else:
-            lines.append(f"#   {name:<{width}}  {meaning}")
+            entries.append((name, meaning))
+    notes = []
+    if refs:
+        notes.append("Writes to a __fl_rN below are the function's own, made on the real object after the "
+                     "graph, as in eager.")
     if other:
-        lines.append("#   (other __fl_ names: the compiler's own helpers and temporaries)")
-    return "\n".join(lines) + "\n\n" + source
+        notes.append("Other __fl_ names are the compiler's own helpers and temporaries.")
+    # the view opens in a column beside the source: narrow lines, each meaning under its name
+    wrapped = textwrap.wrap(f"What fuselens runs for `{qualname}` (read-only). The names it adds:", 62,
+                            initial_indent="# ", subsequent_indent="# ")
+    for name, meaning in entries:
+        wrapped += textwrap.wrap(f"{name:<{width}}  {meaning}", 60, initial_indent="#   ",
+                                 subsequent_indent="#   " + " " * (width + 2))
+    for note in notes:
+        wrapped += textwrap.wrap(note, 62, initial_indent="# ", subsequent_indent="# ")
+    return "\n".join(wrapped) + "\n\n" + source

@@ -217,6 +217,8 @@ def test_transformed_code_view_explains_the_compilers_names():
     assert "`M.forward`" in header
     assert "__fl_r0        `self.config`, bound on entry" in header
     assert "__fl_r1        `self.layers[0]`" in header
-    for name in ("__fl_o ", "__fl_t0 ", "__fl_graph_0 ", "__fl_resume_0 ", "other __fl_ names"):
+    assert "Writes to a __fl_rN below are the function's own" in header
+    for name in ("__fl_o ", "__fl_t0 ", "__fl_graph_0 ", "__fl_resume_0 ", "Other __fl_ names"):
         assert name in header
+    assert max(len(line) for line in header.splitlines()) <= 64  # fits a column beside the source
     assert explained("def f(x):\n    return x\n", "f") == "def f(x):\n    return x\n"
