@@ -264,7 +264,8 @@ async function startClient(ctx: vscode.ExtensionContext): Promise<void> {
     documentSelector: [{ language: 'python', scheme: 'file' }, { language: 'python', scheme: 'untitled' }],
     outputChannel: output,
     synchronize: { configurationSection: 'fuselens' },
-    initializationOptions: { settings: settingsObject(), trusted: vscode.workspace.isTrusted, runs: savedRuns() },
+    // a function: a server restarted after a crash gets the saved runs too
+    initializationOptions: () => ({ settings: settingsObject(), trusted: vscode.workspace.isTrusted, runs: savedRuns() }),
     // one notification of ours (the status item says the rest), not the client's generic ones
     initializationFailedHandler: () => false,
     errorHandler: {
