@@ -6,10 +6,11 @@ import * as path from 'path';
 import * as fs from 'fs';
 import * as os from 'os';
 import * as cp from 'child_process';
+import * as crypto from 'crypto';
 import * as vscode from 'vscode';
 import {
   CloseAction, ErrorAction, ExecuteCommandRequest, LanguageClient, LanguageClientOptions,
-  ServerOptions, State, TransportKind,
+  ServerOptions, State, TransportKind, WorkDoneProgress, WorkDoneProgressCancelNotification,
 } from 'vscode-languageclient/node';
 
 const SCHEME = 'fuselens';
@@ -194,6 +195,35 @@ function settingsObject(): any {
 let extensionContext: vscode.ExtensionContext;
 let starting: Promise<void> | undefined;
 
+// The last Compile & benchmark run of each function, kept in the workspace's state so that a
+// window reload (which restarts the server) shows it again, if its file has not changed since.
+const RUNS_KEY = 'fuselens.lastRuns';
+type SavedRun = { uri: string; qualname: string; textHash: string; summary: any };
+
+function textHash(text: string): string {
+  return crypto.createHash('sha256').update(text).digest('hex');
+}
+
+async function saveRun(uri: string, summary: any): Promise<void> {
+  const doc = vscode.workspace.textDocuments.find(d => d.uri.toString() === uri);
+  if (!doc || typeof summary.qualname !== 'string') { return; }
+  const saved = extensionContext.workspaceState.get<SavedRun[]>(RUNS_KEY, [])
+    .filter(s => !(s.uri === uri && s.qualname === summary.qualname));
+  saved.push({ uri, qualname: summary.qualname, textHash: textHash(doc.getText()), summary });
+  await extensionContext.workspaceState.update(RUNS_KEY, saved.slice(-20));
+}
+
+function savedRuns(): any[] {
+  const out: any[] = [];
+  for (const s of extensionContext.workspaceState.get<SavedRun[]>(RUNS_KEY, [])) {
+    try {
+      const text = fs.readFileSync(vscode.Uri.parse(s.uri).fsPath, 'utf8');
+      if (textHash(text) === s.textHash) { out.push(s.summary); }
+    } catch { /* the file is gone: so is its run */ }
+  }
+  return out;
+}
+
 // Stops the server (if any) and starts it again: on a setting, interpreter or trust change.
 async function restartServer(): Promise<void> {
   if (starting) { await starting.catch(() => undefined); }
@@ -234,7 +264,8 @@ async function startClient(ctx: vscode.ExtensionContext): Promise<void> {
     documentSelector: [{ language: 'python', scheme: 'file' }, { language: 'python', scheme: 'untitled' }],
     outputChannel: output,
     synchronize: { configurationSection: 'fuselens' },
-    initializationOptions: { settings: settingsObject(), trusted: vscode.workspace.isTrusted },
+    // a function: a server restarted after a crash gets the saved runs too
+    initializationOptions: () => ({ settings: settingsObject(), trusted: vscode.workspace.isTrusted, runs: savedRuns() }),
     // one notification of ours (the status item says the rest), not the client's generic ones
     initializationFailedHandler: () => false,
     errorHandler: {
@@ -263,6 +294,7 @@ async function startClient(ctx: vscode.ExtensionContext): Promise<void> {
       setState({ kind: 'ready', python });
       void mine.sendNotification('fuselens/setTrusted', { trusted: vscode.workspace.isTrusted });
       tree.refreshSoon();
+      kernelDocs.refreshOpen();
     } else if (e.newState === State.Starting) {
       setState({ kind: 'starting', python });
     }
@@ -373,6 +405,10 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
       if (node.fn.running) {
         out.push({ kind: 'info', label: 'Compiling and benchmarking…', icon: 'loading~spin' });
       }
+      if (run?.restored) {
+        out.push({ kind: 'info', label: 'Results from before the window reload', icon: 'history',
+          tooltip: 'The last Compile & benchmark run of this function, on this same text of the file. Run it again to refresh them.' });
+      }
       if (run) {
         if (run.status === 'ok') {
           const t = run.timings ?? {};
@@ -421,7 +457,20 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
     return this.docs.flatMap(d => d.functions.filter(f => f.run?.hasTransformedSource).map(f => [d.uri, f.qualname] as [string, string]));
   }
 
+  // The panel is narrow and a row's text is cut at its edge: every row's tooltip has its whole
+  // text (label and description) when the row sets no fuller one.
   getTreeItem(node: Node): vscode.TreeItem {
+    const it = this.treeItem(node);
+    if (it.tooltip === undefined) {
+      const label = typeof it.label === 'string' ? it.label : it.label?.label ?? (node.kind === 'file' ? vscode.Uri.parse(node.uri).fsPath : '');
+      it.tooltip = it.description ? `${label}\n${it.description}` : label;
+    } else if (typeof it.tooltip === 'string' && typeof it.label === 'string' && !it.tooltip.includes(it.label)) {
+      it.tooltip = `${it.label}\n${it.tooltip}`;
+    }
+    return it;
+  }
+
+  private treeItem(node: Node): vscode.TreeItem {
     const C = vscode.TreeItemCollapsibleState;
     switch (node.kind) {
       case 'file': {
@@ -443,7 +492,7 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
         const parts = [`${f.graphCount} graph${f.graphCount === 1 ? '' : 's'}`, `${f.breakCount} break${f.breakCount === 1 ? '' : 's'}`];
         if (f.run?.speedup) { parts.push(`${f.run.speedup.toFixed(2)}× vs eager`); }
         it.description = parts.join(' · ') + (f.asRun ? ' · as run' : f.compiled ? '' : ' · not compiled') + (f.stale ? ' · stale' : '');
-        if (f.asRun) { it.tooltip = 'Graphs and breaks of the last Compile & benchmark run on this text of the file'; }
+        if (f.asRun) { it.tooltip = `${it.description}\nGraphs and breaks of the last Compile & benchmark run on this text of the file`; }
         it.iconPath = new vscode.ThemeIcon(f.breakCount ? 'debug-breakpoint-unverified' : 'symbol-function');
         it.contextValue = f.run?.hasTransformedSource ? 'function-compiled-run' : 'function';
         it.id = `${node.uri}#${f.qualname}`;
@@ -511,7 +560,8 @@ class KernelDocs implements vscode.TextDocumentContentProvider, vscode.Definitio
   async provideTextDocumentContent(u: vscode.Uri): Promise<string> {
     const q = new URLSearchParams(u.query);
     const params = { uri: q.get('uri'), qualname: q.get('qualname'), graph: Number(q.get('graph') ?? 0), kernel: q.get('kernel') };
-    if (!client) { return '# the fuselens language server is not running'; }
+    if (starting) { await starting.catch(() => undefined); }  // views restored by a reload come first
+    if (!client || client.state !== State.Running) { return '# the fuselens language server is not running'; }
     if (u.path.endsWith('.fl-triton')) {
       const k: any = await client.sendRequest('fuselens/kernel', params);
       if (!k) { return '# this kernel is no longer available: run Compile & benchmark again'; }
@@ -524,6 +574,13 @@ class KernelDocs implements vscode.TextDocumentContentProvider, vscode.Definitio
     }
     const t: any = await client.sendRequest('fuselens/transformedSource', params);
     return t ? t.source : '# transformed code not available: run Compile & benchmark first';
+  }
+
+  // The fuselens views open in editors (after a reload, read before the server had the runs).
+  refreshOpen(): void {
+    for (const d of vscode.workspace.textDocuments) {
+      if (d.uri.scheme === SCHEME) { this.emitter.fire(d.uri); }
+    }
   }
 
   // Following the cursor in a kernel: highlight, in the source editor beside it, the source
@@ -649,20 +706,49 @@ async function compileAndBenchmark(arg?: any, qualname?: string): Promise<void> 
     target = { line: ed.selection.active.line, character: ed.selection.active.character };
   }
   tree.refreshSoon();
-  let r: any = await client.sendRequest(ExecuteCommandRequest.type,
-    { command: 'fuselens.server.compileAndBenchmark', arguments: [uri, target] });
+  let r: any = await runOnServer(uri!, target, {});
   await tree.refresh();
   if (r?.canRunMain) {
     // found no inputs without running anything: running the `__main__` block is the user's call
     const run = 'Run the __main__ block';
     const pick = await vscode.window.showWarningMessage(`fuselens: Compile & benchmark \`${r.qualname}\`: ${r.message}`, run);
     if (pick === run && client) {
-      r = await client.sendRequest(ExecuteCommandRequest.type,
-        { command: 'fuselens.server.compileAndBenchmark', arguments: [uri, r.qualname, { runMain: true }] });
+      r = await runOnServer(uri!, r.qualname, { runMain: true });
       await tree.refresh();
     }
   }
+  if (r?.status) { await saveRun(uri!, r); }
   if (r?.qualname) { await revealFunction(uri!, r.qualname); }
+}
+
+let runCount = 0;
+
+// One Compile & benchmark on the server, its progress in a notification of ours so that Cancel
+// shows from the start (progress the server creates itself shows in the status bar only).
+async function runOnServer(uri: string, target: any, options: Record<string, unknown>): Promise<any> {
+  const c = client!;
+  const what = typeof target === 'string' ? `\`${target}\`` : 'the function at the cursor';
+  return vscode.window.withProgress(
+    { location: vscode.ProgressLocation.Notification, title: `fuselens: Compile & benchmark ${what}`, cancellable: true },
+    async (progress, cancel) => {
+      const progressToken = `fuselens-run-${process.pid}-${++runCount}`;
+      let reported = 0;
+      const onProgress = c.onProgress(WorkDoneProgress.type, progressToken, v => {
+        if (v.kind === 'end') { return; }
+        const increment = v.percentage != null ? Math.max(0, v.percentage - reported) : undefined;
+        reported += increment ?? 0;
+        progress.report({ message: v.message, increment });
+      });
+      const onCancel = cancel.onCancellationRequested(() =>
+        void c.sendNotification(WorkDoneProgressCancelNotification.type, { token: progressToken }));
+      try {
+        return await c.sendRequest(ExecuteCommandRequest.type,
+          { command: 'fuselens.server.compileAndBenchmark', arguments: [uri, target, { ...options, progressToken }] });
+      } finally {
+        onProgress.dispose();
+        onCancel.dispose();
+      }
+    });
 }
 
 async function revealFunction(uri: string, qualname: string): Promise<void> {
@@ -745,8 +831,19 @@ export async function activate(ctx: vscode.ExtensionContext): Promise<void> {
   const venvs = vscode.workspace.createFileSystemWatcher('**/{.venv,venv}/{bin/python,Scripts/python.exe}');
   venvs.onDidCreate(() => { if (serverState.kind === 'failed') { notified = ''; void restartServer(); } });
   ctx.subscriptions.push(venvs);
+  closeEmptyGroups();
   starting = startClient(ctx);
   await starting;
+}
+
+// A window reload can leave the column of fuselens views empty (a view it could not restore):
+// an empty editor group at activation is closed, unless it is the only one.
+function closeEmptyGroups(): void {
+  const groups = vscode.window.tabGroups.all;
+  const empty = groups.filter(g => g.tabs.length === 0);
+  if (empty.length && empty.length < groups.length) {
+    void vscode.window.tabGroups.close(empty).then(undefined, e => output.appendLine(`fuselens: could not close an empty editor group: ${e}`));
+  }
 }
 
 export async function deactivate(): Promise<void> {

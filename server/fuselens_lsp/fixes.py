@@ -228,6 +228,169 @@ def rewrite_item(tree: _Tree, start, end) -> str:
     raise NoFix("the value is used outside tensor arithmetic")
 
 
+def _compile_decorated(fn: cst.FunctionDef) -> bool:
+    """`fn`'s only decorator compiles it (`@torch.compile`, `@torch.compile(...)`, `@fuselens.compile`)."""
+    if len(fn.decorators) != 1:
+        return False
+    d = fn.decorators[0].decorator
+    name = cst.helpers.get_full_name_for_node(d.func if isinstance(d, cst.Call) else d) or ""
+    return name.split(".")[-1] == "compile"
+
+
+def _returns_only_at_tail(fn: cst.FunctionDef) -> bool:
+    """No `return` or `yield` in `fn` (nested functions aside) except a last top-level `return`."""
+    tail = fn.body.body[-1] if fn.body.body else None
+    tail_return = tail.body[0] if isinstance(tail, cst.SimpleStatementLine) and len(tail.body) == 1 \
+        and isinstance(tail.body[0], cst.Return) else None
+    found = []
+
+    class V(cst.CSTVisitor):
+        def visit_FunctionDef(self, n):
+            return n is fn
+
+        def visit_Lambda(self, n):
+            return False
+
+        def visit_Return(self, n):
+            if n is not tail_return:
+                found.append(n)
+
+        def visit_Yield(self, n):
+            found.append(n)
+
+        def visit_Await(self, n):
+            found.append(n)
+    fn.visit(V())
+    return not found
+
+
+def _fresh(taken: set[str], base: str) -> str:
+    name, i = base, 1
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    taken.add(name)
+    return name
+
+
+def _forwarding_args(params: cst.Parameters) -> list[cst.Arg]:
+    """Arguments that pass a function's parameters on unchanged."""
+    args = [cst.Arg(cst.Name(p.name.value)) for p in params.posonly_params + params.params]
+    if isinstance(params.star_arg, cst.Param):
+        args.append(cst.Arg(cst.Name(params.star_arg.name.value), star="*"))
+    tight = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+    args += [cst.Arg(cst.Name(p.name.value), keyword=cst.Name(p.name.value), equal=tight)
+             for p in params.kwonly_params]
+    if params.star_kwarg is not None:
+        args.append(cst.Arg(cst.Name(params.star_kwarg.name.value), star="**"))
+    return args
+
+
+_LITERALS = (cst.SimpleString, cst.ConcatenatedString, cst.Integer, cst.Float)
+
+
+def rewrite_log_after_step(tree: _Tree, start, end) -> str:
+    """`log.info("loss %f", loss.item())` in a function compiled by its decorator → the compiled
+    part (renamed) keeps `loss.detach()` and returns it beside its result; an uncompiled wrapper
+    with the original name and parameters calls it and logs `.item()` of the kept tensor after
+    the step. Only for a top-level logging statement whose arguments are literals and
+    `.item()` calls, in a function with at most one `return`, its last statement."""
+    stmt = next((s for s in tree.nodes_covering(start, end, cst.SimpleStatementLine)
+                 if len(s.body) == 1 and isinstance(s.body[0], cst.Expr)
+                 and isinstance(s.body[0].value, cst.Call) and _reports(s.body[0].value)), None)
+    if stmt is None:
+        raise NoFix("the `.item()` is not in a statement that only prints or logs")
+    fn = tree.parent.get(tree.parent.get(stmt))
+    if not (isinstance(fn, cst.FunctionDef) and isinstance(tree.parent.get(fn), cst.Module)):
+        raise NoFix("the statement is not at the top level of a module-level function")
+    if fn.asynchronous is not None or not _compile_decorated(fn) or not _returns_only_at_tail(fn):
+        raise NoFix("the function is not a plain compiled function with one return at its end")
+    call = stmt.body[0].value
+    if any(a.star for a in call.args):
+        raise NoFix("the call unpacks arguments")
+    items = [a.value for a in call.args if _is_item_call(a.value)]
+    if not items or not all(_is_item_call(a.value) or isinstance(a.value, _LITERALS) for a in call.args):
+        raise NoFix("the call logs more than literals and `.item()` values")
+    local = _names_in(fn.params) | {n.target.value for n in tree.pos if isinstance(n, cst.AssignTarget)
+                                    and isinstance(n.target, cst.Name) and tree.enclosing_function(n) is fn}
+    root = call.func
+    while isinstance(root, cst.Attribute):
+        root = root.value
+    if not isinstance(root, cst.Name) or root.value in local:
+        raise NoFix("the logger is not a module-level name")
+
+    taken = _names_in(tree.module)
+    compiled_name = _fresh(taken, f"_{fn.name.value}_compiled")
+    kept, result = _fresh(taken, "logged"), _fresh(taken, "result")
+    detached = [cst.Call(func=cst.Attribute(value=c.func.value, attr=cst.Name("detach"))) for c in items]
+    kept_value = detached[0] if len(detached) == 1 else cst.Tuple([cst.Element(d) for d in detached])
+    # the statement's comments move with the logging call to the wrapper
+    keep = cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(kept))], value=kept_value)],
+                                   leading_lines=[e for e in stmt.leading_lines if e.comment is None])
+    body = [keep if s is stmt else s for s in fn.body.body]
+    tail = body[-1]
+    returned = tail.body[0].value if isinstance(tail, cst.SimpleStatementLine) \
+        and isinstance(tail.body[0], cst.Return) else None
+    if returned is None:
+        returned = cst.Name("None")
+    elif isinstance(returned, cst.Tuple) and not returned.lpar:
+        returned = returned.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    both = cst.Return(cst.Tuple([cst.Element(returned), cst.Element(cst.Name(kept))], lpar=[], rpar=[]))
+    if isinstance(tail, cst.SimpleStatementLine) and isinstance(tail.body[0], cst.Return):
+        body[-1] = tail.with_changes(body=[both])
+    else:
+        body.append(cst.SimpleStatementLine(body=[both]))
+    compiled = fn.with_changes(name=cst.Name(compiled_name), body=fn.body.with_changes(body=body))
+
+    reads = iter([cst.Call(func=cst.Attribute(value=cst.Subscript(cst.Name(kept), [cst.SubscriptElement(
+        cst.Index(cst.Integer(str(i))))]) if len(items) > 1 else cst.Name(kept), attr=cst.Name("item")))
+        for i in range(len(items))])
+    logged_call = call.with_changes(args=[a.with_changes(value=next(reads)) if _is_item_call(a.value) else a
+                                          for a in call.args])
+    wrapper = cst.FunctionDef(
+        name=fn.name, params=fn.params, returns=fn.returns,
+        leading_lines=[cst.EmptyLine(), cst.EmptyLine()],
+        body=cst.IndentedBlock(body=[
+            cst.SimpleStatementLine(body=[cst.Assign(
+                targets=[cst.AssignTarget(cst.Tuple([cst.Element(cst.Name(result)), cst.Element(cst.Name(kept))],
+                                                    lpar=[], rpar=[]))],
+                value=cst.Call(func=cst.Name(compiled_name), args=_forwarding_args(fn.params)))]),
+            stmt.with_changes(body=[cst.Expr(logged_call)]),
+            cst.SimpleStatementLine(body=[cst.Return(cst.Name(result))])]))
+    return _replace(tree.module, fn, cst.FlattenSentinel([compiled, wrapper])).code
+
+
+def rewrite_backward_tail(tree: _Tree, start, end) -> str:
+    """`loss.backward()` as the function's last statement (or just before `return loss`) →
+    removed, the function returning `loss`, so that its callers run the backward pass outside
+    the compiled function. Only where no other `return` or `yield` exists, `backward` takes
+    no arguments and the function returned `loss` or nothing."""
+    stmt = next((s for s in tree.nodes_covering(start, end, cst.SimpleStatementLine)
+                 if len(s.body) == 1 and isinstance(s.body[0], cst.Expr)), None)
+    call = stmt.body[0].value if stmt is not None else None
+    if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+            and call.func.attr.value == "backward" and isinstance(call.func.value, cst.Name) and not call.args):
+        raise NoFix("not a statement `loss.backward()` on a name")
+    loss = call.func.value.value
+    fn = tree.parent.get(tree.parent.get(stmt))
+    if not isinstance(fn, cst.FunctionDef) or fn.asynchronous is not None or not _returns_only_at_tail(fn):
+        raise NoFix("the function returns elsewhere or is not a plain function")
+    body = list(fn.body.body)
+    i = body.index(stmt)
+    rest = body[i + 1:]
+    returns_loss = cst.SimpleStatementLine(body=[cst.Return(cst.Name(loss))], leading_lines=stmt.leading_lines,
+                                           trailing_whitespace=stmt.trailing_whitespace)
+    if not rest:
+        body[i] = returns_loss
+    elif len(rest) == 1 and isinstance(rest[0], cst.SimpleStatementLine) and len(rest[0].body) == 1 \
+            and isinstance(rest[0].body[0], cst.Return) and (rest[0].body[0].value is None or (
+                isinstance(rest[0].body[0].value, cst.Name) and rest[0].body[0].value.value in (loss, "None"))):
+        body[i:] = [rest[0].with_changes(body=[cst.Return(cst.Name(loss))],
+                                         leading_lines=list(stmt.leading_lines) + list(rest[0].leading_lines))]
+    else:
+        raise NoFix("`backward()` is not the function's tail")
+    return _replace(tree.module, fn, fn.with_changes(body=fn.body.with_changes(body=body))).code
+
+
 def _names_in(node) -> set[str]:
     out = set()
 
@@ -355,10 +518,14 @@ REWRITES = {
     "FL100": [(_GUARD, rewrite_guard_side_effect, False)],
     "FL101": [(_GUARD, rewrite_guard_side_effect, False)],
     "FL110": [("Keep the 0-d tensor (drop `.item()`)", rewrite_item, True),
-              (_GUARD, rewrite_guard_reporting, False)],
+              (_GUARD, rewrite_guard_reporting, False),
+              ("Log after the step: the compiled part returns the value `.detach()`ed, an uncompiled "
+               "wrapper logs it (logs after the whole step)", rewrite_log_after_step, False)],
     "FL111": [(_GUARD, rewrite_guard_reporting, False)],
     "FL113": [(_GUARD, rewrite_guard_reporting, False)],
     "FL120": [("Select with `torch.where` instead of branching", rewrite_where, False)],
+    "FL152": [("Move `backward()` out: the function returns the loss and callers must call "
+               "`.backward()` on it", rewrite_backward_tail, False)],
 }
 
 
@@ -392,7 +559,9 @@ def fixes_for_break(source: str, filename: str, brk: dict, qualname: str,
                     after_an, err = None, True
                 if after_an is not None and err is None:
                     after = count_breaks(after_an)
-                    b0, b1 = before.get(qualname, 0), after.get(qualname, 10**9)
+                    # a function the rewrite adds (a compiled part split off) counts as the rewritten one
+                    b0 = before.get(qualname, 0)
+                    b1 = after.get(qualname, 10**9) + sum(n for q, n in after.items() if q not in before)
                     no_worse = all(after.get(q, 0) <= n for q, n in before.items() if q in after)
                     if b1 < b0 and no_worse:
                         out.append(Fix(f"fuselens: {title}", code, new_source, preferred,

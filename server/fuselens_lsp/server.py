@@ -293,6 +293,12 @@ def on_initialize(ls: FuselensServer, params: lsp.InitializeParams):
     opts = params.initialization_options or {}
     ls.settings = Settings.from_dict(_get(opts, "settings"))
     ls.trusted = bool(_get(opts, "trusted", False))
+    # the last runs of a window before it reloaded, on files unchanged since (the client keeps
+    # them): the panel, kernels and transformed code show them again
+    for run in _get(opts, "runs") or []:
+        if isinstance(run, dict) and isinstance(run.get("uri"), str) and isinstance(run.get("qualname"), str) \
+                and run.get("status"):
+            ls.runs[(run["uri"], run["qualname"])] = {**run, "restored": True}
 
 
 @server.feature(lsp.INITIALIZED)
@@ -542,9 +548,10 @@ def _function_for(res: Result, target):
 
 @server.command(CMD_COMPILE)
 async def compile_and_benchmark(ls: FuselensServer, *args):
-    """Arguments: uri, then a qualname or a position {line, character} (0-based), then options
+    """Arguments: uri, then a qualname or a position {line, character} (0-based), then options:
     {runMain: true} when the user picked running the file's `__main__` block to find inputs (it
-    runs their script, so it is never done unasked)."""
+    runs their script, so it is never done unasked); {progressToken: t} to report progress on
+    the client's token t (cancelled by window/workDoneProgress/cancel on it)."""
     if len(args) == 1 and isinstance(args[0], (list, tuple)):
         args = tuple(args[0])
     if len(args) < 2:
@@ -583,23 +590,27 @@ async def compile_and_benchmark(ls: FuselensServer, *args):
            "tests": ls.find_tests(fn.name) if "pytest" in discovery else []}
     cancel = asyncio.Event()
     ls.running[key] = cancel
-    token = str(uuid.uuid4())
-    progress_ok = False
+    # a token of the client's (its own progress notification, with a Cancel button from the
+    # start) or one the server creates (VS Code shows that in the status bar only)
+    given = args[2].get("progressToken") if len(args) > 2 and isinstance(args[2], dict) else None
+    token = given if isinstance(given, (str, int)) and not isinstance(given, bool) else str(uuid.uuid4())
+    progress_ok = token is given
     loop = asyncio.get_running_loop()
     caps = ls.client_capabilities
-    if caps and caps.window and caps.window.work_done_progress:
+    if not progress_ok and caps and caps.window and caps.window.work_done_progress:
         try:
             await asyncio.wait_for(ls.work_done_progress.create_async(token), 5)
             progress_ok = True
-            fut = ls.work_done_progress.tokens.get(token)
-            if fut is not None:
-                fut.add_done_callback(lambda f: loop.call_soon_threadsafe(cancel.set) if f.cancelled() else None)
         except Exception:
             progress_ok = False
     if progress_ok:
         ls.work_done_progress.begin(token, lsp.WorkDoneProgressBegin(
             title=f"fuselens: Compile & benchmark `{fn.qualname}`", cancellable=True,
             message="starting the worker", percentage=0))
+        # window/workDoneProgress/cancel cancels the token's future (begin registers a given one)
+        fut = ls.work_done_progress.tokens.get(token)
+        if fut is not None:
+            fut.add_done_callback(lambda f: loop.call_soon_threadsafe(cancel.set) if f.cancelled() else None)
 
     def on_progress(message, percentage):
         if progress_ok:
@@ -703,7 +714,7 @@ def _run_view(run: dict | None) -> dict | None:
     return {"status": run["status"], "message": run["message"], "graphs": graphs,
             "timings": r.get("timings"), "speedup": r.get("speedup"), "timingNote": r.get("timingNote"),
             "check": r.get("check"), "inputs": r.get("inputs"), "device": r.get("device"), "gpu": r.get("gpu"),
-            "hasTransformedSource": bool(r.get("transformedSource"))}
+            "hasTransformedSource": bool(r.get("transformedSource")), "restored": bool(run.get("restored"))}
 
 
 def _break_path_functions(ls: FuselensServer) -> set[tuple[str, str]]:
@@ -797,7 +808,9 @@ def req_transformed(ls: FuselensServer, params):
     r = _run_result(ls, params)
     if r is None:
         return None
-    return {"source": r.get("transformedSource", ""), "explanation": r.get("explanation", "")}
+    from .transformed_view import explained
+    return {"source": explained(r.get("transformedSource", ""), _get(params, "qualname")),
+            "explanation": r.get("explanation", "")}
 
 
 class _ClientLog(logging.Handler):

@@ -4,7 +4,8 @@
 //   01 open showcase.py: a graph-break squiggle appears (from the Python language server)
 //   02 hover it: the break's title, explanation, hint and code
 //   03 quick fix: Ctrl+. offers the verified fix; applying it rewrites the code, the squiggle goes
-//   04 "Compile & benchmark" from the code lens: the side panel shows functions → graphs → kernels
+//   04 "Compile & benchmark" from the code lens: its progress notification has Cancel from the
+//      start; the side panel shows functions → graphs → kernels
 //   05 click a kernel: its Triton source opens in a read-only editor with highlighting
 //   06 "Show transformed code" opens the transformed function beside the source; kernel, graph and
 //      transformed code share one editor column
@@ -16,6 +17,7 @@
 //   09 train_loop.py: no warning on `model(batch[...])` (an un-annotated parameter), warnings on the
 //      printed `.item()` and `backward()`, the print guard offered for the printed `.item()`;
 //      dropout_block.py's run: the outputs differ through random ops (named), checked in eval mode
+//      a window reload: that run is shown again, marked as from before the reload; no empty group
 //   10 the language server is killed: the extension restarts it and an edit gets diagnostics again
 //   11 a second workspace whose .venv lacks torch: one notification says what the interpreter lacks,
 //      with its buttons, and the status item says the server is not running
@@ -151,6 +153,11 @@ async function editorText() {
     // 04: Compile & benchmark from the code lens of gelu_scale (the first lens)
     await page.locator('.codelens-decoration a', { hasText: 'Compile & benchmark' }).first().click();
     log('Compile & benchmark clicked');
+    // its progress notification has Cancel from the start (not only behind the status bar)
+    const runToast = page.locator('.notification-toast:has-text("Compile & benchmark")').first();
+    await runToast.waitFor({ timeout: 20000 });
+    await runToast.locator('.monaco-button:has-text("Cancel")').first().waitFor({ state: 'visible', timeout: 5000 });
+    log('progress notification with Cancel:', (await runToast.innerText()).replace(/\s+/g, ' '));
     const kernelRow = page.locator('.pane-body .monaco-list-row:has(.codicon-zap)').first();
     await kernelRow.waitFor({ timeout: 240000 });
     await page.waitForSelector('.pane-body .monaco-list-row:has-text("graph 0")', { timeout: 10000 });
@@ -353,6 +360,21 @@ async function editorText() {
     if (await cpuRow.count()) { log('timings:', (await cpuRow.innerText()).replace(/\s+/g, ' ')); }
     await page.waitForTimeout(500);
     await shot('dropout-eval-mode-check');
+
+    // a window reload: the last run is shown again (marked so), and no editor group is left empty
+    const csPid = Number(process.env.FUSELENS_E2E_CS_PID || 0);
+    page.on('dialog', d => d.accept());  // "leave the page?" for unsaved files (hot exit keeps them)
+    await page.reload({ waitUntil: 'domcontentloaded' });
+    await page.waitForSelector('.monaco-workbench', { timeout: 60000 });
+    const restoredRow = page.locator('.pane-body .monaco-list-row:has-text("Results from before the window reload")').first();
+    await restoredRow.waitFor({ timeout: 90000 });
+    await page.locator('.pane-body .monaco-list-row:has-text("in eval mode")').first().waitFor({ timeout: 10000 });
+    const emptyGroups = await page.locator('.editor-group-container.empty').count();
+    if (emptyGroups) { throw new Error(`${emptyGroups} empty editor group(s) after the reload`); }
+    log('after a window reload: the dropout block\'s run is shown again, no empty editor group');
+    await shot('run-kept-across-reload');
+    // the window's old language server exits with its extension host
+    for (const end = Date.now() + 30000; csPid && serverPids(csPid).length > 1 && Date.now() < end;) { await page.waitForTimeout(250); }
 
     // 10: the language server dies; the extension restarts it and diagnostics come back
     const codeServerPid = Number(process.env.FUSELENS_E2E_CS_PID || 0);

@@ -39,12 +39,12 @@ class Session:
         self.root = root
         self.versions: dict[str, int] = {}
 
-    async def init(self, *, trusted=True, settings=None):
+    async def init(self, *, trusted=True, settings=None, runs=None):
         await self.client.initialize_session(lsp.InitializeParams(
             capabilities=client_capabilities("visual-studio-code"),
             root_uri=self.root.as_uri(),
             workspace_folders=[lsp.WorkspaceFolder(uri=self.root.as_uri(), name="ws")],
-            initialization_options={"trusted": trusted, "settings": settings or {}}))
+            initialization_options={"trusted": trusted, "settings": settings or {}, "runs": runs or []}))
         return self
 
     def uri(self, name: str) -> str:

@@ -206,7 +206,9 @@ async def test_worker_that_crashes_is_reported(session):
     await still_alive(session, uri)
 
 
-async def test_cancel_stops_the_worker(session):
+@pytest.mark.parametrize("client_token", [False, True])
+async def test_cancel_stops_the_worker(session, client_token):
+    """The server's own progress token, or the client's (its notification shows Cancel from the start)."""
     src = '''\
     import time
     import torch
@@ -219,12 +221,18 @@ async def test_cancel_stops_the_worker(session):
     '''
     await session.init()
     uri = await session.open("slow.py", src)
-    task = asyncio.ensure_future(session.command(uri, "slow"))
+    if client_token:
+        session.client.progress_reports["mine"] = []  # the client made it: pytest-lsp knows it
+        task = asyncio.ensure_future(session.command(uri, "slow", {"progressToken": "mine"}))
+    else:
+        task = asyncio.ensure_future(session.command(uri, "slow"))
     loop = asyncio.get_running_loop()
     end = loop.time() + 30
-    while not session.client.progress_reports and loop.time() < end:
+    while not any(session.client.progress_reports.values()) and loop.time() < end:
         await asyncio.sleep(0.05)
     (token,) = session.client.progress_reports
+    assert token == "mine" or not client_token
+    assert isinstance(session.client.progress_reports[token][0], lsp.WorkDoneProgressBegin)
     await asyncio.sleep(1.0)
     session.client.window_work_done_progress_cancel(lsp.WorkDoneProgressCancelParams(token=token))
     r = as_dict(await asyncio.wait_for(task, 30))
@@ -272,3 +280,25 @@ async def test_module_forward_with_main_block_and_with_comment(session):
     r = as_dict(await session.command(uri, "Scale.forward"))
     assert r["ok"], r
     assert r["result"]["inputs"].startswith("comment on line 20") and r["result"]["check"]["ok"]
+
+
+async def test_runs_of_the_last_window_are_shown_again(session):
+    """The client keeps the last runs (workspaceState) and gives them back after a window reload."""
+    uri = session.uri("sc.py")
+    kernel = {"name": "k0", "source": "@triton.jit\ndef k0(x):\n    pass", "timeMs": None, "share": None,
+              "bandwidthGBs": None}
+    saved = {"ok": True, "status": "ok", "qualname": "sincos", "uri": uri, "message": "1 graph",
+             "result": {"graphs": [{"index": 0, "ir": "graph()", "kernels": [kernel]}],
+                        "transformedSource": "def sincos(x):\n    return __fl_graph_0(x)[0]"}}
+    await session.init(runs=[saved, {"qualname": "no uri"}])
+    await session.open("sc.py", SINCOS)
+    (fn,) = as_dict(await session.request("fuselens/functions", {"uri": uri}))["documents"][0]["functions"]
+    assert fn["run"]["status"] == "ok" and fn["run"]["restored"]
+    assert fn["run"]["graphs"][0]["kernels"][0]["name"] == "k0"
+    k = as_dict(await session.request("fuselens/kernel", {"uri": uri, "qualname": "sincos", "graph": 0,
+                                                         "kernel": "k0"}))
+    assert k["source"].startswith("@triton.jit")
+    t = as_dict(await session.request("fuselens/transformedSource", {"uri": uri, "qualname": "sincos"}))
+    header, code = t["source"].split("\n\n", 1)
+    assert "__fl_graph_0  runs a compiled graph" in header  # the compiler's names explained
+    assert code == saved["result"]["transformedSource"]

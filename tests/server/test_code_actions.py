@@ -187,3 +187,110 @@ async def test_restricted_mode_keeps_diagnostics_and_fixes(session):
     uri = await session.open("w.py", src)
     _, new, diags = await fix_and_reanalyse(session, uri, src, "FL110", ".item()")
     assert "s = x.sum()\n" in new and diags == []
+
+
+async def test_item_in_logging_is_kept_detached_and_logged_after_the_step(session):
+    src = textwrap.dedent('''\
+    import logging
+    import torch
+
+    log = logging.getLogger(__name__)
+
+
+    @torch.compile
+    def train_step(model, batch, *, scale=1.0):
+        loss = model(batch).sum() * scale
+        log.info("loss %f", loss.item())  # every step
+        return loss
+    ''')
+    await session.init()
+    uri = await session.open("log_item.py", src)
+    action, new, diags = await fix_and_reanalyse(session, uri, src, "FL110", "Log after the step")
+    assert new.endswith(textwrap.dedent('''\
+    @torch.compile
+    def _train_step_compiled(model, batch, *, scale=1.0):
+        loss = model(batch).sum() * scale
+        logged = loss.detach()
+        return loss, logged
+
+
+    def train_step(model, batch, *, scale=1.0):
+        result, logged = _train_step_compiled(model, batch, scale=scale)
+        log.info("loss %f", logged.item())  # every step
+        return result
+    '''))
+    assert not action.is_preferred  # the message is logged after the step, not in its middle
+    assert "1 → 0 breaks" in action.title
+    assert diags == []
+
+
+@pytest.mark.parametrize("body", [
+    "history.append(loss.item())",                    # not logging: the value is used
+    'log.info("loss %f step %d", loss.item(), step)',  # a Python value the step computes
+    'log.info(f"loss {loss.item()}")',                 # the value is formatted in the function
+    'if step:\n        log.info("loss %f", loss.item())',  # not a top-level statement
+])
+async def test_item_logging_fix_only_where_it_is_simple(session, body):
+    src = textwrap.dedent('''\
+    import logging
+    import torch
+
+    log = logging.getLogger(__name__)
+    history = []
+
+
+    @torch.compile
+    def train_step(model, batch, step):
+        loss = model(batch).sum()
+        BODY
+        return loss
+    ''').replace("BODY", body)
+    await session.init()
+    uri = await session.open("log_item_no.py", src)
+    diag = next(d for d in await session.diagnostics(uri) if d.code == "FL110")
+    titles = [a.title for a in await actions_for(session, uri, diag)]
+    assert titles and not any("Log after the step" in t for t in titles)
+
+
+@pytest.mark.parametrize("tail, rewritten", [
+    ("    # gradients\n    loss.backward()\n    return loss\n", "    # gradients\n    return loss\n"),
+    ("    loss.backward()  # grads\n", "    return loss  # grads\n"),
+])
+async def test_backward_tail_moves_out_and_the_function_returns_the_loss(session, tail, rewritten):
+    head = textwrap.dedent('''\
+    import torch
+
+
+    @torch.compile
+    def train_step(model, batch):
+        loss = model(batch).sum()
+    ''')
+    src = head + tail
+    await session.init()
+    uri = await session.open("bw.py", src)
+    action, new, diags = await fix_and_reanalyse(session, uri, src, "FL152", "Move 'backward()' out")
+    assert new == head + rewritten
+    assert "callers must call" in action.title and not action.is_preferred
+    assert diags == []
+
+
+@pytest.mark.parametrize("tail", [
+    "    loss.backward()\n    opt.step()\n",              # more than a tail
+    "    loss.backward()\n    return loss.detach()\n",    # returns something else
+    "    loss.backward(retain_graph=True)\n",             # callers would need the arguments
+    "    if loss > 0:\n        return loss\n    loss.backward()\n",  # another return
+])
+async def test_backward_fix_only_for_a_simple_tail(session, tail):
+    src = textwrap.dedent('''\
+    import torch
+
+
+    @torch.compile
+    def train_step(model, batch, opt):
+        loss = model(batch).sum()
+    ''') + tail
+    await session.init()
+    uri = await session.open("bw_no.py", src)
+    diag = next(d for d in await session.diagnostics(uri) if d.code == "FL152")
+    titles = [a.title for a in await actions_for(session, uri, diag)]
+    assert titles and not any("Move 'backward()' out" in t for t in titles)

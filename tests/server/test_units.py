@@ -197,3 +197,28 @@ def test_server_modules_do_not_import_torch_or_libcst():
             "print(sorted(m for m in ('torch', 'libcst', 'fuselens') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_transformed_code_view_explains_the_compilers_names():
+    from fuselens_lsp.transformed_view import explained
+    src = textwrap.dedent('''\
+    def forward(self, x):
+        __fl_r0, __fl_r1 = self.config, self.layers[0]
+        __fl_o = __fl_graph_0(x)
+        __fl_r0.compiling = True
+        __fl_t0 = __fl_o[1]
+        if __fl_t0:
+            return __fl_resume_0(__fl_o[0])
+        return __fl_cont_1(__fl_o[0])
+    ''')
+    view = explained(src, "M.forward")
+    header, body = view.split("\n\n", 1)
+    assert body == src  # what runs, unchanged
+    assert "`M.forward`" in header
+    assert "__fl_r0        `self.config`, bound on entry" in header
+    assert "__fl_r1        `self.layers[0]`" in header
+    assert "Writes to a __fl_rN below are the function's own" in header
+    for name in ("__fl_o ", "__fl_t0 ", "__fl_graph_0 ", "__fl_resume_0 ", "Other __fl_ names"):
+        assert name in header
+    assert max(len(line) for line in header.splitlines()) <= 64  # fits a column beside the source
+    assert explained("def f(x):\n    return x\n", "f") == "def f(x):\n    return x\n"
