@@ -362,3 +362,18 @@ def test_a_saved_value_written_by_an_unused_op_fails_backward_as_eager():
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         fuselens.compile(_saved_then_written)(x, y).sum().backward()
 
+
+
+def test_torch_call_returning_its_argument_has_its_gradient():
+    """A torch call run as an extern whose result is an argument itself (broadcast_tensors of an
+    operand that needs no broadcast, as a Categorical's log_prob does): a leaf with no grad_fn in
+    its VJP's recomputation, whose gradient is the cotangent (the backend failed on it)."""
+    def f(x, idx):
+        v, lp = torch.broadcast_tensors(idx.unsqueeze(-1), x)
+        return lp.gather(-1, v[..., :1]).sum()
+    x = torch.randn(4, 4, generator=torch.Generator().manual_seed(5)).requires_grad_()
+    idx = torch.tensor([0, 1, 2, 3])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fuselens.FuselensWarning)
+        got = torch.autograd.grad(fuselens.compile(f)(x, idx), x)[0]
+    torch.testing.assert_close(got, torch.autograd.grad(f(x, idx), x)[0])

@@ -580,3 +580,29 @@ def test_custom_autograd_function_inside_a_module_and_a_loop():
     check_grads(lambda m, x: m(x).sum(), model, X.clone(), breaks=["FL142", "FL142"])
     with torch.no_grad():
         check(lambda x: model(x), X, breaks=[])
+
+
+class _LazySoftmax:
+    """A non-data descriptor with a Python `__get__` (as torch.distributions' lazy_property)."""
+
+    def __get__(self, instance, owner):
+        value = instance.logits.softmax(-1)
+        instance.__dict__["probs"] = value
+        return value
+
+
+class _Lazy:
+    probs = _LazySoftmax()
+
+    def __init__(self, logits):
+        self.logits = logits
+
+
+def test_a_descriptors_python_get_is_evaluated():
+    """A descriptor's `__get__` is code like the user's: evaluated on the capture's values, not
+    run natively on them (it failed with "'TensorVar' object has no attribute 'softmax'")."""
+    def f(x):
+        o = _Lazy(x * 2)
+        return (o.probs + o.probs).sum()
+    mu = torch.randn(3, 5, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    check_grads(f, mu)

@@ -65,6 +65,13 @@ class Kind:
             if isinstance(desc, property) and isinstance(desc.fget, types.FunctionType) \
                     and not _no_source(desc.fget):
                 return ev.inline(desc.fget, [], {}, e, scope, self_value=obj)
+            # so is any descriptor's Python `__get__` (a distribution's lazy_property), where it
+            # decides: a data descriptor, or one the instance's own attribute does not shadow
+            get = inspect.getattr_static(type(desc), "__get__", None)
+            if isinstance(get, types.FunctionType) and not _no_source(get) and \
+                    (inspect.getattr_static(type(desc), "__set__", None) is not None
+                     or attr not in getattr(obj, "__dict__", {})):
+                return ev.inline(get, [obj, type(obj)], {}, e, scope, self_value=desc)
         if ev.effects.is_fresh(obj):
             return getattr(obj, attr)  # the capture's own object: what it holds, as is
         v = getattr(obj, attr)

@@ -561,8 +561,9 @@ def _call_torch_vjp(fn, args, kwargs, grads, needs=None, kw_needs=()):
     outs = [out] if isinstance(out, torch.Tensor) else list(out)
     # a result whose derivative torch does not implement (floor_divide): the compiled backward
     # raises eager's error before it would need this gradient (runtime/training.py)
+    # (a result that is an argument itself, returned as is, has no grad_fn: its gradient is g)
     pairs = [(o, g) for o, g in zip(outs, grads) if isinstance(o, torch.Tensor) and o.requires_grad
-             and o.grad_fn.name() not in RAISING_NODES]
+             and (o.grad_fn is None or o.grad_fn.name() not in RAISING_NODES)]
     if not pairs:
         return (None,) * (len(args) + len(kw_needs))
     wrt = [leaf for leaf, m in zip(leaves, marked) if m] + [kw_leaves[k] for k in kw_needs]
