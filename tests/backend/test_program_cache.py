@@ -104,12 +104,16 @@ def assert_equal_to_eager(res):
 @pytest.mark.parametrize("name,mode,concurrent", [("convnet", "train", 2), ("convnet", "eval", 1),
                                                   ("gpt2-labels", "train", 1), ("vit", "eval", 1)])
 def test_second_process_loads_programs(tmp_path, name, mode, concurrent):
-    # cold processes (two at once: both compile, both store the same entries), then a warm one
+    # cold processes (two at once: each compiles what the other has not stored yet, both may store
+    # the same entries), then a warm one
     cold = processes(tmp_path, name, mode, concurrent, "cold")
     warm, = processes(tmp_path, name, mode, 1, "warm")
+    programs = cold[0]["stats"]["compiles"] + cold[0]["stats"]["cache_hits"]
+    assert programs > 0
     for res in cold:
-        assert res["stats"]["compiles"] > 0 and res["stats"]["cache_hits"] == 0
-    assert warm["stats"]["compiles"] == 0 and warm["stats"]["cache_hits"] == cold[0]["stats"]["compiles"]
+        assert res["stats"]["compiles"] + res["stats"]["cache_hits"] == programs
+    assert sum(res["stats"]["compiles"] for res in cold) >= programs
+    assert warm["stats"]["compiles"] == 0 and warm["stats"]["cache_hits"] == programs
     # nor a backward program (gpt2-labels: its logits get no gradient beside the loss, a backward
     # without their terms, compiled in the cold process on the first backward)
     assert warm["stats"]["backward_layouts"] == 0
