@@ -600,7 +600,7 @@ def _decorated_disabled(f: ast.FunctionDef, env) -> bool:
     """`@torch.compiler.disable` (or `torch._dynamo.disable`, called or not) decorates `f`."""
     for d in f.decorator_list:
         target = _resolve(d.func if isinstance(d, ast.Call) else d, env)
-        if any(target is t for t in C.DISABLE_DECORATORS):
+        if any(target is t for t in C.disable_decorators()):
             return True
     return False
 

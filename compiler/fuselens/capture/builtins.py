@@ -336,6 +336,18 @@ KNOWN.update({f: _torch_function_query for f in C.TORCH_FUNCTION_QUERIES})
 KNOWN.update({f: _compile_time(True) for f in C.IS_COMPILING})
 KNOWN.update({f: _compile_time(False) for f in C.NOT_TRACING})
 _BY_ID = {id(f): (f, h) for f, h in KNOWN.items()}
+_dynamo_known = False
+
+
+def _know_dynamo() -> bool:
+    """Adds torch._dynamo's functions once something has imported it (calls.loaded_dynamo);
+    whether it added them now."""
+    global _dynamo_known
+    if _dynamo_known or C.loaded_dynamo() is None:
+        return False
+    _dynamo_known = True
+    _BY_ID.update({id(f): (f, _compile_time(True)) for f in C.dynamo_is_compiling()})
+    return True
 
 
 def known_handler(fn):
@@ -343,6 +355,8 @@ def known_handler(fn):
     unhashable callable is no error), or by what marks it (a cache wrapper, a marked constant,
     a logging call)."""
     hit = _BY_ID.get(id(fn))
+    if hit is None and _know_dynamo():
+        hit = _BY_ID.get(id(fn))
     if hit is not None and hit[0] is fn:
         return hit[1]
     if isinstance(fn, functools._lru_cache_wrapper):

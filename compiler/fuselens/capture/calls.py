@@ -147,8 +147,18 @@ def compile_disabled(fn) -> bool:
     return fn.__dict__.get("_torchdynamo_disable") is True
 
 
-# the decorators that make that mark, as the editor resolves them from a file's source
-DISABLE_DECORATORS = {torch.compiler.disable, torch._dynamo.disable}
+def loaded_dynamo():
+    """`torch._dynamo` once something imported it, else None. Importing it takes ~2 s, more than
+    the rest of capture after torch (the editor waits for it before its first diagnostics), and
+    capture only recognises a few of its functions: a value that is one exists only after the
+    import, so those are looked up here, when needed, instead of at import."""
+    return sys.modules.get("torch._dynamo")
+
+
+def disable_decorators() -> set:
+    """The decorators that make that mark, as the editor resolves them from a file's source."""
+    dyn = loaded_dynamo()
+    return {torch.compiler.disable} | ({dyn.disable} if dyn is not None else set())
 
 
 # `has_torch_function(args)`: does an argument override torch functions? (builtins.py)
@@ -163,14 +173,16 @@ if hasattr(torch.compiler, "is_exporting"):
 
 
 IS_COMPILING = {torch.compiler.is_compiling}
-try:  # older spellings users still write
-    IS_COMPILING.add(torch._dynamo.is_compiling)
-except AttributeError:
-    pass
-try:
+try:  # an older spelling users still write (and torch._dynamo.is_compiling: dynamo_is_compiling)
     IS_COMPILING.add(torch.compiler.is_dynamo_compiling)
 except AttributeError:
     pass
+
+
+def dynamo_is_compiling() -> set:
+    """`torch._dynamo.is_compiling` once torch._dynamo is imported (see loaded_dynamo)."""
+    fn = getattr(loaded_dynamo(), "is_compiling", None)
+    return {fn} if fn is not None else set()
 
 # Operators of the `ast` nodes, as Python functions (on tensors they become graph ops).
 BINOPS = {
