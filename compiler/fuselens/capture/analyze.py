@@ -712,10 +712,13 @@ def _keep(b, ev, filename, found):
 
 
 def _abstract_param(p: ast.arg, default, builder):
-    """A parameter is taken for a tensor unless its annotation or default says otherwise."""
+    """A parameter is taken for a tensor unless its annotation or default says otherwise;
+    without a `Tensor` annotation, only assumed to be one (values.TensorVar.assumed)."""
     ann = ast.unparse(p.annotation) if p.annotation is not None else ""
     if ann and "Tensor" not in ann:  # `int`, `tuple[int, int]`, `LlamaConfig`, `Cache | None`
         return UNKNOWN
     if isinstance(default, ast.Constant) or isinstance(default, (ast.Tuple, ast.List)):
         return UNKNOWN
-    return builder.abstract_input(p.arg)
+    tv = builder.abstract_input(p.arg)
+    tv.assumed = not ann
+    return tv

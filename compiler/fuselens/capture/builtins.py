@@ -45,7 +45,7 @@ def _len(ev, fn, args, kwargs, e, scope):
 
 
 def _range(ev, fn, args, kwargs, e, scope):
-    if any(isinstance(a, Unknown) for a in args):
+    if any(isinstance(a, Unknown) for a in args) or TensorVar.only_assumed(args):
         return UNKNOWN
     if any(isinstance(a, TensorVar) for a in args):
         ev.brk(B.TENSOR_TO_PY, e, scope, detail="range() of a tensor")

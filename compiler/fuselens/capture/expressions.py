@@ -134,9 +134,9 @@ class Expressions:
 
     def _ex_FormattedValue(self, e, scope):
         v = self.eval(e.value, scope)
-        if isinstance(v, TensorVar):
+        if isinstance(v, TensorVar) and not v.assumed:
             self.brk(B.TENSOR_TO_PY, e, scope, detail="formatting a tensor into a string")
-        if isinstance(v, Unknown):
+        if isinstance(v, (Unknown, TensorVar)):
             return UNKNOWN
         if isinstance(v, SymInt):
             v = self.specialize(v, e, scope)

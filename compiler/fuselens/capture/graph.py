@@ -246,6 +246,10 @@ class GraphBuilder:
             tv.abstract_bool = _returns_bool(target, tuple(
                 (torch.bool if a.is_bool else torch.float32) if isinstance(a, TensorVar)
                 else 1 if isinstance(a, (Unknown, SymInt)) else a for a in args))
+            # a Python operator (`x > 0`, `x * 2`) on values assumed to be tensors works on numbers
+            # too; any torch function, or a known tensor among the operands, makes it a tensor
+            tv.assumed = getattr(target, "__module__", None) == "_operator" \
+                and TensorVar.only_assumed(leaves([args, kwargs]))
             return tv
         return self._wrap(node, out_meta, device, loc)
 

@@ -94,7 +94,7 @@ class Kind:
         return v
 
     def getitem(self, ev, obj, idx, e, scope):
-        if isinstance(idx, Unknown):
+        if isinstance(idx, Unknown) or TensorVar.only_assumed([idx]):
             return UNKNOWN
         if isinstance(idx, SymInt):
             idx = ev.specialize(idx, e, scope)
@@ -162,6 +162,8 @@ class Tensor(Kind):
     def truth(self, ev, v, node, scope, kind, whole_stmt):
         if v.known is not None and (v.meta is None or v.meta.numel() == 1):
             return v.known  # its bounds decide it (capture/bounds.py): no data reaches Python
+        if v.assumed:  # the editor cannot tell it is a tensor: a number's truth breaks nothing
+            return UNKNOWN
         ev.brk(kind, node, scope, detail=f"`{_short(node)}` is a tensor",
                whole_stmt=whole_stmt or kind is B.DATA_WHILE, cond=v)
 
@@ -197,7 +199,9 @@ class UnknownValue(Kind):
 
     def call(self, ev, fn, args, kwargs, e, scope):
         if any(isinstance(a, TensorVar) for a in args):
-            return TensorVar(None, None, None)  # probably a tensor function
+            r = TensorVar(None, None, None)  # probably a tensor function
+            r.assumed = True
+            return r
         return UNKNOWN
 
     def getattr(self, ev, obj, attr, e, scope):

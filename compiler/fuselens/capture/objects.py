@@ -300,6 +300,8 @@ class Objects:
                 self.effects.observe(v)
         if any(isinstance(a, TensorVar) for a in vals) or fn is sum and contains_tensor(vals):
             if fn in (int, float, bool, complex):
+                if TensorVar.only_assumed(vals):
+                    return UNKNOWN  # of what may be a number (TensorVar.assumed)
                 self.brk(B.TENSOR_TO_PY, e, scope, detail=f"{fn.__name__}() of a tensor")
             if fn is len and len(args) == 1 and isinstance(args[0], TensorVar):
                 if args[0].meta is None:
@@ -320,6 +322,8 @@ class Objects:
                 return self.op(fn, list(args), {}, e, scope)
             if fn is operator.getitem and len(args) == 2 and not kwargs:
                 return self.getitem(args[0], args[1], e, scope)
+            if TensorVar.only_assumed(vals):
+                return UNKNOWN
             self.brk(B.TENSOR_TO_PY, e, scope, detail=f"{getattr(fn, '__name__', fn)}() of a tensor")
         if fn in (map, filter) and args and isinstance(args[0], LocalFunction):
             # a function of the evaluated code (`filter(lambda x: ..., xs)`): called item by item

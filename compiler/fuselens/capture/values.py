@@ -35,7 +35,7 @@ class TensorVar:
     """A tensor inside the graph being built. `meta` is a tensor on device 'meta' with the
     shape, stride and dtype (None in the abstract domain: shape unknown). `version` counts the
     in-place updates of the storage it belongs to; `base` is the TensorVar it is a view of."""
-    __slots__ = ("node", "meta", "device", "source", "abstract_bool", "view_of", "bounds", "known")
+    __slots__ = ("node", "meta", "device", "source", "abstract_bool", "assumed", "view_of", "bounds", "known")
 
     def __init__(self, node, meta, device, source=None):
         self.node = node
@@ -43,11 +43,22 @@ class TensorVar:
         self.device = device
         self.source = source  # guard/source expression if this is a graph input
         self.abstract_bool = False  # abstract domain: known to hold booleans (a comparison)
+        # abstract domain: taken for a tensor for want of evidence (an un-annotated parameter, the
+        # result of an unknown call, Python operators on such values only): it may as well be a
+        # number, so no break is claimed on its value
+        self.assumed = False
         # a view of another TensorVar, as (parent, fn, args, kwargs, item): `fn(parent, *args,
         # **kwargs)` (then `[item]` when fn returns a tuple of views, item not None)
         self.view_of = None
         self.bounds = None  # capture/bounds.py Bounds: every element lies within them
         self.known = None  # a comparison the bounds decide: every element's value (True or False)
+
+    @staticmethod
+    def only_assumed(values) -> bool:
+        """The tensors among `values` (one at least) are all assumed ones: what Python does with
+        them, it may be doing with numbers (no break to claim)."""
+        tensors = [v for v in values if isinstance(v, TensorVar)]
+        return bool(tensors) and all(v.assumed for v in tensors)
 
     @property
     def is_bool(self) -> bool:
