@@ -196,7 +196,8 @@ let extensionContext: vscode.ExtensionContext;
 let starting: Promise<void> | undefined;
 
 // The last Compile & benchmark run of each function, kept in the workspace's state so that a
-// window reload (which restarts the server) shows it again, if its file has not changed since.
+// window reload (which restarts the server) shows it again: with its "as run" diagnostics and
+// counts if its file has not changed since, marked stale if it has.
 const RUNS_KEY = 'fuselens.lastRuns';
 type SavedRun = { uri: string; qualname: string; textHash: string; summary: any };
 
@@ -218,7 +219,7 @@ function savedRuns(): any[] {
   for (const s of extensionContext.workspaceState.get<SavedRun[]>(RUNS_KEY, [])) {
     try {
       const text = fs.readFileSync(vscode.Uri.parse(s.uri).fsPath, 'utf8');
-      if (textHash(text) === s.textHash) { out.push(s.summary); }
+      out.push({ ...s.summary, stale: textHash(text) !== s.textHash });
     } catch { /* the file is gone: so is its run */ }
   }
   return out;
@@ -321,10 +322,37 @@ type Node =
   | { kind: 'file'; uri: string; fns: Fn[] }
   | { kind: 'others'; uri: string; fns: Fn[] }
   | { kind: 'fn'; uri: string; fn: Fn }
-  | { kind: 'info'; label: string; tooltip?: string; icon?: string; command?: vscode.Command; description?: string }
+  | { kind: 'info'; label: string; tooltip?: string | vscode.MarkdownString; icon?: string; command?: vscode.Command; description?: string;
+      contextValue?: string }
   | { kind: 'break'; uri: string; brk: any }
   | { kind: 'graph'; uri: string; fn: Fn; graph: any }
   | { kind: 'kernel'; uri: string; fn: Fn; graph: any; kernel: any; index: number };
+
+// A tree row cannot wrap its text, and the side panel is narrow: a row whose text would be cut at
+// the panel's default width (about 300 px: `rowChars` characters of the default font, less per
+// level of indentation) goes on in continuation rows below it, the key facts on the first.
+function rowChars(level: number): number { return 36 - 2 * level; }
+
+// `text` in lines of at most `width` characters: at ' · ' between facts where it can, else at spaces.
+function wrapText(text: string, width: number): string[] {
+  const lines: string[] = [];
+  let line = '';
+  const put = (piece: string, sep: string) => {
+    if (!line) { line = piece; } else if (line.length + sep.length + piece.length <= width) { line += sep + piece; }
+    else { lines.push(line); line = piece; }
+  };
+  for (const fact of text.split(' · ')) {
+    if (fact.length <= width) { put(fact, ' · '); continue; }
+    let first = true;
+    for (let word of fact.split(' ')) {
+      while (word.length > width) { put(word.slice(0, width), first ? ' · ' : ' '); word = word.slice(width); first = false; }
+      put(word, first ? ' · ' : ' ');
+      first = false;
+    }
+  }
+  if (line) { lines.push(line); }
+  return lines;
+}
 
 function ms(v: number | null | undefined): string {
   if (v === null || v === undefined) { return '–'; }
@@ -406,8 +434,11 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
         out.push({ kind: 'info', label: 'Compiling and benchmarking…', icon: 'loading~spin' });
       }
       if (run?.restored) {
-        out.push({ kind: 'info', label: 'Results from before the window reload', icon: 'history',
-          tooltip: 'The last Compile & benchmark run of this function, on this same text of the file. Run it again to refresh them.' });
+        out.push(run.stale
+          ? { kind: 'info', label: 'Stale: run before the window reload', description: 'the file changed since', icon: 'history',
+            tooltip: 'The last Compile & benchmark run of this function, on an older text of the file: its kernels and code may no longer match. Run it again to refresh them.' }
+          : { kind: 'info', label: 'Run before the window reload', icon: 'history',
+            tooltip: 'The last Compile & benchmark run of this function, on this same text of the file. Run it again to refresh them.' });
       }
       if (run) {
         if (run.status === 'ok') {
@@ -443,12 +474,62 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
           command: 'fuselens.compileAndBenchmark', title: 'Compile & benchmark', arguments: [node.uri, node.fn.qualname] } });
       }
       for (const b of node.fn.breaks) { out.push({ kind: 'break', uri: node.uri, brk: b }); }
-      return out;
+      const level = this.level(node) + 1;
+      const [, rest] = this.fnLabel(node.fn, level - 1);
+      const counts = this.fnCounts(node.fn);
+      const head: Node[] = this.fits(node.fn.qualname, counts, level - 1) ? []
+        : wrapText((rest ? rest + ' · ' : '') + counts, rowChars(level)).map(l => ({ kind: 'info', label: l, icon: 'blank' }) as Node);
+      for (const n of out) { if (n.kind === 'graph') { this.parents.set(n, node); } }
+      return [...head, ...out.flatMap(n => this.wrapped(n, level))];
     }
     if (node.kind === 'graph') {
-      return node.graph.kernels.map((k: any, i: number) => ({ kind: 'kernel', uri: node.uri, fn: node.fn, graph: node.graph, kernel: k, index: i }) as Node);
+      const level = this.level(node) + 1;
+      return node.graph.kernels.flatMap((k: any, i: number) =>
+        this.wrapped({ kind: 'kernel', uri: node.uri, fn: node.fn, graph: node.graph, kernel: k, index: i }, level));
     }
     return [];
+  }
+
+  private level(node: Node): number {
+    let n = 1;
+    for (let p = this.parents.get(node); p; p = this.parents.get(p)) { n++; }
+    return n;
+  }
+
+  private fits(label: string, description: string | undefined, level: number): boolean {
+    return label.length + (description ? description.length + 2 : 0) <= rowChars(level);
+  }
+
+  // [the function row's label, the rest of its name for the row under it]: a qualname too long
+  // for the row is cut after a dot (`VeryLongClassName.` / `forward`)
+  private fnLabel(f: Fn, level: number): [string, string] {
+    const width = rowChars(level);
+    if (f.qualname.length <= width) { return [f.qualname, '']; }
+    const cut = f.qualname.lastIndexOf('.', width - 1);
+    const at = cut > 0 ? cut + 1 : width;
+    return [f.qualname.slice(0, at), f.qualname.slice(at)];
+  }
+
+  private fnCounts(f: Fn): string {
+    const parts = [`${f.graphCount} graph${f.graphCount === 1 ? '' : 's'}`, `${f.breakCount} break${f.breakCount === 1 ? '' : 's'}`];
+    if (f.run?.speedup) { parts.push(`${f.run.speedup.toFixed(2)}× vs eager`); }
+    return parts.join(' · ') + (f.asRun ? ' · as run' : f.compiled ? '' : ' · not compiled') + (f.stale ? ' · stale' : '');
+  }
+
+  // A row as it would be shown, and the continuation rows its text needs at this level: the
+  // same icon-less indentation, command and tooltip (a click on any of them does the same).
+  private wrapped(node: Node, level: number): Node[] {
+    const it = this.getTreeItem(node);
+    const label = typeof it.label === 'string' ? it.label : it.label?.label ?? '';
+    const description = typeof it.description === 'string' ? it.description : '';
+    if (this.fits(label, description, level)) { return [node]; }
+    const width = rowChars(level);
+    const lines = [...wrapText(label, width), ...(description ? wrapText(description, width) : [])];
+    const rows: Node[] = lines.map((l, i) => ({ kind: 'info', label: l, icon: i ? 'blank' : undefined,
+      tooltip: it.tooltip, command: it.command, contextValue: i ? undefined : it.contextValue }) as Node);
+    const first = rows[0] as Extract<Node, { kind: 'info' }>;
+    first.icon = it.iconPath instanceof vscode.ThemeIcon ? it.iconPath.id : undefined;
+    return rows;
   }
 
   getParent(node: Node): Node | undefined { return this.parents.get(node); }
@@ -479,8 +560,7 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
         return it;
       }
       case 'others': {
-        const it = new vscode.TreeItem(`${node.fns.length} other function${node.fns.length === 1 ? '' : 's'} that use torch`, C.Collapsed);
-        it.description = 'not compiled';
+        const it = new vscode.TreeItem(`${node.fns.length} other function${node.fns.length === 1 ? '' : 's'} (not compiled)`, C.Collapsed);
         it.tooltip = 'Functions that use torch but are not compiled, and are not on the way to a break of a compiled function';
         it.iconPath = new vscode.ThemeIcon('filter');
         it.id = `${node.uri}#others`;
@@ -488,11 +568,11 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
       }
       case 'fn': {
         const f = node.fn;
-        const it = new vscode.TreeItem(f.qualname, f.run || f.breakCount || f.running ? C.Expanded : C.Collapsed);
-        const parts = [`${f.graphCount} graph${f.graphCount === 1 ? '' : 's'}`, `${f.breakCount} break${f.breakCount === 1 ? '' : 's'}`];
-        if (f.run?.speedup) { parts.push(`${f.run.speedup.toFixed(2)}× vs eager`); }
-        it.description = parts.join(' · ') + (f.asRun ? ' · as run' : f.compiled ? '' : ' · not compiled') + (f.stale ? ' · stale' : '');
-        if (f.asRun) { it.tooltip = `${it.description}\nGraphs and breaks of the last Compile & benchmark run on this text of the file`; }
+        const it = new vscode.TreeItem(this.fnLabel(f, this.level(node))[0], f.run || f.breakCount || f.running ? C.Expanded : C.Collapsed);
+        const counts = this.fnCounts(f);
+        // too long for one row: the counts are the first row under it (getChildren)
+        it.description = this.fits(f.qualname, counts, this.level(node)) ? counts : undefined;
+        it.tooltip = `${f.qualname}\n${counts}` + (f.asRun ? '\nGraphs and breaks of the last Compile & benchmark run on this text of the file' : '');
         it.iconPath = new vscode.ThemeIcon(f.breakCount ? 'debug-breakpoint-unverified' : 'symbol-function');
         it.contextValue = f.run?.hasTransformedSource ? 'function-compiled-run' : 'function';
         it.id = `${node.uri}#${f.qualname}`;
@@ -506,12 +586,12 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
         it.tooltip = node.tooltip;
         if (node.icon) { it.iconPath = new vscode.ThemeIcon(node.icon); }
         it.command = node.command;
+        it.contextValue = node.contextValue;
         return it;
       }
       case 'break': {
         const b = node.brk;
-        const it = new vscode.TreeItem(`${b.code} ${b.title}`, C.None);
-        it.description = `line ${b.line + 1}`;
+        const it = new vscode.TreeItem(`line ${b.line + 1} · ${b.code} ${b.title}`, C.None);
         it.tooltip = new vscode.MarkdownString(`**${b.code}** ${b.title}\n\n${b.explanation}\n\n*Hint:* ${b.hint}\n\n[docs](${b.docUrl})`);
         it.iconPath = new vscode.ThemeIcon('warning');
         it.command = { command: 'vscode.open', title: 'Go to break', arguments: [vscode.Uri.parse(node.uri),

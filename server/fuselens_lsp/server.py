@@ -293,12 +293,12 @@ def on_initialize(ls: FuselensServer, params: lsp.InitializeParams):
     opts = params.initialization_options or {}
     ls.settings = Settings.from_dict(_get(opts, "settings"))
     ls.trusted = bool(_get(opts, "trusted", False))
-    # the last runs of a window before it reloaded, on files unchanged since (the client keeps
-    # them): the panel, kernels and transformed code show them again
+    # the last runs of a window before it reloaded (the client keeps them, `stale` where their
+    # file changed since): the panel, kernels and transformed code show them again
     for run in _get(opts, "runs") or []:
         if isinstance(run, dict) and isinstance(run.get("uri"), str) and isinstance(run.get("qualname"), str) \
                 and run.get("status"):
-            ls.runs[(run["uri"], run["qualname"])] = {**run, "restored": True}
+            ls.runs[(run["uri"], run["qualname"])] = {**run, "restored": True, "stale": bool(run.get("stale"))}
 
 
 @server.feature(lsp.INITIALIZED)
@@ -310,6 +310,11 @@ def on_initialized(ls: FuselensServer, params: lsp.InitializedParams):
         CLIENT_LOG.loop = asyncio.get_running_loop()
     except RuntimeError:  # not on the loop's thread: warnings stay on stderr
         pass
+    # a restored run on an unchanged file: its graphs and breaks are the "as run" ones again (in
+    # the lens, the panel and Problems), held for its text on disk (see did_open)
+    for (uri, qualname), run in list(ls.runs.items()):
+        if run.get("restored") and not run["stale"] and run["status"] == "ok" and run.get("result"):
+            ls.record_run_breaks(qualname, run["result"].get("breaks", []), uri, run["result"])
 
 
 def _warm_up():
@@ -337,7 +342,16 @@ def on_config(ls: FuselensServer, params: lsp.DidChangeConfigurationParams):
 
 @server.feature(lsp.TEXT_DOCUMENT_DID_OPEN)
 def did_open(ls: FuselensServer, params: lsp.DidOpenTextDocumentParams):
-    if params.text_document.language_id in ("python", "") or params.text_document.uri.endswith(".py"):
+    uri = params.text_document.uri
+    seen = ls.seen.get(uri)
+    if seen is not None and seen["version"] is None:
+        # what a run saw in the file while closed (or before a window reload) holds for this
+        # open text if it is the text on disk (an editor restored with unsaved edits is not)
+        if _unchanged(seen, None) and _disk_text(seen["path"]) == params.text_document.text:
+            seen["version"] = params.text_document.version
+        else:
+            ls.seen.pop(uri)
+    if params.text_document.language_id in ("python", "") or uri.endswith(".py"):
         ls.schedule(params.text_document.uri, 0)
 
 
@@ -391,6 +405,14 @@ def _unchanged(seen: dict, doc) -> bool:
     if seen["version"] is not None:  # open when the run ended: any edit since drops it
         return doc is not None and doc.version == seen["version"]
     return _mtime(seen["path"]) == seen["mtime"]  # closed when the run ended: its file on disk
+
+
+def _disk_text(path) -> str | None:
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            return f.read()
+    except (OSError, UnicodeError):
+        return None
 
 
 def _mtime(path):
@@ -714,7 +736,8 @@ def _run_view(run: dict | None) -> dict | None:
     return {"status": run["status"], "message": run["message"], "graphs": graphs,
             "timings": r.get("timings"), "speedup": r.get("speedup"), "timingNote": r.get("timingNote"),
             "check": r.get("check"), "inputs": r.get("inputs"), "device": r.get("device"), "gpu": r.get("gpu"),
-            "hasTransformedSource": bool(r.get("transformedSource")), "restored": bool(run.get("restored"))}
+            "hasTransformedSource": bool(r.get("transformedSource")), "restored": bool(run.get("restored")),
+            "stale": bool(run.get("stale"))}
 
 
 def _break_path_functions(ls: FuselensServer) -> set[tuple[str, str]]:
