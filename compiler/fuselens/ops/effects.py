@@ -180,10 +180,11 @@ def returns_sequence(fn, n_args: int, kwargs) -> bool:
 @functools.lru_cache(maxsize=None)
 def returns_bool(fn, args: tuple) -> bool:
     """`fn(*args)` gives a bool tensor (comparisons, `isnan`, `&` of bools), where a `torch.dtype`
-    in args stands for a tensor of that dtype: asked of torch by running it on meta tensors.
-    For the editor, which knows no shapes."""
+    in args stands for a tensor of that dtype: asked of torch by running it on empty tensors
+    (not meta ones: a meta kernel written in Python imports torch._dynamo at its first call,
+    ~2 s before the editor's first diagnostics). For the editor, which knows no shapes."""
     try:
-        out = fn(*[torch.empty(2, device="meta", dtype=a) if isinstance(a, torch.dtype) else a
+        out = fn(*[torch.empty(0, dtype=a) if isinstance(a, torch.dtype) else a
                    for a in args])
     except Exception:  # noqa: BLE001 (these arguments do not fit it: not known to be bool)
         return False
