@@ -35,14 +35,20 @@ cp -r tests/extension/workspace/. "$RUN/ws/"
 # a fresh workspace with a .venv and no settings: the extension must find the interpreter itself
 mkdir -p "$RUN/ws/.venv/bin"
 printf '#!/bin/sh\nexec "%s" "$@"\n' "$PY" > "$RUN/ws/.venv/bin/python" && chmod +x "$RUN/ws/.venv/bin/python"
-# a second workspace whose .venv lacks torch (and pygls...): the extension must say so
-mkdir -p "$RUN/ws-notorch" && cp tests/extension/workspace/showcase.py "$RUN/ws-notorch/"
-python3 -m venv --without-pip "$RUN/ws-notorch/.venv" 2>/dev/null || {
-  # no venv module: an interpreter that sees no site-packages lacks them all the same
-  rm -rf "$RUN/ws-notorch/.venv" && mkdir -p "$RUN/ws-notorch/.venv/bin"  # (not through a venv's symlink)
-  printf '#!/bin/sh\nexec "%s" -S "$@"\n' "$(command -v python3)" > "$RUN/ws-notorch/.venv/bin/python"
-  chmod +x "$RUN/ws-notorch/.venv/bin/python"
-}
+# a second workspace whose .venv lacks torch (and pygls...): the extension must say so. Its
+# python is a stand-in, to test the Install button offline: python3 without site-packages, whose
+# `-m pip install ...` records its arguments (in .venv/pip-args) and makes it $PY from then on
+NT="$RUN/ws-notorch/.venv"
+mkdir -p "$NT/bin" && cp tests/extension/workspace/showcase.py "$RUN/ws-notorch/"
+cat > "$NT/bin/python" <<SH
+#!/bin/sh
+if [ "\$1 \$2 \$3" = "-m pip install" ]; then
+  echo "\$@" > "$NT/pip-args"; touch "$NT/installed"; echo "Successfully installed (stand-in pip)"; exit 0
+fi
+[ -f "$NT/installed" ] && exec "$PY" "\$@"
+exec "$(command -v python3)" -S "\$@"
+SH
+chmod +x "$NT/bin/python"
 cat > "$RUN/data/User/settings.json" <<JSON
 {
   "workbench.startupEditor": "none",
@@ -82,7 +88,7 @@ for _ in $(seq 1 100); do
 done
 echo "[e2e] code-server up on port $PORT; driving the workbench"
 set +e
-FUSELENS_E2E_CS_PID=$CSPID node tests/extension/e2e.js "http://127.0.0.1:$PORT/?folder=$RUN/ws" "$OUT" "http://127.0.0.1:$PORT/?folder=$RUN/ws-notorch" 2>&1 | tee "$OUT/driver.log"
+FUSELENS_E2E_CS_PID=$CSPID FUSELENS_E2E_PYTHON=$PY node tests/extension/e2e.js "http://127.0.0.1:$PORT/?folder=$RUN/ws" "$OUT" "http://127.0.0.1:$PORT/?folder=$RUN/ws-notorch" 2>&1 | tee "$OUT/driver.log"
 RC=${PIPESTATUS[0]}
 set -e
 if [ "$RC" != 0 ]; then

@@ -1,5 +1,9 @@
-import argparse
-import sys
+import time
+
+STARTED = time.perf_counter()  # the server's log says how long its first diagnostics took from here
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
 
 
 def main() -> int:
@@ -23,7 +27,7 @@ def main() -> int:
     from .initialize_cache import answer_from_cache
     stdin, stdout = answer_from_cache(sys.stdin.buffer, sys.stdout.buffer)
     from .server import start
-    start(stdin, stdout)
+    start(stdin, stdout, STARTED)
     return 0
 
 
