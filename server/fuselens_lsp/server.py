@@ -319,7 +319,8 @@ def on_initialized(ls: FuselensServer, params: lsp.InitializedParams):
     # a restored run on an unchanged file: its graphs and breaks are the "as run" ones again (in
     # the lens, the panel and Problems), held for its text on disk (see did_open)
     for (uri, qualname), run in list(ls.runs.items()):
-        if run.get("restored") and not run["stale"] and run["status"] == "ok" and run.get("result"):
+        if run.get("restored") and not run["stale"] and run["status"] == "ok" and run.get("result") \
+                and os.path.isfile(ls.filename(uri)):
             ls.record_run_breaks(qualname, run["result"].get("breaks", []), uri, run["result"])
 
 

@@ -302,3 +302,30 @@ async def test_runs_of_the_last_window_are_shown_again(session):
     header, code = t["source"].split("\n\n", 1)
     assert "__fl_graph_0  runs a compiled graph" in header  # the compiler's names explained
     assert code == saved["result"]["transformedSource"]
+
+
+async def test_a_restored_run_brings_back_its_breaks_while_its_file_is_unchanged(session):
+    """A run restored after a reload: its breaks and counts are the "as run" ones again, until an
+    edit; a run on a file changed since is shown marked stale, without them."""
+    path = session.root / "sc.py"
+    path.write_text(SINCOS)
+    uri = path.as_uri()
+    line = SINCOS.splitlines().index("    return torch.sin(x) + torch.cos(x) * 2")
+    brk = {"code": "FL100", "title": "print() in a compiled function", "explanation": "it prints.", "hint": "",
+           "docUrl": None, "torchCode": None, "function": "sincos", "filename": str(path), "stack": [],
+           "line": line, "col": 11, "endLine": line, "endCol": 24}
+    saved = {"ok": True, "status": "ok", "qualname": "sincos", "uri": uri, "message": "2 graphs",
+             "result": {"graphs": [], "graphCount": 2, "breaks": [brk]}}
+    stale = {**saved, "qualname": "other", "stale": True}
+    await session.init(runs=[saved, stale])
+    await session.open("sc.py", SINCOS)
+    seen = [d for d in await session.diagnostics(uri) if (d.data or {}).get("seenAtRunTime")]
+    assert [(d.code, d.range.start.line) for d in seen] == [("FL100", line)]
+    lenses = await session.client.text_document_code_lens_async(
+        lsp.CodeLensParams(text_document=lsp.TextDocumentIdentifier(uri=uri)))
+    assert "fuselens: 2 graphs, 1 graph break (as run)" in [l.command.title for l in lenses]
+    (fn,) = as_dict(await session.request("fuselens/functions", {"uri": uri}))["documents"][0]["functions"]
+    assert fn["asRun"] and fn["run"]["restored"] and not fn["run"]["stale"]
+    # an edit: the analysis' own results again
+    await session.change(uri, SINCOS + "\n")
+    assert not [d for d in session.client.diagnostics[uri] if (d.data or {}).get("seenAtRunTime")]

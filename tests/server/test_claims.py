@@ -82,6 +82,47 @@ def test_calls_of_values_the_editor_cannot_resolve_are_not_breaks():
     assert not [d.message for d in r.diagnostics if "`" in d.message]
 
 
+SCALARS = '''\
+import math
+import torch
+
+
+@torch.compile
+def step(x, n, lr, t: torch.Tensor, model):
+    y = torch.relu(t)
+    if x > 0:
+        y = y + 1
+    z = n * 2 - 1
+    if z == 3:
+        y = y * 2
+    steps = int(lr * 100) + len(range(n)) + math.floor(math.sqrt(lr))
+    label = f"{lr}"
+    h = model(y)
+    if h > 0:
+        y = y - 1
+    if y.sum() > 0:
+        y = y * 3
+    if x.sum() > 0:
+        y = y / 2
+    if (t + x).max() > 1:
+        y = y + 3
+    return float(y.mean()) + steps
+'''
+
+
+def test_values_only_assumed_to_be_tensors_get_no_claims():
+    # an un-annotated parameter, an unknown call's result and arithmetic on them may be numbers:
+    # comparing or converting them is no break; values known to be tensors (annotated, from torch
+    # calls, tensor methods, an operation with a tensor) still break
+    r = run(SCALARS)
+    by_line = {(d.range.start.line, d.code) for d in r.diagnostics}
+    for needle in ("if x > 0:", "if z == 3:", "steps = int(", 'label = f"', "if h > 0:"):
+        assert not [c for ln, c in by_line if ln == line_of(SCALARS, needle)], (needle, by_line)
+    for needle in ("if y.sum() > 0:", "if x.sum() > 0:", "if (t + x).max() > 1:"):
+        assert (line_of(SCALARS, needle), "FL120") in by_line, (needle, by_line)
+    assert (line_of(SCALARS, "float(y.mean())"), "FL113") in by_line
+
+
 def test_functions_the_compiler_never_reaches_get_nothing_unless_asked():
     r = run(TRAIN)
     names = {f.qualname for f in r.functions if not f.quiet}

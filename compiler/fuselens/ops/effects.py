@@ -23,6 +23,7 @@ schema (same operator name without the trailing `_`, same arguments without the 
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -184,8 +185,10 @@ def returns_bool(fn, args: tuple) -> bool:
     (not meta ones: a meta kernel written in Python imports torch._dynamo at its first call,
     ~2 s before the editor's first diagnostics). For the editor, which knows no shapes."""
     try:
-        out = fn(*[torch.empty(0, dtype=a) if isinstance(a, torch.dtype) else a
-                   for a in args])
+        with warnings.catch_warnings():  # torch's notes on the user's code are not this question's
+            warnings.simplefilter("ignore")
+            out = fn(*[torch.empty(0, dtype=a) if isinstance(a, torch.dtype) else a
+                       for a in args])
     except Exception:  # noqa: BLE001 (these arguments do not fit it: not known to be bool)
         return False
     return isinstance(out, torch.Tensor) and out.dtype == torch.bool
