@@ -71,7 +71,7 @@ async function panelRows() {
   const rows = await page.locator('.part.sidebar .pane-body .monaco-list-row').evaluateAll(els =>
     els.sort((a, b) => parseFloat(a.style.top) - parseFloat(b.style.top))
       .map(e => ({ level: Number(e.getAttribute('aria-level')), more: !!e.querySelector('.codicon-blank'),
-        text: [...e.querySelectorAll('.label-name, .label-description')].map(x => x.textContent).join(' ') })));
+        text: [...e.querySelectorAll('.label-name, .label-description')].map(x => x.textContent.trim()).filter(Boolean).join(' ') })));
   const out = [];
   for (const r of rows) {
     if (r.more && out.length) { out[out.length - 1].text += ' ' + r.text; } else { out.push({ level: r.level, text: r.text }); }
@@ -497,9 +497,10 @@ async function editorText() {
       const realPy = process.env.FUSELENS_E2E_PYTHON;
       const wsDir = decodeURIComponent(new URL(noTorchUrl).searchParams.get('folder'));
       const settingsFile = path.join(wsDir, '.vscode', 'settings.json');
-      const serverOn = async (exe, other) => {
+      // a language server running `exe` that is none of `old` (pids)
+      const serverOn = async (exe, old) => {
         for (const end = Date.now() + 120000; Date.now() < end; await page.waitForTimeout(250)) {
-          const pids = serverPids(codeServerPid).filter(p => p !== other && (() => {
+          const pids = serverPids(codeServerPid).filter(p => !old.has(p) && (() => {
             try { return fs.readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0')[0] === exe; } catch { return false; }
           })());
           if (pids.length) { return pids[0]; }
@@ -513,9 +514,10 @@ async function editorText() {
       await page.keyboard.press('Enter');
       await page.waitForSelector('.editor-group-container.active .monaco-editor .view-lines:has-text("gelu_scale")', { timeout: 30000 });
       fs.mkdirSync(path.dirname(settingsFile), { recursive: true });
+      const before = new Set(serverPids(codeServerPid));
       const tRestart = Date.now();
       fs.writeFileSync(settingsFile, JSON.stringify({ 'fuselens.pythonPath': realPy }));
-      const pid = await serverOn(realPy);
+      const pid = await serverOn(realPy, before);
       await page.waitForFunction(() => document.querySelectorAll('.editor-group-container.active .monaco-editor .squiggly-warning').length >= 2, null, { timeout: 120000 });
       log(`fuselens.pythonPath set: the server restarted as ${pid} with ${realPy}; first squiggles ${((Date.now() - tRestart) / 1000).toFixed(1)} s after the change`);
       await page.waitForSelector('.statusbar-item:has-text("graph break")', { timeout: 30000 });
@@ -526,13 +528,14 @@ async function editorText() {
       const install = page.locator('.notification-toast:has-text("cannot start") .monaco-button:has-text("Install pygls, lsprotocol, libcst")').last();
       await page.waitForSelector('.statusbar-item:has-text("fuselens: not running")', { timeout: 60000 });
       await install.waitFor({ timeout: 60000 });
+      const beforeInstall = new Set(serverPids(codeServerPid));
       await install.click();
       const done = page.locator('.notification-toast:has-text("installed pygls, lsprotocol, libcst")').first();
       await done.waitFor({ timeout: 60000 });
       const pipArgs = fs.readFileSync(path.join(wsDir, '.venv', 'pip-args'), 'utf8').trim();
       log('Install button: pip ran as', JSON.stringify(pipArgs), '·', (await done.innerText()).replace(/\s+/g, ' '));
       if (pipArgs !== '-m pip install pygls>=2,<3 lsprotocol libcst') { throw new Error('pip ran with ' + pipArgs); }
-      const venvPid = await serverOn(realPy, pid);  // the stand-in .venv python, now complete, execs it
+      const venvPid = await serverOn(realPy, beforeInstall);  // the stand-in .venv python, now complete, execs it
       await page.waitForSelector('.statusbar-item:has-text("graph break")', { timeout: 120000 });
       log('the server started after the install, as', venvPid);
       await shot('pip-install-button');
