@@ -57,12 +57,17 @@ async function checkNoCutRows(where) {
   log(`${where}: ${cut.length} side panel row(s) cut at ${width}px`);
 }
 
-// the text of the first side panel row (continuation rows joined) that matches `re`
+// the text of the first side panel row (continuation rows joined) that matches `re`; the panel
+// is scrolled down while none does (the list renders only the rows in view, and a function
+// revealed at the bottom has its results below it)
 async function waitPanelRow(re, timeout) {
+  const list = page.locator('.part.sidebar .pane-body .monaco-list').first();
   for (const end = Date.now() + timeout; ; await page.waitForTimeout(300)) {
     const hit = (await panelRows()).find(r => re.test(r.text));
     if (hit) { return hit.text; }
     if (Date.now() > end) { throw new Error(`no side panel row matches ${re}: ${JSON.stringify(await panelRows())}`); }
+    const box = await list.boundingBox().catch(() => null);
+    if (box) { await page.mouse.move(box.x + box.width / 2, box.y + box.height / 2); await page.mouse.wheel(0, 200); }
   }
 }
 
@@ -410,8 +415,7 @@ async function editorText() {
     page.on('dialog', d => d.accept());  // "leave the page?" for unsaved files (hot exit keeps them)
     await page.reload({ waitUntil: 'domcontentloaded' });
     await page.waitForSelector('.monaco-workbench', { timeout: 60000 });
-    const restoredRow = page.locator('.pane-body .monaco-list-row:has-text("Run before the window reload")').first();
-    await restoredRow.waitFor({ timeout: 90000 });
+    await waitPanelRow(/Run before the window reload/, 90000);
     await waitPanelRow(/in eval mode/, 10000);
     const emptyGroups = await page.locator('.editor-group-container.empty').count();
     if (emptyGroups) { throw new Error(`${emptyGroups} empty editor group(s) after the reload`); }
@@ -421,9 +425,9 @@ async function editorText() {
     const asRunLens = page.locator('.editor-group-container.active .codelens-decoration:has-text("(as run)")').first();
     try {
       await asRunLens.waitFor({ timeout: 60000 });
-      const fnRow = (await panelRows()).find(r => /^Block\.forward/.test(r.text));
-      log('after the reload: lens', JSON.stringify((await asRunLens.innerText()).trim()), '· panel', JSON.stringify(fnRow && fnRow.text));
-      if (!fnRow || !/as run/.test(fnRow.text)) { softFailures.push('after the reload, the panel lacks the as-run counts: ' + JSON.stringify(fnRow)); }
+      const fnRow = await waitPanelRow(/^Block\.forward .*as run/, 15000).catch(e => String(e).split('\n')[0]);
+      log('after the reload: lens', JSON.stringify((await asRunLens.innerText()).trim()), '· panel', JSON.stringify(fnRow));
+      if (!/as run/.test(fnRow)) { softFailures.push('after the reload, the panel lacks the as-run counts: ' + fnRow); }
     } catch (e) {
       softFailures.push('after the reload, no "(as run)" code lens: ' + String(e).split('\n')[0]);
     }
