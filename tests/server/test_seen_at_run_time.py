@@ -61,7 +61,7 @@ import torch
 
 # fuselens: example(x=float32[8], scale=2.0)
 @torch.compile
-def f(x, scale):
+def f(x, scale: torch.Tensor | float):
     if scale > 1:
         x = x * scale
     print("scaled")
@@ -73,7 +73,8 @@ async def test_a_run_replaces_the_guesses_about_its_function_until_the_file_chan
     from lsprotocol import types as lsp
     await session.init()
     uri = await session.open("scaled.py", SCALED)
-    # the analysis cannot know `scale` is a float: it guesses a data-dependent if
+    # the analysis cannot know which `scale` is: annotated as possibly a tensor, it guesses a
+    # data-dependent if (un-annotated, it would claim nothing: test_claims.py)
     before = {d.code: d.severity for d in await session.diagnostics(uri)}
     assert before == {"FL120": lsp.DiagnosticSeverity.Warning, "FL100": lsp.DiagnosticSeverity.Warning}
     session.client.diagnostics.pop(uri)
