@@ -204,7 +204,8 @@ class FuselensServer(LanguageServer):
                                           "breaks": [b for b in breaks if b.get("filename") and
                                                      os.path.realpath(b["filename"]) == run_path]}
             self.seen[uri] = entry
-            self.publish(uri)
+            if entry["diagnostics"] or old is not None or uri in self.results:  # (else nothing to show, nor to clear)
+                self.publish(uri)
         self.refresh_code_lenses()
 
     def refresh_code_lenses(self) -> None:
