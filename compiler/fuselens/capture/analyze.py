@@ -533,8 +533,9 @@ def _top_level_value(expr, env, depth=0):
 
 # -- which functions are compiled ---------------------------------------------------------------
 def _is_compile(fn_value) -> bool:
-    import fuselens
-    return fn_value is torch.compile or fn_value is fuselens.compile
+    # fuselens.compile by its name: the package face is a layer above capture
+    return fn_value is torch.compile or (getattr(fn_value, "__module__", None) == "fuselens"
+                                         and getattr(fn_value, "__qualname__", None) == "compile")
 
 
 def _compiled_names(tree, env) -> tuple[set, list]:

@@ -61,7 +61,10 @@ class Capture:
 
 
 def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
-            prefix="") -> Capture:
+            prefix="", compile_callee=None) -> Capture:
+    # compile_callee: the runtime's function giving a callee compiled on its own, for the calls in a
+    # statement run in Python after a break (resume.Writer.compiling_calls); passed in, as the
+    # runtime is a layer above capture
     dynamic = {} if dynamic is None else dynamic  # (dims marked dynamic are added: the caller's)
     builder = GraphBuilder()
     probe = Evaluator(builder)
@@ -81,7 +84,8 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
         frame[name] = ev.wrap_external(v, src)
     graph_name = f"__fl_graph_{prefix}0"
     brk = None
-    writer = Writer(fs, sources, ev.mutated_inputs, prefix, ev.effects, ev.latest, ev.value_sources)
+    writer = Writer(fs, sources, ev.mutated_inputs, prefix, ev.effects, ev.latest, ev.value_sources,
+                    compile_callee)
     try:
         ret = ev.run(fs, frame)
         sig_text, consts = signature(fs.node.args, fs.defaults)

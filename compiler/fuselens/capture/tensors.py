@@ -428,7 +428,7 @@ class Tensors:
             if v is old:
                 self.mutated_inputs[k] = new
             if self.mutated_inputs[k] is new and new.node is not None:
-                # where a run of the graph that raises has got to in writing input k (runtime/backend.py)
+                # where a run of the graph that raises has got to in writing input k (backend/driver.py)
                 new.node.meta["input_value"] = k
         self._newer[id(old)] = (old, new)
 

@@ -7,8 +7,9 @@ something needs memory: a graph output, an extern call, or an expression grown t
 
 Index expressions are sympy expressions over per-dimension loop variables (`x0`, `r1`, ...) and
 size symbols (`SizeVars`), so kernels take sizes as arguments (indexing.py keeps them small).
-Loop bodies call the *ops handler* (`ops()`), which is the analysis recorder in schedule/ and the
-Triton emitter in codegen/; a handler has `sizevars`, and `ranges` (loop variable -> extent).
+Loop bodies call the *ops handler* (`ops()`): `ReadRecorder` (below: lowering and the scheduler
+see which elements a body loads) or the Triton emitter in codegen/; a handler has `sizevars`, and
+`ranges` (loop variable -> extent).
 """
 from __future__ import annotations
 
@@ -76,6 +77,41 @@ def use_handler(handler):
         yield handler
     finally:
         _local.handlers.pop()
+
+
+# --- loop variables, and the handler that records a body's loads --------------------------------
+def loop_vars(shape, red_dims):
+    return [sympy.Integer(0) if s == 1 else
+            sympy.Symbol(f"{'r' if d in red_dims else 'x'}{d}", integer=True, nonnegative=True)
+            for d, s in enumerate(shape)]
+
+
+def loop_ranges(shape, red_dims):
+    """Each loop variable of a domain -> its extent (what index simplification may assume)."""
+    return {v: s for v, s in zip(loop_vars(shape, red_dims), shape) if isinstance(v, sympy.Symbol)}
+
+
+class ReadRecorder:
+    """Ops handler that runs a loop body only to see which buffer elements it loads."""
+
+    def __init__(self, sizevars, ranges):
+        self.sizevars = sizevars
+        self.ranges = ranges
+        self.reads = []
+
+    def at(self, loc):
+        return contextlib.nullcontext()
+
+    def load(self, buf, index):
+        self.reads.append((buf, sympy.expand(index)))
+
+    def masked(self, conds, body, other, dtype):
+        body()
+
+    def constant(self, *a):
+        pass
+
+    pointwise = to_dtype = index_value = random = constant
 
 
 # --- buffers --------------------------------------------------------------------------------------

@@ -11,8 +11,9 @@ from torch.fx.node import map_aggregate
 
 from ..ops import primitives as prim
 from .indexing import floor_div, mod_index, reshape_index
-from .ir import (ComputedBuffer, ExternBuffer, ExternCall, InputBuffer, Lazy, LoweredGraph, SizeVars, TensorValue,
-                 View, buffer_view, compute_dtype, contiguous_strides, ops, use_handler)
+from .ir import (ComputedBuffer, ExternBuffer, ExternCall, InputBuffer, Lazy, LoweredGraph, ReadRecorder, SizeVars,
+                 TensorValue, View, buffer_view, compute_dtype, contiguous_strides, loop_ranges, loop_vars, ops,
+                 use_handler)
 
 # A lazy value that inlines more operations than this is stored instead of recomputed in every
 # consumer (it also bounds the work of re-walking deep expression chains).
@@ -449,7 +450,6 @@ class Lowering:
 
     def index_ops(self, x, out_shape):
         """The operations of the largest index a load of lazy `x` reshaped to `out_shape` makes."""
-        from ..schedule.fusion import ReadRecorder, loop_ranges, loop_vars  # the scheduler's analysis
         recorder = ReadRecorder(self.sv, loop_ranges(out_shape, ()))
         with use_handler(recorder):
             x.load(reshape_index(loop_vars(out_shape, ()), out_shape, x.shape, recorder))

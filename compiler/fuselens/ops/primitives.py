@@ -560,7 +560,7 @@ def _call_torch_vjp(fn, args, kwargs, grads, needs=None, kw_needs=()):
         out = fn(*leaves, **kw_leaves)
     outs = [out] if isinstance(out, torch.Tensor) else list(out)
     # a result whose derivative torch does not implement (floor_divide): the compiled backward
-    # raises eager's error before it would need this gradient (runtime/training.py)
+    # raises eager's error before it would need this gradient (backend/training.py)
     # (a result that is an argument itself, returned as is, has no grad_fn: its gradient is g)
     pairs = [(o, g) for o, g in zip(outs, grads) if isinstance(o, torch.Tensor) and o.requires_grad
              and (o.grad_fn is None or o.grad_fn.name() not in RAISING_NODES)]
