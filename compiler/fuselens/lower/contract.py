@@ -71,7 +71,7 @@ def check_lowered(graph: LoweredGraph) -> None:
             if step.kind == "reduction":
                 rank = len(step.in_shape)
                 expect(step.reduce in REDUCE, stage, what, f"reduces with one of {', '.join(REDUCE)}")
-                expect(step.red_dims and all(0 <= d < rank for d in step.red_dims) and
+                expect(all(0 <= d < rank for d in step.red_dims) and  # (none: a 0-d value's sum)
                        len(set(step.red_dims)) == len(step.red_dims), stage, what,
                        f"reduces distinct dims of its {rank}-d input, not {list(step.red_dims)}")
                 expect(tuple(step.shape) == tuple(1 if d in step.red_dims else s for d, s in enumerate(step.in_shape)),
