@@ -29,6 +29,8 @@ from ..codegen.wrapper import generate_wrapper, load_wrapper
 from ..lower import lower_graph
 from ..lower.ir import View
 from ..ops import merge_common_subexpressions, to_primitive_graph, values_only
+from ..ops.contract import verify
+from ..schedule.contract import check_schedule
 from ..schedule.fusion import FusedKernel, schedule
 from .. import settings, stats
 from ..errors import fall_back
@@ -116,6 +118,7 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
     lowered = lower_graph(merge_common_subexpressions(prim_graph), device, input_vals, free_outputs)
     _log("lower", "buffers:\n%s", lowered.describe)
     sched = schedule(lowered)
+    verify(check_schedule, lowered, sched)
     _log("schedule", "kernels:\n%s", sched.describe)
     kernels, infos, launches, jobs = {}, [], [], []
     fused = [s for s in sched.steps if isinstance(s, FusedKernel)]

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
+from ..ops.contract import verify
 from . import breaks as B
+from .contract import check_captured
 from .evaluator import Evaluator
 from .frames import BreakSignal, Guard
 from .graph import GraphBuilder
@@ -106,6 +108,7 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
         writeback = [src for src, v in ev.mutated_inputs.items()]
         gm = builder.output(list(writer.mat.outputs) + [ev.mutated_inputs[s] for s in writeback],
                             {s for s, dims in ev.dynamic.items() if dims})
+        verify(check_captured, gm)
         graph = GraphInfo(gm, [s for s, _ in builder.inputs], writeback, fs.qualname,
                           sorted(l for l in builder.lines if l[0] == fs.filename) or sorted(builder.lines),
                           builder.n_ops, graph_name)

@@ -10,6 +10,8 @@ import torch.fx as fx
 from torch.fx.node import map_aggregate
 
 from ..ops import primitives as prim
+from ..ops.contract import verify
+from .contract import check_lowered
 from .indexing import floor_div, mod_index, reshape_index
 from .ir import (ComputedBuffer, ExternBuffer, ExternCall, InputBuffer, Lazy, LoweredGraph, ReadRecorder, SizeVars,
                  TensorValue, View, buffer_view, compute_dtype, contiguous_strides, loop_ranges, loop_vars, ops,
@@ -626,4 +628,6 @@ def lower_graph(graph: fx.Graph, device, input_vals=None, free_outputs=None) -> 
     from index `free_outputs` on (a training forward's saved values) are stored in their own
     layouts (a value following a channels-last convolution's, say), not the traced ones: static
     sizes only."""
-    return Lowering(graph, device, input_vals, free_outputs).run()
+    lowered = Lowering(graph, device, input_vals, free_outputs).run()
+    verify(check_lowered, lowered)
+    return lowered
