@@ -17,8 +17,8 @@ from fuselens.lower.contract import check_lowered
 from fuselens.lower.ir import ExternCall
 from fuselens.ops import contract, primitives as prim, to_primitive_graph
 from fuselens.ops.contract import ContractError, check_primitive_graph
-from fuselens.runtime import backend
-from fuselens.runtime.errors import FuselensWarning
+from fuselens.backend import driver as backend
+from fuselens.errors import FuselensWarning
 from fuselens.schedule import schedule
 from fuselens.schedule.contract import check_schedule
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from torch.fx.node import map_aggregate
 
-from ..lower.ir import ComputedBuffer, ExternCall, InputBuffer, LoweredGraph, View, use_handler
+from ..lower.ir import ComputedBuffer, ExternCall, InputBuffer, LoweredGraph, ReadRecorder, View, use_handler
 from ..ops.contract import expect
-from .fusion import FusedKernel, ReadRecorder, Schedule, fits, node_ranges, node_vars, reshaped, row_dims
+from .fusion import FusedKernel, Schedule, fits, node_ranges, node_vars, reshaped, row_dims
 
 STAGE = "schedule"
 
