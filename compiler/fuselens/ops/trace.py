@@ -12,9 +12,8 @@ from . import builder as P
 from . import primitives as prim
 from .attention import rewrite_attention
 from .builder import GraphBuilder, TVal, emit
-from .decompositions import DECOMPOSITIONS, Unsupported
+from .decompositions import DECOMPOSITIONS, Unsupported, Written
 from .effects import OnCopies
-from .normalization import Written
 
 
 def normalize_target(node: fx.Node):
