@@ -8,7 +8,7 @@ import torch
 
 from .. import builder as P
 from .conventions import check_device, shape_arg
-from .registry import tensor_method, register
+from .registry import register, tensor_method
 
 
 def _creation_dtype(dtype, value=0.0):

@@ -11,7 +11,7 @@ from .. import builder as P
 from .. import primitives as prim
 from ..builder import TVal, emit
 from .conventions import is_half, pair
-from .registry import Unsupported, tensor_method, spellings, register
+from .registry import Unsupported, register, spellings, tensor_method
 
 
 def _same_dtype(a, b):

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from .. import builder as P
 from .conventions import upcast
-from .reductions import stabilizer, log_softmax, mean, sum_
+from .reductions import log_softmax, mean, stabilizer, sum_
 from .registry import Unsupported, register
 
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from .. import builder as P
 from ..builder import TVal
 from .conventions import both_python, opmath, upcast
-from .registry import DECOMPOSITIONS, Unsupported, tensor_method, spellings, register
+from .registry import DECOMPOSITIONS, Unsupported, register, spellings, tensor_method
 
 
 # --- arithmetic -----------------------------------------------------------------------------------

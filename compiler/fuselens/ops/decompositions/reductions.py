@@ -10,7 +10,7 @@ from .. import builder as P
 from .. import primitives as prim
 from ..builder import TVal, emit
 from .conventions import dims_arg, upcast
-from .registry import Unsupported, spellings, register
+from .registry import Unsupported, register, spellings
 
 
 @register(*spellings("sum"))
@@ -155,7 +155,7 @@ def norm(x, p=2, dim=None, keepdim=False, dtype=None, ord=None):
     return P.cast(P.sqrt(P.sum(P.mul(y, y), dims_arg(dim), keepdim)), x.dtype)
 
 
-# --- normalizations and losses --------------------------------------------------------------------
+# --- softmax ---------------------------------------------------------------------------------------
 @register(*spellings("softmax", functional=True), torch.special.softmax)
 def softmax(x, dim=None, _stacklevel=3, dtype=None):
     if dim is None:

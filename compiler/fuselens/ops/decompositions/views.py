@@ -14,7 +14,7 @@ from .. import primitives as prim
 from ..builder import TVal, emit
 from ..effects import no_grad_view
 from .conventions import shape_arg
-from .registry import Unsupported, tensor_method, spellings, register
+from .registry import Unsupported, register, spellings, tensor_method
 
 
 @register(tensor_method("view"), *spellings("reshape"))
