@@ -662,9 +662,9 @@ def test_unaligned_gemms_are_padded_with_values_and_gradients_unchanged(monkeypa
     # on a GPU, half-precision GEMMs with a dim off cuBLAS's 16-byte alignment run 3-5x slower
     # kernels (GPT-2's 50257-word LM head); forced here for any device and size
     from torch.utils._python_dispatch import TorchDispatchMode
-    from fuselens.ops import decompositions
-    monkeypatch.setattr(decompositions, "_gemm_alignment", lambda dtype: 8)
-    monkeypatch.setattr(decompositions, "PAD_GEMM_MIN", 0)
+    from fuselens.ops.decompositions import linalg
+    monkeypatch.setattr(linalg, "_gemm_alignment", lambda dtype: 8)
+    monkeypatch.setattr(linalg, "PAD_GEMM_MIN", 0)
     inputs = [randn(6, 13), randn(11, 13), randn(11), randn(21, 11), torch.randint(0, 21, (6,), device=DEVICE)]
     cg = check(_logits_loss, *inputs, atol=1e-4, rtol=1e-4)
 

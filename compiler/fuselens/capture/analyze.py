@@ -708,7 +708,7 @@ def _keep(b, ev, filename, found):
     """A break on a path that may not run is reported where the user sees the condition (an
     unknown branch in this file); in code read from another file (a library's) only where the
     path to it is certain: there its conditions are a config's or the library's own state."""
-    if all(f == filename for f in ev.uncertain):
+    if all(f == filename for f in ev.domain.uncertain):
         found.append(b)
 
 

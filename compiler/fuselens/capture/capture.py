@@ -86,8 +86,8 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
         frame[name] = ev.wrap_external(v, src)
     graph_name = f"__fl_graph_{prefix}0"
     brk = None
-    writer = Writer(fs, sources, ev.mutated_inputs, prefix, ev.effects, ev.latest, ev.value_sources,
-                    compile_callee)
+    writer = Writer(fs, sources, ev.tensor_writes.inputs, prefix, ev.effects, ev.tensor_writes.latest,
+                    ev.value_sources, compile_callee)
     try:
         ret = ev.run(fs, frame)
         sig_text, consts = signature(fs.node.args, fs.defaults)
@@ -105,8 +105,8 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
         text = writer.write(sig, call if builder.n_ops else None)
     graph = None
     if builder.n_ops:
-        writeback = [src for src, v in ev.mutated_inputs.items()]
-        gm = builder.output(list(writer.mat.outputs) + [ev.mutated_inputs[s] for s in writeback],
+        writeback = [src for src, v in ev.tensor_writes.inputs.items()]
+        gm = builder.output(list(writer.mat.outputs) + [ev.tensor_writes.inputs[s] for s in writeback],
                             {s for s, dims in ev.dynamic.items() if dims})
         verify(check_captured, gm)
         graph = GraphInfo(gm, [s for s, _ in builder.inputs], writeback, fs.qualname,

@@ -13,9 +13,8 @@ from . import primitives as prim
 from .attention import rewrite_attention
 from .builder import GraphBuilder, TVal, emit
 from .contract import check_primitive_graph, verify
-from .decompositions import DECOMPOSITIONS, Unsupported
+from .decompositions import DECOMPOSITIONS, Unsupported, Written
 from .effects import OnCopies
-from .normalization import Written
 
 
 def normalize_target(node: fx.Node):
