@@ -11,8 +11,9 @@ inference in bf16 (and fp32 for the convolutional networks).
 
 Per row (model, mode, dtype), in one process:
 - the first step of each compiler from identical copies of the model, timed (compile included:
-  `*_first_s`; disk caches empty per row, so a compiler's first call is cold; what a process keeps
-  in memory across rows is the same for both compilers) and checked against eager's: every output,
+  `*_first_s`; every compiler's disk caches are empty when the process starts, and the rows of one
+  process share them: run one model per process for first calls that find nothing of another
+  model's) and checked against eager's: every output,
   and in training every parameter's gradient, within 1e-2 (bf16) or 1e-3 (fp32) relative error
   ||got - want|| / ||want||; where one is not, the step in float64 decides, as the dashboard's
   `same()` does: it passes where its error against float64 is at most 2x eager's + tol/10;
@@ -27,7 +28,6 @@ by side in one run."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import gc
 import json
@@ -167,22 +167,11 @@ def float64_step(pristine, mode, args, kwargs):
     return Step(m, mode, _tensors(args, wide), _tensors(kwargs, wide)).checked()
 
 
-@contextlib.contextmanager
-def empty_disk_caches():
-    """Each compiler's disk caches empty for the row (Triton's, Inductor's, fuselens's)."""
-    keys = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FUSELENS_CACHE_DIR")
-    old = {k: os.environ.get(k) for k in keys}
-    with tempfile.TemporaryDirectory(prefix="fl-suite-") as d:
-        for k in keys:
-            os.environ[k] = os.path.join(d, k.lower())
-        try:
-            yield
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+def empty_disk_caches(root):
+    """Each compiler's disk caches (Triton's, Inductor's, fuselens's) empty, under `root`: set
+    before anything compiles (fuselens's compile workers, forked once, keep the directory)."""
+    for k in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FUSELENS_CACHE_DIR"):
+        os.environ[k] = os.path.join(root, k.lower())
 
 
 def timer(device):
@@ -393,6 +382,8 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 rows as eager's default
     here = machine()
     reuse = inductor_rows(a.inductor_from, here)
+    caches = tempfile.TemporaryDirectory(prefix="fl-suite-")
+    empty_disk_caches(caches.name)
     rows = []
     for name, mode, dtype in rows_of(a):
         key = (name, mode, dtype)
@@ -400,8 +391,7 @@ def main():
         print(f"[suite] {name} {mode} {dtype}", flush=True)
         t = time.perf_counter()
         try:
-            with empty_disk_caches():
-                row = measure(name, mode, dtype, a.device, compilers, a.batch)
+            row = measure(name, mode, dtype, a.device, compilers, a.batch)
         except Exception as e:  # noqa: BLE001 (a row that cannot be built or run says why; the others go on)
             traceback.print_exc()
             row = {"model": name, "suite": MODELS[name].suite, "mode": mode, "dtype": dtype, "ok": False,
