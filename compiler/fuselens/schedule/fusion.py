@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import sympy
 
-from ..lower.ir import ComputedBuffer, ExternBuffer, ExternCall, LoweredGraph, View, buffer_view, \
+from ..lower.ir import ComputedBuffer, ExternBuffer, ExternCall, LoweredGraph, OpsHandler, View, buffer_view, \
     compute_dtype, contiguous_strides, use_handler
 from ..lower.indexing import reshape_index
 from torch.fx.node import map_aggregate
@@ -228,8 +228,9 @@ def store_index(buf, shape, red_dims, sv):
     return sympy.expand(sum((v * sv(st) for v, st in zip(out_vars, strides)), sympy.Integer(0)))
 
 
-class ReadRecorder:
-    """Ops handler that runs a loop body only to see which buffer elements it loads."""
+class ReadRecorder(OpsHandler):
+    """Ops handler that runs a loop body only to see which buffer elements it loads (its values
+    are None)."""
 
     def __init__(self, sizevars, ranges):
         self.sizevars = sizevars
@@ -245,10 +246,20 @@ class ReadRecorder:
     def masked(self, conds, body, other, dtype):
         body()
 
-    def constant(self, *a):
+    def constant(self, value, dtype):
         pass
 
-    pointwise = to_dtype = index_value = random = constant
+    def pointwise(self, p, vals, out_dtype):
+        pass
+
+    def to_dtype(self, v, dtype):
+        pass
+
+    def index_value(self, e, dtype):
+        pass
+
+    def random(self, kind, stream, flat):
+        pass
 
 
 @dataclass(eq=False)
