@@ -207,6 +207,9 @@ maximum = _pointwise("maximum", torch.maximum, "tl.maximum({0}, {1}, tl.Propagat
                      _extremum_vjp(lambda a, b: P.lt(a, b)))
 minimum = _pointwise("minimum", torch.minimum, "tl.minimum({0}, {1}, tl.PropagateNan.ALL)",
                      _extremum_vjp(lambda a, b: P.gt(a, b)))
+# sqrt(a² + b²) without overflow; ATen's backward: g·a/out, g·b/out
+hypot = _pointwise("hypot", torch.hypot, "libdevice.hypot({0}, {1})",
+                   lambda g, out, a, b: (P.div(P.mul(g, a), out), P.div(P.mul(g, b), out)))
 eq = _pointwise("eq", torch.eq, "{0} == {1}", no_grad)
 ne = _pointwise("ne", torch.ne, "{0} != {1}", no_grad)
 lt = _pointwise("lt", torch.lt, "{0} < {1}", no_grad)
