@@ -73,10 +73,10 @@ RELAYOUT = {
 _CONV_OPERANDS = {prim.conv2d: 2, prim.conv2d_backward: 3}
 
 
-# Lowering rules by primitive: `rule(lowering, node, args, kwargs)` -> the node's value, `args` and
-# `kwargs` its operands lowered (lower/rules.py says more). A primitive without one is lowered by its
-# kind (`Lowering.lower_<kind>`): pointwise by its spelling for the kernel's target, a reduction by
-# its combine, an extern as a call of its `impl`, random numbers by philox.
+# Lowering rules by primitive: `rule(ctx, node, args, kwargs)` -> the node's value, `ctx` the
+# Lowering, `args` and `kwargs` its operands lowered (lower/rules.py says more). A primitive without
+# one is lowered by its kind (`Lowering.lower_<kind>`): pointwise by its spelling for the kernel's
+# target, a reduction by its combine, an extern as a call of its `impl`, random numbers by philox.
 LOWERINGS: dict = {}
 
 

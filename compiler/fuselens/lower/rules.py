@@ -210,7 +210,7 @@ def _max_pool2d(ctx, node, args, kwargs):
         return offset
     reads = [x] * (kernel_size[0] * kernel_w)
     return Items([ctx.lazy(shape, dtype, loc, values, reads, order=order_of(x)),
-            ctx.lazy(shape, odtype, loc, offsets, reads, order=order_of(x))])
+                  ctx.lazy(shape, odtype, loc, offsets, reads, order=order_of(x))])
 
 
 @lowering(prim.max_pool2d_backward)
