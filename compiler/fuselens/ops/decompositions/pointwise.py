@@ -296,6 +296,13 @@ def minimum(a, b):
     return P.minimum(a, b)
 
 
+@register(*spellings("hypot"))
+def hypot(a, b):
+    if not (isinstance(a, TVal) and isinstance(b, TVal)) or not P.result_type(a, b).is_floating_point:
+        raise Unsupported  # torch.hypot takes two tensors of a float dtype: the torch call raises its error
+    return P.hypot(a, b)
+
+
 def _ignoring_nan(p_fn):
     """fmax/fmin: a NaN operand gives the other one (maximum/minimum propagate NaN)."""
     def fn(a, b):
