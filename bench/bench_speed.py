@@ -285,7 +285,7 @@ def first_call(name, compiler):
     if profile:
         profiler.dump_stats(profile)
     if compiler == "fuselens":
-        from fuselens.runtime import stats
+        from fuselens import stats
         res["own_seconds"] = res["seconds"] - stats.triton_compile_seconds()
         res["backend"] = dict(stats.backend)  # graphs compiled vs loaded from the program cache
         res["capture_s"] = stats.capture["seconds"]

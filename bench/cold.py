@@ -19,7 +19,7 @@ def main(name, compiler):
     torch.cuda.synchronize()
     if compiler == "fuselens":
         import fuselens
-        from fuselens.runtime import stats
+        from fuselens import stats
         fn = fuselens.compile(w.fn)
     else:
         fn = torch.compile(w.fn)

@@ -96,7 +96,7 @@ class Timed:
 
 def programs(cm):
     """(label, Program) of every compiled graph of a fuselens-compiled module."""
-    from fuselens.runtime.backend import Program
+    from fuselens.backend.driver import Program
     out = []
     for e in cm._fuselens_compiled.all_entries():
         for gc in e.graph_calls:

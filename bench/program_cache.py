@@ -1,6 +1,6 @@
 """First call of a compiled model in a new process, cold (empty program cache) vs warm (the
 cache an earlier process filled), on the CPU with kernels in Triton's interpreter: where
-fuselens's own time goes (runtime/program_cache.py, bench/NOTES.md).
+fuselens's own time goes (backend/program_cache.py, bench/NOTES.md).
 
     python bench/program_cache.py [--repeat N] [MODEL:MODE ...]   (default: every row below)
 
@@ -64,7 +64,9 @@ def resnet(blocks, bottleneck):
 def child(name, mode):
     import torch
     import fuselens
-    from fuselens.runtime import backend, compiled, stats
+    from fuselens import stats
+    from fuselens.backend import driver
+    from fuselens.runtime import compiled
     sys.path.insert(0, str(ROOT / "tests" / "models"))
     import builtins
     times = {"capture": 0.0, "programs": 0.0, "py_compile": 0.0}
@@ -84,7 +86,7 @@ def child(name, mode):
         return wrapper
     compiled.capture = timed(compiled.capture, "capture")
     builtins.compile = timed(builtins.compile, "py_compile", within="capture")
-    backend.Program.__call__ = timed(backend.Program.__call__, "programs")
+    driver.Program.__call__ = timed(driver.Program.__call__, "programs")
     torch.manual_seed(0)
     if name.startswith("resnet"):
         model, x = resnet([2, 2, 2, 2] if name == "resnet18" else [3, 4, 6, 3], name == "resnet50")

@@ -3,7 +3,7 @@ corpus tests), so that a backend change can't make them slow or fail them; the b
 tests live with the backend."""
 from __future__ import annotations
 
-from fuselens.runtime import backend
+from fuselens.backend import driver
 
 
 class _FX:
@@ -12,11 +12,11 @@ class _FX:
 
     def __init__(self, gm):
         self.gm = gm
-        self.run = backend.eager_run(gm)  # (as the backend runs a graph eagerly: writes and errors)
+        self.run = driver.eager_run(gm)  # (as the backend runs a graph eagerly: writes and errors)
 
     def __call__(self, *inputs):
         return self.run(*inputs)
 
 
 def use_fx_backend(monkeypatch) -> None:
-    monkeypatch.setattr(backend, "compile_graph", lambda gm, inputs, **kw: _FX(gm))
+    monkeypatch.setattr(driver, "compile_graph", lambda gm, inputs, **kw: _FX(gm))

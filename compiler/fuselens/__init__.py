@@ -2,12 +2,8 @@
 autograd, fusion, Triton codegen). Public API: compile, explain, inspect."""
 from __future__ import annotations
 
-import os
-
-if os.environ.get("FUSELENS_INTERPRET", "") not in ("", "0"):
-    # Triton picks interpreted or compiled library functions when first imported (and
-    # importing torch's own modules below may import it): decide before anything does.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+# first: it sets TRITON_INTERPRET under FUSELENS_INTERPRET=1, before torch may import triton
+from . import settings  # noqa: F401
 
 import types  # noqa: E402
 
@@ -16,9 +12,10 @@ import torch.nn as nn  # noqa: E402
 from . import log  # noqa: E402,F401  (FUSELENS_LOG)
 from .capture.breaks import GraphBreak, GraphBreakError
 from .capture.source import NoSourceError, function_source
+from .errors import FuselensWarning, InternalError
 from .explain import Explanation, format_break
-from .runtime.compiled import CompiledFunction, CompiledModule, collecting
-from .runtime.errors import FuselensWarning, InternalError
+from .inspect import inspect  # noqa: F401  (the function; its types are fuselens.inspect's)
+from .runtime.compiled import CompiledFunction, CompiledModule, collecting, compiled_of
 
 __all__ = ["compile", "compile_in_place", "explain", "inspect", "GraphBreak", "GraphBreakError", "Explanation",
            "FuselensWarning", "InternalError", "NoSourceError", "CompiledModule"]
@@ -66,20 +63,11 @@ def _check_mode(mode):
         raise ValueError(f"fuselens.compile: unknown mode {mode!r}; use one of {', '.join(_MODES)}")
 
 
-def _compiled_of(obj) -> CompiledFunction | None:
-    if isinstance(obj, CompiledFunction):
-        return obj
-    if isinstance(obj, nn.Module):  # a CompiledModule, or a module compiled in place
-        return obj.__dict__.get("_fuselens_compiled")
-    bound = getattr(obj, "__func__", None)
-    return bound if isinstance(bound, CompiledFunction) else None
-
-
 def explain(fn, *args, **kwargs) -> Explanation:
     """Run `fn(*args, **kwargs)` once while capturing; report graphs, breaks and guards."""
     if isinstance(fn, types.MethodType):  # a bound method (compiled or not)
         fn, args = fn.__func__, (fn.__self__,) + args
-    cf = _compiled_of(fn)
+    cf = compiled_of(fn)
     target = fn
     if cf is not None:
         target = cf.original
@@ -101,5 +89,3 @@ def explain(fn, *args, **kwargs) -> Explanation:
     guards = [g for e in log for g in e.guards]
     return Explanation(graphs, breaks, guards, list(log))
 
-
-from .inspect import inspect  # noqa: E402  (the function; its types are fuselens.inspect's)

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from .capture.breaks import Frame, GraphBreak
+from .runtime.compiled import compiled_of
 
 __all__ = ["inspect", "Entry", "Graph", "Kernel", "KernelLine", "Guard", "GraphBreak", "Frame"]
 
@@ -69,8 +70,7 @@ class Entry:
 
 def inspect(compiled) -> list[Entry]:
     """The cache entries of what `fuselens.compile` returned (a function, method or module)."""
-    from . import _compiled_of
-    cf = _compiled_of(compiled)
+    cf = compiled_of(compiled)
     if cf is None:
         raise TypeError("fuselens.inspect expects what fuselens.compile returned")
     return [_entry(e) for e in cf.all_entries()]

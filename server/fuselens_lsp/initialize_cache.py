@@ -13,8 +13,7 @@ import hashlib
 import json
 import os
 import re
-import tempfile
-from importlib.util import find_spec
+from importlib.util import find_spec, module_from_spec, spec_from_file_location
 from pathlib import Path
 
 _LENGTH = re.compile(rb"Content-Length: (\d+)\r\n")
@@ -68,11 +67,19 @@ def _write(stdout, message) -> None:
 
 
 def _cache_path(params) -> Path:
-    # the compiler's cache directory (codegen/launcher.py cache_dir, not imported: it imports torch)
-    user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")  # (Windows)
-    root = Path(os.environ.get("FUSELENS_CACHE_DIR") or Path(tempfile.gettempdir()) / f"fuselens-{user}")
+    root = Path(_compiler_settings().cache_dir(create=False))
     key = json.dumps({"client": params.get("capabilities"), "server": _code_stamp()}, sort_keys=True)
     return root / "lsp" / f"initialize-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+
+
+def _compiler_settings():
+    """The compiler's fuselens/settings.py (the cache directory's rule), run on its own: importing
+    it as fuselens.settings would run fuselens/__init__.py first, which imports torch."""
+    package = find_spec("fuselens")  # (__main__ checked that there is one)
+    spec = spec_from_file_location("fuselens_settings", Path(package.submodule_search_locations[0]) / "settings.py")
+    module = module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _code_stamp() -> list:

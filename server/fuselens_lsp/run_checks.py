@@ -88,10 +88,10 @@ class plain_pytorch_graphs:
     (not in Triton's interpreter, whose times mean nothing): what a CPU can time of them."""
 
     def __enter__(self):
-        from fuselens.codegen import launcher
-        self.launcher, self.was = launcher, launcher.INTERPRET
-        launcher.INTERPRET = False
+        from fuselens import settings
+        self.settings, self.was = settings, settings.INTERPRET
+        settings.INTERPRET = False
         return self
 
     def __exit__(self, *exc):
-        self.launcher.INTERPRET = self.was
+        self.settings.INTERPRET = self.was

@@ -11,7 +11,7 @@ import warnings
 import torch
 import torch.fx as fx
 
-from fuselens.runtime.backend import compile_graph
+from fuselens.backend.driver import compile_graph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from numerics import ulp_error  # noqa: E402,F401 - the numerics contract's measure, for the tests

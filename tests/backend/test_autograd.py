@@ -4,12 +4,13 @@ import torch
 import torch.nn.functional as F
 
 from fl_backend_testing import DEVICE, check, compile, run, tolerance, trace
+from fuselens import settings
 from fuselens.autograd import build_joint, partition
 from fuselens.autograd.partition import _bytes, _tangent_dependent
 from fuselens.codegen import launcher
 from fuselens.ops import to_primitive_graph
-from fuselens.runtime import backend
-from fuselens.runtime.compiled import FuselensWarning
+from fuselens.backend import driver
+from fuselens.errors import FuselensWarning
 from test_fusion import manual_gelu_tanh, manual_layer_norm, manual_softmax, sin_plus_cos
 
 
@@ -98,20 +99,20 @@ def test_outputs_not_requiring_grad_and_integer_outputs():
 def test_codegen_failure_falls_back_to_eager_with_a_warning(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("codegen exploded")
-    monkeypatch.setattr(backend, "generate_kernel", broken)
+    monkeypatch.setattr(driver, "generate_kernel", broken)
     x = randn(4, 5)
     gm = trace(manual_softmax)
-    cg = backend.compile_graph(gm, [x])
+    cg = driver.compile_graph(gm, [x])
     with pytest.warns(FuselensWarning, match="codegen exploded"):  # at the call, whose eager run succeeds
         out = cg(x)[0]
     torch.testing.assert_close(out, manual_softmax(x))
 
 
 def test_cpu_graphs_run_eagerly_without_the_interpreter(monkeypatch):
-    monkeypatch.setattr(launcher, "INTERPRET", False)
+    monkeypatch.setattr(settings, "INTERPRET", False)
     x = torch.randn(4, 5)
     gm = trace(manual_softmax)
-    cg = backend.compile_graph(gm, [x])
+    cg = driver.compile_graph(gm, [x])
     calls = []
     real = launcher.TritonKernel.run
     monkeypatch.setattr(launcher.TritonKernel, "run", lambda *a, **k: calls.append(a) or real(*a, **k))
@@ -238,10 +239,10 @@ def test_the_backward_compiled_ahead_is_the_one_the_first_backward_runs(monkeypa
     # tanh(x.t() + y.t()) is saved (one read, where recomputing it reads x and y) in the transposed
     # layout eager gives it; the backward compiled with the forward must expect that layout, and
     # the compile-time check must run that program, or the first call compiles the backward again
-    from fuselens.runtime import backend
+    from fuselens.backend import driver
     lowered = []
-    real_lower = backend.lower_graph
-    monkeypatch.setattr(backend, "lower_graph", lambda *a: lowered.append(a) or real_lower(*a))
+    real_lower = driver.lower_graph
+    monkeypatch.setattr(driver, "lower_graph", lambda *a: lowered.append(a) or real_lower(*a))
     fn = lambda x, y: torch.tanh(x.t() + y.t())
     x, y = randn(9, 7).requires_grad_(), randn(9, 7).requires_grad_()
     cg = compile(fn, x, y)
@@ -271,7 +272,7 @@ def test_saved_values_layouts_are_read_once_without_hooks(monkeypatch):
     # without saved-tensor hooks the saved values come back as the forward's program stored them:
     # a backward call reads the layouts of its incoming gradients only (a ResNet-50's backward
     # has ~300 saved values); hooks that change a layout are seen (the test above)
-    from fuselens.runtime import training
+    from fuselens.backend import training
     f = lambda x: torch.sin(x) * x  # noqa: E731
     x = randn(32, 16).requires_grad_()
     cg = compile(f, x)
@@ -359,7 +360,7 @@ def test_reduce_overhead_follows_a_parameters_new_data():
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")
 def test_reduce_overhead_survives_a_failed_second_recording():
     import fuselens
-    from fuselens.runtime.compiled import FuselensWarning
+    from fuselens.errors import FuselensWarning
     f = fuselens.compile(lambda x, y: torch.relu(x * y + 1.0), mode="reduce-overhead")
     x, y = randn(64, 64), randn(64, 64)
     for _ in range(4):
@@ -661,9 +662,9 @@ def test_unaligned_gemms_are_padded_with_values_and_gradients_unchanged(monkeypa
     # on a GPU, half-precision GEMMs with a dim off cuBLAS's 16-byte alignment run 3-5x slower
     # kernels (GPT-2's 50257-word LM head); forced here for any device and size
     from torch.utils._python_dispatch import TorchDispatchMode
-    from fuselens.ops import decompositions
-    monkeypatch.setattr(decompositions, "_gemm_alignment", lambda dtype: 8)
-    monkeypatch.setattr(decompositions, "PAD_GEMM_MIN", 0)
+    from fuselens.ops.decompositions import linalg
+    monkeypatch.setattr(linalg, "_gemm_alignment", lambda dtype: 8)
+    monkeypatch.setattr(linalg, "PAD_GEMM_MIN", 0)
     inputs = [randn(6, 13), randn(11, 13), randn(11), randn(21, 11), torch.randint(0, 21, (6,), device=DEVICE)]
     cg = check(_logits_loss, *inputs, atol=1e-4, rtol=1e-4)
 

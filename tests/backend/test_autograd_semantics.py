@@ -13,7 +13,7 @@ from fl_backend_testing import DEVICE, compile, trace
 from fuselens.autograd import build_joint, partition
 from fuselens.autograd.facts import eager_autograd
 from fuselens.ops import to_primitive_graph
-from fuselens.runtime.backend import compile_graph
+from fuselens.backend.driver import compile_graph
 
 
 def _inputs():
@@ -326,7 +326,7 @@ def test_beside_a_loss_the_backward_without_the_other_outputs_gradients_is_compi
     """A model returning (loss, logits) trains from the loss alone: the backward compiled with the
     first call is that one (compiling the one over every gradient too cost GPT-2 a third of its
     graph work). Gradients for both outputs still work: that backward compiles at its first use."""
-    from fuselens.runtime import stats
+    from fuselens import stats
 
     def model(x, w, target):
         logits = torch.tanh(x @ w)

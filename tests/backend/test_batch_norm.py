@@ -280,7 +280,7 @@ IN = {3: nn.InstanceNorm1d, 4: nn.InstanceNorm2d, 5: nn.InstanceNorm3d}
 def test_instance_norm_equals_eager(kw, train, ndim, dtype):
     """InstanceNorm: statistics per sample and channel (running statistics, when tracked, the
     average over the samples of batch norm's per-sample update), or the running statistics in
-    eval; no extern but in half precision (ops/normalization.py says why)."""
+    eval; no extern but in half precision (ops/decompositions/normalization.py says why)."""
     torch.manual_seed(0)
     want_m = IN[ndim](3, **kw).to(DEVICE, dtype).train(train)
     got_m = IN[ndim](3, **kw).to(DEVICE, dtype).train(train)

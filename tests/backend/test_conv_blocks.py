@@ -10,6 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fuselens
+from fuselens.runtime.compiled import compiled_of
 from fl_backend_testing import DEVICE, vary_batch_norm
 
 
@@ -169,7 +170,7 @@ def test_channels_last_training_saves_and_reduces_in_that_layout(monkeypatch):
     BatchNorm statistics are summed in memory order (column partials over N*H*W rows of C, not
     rows of H*W at a stride of C). Gradients and running statistics equal eager's, over steps."""
     import inspect
-    from fuselens.runtime import stats
+    from fuselens import stats
     monkeypatch.setenv("FUSELENS_CONV_LAYOUT", "channels_last")
     want_m, got_m = model().train(), model().train()
     compiled = fuselens.compile(got_m)
@@ -186,7 +187,7 @@ def test_channels_last_training_saves_and_reduces_in_that_layout(monkeypatch):
             a.grad = b.grad = None
         for (n, a), (_, b) in zip(got_m.named_buffers(), want_m.named_buffers()):
             torch.testing.assert_close(a, b, msg=n, **tol)
-    spec = next(iter(fuselens._compiled_of(compiled).entries[0].graph_calls[0].compiled._specializations.values()))
+    spec = next(iter(compiled_of(compiled).entries[0].graph_calls[0].compiled._specializations.values()))
     state = inspect.getclosurevars(spec.run).nonlocals["state"]
     forward = state.forward
     saved = [stride for shape, stride in filter(None, forward.output_layouts[state.num_fw_outputs:])
@@ -220,7 +221,7 @@ def test_the_gradient_through_relu_follows_its_condition_layout(monkeypatch):
     want = [x.grad] + [p.grad for p in (*conv.parameters(), *bn.parameters(), *fc.parameters())]
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
-    spec = next(iter(fuselens._compiled_of(compiled).entries[0].graph_calls[0].compiled._specializations.values()))
+    spec = next(iter(compiled_of(compiled).entries[0].graph_calls[0].compiled._specializations.values()))
     backward = inspect.getclosurevars(spec.run).nonlocals["state"].backward
     source = next(iter(backward.programs.values())).wrapper_source
     assert "empty((32, 8, 7, 7), (392, 49, 7, 1)" not in source  # no row-major [N, C, H, W] value
@@ -246,7 +247,7 @@ def test_an_output_saved_for_backward_is_stored_once(monkeypatch):
     conv.weight.grad = None
     f(x).backward(g)
     torch.testing.assert_close(got, conv.weight.grad, rtol=1e-5, atol=1e-4)
-    spec = next(iter(fuselens._compiled_of(compiled).entries[0].graph_calls[0].compiled._specializations.values()))
+    spec = next(iter(compiled_of(compiled).entries[0].graph_calls[0].compiled._specializations.values()))
     source = inspect.getclosurevars(spec.run).nonlocals["state"].forward.wrapper_source
     out, *saved = re.search(r"return \((.*)\)", source).group(1).split(", ")
     assert out in saved and source.count(".launch(") == 3, source  # x and the weight copied in; conv's epilogue

@@ -425,7 +425,7 @@ def test_half_inputs_compute_in_fp32():
 
 def test_int64_indexing_only_for_huge_buffers():
     from fuselens.ops import to_primitive_graph
-    from fuselens.runtime.backend import build_program
+    from fuselens.backend.driver import build_program
 
     def f(x):
         return x * 2
@@ -442,7 +442,7 @@ def test_large_kernels_divide_their_indices_by_literals():
     not ~20 integer instructions an element); smaller ones take sizes as arguments, so kernels
     differing only in sizes share a compile."""
     from fuselens.ops import to_primitive_graph
-    from fuselens.runtime.backend import build_program
+    from fuselens.backend.driver import build_program
     gm = trace(lambda x, b: x + b)
     for rows, literal in ((4096, True), (64, False)):  # code generation only: nothing runs
         x, b = torch.empty(rows, 50257, device="meta"), torch.empty(50257, device="meta")

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import fuselens
-from fuselens.runtime.errors import FuselensWarning
+from fuselens.errors import FuselensWarning
 
 # a call compiles in about a second here; the hang took minutes
 DEADLINE_S = 20

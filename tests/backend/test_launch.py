@@ -12,6 +12,7 @@ import types
 import pytest
 import torch
 
+from fuselens import settings
 from fuselens.codegen import cuda, launcher
 
 P = types.SimpleNamespace
@@ -129,7 +130,7 @@ def test_launch_error_names_the_kernel(monkeypatch):
 def test_wrapper_call_binds_the_launch_for_its_sizes_only(monkeypatch):
     # the wrapper calls `k.launch(*args) or k.run(*args, xnumel=...)`: `launch` must only ever be
     # a launch function built for the sizes of that call (they are not among its arguments)
-    monkeypatch.setattr(launcher, "INTERPRET", False)
+    monkeypatch.setattr(settings, "INTERPRET", False)
     built = []
 
     def launch_for(self, args, sizes, config):
@@ -159,7 +160,7 @@ def test_wrapper_call_binds_the_launch_for_its_sizes_only(monkeypatch):
 def gpu_stand_in(monkeypatch, tmp_path):
     """A launcher that autotunes as on a GPU (the interpreter has one config to try), on a GPU model
     named GPU-A, with its cache in tmp_path and no choices remembered yet."""
-    monkeypatch.setattr(launcher, "INTERPRET", False)
+    monkeypatch.setattr(settings, "INTERPRET", False)
     monkeypatch.setenv("FUSELENS_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(launcher, "torch_cuda_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "GPU-A")

@@ -52,6 +52,7 @@ BINARY = {
     "maximum": torch.maximum, "minimum": torch.minimum, "add_alpha": lambda a, b: torch.add(a, b, alpha=0.5),
     "rsub": lambda a, b: 1.0 - a * b, "where": lambda a, b: torch.where(a > b, a, b * 2),
     "pow": lambda a, b: torch.pow(a.abs() + 0.5, b), "atan_like": lambda a, b: a / (1 + b * b),
+    "hypot": torch.hypot,
 }
 
 
@@ -59,6 +60,16 @@ BINARY = {
 def test_binary_broadcast(name):
     fn = BINARY[name]
     check(lambda a, b: fn(a, b), t(4, 1, 6), transposed(5, 6))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_hypot_is_a_pointwise_primitive_fused_with_its_neighbours(dtype):
+    def f(a, b):
+        return torch.hypot(a * 2, b).sin()
+    check(f, t(4, 6, dtype=dtype), t(6, dtype=dtype))  # values and gradients
+    cg = check(f, t(4, 6, dtype=dtype), t(6, dtype=dtype), grad=False)
+    assert len(cg.kernels) == 1 and "libdevice.hypot(" in cg.kernels[0].source
+    assert "call_torch" not in cg.wrapper_source
 
 
 def test_comparisons_and_logic():

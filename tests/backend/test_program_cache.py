@@ -1,10 +1,10 @@
-"""The program cache (runtime/program_cache.py): a second process that captures the same graphs
+"""The program cache (backend/program_cache.py): a second process that captures the same graphs
 loads their programs instead of compiling them, with the results of the first; a graph that
 differs in anything that decides its compile (an op's argument, a dtype, requires_grad, the grad
 mode) compiles; an entry that cannot be read is ignored and written again.
 
 The processes (this file run as a script) compile a model, run it (and its backward when
-training) and write outputs, gradients and the backend's counters (runtime/stats.py)."""
+training) and write outputs, gradients and the backend's counters (stats.py)."""
 from __future__ import annotations
 
 import json
@@ -65,7 +65,7 @@ def run(model, inputs, train, owner=None):
 
 def child(name, mode, out_path):
     import fuselens
-    from fuselens.runtime import stats
+    from fuselens import stats
     model, inputs = make(name)
     reference = run(model, inputs, mode == "train")
     model.zero_grad()
@@ -129,7 +129,7 @@ def test_second_process_loads_programs(tmp_path, name, mode, concurrent):
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    from fuselens.runtime import stats
+    from fuselens import stats
     monkeypatch.setenv("FUSELENS_PROGRAM_CACHE", "1")
     monkeypatch.setenv("FUSELENS_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(stats, "backend", dict.fromkeys(stats.backend, 0))
@@ -163,7 +163,7 @@ def compiled_call(fn, *args, grad=True):
 
 
 def counts():
-    from fuselens.runtime import stats
+    from fuselens import stats
     return stats.backend["compiles"], stats.backend["cache_hits"]
 
 
@@ -193,14 +193,14 @@ def test_a_loaded_training_program_runs_no_check_step(cache, monkeypatch):
     # a new training program runs both halves once before its first step (a kernel that fails
     # then still has the graph to fall back to); one loaded from the cache ran that check, and a
     # step, in the process that stored it: its first call is the step alone
-    from fuselens.runtime import backend
+    from fuselens.backend import driver
     checks = []
-    real = backend.compile_training
+    real = driver.compile_training
 
     def counting(*args, **kwargs):
         run, check, programs, made = real(*args, **kwargs)
         return run, (lambda *xs: checks.append(1) or check(*xs)), programs, made
-    monkeypatch.setattr(backend, "compile_training", counting)
+    monkeypatch.setattr(driver, "compile_training", counting)
     compiled_call(scale, X, W)
     compiled_call(scale, X, W)
     assert counts() == (1, 1) and len(checks) == 1
@@ -266,7 +266,7 @@ def test_cache_directory_unusable(cache, recwarn):
 def test_graph_without_stable_name_is_not_stored(cache):
     """A target no other process can name (a lambda): compiled every time, never stored."""
     import torch.fx as fx
-    from fuselens.runtime import program_cache
+    from fuselens.backend import program_cache
     graph = fx.Graph()
     x = graph.placeholder("x")
     graph.output(graph.call_function(lambda t: t * 2, (x,)))
@@ -282,7 +282,7 @@ def test_torch_functions_have_stable_names():
     import types
 
     import torch.nn.functional as F
-    from fuselens.runtime import program_cache
+    from fuselens.backend import program_cache
     functions = [f for f in vars(F).values() if isinstance(f, types.FunctionType) and f.__module__ == F.__name__]
     assert F.max_pool2d in functions and len(functions) > 100
     for f in functions:
@@ -299,7 +299,7 @@ def test_a_loaded_program_launches_as_the_built_one():
     process took the slow path, finding its launch function again (a GPT-2 training step: 777
     launches through `run`)."""
     from fuselens.ops.trace import to_primitive_graph
-    from fuselens.runtime.backend import build_program, load_program
+    from fuselens.backend.driver import build_program, load_program
     gm = torch.fx.symbolic_trace(lambda x: torch.softmax(x * 2, -1).sum(0) + 1)
     built = build_program(to_primitive_graph(gm, [torch.randn(8, 32)], "cpu"), "cpu")
     loaded = load_program(built.made_from)

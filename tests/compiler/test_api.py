@@ -129,7 +129,7 @@ def test_functions_without_a_source_file_are_called_without_a_search(monkeypatch
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_compiling_leaves_the_garbage_collector_as_it_was(enabled):
-    # capture and the backend pause it (runtime/stats.py gc_paused), also where they fail
+    # capture and the backend pause it (stats.py gc_paused), also where they fail
     import gc
 
     def f(x):

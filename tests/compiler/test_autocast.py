@@ -186,8 +186,8 @@ def test_a_later_process_asks_no_probe_again(tmp_path, monkeypatch, fn, args):
     assert asked == []
     assert answers[0] == answers[1]
     # another build of fuselens (or torch) asks again: its probe may answer otherwise
-    from fuselens.runtime import program_cache
-    monkeypatch.setattr(program_cache, "compiler_version", lambda: "another-build")
+    from fuselens import settings
+    monkeypatch.setattr(settings, "compiler_version", lambda: "another-build")
     monkeypatch.setattr(AC, "_cache", {})
     monkeypatch.setattr(AC, "_disk", None)
     check(fn, *args, graphs=1, breaks=[])

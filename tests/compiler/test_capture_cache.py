@@ -85,7 +85,7 @@ def step(model, x):
 
 def child(out_path):
     import fuselens
-    from fuselens.runtime import stats
+    from fuselens import stats
     import usermodel
     torch.manual_seed(0)
     model, x = usermodel.Net().train(), torch.randn(2, 3, 8, 8)
@@ -163,7 +163,7 @@ class Net(nn.Module):
 
 @pytest.fixture
 def kept(tmp_path, monkeypatch):
-    from fuselens.runtime import stats
+    from fuselens import stats
     monkeypatch.setenv("FUSELENS_PROGRAM_CACHE", "1")
     monkeypatch.delenv("FUSELENS_CAPTURE_CACHE", raising=False)
     monkeypatch.setenv("FUSELENS_CACHE_DIR", str(tmp_path))
@@ -245,7 +245,8 @@ def test_a_kept_graph_is_the_captured_graph():
     # cache's key writes them: meta values' layouts and offsets) and which values share storage
     from fuselens.capture.capture import capture
     from fuselens.capture.source import function_source
-    from fuselens.runtime import capture_cache, program_cache
+    from fuselens.backend import program_cache
+    from fuselens.runtime import capture_cache
     x, w = torch.randn(2, 3, 8), torch.randn(8, 12, requires_grad=True)
     graph = capture(function_source(_views), (x, w), {}).graph.gm.graph
     again = capture_cache._graph(capture_cache._nodes(graph))

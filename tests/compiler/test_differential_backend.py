@@ -9,11 +9,11 @@ import torch
 
 import fuselens
 from fl_capture_testing import assert_same, clone_tree
-from fuselens.runtime import backend
+from fuselens.backend import driver
 from test_differential import ProgramGen, _import
 
 _LAST_ERROR: dict = {}
-REAL_COMPILE_GRAPH = backend.compile_graph  # before the capture tests' eager fixture patches it
+REAL_COMPILE_GRAPH = driver.compile_graph  # before the capture tests' eager fixture patches it
 N = int(os.environ.get("FUSELENS_DIFF_BACKEND_PROGRAMS", 40))
 
 
@@ -69,7 +69,7 @@ def _detach(v):
 
 @pytest.mark.parametrize("seed", range(1000, 1000 + N))
 def test_random_program_real_backend_with_gradients(seed, tmp_path, monkeypatch):
-    monkeypatch.setattr(backend, "compile_graph", REAL_COMPILE_GRAPH)
+    monkeypatch.setattr(driver, "compile_graph", REAL_COMPILE_GRAPH)
     src = ProgramGen(seed).program()
     path = tmp_path / f"prog_{seed}.py"
     path.write_text(src)

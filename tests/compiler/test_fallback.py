@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 
 import fuselens
-from fuselens import FuselensWarning
-from fuselens.runtime import backend, errors
+from fuselens import FuselensWarning, errors
+from fuselens.backend import driver
 from fuselens.runtime import compiled as runtime
 
-REAL_COMPILE_GRAPH = backend.compile_graph  # before the capture tests' eager fixture patches it
+REAL_COMPILE_GRAPH = driver.compile_graph  # before the capture tests' eager fixture patches it
 LOG: list = []
 
 
@@ -150,7 +150,7 @@ def _disabled(cf):
 @pytest.mark.parametrize("fn", CASES, ids=lambda f: f.__name__)
 def test_users_error_raised_as_in_eager_side_effects_once(fn, real_backend, monkeypatch):
     if real_backend:
-        monkeypatch.setattr(backend, "compile_graph", REAL_COMPILE_GRAPH)
+        monkeypatch.setattr(driver, "compile_graph", REAL_COMPILE_GRAPH)
     # (inputs of their own: printed sums are compared as text, and another order of a sum's terms
     # may round the last printed digit otherwise for some inputs)
     x0 = torch.randn(8, generator=torch.Generator().manual_seed(0)).abs() + 0.5
@@ -245,15 +245,15 @@ def test_internal_capture_error_in_a_resume_runs_the_rest_eagerly(monkeypatch):
 
 @pytest.mark.parametrize("where", ["build", "run"])
 def test_internal_backend_error_runs_the_graph_eagerly_with_one_warning(where, monkeypatch):
-    monkeypatch.setattr(backend, "compile_graph", REAL_COMPILE_GRAPH)
-    monkeypatch.setattr(backend, "uses_triton", lambda inputs: True)  # the compiled path, any device
+    monkeypatch.setattr(driver, "compile_graph", REAL_COMPILE_GRAPH)
+    monkeypatch.setattr(driver, "uses_triton", lambda inputs: True)  # the compiled path, any device
     cause = NotImplementedError(f"synthetic backend bug ({where})")
 
     def boom(*a, **k):
         raise cause
     # building the graph's programs fails, or the built program fails when run
-    build = boom if where == "build" else lambda self, inputs: backend._Specialization(boom)
-    monkeypatch.setattr(backend.CompiledGraph, "_build", build)
+    build = boom if where == "build" else lambda self, inputs: driver._Specialization(boom)
+    monkeypatch.setattr(driver.CompiledGraph, "_build", build)
     x0 = torch.randn(6)
     expected = _run(_one_graph, x0.clone(), None)
     cf = fuselens.compile(_one_graph)
@@ -277,8 +277,8 @@ def _one_graph(x, unused):
 def test_users_error_in_a_compiled_graph_is_not_taken_for_ours(monkeypatch):
     # the compiled program raises; the graph run eagerly raises too: the user's error, no warning,
     # and the program stays in use
-    monkeypatch.setattr(backend, "compile_graph", REAL_COMPILE_GRAPH)
-    monkeypatch.setattr(backend, "uses_triton", lambda inputs: True)
+    monkeypatch.setattr(driver, "compile_graph", REAL_COMPILE_GRAPH)
+    monkeypatch.setattr(driver, "uses_triton", lambda inputs: True)
     runs = []
 
     def build(self, inputs):
@@ -287,8 +287,8 @@ def test_users_error_in_a_compiled_graph_is_not_taken_for_ours(monkeypatch):
             if any(not t.is_floating_point() and bool((t >= 4).any()) for t in inputs):
                 raise RuntimeError("program failed")
             return self._eager(*inputs)
-        return backend._Specialization(program)
-    monkeypatch.setattr(backend.CompiledGraph, "_build", build)
+        return driver._Specialization(program)
+    monkeypatch.setattr(driver.CompiledGraph, "_build", build)
 
     def f(x, idx):
         return F.embedding(idx, x).sum()
@@ -375,7 +375,7 @@ def used_op_eager_rejects(x):
 @pytest.mark.parametrize("real_backend", [False, True], ids=["fx", "backend"])
 def test_eagers_exception_type(fn, real_backend, monkeypatch):
     if real_backend:  # a kernel computes what eager refuses (abs of a bool tensor)
-        monkeypatch.setattr(backend, "compile_graph", REAL_COMPILE_GRAPH)
+        monkeypatch.setattr(driver, "compile_graph", REAL_COMPILE_GRAPH)
     x = -torch.ones(3)
     with pytest.raises(Exception) as eager:
         fn(x)

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 
 import fuselens
 from fl_capture_testing import check
-from fuselens.runtime import backend
+from fuselens.backend import driver
 
-REAL_COMPILE_GRAPH = backend.compile_graph  # before the capture tests' eager fixture patches it
+REAL_COMPILE_GRAPH = driver.compile_graph  # before the capture tests' eager fixture patches it
 
 # op name -> its arguments after the tensor: pointwise ops of several kinds
 OPS = {"relu": "", "sigmoid": "", "tanh": "", "exp": "", "abs": "", "neg": "", "floor": "",
@@ -251,7 +251,7 @@ class Block(torch.nn.Module):
 @pytest.mark.parametrize("train", [False, True])
 def test_inplace_relu_block_real_backend(monkeypatch, train):
     """The kernels (in Triton's interpreter) compute eager's values and gradients."""
-    monkeypatch.setattr(backend, "compile_graph", REAL_COMPILE_GRAPH)
+    monkeypatch.setattr(driver, "compile_graph", REAL_COMPILE_GRAPH)
     torch.manual_seed(0)
     m = Block().train(train)
     ref = copy.deepcopy(m)
@@ -307,9 +307,9 @@ def relu_then_write(x):
 @pytest.mark.parametrize("kernels", [True, False])
 def test_backward_refused_after_a_write_into_a_saved_value(monkeypatch, kernels):
     """With kernels (Triton) and without (CPU graphs run as plain PyTorch), as eager refuses."""
-    monkeypatch.setattr(backend, "compile_graph", REAL_COMPILE_GRAPH)
+    monkeypatch.setattr(driver, "compile_graph", REAL_COMPILE_GRAPH)
     if not kernels:
-        monkeypatch.setattr(backend, "uses_triton", lambda inputs: False)
+        monkeypatch.setattr(driver, "uses_triton", lambda inputs: False)
     x = torch.randn(4, requires_grad=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         relu_then_write(x).sum().backward()

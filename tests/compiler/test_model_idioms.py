@@ -361,9 +361,9 @@ def test_multihead_attention_outside_its_fast_path():
 
 def test_multihead_attention_real_backend(monkeypatch):
     """An extern with a (tensor, None) result is differentiated (its None gets no gradient)."""
-    from fuselens.runtime import backend
+    from fuselens.backend import driver
     from test_inplace import REAL_COMPILE_GRAPH
-    monkeypatch.setattr(backend, "compile_graph", REAL_COMPILE_GRAPH)
+    monkeypatch.setattr(driver, "compile_graph", REAL_COMPILE_GRAPH)
     mha = torch.nn.MultiheadAttention(8, 2, batch_first=True)
 
     def f(q):
@@ -386,9 +386,9 @@ def test_torch_function_queries_answer_false_for_plain_tensors():
 def test_multihead_attention_fast_path_in_eval(monkeypatch):
     """vit_b_16 in eval: nn.MultiheadAttention's fast-path checks (`_check_arg_device`, the
     dispatch-mode stack) are answered during capture; its fused kernel returns (out, None)."""
-    from fuselens.runtime import backend
+    from fuselens.backend import driver
     from test_inplace import REAL_COMPILE_GRAPH
-    monkeypatch.setattr(backend, "compile_graph", REAL_COMPILE_GRAPH)
+    monkeypatch.setattr(driver, "compile_graph", REAL_COMPILE_GRAPH)
     mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
 
     def f(q):

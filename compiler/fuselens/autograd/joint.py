@@ -15,7 +15,9 @@ from torch.fx.node import map_aggregate
 from ..ops import builder as P
 from ..ops import primitives as prim
 from ..ops.builder import GraphBuilder, TVal
+from ..ops.contract import verify
 from ..ops.trace import values_only
+from .contract import check_joint
 
 
 @dataclass
@@ -122,7 +124,9 @@ def build_joint(fw: fx.Graph, requires_grad: list[bool], device, output_requires
             grad_values.append(_fit(env[n], g) if g is not None else P.zeros_like(env[n]))
         b.output([env[o] if isinstance(o, fx.Node) else o for o in outputs] + grad_values)
     values_only(b.graph)
-    return JointGraph(b.graph, len(primals), len(outputs), tangent_outputs, grad_inputs)
+    joint = JointGraph(b.graph, len(primals), len(outputs), tangent_outputs, grad_inputs)
+    verify(check_joint, joint)
+    return joint
 
 
 def _fit(arg: TVal, g):

@@ -29,6 +29,8 @@ import torch
 import torch.fx as fx
 
 from ..ops import primitives as prim
+from ..ops.contract import verify
+from .contract import check_partition
 from .joint import JointGraph
 
 RECOMPUTABLE_KINDS = ("pointwise", "view", "source")
@@ -244,4 +246,6 @@ def partition(joint: JointGraph, private_inputs=(), private_outputs=()) -> Parti
     _copy_saved(forward, backward, saved, private)
     for n in backward.nodes:  # saved values are inputs of the backward, not random draws in it
         n.meta.pop("seed", None)
-    return Partition(forward, backward, [n.name for n in saved], joint.num_fw_outputs)
+    parts = Partition(forward, backward, [n.name for n in saved], joint.num_fw_outputs)
+    verify(check_partition, joint, parts)
+    return parts

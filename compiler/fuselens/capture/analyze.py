@@ -533,8 +533,9 @@ def _top_level_value(expr, env, depth=0):
 
 # -- which functions are compiled ---------------------------------------------------------------
 def _is_compile(fn_value) -> bool:
-    import fuselens
-    return fn_value is torch.compile or fn_value is fuselens.compile
+    # fuselens.compile by its name: the package face is a layer above capture
+    return fn_value is torch.compile or (getattr(fn_value, "__module__", None) == "fuselens"
+                                         and getattr(fn_value, "__qualname__", None) == "compile")
 
 
 def _compiled_names(tree, env) -> tuple[set, list]:
@@ -707,7 +708,7 @@ def _keep(b, ev, filename, found):
     """A break on a path that may not run is reported where the user sees the condition (an
     unknown branch in this file); in code read from another file (a library's) only where the
     path to it is certain: there its conditions are a config's or the library's own state."""
-    if all(f == filename for f in ev.uncertain):
+    if all(f == filename for f in ev.domain.uncertain):
         found.append(b)
 
 

@@ -28,7 +28,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-from .calls import qualified_name
+from .. import settings
+from ..backend.program_cache import qualified_name
 from .values import SymInt, TensorVar
 
 REFUSED = object()  # eager raises under autocast, or runs ATen ops the graph could not: Python runs it
@@ -77,15 +78,13 @@ def _stable_key(fn, device_type, dtype, spec) -> str | None:
 
 
 def _path() -> str:
-    from ..codegen.launcher import cache_dir  # (the directory the compiled programs are kept in)
-    from ..runtime.program_cache import compiler_version  # another build's probe may answer otherwise
-    return os.path.join(cache_dir(), f"autocast-probes-{compiler_version()}")
+    # (kept per compiler version: another build's probe may answer otherwise)
+    return os.path.join(settings.cache_dir(), f"autocast-probes-{settings.compiler_version()}")
 
 
 def _on_disk() -> dict:
     global _disk
-    from ..runtime.program_cache import enabled  # FUSELENS_PROGRAM_CACHE=0: nothing read or written
-    if not enabled():
+    if not settings.program_cache_enabled():
         return {}
     if _disk is None:
         try:
@@ -101,8 +100,7 @@ def _on_disk() -> dict:
 def save_probes() -> None:
     """Write the answers this process found (with those on disk now) whole, or not at all."""
     global _disk
-    from ..runtime.program_cache import enabled
-    if not _new or not enabled():
+    if not _new or not settings.program_cache_enabled():
         return
     with _lock:  # (captures in several threads)
         new = {k: "refused" if v is REFUSED else v for k, v in list(_new.items())}

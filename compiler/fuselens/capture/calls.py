@@ -91,30 +91,6 @@ def _named(fn) -> bool:
     return obj is fn
 
 
-def qualified_name(fn) -> tuple[str, str] | None:
-    """(module, name) that finds `fn` again in another process (`getattr` down the name from the
-    module), or None (a lambda, a bound method). The name is its qualified name, or else the
-    module's attribute that it is: `torch.addmm` (qualified `_VariableFunctionsClass.addmm`),
-    `F.max_pool2d` (made inside torch's `boolean_dispatch`, renamed). A method descriptor
-    (`Tensor.view`) is found from its class's module; an ATen operator (`aten::add.Tensor`, what
-    in-place calls are functionalized to) from `torch.ops`."""
-    if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        return "torch.ops", str(fn).replace("::", ".")
-    owner = getattr(fn, "__objclass__", None)
-    module = getattr(owner if owner is not None else fn, "__module__", None) or ""
-    mod = sys.modules.get(module)
-    qualname = getattr(fn, "__qualname__", None)
-    if mod is None or not isinstance(qualname, str):
-        return None
-    obj = mod
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-    if obj is fn:
-        return module, qualname
-    name = getattr(fn, "__name__", None)
-    return (module, name) if isinstance(name, str) and getattr(mod, name, None) is fn else None
-
-
 def is_logging_call(fn) -> bool:
     if fn is warnings.warn or fn is warnings.warn_explicit:
         return True

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
+from ..ops.contract import verify
 from . import breaks as B
+from .contract import check_captured
 from .evaluator import Evaluator
 from .frames import BreakSignal, Guard
 from .graph import GraphBuilder
@@ -61,7 +63,10 @@ class Capture:
 
 
 def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
-            prefix="") -> Capture:
+            prefix="", compile_callee=None) -> Capture:
+    # compile_callee: the runtime's function giving a callee compiled on its own, for the calls in a
+    # statement run in Python after a break (resume.Writer.compiling_calls); passed in, as the
+    # runtime is a layer above capture
     dynamic = {} if dynamic is None else dynamic  # (dims marked dynamic are added: the caller's)
     builder = GraphBuilder()
     probe = Evaluator(builder)
@@ -81,7 +86,8 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
         frame[name] = ev.wrap_external(v, src)
     graph_name = f"__fl_graph_{prefix}0"
     brk = None
-    writer = Writer(fs, sources, ev.mutated_inputs, prefix, ev.effects, ev.latest, ev.value_sources)
+    writer = Writer(fs, sources, ev.tensor_writes.inputs, prefix, ev.effects, ev.tensor_writes.latest,
+                    ev.value_sources, compile_callee)
     try:
         ret = ev.run(fs, frame)
         sig_text, consts = signature(fs.node.args, fs.defaults)
@@ -99,9 +105,10 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
         text = writer.write(sig, call if builder.n_ops else None)
     graph = None
     if builder.n_ops:
-        writeback = [src for src, v in ev.mutated_inputs.items()]
-        gm = builder.output(list(writer.mat.outputs) + [ev.mutated_inputs[s] for s in writeback],
+        writeback = [src for src, v in ev.tensor_writes.inputs.items()]
+        gm = builder.output(list(writer.mat.outputs) + [ev.tensor_writes.inputs[s] for s in writeback],
                             {s for s, dims in ev.dynamic.items() if dims})
+        verify(check_captured, gm)
         graph = GraphInfo(gm, [s for s, _ in builder.inputs], writeback, fs.qualname,
                           sorted(l for l in builder.lines if l[0] == fs.filename) or sorted(builder.lines),
                           builder.n_ops, graph_name)

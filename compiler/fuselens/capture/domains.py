@@ -57,7 +57,7 @@ class Concrete:
         else:  # the same tensor reached by two names: guard the aliasing
             self.sources.guard(f"{SRC} is {arg(1)}", f"{src} is the same tensor as {tv.source}", src, tv.source)
         # read again after an in-place op on it (e.g. `self.buf.add_(1)`): the new value
-        return ev.mutated_inputs.get(tv.source, tv)
+        return ev.tensor_writes.inputs.get(tv.source, tv)
 
     def external(self, ev, v, src: str):
         """A list, dict or set from outside: modelled, its mutations replayed (side_effects.py)."""
@@ -74,10 +74,21 @@ class Concrete:
         """What the evaluation cannot know here: a break."""
         ev.brk(kind, node, scope, detail=detail, whole_stmt=whole_stmt)
 
+    def torch_receives(self, values) -> None:
+        pass  # (no ForeignData: a call into C code broke where it was made)
+
 
 class Abstract:
+    """Also the abstract walk's own state: the breaks it reports go to `on_break`; `uncertain`
+    holds the files of the arms of unknown branches being walked (statements.py); `foreign`:
+    a ForeignData was made (NumPy's data may reach torch)."""
     abstract = True
     runs_python = False  # the editor never runs the user's code, nor a library's on its values
+
+    def __init__(self, on_break):
+        self.on_break = on_break  # called with each GraphBreak
+        self.uncertain: list[str] = []
+        self.foreign = False
 
     # -- nothing is guarded: the editor compiles nothing ------------------------------------
     def guard(self, expr, why, *over):
@@ -111,11 +122,11 @@ class Abstract:
     def opaque_call(self, ev, fn, args, kwargs, e, scope):
         if contains_tensor([args, kwargs]):
             ev.brk(B.UNKNOWN_CALL, e, scope, detail=f"call to {_name(fn)}")
-        if not _c_callable(fn) or ev.uncertain:
+        if not _c_callable(fn) or self.uncertain:
             return UNKNOWN  # on values the editor does not know (a library's object): silent
         # capture breaks here (it cannot see into C code): claimed where the result reaches
         # torch (ForeignData), not on NumPy work of its own
-        ev.foreign = True
+        self.foreign = True
         return ForeignData.merge(*leaves([args, kwargs]), extra=[B.make_break(
             B.UNKNOWN_CALL, ev.loc(e, scope), stack=ev.stack(scope), function=scope.fs.qualname,
             detail=f"call to {_name(fn)}")])
@@ -123,6 +134,14 @@ class Abstract:
     def unknowable(self, ev, kind, node, scope, detail="", whole_stmt=False):
         """What the evaluation cannot know here: unknown (the editor knows less than capture)."""
         return UNKNOWN
+
+    def torch_receives(self, values) -> None:
+        """NumPy's data (ForeignData) among `values` reaches torch: the breaks of the calls that
+        made it are claimed."""
+        if self.foreign:
+            for v in leaves(values):
+                for b in (v.breaks if isinstance(v, ForeignData) else ()):
+                    self.on_break(b)
 
 
 def _name(fn) -> str:

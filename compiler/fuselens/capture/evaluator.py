@@ -18,10 +18,10 @@ import torch
 from . import breaks as B
 from .guards import is_literal
 from .side_effects import MUTABLE, SideEffects
+from .tensor_writes import TensorWrites
 from .graph import GraphBuilder
 from .source import FunctionSource, NoSourceError, function_source
-from .values import (UNKNOWN, GeneratorCall, LocalFunction, SymInt, TensorVar, Unknown, ValueSources,
-                     contains_tensor)
+from .values import UNKNOWN, GeneratorCall, LocalFunction, SymInt, Unknown, ValueSources, contains_tensor
 from .frames import AbstractKwargs, BreakSignal, Return, Scope, is_generator
 from .statements import Statements
 from .expressions import Expressions
@@ -61,10 +61,9 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
         self.g = builder
         # where the concrete and abstract domains differ (domains.py); `abstract` for the walk's
         # own differences (statements.py walks on past a break and down both arms of a branch)
-        self.domain = Abstract() if abstract else Concrete(sources)
+        self.domain = Abstract(on_break) if abstract else Concrete(sources)
         self.abstract = abstract
         self.sources = sources          # capture.Sources (concrete): guards and constants
-        self.on_break = on_break        # abstract domain: called with each GraphBreak
         self.dynamic = {} if dynamic is None else dynamic  # source expr -> set of dynamic dims (the runtime's)
         # stack of (device_type, dtype) of active autocast: one entered around the call too
         self.autocast: list = [(d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")
@@ -73,12 +72,9 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
         self.with_expr = None  # the context expression of the `with` being entered (builtins.py)
         self.deriving_views = False  # Tensors.rebind derives the views of a written tensor again
         self.value_sources = ValueSources()   # object -> source expression
-        self.mutated_inputs: dict[str, TensorVar] = {}  # input source -> its latest value
-        self._newer: dict[int, tuple] = {}  # id(TensorVar) -> (it, its value after an in-place op)
+        self.tensor_writes = TensorWrites()  # in-place writes: inputs written, values replaced
         self.in_try = 0  # how many captured `try` bodies the evaluation is in (raise is captured there)
         self.effects = SideEffects(sources)  # containers from outside are modelled, mutations replayed
-        self.uncertain: list[str] = []  # abstract: files of the arms of unknown branches being walked
-        self.foreign = False  # abstract: a ForeignData was made (NumPy's data may reach torch)
         self.files: set[str] = set()  # of every function run here: what a kept capture was made from
         # what capture took as constants of the process without a guard, for a capture kept across
         # processes (runtime/capture_cache.py): (module name, attribute) -> the value read (checked

@@ -39,7 +39,7 @@ class Expressions:
         m = getattr(self, "_ex_" + type(e).__name__, None)
         if m is None:
             self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"`{type(e).__name__}` expression")
-        v = self.latest(m(e, scope))
+        v = self.tensor_writes.latest(m(e, scope))
         scope.completed[id(e)] = (e, v)
         return v
 
@@ -196,8 +196,7 @@ class Expressions:
     def binop(self, op, a, b, e, scope):
         fn = C.BINOPS[op]
         if isinstance(a, TensorVar) or isinstance(b, TensorVar):
-            if self.foreign:
-                self.foreign_reaches_torch([a, b])
+            self.domain.torch_receives([a, b])
             return self.op(fn, [a, b], {}, e, scope)
         if isinstance(a, (Unknown, AbstractSeq)) or isinstance(b, (Unknown, AbstractSeq)):
             return ForeignData.merge(a, b) or UNKNOWN

@@ -181,7 +181,7 @@ class TensorMethodKind(Kind):
     """`t.add` read off a tensor of the graph, not called yet."""
 
     def call(self, ev, fn, args, kwargs, e, scope):
-        _torch_receives(ev, args, kwargs)
+        ev.domain.torch_receives([args, kwargs])
         return ev.tensor_method(fn.t, fn.name, args, kwargs, e, scope)
 
 
@@ -314,7 +314,7 @@ class TorchFunction(Kind):
     graph. torch's own Python on plain values is code like the user's, inlined."""
 
     def call(self, ev, fn, args, kwargs, e, scope):
-        _torch_receives(ev, args, kwargs)
+        ev.domain.torch_receives([args, kwargs])
         plain = not contains_tensor([args, kwargs])
         if not ev.domain.runs_python and plain and isinstance(fn, (types.FunctionType, types.MethodType)):
             # the editor does not walk torch's own Python on plain values (`torch.compile`
@@ -474,7 +474,7 @@ class Class(Kind):
             return ev.new_object(cls, args, kwargs, e, scope)
         if cls.__module__.startswith("torch") and not contains_tensor([args, kwargs]):
             # torch objects (Size, dtype, device, a module without parameters) from constants
-            _torch_receives(ev, args, kwargs)
+            ev.domain.torch_receives([args, kwargs])
             if any(isinstance(v, Unknown) for v in leaves([args, kwargs])):
                 return ev.abstract_torch_object(cls, e, scope)
             r = cls(*args, **kwargs)
@@ -575,12 +575,6 @@ def _c_method_self(fn, args):
     if isinstance(fn, (types.MethodWrapperType, types.BuiltinMethodType)):
         return fn.__self__
     return args[0] if args else None
-
-
-def _torch_receives(ev, args, kwargs):
-    """Abstract domain: NumPy's data reaching torch claims the breaks of the calls that made it."""
-    if ev.foreign:
-        ev.foreign_reaches_torch([args, kwargs])
 
 
 def _name(fn) -> str:

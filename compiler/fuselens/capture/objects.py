@@ -24,7 +24,7 @@ from . import side_effects as S
 from .guards import SRC
 from .side_effects import MUTABLE
 from .source import NoSourceError, function_source
-from .values import (NUMPY_SCALARS, UNKNOWN, BoundUserMethod, ForeignData, LocalFunction, SymInt, TensorVar,
+from .values import (NUMPY_SCALARS, UNKNOWN, BoundUserMethod, LocalFunction, SymInt, TensorVar,
                      Unknown, contains_tensor, leaves)
 from .frames import AbstractSeq, BreakSignal
 from .statements import MAX_UNROLL
@@ -221,13 +221,6 @@ class Objects:
             return
         self.effects.touch(obj)
         setter(obj, attr, v)
-
-    def foreign_reaches_torch(self, values):
-        """Abstract domain: NumPy's data (ForeignData) among `values` reaches torch: the breaks
-        of the calls that made it are claimed."""
-        for v in leaves(values):
-            for b in (v.breaks if isinstance(v, ForeignData) else ()):
-                self.on_break(b)
 
     def abstract_torch_object(self, cls, e, scope):
         """Abstract domain: a torch class made from arguments the editor does not know. A module

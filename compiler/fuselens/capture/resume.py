@@ -65,11 +65,6 @@ def _position(node) -> tuple:
     return node.lineno, node.col_offset, node.end_lineno, node.end_col_offset
 
 
-def _compiled_callee():
-    from ..runtime.compiled import compiled_callee  # the runtime imports capture: not at import time
-    return compiled_callee
-
-
 # ------------------------------------------------------------------------------------ names
 def loaded_names(nodes) -> set:
     out = set()
@@ -251,8 +246,9 @@ class Writer:
     """Generates the transformed function for one break."""
 
     def __init__(self, fs0: FunctionSource, sources, mutated, resume_prefix: str, effects=None,
-                 latest=lambda v: v, value_sources=None):
+                 latest=lambda v: v, value_sources=None, compile_callee=None):
         self.fs0 = fs0
+        self.compile_callee = compile_callee  # (capture.capture's)
         self.sources = sources
         self.mat = Materializer(sources, mutated, effects, latest, value_sources)
         self.resumes: list[Resume] = []
@@ -581,11 +577,12 @@ class Writer:
     def compiling_calls(self, s, sig: BreakSignal):
         """Statement `s`, which Python runs whole, with each call that led to the break
         (`sig.compile_calls`) going to its callee compiled on its own: the callee's code before
-        and after its break still runs in graphs."""
+        and after its break still runs in graphs. Without `compile_callee` (a capture not made
+        for the runtime) the statement runs as written."""
         where = {_position(c) for c in sig.compile_calls}
-        if not where:
+        if not where or self.compile_callee is None:
             return s
-        wrap = self.sources.constant(_compiled_callee(), "compiled")
+        wrap = self.sources.constant(self.compile_callee, "compiled")
 
         class Rewrite(ast.NodeTransformer):
             def visit_Call(self, node):

@@ -66,7 +66,7 @@ class Statements:
 
     def _abstract_continue(self, b: BreakSignal, s, scope):
         """Abstract domain: report the break; names the statement assigns become unknown."""
-        self.on_break(b.brk)
+        self.domain.on_break(b.brk)
         if isinstance(s, (ast.If, ast.While)) and b.cond is not None:
             # both arms (and the loop body) are analysed like any code
             self._exec_abstract_arms(s, scope, dict(scope.vars))
@@ -77,7 +77,7 @@ class Statements:
     def _exec_abstract_arms(self, s, scope, saved):
         arms = [s.body, s.orelse] if isinstance(s, ast.If) else [s.body, []]
         results = []
-        self.uncertain.append(scope.fs.filename)
+        self.domain.uncertain.append(scope.fs.filename)
         try:
             for arm in arms:
                 scope.vars = dict(saved)
@@ -89,7 +89,7 @@ class Statements:
                     pass
                 results.append(scope.vars)
         finally:
-            self.uncertain.pop()
+            self.domain.uncertain.pop()
         if not results:
             raise PathEnd()
         scope.vars = _join(results)
@@ -100,16 +100,13 @@ class Statements:
         while s is not None:
             chain.append((s, dict(s.vars)))
             s = s.parent if s.parent is not None else s.enclosing
-        return (last, chain, self.g.n_ops,
-                dict(self.mutated_inputs), dict(self._newer), self.effects.mark())
+        return last, chain, self.g.n_ops, self.tensor_writes.mark(), self.effects.mark()
 
     def _rollback(self, scope, mark):
-        last, chain, n_ops, mutated, newer, effects = mark
+        last, chain, n_ops, tensor_writes, effects = mark
         self.effects.rollback(effects)  # the statement makes its own mutations in Python
         # in-place ops of the rolled-back statement did not happen (their nodes are erased)
-        self.mutated_inputs.clear()
-        self.mutated_inputs.update(mutated)
-        self._newer = newer
+        self.tensor_writes.rollback(tensor_writes)
         for n in reversed(list(self.g.graph.nodes)):
             if n is last:
                 break
@@ -252,7 +249,7 @@ class Statements:
             self.brk(B.UNROLLABLE_LOOP, s.iter, scope,
                      detail=f"{len(items)} iterations (limit {MAX_UNROLL})", whole_stmt=True)
         for i, item in enumerate(items):
-            self.assign(s.target, self.latest(item), scope)
+            self.assign(s.target, self.tensor_writes.latest(item), scope)
             try:
                 self.exec_block(s.body, scope, ("for", s), extra=items[i + 1:])
             except LoopBreak:

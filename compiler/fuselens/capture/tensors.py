@@ -270,7 +270,7 @@ class Tensors:
             self.brk(B.UNSUPPORTED_OP, e, scope, whole_stmt=True,
                      detail=f"`{name_of(fn)}` writes into an argument and returns a new tensor")
         fresh = iter(fresh)
-        results = [self.latest(tvs[k]) if k is not None else next(fresh) for k in eff.returns_arg]
+        results = [self.tensor_writes.latest(tvs[k]) if k is not None else next(fresh) for k in eff.returns_arg]
         if isinstance(eff.result, torch.Tensor):
             return results[0]
         if isinstance(eff.result, (tuple, list)) and len(results) == len(eff.result):
@@ -417,20 +417,11 @@ class Tensors:
     def _replace(self, old, new, scope):
         if new is old:  # the functional form gave its input back (`conj_physical` of a real tensor)
             return
-        if old.source is not None:
-            new.source = None
-            self.mutated_inputs[old.source] = new
         s = scope
         while s is not None:
             _replace_in(s.vars, old, new)
             s = s.parent if s.parent is not None else s.enclosing
-        for k, v in list(self.mutated_inputs.items()):
-            if v is old:
-                self.mutated_inputs[k] = new
-            if self.mutated_inputs[k] is new and new.node is not None:
-                # where a run of the graph that raises has got to in writing input k (runtime/backend.py)
-                new.node.meta["input_value"] = k
-        self._newer[id(old)] = (old, new)
+        self.tensor_writes.replaced(old, new)
 
     def live_views(self, root, scope, also=None) -> list:
         """TensorVars in live frames (and `also`) that view `root` (directly or through other
@@ -451,7 +442,7 @@ class Tensors:
         s = scope
         while s is not None:
             for v in s.vars.values():
-                visit(self.latest(v))
+                visit(self.tensor_writes.latest(v))
             s = s.parent if s.parent is not None else s.enclosing
 
         def depth(v):
@@ -460,13 +451,6 @@ class Tensors:
                 v, d = v.view_of[0], d + 1
             return d
         return sorted(found.values(), key=depth)
-
-    def latest(self, v):
-        """A tensor's value after the in-place ops on it: references outside the frames'
-        variables (the items of a loop, nested containers) still hold the old TensorVar."""
-        while isinstance(v, TensorVar) and id(v) in self._newer:
-            v = self._newer[id(v)][1]
-        return v
 
 
 class TensorMethod:

@@ -3,12 +3,8 @@
 A kernel's source is written to a cache directory and imported, because Triton's code generator
 reads the source of the functions it compiles. Modules are shared by source text, so graphs
 specialized for new sizes reuse kernels already compiled. On a GPU, cuda.py compiles (Triton's
-stages, fuselens's cubin cache) and launches (CUDA driver API) them.
-
-FUSELENS_INTERPRET=1 runs every kernel in Triton's interpreter (CPU tensors included). Triton
-decides interpreted vs compiled for its own library functions (`tl.rand`, ...) when it is first
-imported, so this module sets TRITON_INTERPRET=1 before anything imports triton; importing
-triton yourself earlier in that process requires TRITON_INTERPRET=1 to be set already.
+stages, fuselens's cubin cache) and launches (CUDA driver API) them. FUSELENS_INTERPRET=1
+(settings.INTERPRET) runs every kernel in Triton's interpreter (CPU tensors included).
 """
 from __future__ import annotations
 
@@ -20,15 +16,14 @@ import json
 import os
 import re
 import sys
-import tempfile
 import threading
 import time
 
 import numpy as np
 
-INTERPRET = os.environ.get("FUSELENS_INTERPRET", "") not in ("", "0")
-if INTERPRET:
-    os.environ["TRITON_INTERPRET"] = "1"
+from .. import settings, stats
+from ..ops.primitives import PRIMITIVES
+from . import cuda
 
 _modules: dict = {}
 _lock = threading.RLock()
@@ -38,15 +33,9 @@ def check_interpreter():
     """Raise if triton was imported before TRITON_INTERPRET=1 was set: its library functions
     (tl.sum, tl.rand, ...) would then refuse to run in the interpreter."""
     import triton.language as tl
-    if INTERPRET and type(tl.standard.sigmoid).__name__ != "InterpretedFunction":
+    if settings.INTERPRET and type(tl.standard.sigmoid).__name__ != "InterpretedFunction":
         raise RuntimeError("FUSELENS_INTERPRET=1 needs TRITON_INTERPRET=1 set before triton is first imported "
                            "(set both in the environment)")
-
-
-def cache_dir():
-    path = os.environ.get("FUSELENS_CACHE_DIR") or os.path.join(tempfile.gettempdir(), f"fuselens-{os.getuid()}")
-    os.makedirs(path, exist_ok=True)
-    return path
 
 
 # a primitive's kernel line that is one call of a Triton function on its operands: `tl.exp({0})`,
@@ -62,7 +51,6 @@ def _primitive_functions():
     that primitive's torch function}. tl.where is left to Triton: codegen's masks call it too,
     and a selection is exact in any implementation."""
     import torch
-    from ..ops.primitives import PRIMITIVES
     out = {}
     for p in PRIMITIVES.values():
         for dtype in (torch.float32, torch.bfloat16, torch.float64):  # spellings may differ by dtype
@@ -256,7 +244,7 @@ def load_module(source: str):
     with _lock:
         if key in _modules:
             return _modules[key]
-        path = os.path.join(cache_dir(), f"k{key}.py")
+        path = os.path.join(settings.cache_dir(), f"k{key}.py")
         if not os.path.exists(path):
             tmp = f"{path}.{os.getpid()}.tmp"
             with open(tmp, "w") as f:
@@ -267,7 +255,7 @@ def load_module(source: str):
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
-        if INTERPRET:
+        if settings.INTERPRET:
             module.libdevice = _InterpretedLibdevice()
             for helper, torch_fn in _primitive_functions().items():  # the kernel's own helpers
                 if hasattr(module, helper):
@@ -470,10 +458,11 @@ class TritonKernel:
         key = (str(device), xnumel, rnumel)
         config = self.best.get(key)
         if config is None:
-            candidates = configs(self.mode, xnumel, rnumel or 1, INTERPRET, self.max_autotune, xchunk, self.itemsize)
+            candidates = configs(self.mode, xnumel, rnumel or 1, settings.INTERPRET, self.max_autotune, xchunk,
+                                 self.itemsize)
             config = candidates[0] if len(candidates) == 1 else self.tuned(args, sizes, candidates)
             self.best[key] = config
-        if INTERPRET:
+        if settings.INTERPRET:
             with np.errstate(all="ignore"):  # the interpreter computes masked-off lanes too (x/0 is harmless)
                 self.fn[(grid0(self.mode, sizes, config),)](*args, *sizes, **config.kwargs())
             return
@@ -485,7 +474,6 @@ class TritonKernel:
 
     def specialize(self, args, sizes, config):
         """(Triton's specialization of these arguments, the key of their launch function)."""
-        from . import cuda
         spec = cuda.specialize(self.params, args, sizes, config)
         scalars = tuple(a for a, p in zip(args, self.params) if isinstance(a, int) and not p.do_not_specialize)
         return spec, (config, torch_cuda_device(), sizes, tuple(spec[0].values()), tuple(spec[2]), scalars)
@@ -497,7 +485,8 @@ class TritonKernel:
         the seed (any int) and the size arguments; `device`: a CUDA device's index."""
         args = [_Aligned(d) for d in dtypes] + list(scalars)
         xnumel, rnumel, xchunk = (tuple(sizes) + (None, None))[:3]
-        candidates = configs(self.mode, xnumel, rnumel or 1, INTERPRET, self.max_autotune, xchunk, self.itemsize)
+        candidates = configs(self.mode, xnumel, rnumel or 1, settings.INTERPRET, self.max_autotune, xchunk,
+                             self.itemsize)
         if len(candidates) > 1:
             chosen = remembered_choice(self.choice_key(tuple(sizes), candidates, device))
             candidates = [chosen] if chosen else candidates
@@ -507,7 +496,7 @@ class TritonKernel:
         """cubin_job()s for expected_launches on `device` (a torch.device): compiled together,
         before the first call (one program's kernels would otherwise compile one after another as
         the wrapper reaches them). No jobs where nothing is compiled (the interpreter, a CPU)."""
-        if INTERPRET or device.type != "cuda" or not sizes[0]:
+        if settings.INTERPRET or device.type != "cuda" or not sizes[0]:
             return []
         index = device.index if device.index is not None else torch_cuda_device()
         return [cubin_job(self.compiled_source, self.compiled_name, self.specialize(args, sz, c)[0], c, index)
@@ -515,7 +504,6 @@ class TritonKernel:
 
     def launch_for(self, args, sizes, config):
         """The launch function for these arguments and config (compiled, or read from the cache, on a miss)."""
-        from . import cuda
         spec, key = self.specialize(args, sizes, config)
         launch = self._launches.get(key)
         if launch is None:
@@ -531,7 +519,6 @@ class TritonKernel:
         the GPU's model and Triton's version (its codegen)."""
         import torch
         import triton
-        from . import cuda
         text = repr((cuda._digest(self.compiled_source), self.compiled_name, self.mode, tuple(sizes), candidates,
                      torch.cuda.get_device_name(device), triton.__version__))
         return hashlib.sha256(text.encode()).hexdigest()[:32]
@@ -597,7 +584,7 @@ _choices: dict = {}
 
 
 def _choice_path(key):
-    return os.path.join(cache_dir(), "autotune", key + ".json")
+    return os.path.join(settings.cache_dir(), "autotune", key + ".json")
 
 
 def remembered_choice(key) -> Config | None:
@@ -660,13 +647,12 @@ _binaries: dict = {}  # cubin cache key -> {device: cuda.Binary}, shared by kern
 
 
 def cubin_dir():
-    return os.path.join(cache_dir(), "cubin")
+    return os.path.join(settings.cache_dir(), "cubin")
 
 
 def cubin_job(source, name, spec, config, device):
     """(cache key, what compile_job compiles: plain data, so a worker process can) for this
     specialization and config."""
-    from . import cuda
     import torch
     major, minor = torch.cuda.get_device_capability(device)
     arch = major * 10 + minor
@@ -675,7 +661,6 @@ def cubin_job(source, name, spec, config, device):
 
 def compile_job(job):
     """(cubin, metadata) of a cubin_job's second part, by Triton's stages."""
-    from . import cuda
     source, name, spec, num_warps, arch = job
     return cuda.compile_cubin(getattr(load_module(source), name), *spec, num_warps, arch)
 
@@ -683,8 +668,6 @@ def compile_job(job):
 def load_binary(source, name, spec, config, device):
     """The kernel compiled for this specialization and config, loaded on `device`: from memory,
     from fuselens's cubin cache, or compiled by Triton's stages (timed as Triton's part)."""
-    from . import cuda
-    from ..runtime import stats
     key, job = cubin_job(source, name, spec, config, device)
     loaded = _binaries.setdefault(key, {})
     if device not in loaded:
@@ -726,7 +709,6 @@ os.register_at_fork(before=lambda: _lock.acquire(), after_in_parent=lambda: _loc
 
 
 def _compile_into_cache(directory, key, job, env):
-    from . import cuda
     os.environ.update(env)  # Triton's settings as they were when the key was made
     cuda.cached_cubin(directory, key, lambda: compile_job(job))
     return os.getpid()
@@ -795,7 +777,6 @@ def compile_concurrently(jobs):
     """Compile the cubins of `jobs` (from cubin_job) concurrently, into the cache, and wait for them:
     autotuning then pays about one compile instead of one per candidate, and a program's first call
     none of its kernels' compiles."""
-    from ..runtime import stats
     futures = start_compiles(jobs)
     if futures:
         deadline = time.monotonic() + WORKER_TIMEOUT
@@ -812,8 +793,7 @@ def supports_pdl(device) -> bool:
     built after it is set (a graph's first call, a new input layout). Needs a
     CUDA 12.3 driver or later (CUDA graphs record such launches from 12.3 on: reduce-overhead)."""
     import torch
-    from . import cuda
-    return (not INTERPRET and device.type == "cuda" and os.environ.get("FUSELENS_PDL", "1") != "0"
+    return (not settings.INTERPRET and device.type == "cuda" and os.environ.get("FUSELENS_PDL", "1") != "0"
             and torch.cuda.get_device_capability(device)[0] >= 9 and cuda.driver_version() >= 12030)
 
 

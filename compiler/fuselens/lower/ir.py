@@ -7,8 +7,9 @@ something needs memory: a graph output, an extern call, or an expression grown t
 
 Index expressions are sympy expressions over per-dimension loop variables (`x0`, `r1`, ...) and
 size symbols (`SizeVars`), so kernels take sizes as arguments (indexing.py keeps them small).
-Loop bodies call the *ops handler* (`ops()`), which is the analysis recorder in schedule/ and the
-Triton emitter in codegen/; a handler has `sizevars`, and `ranges` (loop variable -> extent).
+Loop bodies call the *ops handler* (`ops()`): an `OpsHandler`, declared below and implemented by
+`ReadRecorder` (below: lowering and the scheduler see which elements a body loads) and the Triton
+kernel writer (codegen/).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import contextlib
 import math
 import threading
 from dataclasses import dataclass, field
+from typing import Callable, ContextManager, Protocol
 
 import sympy
 import torch
@@ -60,6 +62,47 @@ def contiguous_strides(shape):
 
 
 # --- the ops handler ------------------------------------------------------------------------------
+class IndexEnv(Protocol):
+    """What index simplification (indexing.py) asks of the code evaluating a loop body."""
+    sizevars: SizeVars
+    ranges: dict  # loop variable -> its extent
+
+
+class OpsHandler(IndexEnv, Protocol):
+    """What a loop body calls, through `ops()`, to compute an element: the one interface between the
+    loop IR and what reads it. Each code generator implements it (the Triton kernel writer,
+    codegen/triton_expressions.py), and so do the analyses that run bodies (schedule/fusion.py's
+    ReadRecorder: which elements a body loads; codegen/triton_reductions.py's _Tree: two bodies
+    computing one value). Values are the handler's own (a Triton variable, a tree, nothing): a body
+    passes them back in, never looks inside."""
+
+    def at(self, loc) -> ContextManager:
+        """Operations inside are on behalf of the source location `loc` (file, line, ...)."""
+
+    def load(self, buf: Buffer, index):
+        """The element of `buf` at flat `index` (a sympy expression over loop variables and sizes)."""
+
+    def constant(self, value, dtype: torch.dtype):
+        """A Python number as a value of `dtype`."""
+
+    def pointwise(self, p, vals: list, out_dtype: torch.dtype):
+        """Pointwise primitive `p` (ops/primitives.py) of `vals`: its spelling for this target."""
+
+    def to_dtype(self, v, dtype: torch.dtype):
+        """`v` converted to `dtype` as torch converts."""
+
+    def masked(self, conds: list, body: Callable, other, dtype: torch.dtype):
+        """`body()` where all `conds` (sympy relations of the index) hold, its loads masked by them;
+        `other` (a value, or a Python number of `dtype`) elsewhere."""
+
+    def index_value(self, e, dtype: torch.dtype):
+        """The value of index expression `e` as a `dtype` (iota)."""
+
+    def random(self, kind: str, stream: int, flat):
+        """Philox random numbers, `kind` "rand" or "randn", of the graph's seed and `stream`, at
+        element `flat`."""
+
+
 _local = threading.local()  # graphs may be compiled on several threads at once
 
 
@@ -76,6 +119,52 @@ def use_handler(handler):
         yield handler
     finally:
         _local.handlers.pop()
+
+
+# --- loop variables, and the handler that records a body's loads --------------------------------
+def loop_vars(shape, red_dims):
+    return [sympy.Integer(0) if s == 1 else
+            sympy.Symbol(f"{'r' if d in red_dims else 'x'}{d}", integer=True, nonnegative=True)
+            for d, s in enumerate(shape)]
+
+
+def loop_ranges(shape, red_dims):
+    """Each loop variable of a domain -> its extent (what index simplification may assume)."""
+    return {v: s for v, s in zip(loop_vars(shape, red_dims), shape) if isinstance(v, sympy.Symbol)}
+
+
+class ReadRecorder(OpsHandler):
+    """Ops handler that runs a loop body only to see which buffer elements it loads (its values
+    are None)."""
+
+    def __init__(self, sizevars, ranges):
+        self.sizevars = sizevars
+        self.ranges = ranges
+        self.reads = []
+
+    def at(self, loc):
+        return contextlib.nullcontext()
+
+    def load(self, buf, index):
+        self.reads.append((buf, sympy.expand(index)))
+
+    def masked(self, conds, body, other, dtype):
+        body()
+
+    def constant(self, value, dtype):
+        pass
+
+    def pointwise(self, p, vals, out_dtype):
+        pass
+
+    def to_dtype(self, v, dtype):
+        pass
+
+    def index_value(self, e, dtype):
+        pass
+
+    def random(self, kind, stream, flat):
+        pass
 
 
 # --- buffers --------------------------------------------------------------------------------------

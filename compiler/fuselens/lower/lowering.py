@@ -10,9 +10,12 @@ import torch.fx as fx
 from torch.fx.node import map_aggregate
 
 from ..ops import primitives as prim
-from .indexing import floor_div, mod_index, reshape_index
-from .ir import (ComputedBuffer, ExternBuffer, ExternCall, InputBuffer, Lazy, LoweredGraph, SizeVars, TensorValue,
-                 View, buffer_view, compute_dtype, contiguous_strides, ops, use_handler)
+from ..ops.contract import verify
+from .contract import check_lowered
+from .indexing import reshape_index
+from .ir import (ComputedBuffer, ExternBuffer, ExternCall, InputBuffer, Lazy, LoweredGraph, ReadRecorder, SizeVars,
+                 TensorValue, View, buffer_view, compute_dtype, contiguous_strides, loop_ranges, loop_vars, ops,
+                 use_handler)
 
 # A lazy value that inlines more operations than this is stored instead of recomputed in every
 # consumer (it also bounds the work of re-walking deep expression chains).
@@ -46,20 +49,47 @@ RECOMPUTE_MIN = 1 << 22
 # (_column_order). Not in float64 (eager's stays NCHW). Elsewhere eager's layouts
 # (FUSELENS_CONV_LAYOUT=channels_last|eager decides instead).
 CHANNELS_LAST = [0, 2, 3, 1]
-# externs whose results' layouts follow their operands' and whose meta run (the primitive on meta
-# tensors) gives the layout the device's kernel returns (a convolution's through
-# prim.conv2d_result_layout, attention's through prim.sdpa_meta): predicted again for operands
-# stored otherwise than traced
-RELAYOUT = (prim.conv2d, prim.conv2d_backward, prim.sdpa)
+
+
+def _meta_result(p, corrected=None):
+    """The result of extern `p` for meta operands: its meta run (`corrected(result, *args)` where
+    the meta kernel's layout is not the device kernel's), None where it has no meta kernel."""
+    def result(device, *args, **kwargs):
+        try:
+            val = p.impl(*args, **kwargs)
+        except Exception:  # no meta kernel: the result is checked against the traced layout at run time
+            return None
+        return val if corrected is None else corrected(val, *args)
+    return result
+
+
+# externs whose results' layouts follow their operands', predicted again for operands stored
+# otherwise than traced: extern -> `result(device, *meta args, **meta kwargs)`, the layout the
+# device's kernel returns (None: as traced)
+RELAYOUT = {
+    prim.conv2d: _meta_result(prim.conv2d, lambda out, x, weight, *_: prim.conv2d_result_layout(out, x, weight)),
+    prim.conv2d_backward: _meta_result(prim.conv2d_backward),
+    # the kernel torch picks for these layouts (meta's math path returns another)
+    prim.sdpa: lambda device, *args, **kwargs: prim.sdpa_meta(*args, **kwargs, device=device),
+}
 # how many leading operands a convolution takes channels-last: (grad,) x, weight
 _CONV_OPERANDS = {prim.conv2d: 2, prim.conv2d_backward: 3}
 
 
-def _broadcast(x: Lazy) -> bool:
-    """`x` has more elements than any buffer it reads (GQA's keys repeated per head): stored as it is
-    reshaped, it joins the kernel of its reshaped neighbours rather than a kernel of its own."""
-    numel = math.prod(x.shape)
-    return not isinstance(numel, int) or max((n for _, n in x.reads), default=0) < numel
+# Lowering rules by primitive: `rule(ctx, node, args, kwargs)` -> the node's value, `ctx` the
+# Lowering, `args` and `kwargs` its operands lowered (lower/rules.py says more). A primitive without
+# one is lowered by its kind (`Lowering.lower_<kind>`): pointwise by its spelling for the kernel's
+# target, a reduction by its combine, an extern as a call of its `impl`, random numbers by philox.
+LOWERINGS: dict = {}
+
+
+def lowering(*prims):
+    """`fn` is the lowering rule of `prims` (LOWERINGS)."""
+    def deco(fn):
+        for p in prims:
+            LOWERINGS[p] = fn
+        return fn
+    return deco
 
 
 def _broadcast_by_users(node: fx.Node, numel) -> bool:
@@ -108,7 +138,7 @@ class _ExternTuple:
         self.val = val  # its items' meta values where not as traced (Lowering._result_layout)
 
 
-class _Items:
+class Items:
     """A tuple-valued primitive lowered to values, not to an extern call: its items."""
     def __init__(self, items):
         self.items = items
@@ -292,7 +322,7 @@ class Lowering:
             elif node.op == "call_function":
                 args = map_aggregate(node.args, self.operand)
                 kwargs = map_aggregate(dict(node.kwargs), self.operand)
-                self.env[node] = getattr(self, f"lower_{node.target.kind}")(node, node.target, args, kwargs)
+                self.env[node] = self.lower(node, node.target, args, kwargs)
             elif node.op == "output":
                 for i, o in enumerate(node.args[0]):
                     v = self.env[o] if isinstance(o, fx.Node) else o
@@ -308,20 +338,24 @@ class Lowering:
                     outputs.append(self.realize(v, layout) if isinstance(v, TensorValue) else v)
         return LoweredGraph(inputs, self.steps, outputs, self.sv, self.device, has_seed=None in inputs)
 
+    def lower(self, node, p, args, kwargs):
+        """The value of `node`, a call of primitive `p`: by its rule (LOWERINGS), else by its kind."""
+        rule = LOWERINGS.get(p)
+        if rule is not None:
+            return rule(self, node, args, kwargs)
+        by_kind = getattr(self, f"lower_{p.kind}", None)
+        if by_kind is None:
+            raise NotImplementedError(f"no lowering for {p} (a {p.kind}): register one in lower/rules.py")
+        return by_kind(node, p, args, kwargs)
+
     # --- pointwise --------------------------------------------------------------------------------
-    def lower_pointwise(self, node, p, args, kwargs):
+    def lower_pointwise(self, node, p, args, kwargs, compute=None, scalars_like=None):
+        """A pointwise primitive's lazy value: each element `p`'s spelling of the operands' elements
+        (or `compute(values)`); Python scalars among `args` as values of the first tensor's dtype
+        among `scalars_like` (default: `args`), in compute precision where `p` takes them so."""
         val = node.meta["val"]
         shape, dtype, loc = tuple(val.shape), val.dtype, node.meta.get("loc")
-        if p is prim.slice_backward:
-            return self._lazy(shape, dtype, loc, self._slice_backward_fn(dtype, *args), args)
-        if p is prim.cat:
-            return self._lazy(shape, dtype, loc, self._cat_fn(shape, dtype, *args), args[0])
-        if p in (prim.stop_gradient, prim.with_vjp):
-            # autograd is done before lowering: here a detach is its input (as in eager, which
-            # aliases it), not a kernel copying an extern's result before the next extern reads it
-            return args[0]
-        operands = args[1:] if p is prim.where else args
-        tensor_dtypes = [a.dtype for a in operands if isinstance(a, TensorValue)]
+        tensor_dtypes = [a.dtype for a in (args if scalars_like is None else scalars_like) if isinstance(a, TensorValue)]
         const_dtype = tensor_dtypes[0] if tensor_dtypes else dtype
         if self.device.type in p.opmath_scalars:
             const_dtype = compute_dtype(const_dtype)
@@ -329,13 +363,11 @@ class Lowering:
         def fn(idx):
             vals = [a.load(broadcast_index(idx, shape, a.shape)) if isinstance(a, TensorValue)
                     else ops().constant(a, const_dtype) for a in args]
-            if p is prim.convert:
-                return ops().to_dtype(vals[0], kwargs["dtype"])
-            return ops().pointwise(p, vals, dtype)
+            return compute(vals) if compute is not None else ops().pointwise(p, vals, dtype)
         # laid out as ATen's TensorIterator does: after its first operand of the full shape (a
         # `where`'s condition included)
         full = [a for a in args if isinstance(a, TensorValue) and tuple(a.shape) == shape]
-        v = self._lazy(shape, dtype, loc, fn, args, order=order_of(full[0]) if full else None, heavy=p.heavy)
+        v = self.lazy(shape, dtype, loc, fn, args, order=order_of(full[0]) if full else None, heavy=p.heavy)
         if not isinstance(v, Lazy):
             return v
         if len(node.users) > 1 and sum(n for _, n in v.reads) >= REALIZE_READS * math.prod(shape) or \
@@ -343,7 +375,9 @@ class Lowering:
             return self.realize(v)
         return v
 
-    def _lazy(self, shape, dtype, loc, fn, inputs, order=None, heavy=False):
+    def lazy(self, shape, dtype, loc, fn, inputs, order=None, heavy=False):
+        """The lazy value `fn(idx)`, its kernel lines located at `loc`, reading `inputs`; stored at
+        once if it inlines more than INLINE_COST_LIMIT operations."""
         def located(idx):  # kernel lines of this op carry its source location
             with ops().at(loc):
                 return fn(idx)
@@ -353,32 +387,13 @@ class Lowering:
                  heavy=heavy or any(a.heavy for a in lazies))
         return self.realize(v) if cost > INLINE_COST_LIMIT else v
 
-    def _slice_backward_fn(self, dtype, src, _shape, dim, start, end, step):
-        def fn(idx):
-            i = idx[dim]
-            conds = [sympy.Ge(i, start), sympy.Lt(i, end)]
-            if step != 1:
-                conds.append(sympy.Eq(mod_index(i - start, step, ops()), 0))
-            src_idx = list(idx)
-            src_idx[dim] = floor_div(i - start, step, ops())
-            return ops().masked(conds, lambda: src.load(src_idx), 0, dtype)
-        return fn
-
-    def _cat_fn(self, shape, dtype, tensors, dim):
-        def fn(idx):
-            i, result, offset = idx[dim], None, 0
-            parts = []
-            for t in tensors:
-                parts.append((t, offset))
-                offset += t.shape[dim]
-            for t, start in reversed(parts):
-                src_idx = list(idx)
-                src_idx[dim] = i - start
-                conds = [sympy.Ge(i, start), sympy.Lt(i, start + t.shape[dim])]
-                result = ops().masked(conds, lambda t=t, src_idx=src_idx: t.load(src_idx),
-                                      result if result is not None else 0, dtype)
-            return result
-        return fn
+    def index_ops(self, x, out_shape):
+        """The operations of the largest index a load of lazy `x` reshaped to `out_shape` makes (the
+        reshape rule reads such a value from memory past INDEX_OPS_LIMIT)."""
+        recorder = ReadRecorder(self.sv, loop_ranges(out_shape, ()))
+        with use_handler(recorder):
+            x.load(reshape_index(loop_vars(out_shape, ()), out_shape, x.shape, recorder))
+        return max((sympy.count_ops(index) for _, index in recorder.reads), default=0)
 
     # --- reductions -------------------------------------------------------------------------------
     def lower_reduction(self, node, p, args, kwargs):
@@ -403,76 +418,6 @@ class Lowering:
         self.steps.append(buf)
         return buffer_view(buf)
 
-    # --- views ------------------------------------------------------------------------------------
-    def lower_view(self, node, p, args, kwargs):
-        x = args[0]
-        out_shape = tuple(node.meta["val"].shape)
-        if p is prim.permute:
-            dims = args[1]
-            if isinstance(x, View):
-                return View(x.buf, out_shape, tuple(x.stride[d] for d in dims), x.offset)
-            inverse = [dims.index(d) for d in range(len(dims))]
-            return Lazy(out_shape, x.dtype, lambda idx: x.load([idx[i] for i in inverse]), x.cost, x.loc,
-                        permute_of=(x, tuple(dims)), reads=x.reads, heavy=x.heavy)
-        if p is prim.expand:
-            if isinstance(x, View):
-                lead = len(out_shape) - len(x.shape)
-                stride = (0,) * lead + tuple(0 if s == 1 and o != 1 else st for s, o, st in
-                                              zip(x.shape, out_shape[lead:], x.stride))
-                return View(x.buf, out_shape, stride, x.offset)
-            return Lazy(out_shape, x.dtype, lambda idx: x.load(broadcast_index(idx, out_shape, x.shape)), x.cost,
-                        x.loc, reads=x.reads, heavy=x.heavy)
-        if p is prim.slice:
-            _, dim, start, end, step = args
-            if isinstance(x, View):
-                stride = list(x.stride)
-                stride[dim] *= step
-                return View(x.buf, out_shape, tuple(stride), x.offset + start * x.stride[dim])
-
-            def fn(idx):
-                src = list(idx)
-                src[dim] = start + step * idx[dim]
-                return x.load(src)
-            return Lazy(out_shape, x.dtype, fn, x.cost, x.loc, reads=x.reads, heavy=x.heavy)
-        if p is prim.reshape:
-            if isinstance(x, Lazy) and self.index_ops(x, out_shape) > INDEX_OPS_LIMIT:
-                x = self.realize(x)
-            if isinstance(x, View):
-                stride = view_strides(x.shape, x.stride, out_shape)
-                if stride is not None:
-                    return View(x.buf, out_shape, stride, x.offset)
-            return Lazy(out_shape, x.dtype, lambda idx: x.load(reshape_index(idx, out_shape, x.shape, ops())),
-                        getattr(x, "cost", 1), getattr(x, "loc", None), reads=reads_of([x]),
-                        reshape_of=x if isinstance(x, Lazy) and not _broadcast(x) else None,
-                        heavy=getattr(x, "heavy", False))
-        raise NotImplementedError(p)
-
-    def index_ops(self, x, out_shape):
-        """The operations of the largest index a load of lazy `x` reshaped to `out_shape` makes."""
-        from ..schedule.fusion import ReadRecorder, loop_ranges, loop_vars  # the scheduler's analysis
-        recorder = ReadRecorder(self.sv, loop_ranges(out_shape, ()))
-        with use_handler(recorder):
-            x.load(reshape_index(loop_vars(out_shape, ()), out_shape, x.shape, recorder))
-        return max((sympy.count_ops(index) for _, index in recorder.reads), default=0)
-
-    # --- sources ----------------------------------------------------------------------------------
-    def lower_source(self, node, p, args, kwargs):
-        val, loc = node.meta["val"], node.meta.get("loc")
-        shape, dtype = tuple(val.shape), val.dtype
-        if p is prim.full:
-            value = args[1]
-
-            def fn(idx):
-                with ops().at(loc):
-                    return ops().constant(value, dtype)
-        else:
-            _, start, step = args
-
-            def fn(idx):
-                with ops().at(loc):
-                    return ops().index_value(start + step * idx[0], dtype)
-        return Lazy(shape, dtype, fn, loc=loc)
-
     def lower_random(self, node, p, args, kwargs):
         val, loc = node.meta["val"], node.meta.get("loc")
         shape, stream = tuple(val.shape), kwargs["stream"]
@@ -489,11 +434,6 @@ class Lowering:
 
     # --- extern calls -----------------------------------------------------------------------------
     def lower_extern(self, node, p, args, kwargs):
-        if p is prim.max_pool2d:
-            return _Items(self._max_pool2d(node, *args))
-        if p is prim.max_pool2d_backward:
-            return self._max_pool2d_backward(node, *args)
-
         def arg(a):
             return self.realize(a) if isinstance(a, TensorValue) else a
         n = _CONV_OPERANDS.get(p)
@@ -522,7 +462,8 @@ class Lowering:
         layout, a broadcast mask stored whole) and `p` is one of RELAYOUT, then what it returns
         for the operands as stored. (Others' results are checked against the traced layout at
         run time.)"""
-        if p not in RELAYOUT:
+        result = RELAYOUT.get(p)
+        if result is None:
             return node.meta["val"]
         traced = [a.meta["val"] for a in (*node.args, *node.kwargs.values()) if isinstance(a, fx.Node)]
         stored = [a for a in (*args, *kwargs.values()) if isinstance(a, View)]
@@ -531,88 +472,12 @@ class Lowering:
 
         def meta(a):
             return torch.empty_strided(a.shape, a.stride, dtype=a.dtype, device="meta") if isinstance(a, View) else a
-        margs, mkwargs = map_aggregate(args, meta), map_aggregate(kwargs, meta)
-        if p is prim.sdpa:  # (the kernel torch picks for these layouts: meta's math path returns another)
-            return prim.sdpa_meta(*margs, **mkwargs, device=self.device)
-        try:
-            val = p.impl(*margs, **mkwargs)
-        except Exception:  # no meta kernel: the result is checked against the traced layout at run time
-            return node.meta["val"]
-        if p is prim.conv2d:
-            val = prim.conv2d_result_layout(val, margs[0], margs[1])
-        return val
-
-    def _max_pool2d(self, node, x, kernel_size, stride, padding, dilation, ceil_mode):
-        """(values, offsets) of max pooling: each output's maximum over the window's elements in
-        bounds, and its position in the window as ATen picks it (the first maximum, a NaN over
-        any number, the last NaN), pointwise values over the output fused with their neighbours
-        (after a ResNet's stem, the BatchNorm-ReLU they read)."""
-        val, offsets_val = node.meta["val"]
-        shape, dtype, loc = tuple(val.shape), val.dtype, node.meta.get("loc")
-        cdtype, odtype = compute_dtype(dtype), offsets_val.dtype
-        kernel_w = kernel_size[1]
-
-        def window(idx):  # (offset, value or -inf, whether in bounds) of each element, in order
-            for k in range(kernel_size[0] * kernel_w):
-                src, conds = list(idx), []
-                for d, kd in ((-2, k // kernel_w), (-1, k % kernel_w)):
-                    src[d] = idx[d] * stride[d] - padding[d] + kd * dilation[d]
-                    conds += [sympy.Ge(src[d], 0), sympy.Lt(src[d], x.shape[d])]
-                yield k, ops().masked(conds, lambda src=src: x.load(src), -math.inf, dtype), conds
-
-        def values(idx):
-            result = None
-            for _, v, _ in window(idx):
-                result = v if result is None else ops().pointwise(prim.maximum, [result, v], dtype)
-            return result
-
-        def offsets(idx):
-            def op(p, *args, dtype=torch.bool):
-                return ops().pointwise(p, list(args), dtype)
-            # ATen's loop: the first element in bounds, then one greater than the best so far or NaN
-            best, offset, found = ops().constant(-math.inf, cdtype), ops().constant(0, odtype), None
-            for k, v, conds in window(idx):
-                valid = ops().masked(conds, lambda: ops().constant(True, torch.bool), False, torch.bool)
-                better = op(prim.logical_or, op(prim.gt, v, best), op(prim.ne, v, v))
-                take = valid if found is None else op(prim.logical_and, valid,
-                                                      op(prim.logical_or, op(prim.logical_not, found), better))
-                offset = op(prim.where, take, ops().constant(k, odtype), offset, dtype=odtype)
-                best = op(prim.where, take, v, best, dtype=cdtype)
-                found = valid if found is None else op(prim.logical_or, found, valid)
-            return offset
-        reads = [x] * (kernel_size[0] * kernel_w)
-        return [self._lazy(shape, dtype, loc, values, reads, order=order_of(x)),
-                self._lazy(shape, odtype, loc, offsets, reads, order=order_of(x))]
-
-    def _max_pool2d_backward(self, node, g, x, offsets, kernel_size, stride, padding, dilation, ceil_mode):
-        """The gradient at each input element: the sum of the gradients of the outputs whose window
-        holds it at their maximum's offset, in ATen's order (outputs by row, then column)."""
-        val = node.meta["val"]
-        shape, dtype, loc = tuple(val.shape), val.dtype, node.meta.get("loc")
-        cdtype, odtype, kernel_w = compute_dtype(dtype), offsets.dtype, kernel_size[1]
-
-        def fn(idx):
-            total = ops().constant(0.0, cdtype)
-            for k in reversed(range(kernel_size[0] * kernel_w)):  # (a later offset: an earlier output)
-                out, conds = list(idx), []
-                for d, kd in ((-2, k // kernel_w), (-1, k % kernel_w)):
-                    start = idx[d] + padding[d] - kd * dilation[d]  # the output's window's first row / column
-                    conds.append(sympy.Ge(start, 0))
-                    if stride[d] != 1:
-                        conds.append(sympy.Eq(mod_index(start, stride[d], ops()), 0))
-                    out[d] = floor_div(start, stride[d], ops())
-                    conds.append(sympy.Lt(out[d], g.shape[d]))
-
-                def term(out=out, k=k):
-                    hit = ops().pointwise(prim.eq, [offsets.load(out), ops().constant(k, odtype)], torch.bool)
-                    return ops().pointwise(prim.where, [hit, g.load(out), ops().constant(0.0, cdtype)], cdtype)
-                total = ops().pointwise(prim.add, [total, ops().masked(conds, term, 0.0, cdtype)], cdtype)
-            return ops().to_dtype(total, dtype)
-        return self._lazy(shape, dtype, loc, fn, [g, offsets] * (kernel_size[0] * kernel_w), order=order_of(x))
+        val = result(self.device, *map_aggregate(args, meta), **map_aggregate(kwargs, meta))
+        return node.meta["val"] if val is None else val
 
     def lower_item(self, node, p, args, kwargs):
         tup, index = args
-        if isinstance(tup, _Items):
+        if isinstance(tup, Items):
             return tup.items[index]
         val = tup.val[index] if tup.val is not None else node.meta["val"]
         buf = ExternBuffer(f"{tup.call.name}_{index}", tuple(val.shape), tuple(val.stride()), val.dtype, call=tup.call,
@@ -626,4 +491,6 @@ def lower_graph(graph: fx.Graph, device, input_vals=None, free_outputs=None) -> 
     from index `free_outputs` on (a training forward's saved values) are stored in their own
     layouts (a value following a channels-last convolution's, say), not the traced ones: static
     sizes only."""
-    return Lowering(graph, device, input_vals, free_outputs).run()
+    lowered = Lowering(graph, device, input_vals, free_outputs).run()
+    verify(check_lowered, lowered)
+    return lowered

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from . import builder as P
 from . import primitives as prim
 from .builder import TVal, emit
-from .decompositions import Unsupported, register
+from .decompositions.registry import Unsupported, register
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 

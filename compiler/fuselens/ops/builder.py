@@ -274,7 +274,7 @@ _BOOL_ARITHMETIC = {prim.add: prim.logical_or, prim.mul: prim.logical_and}
 
 add, sub, mul = _binary(prim.add), _binary(prim.sub), _binary(prim.mul)
 div = _binary(prim.div, float_result=True)
-maximum, minimum = _binary(prim.maximum), _binary(prim.minimum)
+maximum, minimum, hypot = _binary(prim.maximum), _binary(prim.minimum), _binary(prim.hypot)
 eq, ne, lt, le, gt, ge = (_binary(p) for p in (prim.eq, prim.ne, prim.lt, prim.le, prim.gt, prim.ge))
 
 

@@ -1,12 +1,17 @@
 """The primitive op set: each primitive is declared once, with
   - `impl`: a torch function computing it. Run on meta tensors it is the shape/dtype rule; run on
-    real tensors it is the reference (and the extern call for primitives without a Triton lowering).
-  - `vjp`: the vector-Jacobian product rule, written with the same primitives (see autograd/joint.py).
-  - its lowering: `triton` (a format string over operand expressions, or a function of the
-    result's dtype giving one) for pointwise primitives,
-    `reduce` for reductions; primitives with neither are extern calls to `impl`.
-The VJP rules live in vjp.py next to the decompositions, registered onto these objects by name,
-because they are written with the builder's helpers, which themselves emit these primitives.
+    real tensors it is the reference (and the extern call for primitives without a lowering).
+  - `vjp`: the vector-Jacobian product rule, written with the builder's helpers (`P.mul(g, out)`,
+    see autograd/joint.py). A pointwise primitive's is given here, in its declaration; the rules
+    of reductions, views and externs are in vjp.py.
+  - its spelling in kernels: `triton` (a format string over operand expressions, or a function of
+    the result's dtype giving one) for pointwise primitives, `reduce` (the combine) for reductions.
+    Lowering (lower/lowering.py) turns any pointwise primitive into a kernel line with it; the few
+    primitives that need more (views, `cat`, max pooling) have a rule in lower/rules.py, and the
+    rest are extern calls of `impl`. A code generator for another target (C++) adds its spelling
+    beside `triton`.
+Adding a pointwise primitive is one declaration here (impl, spelling, VJP) and the builder's or a
+decomposition's use of it (ops/builder.py, ops/decompositions.py).
 """
 from __future__ import annotations
 
@@ -22,8 +27,8 @@ PRIMITIVES: dict[str, "Primitive"] = {}
 class Primitive:
     """A primitive op. Callable (runs `impl`) so a primitive FX graph also runs eagerly."""
 
-    def __init__(self, name, impl, kind, *, triton=None, reduce=None, fresh_contiguous=False, opmath_scalars=(),
-                 heavy=False):
+    def __init__(self, name, impl, kind, *, triton=None, reduce=None, vjp=None, fresh_contiguous=False,
+                 opmath_scalars=(), heavy=False):
         self.name = name
         self.__name__ = f"prim_{name}"
         self.__qualname__ = self.__name__
@@ -43,7 +48,7 @@ class Primitive:
         # (range reduction, a polynomial): lowering stores a value computed with one rather than
         # compute it again for each element a consumer broadcasts it to (RoPE's cos and sin)
         self.heavy = heavy
-        self.vjp = None
+        self.vjp = vjp
         self.vjp_with_needs = False  # the rule takes `needs` (vjp.rule)
         PRIMITIVES[name] = self
 
@@ -71,18 +76,35 @@ def _in_compute_precision(rule):
     backward kernel it stands for, it rounds once (the joint graph casts each gradient to its
     argument's dtype), where its steps in half precision would each round."""
     def vjp(g, out, *args, **kwargs):
-        from .builder import TVal, cast  # the builder emits these primitives
-
         def upcast(v):
             if isinstance(v, (list, tuple)):
                 return type(v)(upcast(x) for x in v)
-            return cast(v, torch.float32) if isinstance(v, TVal) and v.dtype in (torch.float16, torch.bfloat16) else v
+            return P.cast(v, torch.float32) if isinstance(v, P.TVal) and v.dtype in (torch.float16, torch.bfloat16) \
+                else v
         return rule(upcast(g), upcast(out), *upcast(args), **kwargs)
     return vjp
 
 
-def _pointwise(name, impl, triton, **kwargs):
-    return Primitive(name, impl, "pointwise", triton=triton, **kwargs)
+def _pointwise(name, impl, triton, vjp, **kwargs):
+    return Primitive(name, impl, "pointwise", triton=triton, vjp=vjp, **kwargs)
+
+
+class _Builder:
+    """ops/builder.py, the helpers VJP rules are written with, looked up when a rule runs: the
+    builder emits these primitives, so it imports this module (which cannot import it first)."""
+
+    def __getattr__(self, name):
+        from . import builder
+        return getattr(builder, name)
+
+
+P = _Builder()
+
+
+def no_grad(g, out, *args, **kwargs):
+    """The VJP of a primitive whose result is constant almost everywhere (comparisons, floor) or
+    has no gradient path (detach): no gradient for any argument."""
+    return (None,) * len(args)
 
 
 # --- pointwise: numerics on a GPU ---------------------------------------------------------------
@@ -111,57 +133,97 @@ def _fp32_compute(fp32, other):
 # --- pointwise: unary -------------------------------------------------------------------------
 # a float times -1, not Triton's unary minus: `0 - x` in triton <= 3.6, +0.0 for +0.0 where eager
 # gives -0.0 (an unsigned int cannot be multiplied by -1 in Triton: its minus wraps as torch's)
-neg = _pointwise("neg", torch.neg, lambda dtype: "{0} * -1.0" if dtype.is_floating_point else "-{0}")
-abs = _pointwise("abs", torch.abs, "tl.abs({0})")
-exp = _pointwise("exp", torch.exp, "libdevice.exp({0})")
-exp2 = _pointwise("exp2", torch.exp2, "tl.exp2({0})")
-log = _pointwise("log", torch.log, "tl.log({0})")
-log1p = _pointwise("log1p", torch.log1p, "libdevice.log1p({0})", heavy=True)
-sqrt = _pointwise("sqrt", torch.sqrt, _fp32_compute("tl.sqrt_rn({0})", "tl.sqrt({0})"))
-rsqrt = _pointwise("rsqrt", torch.rsqrt, "tl.rsqrt({0})")
-sin = _pointwise("sin", torch.sin, "tl.sin({0})", heavy=True)
-cos = _pointwise("cos", torch.cos, "tl.cos({0})", heavy=True)
-tanh = _pointwise("tanh", torch.tanh, "libdevice.tanh({0})", heavy=True)
-sigmoid = _pointwise("sigmoid", torch.sigmoid, _fp32_compute("fl_sigmoid({0})", "tl.sigmoid({0})"))
+neg = _pointwise("neg", torch.neg, lambda dtype: "{0} * -1.0" if dtype.is_floating_point else "-{0}",
+                 lambda g, out, x: (P.neg(g),))
+abs = _pointwise("abs", torch.abs, "tl.abs({0})",
+                 lambda g, out, x: (P.where(P.gt(x, 0), g, P.where(P.lt(x, 0), P.neg(g), 0.0)),))
+exp = _pointwise("exp", torch.exp, "libdevice.exp({0})", lambda g, out, x: (P.mul(g, out),))
+exp2 = _pointwise("exp2", torch.exp2, "tl.exp2({0})", lambda g, out, x: (P.mul(g, P.mul(out, math.log(2))),))
+log = _pointwise("log", torch.log, "tl.log({0})", lambda g, out, x: (P.div(g, x),))
+log1p = _pointwise("log1p", torch.log1p, "libdevice.log1p({0})", lambda g, out, x: (P.div(g, P.add(x, 1.0)),),
+                   heavy=True)
+sqrt = _pointwise("sqrt", torch.sqrt, _fp32_compute("tl.sqrt_rn({0})", "tl.sqrt({0})"),
+                  lambda g, out, x: (P.div(P.mul(g, 0.5), out),))
+rsqrt = _pointwise("rsqrt", torch.rsqrt, "tl.rsqrt({0})",
+                   lambda g, out, x: (P.mul(P.mul(g, -0.5), P.mul(out, P.mul(out, out))),))
+sin = _pointwise("sin", torch.sin, "tl.sin({0})", lambda g, out, x: (P.mul(g, P.cos(x)),), heavy=True)
+cos = _pointwise("cos", torch.cos, "tl.cos({0})", lambda g, out, x: (P.neg(P.mul(g, P.sin(x))),), heavy=True)
+tanh = _pointwise("tanh", torch.tanh, "libdevice.tanh({0})", lambda g, out, x: (P.mul(g, P.sub(1.0, P.mul(out, out))),),
+                  heavy=True)
+sigmoid = _pointwise("sigmoid", torch.sigmoid, _fp32_compute("fl_sigmoid({0})", "tl.sigmoid({0})"),
+                     lambda g, out, x: (P.mul(g, P.mul(out, P.sub(1.0, out))),))
 erf = _pointwise("erf", torch.erf, lambda dtype: "fl_erf_f64({0})" if dtype == torch.float32 else "libdevice.erf({0})",
-                 heavy=True)
-floor = _pointwise("floor", torch.floor, "tl.floor({0})")
-ceil = _pointwise("ceil", torch.ceil, "tl.ceil({0})")
-logical_not = _pointwise("logical_not", torch.logical_not, "({0} == 0)")
+                 lambda g, out, x: (P.mul(g, P.mul(2 / math.sqrt(math.pi), P.exp(P.neg(P.mul(x, x))))),), heavy=True)
+floor = _pointwise("floor", torch.floor, "tl.floor({0})", no_grad)
+ceil = _pointwise("ceil", torch.ceil, "tl.ceil({0})", no_grad)
+logical_not = _pointwise("logical_not", torch.logical_not, "({0} == 0)", no_grad)
 # identity; makes a value a fresh contiguous buffer (clone/contiguous)
-copy = _pointwise("copy", torch.clone, "{0}")
+copy = _pointwise("copy", torch.clone, "{0}", lambda g, out, x, memory_format=None: (g,))
 # identity whose VJP is zero (detach)
-stop_gradient = _pointwise("stop_gradient", torch.Tensor.detach, "{0}")
+stop_gradient = _pointwise("stop_gradient", torch.Tensor.detach, "{0}", no_grad)
 # the value of its second operand, the gradient path of its first: a write autograd does not
 # record (effects.unrecorded_write), max/min over a dim (the gradient goes to the index). Never
 # lowered: once the VJPs are built (or none is to be), it is its value (trace.values_only)
-with_value = _pointwise("with_value", lambda t, v: v.expand_as(t).clone(), None)
+with_value = _pointwise("with_value", lambda t, v: v.expand_as(t).clone(), None, lambda g, out, t, v: (g, None))
 # identity whose VJP is `rule(g, *inputs)` (one gradient per input), not the VJP of how the value
 # was computed: a decomposition's closed-form gradient (batch norm's)
-with_vjp = _pointwise("with_vjp", lambda x, inputs, rule: x, "{0}")
+with_vjp = _pointwise("with_vjp", lambda x, inputs, rule: x, "{0}",
+                      lambda g, out, x, inputs, rule: (None, rule(g, *inputs), None))
+
 
 # --- pointwise: binary (operands broadcast; the builder casts them to one dtype first) ----------
-add = _pointwise("add", torch.add, "{0} + {1}", opmath_scalars=("cuda",))
-sub = _pointwise("sub", torch.sub, "{0} - {1}", opmath_scalars=("cuda",))
-mul = _pointwise("mul", torch.mul, "{0} * {1}", opmath_scalars=("cpu", "cuda"))
-# ATen's CUDA kernel divides by a Python scalar as a product with its reciprocal (codegen/triton.py)
-div = _pointwise("div", torch.div, _fp32_compute("tl.div_rn({0}, {1})", "{0} / {1}"), opmath_scalars=("cpu", "cuda"))
+def _pow_vjp(g, out, a, b):
+    ga = P.mul(g, P.mul(b, P.pow(a, P.sub(b, 1)))) if isinstance(a, P.TVal) else None
+    if not isinstance(b, P.TVal):
+        gb = None
+    elif isinstance(a, P.TVal):
+        gb = P.mul(g, P.mul(out, P.where(P.gt(a, 0), P.log(a), 0.0)))
+    else:
+        gb = P.mul(g, P.mul(out, math.log(a) if a > 0 else 0.0))
+    return ga, gb
+
+
+def _extremum_vjp(loses):
+    # as ATen: ties split the gradient evenly, an operand that loses gets none; neither loses
+    # to a NaN, so both get the whole gradient there
+    def fn(g, out, a, b):
+        half = P.mul(g, 0.5)
+        ga = P.where(P.eq(a, b), half, P.where(loses(a, b), 0.0, g))
+        gb = P.where(P.eq(a, b), half, P.where(loses(b, a), 0.0, g))
+        return ga, gb
+    return fn
+
+
+add = _pointwise("add", torch.add, "{0} + {1}", lambda g, out, a, b: (g, g), opmath_scalars=("cuda",))
+sub = _pointwise("sub", torch.sub, "{0} - {1}", lambda g, out, a, b: (g, P.neg(g)), opmath_scalars=("cuda",))
+mul = _pointwise("mul", torch.mul, "{0} * {1}", lambda g, out, a, b: (P.mul(g, b), P.mul(g, a)),
+                 opmath_scalars=("cpu", "cuda"))
+# ATen's CUDA kernel divides by a Python scalar as a product with its reciprocal (codegen/triton_expressions.py)
+div = _pointwise("div", torch.div, _fp32_compute("tl.div_rn({0}, {1})", "{0} / {1}"),
+                 lambda g, out, a, b: (P.div(g, b), P.neg(P.div(P.mul(g, out), b))), opmath_scalars=("cpu", "cuda"))
 pow = _pointwise("pow", torch.pow, lambda dtype: "fl_pow_f64({0}, {1})" if dtype == torch.float32 else "libdevice.pow({0}, {1})",
-                 heavy=True)
-maximum = _pointwise("maximum", torch.maximum, "tl.maximum({0}, {1}, tl.PropagateNan.ALL)")
-minimum = _pointwise("minimum", torch.minimum, "tl.minimum({0}, {1}, tl.PropagateNan.ALL)")
-eq = _pointwise("eq", torch.eq, "{0} == {1}")
-ne = _pointwise("ne", torch.ne, "{0} != {1}")
-lt = _pointwise("lt", torch.lt, "{0} < {1}")
-le = _pointwise("le", torch.le, "{0} <= {1}")
-gt = _pointwise("gt", torch.gt, "{0} > {1}")
-ge = _pointwise("ge", torch.ge, "{0} >= {1}")
-logical_and = _pointwise("logical_and", torch.logical_and, "({0} != 0) & ({1} != 0)")
-logical_or = _pointwise("logical_or", torch.logical_or, "({0} != 0) | ({1} != 0)")
-logical_xor = _pointwise("logical_xor", torch.logical_xor, "({0} != 0) ^ ({1} != 0)")
-where = _pointwise("where", torch.where, "tl.where({0}, {1}, {2})")
+                 _pow_vjp, heavy=True)
+maximum = _pointwise("maximum", torch.maximum, "tl.maximum({0}, {1}, tl.PropagateNan.ALL)",
+                     _extremum_vjp(lambda a, b: P.lt(a, b)))
+minimum = _pointwise("minimum", torch.minimum, "tl.minimum({0}, {1}, tl.PropagateNan.ALL)",
+                     _extremum_vjp(lambda a, b: P.gt(a, b)))
+# sqrt(a² + b²) without overflow; ATen's backward: g·a/out, g·b/out
+hypot = _pointwise("hypot", torch.hypot, "libdevice.hypot({0}, {1})",
+                   lambda g, out, a, b: (P.div(P.mul(g, a), out), P.div(P.mul(g, b), out)))
+eq = _pointwise("eq", torch.eq, "{0} == {1}", no_grad)
+ne = _pointwise("ne", torch.ne, "{0} != {1}", no_grad)
+lt = _pointwise("lt", torch.lt, "{0} < {1}", no_grad)
+le = _pointwise("le", torch.le, "{0} <= {1}", no_grad)
+gt = _pointwise("gt", torch.gt, "{0} > {1}", no_grad)
+ge = _pointwise("ge", torch.ge, "{0} >= {1}", no_grad)
+logical_and = _pointwise("logical_and", torch.logical_and, "({0} != 0) & ({1} != 0)", no_grad)
+logical_or = _pointwise("logical_or", torch.logical_or, "({0} != 0) | ({1} != 0)", no_grad)
+logical_xor = _pointwise("logical_xor", torch.logical_xor, "({0} != 0) ^ ({1} != 0)", no_grad)
+where = _pointwise("where", torch.where, "tl.where({0}, {1}, {2})",
+                   lambda g, out, c, a, b: (None, P.where(c, g, 0.0), P.where(c, 0.0, g)))
 # dtype conversion; lowered by codegen (it knows the Triton type names)
-convert = _pointwise("convert", lambda x, dtype: x.to(dtype), None)
+convert = _pointwise("convert", lambda x, dtype: x.to(dtype), None,
+                     lambda g, out, x, dtype: (P.cast(g, x.dtype) if x.dtype.is_floating_point else None,))
 
 
 # --- reductions: always keepdim, over a tuple of dims -------------------------------------------
@@ -197,9 +259,18 @@ def _slice_scatter_zeros(src, shape, dim, start, end, step):
     return out.slice_scatter(src, dim, start, end, step)
 
 
+def _cat_vjp(g, out, tensors, dim):
+    grads, start = [], 0
+    for t in tensors:
+        grads.append(P.slice(g, dim, start, start + t.shape[dim]))
+        start += t.shape[dim]
+    return (grads,)
+
+
 # zeros of `shape` with `src` written into shape[dim][start:end:step]: the VJP of `slice`
-slice_backward = Primitive("slice_backward", _slice_scatter_zeros, "pointwise")
-cat = Primitive("cat", lambda tensors, dim: torch.cat(tensors, dim), "pointwise")
+slice_backward = Primitive("slice_backward", _slice_scatter_zeros, "pointwise",
+                           vjp=lambda g, out, x, shape, dim, start, end, step: (P.slice(g, dim, start, end, step),))
+cat = Primitive("cat", lambda tensors, dim: torch.cat(tensors, dim), "pointwise", vjp=_cat_vjp)
 
 # --- sources: no tensor inputs -------------------------------------------------------------------
 full = Primitive("full", lambda shape, value, dtype, device: torch.full(shape, value, dtype=dtype, device=device),
@@ -560,7 +631,7 @@ def _call_torch_vjp(fn, args, kwargs, grads, needs=None, kw_needs=()):
         out = fn(*leaves, **kw_leaves)
     outs = [out] if isinstance(out, torch.Tensor) else list(out)
     # a result whose derivative torch does not implement (floor_divide): the compiled backward
-    # raises eager's error before it would need this gradient (runtime/training.py)
+    # raises eager's error before it would need this gradient (backend/training.py)
     # (a result that is an argument itself, returned as is, has no grad_fn: its gradient is g)
     pairs = [(o, g) for o, g in zip(outs, grads) if isinstance(o, torch.Tensor) and o.requires_grad
              and (o.grad_fn is None or o.grad_fn.name() not in RAISING_NODES)]

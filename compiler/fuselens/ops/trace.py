@@ -12,9 +12,9 @@ from . import builder as P
 from . import primitives as prim
 from .attention import rewrite_attention
 from .builder import GraphBuilder, TVal, emit
-from .decompositions import DECOMPOSITIONS, Unsupported
+from .contract import check_primitive_graph, verify
+from .decompositions import DECOMPOSITIONS, Unsupported, Written
 from .effects import OnCopies
-from .normalization import Written
 
 
 def normalize_target(node: fx.Node):
@@ -207,6 +207,7 @@ def to_primitive_graph(gm: fx.GraphModule, example_inputs, device) -> fx.Graph:
             else:
                 raise NotImplementedError(f"{node.op} nodes ({node.target}) are not part of the capture contract")
     rewrite_attention(b.graph, device)
+    verify(check_primitive_graph, b.graph)
     return b.graph
 
 

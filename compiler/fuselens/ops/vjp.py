@@ -1,13 +1,12 @@
-"""VJP rules, one per differentiable primitive, written with the builder's helpers.
+"""VJP rules of the primitives that are not pointwise (a pointwise primitive's is in its declaration,
+ops/primitives.py), written with the builder's helpers.
 
 A rule is `rule(g, out, *args, **params) -> tuple` with one entry per positional argument: the
 gradient for it, or None. Arguments and `out` are the forward TVals (or constants). For pointwise
 primitives the autograd engine reduces broadcast gradients to each argument's shape and casts them
-to its dtype, so rules here ignore broadcasting.
+to its dtype, so their rules ignore broadcasting.
 """
 from __future__ import annotations
-
-import math
 
 import torch.nn.functional as F
 
@@ -27,65 +26,7 @@ def rule(*prims, with_needs=False):
     return deco
 
 
-def _no_grad(*prims):
-    for p in prims:
-        p.vjp = lambda g, out, *args, **kw: (None,) * len(args)
-
-
-_no_grad(prim.eq, prim.ne, prim.lt, prim.le, prim.gt, prim.ge, prim.logical_and, prim.logical_or,
-         prim.logical_xor, prim.logical_not, prim.floor, prim.ceil, prim.stop_gradient, prim.full, prim.iota,
-         prim.rand, prim.randn, prim.argmax, prim.argmin)
-
-# --- pointwise ------------------------------------------------------------------------------------
-rule(prim.add)(lambda g, out, a, b: (g, g))
-rule(prim.sub)(lambda g, out, a, b: (g, P.neg(g)))
-rule(prim.mul)(lambda g, out, a, b: (P.mul(g, b), P.mul(g, a)))
-rule(prim.div)(lambda g, out, a, b: (P.div(g, b), P.neg(P.div(P.mul(g, out), b))))
-rule(prim.neg)(lambda g, out, x: (P.neg(g),))
-rule(prim.copy)(lambda g, out, x, memory_format=None: (g,))
-rule(prim.with_value)(lambda g, out, t, v: (g, None))
-rule(prim.abs)(lambda g, out, x: (P.where(P.gt(x, 0), g, P.where(P.lt(x, 0), P.neg(g), 0.0)),))
-rule(prim.exp)(lambda g, out, x: (P.mul(g, out),))
-rule(prim.exp2)(lambda g, out, x: (P.mul(g, P.mul(out, math.log(2))),))
-rule(prim.log)(lambda g, out, x: (P.div(g, x),))
-rule(prim.log1p)(lambda g, out, x: (P.div(g, P.add(x, 1.0)),))
-rule(prim.sqrt)(lambda g, out, x: (P.div(P.mul(g, 0.5), out),))
-rule(prim.rsqrt)(lambda g, out, x: (P.mul(P.mul(g, -0.5), P.mul(out, P.mul(out, out))),))
-rule(prim.sin)(lambda g, out, x: (P.mul(g, P.cos(x)),))
-rule(prim.cos)(lambda g, out, x: (P.neg(P.mul(g, P.sin(x))),))
-rule(prim.tanh)(lambda g, out, x: (P.mul(g, P.sub(1.0, P.mul(out, out))),))
-rule(prim.sigmoid)(lambda g, out, x: (P.mul(g, P.mul(out, P.sub(1.0, out))),))
-rule(prim.erf)(lambda g, out, x: (P.mul(g, P.mul(2 / math.sqrt(math.pi), P.exp(P.neg(P.mul(x, x))))),))
-rule(prim.convert)(lambda g, out, x, dtype: (P.cast(g, x.dtype) if x.dtype.is_floating_point else None,))
-rule(prim.where)(lambda g, out, c, a, b: (None, P.where(c, g, 0.0), P.where(c, 0.0, g)))
-rule(prim.with_vjp)(lambda g, out, x, inputs, rule: (None, rule(g, *inputs), None))
-
-
-@rule(prim.pow)
-def _pow(g, out, a, b):
-    ga = P.mul(g, P.mul(b, P.pow(a, P.sub(b, 1)))) if isinstance(a, TVal) else None
-    if not isinstance(b, TVal):
-        gb = None
-    elif isinstance(a, TVal):
-        gb = P.mul(g, P.mul(out, P.where(P.gt(a, 0), P.log(a), 0.0)))
-    else:
-        gb = P.mul(g, P.mul(out, math.log(a) if a > 0 else 0.0))
-    return ga, gb
-
-
-def _extremum_vjp(loses):
-    # as ATen: ties split the gradient evenly, an operand that loses gets none; neither loses
-    # to a NaN, so both get the whole gradient there
-    def fn(g, out, a, b):
-        half = P.mul(g, 0.5)
-        ga = P.where(P.eq(a, b), half, P.where(loses(a, b), 0.0, g))
-        gb = P.where(P.eq(a, b), half, P.where(loses(b, a), 0.0, g))
-        return ga, gb
-    return fn
-
-
-rule(prim.maximum)(_extremum_vjp(P.lt))
-rule(prim.minimum)(_extremum_vjp(P.gt))
+rule(prim.full, prim.iota, prim.rand, prim.randn, prim.argmax, prim.argmin)(prim.no_grad)
 
 
 # --- reductions (keepdim: `g` has the reduced shape with 1s) --------------------------------------
@@ -107,15 +48,6 @@ rule(prim.expand)(lambda g, out, x, shape: (P.sum_to(g, x.shape),))
 rule(prim.slice)(lambda g, out, x, dim, start, end, step:
                  (emit(prim.slice_backward, g, x.shape, dim, start, end, step),))
 rule(prim.slice_backward)(lambda g, out, x, shape, dim, start, end, step: (P.slice(g, dim, start, end, step),))
-
-
-@rule(prim.cat)
-def _cat(g, out, tensors, dim):
-    grads, start = [], 0
-    for t in tensors:
-        grads.append(P.slice(g, dim, start, start + t.shape[dim]))
-        start += t.shape[dim]
-    return (grads,)
 
 
 # --- extern ---------------------------------------------------------------------------------------

@@ -60,13 +60,14 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
-from ..capture.calls import qualified_name
+from .. import settings
 from ..capture.capture import Capture, GraphInfo
 from ..capture.guards import SRC
 from ..capture.resume import signature
 from ..capture.values import NUMPY_SCALARS
 from ..capture.source import FunctionSource, build_function, factory_code
-from . import program_cache
+from ..backend import program_cache
+from ..backend.program_cache import qualified_name
 
 FOLDER = "captures"
 KEPT_PER_FUNCTION = 8
@@ -74,7 +75,7 @@ _log = logging.getLogger("fuselens.runtime")
 
 
 def enabled() -> bool:
-    return os.environ.get("FUSELENS_CAPTURE_CACHE", "1") != "0" and program_cache.enabled()
+    return os.environ.get("FUSELENS_CAPTURE_CACHE", "1") != "0" and settings.program_cache_enabled()
 
 
 Unstable = program_cache.Unstable  # a constant that another process has no name for
@@ -103,7 +104,7 @@ def key(fs: FunctionSource, fullgraph: bool) -> str | None:
         return None
     where = (fs.filename, fs.globals.get("__name__"), fs.qualname, getattr(fs.node, "lineno", 0), fullgraph,
              program_cache._environment())
-    return hashlib.sha256(program_cache.compiler_version().encode() + repr(where).encode()).hexdigest()
+    return hashlib.sha256(settings.compiler_version().encode() + repr(where).encode()).hexdigest()
 
 
 # -- keeping --------------------------------------------------------------------------------------

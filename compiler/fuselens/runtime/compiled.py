@@ -18,8 +18,11 @@ from ..capture import breaks as B
 from ..capture.autocast import save_probes
 from ..capture.capture import Capture, GraphInfo, capture
 from ..capture.source import FunctionSource, NoSourceError, build_function, factory_code, function_source
-from . import capture_cache, stats
-from .errors import FuselensWarning, InternalError, fall_back, warn  # noqa: F401  (FuselensWarning: its old home)
+from .. import stats
+from ..backend import driver
+from ..backend.cudagraphs import CudaGraphed, graphable
+from ..errors import InternalError, fall_back, warn
+from . import capture_cache
 
 RECOMPILE_LIMIT = 8
 _LOG_CAPTURE = logging.getLogger("fuselens.capture")
@@ -56,7 +59,6 @@ class GraphCall:
                     inputs[k] = inputs[k].clone()
         fn = self.compiled
         if fn is None:
-            from .cudagraphs import CudaGraphed, graphable
             fn = self.compiled = self._compile(inputs)
             # a graph that draws random numbers takes a fresh seed per call as a kernel argument:
             # a replayed CUDA graph would freeze it, so such graphs launch normally
@@ -69,7 +71,7 @@ class GraphCall:
                     outs = fn(*inputs)
             else:
                 outs = fn(*inputs)
-        except Exception as e:  # the user's error (backend.EagerRun): eager's writes before it are made
+        except Exception as e:  # the user's error (driver.EagerRun): eager's writes before it are made
             written = getattr(e, "fl_input_values", None)
             if written is not None:
                 del e.fl_input_values
@@ -109,10 +111,9 @@ class GraphCall:
             torch._foreach_copy_([targets[i] for i in group], [new[i] for i in group])
 
     def _compile(self, inputs):
-        from . import backend
         # capture's guards fix every graph input's layout and the grad mode; the backend runs
         # the graph eagerly where it fails (errors.fall_back), so this never raises
-        return backend.compile_graph(self.info.gm, list(inputs), mode=self.mode,
+        return driver.compile_graph(self.info.gm, list(inputs), mode=self.mode,
                                      dynamic_dims=self.dynamic_dims, guarded=True,
                                      name=f"{self.info.name} of {self.info.function}")
 
@@ -324,7 +325,7 @@ class CompiledFunction:
         if entry is None:
             with stats.gc_paused():
                 cap: Capture = capture(fs, args, kwargs, dynamic=self.dynamic, fullgraph=self.fullgraph,
-                                       prefix=prefix)
+                                       prefix=prefix, compile_callee=compiled_callee)
             stats.capture["functions"] += 1
             save_probes()  # what autocast does to each call, for the next process
             entry = self._entry(fs, cap)
@@ -423,6 +424,16 @@ class CompiledModule(nn.Module):
 
 
 _CALLEES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def compiled_of(obj) -> CompiledFunction | None:
+    """The CompiledFunction of what `fuselens.compile` returned (or of a module compiled in place)."""
+    if isinstance(obj, CompiledFunction):
+        return obj
+    if isinstance(obj, nn.Module):  # a CompiledModule, or a module compiled in place
+        return obj.__dict__.get("_fuselens_compiled")
+    bound = getattr(obj, "__func__", None)
+    return bound if isinstance(bound, CompiledFunction) else None
 
 
 def compiled_callee(fn):

@@ -16,15 +16,14 @@ it fits as it is (one launch fewer); otherwise it starts a new kernel.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import sympy
 
-from ..lower.ir import ComputedBuffer, ExternBuffer, ExternCall, LoweredGraph, View, buffer_view, \
-    compute_dtype, contiguous_strides, use_handler
+from ..lower.ir import ComputedBuffer, ExternBuffer, ExternCall, LoweredGraph, ReadRecorder, View, buffer_view, \
+    compute_dtype, contiguous_strides, loop_ranges, loop_vars, use_handler
 from ..lower.indexing import reshape_index
 from torch.fx.node import map_aggregate
 
@@ -41,12 +40,6 @@ MIN_CHUNK = 8
 TILE_PROGRAMS, TILE_COLS = 1024, 64
 # rows longer than this are reduced in a loop (codegen/triton.py), kept here for the scheduler's checks
 PERSISTENT_RNUMEL_MAX = 4096
-
-
-def loop_vars(shape, red_dims):
-    return [sympy.Integer(0) if s == 1 else
-            sympy.Symbol(f"{'r' if d in red_dims else 'x'}{d}", integer=True, nonnegative=True)
-            for d, s in enumerate(shape)]
 
 
 def keep_shape(shape, red_dims):
@@ -204,11 +197,6 @@ def node_vars(buf, shape, red_dims, sizevars):
             for d, s in zip(kept, buf.shape)]
 
 
-def loop_ranges(shape, red_dims):
-    """Each loop variable of a domain -> its extent (what index simplification may assume)."""
-    return {v: s for v, s in zip(loop_vars(shape, red_dims), shape) if isinstance(v, sympy.Symbol)}
-
-
 def node_ranges(buf, shape, red_dims, sizevars):
     """The extents of the loop variables in `node_vars(buf, shape, red_dims)`."""
     if reshaped(buf, shape):
@@ -226,29 +214,6 @@ def store_index(buf, shape, red_dims, sv):
         out_vars = loop_vars(buf.shape, red_dims) if buf.kind == "reduction" else node_vars(buf, shape, red_dims, sv)
         strides = buf.stride
     return sympy.expand(sum((v * sv(st) for v, st in zip(out_vars, strides)), sympy.Integer(0)))
-
-
-class ReadRecorder:
-    """Ops handler that runs a loop body only to see which buffer elements it loads."""
-
-    def __init__(self, sizevars, ranges):
-        self.sizevars = sizevars
-        self.ranges = ranges
-        self.reads = []
-
-    def at(self, loc):
-        return contextlib.nullcontext()
-
-    def load(self, buf, index):
-        self.reads.append((buf, sympy.expand(index)))
-
-    def masked(self, conds, body, other, dtype):
-        body()
-
-    def constant(self, *a):
-        pass
-
-    pointwise = to_dtype = index_value = random = constant
 
 
 @dataclass(eq=False)

@@ -16,7 +16,7 @@ from ..autograd.cotangents import without_tangents
 from ..autograd.facts import eager_autograd
 from ..autograd.joint import build_joint
 from ..autograd.partition import partition
-from . import stats
+from .. import stats
 
 
 def layout_key(inputs):
@@ -98,7 +98,7 @@ class _State:
     def __init__(self, forward, backward, num_fw_outputs, tangent_outputs, grad_inputs, num_inputs, eager,
                  tangent_dtypes, device):
         self.forward, self.backward = forward, backward
-        self.graphs = None  # mode="reduce-overhead": runtime/cudagraphs.py TrainingGraphs
+        self.graphs = None  # mode="reduce-overhead": backend/cudagraphs.py TrainingGraphs
         self.num_fw_outputs, self.tangent_outputs = num_fw_outputs, tangent_outputs
         # an output without a gradient gets an unread stand-in of its tangent's dtype (backward)
         self.tangent_dtypes, self.device = tangent_dtypes, device
@@ -218,7 +218,7 @@ def apply(state, *inputs):
 @dataclass
 class Compiled:
     """What compile_training made of a graph, without its graphs: what the program cache stores
-    (runtime/program_cache.py; the programs pickle as their sources)."""
+    (backend/program_cache.py; the programs pickle as their sources)."""
     eager: object  # autograd/facts.py EagerAutograd
     num_fw_outputs: int
     tangent_outputs: list

@@ -1,6 +1,6 @@
 """Process-wide compile-time counters, so benchmarks can report fuselens's own compile time
 apart from Triton's compilation of the kernel source, the program cache's part
-(runtime/program_cache.py) apart from the backend's, and capture's (every function and resume
+(backend/program_cache.py) apart from the backend's, and capture's (every function and resume
 function captured, guards included)."""
 from __future__ import annotations
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import builder as P
-from . import primitives as prim
-from .builder import TVal, emit
-from .decompositions import Unsupported, _pair, mean, register
+from .. import builder as P
+from .. import primitives as prim
+from ..builder import TVal, emit
+from .conventions import pair
+from .reductions import mean
+from .registry import Unsupported, register
 
 
 @register(F.adaptive_avg_pool2d)
@@ -22,7 +24,7 @@ def adaptive_avg_pool2d(x, output_size):
     if not isinstance(x, TVal) or x.ndim not in (3, 4) or not x.dtype.is_floating_point:
         raise Unsupported("adaptive_avg_pool2d of this input")
     h, w = x.shape[-2:]
-    oh, ow = (s if s is not None else n for s, n in zip(_pair(output_size), (h, w)))
+    oh, ow = (s if s is not None else n for s, n in zip(pair(output_size), (h, w)))
     if not all(isinstance(n, int) for n in (h, w, oh, ow)) or not oh or not ow or h % oh or w % ow:
         raise Unsupported("adaptive windows of unequal sizes")
     lead = tuple(x.shape[:-2])
@@ -35,6 +37,6 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
     if return_indices or not isinstance(x, TVal) or x.ndim not in (3, 4) or not x.dtype.is_floating_point:
         raise Unsupported("max_pool2d returning its indices, or of this input")
     stride = kernel_size if stride is None or stride == [] or stride == () else stride
-    out, _ = emit(prim.max_pool2d, x, _pair(kernel_size), _pair(stride), _pair(padding), _pair(dilation),
+    out, _ = emit(prim.max_pool2d, x, pair(kernel_size), pair(stride), pair(padding), pair(dilation),
                   bool(ceil_mode))
     return out

@@ -9,23 +9,15 @@ sum(g * xhat) over one domain: one kernel, fused with the ReLU backward that pro
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from . import builder as P
-from . import primitives as prim
-from .builder import emit
-from .decompositions import Unsupported, _is_half, _upcast, register
-
-
-@dataclass
-class Written:
-    """What a decomposition of a call that writes into tensor arguments returns: the call's
-    result, and (argument, its new value) for each argument it writes."""
-    result: object
-    writes: list
+from .. import builder as P
+from .. import primitives as prim
+from ..builder import emit
+from .conventions import is_half, upcast
+from .registry import Unsupported, Written, register
 
 
 def _normalized_dims(x, normalized_shape):
@@ -35,7 +27,7 @@ def _normalized_dims(x, normalized_shape):
 
 @register(F.layer_norm)
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    y = _upcast(x)
+    y = upcast(x)
     dims = _normalized_dims(x, normalized_shape)
     count = math.prod(x.shape[d] for d in dims)
     centered = P.sub(y, P.div(P.sum(y, dims, True), count))
@@ -51,7 +43,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
 if hasattr(F, "rms_norm"):
     @register(F.rms_norm)
     def rms_norm(x, normalized_shape, weight=None, eps=None):
-        y = _upcast(x)
+        y = upcast(x)
         dims = _normalized_dims(x, normalized_shape)
         count = math.prod(x.shape[d] for d in dims)
         eps = torch.finfo(y.dtype).eps if eps is None else eps  # ATen's: of the compute dtype
@@ -75,7 +67,7 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
         if running_mean is None:
             raise Unsupported("batch_norm in inference without running statistics")  # eager raises
         mean, rstd = _per_channel(x, running_mean), P.rsqrt(P.add(_per_channel(x, running_var), eps))
-        return P.cast(_affine(P.mul(P.sub(_upcast(x), mean), rstd), w, b), x.dtype)
+        return P.cast(_affine(P.mul(P.sub(upcast(x), mean), rstd), w, b), x.dtype)
     dims = (0,) + tuple(range(2, x.ndim))
     y, mean, unbiased_var = _normalize_batch(x, dims, w, b, eps)
     if running_mean is None:
@@ -102,7 +94,7 @@ def instance_norm(x, running_mean=None, running_var=None, weight=None, bias=None
     if x.ndim < 3 or not x.dtype.is_floating_point or not isinstance(momentum, (int, float)) \
             or (running_mean is None) != (running_var is None):
         raise Unsupported("instance_norm of these arguments")
-    if _is_half(x.dtype):
+    if is_half(x.dtype):
         # ATen's CPU kernel keeps the statistics of a half-precision instance norm in its dtype
         # and rounds them: results differ from statistics kept in fp32 by an ulp of x where the
         # output cancels (OpInfo's samples); not reproduced here, the extern keeps eager's
@@ -114,7 +106,7 @@ def instance_norm(x, running_mean=None, running_var=None, weight=None, bias=None
     new = []
     for s, r in ((mean, running_mean), (unbiased_var, running_var)):
         per_sample = _running(P.reshape(s, x.shape[:2]), r, momentum)
-        new.append(P.cast(P.div(P.sum(_upcast(per_sample), (0,)), x.shape[0]), r.dtype))
+        new.append(P.cast(P.div(P.sum(upcast(per_sample), (0,)), x.shape[0]), r.dtype))
     return Written(y, [(running_mean, new[0]), (running_var, new[1])])
 
 
@@ -125,7 +117,7 @@ def torch_instance_norm(x, weight, bias, running_mean, running_var, use_input_st
 
 def _per_channel(x, t):
     """A per-channel tensor in fp32, shaped to broadcast against x ([C, 1, ...])."""
-    return None if t is None else P.reshape(_upcast(t), (x.shape[1],) + (1,) * (x.ndim - 2))
+    return None if t is None else P.reshape(upcast(t), (x.shape[1],) + (1,) * (x.ndim - 2))
 
 
 def _normalize_batch(x, dims, w, b, eps):
@@ -135,7 +127,7 @@ def _normalize_batch(x, dims, w, b, eps):
     n = math.prod(x.shape[d] for d in dims)
     if n <= 1:  # eager raises for one value per channel (or instance); none gives NaN statistics
         raise Unsupported("normalization over at most one value")
-    xf = _upcast(x)
+    xf = upcast(x)
     mean, var = _batch_stats(xf, dims, n)
     rstd = P.rsqrt(P.add(var, eps))
     y = emit(prim.with_vjp, _affine(P.mul(P.sub(xf, mean), rstd), w, b), [xf, mean, rstd, w, b],
@@ -146,7 +138,7 @@ def _normalize_batch(x, dims, w, b, eps):
 
 def _running(stat, running, momentum):
     """ATen's running-statistic update, in fp32, stored in the statistic's dtype."""
-    return P.cast(P.add(P.mul(stat, momentum), P.mul(_upcast(running), 1 - momentum)), running.dtype)
+    return P.cast(P.add(P.mul(stat, momentum), P.mul(upcast(running), 1 - momentum)), running.dtype)
 
 
 def _batch_stats(xf, dims, n):

@@ -8,7 +8,7 @@ do not contain sizes, so a new shape reuses the kernels already compiled. If any
 fails for a graph, or its compiled program raises where the graph run eagerly does not, that
 graph runs eagerly for those inputs (errors.fall_back: one warning naming the cause); an error
 that the eager graph raises too is the user's program's and is raised as eager raises it.
-Once a graph's programs have run without error they are stored on disk (runtime/program_cache.py):
+Once a graph's programs have run without error they are stored on disk (backend/program_cache.py):
 a later process that captures the same graph for the same inputs loads them instead of compiling.
 """
 from __future__ import annotations
@@ -29,11 +29,14 @@ from ..codegen.wrapper import generate_wrapper, load_wrapper
 from ..lower import lower_graph
 from ..lower.ir import View
 from ..ops import merge_common_subexpressions, to_primitive_graph, values_only
+from ..ops.contract import verify
+from ..schedule.contract import check_schedule
 from ..schedule.fusion import FusedKernel, schedule
-from . import program_cache, stats
+from .. import settings, stats
+from ..errors import fall_back
+from . import program_cache
 from .cudagraphs import TrainingGraphs
 from .training import Compiled, compile_training
-from .errors import fall_back
 
 SPECIALIZATION_LIMIT = 8
 
@@ -60,7 +63,7 @@ class Program:
     `compile_jobs`: its kernels' cubins as its first call will need them (codegen/launcher.py),
     compiling in worker processes from when it is built; its first call waits for them.
     `made_from`: what `load_program` makes it again from (sources, no graph): how it is pickled
-    into the program cache (runtime/program_cache.py)."""
+    into the program cache (backend/program_cache.py)."""
     call: object
     kernels: list
     wrapper_source: str
@@ -115,6 +118,7 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
     lowered = lower_graph(merge_common_subexpressions(prim_graph), device, input_vals, free_outputs)
     _log("lower", "buffers:\n%s", lowered.describe)
     sched = schedule(lowered)
+    verify(check_schedule, lowered, sched)
     _log("schedule", "kernels:\n%s", sched.describe)
     kernels, infos, launches, jobs = {}, [], [], []
     fused = [s for s in sched.steps if isinstance(s, FusedKernel)]
@@ -187,7 +191,7 @@ def uses_triton(inputs) -> bool:
     devices = {t.device.type for t in inputs if isinstance(t, torch.Tensor)}
     if devices == {"cuda"}:
         return True
-    return launcher.INTERPRET and devices <= {"cpu", "cuda"} and len(devices) == 1
+    return settings.INTERPRET and devices <= {"cpu", "cuda"} and len(devices) == 1
 
 
 def graph_device(gm: fx.GraphModule, inputs):
@@ -286,14 +290,14 @@ class CompiledGraph:
         device = graph_device(self.gm, inputs)
         dynamic = self._dynamic_values(inputs)
         needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
-        if launcher.INTERPRET:
+        if settings.INTERPRET:
             launcher.check_interpreter()
         start = time.perf_counter()
         key = program_cache.key(self.gm, inputs, self.mode, self.dynamic_dims)
         cached = program_cache.load(key, Compiled if needs_grad else Program) if key else None
         if needs_grad:
             graphs = TrainingGraphs if self.mode == "reduce-overhead" and device.type == "cuda" and \
-                not launcher.INTERPRET else None
+                not settings.INTERPRET else None
             run, check, programs, made = compile_training(self.gm, inputs, device, self.mode, dynamic, build_program,
                                                           graphs, cached, lambda: spec.ran_new_backward())
             spec = _Specialization(run, [k for p in programs for k in p.kernels],

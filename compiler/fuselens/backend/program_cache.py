@@ -7,7 +7,7 @@ metadata: shapes, strides, dtypes, requires_grad, source locations), the inputs'
 devices and requires_grad, the dynamic dims, the grad mode, autocast and default dtype, the
 mode, and the compiler itself (fuselens's source, torch's, triton's and Python's versions, the
 GPU's compute capability, the environment variables codegen reads). A hit makes the programs
-again from their sources (the wrapper's code marshalled, the kernels' source: runtime/backend.py
+again from their sources (the wrapper's code marshalled, the kernels' source: backend/driver.py
 `load_program`); Triton's
 compile of the kernels is cached apart, by codegen/launcher.py and cuda.py.
 
@@ -29,7 +29,6 @@ import io
 import logging
 import marshal
 import os
-import pathlib
 import pickle
 import sys
 import threading
@@ -38,37 +37,20 @@ import types
 import torch
 import torch.fx as fx
 
-from ..capture.calls import qualified_name
-from ..codegen import launcher
+from .. import settings
 
 FORMAT = b"fuselens-program-1\n"
 _log = logging.getLogger("fuselens.runtime")
 
 
-def enabled() -> bool:
-    return os.environ.get("FUSELENS_PROGRAM_CACHE", "1") != "0"
-
-
 def directory(folder="programs") -> str:
-    path = os.path.join(launcher.cache_dir(), folder)
+    path = os.path.join(settings.cache_dir(), folder)
     os.makedirs(path, exist_ok=True)
     return path
 
 
 class Unstable(Exception):
     """Part of the graph has no name that another process would give it too."""
-
-
-@functools.cache
-def _compiler() -> bytes:
-    """What every key shares: the format, fuselens's own source, the versions of what it runs on."""
-    import triton
-    h = hashlib.sha256(FORMAT)
-    root = pathlib.Path(__file__).resolve().parents[1]
-    for path in sorted(root.rglob("*.py")):
-        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update(repr((torch.__version__, triton.__version__, sys.version, launcher.INTERPRET)).encode())
-    return h.digest()
 
 
 def _environment() -> tuple:
@@ -79,14 +61,33 @@ def _environment() -> tuple:
                                      "FUSELENS_CAPTURE_CACHE")))
 
 
-def compiler_version() -> str:
-    """The compiler's hash (its sources and what it runs on), for other caches kept beside this one."""
-    return _compiler().hex()[:24]
-
-
 @functools.cache
 def _capability(device: torch.device):
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
+def qualified_name(fn) -> tuple[str, str] | None:
+    """(module, name) that finds `fn` again in another process (`getattr` down the name from the
+    module), or None (a lambda, a bound method). The name is its qualified name, or else the
+    module's attribute that it is: `torch.addmm` (qualified `_VariableFunctionsClass.addmm`),
+    `F.max_pool2d` (made inside torch's `boolean_dispatch`, renamed). A method descriptor
+    (`Tensor.view`) is found from its class's module; an ATen operator (`aten::add.Tensor`, what
+    in-place calls are functionalized to) from `torch.ops`."""
+    if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return "torch.ops", str(fn).replace("::", ".")
+    owner = getattr(fn, "__objclass__", None)
+    module = getattr(owner if owner is not None else fn, "__module__", None) or ""
+    mod = sys.modules.get(module)
+    qualname = getattr(fn, "__qualname__", None)
+    if mod is None or not isinstance(qualname, str):
+        return None
+    obj = mod
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if obj is fn:
+        return module, qualname
+    name = getattr(fn, "__name__", None)
+    return (module, name) if isinstance(name, str) and getattr(mod, name, None) is fn else None
 
 
 def _operator(name: str):
@@ -149,7 +150,7 @@ def _canonical(v):
 def key(gm: fx.GraphModule, inputs, mode, dynamic_dims) -> str | None:
     """The cache key of compiling `gm` for these inputs in the current grad/autocast state, or None
     where the cache is off or the graph has no stable key (logged)."""
-    if not enabled():
+    if not settings.program_cache_enabled():
         return None
     try:
         nodes = tuple((n.op, n.name, _canonical(n.target), _canonical(n.args), _canonical(dict(n.kwargs)),
@@ -164,7 +165,7 @@ def key(gm: fx.GraphModule, inputs, mode, dynamic_dims) -> str | None:
     except Unstable as e:
         _log.debug("program cache: graph not stored (%s has no stable name)", e)
         return None
-    return hashlib.sha256(_compiler() + data).hexdigest()
+    return hashlib.sha256(FORMAT + settings.compiler_version().encode() + data).hexdigest()
 
 
 def load(k: str, kind: type, folder="programs"):

@@ -14,7 +14,8 @@ import weakref
 import torch
 import torch.nn as nn
 
-from .errors import warn
+from ..codegen.cuda import new_stream
+from ..errors import warn
 
 _LOG_RUNTIME = logging.getLogger("fuselens.runtime")
 
@@ -152,7 +153,6 @@ class CudaGraphed:
         per stream would be freed under the graph when torch clears that cache (torch.compile's
         CUDA graphs do before recording) or destroys another graph captured on the same stream
         (pytorch/pytorch#193402); torch's own streams come from a pool that hands them out again."""
-        from ..codegen.cuda import new_stream
         device = torch.cuda.current_device()
         warm_up, capture = (torch.cuda.ExternalStream(new_stream(device)) for _ in range(2))
         warm_up.wait_stream(torch.cuda.current_stream())

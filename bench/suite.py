@@ -1,0 +1,412 @@
+"""A broad GPU suite in the manner of PyTorch's dashboard (benchmarks/dynamo): eager vs fuselens vs
+torch.compile (Inductor) on models nobody tuned fuselens for (bench/suite_models.py: transformers,
+timm, torchvision, a diffusion-style UNet), training with bf16 autocast and an optimizer step, and
+inference in bf16 (and fp32 for the convolutional networks).
+
+    PYTHONPATH=compiler python bench/suite.py --only t5_small --mode train      # one model
+    PYTHONPATH=compiler python bench/suite.py --part 2/6 --json part2.json      # a sixth of the rows
+    PYTHONPATH=compiler python bench/suite.py --inductor-from old.json ...      # Inductor's rows reused
+    python bench/suite.py --merge part*.json --json bench/results/suite-h200.json
+    python bench/suite.py --list
+
+Per row (model, mode, dtype), in one process:
+- the first step of each compiler from identical copies of the model, timed (compile included:
+  `*_first_s`; every compiler's disk caches are empty when the process starts, and the rows of one
+  process share them: run one model per process for first calls that find nothing of another
+  model's) and checked against eager's: every output,
+  and in training every parameter's gradient, within 1e-2 (bf16) or 1e-3 (fp32) relative error
+  ||got - want|| / ||want||; where one is not, the step in float64 decides, as the dashboard's
+  `same()` does: it passes where its error against float64 is at most 2x eager's + tol/10;
+- steps timed in ROUNDS rounds alternating the compilers (medians of triton.testing.do_bench);
+- per compiler, kernels launched per step and their GPU time (the profiler), peak memory of a step;
+- fuselens's graphs and graph breaks (fuselens.inspect), and any fallback to eager (a failure).
+Training: SGD (foreach) steps eagerly after the compiled forward and backward, for all three; the
+loss is the model's own where it returns one, else a fixed random gradient of its first output.
+Inductor's rows may be taken from an earlier run on the same GPU and torch version
+(`--inductor-from`): its compile time dominates a run; eager and fuselens are always timed side
+by side in one run."""
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import math
+import os
+import pathlib
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import fuselens  # noqa: E402
+from models import no_dropout, outputs, rel  # noqa: E402
+from run import in_rounds, median  # noqa: E402
+from suite_models import MODELS  # noqa: E402
+
+COMPILERS = ("eager", "fuselens", "inductor")
+TOL = {"bf16": 1e-2, "fp32": 1e-3}
+# the row's keys the Inductor columns are made of (taken whole from an earlier run by --inductor-from)
+INDUCTOR_KEYS = ("inductor_ms", "inductor_first_s", "inductor_peak_mb", "inductor_gpu_ms", "inductor_kernels",
+                 "inductor_ok", "inductor_err", "inductor_rounds_ms")
+
+
+class Autocast(torch.nn.Module):
+    """The model's forward under bf16 autocast entered inside the compiled code (as accelerate
+    wraps a model's forward); `enabled` off for the float64 twin."""
+
+    def __init__(self, m, device_type):
+        super().__init__()
+        self.m, self.device_type, self.enabled = m, device_type, True
+
+    def forward(self, *args, **kwargs):
+        with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.enabled):
+            return self.m(*args, **kwargs)
+
+
+def build(name, mode, dtype, device, batch=None):
+    """(model, args, kwargs) of one row, seeded, on `device`."""
+    spec = MODELS[name]
+    torch.manual_seed(0)
+    model, inputs = spec.build(batch or spec.batch)
+    no_dropout(model)
+    args, kwargs = (inputs, {}) if isinstance(inputs, tuple) else ((), dict(inputs))
+    if mode == "infer":
+        for k in spec.train_only_inputs:
+            kwargs.pop(k, None)
+        model.eval()
+        if dtype == "bf16":
+            model.to(torch.bfloat16)
+            half = lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t
+            args, kwargs = _tensors(args, half), _tensors(kwargs, half)
+    else:
+        model = Autocast(model.train(), torch.device(device).type)
+    move = lambda t: t.to(device)
+    return model.to(device), _tensors(args, move), _tensors(kwargs, move)
+
+
+def _tensors(v, fn):
+    """`fn` applied to each tensor of a tuple or dict of inputs (others, as `return_loss`, kept)."""
+    if isinstance(v, dict):
+        return {k: _tensors(x, fn) for k, x in v.items()}
+    if isinstance(v, tuple):
+        return tuple(_tensors(x, fn) for x in v)
+    return fn(v) if isinstance(v, torch.Tensor) else v
+
+
+class Step:
+    """One step of a model: inference under no_grad, or forward, backward and an SGD step."""
+
+    def __init__(self, model, mode, args, kwargs):
+        self.model, self.train, self.args, self.kwargs = model, mode == "train", args, kwargs
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.opt = torch.optim.SGD(self.params, lr=1e-5, foreach=True) if self.train else None
+        self.grad_out = None
+
+    def forward_backward(self):
+        if not self.train:
+            with torch.no_grad():
+                return outputs(self.model(*self.args, **self.kwargs))
+        self.opt.zero_grad(set_to_none=True)
+        outs = outputs(self.model(*self.args, **self.kwargs))
+        if outs[0].dim() == 0:  # the model's loss
+            outs[0].backward()
+        else:  # a dense random gradient (a mean would give a final LayerNorm's gradients zero)
+            if self.grad_out is None:
+                gen = torch.Generator(device=outs[0].device).manual_seed(0)
+                self.grad_out = torch.randn(outs[0].shape, generator=gen, device=outs[0].device, dtype=outs[0].dtype)
+            outs[0].backward(self.grad_out)
+        return outs
+
+    def __call__(self):
+        outs = self.forward_backward()
+        if self.train:
+            self.opt.step()
+        return outs
+
+    def checked(self):
+        """(outputs, gradients) of one step before the optimizer moves the parameters, copied."""
+        outs = [o.detach().clone() for o in self.forward_backward()]
+        grads = [p.grad.detach().clone() if p.grad is not None else None for p in self.params] if self.train else []
+        if self.train:
+            self.opt.step()
+        return outs, grads
+
+
+def errors(got, want):
+    """The relative error of each output and gradient (inf where they do not pair up)."""
+    if len(got[0]) != len(want[0]) or len(got[1]) != len(want[1]):
+        return [math.inf]
+    return [rel(a.float() if a is not None else a, b.float() if b is not None else b)
+            for a, b in zip(got[0] + got[1], want[0] + want[1])]
+
+
+def passes(got, want, tol, float64):
+    """Within `tol` of eager's, or, where not, as close to the float64 step's as the dashboard
+    asks (`float64()` computes it once, on demand). (ok, the largest relative error)."""
+    errs = errors(got, want)
+    worst = max(errs, default=0.0)
+    if worst <= tol:
+        return True, worst
+    if math.isinf(worst):
+        return False, worst
+    exact = float64()
+    pairs = list(zip(got[0] + got[1], want[0] + want[1], exact[0] + exact[1]))
+    return all(e <= tol or rel(a, x) <= 2 * rel(b, x) + tol / 10 for e, (a, b, x) in zip(errs, pairs)), worst
+
+
+def float64_step(pristine, mode, args, kwargs):
+    m = copy.deepcopy(pristine).double()
+    if isinstance(m, Autocast):
+        m.enabled = False
+    wide = lambda t: t.double() if t.is_floating_point() else t
+    return Step(m, mode, _tensors(args, wide), _tensors(kwargs, wide)).checked()
+
+
+def empty_disk_caches(root):
+    """Each compiler's disk caches (Triton's, Inductor's, fuselens's) empty, under `root`: set
+    before anything compiles (fuselens's compile workers, forked once, keep the directory)."""
+    for k in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FUSELENS_CACHE_DIR"):
+        os.environ[k] = os.path.join(root, k.lower())
+
+
+def timer(device):
+    if device.startswith("cuda"):
+        import triton.testing
+        return lambda fn: triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+    def cpu(fn, n=3):
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+        return median(times)
+    return cpu
+
+
+def gpu_activity(call, steps=3):
+    """(GPU activities per step: kernels, copies, fills; their GPU milliseconds per step)."""
+    from torch.profiler import ProfilerActivity, profile
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            call()
+        torch.cuda.synchronize()
+    ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return len(ev) / steps, sum(e.device_time for e in ev) / steps / 1e3
+
+
+def peak_mb(call):
+    """Peak GPU memory during one step (MB), the model's parameters and state included."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    call()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() / 2 ** 20
+
+
+def measure(name, mode, dtype, device, compilers, batch=None):
+    """One row of the table."""
+    spec = MODELS[name]
+    row = {"model": name, "suite": spec.suite, "mode": mode, "dtype": dtype, "batch": batch or spec.batch,
+           "layers": spec.layers}
+    eager, args, kwargs = build(name, mode, dtype, device, batch)
+    pristine = copy.deepcopy(eager)
+    models = {"eager": eager}
+    for c in compilers[1:]:
+        m = copy.deepcopy(pristine)
+        models[c] = fuselens.compile(m) if c == "fuselens" else torch.compile(m)
+    steps = {c: Step(models[c], mode, args, kwargs) for c in compilers}
+    results, cuda = {}, device.startswith("cuda")
+    for c in compilers:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", fuselens.FuselensWarning)
+            t = time.perf_counter()
+            results[c] = steps[c].checked()
+            if cuda:
+                torch.cuda.synchronize()
+            row[f"{c}_first_s"] = round(time.perf_counter() - t, 3)
+        if c == "fuselens":
+            row["fallbacks"] = sorted({str(w.message)[:300] for w in caught
+                                       if issubclass(w.category, fuselens.FuselensWarning)})
+    exact = []
+    float64 = lambda: exact[0] if exact else exact.append(float64_step(pristine, mode, args, kwargs)) or exact[0]
+    for c in compilers[1:]:
+        row[f"{c}_ok"], row[f"{c}_err"] = passes(results[c], results["eager"], TOL[dtype], float64)
+    del results, exact, pristine
+    entries = fuselens.inspect(models["fuselens"])
+    row["graphs"] = sum(len(e.graphs) for e in entries)
+    row["breaks"] = sum(e.graph_break is not None for e in entries)
+    row["break_details"] = sorted({f"{b.code} {os.path.basename(b.filename)}:{b.line} {b.detail[:100]}"
+                                   for e in entries if (b := e.graph_break) is not None})[:8]
+    row["ok"] = row["fuselens_ok"] and not row["fallbacks"]
+    row["why"] = ("fallback: " + row["fallbacks"][0]) if row["fallbacks"] else \
+        None if row["fuselens_ok"] else f"mismatch: relative error {row['fuselens_err']:.2e}"
+    for s in steps.values():  # warm: the rounds time steady steps
+        s()
+    for c, ms in in_rounds(steps, timer(device)).items():
+        row[f"{c}_ms"], row[f"{c}_rounds_ms"] = round(median(ms), 3), [round(x, 3) for x in ms]
+    if cuda:
+        for c in compilers:
+            kernels, gpu_ms = gpu_activity(steps[c])
+            row[f"{c}_kernels"], row[f"{c}_gpu_ms"] = round(kernels, 1), round(gpu_ms, 3)
+            row[f"{c}_peak_mb"] = round(peak_mb(steps[c]), 1)
+    return row
+
+
+def rows_of(a):
+    """The (model, mode, dtype) rows selected by --only, --suite, --mode and --part."""
+    names = a.only.split(",") if a.only else list(MODELS)
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        sys.exit(f"suite: no model named {', '.join(unknown)} (--list shows them)")
+    rows = [(n, mode, dtype) for n in names if not a.suite or MODELS[n].suite == a.suite
+            for mode, dtype in MODELS[n].modes if not a.mode or mode == a.mode]
+    if a.part:
+        k, n = (int(x) for x in a.part.split("/"))
+        rows = rows[k - 1::n]
+    return rows
+
+
+def machine():
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {"gpu": gpu, "torch": torch.__version__}
+
+
+def inductor_rows(path, here):
+    """Inductor's columns of an earlier run on the same GPU and torch version, by row."""
+    if not path:
+        return {}
+    old = json.loads(pathlib.Path(path).read_text())
+    if old.get("machine") != here:
+        sys.exit(f"suite: {path} was measured on {old.get('machine')}, this is {here}: Inductor's rows "
+                 "are reused only from the same GPU and torch version")
+    return {(r["model"], r["mode"], r["dtype"]): r for r in old["rows"] if "inductor_ms" in r}
+
+
+def geomean(xs):
+    xs = [x for x in xs if x and x > 0 and math.isfinite(x)]
+    return round(math.exp(sum(map(math.log, xs)) / len(xs)), 3) if xs else None
+
+
+def summary(rows):
+    out = {}
+    for mode in ("train", "infer"):
+        rs = [r for r in rows if r["mode"] == mode]
+        timed = [r for r in rs if r.get("fuselens_ms") and r.get("inductor_ms") and r.get("eager_ms")]
+        if not rs:
+            continue
+        out[mode] = {
+            "rows": len(rs), "passed": sum(bool(r.get("ok")) for r in rs),
+            "pass_rate": round(sum(bool(r.get("ok")) for r in rs) / len(rs), 3),
+            "fuselens_speedup_geomean": geomean([r["eager_ms"] / r["fuselens_ms"] for r in timed]),
+            "inductor_speedup_geomean": geomean([r["eager_ms"] / r["inductor_ms"] for r in timed]),
+            "fuselens_over_inductor_geomean": geomean([r["fuselens_ms"] / r["inductor_ms"] for r in timed]),
+            "first_call_fuselens_over_inductor_geomean": geomean(
+                [r["fuselens_first_s"] / r["inductor_first_s"] for r in timed if r.get("inductor_first_s")]),
+            "rows_above_1.03x_inductor": sorted(r["model"] for r in timed if r["fuselens_ms"] > 1.03 * r["inductor_ms"]),
+            "rows_slower_than_eager": sorted(r["model"] for r in timed if r["fuselens_ms"] > r["eager_ms"]),
+            "rows_peak_above_inductor": sorted(r["model"] for r in timed if mode == "train" and
+                                               r.get("fuselens_peak_mb", 0) > r.get("inductor_peak_mb", math.inf)),
+        }
+    return out
+
+
+def save(rows, path, here):
+    if path:
+        pathlib.Path(path).write_text(json.dumps({"machine": here, "rows": rows, "summary": summary(rows)}, indent=1))
+
+
+def merge(paths):
+    """The rows of several runs (a later file's row replaces an earlier one's), one machine's."""
+    rows, here = {}, None
+    for p in paths:
+        d = json.loads(pathlib.Path(p).read_text())
+        if here is not None and d["machine"] != here:
+            sys.exit(f"suite: {p} is from {d['machine']}, the others from {here}")
+        here = d["machine"]
+        rows.update({(r["model"], r["mode"], r["dtype"]): r for r in d["rows"]})
+    return list(rows.values()), here
+
+
+def fmt(v, spec):
+    return format(v, spec) if isinstance(v, (int, float)) else "-"
+
+
+def print_table(rows):
+    print(f"\n{'model':26} {'mode':5} {'dt':4} {'ok':3} {'eager':>8} {'fuselens':>8} {'inductor':>8} {'fl/ind':>6} "
+          f"{'1st fl':>6} {'1st ind':>7} {'g/b':>6} {'gpu fl/ind':>12}")
+    for r in rows:
+        ratio = r["fuselens_ms"] / r["inductor_ms"] if r.get("fuselens_ms") and r.get("inductor_ms") else None
+        print(f"{r['model']:26} {r['mode']:5} {r['dtype']:4} {'yes' if r.get('ok') else 'NO':3} "
+              f"{fmt(r.get('eager_ms'), '8.2f')} {fmt(r.get('fuselens_ms'), '8.2f')} {fmt(r.get('inductor_ms'), '8.2f')} "
+              f"{fmt(ratio, '6.2f')} {fmt(r.get('fuselens_first_s'), '6.1f')} {fmt(r.get('inductor_first_s'), '7.1f')} "
+              f"{r.get('graphs', '-')}/{r.get('breaks', '-'):<4} "
+              f"{fmt(r.get('fuselens_gpu_ms'), '5.1f')}/{fmt(r.get('inductor_gpu_ms'), '<6.1f')}")
+        if r.get("why"):
+            print(f"{'':32} {r['why'][:160]}")
+    for mode, s in summary(rows).items():
+        print(f"{mode}: {s['passed']}/{s['rows']} pass; speedup over eager fuselens {s['fuselens_speedup_geomean']}, "
+              f"Inductor {s['inductor_speedup_geomean']}; fuselens/Inductor {s['fuselens_over_inductor_geomean']}; "
+              f"first call fuselens/Inductor {s['first_call_fuselens_over_inductor_geomean']}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", help="models, comma-separated (--list names them)")
+    ap.add_argument("--suite", choices=("hf", "timm", "torchvision", "own"))
+    ap.add_argument("--mode", choices=("train", "infer"))
+    ap.add_argument("--part", help="k/n: every n-th row from the k-th (a run fits the GPU machine's 10 minutes)")
+    ap.add_argument("--inductor-from", help="a suite JSON of the same GPU and torch: Inductor's rows taken from it")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--batch", type=int, help="override every row's batch size (a smoke test)")
+    ap.add_argument("--json", help="write the rows and summary here (after every row)")
+    ap.add_argument("--merge", nargs="+", help="merge these runs' JSON into --json")
+    ap.add_argument("--list", action="store_true")
+    a = ap.parse_args()
+    if a.list:
+        for name, mode, dtype in rows_of(a):
+            print(name, mode, dtype, MODELS[name].suite)
+        return
+    if a.merge:
+        rows, here = merge(a.merge)
+        save(rows, a.json, here)
+        print_table(rows)
+        return
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32 rows as eager's default
+    here = machine()
+    reuse = inductor_rows(a.inductor_from, here)
+    caches = tempfile.TemporaryDirectory(prefix="fl-suite-")
+    empty_disk_caches(caches.name)
+    rows = []
+    for name, mode, dtype in rows_of(a):
+        key = (name, mode, dtype)
+        compilers = COMPILERS if key not in reuse else COMPILERS[:2]
+        print(f"[suite] {name} {mode} {dtype}", flush=True)
+        t = time.perf_counter()
+        try:
+            row = measure(name, mode, dtype, a.device, compilers, a.batch)
+        except Exception as e:  # noqa: BLE001 (a row that cannot be built or run says why; the others go on)
+            traceback.print_exc()
+            row = {"model": name, "suite": MODELS[name].suite, "mode": mode, "dtype": dtype, "ok": False,
+                   "why": f"error: {type(e).__name__}: {e}"[:300]}
+        if key in reuse:
+            row.update({k: reuse[key][k] for k in INDUCTOR_KEYS if k in reuse[key]}, inductor_reused=True)
+        row["row_s"] = round(time.perf_counter() - t, 1)
+        rows.append(row)
+        save(rows, a.json, here)
+        torch._dynamo.reset()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    print_table(rows)
+
+
+if __name__ == "__main__":
+    main()

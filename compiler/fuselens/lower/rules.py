@@ -1,0 +1,242 @@
+"""The lowering rules of the primitives their kind's lowering does not cover (lowering.py
+`Lowering.lower_<kind>` lowers a pointwise primitive by its spelling, a reduction by its combine,
+an extern as a call of its `impl`): views, index-computed values, sources, identities, and the
+externs lowered to kernels (max pooling). Each is registered for its primitive with
+`@lowering(prim.X)` and called as `rule(ctx, node, args, kwargs)`: `ctx` the Lowering running,
+`node` the primitive's FX node (its `meta["val"]` is the result's shape and dtype), `args` and
+`kwargs` its operands lowered (View, Lazy, or Python values). It returns the node's value.
+"""
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+
+from ..ops import primitives as prim
+from .indexing import floor_div, mod_index, reshape_index
+from .ir import Lazy, View, compute_dtype, ops
+from .lowering import INDEX_OPS_LIMIT, Items, broadcast_index, lowering, order_of, reads_of, view_strides
+
+
+@lowering(prim.stop_gradient, prim.with_vjp)
+def _identity(ctx, node, args, kwargs):
+    # autograd is done before lowering: here a detach is its input (as in eager, which aliases
+    # it), not a kernel copying an extern's result before the next extern reads it
+    return args[0]
+
+
+@lowering(prim.convert)
+def _convert(ctx, node, args, kwargs):
+    # (no spelling of its own: the writer knows its target's type names)
+    return ctx.lower_pointwise(node, prim.convert, args, kwargs,
+                               compute=lambda vals: ops().to_dtype(vals[0], kwargs["dtype"]))
+
+
+@lowering(prim.where)
+def _where(ctx, node, args, kwargs):
+    # Python scalars take the dtype of the values chosen between, not of the condition
+    return ctx.lower_pointwise(node, prim.where, args, kwargs, scalars_like=args[1:])
+
+
+# --- index-computed values: pointwise with masked loads -------------------------------------------
+@lowering(prim.slice_backward)
+def _slice_backward(ctx, node, args, kwargs):
+    src, _shape, dim, start, end, step = args
+    val = node.meta["val"]
+    shape, dtype, loc = tuple(val.shape), val.dtype, node.meta.get("loc")
+
+    def fn(idx):
+        i = idx[dim]
+        conds = [sympy.Ge(i, start), sympy.Lt(i, end)]
+        if step != 1:
+            conds.append(sympy.Eq(mod_index(i - start, step, ops()), 0))
+        src_idx = list(idx)
+        src_idx[dim] = floor_div(i - start, step, ops())
+        return ops().masked(conds, lambda: src.load(src_idx), 0, dtype)
+    return ctx.lazy(shape, dtype, loc, fn, args)
+
+
+@lowering(prim.cat)
+def _cat(ctx, node, args, kwargs):
+    tensors, dim = args
+    val = node.meta["val"]
+    shape, dtype, loc = tuple(val.shape), val.dtype, node.meta.get("loc")
+
+    def fn(idx):
+        i, result, offset = idx[dim], None, 0
+        parts = []
+        for t in tensors:
+            parts.append((t, offset))
+            offset += t.shape[dim]
+        for t, start in reversed(parts):
+            src_idx = list(idx)
+            src_idx[dim] = i - start
+            conds = [sympy.Ge(i, start), sympy.Lt(i, start + t.shape[dim])]
+            result = ops().masked(conds, lambda t=t, src_idx=src_idx: t.load(src_idx),
+                                  result if result is not None else 0, dtype)
+        return result
+    return ctx.lazy(shape, dtype, loc, fn, tensors)
+
+
+# --- views: index expressions over their operand (a view of a buffer is a View of it) -----------
+@lowering(prim.permute)
+def _permute(ctx, node, args, kwargs):
+    x, dims = args
+    out_shape = tuple(node.meta["val"].shape)
+    if isinstance(x, View):
+        return View(x.buf, out_shape, tuple(x.stride[d] for d in dims), x.offset)
+    inverse = [dims.index(d) for d in range(len(dims))]
+    return Lazy(out_shape, x.dtype, lambda idx: x.load([idx[i] for i in inverse]), x.cost, x.loc,
+                permute_of=(x, tuple(dims)), reads=x.reads, heavy=x.heavy)
+
+
+@lowering(prim.expand)
+def _expand(ctx, node, args, kwargs):
+    x = args[0]
+    out_shape = tuple(node.meta["val"].shape)
+    if isinstance(x, View):
+        lead = len(out_shape) - len(x.shape)
+        stride = (0,) * lead + tuple(0 if s == 1 and o != 1 else st for s, o, st in
+                                      zip(x.shape, out_shape[lead:], x.stride))
+        return View(x.buf, out_shape, stride, x.offset)
+    return Lazy(out_shape, x.dtype, lambda idx: x.load(broadcast_index(idx, out_shape, x.shape)), x.cost,
+                x.loc, reads=x.reads, heavy=x.heavy)
+
+
+@lowering(prim.slice)
+def _slice(ctx, node, args, kwargs):
+    x, dim, start, end, step = args
+    out_shape = tuple(node.meta["val"].shape)
+    if isinstance(x, View):
+        stride = list(x.stride)
+        stride[dim] *= step
+        return View(x.buf, out_shape, tuple(stride), x.offset + start * x.stride[dim])
+
+    def fn(idx):
+        src = list(idx)
+        src[dim] = start + step * idx[dim]
+        return x.load(src)
+    return Lazy(out_shape, x.dtype, fn, x.cost, x.loc, reads=x.reads, heavy=x.heavy)
+
+
+@lowering(prim.reshape)
+def _reshape(ctx, node, args, kwargs):
+    x = args[0]
+    out_shape = tuple(node.meta["val"].shape)
+    if isinstance(x, Lazy) and ctx.index_ops(x, out_shape) > INDEX_OPS_LIMIT:
+        x = ctx.realize(x)
+    if isinstance(x, View):
+        stride = view_strides(x.shape, x.stride, out_shape)
+        if stride is not None:
+            return View(x.buf, out_shape, stride, x.offset)
+    return Lazy(out_shape, x.dtype, lambda idx: x.load(reshape_index(idx, out_shape, x.shape, ops())),
+                getattr(x, "cost", 1), getattr(x, "loc", None), reads=reads_of([x]),
+                reshape_of=x if isinstance(x, Lazy) and not _broadcast(x) else None,
+                heavy=getattr(x, "heavy", False))
+
+
+def _broadcast(x: Lazy) -> bool:
+    """`x` has more elements than any buffer it reads (GQA's keys repeated per head): stored as it is
+    reshaped, it joins the kernel of its reshaped neighbours rather than a kernel of its own."""
+    numel = math.prod(x.shape)
+    return not isinstance(numel, int) or max((n for _, n in x.reads), default=0) < numel
+
+
+# --- sources ----------------------------------------------------------------------------------------
+@lowering(prim.full)
+def _full(ctx, node, args, kwargs):
+    val, loc = node.meta["val"], node.meta.get("loc")
+    shape, dtype, value = tuple(val.shape), val.dtype, args[1]
+
+    def fn(idx):
+        with ops().at(loc):
+            return ops().constant(value, dtype)
+    return Lazy(shape, dtype, fn, loc=loc)
+
+
+@lowering(prim.iota)
+def _iota(ctx, node, args, kwargs):
+    val, loc = node.meta["val"], node.meta.get("loc")
+    shape, dtype = tuple(val.shape), val.dtype
+    _, start, step = args
+
+    def fn(idx):
+        with ops().at(loc):
+            return ops().index_value(start + step * idx[0], dtype)
+    return Lazy(shape, dtype, fn, loc=loc)
+
+
+# --- 2-d max pooling: externs lowered to window loops over the output -----------------------------
+@lowering(prim.max_pool2d)
+def _max_pool2d(ctx, node, args, kwargs):
+    """(values, offsets) of max pooling: each output's maximum over the window's elements in
+    bounds, and its position in the window as ATen picks it (the first maximum, a NaN over
+    any number, the last NaN), pointwise values over the output fused with their neighbours
+    (after a ResNet's stem, the BatchNorm-ReLU they read)."""
+    x, kernel_size, stride, padding, dilation, ceil_mode = args
+    val, offsets_val = node.meta["val"]
+    shape, dtype, loc = tuple(val.shape), val.dtype, node.meta.get("loc")
+    cdtype, odtype = compute_dtype(dtype), offsets_val.dtype
+    kernel_w = kernel_size[1]
+
+    def window(idx):  # (offset, value or -inf, whether in bounds) of each element, in order
+        for k in range(kernel_size[0] * kernel_w):
+            src, conds = list(idx), []
+            for d, kd in ((-2, k // kernel_w), (-1, k % kernel_w)):
+                src[d] = idx[d] * stride[d] - padding[d] + kd * dilation[d]
+                conds += [sympy.Ge(src[d], 0), sympy.Lt(src[d], x.shape[d])]
+            yield k, ops().masked(conds, lambda src=src: x.load(src), -math.inf, dtype), conds
+
+    def values(idx):
+        result = None
+        for _, v, _ in window(idx):
+            result = v if result is None else ops().pointwise(prim.maximum, [result, v], dtype)
+        return result
+
+    def offsets(idx):
+        def op(p, *args, dtype=torch.bool):
+            return ops().pointwise(p, list(args), dtype)
+        # ATen's loop: the first element in bounds, then one greater than the best so far or NaN
+        best, offset, found = ops().constant(-math.inf, cdtype), ops().constant(0, odtype), None
+        for k, v, conds in window(idx):
+            valid = ops().masked(conds, lambda: ops().constant(True, torch.bool), False, torch.bool)
+            better = op(prim.logical_or, op(prim.gt, v, best), op(prim.ne, v, v))
+            take = valid if found is None else op(prim.logical_and, valid,
+                                                  op(prim.logical_or, op(prim.logical_not, found), better))
+            offset = op(prim.where, take, ops().constant(k, odtype), offset, dtype=odtype)
+            best = op(prim.where, take, v, best, dtype=cdtype)
+            found = valid if found is None else op(prim.logical_or, found, valid)
+        return offset
+    reads = [x] * (kernel_size[0] * kernel_w)
+    return Items([ctx.lazy(shape, dtype, loc, values, reads, order=order_of(x)),
+                  ctx.lazy(shape, odtype, loc, offsets, reads, order=order_of(x))])
+
+
+@lowering(prim.max_pool2d_backward)
+def _max_pool2d_backward(ctx, node, args, kwargs):
+    """The gradient at each input element: the sum of the gradients of the outputs whose window
+    holds it at their maximum's offset, in ATen's order (outputs by row, then column)."""
+    g, x, offsets, kernel_size, stride, padding, dilation, ceil_mode = args
+    val = node.meta["val"]
+    shape, dtype, loc = tuple(val.shape), val.dtype, node.meta.get("loc")
+    cdtype, odtype, kernel_w = compute_dtype(dtype), offsets.dtype, kernel_size[1]
+
+    def fn(idx):
+        total = ops().constant(0.0, cdtype)
+        for k in reversed(range(kernel_size[0] * kernel_w)):  # (a later offset: an earlier output)
+            out, conds = list(idx), []
+            for d, kd in ((-2, k // kernel_w), (-1, k % kernel_w)):
+                start = idx[d] + padding[d] - kd * dilation[d]  # the output's window's first row / column
+                conds.append(sympy.Ge(start, 0))
+                if stride[d] != 1:
+                    conds.append(sympy.Eq(mod_index(start, stride[d], ops()), 0))
+                out[d] = floor_div(start, stride[d], ops())
+                conds.append(sympy.Lt(out[d], g.shape[d]))
+
+            def term(out=out, k=k):
+                hit = ops().pointwise(prim.eq, [offsets.load(out), ops().constant(k, odtype)], torch.bool)
+                return ops().pointwise(prim.where, [hit, g.load(out), ops().constant(0.0, cdtype)], cdtype)
+            total = ops().pointwise(prim.add, [total, ops().masked(conds, term, 0.0, cdtype)], cdtype)
+        return ops().to_dtype(total, dtype)
+    return ctx.lazy(shape, dtype, loc, fn, [g, offsets] * (kernel_size[0] * kernel_w), order=order_of(x))

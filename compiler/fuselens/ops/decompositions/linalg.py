@@ -1,0 +1,155 @@
+"""Matrix products, convolution and embedding: extern primitives (cuBLAS, cuDNN), with their
+operands brought to one dtype and, for large half-precision GEMMs, to cuBLAS's alignment."""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.nn.functional as F
+
+from .. import builder as P
+from .. import primitives as prim
+from ..builder import TVal, emit
+from .conventions import is_half, pair
+from .registry import Unsupported, register, spellings, tensor_method
+
+
+def _same_dtype(a, b):
+    dtype = P.result_type(a, b)
+    return P.cast(a, dtype), P.cast(b, dtype)
+
+
+# GEMMs at least this large (M*N*K) get their unaligned dims padded (`_gemm`)
+PAD_GEMM_MIN = 1 << 30
+
+
+def _gemm_alignment(dtype):
+    """Elements per 16 bytes where cuBLAS needs 16-byte aligned leading dims for its fast kernels
+    (half precision on a GPU: an odd vocabulary size runs SIMT/`align1` kernels 3-5x slower);
+    None: no padding."""
+    return 8 if P.builder().device.type == "cuda" and is_half(dtype) else None
+
+
+def _gemm(p, a, b, bias=None):
+    """`p` (mm or addmm) of a (M, K) and b (K, N), each dim zero-padded to cuBLAS's alignment when
+    it is not aligned and the product is large: padded K columns meet only zeros, padded M rows
+    and N columns are sliced off, so values are the GEMM's own. The pads are pointwise ops that fuse
+    into the kernels producing the operands, and the VJPs through pad and slice keep the
+    backward's GEMMs aligned too (the gradient arrives padded)."""
+    (m, k), n = a.shape, b.shape[1]
+    align = _gemm_alignment(a.dtype)
+    pm, pk, pn = ((-m) % align, (-k) % align, (-n) % align) if align else (0, 0, 0)
+    if not (pm or pk or pn) or m * n * k < PAD_GEMM_MIN:
+        return emit(p, *([] if bias is None else [bias]), a, b)
+    a = _zero_pad(a, (m + pm, k + pk))  # (m: the backward's weight gradient sums over it)
+    b = _zero_pad(b, (k + pk, n + pn))
+    bias = None if bias is None else _zero_pad(bias, (n + pn,))
+    return P.slice(P.slice(emit(p, *([] if bias is None else [bias]), a, b), 0, 0, m), 1, 0, n)
+
+
+def _zero_pad(x, shape):
+    """`x` with zeros after its end in each dim to make `shape`; a transposed matrix (a linear's
+    weight) padded in its own layout, then transposed: a copy, not a transposing copy."""
+    if x.node.target is prim.permute and x.node.args[1] == (1, 0):
+        src = x.node.args[0]
+        return P.transpose(_zero_pad(TVal(src, src.meta["val"]), shape[::-1]), 0, 1)
+    for dim, size in enumerate(shape):
+        if size != x.shape[dim]:
+            grown = x.shape[:dim] + (size,) + x.shape[dim + 1:]
+            x = emit(prim.slice_backward, x, grown, dim, 0, x.shape[dim], 1)
+    return x
+
+
+@register(*spellings("mm"))
+def mm(a, b):
+    return _gemm(prim.mm, *_same_dtype(a, b))
+
+
+@register(*spellings("bmm"))
+def bmm(a, b):
+    return emit(prim.bmm, *_same_dtype(a, b))
+
+
+@register(*spellings("matmul"), operator.matmul, tensor_method("__matmul__"))
+def matmul(a, b):
+    a, b = _same_dtype(a, b)
+    if a.ndim == 1 and b.ndim == 1:
+        return P.reshape(emit(prim.mm, P.reshape(a, (1, -1)), P.reshape(b, (-1, 1))), ())
+    if a.ndim == 1:
+        return P.squeeze_dims(matmul(P.unsqueeze(a, 0), b), (b.ndim - 2,))
+    if b.ndim == 1:
+        return P.squeeze_dims(matmul(a, P.unsqueeze(b, 1)), (a.ndim - 1,))
+    if b.ndim == 2:
+        out = _gemm(prim.mm, P.reshape(a, (-1, a.shape[-1])), b)
+        return P.reshape(out, a.shape[:-1] + (b.shape[-1],))
+    batch = P.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a3 = P.reshape(P.expand(a, batch + a.shape[-2:]), (-1,) + a.shape[-2:])
+    b3 = P.reshape(P.expand(b, batch + b.shape[-2:]), (-1,) + b.shape[-2:])
+    return P.reshape(emit(prim.bmm, a3, b3), batch + (a.shape[-2], b.shape[-1]))
+
+
+def _biased_gemm(bias, a, b):
+    """a @ b + bias, a (M, K) and b (K, N). A bias row (N,) of a's and b's half precision goes
+    into one extern call as eager's (`F.linear`, `torch.addmm`): cuBLAS adds it in its epilogue
+    before the product rounds, at no cost (a separate add costs a pass over the output where no
+    kernel fuses with it: the attention's QKV projection, whose reader is SDPA). In fp32 the
+    epilogue makes cuBLAS pick slower kernels (H100, BERT-base's 3072 -> 768 projection: 500 us
+    with the bias, 418 without), so there the add is pointwise and fuses with what follows (GeLU,
+    the residual add before a layer norm)."""
+    if tuple(bias.shape) == (b.shape[1],) and a.dtype == b.dtype == bias.dtype and is_half(a.dtype):
+        return _gemm(prim.addmm, a, b, bias)
+    return P.add(mm(a, b), bias)
+
+
+@register(F.linear)
+def linear(x, weight, bias=None):
+    if bias is None or x.ndim < 2 or weight.ndim != 2 or tuple(bias.shape) != (weight.shape[0],):
+        out = matmul(x, P.transpose(weight, 0, 1))  # (a bias may broadcast over x's leading dims)
+        return out if bias is None else P.add(out, bias)
+    out = _biased_gemm(bias, P.reshape(x, (-1, x.shape[-1])), P.transpose(weight, 0, 1))
+    return P.reshape(out, x.shape[:-1] + (weight.shape[0],))
+
+
+@register(*spellings("addmm"))
+def addmm(bias, a, b, *, beta=1, alpha=1):
+    if alpha == 1 and beta == 1:
+        return _biased_gemm(bias, a, b)
+    out = mm(a, b)
+    if alpha != 1:
+        out = P.mul(out, alpha)
+    return P.add(out, bias if beta == 1 else P.mul(bias, beta))
+
+
+def _in_eager_layout(out, x, weight):
+    """A convolution's result `out` predicted in eager's layout (prim.conv2d_result_layout):
+    predicted wrong, it would be copied into the predicted layout on every call."""
+    out.val = out.node.meta["val"] = prim.conv2d_result_layout(out.val, x.val, weight.val)
+    return out
+
+
+@register(F.conv2d, torch.conv2d)
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    if isinstance(padding, str):
+        raise Unsupported("string padding")
+    x, weight = _same_dtype(x, weight)
+    with_bias = bias is not None and is_half(x.dtype)  # eager adds the bias before it rounds, once
+    out = _in_eager_layout(emit(prim.conv2d, x, weight, bias if with_bias else None, pair(stride), pair(padding),
+                                pair(dilation), groups), x, weight)
+    if with_bias:
+        return out
+    # an unbatched input (C, H, W) gives an unbatched result: the bias broadcasts over (C, 1, 1)
+    return out if bias is None else P.add(out, P.reshape(bias, (-1, 1, 1) if x.ndim == 3 else (1, -1, 1, 1)))
+
+
+@register(F.embedding)
+def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+              sparse=False):
+    if max_norm is not None or scale_grad_by_freq or sparse:
+        raise Unsupported("embedding options")
+    return emit(prim.embedding, indices, weight, -1 if padding_idx is None else padding_idx % weight.shape[0])
+
+
+@register(torch.embedding)
+def aten_embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return embedding(indices, weight, None if padding_idx < 0 else padding_idx, scale_grad_by_freq=scale_grad_by_freq,
+                     sparse=sparse)

@@ -1,0 +1,266 @@
+"""Views and indexing: reshapes, permutations, expansions, slices and selections, size queries,
+copies, joins (cat, stack) and zero padding."""
+from __future__ import annotations
+
+import builtins
+import math
+import operator
+
+import torch
+import torch.nn.functional as F
+
+from .. import builder as P
+from .. import primitives as prim
+from ..builder import TVal, emit
+from ..effects import no_grad_view
+from .conventions import shape_arg
+from .registry import Unsupported, register, spellings, tensor_method
+
+
+@register(tensor_method("view"), *spellings("reshape"))
+def reshape(x, *shape):
+    if len(shape) == 1 and isinstance(shape[0], torch.dtype):
+        raise Unsupported("view as another dtype")
+    return P.reshape(x, shape_arg(shape))
+
+
+@register(tensor_method("view_as"), *spellings("reshape_as"))
+def view_as(x, other):
+    return P.reshape(x, other.shape)
+
+
+@register(*spellings("flatten"))
+def flatten(x, start_dim=0, end_dim=-1):
+    if x.ndim == 0:
+        return P.reshape(x, (1,))
+    s, e = start_dim % x.ndim, end_dim % x.ndim
+    return P.reshape(x, x.shape[:s] + (math.prod(x.shape[s:e + 1]),) + x.shape[e + 1:])
+
+
+@register(*spellings("unflatten"))
+def unflatten(x, dim, sizes):
+    dim = dim % x.ndim
+    return P.reshape(x, x.shape[:dim] + tuple(sizes) + x.shape[dim + 1:])
+
+
+@register(*spellings("permute"))
+def permute(x, *dims):
+    return P.permute(x, shape_arg(dims))
+
+
+@register(*spellings("transpose", "swapaxes", "swapdims"))
+def transpose(x, d0, d1):
+    return P.transpose(x, d0, d1)
+
+
+@register(*spellings("t"))
+def t(x):
+    return P.transpose(x, 0, 1)
+
+
+@register(*spellings("movedim", "moveaxis"))
+def movedim(x, source, destination):
+    src = [source] if isinstance(source, int) else list(source)
+    dst = [destination] if isinstance(destination, int) else list(destination)
+    src, dst = [s % x.ndim for s in src], [d % x.ndim for d in dst]
+    rest = [d for d in range(x.ndim) if d not in src]
+    order = [None] * x.ndim
+    for s, d in zip(src, dst):
+        order[d] = s
+    it = iter(rest)
+    return P.permute(x, [o if o is not None else next(it) for o in order])
+
+
+@register(tensor_method("expand"))
+def expand(x, *shape):
+    return P.expand(x, shape_arg(shape))
+
+
+@register(tensor_method("expand_as"))
+def expand_as(x, other):
+    return P.expand(x, other.shape)
+
+
+@register(*spellings("broadcast_to"))
+def broadcast_to(x, shape):
+    return P.expand(x, shape)
+
+
+@register(*spellings("squeeze"))
+def squeeze(x, dim=None):
+    if dim is None:
+        dims = tuple(range(x.ndim))
+    else:
+        dims = tuple(d % builtins.max(x.ndim, 1) for d in ((dim,) if isinstance(dim, int) else dim))
+    return P.squeeze_dims(x, dims)
+
+
+@register(*spellings("unsqueeze"))
+def unsqueeze(x, dim):
+    return P.unsqueeze(x, dim)
+
+
+@register(*spellings("contiguous"))
+def contiguous(x, memory_format=torch.contiguous_format):
+    return x if x.val.is_contiguous(memory_format=memory_format) else P.copy(x, memory_format)
+
+
+@register(*spellings("clone"))
+def clone(x, memory_format=torch.preserve_format):
+    return P.copy(x, memory_format)
+
+
+@register(*spellings("detach"), no_grad_view)
+def detach(x):
+    return emit(prim.stop_gradient, x)
+
+
+@register(*spellings("narrow"))
+def narrow(x, dim, start, length):
+    return P.slice(x, dim, start, start + length)
+
+
+@register(*spellings("select"))
+def select(x, dim, index):
+    return P.select(x, dim, index)
+
+
+@register(*spellings("split"))
+def split(x, split_size_or_sections, dim=0):
+    size = x.shape[dim % x.ndim]
+    if isinstance(split_size_or_sections, int):
+        step = split_size_or_sections
+        bounds = list(range(0, size, step)) or [0]
+        sizes = [builtins.min(step, size - b) for b in bounds]
+    else:
+        sizes = list(split_size_or_sections)
+    out, start = [], 0
+    for s in sizes:
+        out.append(P.slice(x, dim, start, start + s))
+        start += s
+    return tuple(out)
+
+
+@register(*spellings("chunk"))
+def chunk(x, chunks, dim=0):
+    size = x.shape[dim % x.ndim]
+    return split(x, builtins.max(-(-size // chunks), 1), dim)
+
+
+@register(*spellings("unbind"))
+def unbind(x, dim=0):
+    return tuple(P.select(x, dim, i) for i in range(x.shape[dim % x.ndim]))
+
+
+@register(*spellings("repeat"))
+def repeat(x, *sizes):
+    sizes = shape_arg(sizes)
+    lead = len(sizes) - x.ndim
+    base = P.reshape(x, (1,) * lead + x.shape)
+    inter = []
+    for r, s in zip(sizes, base.shape):
+        inter += [r, s]
+    expanded = P.expand(P.reshape(base, [v for s in base.shape for v in (1, s)]), inter)
+    return P.reshape(expanded, [r * s for r, s in zip(sizes, base.shape)])
+
+
+def _triangle(x, diagonal, lower):
+    rows, cols = x.shape[-2], x.shape[-1]
+    r = P.reshape(P.iota(rows), (rows, 1))
+    c = P.reshape(P.iota(cols), (1, cols))
+    keep = P.le(P.sub(c, r), diagonal) if lower else P.ge(P.sub(c, r), diagonal)
+    return P.where(keep, x, P.cast(0, x.dtype))
+
+
+register(*spellings("tril"))(lambda x, diagonal=0: _triangle(x, diagonal, True))
+register(*spellings("triu"))(lambda x, diagonal=0: _triangle(x, diagonal, False))
+
+
+@register(operator.getitem)
+def getitem(x, index):
+    if not isinstance(x, TVal):
+        return x[index]
+    index = index if isinstance(index, tuple) else (index,)
+    if builtins.any(isinstance(i, (TVal, list)) for i in index):
+        raise Unsupported("tensor indexing")
+    n_real = builtins.sum(1 for i in index if i is not None and i is not Ellipsis)
+    if Ellipsis in index:
+        at = index.index(Ellipsis)
+        index = index[:at] + (builtins.slice(None),) * (x.ndim - n_real) + index[at + 1:]
+    out, dim = x, 0
+    for i in index:
+        if i is None:
+            out = P.unsqueeze(out, dim)
+            dim += 1
+        elif isinstance(i, builtins.slice):
+            if i.step is not None and i.step <= 0:
+                raise Unsupported("non-positive slice step")
+            out = P.slice(out, dim, i.start, i.stop, i.step or 1)
+            dim += 1
+        else:
+            out = P.select(out, dim, int(i))
+    return out
+
+
+@register(builtins.getattr)
+def getattr_(x, name):
+    if name == "T":
+        return P.permute(x, tuple(reversed(range(x.ndim))))
+    if name == "mT":
+        return P.transpose(x, -2, -1)
+    if name == "shape":
+        return x.shape
+    if name == "device":
+        return P.builder().device
+    return getattr(x.val, name)
+
+
+@register(tensor_method("size"))
+def size(x, dim=None):
+    return x.shape if dim is None else x.shape[dim]
+
+
+@register(tensor_method("dim"))
+def dim_(x):
+    return x.ndim
+
+
+@register(tensor_method("numel"), torch.numel)
+def numel(x):
+    return x.numel()
+
+
+@register(torch.ops.aten.sym_size.int)
+def sym_size(x, dim):
+    return x.shape[dim]
+
+
+@register(*spellings("cat", "concat", "concatenate"))
+def cat(tensors, dim=0):
+    tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or list(tensors[:1])
+    if len(tensors) == 1:
+        return tensors[0]
+    dtype = P.result_type(*tensors)
+    dim = dim % tensors[0].ndim
+    return emit(prim.cat, [P.cast(t, dtype) for t in tensors], dim)
+
+
+@register(*spellings("stack"))
+def stack(tensors, dim=0):
+    dim = dim % (tensors[0].ndim + 1)
+    return cat([P.unsqueeze(t, dim) for t in tensors], dim)
+
+
+@register(F.pad)
+def pad(x, pad, mode="constant", value=None):
+    if mode != "constant" or (value not in (None, 0, 0.0)) or builtins.any(p < 0 for p in pad):
+        raise Unsupported("pad other than zero padding")
+    out = x
+    for i in range(len(pad) // 2):
+        dim = x.ndim - 1 - i
+        before, after = pad[2 * i], pad[2 * i + 1]
+        if before or after:
+            shape = list(out.shape)
+            shape[dim] += before + after
+            out = emit(prim.slice_backward, out, tuple(shape), dim, before, before + out.shape[dim], 1)
+    return out

@@ -1,0 +1,55 @@
+"""What the environment decides for the whole compiler: whether kernels run in Triton's
+interpreter, the cache directory, whether compiled programs are kept on disk, and the compiler's
+version (the key of everything kept there).
+
+Imports nothing but the standard library at import time: the language server reads the cache
+directory from it before it may import torch (server/fuselens_lsp/initialize_cache.py).
+
+FUSELENS_INTERPRET=1 runs every kernel in Triton's interpreter (CPU tensors included). Triton
+decides interpreted vs compiled for its own library functions (`tl.rand`, ...) when it is first
+imported, so importing this module sets TRITON_INTERPRET=1 (fuselens/__init__.py imports it before
+torch, which may import triton); importing triton yourself earlier in that process requires
+TRITON_INTERPRET=1 to be set already.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import pathlib
+import sys
+import tempfile
+
+INTERPRET = os.environ.get("FUSELENS_INTERPRET", "") not in ("", "0")
+if INTERPRET:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def cache_dir(create: bool = True) -> str:
+    """Where fuselens keeps what it compiled (kernels, cubins, autotuning, programs, captures) and
+    the language server its answers: FUSELENS_CACHE_DIR, else `<tmp>/fuselens-<user>`."""
+    user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")  # (Windows)
+    path = os.environ.get("FUSELENS_CACHE_DIR") or os.path.join(tempfile.gettempdir(), f"fuselens-{user}")
+    if create:
+        os.makedirs(path, exist_ok=True)
+    return path
+
+
+def program_cache_enabled() -> bool:
+    """FUSELENS_PROGRAM_CACHE=0: nothing compiled is read from or written to disk (programs,
+    captures, autocast's answers)."""
+    return os.environ.get("FUSELENS_PROGRAM_CACHE", "1") != "0"
+
+
+@functools.cache
+def compiler_version() -> str:
+    """The compiler's hash: fuselens's own source and the versions of what it runs on (torch,
+    triton, Python, the interpreter flag). What is kept on disk is kept under it."""
+    import torch  # (not at import: see the module's text)
+    import triton
+    h = hashlib.sha256()
+    root = pathlib.Path(__file__).resolve().parent
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update(repr((torch.__version__, triton.__version__, sys.version, INTERPRET)).encode())
+    return h.hexdigest()[:24]
