@@ -192,3 +192,17 @@ def test_a_later_process_asks_no_probe_again(tmp_path, monkeypatch, fn, args):
     monkeypatch.setattr(AC, "_disk", None)
     check(fn, *args, graphs=1, breaks=[])
     assert asked
+
+
+@pytest.mark.parametrize("mask", [None, torch.float32, torch.bool])
+def test_a_call_autocast_leaves_alone_is_recorded_as_it_is(mask):
+    """SDPA on bfloat16 values under CUDA's bfloat16 autocast: autocast casts nothing (a float32 mask
+    aside); the casts the probe sees are the op's own (fake CUDA SDPA runs its math kernel, which
+    computes in float32), so the call is recorded, not left to Python (FL180 on every attention
+    layer of a transformers model trained under autocast)."""
+    from fuselens.capture.autocast import _probe, _Tensor
+    cuda = torch.device("cuda")
+    qkv = _Tensor(torch.bfloat16, (2, 4, 16, 8), (512, 128, 8, 1), cuda)
+    spec = ((qkv, qkv, qkv), {"attn_mask": None if mask is None else _Tensor(mask, (2, 1, 16, 16), (256, 256, 16, 1), cuda)})
+    assert _probe(F.scaled_dot_product_attention, spec, "cuda", torch.bfloat16) in (
+        None if mask is not torch.float32 else torch.bfloat16,)

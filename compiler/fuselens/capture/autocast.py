@@ -8,7 +8,10 @@ runs), or has an op compute in float32 (its results' dtypes differ with autocast
 casts the arguments itself and records the call on them; that is eager's computation only if the
 ATen ops the call runs are the same as under autocast (an op computing in float32 inside a call
 that autocast runs in float16 would not be): a third run, on the cast arguments with autocast
-off, must run the same ATen ops with results of the same dtypes, or the call runs in Python.
+off, must run the same ATen ops with results of the same dtypes, or the call runs in Python. An op
+may cast its own arguments too (SDPA's math kernel computes in float32): where autocast changes
+nothing the call is recorded as it is, and of several casts seen, autocast's is the one whose run
+with autocast off reproduces the computation.
 
 A probe costs milliseconds (three runs on fake tensors), and a model asks dozens: the answers are
 kept on disk beside the program cache (`$FUSELENS_CACHE_DIR/autocast-probes-<compiler hash>`: a
@@ -159,20 +162,22 @@ def _probe(fn, spec, device_type, dtype):
         off = _run(fn, tree_map(fake, spec), device_type, None)
         if on is None:  # eager raises under autocast, or the probe cannot tell what it does
             return REFUSED
+        if off is not None and (on[0], on[2], _computing(on[1])) == (off[0], off[2], _computing(off[1])):
+            return None  # autocast changes nothing: casts seen are the op's own (SDPA's math upcast)
         results, casts = on[0], on[2]
-        if len(casts) > 1:
-            return REFUSED
         if casts:  # ATen's cast of the arguments (lower precision, float32, the widest of them)
-            target = next(iter(casts))
+            targets = sorted(casts, key=str)  # (with the op's own casts, as SDPA's math kernel's)
         else:  # or an op told to compute in float32 (`softmax(x, dtype=torch.float32)`)
             floats = [d for d in results if d.is_floating_point]
             if off is None or results == off[0] or not floats:
                 return None
-            target = floats[0]
-        cast = _run(fn, tree_map(lambda v: fake(v, target), spec), device_type, None)
-        if cast is None or _computing(cast[1]) != _computing(on[1]) or cast[0] != results:
-            return REFUSED
-        return target
+            targets = floats[:1]
+        # autocast's target: the dtype whose arguments, autocast off, make the same computation
+        for target in targets:
+            cast = _run(fn, tree_map(lambda v: fake(v, target), spec), device_type, None)
+            if cast is not None and _computing(cast[1]) == _computing(on[1]) and cast[0] == results:
+                return target
+        return REFUSED
 
 
 def _computing(ops):
