@@ -240,8 +240,9 @@ class UNet(nn.Module):
         self.out = nn.Sequential(nn.GroupNorm(32, c), nn.SiLU(), nn.Conv2d(c, 3, 3, padding=1))
 
     def forward(self, x, t):
-        half = torch.exp(-torch.arange(64, device=x.device) * (9.21 / 64))  # sinusoidal, as DDPM's
-        e = t[:, None].float() * half[None]
+        # sinusoidal, as DDPM's, in the input's dtype (the float64 twin's too)
+        half = torch.exp(-torch.arange(64, device=x.device, dtype=x.dtype) * (9.21 / 64))
+        e = t[:, None].to(x.dtype) * half[None]
         emb = self.temb(torch.cat([e.sin(), e.cos()], dim=1))
         h, skips = self.stem(x), []
         for i, (b1, b2) in enumerate(self.down):
