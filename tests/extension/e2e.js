@@ -534,7 +534,13 @@ async function editorText() {
       await install.waitFor({ timeout: 60000 });
       const beforeInstall = new Set(serverPids(codeServerPid));
       await install.click();
-      const done = page.locator('.notification-toast:has-text("installed pygls, lsprotocol, libcst")').first();
+      // VS Code shows three toasts at most (earlier ones wait in front): the result is looked for in
+      // the notifications list, which holds every notification
+      await pressFor('F1', '.quick-input-widget .quick-input-box input');
+      await page.keyboard.type('Notifications: Show Notifications', { delay: 10 });
+      await page.waitForSelector('.quick-input-list .monaco-list-row:has-text("Show Notifications")', { timeout: 15000 });
+      await page.keyboard.press('Enter');
+      const done = page.locator('.notifications-center .notification-list-item:has-text("installed pygls, lsprotocol, libcst")').first();
       await done.waitFor({ timeout: 60000 });
       const pipArgs = fs.readFileSync(path.join(wsDir, '.venv', 'pip-args'), 'utf8').trim();
       log('Install button: pip ran as', JSON.stringify(pipArgs), '·', (await done.innerText()).replace(/\s+/g, ' '));

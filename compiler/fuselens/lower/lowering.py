@@ -479,10 +479,12 @@ class Lowering:
         tup, index = args
         if isinstance(tup, Items):
             return tup.items[index]
-        val = tup.val[index] if tup.val is not None else node.meta["val"]
-        buf = ExternBuffer(f"{tup.call.name}_{index}", tuple(val.shape), tuple(val.stride()), val.dtype, call=tup.call,
-                           item=index)
-        tup.call.items.append(buf)
+        buf = next((b for b in tup.call.items if b.item == index), None)
+        if buf is None:  # (a graph may take an item twice: the forward's output and a saved value)
+            val = tup.val[index] if tup.val is not None else node.meta["val"]
+            buf = ExternBuffer(f"{tup.call.name}_{index}", tuple(val.shape), tuple(val.stride()), val.dtype,
+                               call=tup.call, item=index)
+            tup.call.items.append(buf)
         return buffer_view(buf)
 
 
