@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.fx as fx
 
-from fl_backend_testing import trace
+from fl_backend_testing import DEVICE, trace
 from fuselens.autograd import build_joint, partition
 from fuselens.autograd.contract import check_joint, check_partition
 from fuselens.capture.contract import check_captured
@@ -134,7 +134,7 @@ def test_the_suite_verifies_every_hand_over(monkeypatch):
     def broken(lowered):
         contract.expect(False, "loop IR", "buffer buf0", "(broken for this test)")
     monkeypatch.setattr(lowering, "check_lowered", broken)
-    x = torch.randn(5, 3)
+    x = torch.randn(5, 3, device=DEVICE)  # (a CPU graph on a GPU machine runs no lowering)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         cg = backend.compile_graph(trace(lambda x: torch.sin(x)), [x])
