@@ -45,7 +45,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import fuselens  # noqa: E402
 from models import no_dropout, outputs, rel  # noqa: E402
-from run import in_rounds, median  # noqa: E402
+from run import in_rounds, median, profile_calls  # noqa: E402
 from suite_models import MODELS  # noqa: E402
 
 COMPILERS = ("eager", "fuselens", "inductor")
@@ -191,14 +191,7 @@ def timer(device):
 
 def gpu_activity(call, steps=3):
     """(GPU activities per step: kernels, copies, fills; their GPU milliseconds per step)."""
-    from torch.profiler import ProfilerActivity, profile
-    call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            call()
-        torch.cuda.synchronize()
-    ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    ev = [e for e in profile_calls(call, steps).events() if e.device_type == torch.autograd.DeviceType.CUDA]
     return len(ev) / steps, sum(e.device_time for e in ev) / steps / 1e3
 
 
