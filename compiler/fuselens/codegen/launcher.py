@@ -213,7 +213,7 @@ def patch_interpreter_casts():
     builder._fuselens_casts = True
 
 
-# the combine functions of fuselens kernels' reductions (codegen/triton.py), as numpy reductions
+# the combine functions of fuselens kernels' reductions (codegen/triton_reductions.py), as numpy reductions
 _NUMPY_REDUCTIONS = {"_max_combine": np.max, "_min_combine": np.min, "_prod_combine": np.prod}
 
 

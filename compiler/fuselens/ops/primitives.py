@@ -11,7 +11,7 @@
     rest are extern calls of `impl`. A code generator for another target (C++) adds its spelling
     beside `triton`.
 Adding a pointwise primitive is one declaration here (impl, spelling, VJP) and the builder's or a
-decomposition's use of it (ops/builder.py, ops/decompositions.py).
+decomposition's use of it (ops/builder.py, ops/decompositions/).
 """
 from __future__ import annotations
 
