@@ -52,7 +52,7 @@ BINARY = {
     "maximum": torch.maximum, "minimum": torch.minimum, "add_alpha": lambda a, b: torch.add(a, b, alpha=0.5),
     "rsub": lambda a, b: 1.0 - a * b, "where": lambda a, b: torch.where(a > b, a, b * 2),
     "pow": lambda a, b: torch.pow(a.abs() + 0.5, b), "atan_like": lambda a, b: a / (1 + b * b),
-    "hypot": torch.hypot,
+    "hypot": torch.hypot, "atan2": torch.atan2,
 }
 
 

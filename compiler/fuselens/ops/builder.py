@@ -177,11 +177,6 @@ def abs(x):  # noqa: A001 - the primitive's name
     return x if x.dtype == torch.bool else emit(prim.abs, x)
 
 
-exp, exp2, log, log1p = (_unary(p) for p in (prim.exp, prim.exp2, prim.log, prim.log1p))
-sqrt, rsqrt, sin, cos = (_unary(p) for p in (prim.sqrt, prim.rsqrt, prim.sin, prim.cos))
-tanh, sigmoid, erf = (_unary(p) for p in (prim.tanh, prim.sigmoid, prim.erf))
-
-
 def _rounding(p):
     def fn(x):  # integers are whole already: torch gives a copy (Triton's floor takes only floats)
         return emit(p, x) if x.dtype.is_floating_point else emit(prim.copy, x)
@@ -274,7 +269,6 @@ _BOOL_ARITHMETIC = {prim.add: prim.logical_or, prim.mul: prim.logical_and}
 
 add, sub, mul = _binary(prim.add), _binary(prim.sub), _binary(prim.mul)
 div = _binary(prim.div, float_result=True)
-maximum, minimum, hypot = _binary(prim.maximum), _binary(prim.minimum), _binary(prim.hypot)
 eq, ne, lt, le, gt, ge = (_binary(p) for p in (prim.eq, prim.ne, prim.lt, prim.le, prim.gt, prim.ge))
 
 
@@ -310,6 +304,17 @@ def where(cond, a, b):
     if not isinstance(cond, TVal):
         return a if cond else b
     return emit_operands(prim.where, cast(cond, torch.bool), cast(a, dtype), cast(b, dtype), dtype=dtype)
+
+
+def _declared_helper(p):
+    return _unary(p, float_only=p.int_to_float) if p.arity == 1 else _binary(p, float_result=p.int_to_float)
+
+
+# the helpers of primitives declared with `prim.unary`/`prim.binary` that need nothing more
+# (`floor` and `ceil` do: written above)
+for _p in list(prim.PRIMITIVES.values()):
+    if _p.torch_names and _p.name not in globals():
+        globals()[_p.name] = _declared_helper(_p)
 
 
 # --- reductions -----------------------------------------------------------------------------------

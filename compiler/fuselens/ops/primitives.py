@@ -10,8 +10,11 @@
     primitives that need more (views, `cat`, max pooling) have a rule in lower/rules.py, and the
     rest are extern calls of `impl`. A code generator for another target (C++) adds its spelling
     beside `triton`.
-Adding a pointwise primitive is one declaration here (impl, spelling, VJP) and the builder's or a
-decomposition's use of it (ops/builder.py, ops/decompositions/).
+A pointwise primitive that computes a torch op on its own is declared with `unary`/`binary`
+naming that op: the declaration is then the whole of it, since the builder's helper (`P.<name>`,
+with torch's type promotion) and the decomposition of each torch spelling are made from it
+(ops/builder.py, ops/decompositions/pointwise.py). Others are declared with `_pointwise` and used
+by the builder's hand-written helpers or by decompositions.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ class Primitive:
     """A primitive op. Callable (runs `impl`) so a primitive FX graph also runs eagerly."""
 
     def __init__(self, name, impl, kind, *, triton=None, reduce=None, vjp=None, fresh_contiguous=False,
-                 opmath_scalars=(), heavy=False):
+                 opmath_scalars=(), heavy=False, torch_names=(), arity=None, int_to_float=False):
         self.name = name
         self.__name__ = f"prim_{name}"
         self.__qualname__ = self.__name__
@@ -48,6 +51,12 @@ class Primitive:
         # (range reduction, a polynomial): lowering stores a value computed with one rather than
         # compute it again for each element a consumer broadcasts it to (RoPE's cos and sin)
         self.heavy = heavy
+        # the torch ops (torch.X, Tensor.X, F.X) this pointwise primitive computes alone, its number
+        # of tensor operands, and whether integer operands compute in the default float dtype
+        # (exp, div) rather than in their promoted dtype: what its helper and decompositions need
+        self.torch_names = tuple(torch_names)
+        self.arity = arity
+        self.int_to_float = int_to_float
         self.vjp = vjp
         self.vjp_with_needs = False  # the rule takes `needs` (vjp.rule)
         PRIMITIVES[name] = self
@@ -87,6 +96,19 @@ def _in_compute_precision(rule):
 
 def _pointwise(name, impl, triton, vjp, **kwargs):
     return Primitive(name, impl, "pointwise", triton=triton, vjp=vjp, **kwargs)
+
+
+def unary(name, impl, triton, vjp, *, torch_names=None, int_to_float=True, **kwargs):
+    """A pointwise primitive computing the torch op(s) `torch_names` (default: `name`) of one tensor."""
+    return _pointwise(name, impl, triton, vjp, torch_names=torch_names or (name,), arity=1,
+                      int_to_float=int_to_float, **kwargs)
+
+
+def binary(name, impl, triton, vjp, *, torch_names=None, int_to_float=False, **kwargs):
+    """A pointwise primitive computing the torch op(s) `torch_names` (default: `name`) of two
+    tensors, broadcast and promoted to one dtype as torch does."""
+    return _pointwise(name, impl, triton, vjp, torch_names=torch_names or (name,), arity=2,
+                      int_to_float=int_to_float, **kwargs)
 
 
 class _Builder:
@@ -139,25 +161,26 @@ neg = _pointwise("neg", torch.neg, lambda dtype: "{0} * -1.0" if dtype.is_floati
                  lambda g, out, x: (P.neg(g),))
 abs = _pointwise("abs", torch.abs, "tl.abs({0})",
                  lambda g, out, x: (P.where(P.gt(x, 0), g, P.where(P.lt(x, 0), P.neg(g), 0.0)),))
-exp = _pointwise("exp", torch.exp, "libdevice.exp({0})", lambda g, out, x: (P.mul(g, out),))
-exp2 = _pointwise("exp2", torch.exp2, "tl.exp2({0})", lambda g, out, x: (P.mul(g, P.mul(out, math.log(2))),))
-log = _pointwise("log", torch.log, "tl.log({0})", lambda g, out, x: (P.div(g, x),))
-log1p = _pointwise("log1p", torch.log1p, "libdevice.log1p({0})", lambda g, out, x: (P.div(g, P.add(x, 1.0)),),
-                   heavy=True)
-sqrt = _pointwise("sqrt", torch.sqrt, _fp32_compute("tl.sqrt_rn({0})", "tl.sqrt({0})"),
-                  lambda g, out, x: (P.div(P.mul(g, 0.5), out),))
-rsqrt = _pointwise("rsqrt", torch.rsqrt, "tl.rsqrt({0})",
-                   lambda g, out, x: (P.mul(P.mul(g, -0.5), P.mul(out, P.mul(out, out))),))
-sin = _pointwise("sin", torch.sin, "tl.sin({0})", lambda g, out, x: (P.mul(g, P.cos(x)),), heavy=True)
-cos = _pointwise("cos", torch.cos, "tl.cos({0})", lambda g, out, x: (P.neg(P.mul(g, P.sin(x))),), heavy=True)
-tanh = _pointwise("tanh", torch.tanh, "libdevice.tanh({0})", lambda g, out, x: (P.mul(g, P.sub(1.0, P.mul(out, out))),),
-                  heavy=True)
-sigmoid = _pointwise("sigmoid", torch.sigmoid, _fp32_compute("fl_sigmoid({0})", "tl.sigmoid({0})"),
-                     lambda g, out, x: (P.mul(g, P.mul(out, P.sub(1.0, out))),))
-erf = _pointwise("erf", torch.erf, lambda dtype: "fl_erf_f64({0})" if dtype == torch.float32 else "libdevice.erf({0})",
-                 lambda g, out, x: (P.mul(g, P.mul(2 / math.sqrt(math.pi), P.exp(P.neg(P.mul(x, x))))),), heavy=True)
-floor = _pointwise("floor", torch.floor, "tl.floor({0})", no_grad)
-ceil = _pointwise("ceil", torch.ceil, "tl.ceil({0})", no_grad)
+exp = unary("exp", torch.exp, "libdevice.exp({0})", lambda g, out, x: (P.mul(g, out),))
+exp2 = unary("exp2", torch.exp2, "tl.exp2({0})", lambda g, out, x: (P.mul(g, P.mul(out, math.log(2))),))
+log = unary("log", torch.log, "tl.log({0})", lambda g, out, x: (P.div(g, x),))
+log1p = unary("log1p", torch.log1p, "libdevice.log1p({0})", lambda g, out, x: (P.div(g, P.add(x, 1.0)),),
+              heavy=True)
+sqrt = unary("sqrt", torch.sqrt, _fp32_compute("tl.sqrt_rn({0})", "tl.sqrt({0})"),
+             lambda g, out, x: (P.div(P.mul(g, 0.5), out),))
+rsqrt = unary("rsqrt", torch.rsqrt, "tl.rsqrt({0})",
+              lambda g, out, x: (P.mul(P.mul(g, -0.5), P.mul(out, P.mul(out, out))),))
+sin = unary("sin", torch.sin, "tl.sin({0})", lambda g, out, x: (P.mul(g, P.cos(x)),), heavy=True)
+cos = unary("cos", torch.cos, "tl.cos({0})", lambda g, out, x: (P.neg(P.mul(g, P.sin(x))),), heavy=True)
+tanh = unary("tanh", torch.tanh, "libdevice.tanh({0})", lambda g, out, x: (P.mul(g, P.sub(1.0, P.mul(out, out))),),
+             heavy=True)
+sigmoid = unary("sigmoid", torch.sigmoid, _fp32_compute("fl_sigmoid({0})", "tl.sigmoid({0})"),
+                lambda g, out, x: (P.mul(g, P.mul(out, P.sub(1.0, out))),))
+erf = unary("erf", torch.erf, lambda dtype: "fl_erf_f64({0})" if dtype == torch.float32 else "libdevice.erf({0})",
+            lambda g, out, x: (P.mul(g, P.mul(2 / math.sqrt(math.pi), P.exp(P.neg(P.mul(x, x))))),),
+            heavy=True, torch_names=("erf", "special_erf"))
+floor = unary("floor", torch.floor, "tl.floor({0})", no_grad, int_to_float=False)
+ceil = unary("ceil", torch.ceil, "tl.ceil({0})", no_grad, int_to_float=False)
 logical_not = _pointwise("logical_not", torch.logical_not, "({0} == 0)", no_grad)
 # identity; makes a value a fresh contiguous buffer (clone/contiguous)
 copy = _pointwise("copy", torch.clone, "{0}", lambda g, out, x, memory_format=None: (g,))
@@ -205,14 +228,19 @@ div = _pointwise("div", torch.div, _fp32_compute("tl.div_rn({0}, {1})", "{0} / {
                  lambda g, out, a, b: (P.div(g, b), P.neg(P.div(P.mul(g, out), b))), opmath_scalars=("cpu", "cuda"))
 pow = _pointwise("pow", torch.pow, lambda dtype: "fl_pow_f64({0}, {1})" if dtype == torch.float32 else "libdevice.pow({0}, {1})",
                  _pow_vjp, heavy=True)
-maximum = _pointwise("maximum", torch.maximum, "tl.maximum({0}, {1}, tl.PropagateNan.ALL)",
-                     _extremum_vjp(lambda a, b: P.lt(a, b)))
-minimum = _pointwise("minimum", torch.minimum, "tl.minimum({0}, {1}, tl.PropagateNan.ALL)",
-                     _extremum_vjp(lambda a, b: P.gt(a, b)))
+maximum = binary("maximum", torch.maximum, "tl.maximum({0}, {1}, tl.PropagateNan.ALL)",
+                 _extremum_vjp(lambda a, b: P.lt(a, b)))
+minimum = binary("minimum", torch.minimum, "tl.minimum({0}, {1}, tl.PropagateNan.ALL)",
+                 _extremum_vjp(lambda a, b: P.gt(a, b)))
 # sqrt(a² + b²) without overflow; ATen's backward: g·a/out, g·b/out
-hypot = _pointwise("hypot", torch.hypot,
-                   lambda dtype: "fl_hypot_f64({0}, {1})" if dtype == torch.float32 else "libdevice.hypot({0}, {1})",
-                   lambda g, out, a, b: (P.div(P.mul(g, a), out), P.div(P.mul(g, b), out)))
+hypot = binary("hypot", torch.hypot,
+               lambda dtype: "fl_hypot_f64({0}, {1})" if dtype == torch.float32 else "libdevice.hypot({0}, {1})",
+               lambda g, out, a, b: (P.div(P.mul(g, a), out), P.div(P.mul(g, b), out)))
+# the angle of the point (b, a); ATen's backward: g·b/(a² + b²), -g·a/(a² + b²)
+atan2 = binary("atan2", torch.atan2, "libdevice.atan2({0}, {1})",
+               lambda g, out, a, b: (P.div(P.mul(g, b), P.add(P.mul(a, a), P.mul(b, b))),
+                                     P.div(P.mul(P.neg(g), a), P.add(P.mul(a, a), P.mul(b, b)))),
+               int_to_float=True)
 eq = _pointwise("eq", torch.eq, "{0} == {1}", no_grad)
 ne = _pointwise("ne", torch.ne, "{0} != {1}", no_grad)
 lt = _pointwise("lt", torch.lt, "{0} < {1}", no_grad)

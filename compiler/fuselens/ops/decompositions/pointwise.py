@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from .. import builder as P
 from ..builder import TVal
+from ..primitives import PRIMITIVES
 from .conventions import both_python, opmath, upcast
 from .registry import DECOMPOSITIONS, Unsupported, register, spellings, tensor_method
 
@@ -111,16 +112,35 @@ def square(x):
     return P.mul(x, x)
 
 
-def _unary(p_fn, *names, functional=False):
-    register(*spellings(*names, functional=functional))(lambda x: p_fn(x))
+def _declared(p):
+    """The decomposition of the torch ops a primitive declared with `prim.unary`/`prim.binary`
+    computes alone: its builder helper, for tensor operands of dtypes the torch op takes (for
+    others, the torch call itself, which raises eager's error)."""
+    helper = getattr(P, p.name)
+
+    def fn(*args, **kwargs):
+        if kwargs or len(args) != p.arity or not builtins.all(isinstance(a, TVal) for a in args) or \
+                not _takes(p, tuple(a.dtype for a in args)):
+            raise Unsupported(f"{p.name} of these arguments")
+        return helper(*args)
+    fn.__name__ = p.name
+    return fn
 
 
-for _fn, _names in ((P.exp, ("exp",)), (P.exp2, ("exp2",)), (P.log, ("log",)), (P.log1p, ("log1p",)),
-                    (P.sqrt, ("sqrt",)), (P.rsqrt, ("rsqrt",)), (P.sin, ("sin",)), (P.cos, ("cos",)),
-                    (P.erf, ("erf", "special_erf")), (P.floor, ("floor",)), (P.ceil, ("ceil",))):
-    _unary(_fn, *_names)
-_unary(P.tanh, "tanh", functional=True)
-_unary(P.sigmoid, "sigmoid", functional=True)
+@functools.cache
+def _takes(p, dtypes):
+    """Whether the torch op of primitive `p` has a kernel for operands of `dtypes` (hypot has none
+    for integers)."""
+    try:
+        p.impl(*(torch.ones(1, dtype=d) for d in dtypes))
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+    return True
+
+
+for _p in PRIMITIVES.values():
+    if _p.torch_names:
+        register(*spellings(*_p.torch_names, functional=True))(_declared(_p))
 
 
 @register(*spellings("log2"))
@@ -284,23 +304,6 @@ def where(cond, a=None, b=None):
 @register(*spellings("masked_fill"))
 def masked_fill(x, mask, value):
     return P.where(mask, P.cast(value, x.dtype), x)
-
-
-@register(*spellings("maximum"))
-def maximum(a, b):
-    return P.maximum(a, b)
-
-
-@register(*spellings("minimum"))
-def minimum(a, b):
-    return P.minimum(a, b)
-
-
-@register(*spellings("hypot"))
-def hypot(a, b):
-    if not (isinstance(a, TVal) and isinstance(b, TVal)) or not P.result_type(a, b).is_floating_point:
-        raise Unsupported  # torch.hypot takes two tensors of a float dtype: the torch call raises its error
-    return P.hypot(a, b)
 
 
 def _ignoring_nan(p_fn):
