@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.testing._internal.autocast_test_lists import AutocastCPUTestLists, AutocastTestLists
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from fl_capture_testing import check
 from fuselens.capture.autocast import REFUSED, cast_to
@@ -206,3 +206,51 @@ def test_a_call_autocast_leaves_alone_is_recorded_as_it_is(mask):
     spec = ((qkv, qkv, qkv), {"attn_mask": None if mask is None else _Tensor(mask, (2, 1, 16, 16), (256, 256, 16, 1), cuda)})
     assert _probe(F.scaled_dot_product_attention, spec, "cuda", torch.bfloat16) in (
         None if mask is not torch.float32 else torch.bfloat16,)
+
+
+
+_TARGET = torch.tensor([[0, 3], [-100, 1]])
+# (a composite, its arguments from two bfloat16 tensors by views: no autocast there)
+_COMPOSITES = {
+    "ce_indices": (F.cross_entropy, lambda a, b: (a.reshape(2, 4, 2), _TARGET)),
+    "ce_probabilities": (F.cross_entropy, lambda a, b: (a, b)),
+    "pairwise_distance": (F.pairwise_distance, lambda a, b: (a, b)),
+}
+
+
+def _replay_eagerly(calls, args):
+    values = {-1: [v for v in tree_leaves(args) if isinstance(v, torch.Tensor)]}
+    resolve = lambda v: values[v.step][v.index] if isinstance(v, type(calls.result)) else v  # noqa: E731
+    for step, (_, _, step_args, step_kwargs) in enumerate(calls.steps):
+        out = calls.op(step)(*tree_map(resolve, step_args), **tree_map(resolve, step_kwargs))
+        values[step] = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return resolve(calls.result)
+
+
+@pytest.mark.parametrize("name", sorted(_COMPOSITES))
+def test_a_composite_autocast_treats_in_parts_is_recorded_as_its_aten_ops(monkeypatch, name):
+    """CUDA's bfloat16 autocast runs `cross_entropy` as log_softmax in bfloat16, its result cast to
+    float32 for nll_loss: no cast of the arguments gives that, so the call is recorded as the ATen
+    ops autocast ran (FL180 at a seq2seq model's loss otherwise). CUDA's policy is probed here for
+    CPU tensors, so the recorded ops, run eagerly, are the reference."""
+    import fuselens
+    from fuselens.capture import autocast as AC
+    composite, arguments = _COMPOSITES[name]
+    probe = AC.cast_to
+    as_cuda = lambda v: TensorVar(None, v.meta, torch.device("cuda")) if isinstance(v, TensorVar) else v  # noqa: E731
+    answers = []
+    monkeypatch.setattr(AC, "cast_to", lambda fn, args, kwargs, device_type, dtype: answers.append(
+        probe(fn, tree_map(as_cuda, args), tree_map(as_cuda, kwargs), "cuda", dtype)) or answers[-1])
+
+    def f(a, b):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return composite(*arguments(a, b))
+    a, b = (torch.randn(4, 4).bfloat16().requires_grad_() for _ in range(2))
+    got = fuselens.compile(f)(a, b)
+    calls = [x for x in answers if isinstance(x, AC.AtenCalls)]
+    assert len(calls) == 1 and len(calls[0].steps) > 1
+    want = _replay_eagerly(calls[0], arguments(a, b))
+    assert got.dtype == want.dtype == torch.float32 and torch.equal(got, want)
+    grads = zip(*(torch.autograd.grad(r.sum(), (a, b), allow_unused=True) for r in (got, want)))
+    assert all(g is w is None or torch.equal(g, w) for g, w in grads)
+    assert fuselens.explain(f, a, b).graph_breaks == []

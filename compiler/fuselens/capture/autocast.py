@@ -11,7 +11,9 @@ that autocast runs in float16 would not be): a third run, on the cast arguments 
 off, must run the same ATen ops with results of the same dtypes, or the call runs in Python. An op
 may cast its own arguments too (SDPA's math kernel computes in float32): where autocast changes
 nothing the call is recorded as it is, and of several casts seen, autocast's is the one whose run
-with autocast off reproduces the computation.
+with autocast off reproduces the computation. A composite op whose parts autocast treats apart
+(`cross_entropy` under bfloat16: `log_softmax` in bfloat16, its result cast to float32 for
+`nll_loss`) is recorded as the ATen ops it ran under autocast (`AtenCalls`), each as a graph node.
 
 A probe costs milliseconds (three runs on fake tensors), and a model asks dozens: the answers are
 kept on disk beside the program cache (`$FUSELENS_CACHE_DIR/autocast-probes-<compiler hash>`: a
@@ -44,8 +46,8 @@ _cache: dict = {}
 def cast_to(fn, args, kwargs, device_type: str, dtype: torch.dtype):
     """The dtype autocast on `device_type` (computing in `dtype`) casts the float16/bfloat16/
     float32 tensor arguments of `fn(*args, **kwargs)` (TensorVars) on that device to; None where
-    it casts none; REFUSED where eager under autocast raises, computes what a call on cast
-    arguments would not, or fake tensors cannot run the call."""
+    it casts none; `AtenCalls` where it casts values inside the call; REFUSED where eager under
+    autocast raises, computes what no recording of ATen ops would, or fake tensors cannot run the call."""
     spec = tree_map(lambda v: _Tensor(v.meta.dtype, tuple(v.meta.shape), v.meta.stride(), v.device)
                     if isinstance(v, TensorVar)
                     else v.hint if isinstance(v, SymInt) else v, (args, kwargs))
@@ -132,23 +134,71 @@ class _Tensor:
     device: torch.device
 
 
+@dataclass(frozen=True)
+class AtenCalls:
+    """A call as the ATen ops it ran under autocast: `steps` are (op name, overload, args, kwargs)
+    whose tensors are `Ref`s to the call's tensor arguments (in `tree_leaves` order) or to earlier
+    steps' tensor results; `result` is the call's result in the same terms. Plain data (kept on disk)."""
+    steps: tuple
+    result: object
+
+    def op(self, step):
+        name, overload = self.steps[step][:2]
+        return getattr(getattr(torch.ops.aten, name), overload)
+
+
+@dataclass(frozen=True)
+class Ref:
+    step: int  # -1: the call's tensor arguments
+    index: int  # the tensor leaf's position among them / the step's results
+
+
 class _Trace(TorchDispatchMode):
     """The ATen ops a call runs (below autocast: after its casts), with their results' dtypes,
-    and the dtypes autocast cast the call's own tensor arguments to."""
+    and the dtypes autocast cast the call's own tensor arguments to; and the call as `AtenCalls`
+    (None where a step reads a tensor made outside the trace's reach)."""
 
     def __init__(self, inputs):
         super().__init__()
         self.inputs = {id(t) for t in inputs}
         self.ops, self.casts = [], set()
+        self.refs = {id(t): Ref(-1, i) for i, t in enumerate(inputs)}
+        self.keep = list(inputs)  # (ids stay unique while the trace runs)
+        self.steps = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func.overloadpacket is torch.ops.aten._to_copy and args and id(args[0]) in self.inputs:
             self.casts.add(out.dtype)
-        else:
+        elif func.overloadpacket is not torch.ops.prim.device:
             self.ops.append((func.overloadpacket, tuple(t.dtype for t in tree_leaves(out)
                                                           if isinstance(t, torch.Tensor))))
+        if func._schema.is_mutable or torch.Tag.nondeterministic_seeded in func.tags:
+            self.steps = None  # (a graph node computes a value; random draws are the graph's own)
+        elif self.steps is not None and func.namespace == "aten":
+            try:
+                call = tree_map(self.ref, (args, kwargs or {}))
+            except KeyError:
+                self.steps = None
+            else:
+                step = len(self.steps)
+                self.steps.append((func.overloadpacket.__name__, func._overloadname, *call))
+                for i, t in enumerate(t for t in tree_leaves(out) if isinstance(t, torch.Tensor)):
+                    self.refs.setdefault(id(t), Ref(step, i))
+                    self.keep.append(t)
         return out
+
+    def ref(self, v):
+        return self.refs[id(v)] if isinstance(v, torch.Tensor) else v
+
+    def calls(self, out):
+        """The traced call as AtenCalls, its result `out`; None where it cannot be replayed."""
+        if self.steps is None:
+            return None
+        try:
+            return AtenCalls(tuple(self.steps), tree_map(self.ref, out))
+        except KeyError:
+            return None
 
 
 def _probe(fn, spec, device_type, dtype):
@@ -177,18 +227,18 @@ def _probe(fn, spec, device_type, dtype):
             cast = _run(fn, tree_map(lambda v: fake(v, target), spec), device_type, None)
             if cast is not None and _computing(cast[1]) == _computing(on[1]) and cast[0] == results:
                 return target
-        return REFUSED
+        return on[3] if on[3] is not None else REFUSED
 
 
 def _computing(ops):
-    """The ATen ops of a trace less its device queries and casts (autocast's, of intermediates)."""
-    return [op for op in ops if op[0] not in (torch.ops.aten._to_copy, torch.ops.prim.device)]
+    """The ATen ops of a trace less its casts (autocast's, of intermediates)."""
+    return [op for op in ops if op[0] is not torch.ops.aten._to_copy]
 
 
 def _run(fn, args_kwargs, device_type, dtype):
-    """(dtypes of the tensor results, ATen trace, dtypes autocast cast arguments to) of the call
-    under autocast computing in `dtype` on `device_type` (None: autocast off there); None if it
-    raises."""
+    """(dtypes of the tensor results, ATen trace, dtypes autocast cast arguments to, the call as
+    AtenCalls or None) of the call under autocast computing in `dtype` on `device_type` (None:
+    autocast off there); None if it raises."""
     args, kwargs = args_kwargs
     enabled, previous = torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
     cache = torch.is_autocast_cache_enabled()
@@ -209,4 +259,5 @@ def _run(fn, args_kwargs, device_type, dtype):
         torch.set_autocast_dtype(device_type, previous)
         torch.set_autocast_cache_enabled(cache)
         log.setLevel(level)
-    return tuple(t.dtype for t in tree_leaves(out) if isinstance(t, torch.Tensor)), trace.ops, trace.casts
+    return (tuple(t.dtype for t in tree_leaves(out) if isinstance(t, torch.Tensor)), trace.ops, trace.casts,
+            trace.calls(out))

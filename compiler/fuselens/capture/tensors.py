@@ -8,6 +8,7 @@ import operator
 import types
 
 import torch
+from torch.utils._pytree import tree_leaves, tree_map
 
 from . import breaks as B
 from ..ops import effects as E
@@ -148,6 +149,8 @@ class Tensors:
             cast = self.autocast_args(fn, args, kwargs, e, scope)
             if cast is None:  # torch's Python that autocast runs in several dtypes: its calls one by one
                 return self.inline(fn, args, kwargs, e, scope)
+            if isinstance(cast, AC.AtenCalls):
+                return self.replay(cast, args, kwargs, e, scope)
             args, kwargs = cast
         try:
             if _has_numpy((args, kwargs)):
@@ -304,6 +307,10 @@ class Tensors:
         if dtype is None:
             return args, kwargs
         target = AC.cast_to(fn, args, kwargs, device_type, dtype)
+        if isinstance(target, AC.AtenCalls):
+            if not any(isinstance(v, SymInt) for v in tree_leaves((args, kwargs))):
+                return target
+            target = AC.REFUSED  # (its steps' sizes are the hints: the call runs in Python)
         if target is AC.REFUSED:
             if isinstance(fn, types.FunctionType):
                 return None
@@ -320,6 +327,19 @@ class Tensors:
                 return self.g.call(torch.Tensor.to, [a, target], {}, self.loc(e, scope))
             return a
         return [cast(a) for a in args], {k: cast(v) for k, v in kwargs.items()}
+
+    def replay(self, calls, args, kwargs, e, scope):
+        """A call recorded as the ATen ops autocast ran it as: each op a graph node."""
+        loc = self.user_loc(e, scope)
+        values = {-1: [v for v in tree_leaves((args, kwargs)) if isinstance(v, TensorVar)]}
+        resolve = lambda v: values[v.step][v.index] if isinstance(v, AC.Ref) else v  # noqa: E731
+        for step, (_, _, step_args, step_kwargs) in enumerate(calls.steps):
+            try:
+                out = self.g.call(calls.op(step), tree_map(resolve, step_args), tree_map(resolve, step_kwargs), loc)
+            except MetaEvalError as err:
+                self.brk(B.UNSUPPORTED_OP, e, scope, detail=str(err)[:300])
+            values[step] = [v for v in tree_leaves(out) if isinstance(v, TensorVar)]
+        return tree_map(resolve, calls.result)
 
     def rebind(self, old: TensorVar, new: TensorVar, scope, node):
         """An in-place op gave `old` the value `new`. In-place ops are functionalized: the

@@ -41,17 +41,29 @@ def nll_loss(logp, target, weight=None, size_average=None, ignore_index=-100, re
     return _nll(upcast(logp), target, weight, ignore_index, reduction, class_dim, None, logp.dtype)
 
 
-def _nll(values, target, weight, ignore_index, reduction, class_dim, lse, dtype):
+def _nll(values, target, weight, ignore_index, reduction, class_dim, lse, dtype, with_total_weight=False):
+    """The loss (and with `with_total_weight` ATen's second result: the weights of the targets
+    counted, 0 for reduction "none")."""
     loss, w = _class_pick(values, target, class_dim, weight, lse)
     valid = P.ne(target, ignore_index)
     loss = P.where(valid, loss, 0.0)
     if reduction == "none":
-        return P.cast(loss, dtype)
-    total = P.sum(loss)
-    if reduction == "sum":
-        return P.cast(total, dtype)
-    denom = P.sum(P.where(valid, w, 0.0)) if w is not None else P.sum(P.cast(valid, torch.float32))
-    return P.cast(P.div(total, denom), dtype)
+        out, denom = loss, P.full((), 0.0, dtype)
+    else:
+        total = P.sum(loss)
+        denom = P.sum(P.where(valid, w, 0.0)) if w is not None else P.sum(P.cast(valid, torch.float32))
+        out = total if reduction == "sum" else P.div(total, denom)
+    out = P.cast(out, dtype)
+    return (out, P.cast(denom, dtype)) if with_total_weight else out
+
+
+@register(torch.ops.aten.nll_loss_forward.default)
+def nll_loss_forward(logp, target, weight, reduction, ignore_index):
+    """ATen's nll_loss (what a cross entropy recorded under autocast calls: capture/autocast.py);
+    `reduction` is ATen's enum: 0 none, 1 mean, 2 sum."""
+    class_dim = 1 if logp.ndim > 1 else 0
+    return _nll(upcast(logp), target, weight, ignore_index, ("none", "mean", "sum")[reduction], class_dim, None,
+                logp.dtype, with_total_weight=True)
 
 
 @register(F.cross_entropy)

@@ -351,6 +351,15 @@ def to(x, *args, **kwargs):
     return P.cast(x, dtype) if dtype is not None else x
 
 
+@register(torch.ops.aten._to_copy.default)
+def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    """ATen's cast (in a composite's ATen ops recorded under autocast: capture/autocast.py)."""
+    if layout not in (None, torch.strided) or memory_format not in (None, torch.preserve_format) or \
+            (device is not None and torch.device(device).type != P.builder().device.type):
+        raise Unsupported("_to_copy to another layout or device")
+    return P.cast(x, dtype) if dtype is not None and dtype != x.dtype else P.copy(x)
+
+
 @register(tensor_method("type_as"))
 def type_as(x, other):
     return P.cast(x, other.dtype)

@@ -172,3 +172,14 @@ def log_softmax(x, dim=None, _stacklevel=3, dtype=None):
     y = upcast(P.cast(x, dtype) if dtype is not None else x)
     shifted = P.sub(y, stabilizer(P.amax(y, dim, True)))
     return P.cast(P.sub(shifted, P.log(P.sum(P.exp(shifted), dim, True))), dtype or x.dtype)
+
+
+# ATen's forms, as a composite's ATen ops recorded under autocast reach graphs (capture/autocast.py)
+@register(torch.ops.aten._softmax.default)
+def aten_softmax(x, dim, half_to_float):
+    return softmax(x, dim, dtype=torch.float32 if half_to_float else None)
+
+
+@register(torch.ops.aten._log_softmax.default)
+def aten_log_softmax(x, dim, half_to_float):
+    return log_softmax(x, dim, dtype=torch.float32 if half_to_float else None)
