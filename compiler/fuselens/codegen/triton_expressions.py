@@ -223,6 +223,8 @@ class TritonExpressions(OpsHandler):
             if c == -1:
                 return f"-{self.expr(rest)}"
             return " * ".join(self.expr(a) for a in e.args)
+        if e.is_Pow and e.exp.is_Integer and e.exp > 0:  # a dynamic size squared (H·W of a square image)
+            return "(" + " * ".join([self.expr(e.base)] * int(e.exp)) + ")"
         if isinstance(e, sympy.Rel):
             op = {sympy.Ge: ">=", sympy.Gt: ">", sympy.Le: "<=", sympy.Lt: "<", sympy.Eq: "=="}[type(e)]
             return f"({self.expr(e.lhs)} {op} {self.expr(e.rhs)})"

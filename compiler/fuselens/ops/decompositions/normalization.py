@@ -1,4 +1,5 @@
-"""Normalizations as primitives: layer norm, RMS norm, batch norm (inference and training).
+"""Normalizations as primitives: layer norm, RMS norm, batch norm (inference and training),
+instance and group norm.
 
 Training batch norm writes its running statistics: the decomposition returns their new values
 as `Written` (capture's functionalization hands the call over as `OnCopies`, whose results are
@@ -113,6 +114,29 @@ def instance_norm(x, running_mean=None, running_var=None, weight=None, bias=None
 @register(torch.instance_norm)
 def torch_instance_norm(x, weight, bias, running_mean, running_var, use_input_stats, momentum, eps, cudnn_enabled):
     return instance_norm(x, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)
+
+
+@register(F.group_norm)
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
+    """Each sample's channels in `num_groups` groups, each normalized over its channels and the
+    spatial dims: batch norm's statistics and closed-form gradient on x viewed as [N, G, rest]
+    (one reduction kernel forward, one backward), then the per-channel affine, in fp32 and rounded
+    once as ATen's kernels do."""
+    if x.ndim < 2 or not x.dtype.is_floating_point or not isinstance(num_groups, int) or num_groups <= 0 \
+            or x.shape[1] % num_groups or 0 in x.shape:
+        raise Unsupported("group_norm of these arguments")  # (the torch call raises eager's error)
+    grouped = P.reshape(upcast(x), (x.shape[0], num_groups, -1))
+    n = grouped.shape[2]
+    mean, var = _batch_stats(grouped, (2,), n)
+    rstd = P.rsqrt(P.add(var, eps))
+    y = emit(prim.with_vjp, P.mul(P.sub(grouped, mean), rstd), [grouped, mean, rstd, None, None],
+             _BatchNormVJP((2,), n))
+    return P.cast(_affine(P.reshape(y, x.shape), _per_channel(x, weight), _per_channel(x, bias)), x.dtype)
+
+
+@register(torch.group_norm)
+def torch_group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
+    return group_norm(x, num_groups, weight, bias, eps)
 
 
 def _per_channel(x, t):
