@@ -189,10 +189,17 @@ def timer(device):
     return cpu
 
 
-def gpu_activity(call, steps=3):
-    """(GPU activities per step: kernels, copies, fills; their GPU milliseconds per step)."""
+def gpu_activity(call, steps=3, top=8):
+    """(GPU activities per step: kernels, copies, fills; their GPU milliseconds per step; the `top`
+    kernel names by GPU time, with their milliseconds and launches per step)."""
     ev = [e for e in profile_calls(call, steps).events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return len(ev) / steps, sum(e.device_time for e in ev) / steps / 1e3
+    by_name = {}
+    for e in ev:
+        ms, n = by_name.get(e.name, (0.0, 0))
+        by_name[e.name] = (ms + e.device_time / steps / 1e3, n + 1 / steps)
+    heaviest = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    return len(ev) / steps, sum(e.device_time for e in ev) / steps / 1e3, \
+        [[name[:90], round(ms, 3), round(n, 1)] for name, (ms, n) in heaviest]
 
 
 def peak_mb(call):
@@ -247,7 +254,7 @@ def measure(name, mode, dtype, device, compilers, batch=None):
         row[f"{c}_ms"], row[f"{c}_rounds_ms"] = round(median(ms), 3), [round(x, 3) for x in ms]
     if cuda:
         for c in compilers:
-            kernels, gpu_ms = gpu_activity(steps[c])
+            kernels, gpu_ms, row[f"{c}_top_kernels"] = gpu_activity(steps[c])
             row[f"{c}_kernels"], row[f"{c}_gpu_ms"] = round(kernels, 1), round(gpu_ms, 3)
             row[f"{c}_peak_mb"] = round(peak_mb(steps[c]), 1)
     return row
