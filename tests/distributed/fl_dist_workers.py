@@ -108,7 +108,8 @@ def train(case, rank, compiled):
     import fuselens
     make, batch, wrap, options = CASES[case]
     torch.manual_seed(0)
-    model = wrap(make(), fuselens.compile if compiled else (lambda m: m))
+    module = make()
+    model = wrap(module, fuselens.compile if compiled else (lambda m: m))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     losses = []
     for step in range(STEPS):
@@ -123,7 +124,15 @@ def train(case, rank, compiled):
         opt.zero_grad()
         losses.append(loss.detach())
     ddp = next((m for m in model.modules() if isinstance(m, DDP)), None)
-    buckets = len(ddp.reducer._get_zeros_like_grad_buckets()) if ddp is not None else None
+    buckets = None
+    if ddp is not None:
+        # DDP's own assignment over the parameters the forward reads, in reverse order, at its
+        # caps (as it buckets before its first step), and the reducer's buckets now
+        unused = {id(p) for p in module.unused.parameters()} if getattr(module, "unused", None) else set()
+        read = [p for p in reversed(list(module.parameters())) if id(p) not in unused]
+        limits = [ddp._bucket_config.first_bucket_bytes_cap, ddp.bucket_bytes_cap]
+        buckets = (len(dist._compute_bucket_assignment_by_size(read, limits)[0]),
+                   len(ddp.reducer._get_zeros_like_grad_buckets()))
     params = [p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone() for p in model.parameters()]
     return torch.stack(losses), params, buckets
 

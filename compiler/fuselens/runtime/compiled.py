@@ -116,6 +116,13 @@ class GraphCall:
         # capture's guards fix every graph input's layout and the grad mode; the backend runs
         # the graph eagerly where it fails (errors.fall_back), so this never raises
         name = f"{self.info.name} of {self.info.function}"
+        subclass = next((type(t) for t in inputs if isinstance(t, torch.Tensor)
+                         and type(t) not in (torch.Tensor, nn.Parameter)), None)
+        if subclass is not None:  # (FSDP2's DTensor parameters, outside its hooks)
+            warn(f"{name} takes a {subclass.__name__}, a tensor subclass whose ops dispatch in Python: "
+                 "running it eagerly")
+            run = driver.eager_run(self.info.gm)
+            return lambda *inputs: tuple(run(*inputs))
         if self.mode != "reduce-overhead" and not any(self.dynamic_dims):  # (a piece's sizes are fixed)
             split = split_for_ddp(self.info.gm, inputs, self.mode, name)
             if split is not None:

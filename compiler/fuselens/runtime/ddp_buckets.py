@@ -26,24 +26,31 @@ def bucket_limits(ddp) -> list[int]:
 
 def bucket_of_nodes(gm: fx.GraphModule, param_bytes: dict, limits: list[int]) -> dict:
     """Each op node's bucket, walking the graph backwards (the order its backward runs): a
-    parameter counts toward the bucket of its last use, and a bucket closes once its parameters
-    reach its cap. Bucket 0 is the graph's end. Ops before the first parameter's use join the
-    earliest bucket with parameters."""
-    buckets, sizes, counted = {}, [0], set()
+    parameter counts toward the bucket of its first use (autograd accumulates its gradient, and
+    DDP's hook sees it, once the backward of every use is done: a tied embedding's at the end),
+    and a bucket closes once its parameters reach its cap. Bucket 0 is the graph's end. Ops
+    before the first parameter's use join the earliest bucket with parameters."""
+    first_use: dict = {}  # node -> the parameters it is the first to read
+    for param in param_bytes:
+        first = min(param.users, key=_order(gm), default=None)
+        first_use.setdefault(first, []).append(param)
+    buckets, sizes = {}, [0]
     for node in reversed(gm.graph.nodes):
         if node.op in ("placeholder", "output"):
             continue
         if sizes[-1] >= limits[min(len(sizes) - 1, len(limits) - 1)]:
             sizes.append(0)
-        for arg in node.all_input_nodes:
-            if arg in param_bytes and arg not in counted:
-                counted.add(arg)
-                sizes[-1] += param_bytes[arg]
+        sizes[-1] += sum(param_bytes[p] for p in first_use.get(node, ()))
         buckets[node] = len(sizes) - 1
     if len(sizes) > 1 and sizes[-1] == 0:
         last = len(sizes) - 1
         buckets = {n: min(b, last - 1) for n, b in buckets.items()}
     return buckets
+
+
+def _order(gm):
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}
+    return position.__getitem__
 
 
 def split_for_ddp(gm: fx.GraphModule, inputs, mode: str, name: str):
