@@ -10,6 +10,7 @@ import torch.fx as fx
 from torch.fx.passes.split_module import split_module
 from torch.nn.parallel import DistributedDataParallel
 
+from .. import settings
 from ..backend import driver
 
 
@@ -57,7 +58,7 @@ def split_for_ddp(gm: fx.GraphModule, inputs, mode: str, name: str):
     """A `SplitGraph` of `gm` at the buckets of the DDP module whose forward is running, or None
     where there is none (or one bucket holds all of the graph's parameters)."""
     ddp = DistributedDataParallel._get_active_ddp_module()
-    if ddp is None or not torch.is_grad_enabled():
+    if ddp is None or not torch.is_grad_enabled() or not settings.ddp_split():
         return None
     params = {id(p) for p in ddp.parameters() if p.requires_grad}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
