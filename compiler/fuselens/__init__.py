@@ -15,8 +15,9 @@ from .capture.source import NoSourceError, function_source
 from .errors import FuselensWarning, InternalError
 from .explain import Explanation, format_break
 from .inspect import inspect  # noqa: F401  (the function; its types are fuselens.inspect's)
-from .runtime.compiled import CompiledFunction, CompiledModule, collecting, compiled_module, compiled_of
-from .runtime.distributed import is_ddp
+from .runtime.compiled import (CompiledFunction, CompiledModule, CompiledWrapper, collecting, compiled_module,
+                               compiled_of)
+from .runtime.distributed import call_with_forward, is_ddp
 
 __all__ = ["compile", "compile_in_place", "explain", "inspect", "GraphBreak", "GraphBreakError", "Explanation",
            "FuselensWarning", "InternalError", "NoSourceError", "CompiledModule"]
@@ -84,7 +85,10 @@ def explain(fn, *args, **kwargs) -> Explanation:
     function_source(target)  # a clear NoSourceError for functions without source
     fresh = CompiledFunction(target)
     with collecting() as log:
-        fresh(*args, **kwargs)
+        if isinstance(fn, CompiledWrapper):  # DDP's forward or FSDP2's hooks around it
+            call_with_forward(fn._orig_mod, fn.__dict__["_fuselens_wrapped"], fresh, args[1:], kwargs)
+        else:
+            fresh(*args, **kwargs)
     if fresh.disabled:
         raise InternalError(f"fuselens.explain: {fresh.disabled}")
     graphs = [g for e in log for g in e.graphs]

@@ -106,6 +106,7 @@ def train(case, rank, compiled):
     """Losses and final full parameters of STEPS SGD steps; with `no_sync`, each step
     accumulates a micro-batch without synchronizing before the synchronized one."""
     import fuselens
+    from fuselens.runtime.ddp_buckets import bucket_limits
     make, batch, wrap, options = CASES[case]
     torch.manual_seed(0)
     module = make()
@@ -130,7 +131,7 @@ def train(case, rank, compiled):
         # caps (as it buckets before its first step), and the reducer's buckets now
         unused = {id(p) for p in module.unused.parameters()} if getattr(module, "unused", None) else set()
         read = [p for p in reversed(list(module.parameters())) if id(p) not in unused]
-        limits = [ddp._bucket_config.first_bucket_bytes_cap, ddp.bucket_bytes_cap]
+        limits = bucket_limits(ddp)
         buckets = (len(dist._compute_bucket_assignment_by_size(read, limits)[0]),
                    len(ddp.reducer._get_zeros_like_grad_buckets()))
     params = [p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone() for p in model.parameters()]

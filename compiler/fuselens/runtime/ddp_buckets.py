@@ -6,6 +6,7 @@ would hand DDP every gradient at its very end: no all-reduce overlaps the backwa
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.fx as fx
 from torch.fx.passes.split_module import split_module
 from torch.nn.parallel import DistributedDataParallel
@@ -18,10 +19,14 @@ def bucket_limits(ddp) -> list[int]:
     """The byte caps of DDP's buckets in the order its reducer fills them (the last
     parameters' first): a user's per-bucket list, else the first bucket's cap then the rest's,
     as the reducer rebuilds its buckets after the first step."""
-    config = getattr(ddp, "_bucket_config", None)
+    config = getattr(ddp, "_bucket_config", None)  # (torch >= 2.12; before, a default cap's first is 1 MiB)
     if config is not None and config.per_bucket_bytes_caps:
         return list(config.per_bucket_bytes_caps)
-    first = getattr(config, "first_bucket_bytes_cap", ddp.bucket_bytes_cap)
+    if config is not None:
+        first = config.first_bucket_bytes_cap
+    else:
+        first = dist._DEFAULT_FIRST_BUCKET_BYTES if getattr(ddp, "bucket_bytes_cap_default", False) \
+            else ddp.bucket_bytes_cap
     return [min(first, ddp.bucket_bytes_cap), ddp.bucket_bytes_cap]
 
 
