@@ -124,7 +124,12 @@ class GraphCall:
             run = driver.eager_run(self.info.gm)
             return lambda *inputs: tuple(run(*inputs))
         if self.mode != "reduce-overhead" and not any(self.dynamic_dims):  # (a piece's sizes are fixed)
-            split = split_for_ddp(self.info.gm, inputs, self.mode, name)
+            try:
+                split = split_for_ddp(self.info.gm, inputs, self.mode, name)
+            except Exception as e:  # one graph: no overlap, the same results
+                warn(f"internal error splitting {name} at DDP's buckets ({type(e).__name__}: {e}); "
+                     "compiling it as one graph")
+                split = None
             if split is not None:
                 return split
         return driver.compile_graph(self.info.gm, list(inputs), mode=self.mode,
