@@ -180,22 +180,23 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", help="write the results here (- for stdout)")
-    p.add_argument("--width", type=int, default=None, help="model width (cuda: 1024, cpu: 32)")
+    p.add_argument("--width", type=int, default=None, help="model width (cuda: 1024, cpu: 128)")
     p.add_argument("--blocks", type=int, default=8)
     p.add_argument("--batch", type=int, default=None, help="batch rows (cuda: 8192, cpu: 16)")
     p.add_argument("--bucket-cap-mb", type=float, default=None,
-                   help="DDP's bucket cap (default DDP's own, 25 MB; cpu: a few blocks' parameters)")
+                   help="DDP's bucket cap (default DDP's own, 25 MB; cpu: 1 MB, DDP's first bucket's, "
+                        "below which Dynamo's DDPOptimizer refuses)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=None, help="timed steps per round (cuda: 30, cpu: 3)")
     p.add_argument("--rounds", type=int, default=None, help="(cuda: 5, cpu: 1)")
     p.add_argument("--only", nargs="*", help="row names (substrings)")
     args = p.parse_args()
     cuda = args.device == "cuda"
-    args.width = args.width or (1024 if cuda else 32)
+    args.width = args.width or (1024 if cuda else 128)
     args.batch = args.batch or (8192 if cuda else 16)
     args.steps = args.steps or (30 if cuda else 3)
     args.rounds = args.rounds or (5 if cuda else 1)
-    cap = args.bucket_cap_mb or (None if cuda else 3 * 8 * args.width * args.width * 4 / 2 ** 20)
+    cap = args.bucket_cap_mb or (None if cuda else 1.0)
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29561")
