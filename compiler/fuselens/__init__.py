@@ -15,7 +15,9 @@ from .capture.source import NoSourceError, function_source
 from .errors import FuselensWarning, InternalError
 from .explain import Explanation, format_break
 from .inspect import inspect  # noqa: F401  (the function; its types are fuselens.inspect's)
-from .runtime.compiled import CompiledFunction, CompiledModule, collecting, compiled_of
+from .runtime.compiled import (CompiledFunction, CompiledModule, CompiledWrapper, collecting, compiled_module,
+                               compiled_of)
+from .runtime.distributed import call_with_forward, is_ddp
 
 __all__ = ["compile", "compile_in_place", "explain", "inspect", "GraphBreak", "GraphBreakError", "Explanation",
            "FuselensWarning", "InternalError", "NoSourceError", "CompiledModule"]
@@ -33,9 +35,8 @@ def compile(fn_or_module=None, *, mode="default", fullgraph=False, dynamic=None)
     if isinstance(fn_or_module, (CompiledFunction, CompiledModule)):
         return fn_or_module
     if isinstance(fn_or_module, nn.Module):
-        mod = fn_or_module
-        return CompiledModule(mod, CompiledFunction(type(mod).forward, mode=mode, fullgraph=fullgraph,
-                                                    dynamic=dynamic))
+        return compiled_module(fn_or_module, lambda forward: CompiledFunction(
+            forward, mode=mode, fullgraph=fullgraph, dynamic=dynamic))
     if isinstance(fn_or_module, types.MethodType):  # a bound method: compile its function
         return CompiledFunction(fn_or_module.__func__, mode=mode, fullgraph=fullgraph,
                                 dynamic=dynamic).__get__(fn_or_module.__self__)
@@ -52,6 +53,9 @@ def compile_in_place(module: nn.Module, *, mode="default", fullgraph=False, dyna
     if not isinstance(module, nn.Module):
         raise TypeError(f"fuselens.compile_in_place expects an nn.Module, got {type(module).__name__}; "
                         "use fuselens.compile for a function")
+    if is_ddp(module):  # DDP's forward stays (runtime/distributed.py): the module it wraps is compiled
+        compile_in_place(module.module, mode=mode, fullgraph=fullgraph, dynamic=dynamic)
+        return module
     cf = CompiledFunction(type(module).forward, mode=mode, fullgraph=fullgraph, dynamic=dynamic)
     module.forward = cf.__get__(module)
     module._fuselens_compiled = cf
@@ -81,7 +85,10 @@ def explain(fn, *args, **kwargs) -> Explanation:
     function_source(target)  # a clear NoSourceError for functions without source
     fresh = CompiledFunction(target)
     with collecting() as log:
-        fresh(*args, **kwargs)
+        if isinstance(fn, CompiledWrapper):  # DDP's forward or FSDP2's hooks around it
+            call_with_forward(fn._orig_mod, fn.__dict__["_fuselens_wrapped"], fresh, args[1:], kwargs)
+        else:
+            fresh(*args, **kwargs)
     if fresh.disabled:
         raise InternalError(f"fuselens.explain: {fresh.disabled}")
     graphs = [g for e in log for g in e.graphs]

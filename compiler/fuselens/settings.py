@@ -41,6 +41,13 @@ def program_cache_enabled() -> bool:
     return os.environ.get("FUSELENS_PROGRAM_CACHE", "1") != "0"
 
 
+def ddp_split() -> bool:
+    """FUSELENS_DDP_SPLIT=0: a graph captured inside DistributedDataParallel's forward stays one
+    graph instead of one piece per gradient bucket (runtime/ddp_buckets.py; bench/distributed.py
+    compares the two)."""
+    return os.environ.get("FUSELENS_DDP_SPLIT", "1") != "0"
+
+
 @functools.cache
 def compiler_version() -> str:
     """The compiler's hash: fuselens's own source and the versions of what it runs on (torch,

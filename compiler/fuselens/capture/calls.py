@@ -123,6 +123,13 @@ def compile_disabled(fn) -> bool:
     return fn.__dict__.get("_torchdynamo_disable") is True
 
 
+def fsdp_unit(mod) -> bool:
+    """A module FSDP2's `fully_shard` manages: its hooks are collectives and parameter swaps,
+    which run in Python around its forward compiled on its own (runtime/distributed.py)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # (imported where a module is sharded)
+    return fsdp is not None and isinstance(mod, fsdp.FSDPModule)
+
+
 def loaded_dynamo():
     """`torch._dynamo` once something imported it, else None. Importing it takes ~2 s, more than
     the rest of capture after torch (the editor waits for it before its first diagnostics), and

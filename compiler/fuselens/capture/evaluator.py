@@ -271,8 +271,13 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
             s = s.parent
         return tuple(reversed(frames))
 
-    def brk(self, kind, node, scope, *, detail="", whole_stmt=False, cond=None):
-        """Stop here with a graph break (concrete) / report it (abstract: raises _Abstract)."""
+    def brk(self, kind, node, scope, *, detail="", whole_stmt=False, cond=None, compiled_call=None):
+        """Stop here with a graph break (concrete) / report it (abstract: raises _Abstract).
+        `compiled_call`: a call in the statement Python runs whole that goes to the runtime's
+        `compile_callee` (resume.Writer.compiling_calls)."""
         gb = B.make_break(kind, self.loc(node, scope), detail=detail, stack=self.stack(scope),
                           function=scope.fs.qualname)
-        raise BreakSignal(gb, whole_stmt=whole_stmt, cond=cond)
+        sig = BreakSignal(gb, whole_stmt=whole_stmt, cond=cond)
+        if compiled_call is not None:
+            sig.compile_calls.append(compiled_call)
+        raise sig

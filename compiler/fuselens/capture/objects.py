@@ -341,6 +341,10 @@ class Objects:
         if getattr(mod, "_backward_hooks", None) or getattr(mod, "_backward_pre_hooks", None) \
                 or getattr(mod, "_forward_hooks_always_called", None) or _global_module_hooks():
             self.brk(B.UNKNOWN_CALL, e, scope, detail=f"{type(mod).__name__} has backward or global hooks")
+        if C.fsdp_unit(mod):  # one unit's graphs of its own, between FSDP2's hooks
+            self.brk(B.UNKNOWN_CALL, e, scope, whole_stmt=True, compiled_call=e,
+                     detail=f"{type(mod).__name__} is an FSDP2 unit: its hooks (all-gather, reshard) run in "
+                     "Python, its forward compiled on its own")
         if not self.effects.is_fresh(mod):
             src = self.domain.source(self, mod)
             if src is None:

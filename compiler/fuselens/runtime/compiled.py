@@ -23,6 +23,8 @@ from ..backend import driver
 from ..backend.cudagraphs import CudaGraphed, graphable
 from ..errors import InternalError, fall_back, warn
 from . import capture_cache
+from .ddp_buckets import split_for_ddp
+from .distributed import call_with_forward, is_ddp, is_fsdp_unit, unit_call
 
 RECOMPILE_LIMIT = 8
 _LOG_CAPTURE = logging.getLogger("fuselens.capture")
@@ -113,9 +115,30 @@ class GraphCall:
     def _compile(self, inputs):
         # capture's guards fix every graph input's layout and the grad mode; the backend runs
         # the graph eagerly where it fails (errors.fall_back), so this never raises
+        name = f"{self.info.name} of {self.info.function}"
+        subclass = next((type(t) for t in inputs if isinstance(t, torch.Tensor)
+                         and type(t) not in (torch.Tensor, nn.Parameter)), None)
+        if subclass is not None:  # (FSDP2's DTensor parameters, outside its hooks)
+            warn(f"{name} takes a {subclass.__name__}, a tensor subclass whose ops dispatch in Python: "
+                 "running it eagerly")
+            run = driver.eager_run(self.info.gm)
+            return lambda *inputs: tuple(run(*inputs))
+        if self.mode != "reduce-overhead" and not any(self.dynamic_dims):  # (a piece's sizes are fixed)
+            try:
+                split = split_for_ddp(self.info.gm, inputs, self.mode, name)
+            except Exception as e:  # one graph: no overlap, the same results
+                warn(f"internal error splitting {name} at DDP's buckets ({type(e).__name__}: {e}); "
+                     "compiling it as one graph")
+                split = None
+            if split is not None:
+                return split
         return driver.compile_graph(self.info.gm, list(inputs), mode=self.mode,
-                                     dynamic_dims=self.dynamic_dims, guarded=True,
-                                     name=f"{self.info.name} of {self.info.function}")
+                                     dynamic_dims=self.dynamic_dims, guarded=True, name=name)
+
+    @property
+    def pieces(self) -> int:
+        """How many graphs the backend compiled this one as (DDP's buckets: runtime/ddp_buckets.py)."""
+        return len(getattr(self.compiled, "pieces", None) or [self.info])
 
     @property
     def kernels(self):
@@ -423,6 +446,32 @@ class CompiledModule(nn.Module):
             return getattr(self._modules["_orig_mod"], name)
 
 
+class CompiledWrapper(CompiledModule):
+    """What `fuselens.compile` returns for a torch.distributed wrapper (runtime/distributed.py):
+    a DDP module (`wrapped` the module it wraps) or an FSDP2 unit (`wrapped` the unit itself).
+    The wrapper's Python runs, `wrapped`'s forward compiled."""
+
+    def __init__(self, mod: nn.Module, wrapped: nn.Module, compiled: CompiledFunction):
+        super().__init__(mod, compiled)
+        self.__dict__["_fuselens_wrapped"] = wrapped  # (not a submodule: the state_dict is mod's)
+
+    def forward(self, *args, **kwargs):
+        return call_with_forward(self._modules["_orig_mod"], self.__dict__["_fuselens_wrapped"],
+                                 self._fuselens_compiled, args, kwargs)
+
+
+def compiled_module(mod: nn.Module, compile_function) -> nn.Module:
+    """`fuselens.compile(mod)`; `compile_function(forward)` makes its CompiledFunction."""
+    if is_ddp(mod):
+        inner = mod.module
+        if compiled_of(inner) is not None:  # compile(DDP(compile(model))): compiled already
+            return mod
+        return CompiledWrapper(mod, inner, compile_function(type(inner).forward))
+    if is_fsdp_unit(mod):
+        return CompiledWrapper(mod, mod, compile_function(type(mod).forward))
+    return CompiledModule(mod, compile_function(type(mod).forward))
+
+
 _CALLEES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -439,7 +488,10 @@ def compiled_of(obj) -> CompiledFunction | None:
 def compiled_callee(fn):
     """`fn` compiled on its own (once per function), for a call inside a statement that runs
     in Python after a graph break: a function or method with source gets its own cache entries;
+    an FSDP2 unit runs its hooks in Python and its forward compiled (runtime/distributed.py);
     anything else (a builtin, a module, code without source) is called as it is."""
+    if is_fsdp_unit(fn):
+        return unit_call(fn, CompiledFunction)
     if isinstance(fn, types.MethodType):
         inner = compiled_callee(fn.__func__)
         return fn if inner is fn.__func__ else types.MethodType(inner, fn.__self__)
