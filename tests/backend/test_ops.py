@@ -72,6 +72,24 @@ def test_hypot_is_a_pointwise_primitive_fused_with_its_neighbours(dtype):
     assert "call_torch" not in cg.wrapper_source
 
 
+GATHERS = {
+    "rows": lambda x, i: x[i] * 2,
+    "middle_dim": lambda x, i: x[:, i.int()].sin(),
+    "last_dim": lambda x, i: x[:, :, i[0]] + 1,
+    "roll_dims": lambda x, i: torch.roll(x, shifts=(-3, 2), dims=(1, 2)) * x,
+    "roll_flat": lambda x, i: torch.roll(x, 5).exp(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GATHERS))
+def test_integer_tensor_index_and_roll_are_kernels(name):
+    """One integer tensor indexing one dim (a relative position bias read from its table: the
+    table's rows as an embedding, negative indices wrapped) and torch.roll (two slices
+    concatenated): values and gradients as eager's, no extern call of torch's op."""
+    cg = check(GATHERS[name], t(5, 7, 6), torch.tensor([[4, -1], [0, 2], [2, 2]], device=DEVICE))
+    assert "call_torch" not in cg.wrapper_source
+
+
 def test_comparisons_and_logic():
     def f(a, b):
         lt, ge, eq = a < b, a >= b, a == a

@@ -182,7 +182,7 @@ def getitem(x, index):
         return x[index]
     index = index if isinstance(index, tuple) else (index,)
     if builtins.any(isinstance(i, (TVal, list)) for i in index):
-        raise Unsupported("tensor indexing")
+        return _gather(x, index)
     n_real = builtins.sum(1 for i in index if i is not None and i is not Ellipsis)
     if Ellipsis in index:
         at = index.index(Ellipsis)
@@ -199,6 +199,43 @@ def getitem(x, index):
             dim += 1
         else:
             out = P.select(out, dim, int(i))
+    return out
+
+
+def _gather(x, index):
+    """x[..., idx, ...] for one integer tensor `idx` after whole slices (a relative position bias
+    read from its table): the rows of x along that dim as an `embedding` of x viewed as a table
+    [n, rest] (its backward adds the gradient's rows), the result's dims where numpy puts them."""
+    at = next(i for i, v in enumerate(index) if isinstance(v, (TVal, list)))
+    idx = index[at]
+    if not isinstance(idx, TVal) or idx.dtype not in (torch.int64, torch.int32) or at >= x.ndim or \
+            builtins.any(i != builtins.slice(None) for i in index[:at] + index[at + 1:]) or x.ndim == 0:
+        raise Unsupported("tensor indexing other than one integer tensor after whole slices")
+    n = x.shape[at]
+    order = (at,) + tuple(d for d in range(x.ndim) if d != at)
+    table = P.reshape(P.permute(x, order), (n, -1))
+    rows = P.where(P.lt(idx, 0), P.add(idx, n), idx)  # (negative indices count from the end)
+    out = P.reshape(emit(prim.embedding, rows, table, -1), tuple(idx.shape) + tuple(x.shape[d] for d in order[1:]))
+    k = idx.ndim  # the index's dims go where `at` was
+    return P.permute(out, tuple(range(k, k + at)) + tuple(range(k)) + tuple(range(k + at, out.ndim)))
+
+
+@register(*spellings("roll"))
+def roll(x, shifts, dims=None):
+    """Each dim rotated: the slices of its last `shift` elements and of the rest, concatenated
+    (index arithmetic in the kernel that reads it; its VJP the opposite roll)."""
+    if dims is None:
+        return P.reshape(roll(P.reshape(x, (-1,)), shifts, 0), x.shape)
+    shifts = tuple(shifts) if isinstance(shifts, (tuple, list)) else (shifts,)
+    dims = tuple(dims) if isinstance(dims, (tuple, list)) else (dims,)
+    if len(shifts) != len(dims) or not builtins.all(isinstance(s, int) for s in shifts):
+        raise Unsupported("roll of these arguments")  # (the torch call raises eager's error)
+    out = x
+    for shift, dim in zip(shifts, dims):
+        size = x.shape[dim]
+        shift = shift % size if size else 0
+        if shift:
+            out = cat([P.slice(out, dim, size - shift, size), P.slice(out, dim, 0, size - shift)], dim)
     return out
 
 
