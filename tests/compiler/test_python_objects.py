@@ -175,6 +175,8 @@ def test_generators_and_the_sequence_protocol():
             x = x * s
         for a, b in pairs([1, 2, 3]):
             x = x + a * b
+        for layer in Layers(2):  # made here: its `__getitem__` evaluated, its `raise IndexError` ends the loop
+            x = x + layer
         return x + sum(layers), next(iter([x, 1]))
     check(f, X, Steps(3), Layers(3), graphs=1, breaks=[])
 

@@ -137,11 +137,15 @@ class Objects:
         if (it is None or it is collections.abc.Sequence.__iter__) \
                 and isinstance(inspect.getattr_static(type(v), "__getitem__", None), types.FunctionType):
             items = []
-            for i in range(MAX_UNROLL + 1):
-                try:
-                    items.append(self.getitem(v, i, node, scope))
-                except IndexError:
-                    return items
+            self.in_try += 1  # the protocol takes an IndexError its `__getitem__` raises (statements.py)
+            try:
+                for i in range(MAX_UNROLL + 1):
+                    try:
+                        items.append(self.getitem(v, i, node, scope))
+                    except (IndexError, StopIteration):
+                        return items
+            finally:
+                self.in_try -= 1
             self.brk(B.UNROLLABLE_LOOP, node, scope, whole_stmt=True,
                      detail=f"more than {MAX_UNROLL} items of {type(v).__name__}")
         return None
