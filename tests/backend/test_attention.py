@@ -248,18 +248,40 @@ def test_a_mask_broadcast_along_its_rows_is_decided_as_the_kernel_gets_it(monkey
     assert bias and re.findall(r"prims.sdpa\(.*attn_mask=(\w+)", wrapper) == [bias.group(1)] * 2, wrapper
 
 
-def test_float_mask_and_dropout_stay_torchs_call():
-    """An additive mask has a gradient of its own, dropout draws torch's random numbers: such
-    calls stay F.scaled_dot_product_attention, differentiated by torch."""
-    q, k, v, bias = inputs((2, 4, 8, 16), (2, 4, 8, 16), (2, 4, 8, 16), (8, 8), grad=True)
+@pytest.mark.parametrize("shape", [(8, 8), (2, 1, 8, 8), (2, 4, 8, 8)], ids=str)
+def test_a_float_mask_with_a_gradient_is_one_sdpa_call(shape):
+    """An additive mask (a trained relative position bias) is sdpa's too, its gradient summed to
+    its broadcast shape: from efficient attention's backward on a GPU, torch's autograd elsewhere."""
+    q, k, v, bias = inputs((2, 4, 8, 16), (2, 4, 8, 16), (2, 4, 8, 16), shape, grad=True)
     fn = lambda q, k, v, bias: F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # noqa: E731
     out, wrapper, _ = compiled(fn, q, k, v, bias)
     expected = fn(q, k, v, bias)
     close(out, expected)
-    assert "prims.sdpa(" not in wrapper and "torch.nn.functional.scaled_dot_product_attention(" in wrapper
+    assert "prims.sdpa" in wrapper and "torch.nn.functional.scaled_dot_product_attention(" not in wrapper
     g = torch.randn_like(expected)
     for got, exp in zip(torch.autograd.grad(out, (q, k, v, bias), g), torch.autograd.grad(expected, (q, k, v, bias), g)):
         torch.testing.assert_close(got, exp, **tolerance(torch.float32))
+
+
+def test_grouped_query_heads_are_one_sdpa_call():
+    """enable_gqa: each key/value head serves its group of query heads, repeated before one sdpa."""
+    q, k, v = inputs((2, 8, 6, 16), (2, 2, 6, 16), (2, 2, 6, 16), grad=True)
+    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
+    out, wrapper, _ = compiled(fn, q, k, v)
+    expected = fn(q, k, v)
+    close(out, expected)
+    assert "prims.sdpa" in wrapper and "torch.nn.functional.scaled_dot_product_attention(" not in wrapper
+    g = torch.randn_like(expected)
+    for got, exp in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(expected, (q, k, v), g)):
+        torch.testing.assert_close(got, exp, **tolerance(torch.float32))
+
+
+def test_dropout_stays_torchs_call():
+    """Dropout draws torch's random numbers: the call stays F.scaled_dot_product_attention."""
+    q, k, v = inputs((2, 4, 8, 16), (2, 4, 8, 16), (2, 4, 8, 16))
+    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)  # noqa: E731
+    _, wrapper, _ = compiled(fn, q, k, v)
+    assert "prims.sdpa(" not in wrapper and "torch.nn.functional.scaled_dot_product_attention(" in wrapper
 
 
 @pytest.mark.parametrize("backend, masked", [(1, False), (2, False), (2, True), (3, False), (3, True)])
@@ -292,7 +314,7 @@ def test_trained_attention_saves_the_fused_forwards_statistics(backend, masked, 
     mask = torch.empty(2, 1, 8, 8, dtype=torch.bool, device="meta")
     gm = torch.fx.symbolic_trace(fn)
     graph = to_primitive_graph(gm, [q, q, q, mask], "cuda")
-    save_attention_statistics(graph, "cuda")
+    save_attention_statistics(graph, "cuda", [True, True, True, False])
     (saving,) = [n for n in graph.nodes if n.target is prim.sdpa_saving]
     assert saving.kwargs["backend"] == backend
     joint = build_joint(graph, [True, True, True, False], "cuda")
@@ -302,6 +324,31 @@ def test_trained_attention_saves_the_fused_forwards_statistics(backend, masked, 
     # out, logsumexp, seed, offset: items of the forward's call
     assert [(a.args[0].target, a.args[1]) for a in bw.args[4]] == [(prim.sdpa_saving, i) for i in range(4)]
     assert [tuple(n.meta["val"].shape) for n in bw.users] == [(2, 4, 8, 16)] * 3
+
+
+@pytest.mark.parametrize("backend", [2, 3])  # efficient, cuDNN: the two that take masks
+def test_a_trained_bias_saves_statistics_where_efficient_attention_gives_its_gradient(backend, monkeypatch):
+    """A float mask that requires grad: efficient attention's backward gives the bias's gradient
+    (summed to the mask's shape); with another kernel the attention stays sdpa, differentiated by
+    torch's autograd."""
+    from fuselens.autograd.joint import build_joint
+    from fuselens.ops.attention import save_attention_statistics
+    from fuselens.ops.trace import to_primitive_graph
+    monkeypatch.setattr(prim, "sdpa_backend", lambda *args, **kwargs: backend)
+    q = torch.empty(2, 4, 8, 16, dtype=torch.bfloat16, device="meta")
+    bias = torch.empty(4, 8, 8, dtype=torch.bfloat16, device="meta")
+    gm = torch.fx.symbolic_trace(lambda q, k, v, bias: F.scaled_dot_product_attention(q, k, v, attn_mask=bias))
+    graph = to_primitive_graph(gm, [q, q, q, bias], "cuda")
+    save_attention_statistics(graph, "cuda", [True, True, True, True])
+    joint = build_joint(graph, [True, True, True, True], "cuda")
+    calls = [n.target for n in joint.graph.nodes if n.op == "call_function"]
+    if backend == 3:
+        assert prim.sdpa in calls and prim.sdpa_saving not in calls and prim.call_torch_vjp in calls
+        return
+    (bw,) = [n for n in joint.graph.nodes if n.target is prim.sdpa_saving_backward]
+    assert bw.kwargs["mask_grad"] and prim.call_torch_vjp not in calls
+    *_, out = joint.graph.nodes
+    assert tuple(out.args[0][-1].meta["val"].shape) == (4, 8, 8)
 
 
 @pytest.mark.parametrize("backend", [1, 2, 3])  # flash, efficient, cuDNN

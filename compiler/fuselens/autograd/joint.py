@@ -103,7 +103,15 @@ def build_joint(fw: fx.Graph, requires_grad: list[bool], device, output_requires
                 elif p.vjp_with_needs:
                     kwargs = {**kwargs, "needs": tuple(isinstance(a, fx.Node) and needs.get(a, False)
                                                        for a in n.args)}
+                    kw_needs = tuple(k for k, a in n.kwargs.items() if isinstance(a, fx.Node) and needs.get(a, False))
+                    if kw_needs:
+                        kwargs["kw_needs"] = kw_needs
                 arg_grads = p.vjp(g, env[n], *args, **kwargs)
+                if len(arg_grads) > len(n.args):  # a rule's last entry: its keyword tensors' gradients
+                    for k, kw_g in arg_grads[len(n.args)].items():
+                        if isinstance(n.kwargs.get(k), fx.Node) and needs.get(n.kwargs[k]):
+                            _accumulate(grads, n.kwargs[k], kw_g)
+                    arg_grads = arg_grads[:len(n.args)]
                 for a_node, a_val, ga in zip(n.args, args, arg_grads):
                     if isinstance(a_node, dict) and isinstance(ga, dict):  # an extern's keyword tensors
                         for k, sub_g in ga.items():

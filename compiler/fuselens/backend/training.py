@@ -244,7 +244,7 @@ def _expected_missing(tangents) -> frozenset:
 
 def _partition(gm, inputs, requires_grad, device, eager):
     prim_graph = to_primitive_graph(gm, inputs, device)
-    save_attention_statistics(prim_graph, device)
+    save_attention_statistics(prim_graph, device, requires_grad)
     joint = build_joint(prim_graph, requires_grad, device, eager.output_requires_grad)
     private_inputs = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and i not in eager.saved_inputs]
     parts = partition(joint, private_inputs, [j for j in range(joint.num_fw_outputs) if j not in eager.saved_outputs])

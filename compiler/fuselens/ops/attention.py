@@ -162,18 +162,25 @@ def rewrite_attention(graph: fx.Graph, device) -> None:
         removed |= nodes
 
 
-def save_attention_statistics(graph: fx.Graph, device) -> None:
-    """A graph to be differentiated: each `sdpa` that a fused CUDA kernel runs becomes
-    `sdpa_saving`, whose logsumexp the backward reads (F.scaled_dot_product_attention returns
-    none, and its backward ran the forward again: GPT-2's 12 layers, ~0.7 ms of host a layer
-    through torch's autograd)."""
+def save_attention_statistics(graph: fx.Graph, device, requires_grad) -> None:
+    """A graph to be differentiated (`requires_grad`: per placeholder): each `sdpa` that a fused
+    CUDA kernel runs becomes `sdpa_saving`, whose logsumexp the backward reads
+    (F.scaled_dot_product_attention returns none, and its backward ran the forward again: GPT-2's
+    12 layers, ~0.7 ms of host a layer through torch's autograd). A mask with a gradient of its
+    own (a trained relative position bias) takes torch's kernel for a mask that requires grad; only
+    efficient attention's backward gives it (the others run as torch's autograd does)."""
+    grad = {n for n, rg in zip((n for n in graph.nodes if n.op == "placeholder"), requires_grad) if rg}
+    for n in graph.nodes:
+        if n.op == "call_function" and any(a in grad for a in n.all_input_nodes):
+            grad.add(n)
     for n in [n for n in graph.nodes if n.target is prim.sdpa]:
         q, k, v = (a.meta["val"] for a in n.args)
         options = dict(n.kwargs)
         metas = {name: o.meta["val"] if isinstance(o, fx.Node) else o for name, o in options.items()}
+        mask_grad = options.get("attn_mask") in grad
         backend = prim.saving_backend(q, k, v, metas.get("attn_mask"), metas.get("is_causal", False),
-                                      metas.get("scale"), device)
-        if backend is None:
+                                      metas.get("scale"), device, mask_grad=mask_grad)
+        if backend is None or mask_grad and backend != 2:
             continue
         with graph.inserting_before(n):
             saving = graph.call_function(prim.sdpa_saving, n.args, {**options, "backend": backend})
@@ -188,12 +195,18 @@ def save_attention_statistics(graph: fx.Graph, device) -> None:
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
     """One `sdpa` call, its result and gradients predicted in the layouts the device's kernel
-    returns. A boolean mask enters as the additive bias torch makes of it (_bias_of). Dropout,
-    grouped-query heads and additive (float) masks, which have a gradient of their own, stay a
+    returns. A boolean mask enters as the additive bias torch makes of it (_bias_of); an additive
+    (float) mask of the query's dtype as it is (a relative position bias: with a gradient of its
+    own, ops/vjp.py). Grouped-query heads: each key/value head repeated for its group of query
+    heads (as torch's math path does; the copy fuses with what computes them). Dropout stays a
     plain call of torch's function."""
-    if dropout_p or enable_gqa or not all(isinstance(t, TVal) for t in (query, key, value)) or \
-            attn_mask is not None and not (isinstance(attn_mask, TVal) and attn_mask.dtype == torch.bool):
-        raise Unsupported("dropout, grouped-query heads or a float mask")
+    if dropout_p or not all(isinstance(t, TVal) for t in (query, key, value)) or \
+            attn_mask is not None and not (isinstance(attn_mask, TVal) and attn_mask.dtype in (torch.bool, query.dtype)):
+        raise Unsupported("dropout, or a mask of another dtype")
+    if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
+        if query.shape[-3] % key.shape[-3] or key.shape[-3] != value.shape[-3]:
+            raise Unsupported("grouped-query heads that do not divide the query's")  # (eager raises)
+        key, value = (_repeat_heads(t, query.shape[-3] // t.shape[-3]) for t in (key, value))
     if attn_mask is not None:
         if attn_mask.shape[-1] > 1 and attn_mask.val.stride(-1) == 0:
             # a mask broadcast along its rows (HF's come so) is stored whole for the kernel, and
@@ -204,12 +217,19 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             if attn_mask.node not in whole:
                 whole[attn_mask.node] = P.copy(attn_mask, torch.contiguous_format)
             attn_mask = whole[attn_mask.node]
-        attn_mask = _bias_of(attn_mask, query, key, value, is_causal, scale)
+        if attn_mask.dtype == torch.bool:
+            attn_mask = _bias_of(attn_mask, query, key, value, is_causal, scale)
     options = {name: o for name, o in (("attn_mask", attn_mask), ("is_causal", is_causal), ("scale", scale))
                if o is not None and o is not False}
     meta = {name: o.val if isinstance(o, TVal) else o for name, o in options.items()}
     return emit(prim.sdpa, query, key, value, **options,
                 _val=prim.sdpa_meta(query.val, key.val, value.val, **meta, device=P.builder().device))
+
+
+def _repeat_heads(t: TVal, n: int) -> TVal:
+    """t [..., H, S, D] with each head repeated n times in place: [..., H * n, S, D]."""
+    *lead, h, s, d = t.shape
+    return P.reshape(P.expand(P.unsqueeze(t, -3), (*lead, h, n, s, d)), (*lead, h * n, s, d))
 
 
 def _bias_of(mask: TVal, q: TVal, k: TVal, v: TVal, is_causal, scale):

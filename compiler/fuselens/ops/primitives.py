@@ -413,7 +413,7 @@ def _by_name(op, values):
     return op(**{n: values[n] for n in names if n in values})
 
 
-def sdpa_backend(q, k, v, attn_mask, is_causal, scale, device, grad=False):
+def sdpa_backend(q, k, v, attn_mask, is_causal, scale, device, grad=False, mask_grad=False):
     """The SDPBackend id F.scaled_dot_product_attention takes on `device` for tensors laid out
     like the meta tensors q, k, v (and mask): what torch chooses at run time, asked of (empty)
     tensors of that device. None where no fused kernel runs (math), where a size is symbolic, or
@@ -426,8 +426,8 @@ def sdpa_backend(q, k, v, attn_mask, is_causal, scale, device, grad=False):
             not all(isinstance(n, int) for t in tensors for n in (*t.shape, *t.stride())):
         return None
     # (torch's checks differ where q, k, v require grad: `grad`, a trained attention)
-    real = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device).requires_grad_(grad and i < 3)
-            for i, t in enumerate(tensors)]
+    real = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device).requires_grad_(
+        grad and (i < 3 or mask_grad)) for i, t in enumerate(tensors)]
     backend = int(torch._fused_sdp_choice(*real[:3], real[3] if attn_mask is not None else None,
                                           is_causal=is_causal, scale=scale))
     return backend if backend in fused else None
@@ -536,9 +536,11 @@ def _sdpa_saving(q, k, v, attn_mask=None, is_causal=False, scale=None, *, backen
     return (r[0], r[1], r[2], r[3]) if backend == 2 else (r[0], r[1], r[6], r[7])
 
 
-def _sdpa_saving_backward(g, q, k, v, saved, attn_mask=None, is_causal=False, scale=None, *, backend):
+def _sdpa_saving_backward(g, q, k, v, saved, attn_mask=None, is_causal=False, scale=None, *, backend,
+                          mask_grad=False):
     """(dq, dk, dv) from ATen's backward of the fused attention `backend`, given its forward's
-    results `saved` (_sdpa_saving): no autograd engine, no math-path attention."""
+    results `saved` (_sdpa_saving): no autograd engine, no math-path attention. With `mask_grad`
+    (efficient attention only) also the gradient of the bias as the kernel took it, [B, H, L, S]."""
     _, backward = _FUSED_ATTENTION[backend]
     bias = None if attn_mask is None else _attention_bias(attn_mask, q, k, backend)
     values = _fused_arguments(q, k, v, bias, is_causal, scale)
@@ -547,8 +549,8 @@ def _sdpa_saving_backward(g, q, k, v, saved, attn_mask=None, is_causal=False, sc
                   philox_seed=seed, philox_offset=offset)
     if g.stride(-1) != 1:  # the kernels read rows of the gradient
         g = g.contiguous()
-    values.update(grad_out=g, grad_out_=g, grad_input_mask=[True, True, True, False])
-    return tuple(_by_name(backward, values)[:3])
+    values.update(grad_out=g, grad_out_=g, grad_input_mask=[True, True, True, mask_grad])
+    return tuple(_by_name(backward, values)[:4 if mask_grad else 3])
 
 
 def _fused_attention_backward(backend, g, q, k, v, attn_mask, is_causal, scale):
@@ -558,12 +560,12 @@ def _fused_attention_backward(backend, g, q, k, v, attn_mask, is_causal, scale):
     return _sdpa_saving_backward(g, q, k, v, saved, attn_mask, is_causal, scale, backend=backend)
 
 
-def saving_backend(q, k, v, attn_mask, is_causal, scale, device):
+def saving_backend(q, k, v, attn_mask, is_causal, scale, device, mask_grad=False):
     """The fused kernel sdpa_saving runs for a trained attention on `device` (meta tensors q, k,
-    v, mask): torch's choice, or None (not CUDA, math)."""
+    v, mask; `mask_grad`: the mask requires grad): torch's choice, or None (not CUDA, math)."""
     if torch.device(device).type != "cuda":
         return None
-    return sdpa_backend(q, k, v, attn_mask, is_causal, scale, device, grad=True)
+    return sdpa_backend(q, k, v, attn_mask, is_causal, scale, device, grad=True, mask_grad=mask_grad)
 
 
 def _fused_backward_for(q, k, v, attn_mask, is_causal, scale):

@@ -67,14 +67,19 @@ rule(prim.addmm)(lambda g, out, bias, a, b: (P.sum_to(g, tuple(bias.shape)), emi
 rule(prim.bmm)(lambda g, out, a, b: (emit(prim.bmm, g, P.transpose(b, 1, 2)), emit(prim.bmm, P.transpose(a, 1, 2), g)))
 
 
-@rule(prim.sdpa)
-def _sdpa(g, out, q, k, v, **options):
+@rule(prim.sdpa, with_needs=True)
+def _sdpa(g, out, q, k, v, needs, kw_needs=(), **options):
     # torch's own attention backward from q, k and v: it recomputes the forward rather than have
     # the forward save anything beyond its inputs. (The same VJP written with our primitives needs
     # P, an L x S value that partition() would have the forward compute and save.) On a GPU, ATen's
     # backward of the fused kernel (flash, efficient, cuDNN) called directly: torch's autograd
-    # re-running the whole attention cost ~0.35 ms of host a layer.
+    # re-running the whole attention cost ~0.35 ms of host a layer. A mask that needs a gradient
+    # (one that efficient attention gives is sdpa_saving's, below) gets it from torch's autograd.
     device = P.builder().device
+    if "attn_mask" in kw_needs:
+        grads = list(emit(prim.call_torch_vjp, F.scaled_dot_product_attention, (q, k, v), options, [g],
+                          (True,) * 3, ("attn_mask",)))
+        return (*grads[:3], {"attn_mask": grads[3]})
     meta_options = {name: o.val if isinstance(o, TVal) else o for name, o in options.items()}
     layouts = prim.sdpa_backward_meta(g.val, q.val, k.val, v.val, **meta_options, device=device)
     if device.type == "cuda":
@@ -82,11 +87,18 @@ def _sdpa(g, out, q, k, v, **options):
     return emit(prim.call_torch_vjp, F.scaled_dot_product_attention, (q, k, v), options, [g], _val=layouts)
 
 
-@rule(prim.sdpa_saving)
-def _sdpa_saving(g, out, q, k, v, **options):
-    # g: the gradients of (out, logsumexp, seed, offset); only out's is ever defined
+@rule(prim.sdpa_saving, with_needs=True)
+def _sdpa_saving(g, out, q, k, v, needs, kw_needs=(), **options):
+    # g: the gradients of (out, logsumexp, seed, offset); only out's is ever defined. A mask that
+    # needs a gradient: efficient attention's backward gives the bias's, [B, H, L, S], summed to
+    # the mask's broadcast shape
     saved = [emit(prim.item, out, i) for i in range(4)]
-    return emit(prim.sdpa_saving_backward, g[0], q, k, v, saved, **options)
+    mask_grad = "attn_mask" in kw_needs
+    grads = emit(prim.sdpa_saving_backward, g[0], q, k, v, saved, **options, mask_grad=mask_grad)
+    if not mask_grad:
+        return grads
+    grads = list(grads)
+    return (*grads[:3], {"attn_mask": P.sum_to(grads[3], options["attn_mask"].shape)})
 
 
 @rule(prim.conv2d, with_needs=True)
