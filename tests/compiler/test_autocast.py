@@ -202,8 +202,8 @@ def test_a_call_autocast_leaves_alone_is_recorded_as_it_is(mask):
     layer of a transformers model trained under autocast)."""
     from fuselens.capture.autocast import _probe, _Tensor
     cuda = torch.device("cuda")
-    qkv = _Tensor(torch.bfloat16, (2, 4, 16, 8), (512, 128, 8, 1), cuda)
-    spec = ((qkv, qkv, qkv), {"attn_mask": None if mask is None else _Tensor(mask, (2, 1, 16, 16), (256, 256, 16, 1), cuda)})
+    q, k, v = (_Tensor(torch.bfloat16, (2, 4, 16, 8), (512, 128, 8, 1), cuda, i) for i in range(3))
+    spec = ((q, k, v), {"attn_mask": None if mask is None else _Tensor(mask, (2, 1, 16, 16), (256, 256, 16, 1), cuda, 3)})
     assert _probe(F.scaled_dot_product_attention, spec, "cuda", torch.bfloat16) in (
         None if mask is not torch.float32 else torch.bfloat16,)
 
@@ -254,3 +254,31 @@ def test_a_composite_autocast_treats_in_parts_is_recorded_as_its_aten_ops(monkey
     grads = zip(*(torch.autograd.grad(r.sum(), (a, b), allow_unused=True) for r in (got, want)))
     assert all(g is w is None or torch.equal(g, w) for g, w in grads)
     assert fuselens.explain(f, a, b).graph_breaks == []
+
+
+_MHA = torch.nn.MultiheadAttention(16, 4, batch_first=True)
+
+
+def _self_attention_of_a_product(x, y):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h = (x @ y.T)[None]  # bfloat16
+        return _MHA(h, h, h, need_weights=False)[0]
+
+
+def _attention_of_three_views(x, y):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h = x @ y.T
+        return _MHA(h[None], h[None], h[None], need_weights=False)[0]
+
+
+@pytest.mark.parametrize("fn", [_self_attention_of_a_product, _attention_of_three_views], ids=lambda f: f.__name__)
+def test_the_probe_runs_the_path_the_call_takes(fn):
+    """F._in_projection_packed under autocast projects `q is k is v` with one linear of the packed
+    weight, and three tensors with its chunks (views autocast casts, not the arguments): the probe
+    passes one tensor where the call does (a probe of the other path recorded a float32 weight
+    beside bfloat16 values: a crash where eager runs)."""
+    check(fn, torch.randn(16, 16), torch.randn(16, 16), graphs=1, breaks=[])
+    h, k, v = (_var(torch.randn(16, 1, 16, dtype=torch.bfloat16)) for _ in range(3))
+    w, b = _var(_MHA.in_proj_weight), _var(_MHA.in_proj_bias)
+    qkv = (h, h, h) if fn is _self_attention_of_a_product else (h, k, v)
+    assert cast_to(F._in_projection_packed, [*qkv, w, b], {}, "cpu", torch.bfloat16) == torch.bfloat16

@@ -48,7 +48,9 @@ def cast_to(fn, args, kwargs, device_type: str, dtype: torch.dtype):
     float32 tensor arguments of `fn(*args, **kwargs)` (TensorVars) on that device to; None where
     it casts none; `AtenCalls` where it casts values inside the call; REFUSED where eager under
     autocast raises, computes what no recording of ATen ops would, or fake tensors cannot run the call."""
-    spec = tree_map(lambda v: _Tensor(v.meta.dtype, tuple(v.meta.shape), v.meta.stride(), v.device)
+    tensors: dict = {}  # one tensor passed twice (`attention(x, x, x)`) is one tensor in the probe too
+    spec = tree_map(lambda v: _Tensor(v.meta.dtype, tuple(v.meta.shape), v.meta.stride(), v.device,
+                                      tensors.setdefault(id(v), len(tensors)))
                     if isinstance(v, TensorVar)
                     else v.hint if isinstance(v, SymInt) else v, (args, kwargs))
     try:
@@ -132,6 +134,7 @@ class _Tensor:
     shape: tuple
     stride: tuple
     device: torch.device
+    identity: int  # arguments of one identity are one tensor (code may ask `q is k`)
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,7 @@ class _Trace(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if func.overloadpacket is torch.ops.aten._to_copy and args and id(args[0]) in self.inputs:
             self.casts.add(out.dtype)
-        elif func.overloadpacket is not torch.ops.prim.device:
+        elif func.overloadpacket is not torch.ops.prim.device and not func.is_view:  # (views compute nothing)
             self.ops.append((func.overloadpacket, tuple(t.dtype for t in tree_leaves(out)
                                                           if isinstance(t, torch.Tensor))))
         if func._schema.is_mutable or torch.Tag.nondeterministic_seeded in func.tags:
@@ -203,13 +206,19 @@ class _Trace(TorchDispatchMode):
 
 def _probe(fn, spec, device_type, dtype):
     with FakeTensorMode(allow_non_fake_inputs=True):
-        def fake(v, cast=None):
-            if isinstance(v, _Tensor):
-                d = cast if cast is not None and v.dtype in CASTS else v.dtype
-                return torch.empty_strided(v.shape, v.stride, dtype=d, device=v.device)
-            return v
-        on = _run(fn, tree_map(fake, spec), device_type, dtype)
-        off = _run(fn, tree_map(fake, spec), device_type, None)
+        def fakes(cast=None):
+            made = {}
+
+            def fake(v):
+                if isinstance(v, _Tensor):
+                    d = cast if cast is not None and v.dtype in CASTS else v.dtype
+                    if v.identity not in made:
+                        made[v.identity] = torch.empty_strided(v.shape, v.stride, dtype=d, device=v.device)
+                    return made[v.identity]
+                return v
+            return tree_map(fake, spec)
+        on = _run(fn, fakes(), device_type, dtype)
+        off = _run(fn, fakes(), device_type, None)
         if on is None:  # eager raises under autocast, or the probe cannot tell what it does
             return REFUSED
         if off is not None and (on[0], on[2], _computing(on[1])) == (off[0], off[2], _computing(off[1])):
@@ -217,14 +226,15 @@ def _probe(fn, spec, device_type, dtype):
         results, casts = on[0], on[2]
         if casts:  # ATen's cast of the arguments (lower precision, float32, the widest of them)
             targets = sorted(casts, key=str)  # (with the op's own casts, as SDPA's math kernel's)
-        else:  # or an op told to compute in float32 (`softmax(x, dtype=torch.float32)`)
+        else:  # or an op told to compute in float32 (`softmax(x, dtype=torch.float32)`), or casts of
+            # views of the arguments (`linear(q, w.chunk(3)[0])`: eager without autocast raises there)
             floats = [d for d in results if d.is_floating_point]
-            if off is None or results == off[0] or not floats:
+            if not floats or off is not None and results == off[0]:
                 return None
             targets = floats[:1]
         # autocast's target: the dtype whose arguments, autocast off, make the same computation
         for target in targets:
-            cast = _run(fn, tree_map(lambda v: fake(v, target), spec), device_type, None)
+            cast = _run(fn, fakes(target), device_type, None)
             if cast is not None and _computing(cast[1]) == _computing(on[1]) and cast[0] == results:
                 return target
         return on[3] if on[3] is not None else REFUSED
