@@ -141,6 +141,17 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return out if bias is None else P.add(out, P.reshape(bias, (-1, 1, 1) if x.ndim == 3 else (1, -1, 1, 1)))
 
 
+@register(F.conv1d, torch.conv1d)
+def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """A convolution over one dim as one over (1, L), as ATen runs it for cuDNN and oneDNN."""
+    if isinstance(padding, str) or x.ndim not in (2, 3) or weight.ndim != 3:
+        raise Unsupported("string padding or unexpected ranks")  # (the torch call raises eager's errors)
+    one = lambda v: (1, v[0] if isinstance(v, (tuple, list)) else v)  # noqa: E731
+    zero = lambda v: (0, v[0] if isinstance(v, (tuple, list)) else v)  # noqa: E731
+    out = conv2d(P.unsqueeze(x, -2), P.unsqueeze(weight, -2), bias, one(stride), zero(padding), one(dilation), groups)
+    return P.squeeze_dims(out, (out.ndim - 2,))
+
+
 @register(F.embedding)
 def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
               sparse=False):
