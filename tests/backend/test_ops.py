@@ -90,6 +90,22 @@ def test_integer_tensor_index_and_roll_are_kernels(name):
     assert "call_torch" not in cg.wrapper_source
 
 
+RESAMPLINGS = {
+    "nearest_x2": lambda x: F.interpolate(x, scale_factor=2.0).sin(),
+    "nearest_to_size": lambda x: F.interpolate(x, size=(20, 14)) * 2,
+    "nearest_1d_x4": lambda x: F.interpolate(x.flatten(2), scale_factor=4),
+    "adaptive_avg_pool1d": lambda x: F.adaptive_avg_pool1d(x.flatten(2), 5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RESAMPLINGS))
+def test_nearest_upsampling_and_row_pooling_are_kernels(name):
+    """Nearest upsampling by powers of two (a UNet's decoder) as an expand and a reshape, 1-d
+    adaptive pooling as the 2-d one over a row: no extern call of torch's op."""
+    cg = check(RESAMPLINGS[name], t(2, 3, 5, 7))
+    assert "call_torch" not in cg.wrapper_source
+
+
 def test_comparisons_and_logic():
     def f(a, b):
         lt, ge, eq = a < b, a >= b, a == a

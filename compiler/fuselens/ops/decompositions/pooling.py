@@ -1,4 +1,4 @@
-"""Pooling. Adaptive average pooling whose windows tile the input (ResNet's and most classifiers'
+"""Pooling. Adaptive average pooling (2-d, and 1-d as 2-d over one row) whose windows tile the input (ResNet's and most classifiers'
 global pooling) is a mean over reshaped windows, fused with its neighbours; its gradient is the
 mean's. 2-d max pooling is a primitive giving the values and each maximum's offset in its window,
 which its backward reads (torch's autograd re-ran the forward: ~0.4 ms of host a call); lowering
@@ -30,6 +30,15 @@ def adaptive_avg_pool2d(x, output_size):
     lead = tuple(x.shape[:-2])
     windows = P.reshape(x, lead + (oh, h // oh, ow, w // ow))
     return mean(windows, (len(lead) + 1, len(lead) + 3))
+
+
+@register(F.adaptive_avg_pool1d, torch.adaptive_avg_pool1d)
+def adaptive_avg_pool1d(x, output_size):
+    """The 2-d pooling over (1, L) (a Swin's or a speech model's pooled sequence)."""
+    if not isinstance(x, TVal) or x.ndim not in (2, 3):
+        raise Unsupported("adaptive_avg_pool1d of this input")
+    size = output_size[0] if isinstance(output_size, (tuple, list)) else output_size
+    return P.squeeze_dims(adaptive_avg_pool2d(P.unsqueeze(x, -2), (1, size)), (x.ndim - 1,))
 
 
 @register(F.max_pool2d, torch.max_pool2d)

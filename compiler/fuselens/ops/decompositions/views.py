@@ -239,6 +239,37 @@ def roll(x, shifts, dims=None):
     return out
 
 
+@register(F.interpolate)
+def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None,
+                antialias=False):
+    """Nearest upsampling by whole factors that are powers of two (a UNet's decoder): each element
+    repeated along each spatial dim, an expand and a reshape (torch's source index floor(i / k) is
+    exact for these factors). Other modes and factors stay torch's call."""
+    spatial = x.ndim - 2
+    if mode != "nearest" or antialias or spatial not in (1, 2, 3) or (size is None) == (scale_factor is None):
+        raise Unsupported("interpolate other than nearest")
+    ins = tuple(x.shape[2:])
+    if size is not None:
+        outs = tuple(size) if isinstance(size, (tuple, list)) else (size,) * spatial
+    else:
+        factors = tuple(scale_factor) if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * spatial
+        if not builtins.all(float(f).is_integer() for f in factors):
+            raise Unsupported("a fractional scale factor")
+        outs = tuple(n * int(f) for n, f in zip(ins, factors))
+    ks = [o // n if n and o % n == 0 else 0 for o, n in zip(outs, ins)]
+    if len(outs) != spatial or not builtins.all(k and k & (k - 1) == 0 for k in ks):
+        raise Unsupported("upsampling by a factor other than a power of two")
+    out = x
+    for d, k in enumerate(ks):
+        if k > 1:
+            dim = 2 + d
+            shape = list(out.shape)
+            out = P.expand(P.unsqueeze(out, dim + 1), tuple(shape[:dim + 1]) + (k,) + tuple(shape[dim + 1:]))
+            shape[dim] *= k
+            out = P.reshape(out, tuple(shape))
+    return out
+
+
 @register(builtins.getattr)
 def getattr_(x, name):
     if name == "T":
