@@ -76,6 +76,8 @@ GATHERS = {
     "rows": lambda x, i: x[i] * 2,
     "middle_dim": lambda x, i: x[:, i.int()].sin(),
     "last_dim": lambda x, i: x[:, :, i[0]] + 1,
+    "two_indices": lambda x, i: x[i[:, 0], i[:, 1]] - 1,
+    "two_indices_after_a_slice": lambda x, i: x[:, i[1:], i[0]],
     "roll_dims": lambda x, i: torch.roll(x, shifts=(-3, 2), dims=(1, 2)) * x,
     "roll_flat": lambda x, i: torch.roll(x, 5).exp(),
 }

@@ -203,20 +203,28 @@ def getitem(x, index):
 
 
 def _gather(x, index):
-    """x[..., idx, ...] for one integer tensor `idx` after whole slices (a relative position bias
-    read from its table): the rows of x along that dim as an `embedding` of x viewed as a table
-    [n, rest] (its backward adds the gradient's rows), the result's dims where numpy puts them."""
+    """x[..., i0, i1, ..., ...] for integer tensors at consecutive dims after whole slices (a
+    relative position bias read from its table, CLIP's `h[arange(B), ids.argmax(-1)]`): rows of x
+    viewed as a table [n0 * n1 * ..., rest], at the broadcast indices' linear positions, as an
+    `embedding` (its backward adds the gradient's rows); the result's dims where numpy puts them."""
     at = next(i for i, v in enumerate(index) if isinstance(v, (TVal, list)))
-    idx = index[at]
-    if not isinstance(idx, TVal) or idx.dtype not in (torch.int64, torch.int32) or at >= x.ndim or \
-            builtins.any(i != builtins.slice(None) for i in index[:at] + index[at + 1:]) or x.ndim == 0:
-        raise Unsupported("tensor indexing other than one integer tensor after whole slices")
-    n = x.shape[at]
-    order = (at,) + tuple(d for d in range(x.ndim) if d != at)
-    table = P.reshape(P.permute(x, order), (n, -1))
-    rows = P.where(P.lt(idx, 0), P.add(idx, n), idx)  # (negative indices count from the end)
-    out = P.reshape(emit(prim.embedding, rows, table, -1), tuple(idx.shape) + tuple(x.shape[d] for d in order[1:]))
-    k = idx.ndim  # the index's dims go where `at` was
+    count = next((i for i, v in enumerate(index[at:]) if not isinstance(v, TVal)), len(index) - at)
+    indices = index[at:at + count]
+    if builtins.any(v.dtype not in (torch.int64, torch.int32) for v in indices) or at + count > x.ndim or \
+            builtins.any(i != builtins.slice(None) for i in index[:at] + index[at + count:]):
+        raise Unsupported("tensor indexing other than integer tensors at consecutive dims after whole slices")
+    dims = tuple(range(at, at + count))
+    order = dims + tuple(d for d in range(x.ndim) if d not in dims)
+    table = P.reshape(P.permute(x, order), (math.prod(x.shape[d] for d in dims), -1))
+    shape = tuple(torch.broadcast_shapes(*(v.shape for v in indices)))
+    rows = None
+    for d, v in zip(dims, indices):
+        n = x.shape[d]
+        v = P.where(P.lt(v, 0), P.add(v, n), v)  # (negative indices count from the end)
+        rows = v if rows is None else P.add(P.mul(rows, n), v)
+    rows = P.expand(rows, shape) if tuple(rows.shape) != shape else rows
+    out = P.reshape(emit(prim.embedding, rows, table, -1), shape + tuple(x.shape[d] for d in order[count:]))
+    k = len(shape)  # the index's dims go where `at` was
     return P.permute(out, tuple(range(k, k + at)) + tuple(range(k)) + tuple(range(k + at, out.ndim)))
 
 
