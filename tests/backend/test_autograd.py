@@ -3,6 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import fuselens
 from fl_backend_testing import DEVICE, check, compile, run, tolerance, trace
 from fuselens import settings
 from fuselens.autograd import build_joint, partition
@@ -682,3 +683,54 @@ def test_unaligned_gemms_are_padded_with_values_and_gradients_unchanged(monkeypa
         loss, h = cg(*leaves, inputs[4])
         (loss + h.sum()).backward()
     assert len(mode.shapes) == 6 and all(d % 8 == 0 for a, b in mode.shapes for d in (*a, *b)), mode.shapes
+
+
+class _Blocks(torch.nn.Module):
+    """Residual MLP blocks, each (optionally) under torch.utils.checkpoint."""
+
+    def __init__(self, checkpointed, d=16):
+        super().__init__()
+        self.checkpointed = checkpointed
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.LayerNorm(d), torch.nn.Linear(d, 4 * d),
+                                                              torch.nn.GELU(), torch.nn.Linear(4 * d, d))
+                                          for _ in range(3))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + (torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) if self.checkpointed
+                     else block(x))
+        return x.square().mean()
+
+
+def _saved_activation_bytes(model, x):
+    """Bytes of what autograd saves in a warm forward (a first compiled call also learns what eager
+    saves), parameters aside."""
+    model(x)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)
+    return sum(seen.values())
+
+
+def test_a_checkpointed_call_is_recomputed_not_saved():
+    """torch.utils.checkpoint: the call's ops (matmuls too) are recomputed in the backward, so the
+    forward saves no more than eager's checkpoint (each call's input), far less than unchecked;
+    values and gradients as eager's."""
+    torch.manual_seed(0)
+    x = torch.randn(32, 16, device=DEVICE, requires_grad=True)
+    checked, unchecked = _Blocks(True).to(DEVICE), _Blocks(False).to(DEVICE)
+    unchecked.load_state_dict(checked.state_dict())
+    compiled = fuselens.compile(checked)
+    got, want = compiled(x), checked(x)
+    torch.testing.assert_close(got, want)
+    for g, w in zip(torch.autograd.grad(got, [x, *checked.parameters()]), torch.autograd.grad(want, [x, *checked.parameters()])):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    saved = _saved_activation_bytes(compiled, x)
+    assert saved <= _saved_activation_bytes(checked, x)
+    assert 3 * saved < _saved_activation_bytes(fuselens.compile(unchecked), x)

@@ -380,13 +380,26 @@ class _Checkpointed(nn.Module):
         return (y * x).sum()
 
 
-def test_checkpoint_inside_a_model():
-    """Training: it runs in Python as eager's (its memory behaviour kept); inference: captured."""
+class _BreakInside(_Checkpointed):
+    def block(self, x):
+        print("inside")  # (a break: the checkpoint call runs in Python)
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_checkpoint_is_captured_and_recomputed_in_the_backward():
+    """Training: the checkpointed call is captured, its ops marked to be recomputed in the
+    backward (tests/backend/test_min_cut.py: what the forward saves); inference: captured as the
+    call. A break inside the function runs the call in Python."""
     torch.manual_seed(0)
     model = _Checkpointed()
-    check_grads(lambda m, x: m(x), model, X.clone().requires_grad_())
+    x = torch.randn(64, 8, requires_grad=True)
+    check_grads(lambda m, x: m(x), model, x)
+    check(lambda x: model(x), x, graphs=1, breaks=[])
     with torch.no_grad():
         check(lambda x: model(x), X, breaks=[])
+    breaking = _BreakInside()
+    check_grads(lambda m, x: m(x), breaking, x)
+    check(lambda x: breaking(x), x, breaks=["FL180"])
 
 
 # ---------------------------------------------------------------------------- context managers

@@ -12,7 +12,9 @@ operand) must be in memory there: recomputing it costs the backward a write and 
 source -> v_in of twice its bytes, cut exactly when v is recomputed. A minimum cut is then a
 cheapest set of values to save; everything between them and the backward's uses is recomputed,
 in the backward's own fused kernels. (AOTAutograd's min-cut rematerialization, with the
-materialization costs of extern operands counted.)
+materialization costs of extern operands counted.) Nodes of a `torch.utils.checkpoint` call
+(meta "recompute") are never saved and may be recomputed whatever their kind, as eager recomputes
+the call in the backward: the cut falls on the call's inputs.
 
 An input or output that eager autograd does not save is "private": the caller may write into
 it in place before backward, and eager neither reads nor version-checks it then. It is not in
@@ -157,14 +159,17 @@ def choose_saved(joint: JointGraph, private=frozenset()) -> list[fx.Node]:
         if n in in_backward or n.op == "output":
             continue
         kind = _kind(n)
-        must_run_in_forward = n.op == "placeholder" or kind not in RECOMPUTABLE_KINDS
+        # inside a torch.utils.checkpoint call: never saved, recomputed (matmuls too) as eager does
+        recompute = n.meta.get("recompute") is not None
+        must_run_in_forward = n.op == "placeholder" or kind not in RECOMPUTABLE_KINDS and not recompute
         if must_run_in_forward:
             net.add_edge("source", (n, "in"), capacity=math.inf)
         in_memory[n] = _root(n) not in private and (
             kind in ("placeholder", "extern") or output in n.users or _read_by_extern(n, in_forward) or
             kind == "view" and in_memory.get(n.all_input_nodes[0], False))
         # (+1 for a view: a tie saves its base, whose layout the backward is compiled for up front)
-        net.add_edge((n, "in"), (n, "out"), capacity=_bytes(n) * (1 if in_memory[n] else 2) + (kind == "view"))
+        net.add_edge((n, "in"), (n, "out"), capacity=math.inf if recompute else
+                     _bytes(n) * (1 if in_memory[n] else 2) + (kind == "view"))
         if kind == "pointwise" and _read_by_extern(n, in_backward.__contains__):
             net.add_edge("source", (n, "in"), capacity=2 * _bytes(n))
         for user in n.users:

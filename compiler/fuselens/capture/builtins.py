@@ -289,18 +289,30 @@ def _autograd_function_apply(ev, fn, args, kwargs, e, scope):
 
 
 def _checkpoint(ev, fn, args, kwargs, e, scope):
-    """`torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=...)`: where autograd
-    records nothing (inference) it is `function(*args)`, captured; where it does, it runs in
-    Python as eager's, which keeps its memory behaviour (recomputing in the backward)."""
+    """`torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=...)`: `function(*args)`,
+    captured. Where autograd records, its ops are marked as one region (`GraphBuilder.recompute`)
+    that the backward recomputes instead of the forward saving its values (autograd/partition.py):
+    eager's memory behaviour. A break inside the function makes the call run in Python, as eager's."""
     tensors = [v for v in leaves([args, kwargs]) if isinstance(v, TensorVar)]
     options = {"context_fn", "determinism_check", "debug", "early_stop", "preserve_rng_state"}
     reentrant = kwargs.get("use_reentrant")
     if not isinstance(reentrant, bool) or reentrant and set(kwargs) - {"use_reentrant", "preserve_rng_state"} \
             or any(t.meta is None for t in tensors) or not args \
-            or ev.grad_enabled and any(t.meta.requires_grad for t in tensors):
-        return NOT_HANDLED  # (eager's warning or error, or the gradient's recomputation)
+            or set(kwargs) & options - {"preserve_rng_state"}:
+        return NOT_HANDLED  # (eager's warning or error, or options capture does not model)
     rest = {k: v for k, v in kwargs.items() if k != "use_reentrant" and k not in options}
-    return ev.call(args[0], list(args[1:]), rest, e, scope)
+    if ev.abstract or not (ev.grad_enabled and any(t.meta.requires_grad for t in tensors)):
+        return ev.call(args[0], list(args[1:]), rest, e, scope)
+    g = ev.g
+    outer, g.regions = g.recompute, g.regions + 1
+    g.recompute = g.regions
+    try:
+        return ev.call(args[0], list(args[1:]), rest, e, scope)
+    except BreakSignal:
+        ev.brk(B.UNSUPPORTED_OP, e, scope, whole_stmt=True,
+               detail="a graph break inside torch.utils.checkpoint's function: the call runs in Python")
+    finally:
+        g.recompute = outer
 
 
 def _compile_time(answer):

@@ -72,6 +72,10 @@ class GraphBuilder:
         self._names: set[str] = set()  # the placeholders' names
         self._last_input = None  # placeholders are kept in order, before the first op
         self.n_ops = 0
+        # the torch.utils.checkpoint call being evaluated: its ops are recomputed for the backward
+        # (autograd/partition.py), not saved (capture/builtins.py `_checkpoint`)
+        self.recompute = None
+        self.regions = 0
         self.lines: set[tuple[str, int]] = set()
         self.constants: dict[str, object] = {}  # attributes of the graph module (`_as_node`)
 
@@ -235,6 +239,8 @@ class GraphBuilder:
         node = self.graph.call_function(target, tuple(node_args), node_kwargs)
         node.meta["loc"] = loc
         node.meta["device"] = device
+        if self.recompute is not None:
+            node.meta["recompute"] = self.recompute
         self.n_ops += 1
         if loc is not None:
             self.lines.add((loc[0], loc[1]))

@@ -48,6 +48,7 @@ class GraphBuilder:
         self.graph = fx.Graph()
         self.device = torch.device(device)
         self.loc = None
+        self.recompute = None  # the checkpoint region of the captured call being decomposed
         self._seed = None
         self._streams = 0
         # values made once per graph, by what they are made of (an attention's bias from its mask)
@@ -89,12 +90,14 @@ class GraphBuilder:
             _local.builders.pop()
 
     @contextlib.contextmanager
-    def at(self, loc):
-        saved, self.loc = self.loc, loc
+    def at(self, loc, recompute=None):
+        """Emit with source location `loc` (and the checkpoint region `recompute`)."""
+        saved = self.loc, self.recompute
+        self.loc, self.recompute = loc, recompute
         try:
             yield
         finally:
-            self.loc = saved
+            self.loc, self.recompute = saved
 
 
 def builder() -> GraphBuilder:
@@ -121,6 +124,8 @@ def emit(p: prim.Primitive, *args, _val=None, **kwargs):
     node = b.graph.call_function(p, map_aggregate(args, _node),
                                  {k: map_aggregate(v, _node) for k, v in kwargs.items()})
     node.meta["loc"] = b.loc
+    if b.recompute is not None:
+        node.meta["recompute"] = b.recompute
     if isinstance(_val, (tuple, list)):
         node.meta["val"] = tuple(_val)
         whole = TVal(node, tuple(_val))

@@ -196,7 +196,7 @@ def to_primitive_graph(gm: fx.GraphModule, example_inputs, device) -> fx.Graph:
             elif node.op in ("call_function", "call_method"):
                 args = map_aggregate(node.args, lambda a: env[a] if isinstance(a, fx.Node) else a)
                 kwargs = map_aggregate(dict(node.kwargs), lambda a: env[a] if isinstance(a, fx.Node) else a)
-                with b.at(node.meta.get("loc")):
+                with b.at(node.meta.get("loc"), node.meta.get("recompute")):
                     env[node] = decompose(normalize_target(node), args, kwargs, node)
             elif node.op == "get_attr" and not isinstance(getattr(gm, node.target), torch.Tensor):
                 env[node] = getattr(gm, node.target)  # a constant argument capture could not spell
