@@ -24,6 +24,7 @@ from ..backend.cudagraphs import CudaGraphed, graphable
 from ..errors import InternalError, fall_back, warn
 from . import capture_cache
 from .ddp_buckets import split_for_ddp
+from .reinplace import reinplace
 from .distributed import call_with_forward, is_ddp, is_fsdp_unit, unit_call
 
 RECOMPILE_LIMIT = 8
@@ -108,9 +109,12 @@ class GraphCall:
             self.wb_plan = list(groups.values()), one_by_one
         groups, one_by_one = self.wb_plan
         for i in one_by_one:
-            _copy_into(targets[i], new[i])
+            if new[i] is not targets[i]:  # (a write the graph made in place: runtime/reinplace.py)
+                _copy_into(targets[i], new[i])
         for group in groups:
-            torch._foreach_copy_([targets[i] for i in group], [new[i] for i in group])
+            pairs = [(targets[i], new[i]) for i in group if new[i] is not targets[i]]
+            if pairs:
+                torch._foreach_copy_(*map(list, zip(*pairs)))
 
     def _compile(self, inputs):
         # capture's guards fix every graph input's layout and the grad mode; the backend runs
@@ -132,7 +136,8 @@ class GraphCall:
                 split = None
             if split is not None:
                 return split
-        return driver.compile_graph(self.info.gm, list(inputs), mode=self.mode,
+        gm = reinplace(self.info.gm, inputs, self.wb_targets) if self.n_wb else self.info.gm
+        return driver.compile_graph(gm, list(inputs), mode=self.mode,
                                      dynamic_dims=self.dynamic_dims, guarded=True, name=name)
 
     @property
