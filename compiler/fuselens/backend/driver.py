@@ -369,14 +369,21 @@ class CompiledGraph:
         return _Specialization(self._eager, verified=True, eager=True)
 
 
-def _without_unused(gm: fx.GraphModule) -> fx.GraphModule | None:
-    """A copy of `gm` without the ops whose results nothing uses (writes and random ops stay), or
-    None where it has none."""
+def copy_graph(gm: fx.GraphModule) -> tuple[fx.Graph, dict]:
+    """A copy of `gm`'s graph and the map of its nodes to their copies; metadata naming a node
+    (`writes`) names its copy."""
     graph, copies = fx.Graph(), {}
     graph.output(graph.graph_copy(gm.graph, copies))
     for n in graph.nodes:
         if n.meta.get("writes") is not None:
             n.meta["writes"] = copies[n.meta["writes"]]
+    return graph, copies
+
+
+def _without_unused(gm: fx.GraphModule) -> fx.GraphModule | None:
+    """A copy of `gm` without the ops whose results nothing uses (writes and random ops stay), or
+    None where it has none."""
+    graph, _ = copy_graph(gm)
     if not graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or "writes" in n.meta):
         return None
     return fx.GraphModule(gm, graph)

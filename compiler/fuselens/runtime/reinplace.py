@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from ..backend.driver import copy_graph
 from ..capture.tensors import functional_setitem
 
 
@@ -34,6 +35,13 @@ IN_PLACE = {
 }
 
 
+def _accumulates(node) -> bool:
+    """`index_put(..., accumulate=True)`: not a write that may happen twice (a graph that failed
+    after it runs again eagerly), so it stays functional."""
+    return node.target is _aten.index_put.default and bool(
+        node.kwargs.get("accumulate", node.args[3] if len(node.args) > 3 else False))
+
+
 def reinplace(gm: fx.GraphModule, inputs, written: list[int]) -> fx.GraphModule:
     """`gm` with the writes into graph inputs made in place where that is eager's effect; `written`:
     the input index each of the graph's last outputs is the new value of. `gm` itself if none."""
@@ -48,13 +56,13 @@ def reinplace(gm: fx.GraphModule, inputs, written: list[int]) -> fx.GraphModule:
     for k, new in zip(written, news):
         p = placeholders[k]
         if not isinstance(new, fx.Node) or new.target not in IN_PLACE or not new.args or new.args[0] is not p \
-                or set(p.users) != {new} or storages.count(storages[k]) > 1 or list(outs).count(new) > 1:
+                or set(p.users) != {new} or storages.count(storages[k]) > 1 or list(outs).count(new) > 1 \
+                or _accumulates(new):
             continue  # (read elsewhere, sharing memory with another input, or returned twice)
         rewrites.append(new)
     if not rewrites:
         return gm
-    graph, copies = fx.Graph(), {}
-    graph.output(graph.graph_copy(gm.graph, copies))
+    graph, copies = copy_graph(gm)
     for n in rewrites:
         copies[n].target = IN_PLACE[n.target]
     return fx.GraphModule(gm, graph)
