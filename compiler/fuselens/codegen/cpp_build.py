@@ -1,0 +1,228 @@
+"""Building a program's C++ kernels (codegen/cpp.py) into a shared library and calling them.
+
+A program's kernels are one translation unit: the preamble below (half-precision types, the
+primitives' C++ helpers, philox random numbers) and each kernel's `extern "C"` function. The
+system compiler builds it (`CXX`, else g++, clang++ or c++ on the PATH) with -O3 -march=native
+and OpenMP into `<cache dir>/cpp/<hash>.so`, the hash of the source, the compiler and its flags:
+a later program or process with the same kernels loads the library built before. The build runs
+in the background from when the program is built; the first launch waits for it. The library is
+loaded in-process with ctypes (no Python headers: a build is the compiler's time on the kernels
+alone); its OpenMP runtime is torch's own libgomp where torch ships one under that name (the
+loader finds it already loaded), so torch.set_num_threads sizes the kernels' thread teams too.
+A compiler that refuses -fopenmp (Apple's clang) builds without it: the kernels then run on one
+thread.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import threading
+
+from .. import settings
+
+log = logging.getLogger("fuselens.codegen")
+
+PREAMBLE = r"""#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+// bfloat16 in memory; converted to float rounded to nearest even, NaN kept quiet (as c10::BFloat16)
+static inline float fl_round_bf16(float x) {
+    uint32_t u; std::memcpy(&u, &x, 4);
+    uint32_t r = x != x ? 0x7fc00000u : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    float y; std::memcpy(&y, &r, 4); return y;
+}
+struct fl_bf16 {
+    uint16_t bits;
+    fl_bf16() = default;
+    explicit fl_bf16(float v) { float r = fl_round_bf16(v); uint32_t u; std::memcpy(&u, &r, 4); bits = uint16_t(u >> 16); }
+    operator float() const { uint32_t u = uint32_t(bits) << 16; float v; std::memcpy(&v, &u, 4); return v; }
+};
+static inline float fl_round_f16(float x) { return float(_Float16(x)); }
+
+template <class T> static inline T fl_abs(T x) {
+    if constexpr (std::is_floating_point_v<T>) return std::fabs(x);
+    else if constexpr (std::is_signed_v<T>) return x < 0 ? T(-x) : x;
+    else return x;
+}
+template <class T> static inline T fl_rsqrt(T x) { return T(1) / std::sqrt(x); }
+template <class T> static inline T fl_sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
+template <class T> static inline T fl_floor(T x) { if constexpr (std::is_floating_point_v<T>) return std::floor(x); else return x; }
+template <class T> static inline T fl_ceil(T x) { if constexpr (std::is_floating_point_v<T>) return std::ceil(x); else return x; }
+// integer division truncates; by 0 it gives 0 and by -1 it negates (no trap: eager raises first)
+template <class T> static inline T fl_div(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) return a / b;
+    else return b == 0 ? T(0) : b == T(-1) ? T(-a) : T(a / b);
+}
+template <class T> static inline T fl_pow(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) return std::pow(a, b);
+    else {  // as ATen's integer pow: by squaring; negative powers of other than +-1 are 0
+        if (b < 0) return a == 1 ? T(1) : a == T(-1) ? T((b & 1) ? -1 : 1) : T(0);
+        T out = 1;
+        while (b) { if (b & 1) out = T(out * a); b >>= 1; a = T(a * a); }
+        return out;
+    }
+}
+// NaN from either operand propagates
+template <class T> static inline T fl_maximum(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) return a != a ? a : b != b ? b : a > b ? a : b;
+    else return a > b ? a : b;
+}
+template <class T> static inline T fl_minimum(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) return a != a ? a : b != b ? b : a < b ? a : b;
+    else return a < b ? a : b;
+}
+// philox 4x32-10 of (offset, 0, 0, 0) under key `seed`: uniform floats in [0, 1), normal ones by Box-Muller
+static inline void fl_philox(int64_t seed, uint32_t offset, uint32_t& o0, uint32_t& o1) {
+    uint32_t c0 = offset, c1 = 0, c2 = 0, c3 = 0, k0 = uint32_t(seed), k1 = uint32_t(uint64_t(seed) >> 32);
+    for (int i = 0; i < 10; i++) {
+        uint64_t p0 = uint64_t(0xD2511F53u) * c0, p1 = uint64_t(0xCD9E8D57u) * c2;
+        uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0, n2 = uint32_t(p0 >> 32) ^ c3 ^ k1;
+        c1 = uint32_t(p1); c3 = uint32_t(p0); c0 = n0; c2 = n2;
+        k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+    }
+    o0 = c0; o1 = c1;
+}
+static inline float fl_uniform(uint32_t x) { return float(x >> 8) * (1.0f / 16777216.0f); }
+static inline float fl_rand(int64_t seed, uint32_t offset) { uint32_t a, b; fl_philox(seed, offset, a, b); return fl_uniform(a); }
+static inline float fl_randn(int64_t seed, uint32_t offset) {
+    uint32_t a, b; fl_philox(seed, offset, a, b);
+    float u1 = std::fmax(fl_uniform(a), 1e-7f), u2 = fl_uniform(b);
+    return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.283185307179586f * u2);
+}
+"""
+
+# -fno-math-errno: sqrt and friends inline (and vectorise); no -ffast-math, which would drop NaN
+# and reassociate float arithmetic; -fwrapv: integers wrap as torch's do
+FLAGS = ["-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno",
+         "-fno-trapping-math", "-w"]
+OPENMP = ["-fopenmp"]
+
+
+@functools.cache
+def compiler() -> str | None:
+    """The C++ compiler kernels are built with, or None where there is none."""
+    for name in (os.environ.get("CXX"), "g++", "clang++", "c++"):
+        path = name and shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@functools.cache
+def compiler_identity() -> str:
+    """The compiler's path and version line (a library built by another is built again)."""
+    cxx = compiler()
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = ""
+    return f"{cxx}\n{version.splitlines()[0] if version else ''}"
+
+
+NO_COMPILER = ("no C++ compiler found (install g++ or clang, or set CXX to one): CPU graphs run as plain "
+               "PyTorch")
+
+
+_lock = threading.Lock()
+_libraries: dict = {}  # hash -> CppLibrary (one build and one load per source in a process)
+
+
+class CppLibrary:
+    """A translation unit of kernels: built in the background (`start`), loaded at first use (`lib`)."""
+
+    def __init__(self, source: str):
+        self.source = source
+        key = hashlib.sha256("\0".join([compiler_identity(), *FLAGS, *OPENMP, source]).encode()).hexdigest()[:24]
+        self.directory = os.path.join(settings.cache_dir(), "cpp")
+        self.path = os.path.join(self.directory, f"k{key}.so")
+        self._build = None  # (process, temporary path, flags) while building
+        self._lib = None
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def of(source: str) -> "CppLibrary":
+        """The library of `source`, shared by every program with the same kernels; its build started."""
+        lib = CppLibrary(source)
+        with _lock:
+            lib = _libraries.setdefault(lib.path, lib)
+        lib.start()
+        return lib
+
+    def start(self, flags=None):
+        with self._lock:
+            if self._lib is not None or self._build is not None or os.path.exists(self.path):
+                return
+            os.makedirs(self.directory, exist_ok=True)
+            flags = FLAGS + OPENMP if flags is None else flags
+            src = f"{self.path[:-3]}.{os.getpid()}.{threading.get_ident()}.cpp"
+            with open(src, "w") as f:
+                f.write(self.source)
+            out = f"{src[:-4]}.so"
+            process = subprocess.Popen([compiler(), *flags, src, "-o", out], stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True)
+            self._build = (process, src, out, flags)
+
+    def wait(self):
+        """The library's path, once built (raises with the compiler's messages if it failed)."""
+        while True:
+            with self._lock:
+                build = self._build
+                if build is None:
+                    break
+                process, src, out, flags = build
+                messages, _ = process.communicate()
+                self._build = None
+                os.unlink(src)
+                if process.returncode == 0:
+                    os.replace(out, self.path)
+                    break
+            if flags != FLAGS:  # without OpenMP, which some compilers refuse
+                log.warning("fuselens: %s failed with OpenMP, building the CPU kernels single-threaded:\n%s",
+                            compiler(), messages[-2000:])
+                self.start(FLAGS)
+                continue
+            raise RuntimeError(f"{compiler()} failed on the generated C++ kernels:\n{messages[-4000:]}")
+        return self.path
+
+    @property
+    def lib(self):
+        if self._lib is None:
+            self.start()
+            self._lib = ctypes.CDLL(self.wait())
+        return self._lib
+
+
+class CppKernel:
+    """A generated C++ kernel as the wrapper calls it: `kernel.launch(*args) or kernel.run(*args,
+    xnumel=...)`, args being tensors first, then scalars (the seed, size arguments): the
+    function is called with the tensors' data pointers."""
+
+    def __init__(self, name, source, library: CppLibrary, n_tensors: int, n_scalars: int):
+        self.name, self.source, self.library = name, source, library
+        self.n_tensors, self.n_scalars = n_tensors, n_scalars
+        self.call_sizes = None  # (set by the wrapper's generation, as for TritonKernel)
+        self.launch = self._first_launch
+
+    def _first_launch(self, *args):
+        fn = getattr(self.library.lib, self.name)
+        fn.argtypes = [ctypes.c_void_p] * self.n_tensors + [ctypes.c_int64] * self.n_scalars
+        fn.restype = None
+        n = self.n_tensors
+
+        def launch(*args):
+            fn(*[t.data_ptr() for t in args[:n]], *args[n:])
+            return True
+        self.launch = launch
+        return launch(*args)
+
+    def run(self, *args, xnumel, rnumel=None):
+        if xnumel:
+            self.launch(*args)
