@@ -47,13 +47,60 @@ struct fl_bf16 {
 };
 static inline float fl_round_f16(float x) { return float(_Float16(x)); }
 
+// Float math as eager computes it on the CPU: ATen's vectorised kernels call SLEEF, which libtorch
+// exports; each function below is declared `omp declare simd`, its vector variants (x86-64's vector
+// ABI names: SSE b, AVX c, AVX2 d, AVX-512 e) and its scalar version (the loops' remainders) call
+// the same SLEEF routine, so the compiler vectorises loops calling it and every lane computes what
+// eager's does. Elsewhere (no AVX2, another architecture) the C library's.
+#if defined(__AVX2__) && defined(__x86_64__) && defined(FL_SLEEF)
+#include <immintrin.h>
+#if defined(__AVX512F__)
+#define FL_E16(...) __VA_ARGS__
+#else
+#define FL_E16(...)
+#endif
+#define FL_SLEEF1(fn, s8, s16) \
+    extern "C" __m256 s8(__m256); FL_E16(extern "C" __m512 s16(__m512);) \
+    _Pragma("omp declare simd notinbranch") extern "C" float fn(float); \
+    extern "C" __m128 _ZGVbN4v_##fn(__m128 x) { return _mm256_castps256_ps128(s8(_mm256_castps128_ps256(x))); } \
+    extern "C" __m256 _ZGVcN8v_##fn(__m256 x) { return s8(x); } \
+    extern "C" __m256 _ZGVdN8v_##fn(__m256 x) { return s8(x); } \
+    FL_E16(extern "C" __m512 _ZGVeN16v_##fn(__m512 x) { return s16(x); }) \
+    extern "C" float fn##_scalar(float x) { return _mm256_cvtss_f32(s8(_mm256_set1_ps(x))); } \
+    asm(".globl " #fn "\n.set " #fn ", " #fn "_scalar");
+#define FL_SLEEF2(fn, s8, s16) \
+    extern "C" __m256 s8(__m256, __m256); FL_E16(extern "C" __m512 s16(__m512, __m512);) \
+    _Pragma("omp declare simd notinbranch") extern "C" float fn(float, float); \
+    extern "C" __m128 _ZGVbN4vv_##fn(__m128 x, __m128 y) { \
+        return _mm256_castps256_ps128(s8(_mm256_castps128_ps256(x), _mm256_castps128_ps256(y))); } \
+    extern "C" __m256 _ZGVcN8vv_##fn(__m256 x, __m256 y) { return s8(x, y); } \
+    extern "C" __m256 _ZGVdN8vv_##fn(__m256 x, __m256 y) { return s8(x, y); } \
+    FL_E16(extern "C" __m512 _ZGVeN16vv_##fn(__m512 x, __m512 y) { return s16(x, y); }) \
+    extern "C" float fn##_scalar(float x, float y) { return _mm256_cvtss_f32(s8(_mm256_set1_ps(x), _mm256_set1_ps(y))); } \
+    asm(".globl " #fn "\n.set " #fn ", " #fn "_scalar");
+#define FL_MATH1(name, sleef) FL_SLEEF1(fl_##name##f, Sleef_##sleef##8_u10, Sleef_##sleef##16_u10)
+#define FL_MATH2(name, sleef, u) FL_SLEEF2(fl_##name##f, Sleef_##sleef##8_##u, Sleef_##sleef##16_##u)
+#else
+#define FL_MATH1(name, sleef) static inline float fl_##name##f(float x) { return std::name(x); }
+#define FL_MATH2(name, sleef, u) static inline float fl_##name##f(float x, float y) { return std::name(x, y); }
+#endif
+FL_MATH1(exp, expf) FL_MATH1(exp2, exp2f) FL_MATH1(log, logf) FL_MATH1(log1p, log1pf) FL_MATH1(sin, sinf)
+FL_MATH1(cos, cosf) FL_MATH1(tanh, tanhf) FL_MATH1(erf, erff)
+FL_MATH2(pow, powf, u10) FL_MATH2(atan2, atan2f, u10) FL_MATH2(hypot, hypotf, u05)
+#define FL_FLOAT_OR_STD1(name) template <class T> static inline T fl_##name(T x) { \
+    if constexpr (std::is_same_v<T, float>) return fl_##name##f(x); else return std::name(x); }
+#define FL_FLOAT_OR_STD2(name) template <class T> static inline T fl_##name(T x, T y) { \
+    if constexpr (std::is_same_v<T, float>) return fl_##name##f(x, y); else return std::name(x, y); }
+FL_FLOAT_OR_STD1(exp) FL_FLOAT_OR_STD1(exp2) FL_FLOAT_OR_STD1(log) FL_FLOAT_OR_STD1(log1p) FL_FLOAT_OR_STD1(sin)
+FL_FLOAT_OR_STD1(cos) FL_FLOAT_OR_STD1(tanh) FL_FLOAT_OR_STD1(erf) FL_FLOAT_OR_STD2(atan2) FL_FLOAT_OR_STD2(hypot)
+
 template <class T> static inline T fl_abs(T x) {
     if constexpr (std::is_floating_point_v<T>) return std::fabs(x);
     else if constexpr (std::is_signed_v<T>) return x < 0 ? T(-x) : x;
     else return x;
 }
 template <class T> static inline T fl_rsqrt(T x) { return T(1) / std::sqrt(x); }
-template <class T> static inline T fl_sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
+template <class T> static inline T fl_sigmoid(T x) { return T(1) / (T(1) + fl_exp(-x)); }
 template <class T> static inline T fl_floor(T x) { if constexpr (std::is_floating_point_v<T>) return std::floor(x); else return x; }
 template <class T> static inline T fl_ceil(T x) { if constexpr (std::is_floating_point_v<T>) return std::ceil(x); else return x; }
 // integer division truncates; by 0 it gives 0 and by -1 it negates (no trap: eager raises first)
@@ -62,7 +109,8 @@ template <class T> static inline T fl_div(T a, T b) {
     else return b == 0 ? T(0) : b == T(-1) ? T(-a) : T(a / b);
 }
 template <class T> static inline T fl_pow(T a, T b) {
-    if constexpr (std::is_floating_point_v<T>) return std::pow(a, b);
+    if constexpr (std::is_same_v<T, float>) return fl_powf(a, b);
+    else if constexpr (std::is_floating_point_v<T>) return std::pow(a, b);
     else {  // as ATen's integer pow: by squaring; negative powers of other than +-1 are 0
         if (b < 0) return a == 1 ? T(1) : a == T(-1) ? T((b & 1) ? -1 : 1) : T(0);
         T out = 1;
@@ -107,6 +155,24 @@ OPENMP = ["-fopenmp"]
 
 
 @functools.cache
+def sleef_flags() -> list:
+    """["-DFL_SLEEF"] where libtorch exports SLEEF's vector math (x86-64 builds), made visible to
+    the libraries loaded after it (the preamble's float math calls it), else []."""
+    import torch
+    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+    try:
+        lib = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | ctypes.RTLD_GLOBAL)
+        lib.Sleef_expf8_u10, lib.Sleef_hypotf8_u05  # noqa: B018 (raise AttributeError where absent)
+    except (OSError, AttributeError):
+        return []
+    return ["-DFL_SLEEF"]
+
+
+def flags() -> list:
+    return FLAGS + sleef_flags()
+
+
+@functools.cache
 def compiler() -> str | None:
     """The C++ compiler kernels are built with, or None where there is none."""
     for name in (os.environ.get("CXX"), "g++", "clang++", "c++"):
@@ -140,7 +206,7 @@ class CppLibrary:
 
     def __init__(self, source: str):
         self.source = source
-        key = hashlib.sha256("\0".join([compiler_identity(), *FLAGS, *OPENMP, source]).encode()).hexdigest()[:24]
+        key = hashlib.sha256("\0".join([compiler_identity(), *flags(), *OPENMP, source]).encode()).hexdigest()[:24]
         self.directory = os.path.join(settings.cache_dir(), "cpp")
         self.path = os.path.join(self.directory, f"k{key}.so")
         self._build = None  # (process, temporary path, flags) while building
@@ -156,19 +222,19 @@ class CppLibrary:
         lib.start()
         return lib
 
-    def start(self, flags=None):
+    def start(self, with_flags=None):
         with self._lock:
             if self._lib is not None or self._build is not None or os.path.exists(self.path):
                 return
             os.makedirs(self.directory, exist_ok=True)
-            flags = FLAGS + OPENMP if flags is None else flags
+            used = flags() + OPENMP if with_flags is None else with_flags
             src = f"{self.path[:-3]}.{os.getpid()}.{threading.get_ident()}.cpp"
             with open(src, "w") as f:
                 f.write(self.source)
             out = f"{src[:-4]}.so"
-            process = subprocess.Popen([compiler(), *flags, src, "-o", out], stdout=subprocess.PIPE,
+            process = subprocess.Popen([compiler(), *used, src, "-o", out], stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, text=True)
-            self._build = (process, src, out, flags)
+            self._build = (process, src, out, used)
 
     def wait(self):
         """The library's path, once built (raises with the compiler's messages if it failed)."""
@@ -177,17 +243,17 @@ class CppLibrary:
                 build = self._build
                 if build is None:
                     break
-                process, src, out, flags = build
+                process, src, out, used = build
                 messages, _ = process.communicate()
                 self._build = None
                 os.unlink(src)
                 if process.returncode == 0:
                     os.replace(out, self.path)
                     break
-            if flags != FLAGS:  # without OpenMP, which some compilers refuse
+            if used != flags():  # without OpenMP, which some compilers refuse
                 log.warning("fuselens: %s failed with OpenMP, building the CPU kernels single-threaded:\n%s",
                             compiler(), messages[-2000:])
-                self.start(FLAGS)
+                self.start(flags())
                 continue
             raise RuntimeError(f"{compiler()} failed on the generated C++ kernels:\n{messages[-4000:]}")
         return self.path

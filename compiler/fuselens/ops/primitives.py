@@ -166,24 +166,24 @@ neg = _pointwise("neg", torch.neg, lambda dtype: "{0} * -1.0" if dtype.is_floati
                  lambda g, out, x: (P.neg(g),), cpp="-{0}")
 abs = _pointwise("abs", torch.abs, "tl.abs({0})",
                  lambda g, out, x: (P.where(P.gt(x, 0), g, P.where(P.lt(x, 0), P.neg(g), 0.0)),), cpp="fl_abs({0})")
-exp = unary("exp", torch.exp, "libdevice.exp({0})", lambda g, out, x: (P.mul(g, out),), cpp="std::exp({0})")
-exp2 = unary("exp2", torch.exp2, "tl.exp2({0})", lambda g, out, x: (P.mul(g, P.mul(out, math.log(2))),), cpp="std::exp2({0})")
-log = unary("log", torch.log, "tl.log({0})", lambda g, out, x: (P.div(g, x),), cpp="std::log({0})")
+exp = unary("exp", torch.exp, "libdevice.exp({0})", lambda g, out, x: (P.mul(g, out),), cpp="fl_exp({0})")
+exp2 = unary("exp2", torch.exp2, "tl.exp2({0})", lambda g, out, x: (P.mul(g, P.mul(out, math.log(2))),), cpp="fl_exp2({0})")
+log = unary("log", torch.log, "tl.log({0})", lambda g, out, x: (P.div(g, x),), cpp="fl_log({0})")
 log1p = unary("log1p", torch.log1p, "libdevice.log1p({0})", lambda g, out, x: (P.div(g, P.add(x, 1.0)),),
-              heavy=True, cpp="std::log1p({0})")
+              heavy=True, cpp="fl_log1p({0})")
 sqrt = unary("sqrt", torch.sqrt, _fp32_compute("tl.sqrt_rn({0})", "tl.sqrt({0})"),
              lambda g, out, x: (P.div(P.mul(g, 0.5), out),), cpp="std::sqrt({0})")
 rsqrt = unary("rsqrt", torch.rsqrt, "tl.rsqrt({0})",
               lambda g, out, x: (P.mul(P.mul(g, -0.5), P.mul(out, P.mul(out, out))),), cpp="fl_rsqrt({0})")
-sin = unary("sin", torch.sin, "tl.sin({0})", lambda g, out, x: (P.mul(g, P.cos(x)),), heavy=True, cpp="std::sin({0})")
-cos = unary("cos", torch.cos, "tl.cos({0})", lambda g, out, x: (P.neg(P.mul(g, P.sin(x))),), heavy=True, cpp="std::cos({0})")
+sin = unary("sin", torch.sin, "tl.sin({0})", lambda g, out, x: (P.mul(g, P.cos(x)),), heavy=True, cpp="fl_sin({0})")
+cos = unary("cos", torch.cos, "tl.cos({0})", lambda g, out, x: (P.neg(P.mul(g, P.sin(x))),), heavy=True, cpp="fl_cos({0})")
 tanh = unary("tanh", torch.tanh, "libdevice.tanh({0})", lambda g, out, x: (P.mul(g, P.sub(1.0, P.mul(out, out))),),
-             heavy=True, cpp="std::tanh({0})")
+             heavy=True, cpp="fl_tanh({0})")
 sigmoid = unary("sigmoid", torch.sigmoid, _fp32_compute("fl_sigmoid({0})", "tl.sigmoid({0})"),
                 lambda g, out, x: (P.mul(g, P.mul(out, P.sub(1.0, out))),), cpp="fl_sigmoid({0})")
 erf = unary("erf", torch.erf, lambda dtype: "fl_erf_f64({0})" if dtype == torch.float32 else "libdevice.erf({0})",
             lambda g, out, x: (P.mul(g, P.mul(2 / math.sqrt(math.pi), P.exp(P.neg(P.mul(x, x))))),),
-            heavy=True, torch_names=("erf", "special_erf"), cpp="std::erf({0})")
+            heavy=True, torch_names=("erf", "special_erf"), cpp="fl_erf({0})")
 floor = unary("floor", torch.floor, "tl.floor({0})", no_grad, int_to_float=False, cpp="fl_floor({0})")
 ceil = unary("ceil", torch.ceil, "tl.ceil({0})", no_grad, int_to_float=False, cpp="fl_ceil({0})")
 logical_not = _pointwise("logical_not", torch.logical_not, "({0} == 0)", no_grad, cpp="!{0}")
@@ -240,12 +240,12 @@ minimum = binary("minimum", torch.minimum, "tl.minimum({0}, {1}, tl.PropagateNan
 # sqrt(a² + b²) without overflow; ATen's backward: g·a/out, g·b/out
 hypot = binary("hypot", torch.hypot,
                lambda dtype: "fl_hypot_f64({0}, {1})" if dtype == torch.float32 else "libdevice.hypot({0}, {1})",
-               lambda g, out, a, b: (P.div(P.mul(g, a), out), P.div(P.mul(g, b), out)), cpp="std::hypot({0}, {1})")
+               lambda g, out, a, b: (P.div(P.mul(g, a), out), P.div(P.mul(g, b), out)), cpp="fl_hypot({0}, {1})")
 # the angle of the point (b, a); ATen's backward: g·b/(a² + b²), -g·a/(a² + b²)
 atan2 = binary("atan2", torch.atan2, "libdevice.atan2({0}, {1})",
                lambda g, out, a, b: (P.div(P.mul(g, b), P.add(P.mul(a, a), P.mul(b, b))),
                                      P.div(P.mul(P.neg(g), a), P.add(P.mul(a, a), P.mul(b, b)))),
-               int_to_float=True, cpp="std::atan2({0}, {1})")
+               int_to_float=True, cpp="fl_atan2({0}, {1})")
 eq = _pointwise("eq", torch.eq, "{0} == {1}", no_grad, cpp="{0} == {1}")
 ne = _pointwise("ne", torch.ne, "{0} != {1}", no_grad, cpp="{0} != {1}")
 lt = _pointwise("lt", torch.lt, "{0} < {1}", no_grad, cpp="{0} < {1}")
