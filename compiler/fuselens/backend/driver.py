@@ -35,7 +35,7 @@ from ..ops.contract import verify
 from ..schedule.contract import check_schedule
 from ..schedule.fusion import FusedKernel, schedule
 from .. import settings, stats
-from ..errors import fall_back
+from ..errors import FuselensWarning, fall_back
 from . import program_cache
 from .cudagraphs import TrainingGraphs
 from .training import Compiled, compile_training
@@ -123,7 +123,7 @@ def kernel_target(device) -> str | None:
         global _warned_no_compiler
         if not _warned_no_compiler:
             _warned_no_compiler = True
-            warnings.warn(f"fuselens: {cpp_build.NO_COMPILER}", stacklevel=2)
+            warnings.warn(f"fuselens: {cpp_build.NO_COMPILER}", FuselensWarning, stacklevel=2)
         return None
     return {"cpp": "cpp", "interpret": "triton"}.get(backend)
 
@@ -193,7 +193,7 @@ def _cpp_kernels(fused, lowered, device, mode, dynamic_values, first_kernel_inde
 
 def _cpp_objects(args) -> list:
     """The CppKernels of (name, source, tensors, scalars), in one library (started building)."""
-    library = cpp_build.CppLibrary.of(cpp_build.PREAMBLE + "".join("\n" + source for _, source, _, _ in args))
+    library = cpp_build.CppLibrary.of("".join("\n" + source for _, source, _, _ in args))
     return [cpp_build.CppKernel(name, source, library, tensors, scalars) for name, source, tensors, scalars in args]
 
 

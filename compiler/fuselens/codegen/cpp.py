@@ -21,6 +21,7 @@ max/min propagate NaN (a flag beside the vector max: `omp simd reduction(max:)` 
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -31,6 +32,8 @@ from .cpp_expressions import C_TYPES, CppExpressions, literal
 # a loop nest shares its iterations among threads only from this many elements (a parallel
 # region's start and join cost microseconds)
 PARALLEL_MIN_ELEMENTS = 1 << 15
+# at most this many columns in a thread's tile of a column reduction (its accumulators stay in L1)
+COLUMN_TILE = 256
 
 
 def accumulator_dtype(reduce, dtype):
@@ -52,6 +55,7 @@ class CppKernelWriter(CppExpressions):
         # (the wrapper's in-place analysis: each element of a store over the domain is written
         # by the loop iteration that reads it, after every read of the row, as Triton's persistent kernels)
         self.mode = "persistent" if kernel.is_reduction else "pointwise"
+        self.threads = threads
         self.split_rows = kernel.is_reduction and self.xnumel < 2 * threads and \
             self.xnumel * self.rnumel >= PARALLEL_MIN_ELEMENTS
 
@@ -80,15 +84,19 @@ class CppKernelWriter(CppExpressions):
         inner, outer = dims[-1], dims[:-1]
         if parallel and not simd:  # every loop shared (a reduction kernel's rows)
             inner, outer = None, dims
+        # too few outer iterations to share among threads: the innermost loop is shared instead
+        # (one parallel region per outer iteration: a long row of a few)
+        inner_shared = parallel and inner is not None and \
+            math.prod(self.kernel.shape[d] for d in outer) < 4 * self.threads
         opened = 0
-        if parallel and outer:
+        if parallel and outer and not inner_shared:
             collapse = f" collapse({len(outer)})" if len(outer) > 1 else ""
             self.emit(f"#pragma omp parallel for{collapse}{reductions}{self.parallel_if()}")
         for d in outer:
             self.open_for(d)
             opened += 1
         if inner is not None:
-            if parallel and not outer:
+            if parallel and (not outer or inner_shared):
                 self.emit(f"#pragma omp parallel for simd{reductions}{self.parallel_if()}")
             elif simd:
                 self.emit(f"#pragma omp simd{reductions}")
@@ -123,8 +131,9 @@ class CppKernelWriter(CppExpressions):
         self.emit(f"{ptr}[{index_text}] = {stored};", loc=buf.loc or self.loc)
 
     # --- reductions -------------------------------------------------------------------------------
-    def reductions(self, bufs):
-        """The reductions `bufs` (none reads another) in one loop over the row."""
+    def declare_accumulators(self, bufs, lanes=None):
+        """(buf, accumulator, NaN flag or None) of each reduction, declared (`lanes`: an array of
+        that many, one a column); and the OpenMP reduction clauses of scalar ones."""
         accs, clauses = [], []
         for buf in bufs:
             dtype = compute_dtype(buf.dtype)
@@ -136,38 +145,99 @@ class CppKernelWriter(CppExpressions):
                 neutral = float("-inf" if buf.reduce == "max" else "inf") if dtype.is_floating_point else \
                     (0 if buf.reduce == "max" else 1) if dtype == torch.bool else \
                     (torch.iinfo(dtype).min if buf.reduce == "max" else torch.iinfo(dtype).max)
-            self.emit(f"{C_TYPES[acc_dtype]} {acc} = {literal(neutral, acc_dtype)};", loc=buf.loc)
+            nan = f"{acc}_nan" if buf.reduce in ("max", "min") and dtype.is_floating_point else None
+            declared = [(C_TYPES[acc_dtype], acc, literal(neutral, acc_dtype))] + ([("int", nan, "0")] if nan else [])
+            for c_type, name, value in declared:
+                if lanes is None:
+                    self.emit(f"{c_type} {name} = {value};", loc=buf.loc)
+                else:
+                    self.emit(f"{c_type} {name}[{lanes}];", loc=buf.loc)
+                    self.emit(f"for (int64_t i = 0; i < {lanes}; i++) {name}[i] = {value};")
             op = {"sum": "+", "prod": "*"}.get(buf.reduce, buf.reduce)
-            clauses.append(f" reduction({op}:{acc})")
-            nan = None
-            if buf.reduce in ("max", "min") and dtype.is_floating_point:
-                nan = f"{acc}_nan"
-                self.emit(f"int {nan} = 0;")
-                clauses.append(f" reduction(|:{nan})")
-            accs.append((buf, acc, acc_dtype, nan))
-        with self.loop_nest(self.r_dims, parallel=self.split_rows, simd=True,
-                            reductions="".join(clauses)):
-            for buf, acc, acc_dtype, nan in accs:
-                with self.at(buf.loc):
-                    self.op_names.add({"max": "amax", "min": "amin"}.get(buf.reduce, buf.reduce))
-                    value = buf.body(self.vars_for(buf))
-                    v = value.expr
-                    if buf.reduce == "sum":
-                        self.emit(f"{acc} += {v};")
-                    elif buf.reduce == "prod":
-                        self.emit(f"{acc} *= {v};")
-                    else:
-                        cmp = ">" if buf.reduce == "max" else "<"
-                        self.emit(f"{acc} = {v} {cmp} {acc} ? {v} : {acc};")
-                        if nan:
-                            self.emit(f"{nan} |= {v} != {v};")
-        for buf, acc, acc_dtype, nan in accs:
+            clauses.append(f" reduction({op}:{acc})" + (f" reduction(|:{nan})" if nan else ""))
+            accs.append((buf, acc, nan))
+        return accs, "".join(clauses)
+
+    def accumulate(self, accs, lane=""):
+        """Each reduction's element at the loop variables, combined into its accumulator (`lane`:
+        the subscript of an array of them)."""
+        for buf, acc, nan in accs:
+            with self.at(buf.loc):
+                self.op_names.add({"max": "amax", "min": "amin"}.get(buf.reduce, buf.reduce))
+                v = buf.body(self.vars_for(buf)).expr
+                acc += lane
+                if buf.reduce in ("sum", "prod"):
+                    self.emit(f"{acc} {'+' if buf.reduce == 'sum' else '*'}= {v};")
+                else:
+                    self.emit(f"{acc} = {v} {'>' if buf.reduce == 'max' else '<'} {acc} ? {v} : {acc};")
+                    if nan:
+                        self.emit(f"{nan}{lane} |= {v} != {v};")
+
+    def finish(self, accs, lane=""):
+        for buf, acc, nan in accs:
             with self.at(buf.loc):
                 dtype = compute_dtype(buf.dtype)
+                acc += lane
                 text = f"{C_TYPES[dtype]}({acc})" if dtype != torch.bool else f"{acc} != 0"
                 if nan:
-                    text = f"{nan} ? {literal(float('nan'), dtype)} : {acc}"
+                    text = f"{nan}{lane} ? {literal(float('nan'), dtype)} : {text}"
                 self.values[buf.name] = self.round(self.cse(text, dtype), buf.dtype)
+
+    def reductions(self, bufs):
+        """The reductions `bufs` (none reads another) in one loop over the row."""
+        accs, clauses = self.declare_accumulators(bufs)
+        with self.loop_nest(self.r_dims, parallel=self.split_rows, simd=True, reductions=clauses):
+            self.accumulate(accs)
+        self.finish(accs)
+
+    def column_tile(self):
+        """Columns a thread reduces at once in a column reduction (`column_body`), or None where
+        the kernel is not one: its one kept dim innermost, its reductions independent of each other,
+        nothing stored over the whole domain."""
+        if not self.kernel.is_reduction or len(self.x_dims) != 1 or not self.r_dims or \
+                max(self.r_dims) > self.x_dims[0] or self.dynamic_values or self.rnumel < 16:
+            return None
+        reductions = [n for n in self.kernel.nodes if n.kind == "reduction"]
+        if self._independent_run(reductions[0]) != reductions or \
+                any(n.name in self.kernel.stores and not self.is_row_value(n) for n in self.kernel.nodes):
+            return None
+        per_thread = -(-self.xnumel // self.threads)
+        return min(COLUMN_TILE, max(16, -(-per_thread // 16) * 16))
+
+    def column_body(self, tile):
+        """A column reduction: threads share tiles of `tile` columns; each walks the rows with an
+        accumulator per column, the columns innermost (contiguous, vectorised), then computes and
+        stores the columns' values."""
+        d = self.x_dims[0]
+        v, size = self.var(d), self.kernel.shape[d]
+        reductions = [n for n in self.kernel.nodes if n.kind == "reduction"]
+        parallel = self.xnumel * self.rnumel >= PARALLEL_MIN_ELEMENTS and size > tile
+        if parallel:
+            self.emit("#pragma omp parallel for")
+        self.emit(f"for (int64_t xt = 0; xt < {size}; xt += {tile}) {{")
+        self.scopes.append({})
+        self.indent += 1
+        self.emit(f"int64_t xe = xt + {tile} < {size} ? xt + {tile} : {size};")
+        accs, _ = self.declare_accumulators(reductions, lanes=tile)
+        with self.loop_nest(self.r_dims, parallel=False, simd=False):
+            self.emit("#pragma omp simd")
+            self.emit(f"for (int64_t {v} = xt; {v} < xe; {v}++) {{")
+            self.scopes.append({})
+            self.indent += 1
+            self.accumulate(accs, lane=f"[{v} - xt]")
+            self.close_brace()
+        self.emit(f"for (int64_t {v} = xt; {v} < xe; {v}++) {{")
+        self.scopes.append({})
+        self.indent += 1
+        self.finish(accs, lane=f"[{v} - xt]")
+        for buf in self.kernel.nodes:
+            if buf.kind != "reduction":
+                with self.at(buf.loc):
+                    self.values[buf.name] = buf.body(self.vars_for(buf))
+            if buf.name in self.kernel.stores:
+                self.store(buf, self.values[buf.name])
+        self.close_brace()
+        self.close_brace()
 
     # --- the kernel's structure -------------------------------------------------------------------
     def is_row_value(self, buf):
@@ -178,6 +248,9 @@ class CppKernelWriter(CppExpressions):
 
     def body(self):
         stores = self.kernel.stores
+        tile = self.column_tile()
+        if tile is not None:
+            return self.column_body(tile)
         if not self.kernel.is_reduction:
             with self.loop_nest(self.x_dims, parallel=True, simd=True):
                 for buf in self.kernel.nodes:

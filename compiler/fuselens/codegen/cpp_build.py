@@ -1,7 +1,8 @@
 """Building a program's C++ kernels (codegen/cpp.py) into a shared library and calling them.
 
 A program's kernels are one translation unit: the preamble below (half-precision types, the
-primitives' C++ helpers, philox random numbers) and each kernel's `extern "C"` function. The
+primitives' C++ helpers, philox random numbers; a precompiled header) and each kernel's
+`extern "C"` function. The
 system compiler builds it (`CXX`, else g++, clang++ or c++ on the PATH) with -O3 -march=native
 and OpenMP into `<cache dir>/cpp/<hash>.so`, the hash of the source, the compiler and its flags:
 a later program or process with the same kernels loads the library built before. The build runs
@@ -201,12 +202,45 @@ _lock = threading.Lock()
 _libraries: dict = {}  # hash -> CppLibrary (one build and one load per source in a process)
 
 
+def _hash(*parts) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+def _write_whole(path, text):
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+@functools.cache
+def preamble_header() -> str:
+    """The preamble as a header in the cache directory, precompiled for the build's flags: a
+    library's build then reads the precompiled header instead of parsing the C++ headers it
+    includes (0.40 -> 0.14 s a small library with g++ 12). Built once per preamble, compiler and
+    flags; where the compiler cannot precompile it, each build parses it."""
+    directory = os.path.join(settings.cache_dir(), "cpp")
+    os.makedirs(directory, exist_ok=True)
+    used = [f for f in flags() + OPENMP if f != "-shared"]
+    path = os.path.join(directory, f"fl_preamble_{_hash(compiler_identity(), *used, PREAMBLE)}.h")
+    if not os.path.exists(path):
+        _write_whole(path, PREAMBLE)
+    if not os.path.exists(path + ".gch"):
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.gch"
+        done = subprocess.run([compiler(), *used, "-x", "c++-header", path, "-o", tmp], capture_output=True)
+        if done.returncode == 0:
+            os.replace(tmp, path + ".gch")
+        else:
+            log.debug("fuselens: the C++ preamble is not precompiled: %s", done.stderr[-2000:])
+    return path
+
+
 class CppLibrary:
     """A translation unit of kernels: built in the background (`start`), loaded at first use (`lib`)."""
 
-    def __init__(self, source: str):
-        self.source = source
-        key = hashlib.sha256("\0".join([compiler_identity(), *flags(), *OPENMP, source]).encode()).hexdigest()[:24]
+    def __init__(self, kernels: str):
+        self.source = f'#include "{preamble_header()}"\n{kernels}'
+        key = _hash(compiler_identity(), *flags(), *OPENMP, self.source)
         self.directory = os.path.join(settings.cache_dir(), "cpp")
         self.path = os.path.join(self.directory, f"k{key}.so")
         self._build = None  # (process, temporary path, flags) while building
@@ -214,9 +248,10 @@ class CppLibrary:
         self._lock = threading.Lock()
 
     @staticmethod
-    def of(source: str) -> "CppLibrary":
-        """The library of `source`, shared by every program with the same kernels; its build started."""
-        lib = CppLibrary(source)
+    def of(kernels: str) -> "CppLibrary":
+        """The library of `kernels` (their source), shared by every program with the same kernels;
+        its build started."""
+        lib = CppLibrary(kernels)
         with _lock:
             lib = _libraries.setdefault(lib.path, lib)
         lib.start()
