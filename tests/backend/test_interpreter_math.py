@@ -2,8 +2,9 @@
 and float16. On CPU (FUSELENS_INTERPRET=1) the interpreter computes each primitive with the
 primitive's own torch function, as eager does: bit for bit (numpy's tanh, exp or sigmoid
 differed from torch's in the last bit: issue 15). The C++ kernels (FUSELENS_CPU_BACKEND=cpp) call
-SLEEF, as ATen's vectorised kernels do, where eager may call MKL's vector math (float32 exp, log,
-sqrt, ...): they are held to the GPU's rule. On a GPU, Triton's math against CUDA's: the
+SLEEF's float routines (within 1 ulp), as ATen's vectorised kernels do, where eager's float32 exp,
+log, sqrt, sin, cos, tanh and erf call MKL's vector math (within 0.6 ulp): they are held to the
+GPU's rule with a bound of at least 1 ulp. On a GPU, Triton's math against CUDA's: the
 numerics contract of docs/backend.md, an error against a float64 reference no larger than eager's
 kernel's, and bit equality wherever eager's result is correctly rounded (division, square root,
 and every result in a half type, which eager computes in float32 and rounds once).
@@ -60,6 +61,8 @@ def test_primitive_alone_equals_eager(name, dtype):
         return
     reference = f(*[x.double() for x in xs])
     error, eager_error = ulp_error(got, reference, dtype), ulp_error(expected, reference, dtype)
-    assert error <= eager_error, (f"{error:.3f} ulp where eager's kernel errs by {eager_error:.3f}", differ)
+    # (C++: SLEEF's float routines err by up to 1 ulp, as ATen's vectorised kernels that call them)
+    bound = max(eager_error, 1.0) if CPP else eager_error
+    assert error <= bound, (f"{error:.3f} ulp where eager's kernel errs by {eager_error:.3f}", differ)
     if eager_error <= 0.5:  # eager is correctly rounded: so is fuselens, to the same value
         assert torch.equal(got, expected), differ

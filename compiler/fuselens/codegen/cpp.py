@@ -193,21 +193,27 @@ class CppKernelWriter(CppExpressions):
     def column_tile(self):
         """Columns a thread reduces at once in a column reduction (`column_body`), or None where
         the kernel is not one: its one kept dim innermost, its reductions independent of each other,
-        nothing stored over the whole domain."""
+        what it stores over the whole domain computed without them (a GeLU's gradient, whose
+        column sums are the bias gradient)."""
         if not self.kernel.is_reduction or len(self.x_dims) != 1 or not self.r_dims or \
                 max(self.r_dims) > self.x_dims[0] or self.dynamic_values or self.rnumel < 16:
             return None
         reductions = [n for n in self.kernel.nodes if n.kind == "reduction"]
+        row_values = {n.name for n in self.kernel.nodes if self.is_row_value(n)}
         if self._independent_run(reductions[0]) != reductions or \
-                any(n.name in self.kernel.stores and not self.is_row_value(n) for n in self.kernel.nodes):
+                any(self._reads_any(n, row_values) for n in self.domain_stores()):
             return None
         per_thread = -(-self.xnumel // self.threads)
         return min(COLUMN_TILE, max(16, -(-per_thread // 16) * 16))
 
+    def domain_stores(self):
+        """The nodes stored over the kernel's whole domain (not per row)."""
+        return [n for n in self.kernel.nodes if n.name in self.kernel.stores and not self.is_row_value(n)]
+
     def column_body(self, tile):
         """A column reduction: threads share tiles of `tile` columns; each walks the rows with an
-        accumulator per column, the columns innermost (contiguous, vectorised), then computes and
-        stores the columns' values."""
+        accumulator per column, the columns innermost (contiguous, vectorised), storing what is over
+        the whole domain as it goes, then computes and stores the columns' values."""
         d = self.x_dims[0]
         v, size = self.var(d), self.kernel.shape[d]
         reductions = [n for n in self.kernel.nodes if n.kind == "reduction"]
@@ -225,12 +231,16 @@ class CppKernelWriter(CppExpressions):
             self.scopes.append({})
             self.indent += 1
             self.accumulate(accs, lane=f"[{v} - xt]")
+            for buf in self.domain_stores():
+                self.store(buf, self.inline(buf))
             self.close_brace()
         self.emit(f"for (int64_t {v} = xt; {v} < xe; {v}++) {{")
         self.scopes.append({})
         self.indent += 1
         self.finish(accs, lane=f"[{v} - xt]")
         for buf in self.kernel.nodes:
+            if not self.is_row_value(buf):
+                continue
             if buf.kind != "reduction":
                 with self.at(buf.loc):
                     self.values[buf.name] = buf.body(self.vars_for(buf))
