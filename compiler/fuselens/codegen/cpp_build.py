@@ -34,18 +34,16 @@ PREAMBLE = r"""#include <cmath>
 #include <limits>
 #include <type_traits>
 
-// bfloat16 in memory; converted to float rounded to nearest even, NaN kept quiet (as c10::BFloat16)
+// bfloat16 in memory (uint16_t); converted from float rounded to nearest even, NaN made quiet (as
+// c10::BFloat16), without branches: loops of them vectorise
+static inline uint32_t fl_bits(float x) { uint32_t u; std::memcpy(&u, &x, 4); return u; }
+static inline float fl_float(uint32_t u) { float x; std::memcpy(&x, &u, 4); return x; }
 static inline float fl_round_bf16(float x) {
-    uint32_t u; std::memcpy(&u, &x, 4);
-    uint32_t r = x != x ? 0x7fc00000u : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    float y; std::memcpy(&y, &r, 4); return y;
+    uint32_t u = fl_bits(x), nan = 0u - uint32_t(x != x);
+    return fl_float((((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u) & ~nan) | (0x7fc00000u & nan));
 }
-struct fl_bf16 {
-    uint16_t bits;
-    fl_bf16() = default;
-    explicit fl_bf16(float v) { float r = fl_round_bf16(v); uint32_t u; std::memcpy(&u, &r, 4); bits = uint16_t(u >> 16); }
-    operator float() const { uint32_t u = uint32_t(bits) << 16; float v; std::memcpy(&v, &u, 4); return v; }
-};
+static inline float fl_from_bf16(uint16_t b) { return fl_float(uint32_t(b) << 16); }
+static inline uint16_t fl_to_bf16(float x) { return uint16_t(fl_bits(fl_round_bf16(x)) >> 16); }
 static inline float fl_round_f16(float x) { return float(_Float16(x)); }
 
 // Float math as eager computes it on the CPU: ATen's vectorised kernels call SLEEF, which libtorch

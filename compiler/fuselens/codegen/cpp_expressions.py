@@ -22,7 +22,7 @@ from ..schedule.fusion import FusedKernel
 from .kernel_expressions import KernelExpressions
 
 # storage types of tensors' elements (what a pointer points to) and compute types of values
-C_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "_Float16", torch.bfloat16: "fl_bf16",
+C_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "_Float16", torch.bfloat16: "uint16_t",
            torch.int8: "int8_t", torch.int16: "int16_t", torch.int32: "int32_t", torch.int64: "int64_t",
            torch.uint8: "uint8_t", torch.bool: "bool"}
 HALF_ROUND = {torch.float16: "fl_round_f16", torch.bfloat16: "fl_round_bf16"}
@@ -139,7 +139,7 @@ class CppExpressions(KernelExpressions):
         dtype = compute_dtype(buf.dtype)
         text = f"{ptr}[{index_text}]"
         if dtype != buf.dtype:
-            text = f"float({text})"
+            text = f"fl_from_bf16({text})" if buf.dtype == torch.bfloat16 else f"float({text})"
         if mask:  # an element outside the tensor is not read
             text = f"({mask}) ? {text} : {C_TYPES[dtype]}(0)"
         return self.cse(text, dtype)
