@@ -27,7 +27,7 @@ import torch
 
 from ..lower.ir import compute_dtype, use_handler
 from ..schedule.fusion import FusedKernel, moved_row_vars, row_shapes, store_index
-from .cpp_expressions import C_TYPES, CppExpressions, literal
+from .cpp_expressions import C_TYPES, CppExpressions, HoistPoint, literal
 
 # a loop nest shares its iterations among threads only from this many elements (a parallel
 # region's start and join cost microseconds)
@@ -100,7 +100,7 @@ class CppKernelWriter(CppExpressions):
                 self.emit(f"#pragma omp parallel for simd{reductions}{self.parallel_if()}")
             elif simd:
                 self.emit(f"#pragma omp simd{reductions}")
-            self.open_for(inner)
+            self.open_for(inner, hoist=True)
             opened += 1
         try:
             yield
@@ -108,15 +108,29 @@ class CppKernelWriter(CppExpressions):
             for _ in range(opened):
                 self.close_brace()
 
-    def open_for(self, d):
+    def open_for(self, d, hoist=False, start="0", stop=None):
+        """`hoist`: values in its body that do not depend on its variable go before it (the line
+        before its header is its #pragma), as the loops of a collapsed nest cannot have them."""
         v = self.var(d)
-        self.emit(f"for (int64_t {v} = 0; {v} < {self.expr(self.sizevars(self.kernel.shape[d]))}; {v}++) {{")
+        stop = stop or self.expr(self.sizevars(self.kernel.shape[d]))
+        at = len(self.lines) - 1 if hoist and self.lines and self.lines[-1][1].startswith("#pragma") else \
+            len(self.lines) if hoist else None
+        self.emit(f"for (int64_t {v} = {start}; {v} < {stop}; {v}++) {{")
         self.scopes.append({})
         self.indent += 1
+        self.hoist_points.append(HoistPoint(v, at, self.indent - 1, len(self.scopes)))
+
+    def open_block(self, header):
+        """A block (a loop the nest helpers do not make) whose values stay in it."""
+        self.emit(header)
+        self.scopes.append({})
+        self.indent += 1
+        self.hoist_points.append(None)
 
     def close_brace(self):
         self.indent -= 1
         self.scopes.pop()
+        self.hoist_points.pop()
         self.emit("}")
 
     # --- stores -----------------------------------------------------------------------------------
@@ -149,6 +163,7 @@ class CppKernelWriter(CppExpressions):
             nan = f"{acc}_nan" if buf.reduce in ("max", "min") and dtype.is_floating_point else None
             declared = [(C_TYPES[acc_dtype], acc, literal(neutral, acc_dtype))] + ([("int", nan, "0")] if nan else [])
             for c_type, name, value in declared:
+                self.depth[name] = len(self.scopes)
                 if lanes is None:
                     self.emit(f"{c_type} {name} = {value};", loc=buf.loc)
                 else:
@@ -221,23 +236,17 @@ class CppKernelWriter(CppExpressions):
         parallel = self.xnumel * self.rnumel >= PARALLEL_MIN_ELEMENTS and size > tile
         if parallel:
             self.emit("#pragma omp parallel for")
-        self.emit(f"for (int64_t xt = 0; xt < {size}; xt += {tile}) {{")
-        self.scopes.append({})
-        self.indent += 1
+        self.open_block(f"for (int64_t xt = 0; xt < {size}; xt += {tile}) {{")
         self.emit(f"int64_t xe = xt + {tile} < {size} ? xt + {tile} : {size};")
         accs, _ = self.declare_accumulators(reductions, lanes=tile)
         with self.loop_nest(self.r_dims, parallel=False, simd=False):
             self.emit("#pragma omp simd")
-            self.emit(f"for (int64_t {v} = xt; {v} < xe; {v}++) {{")
-            self.scopes.append({})
-            self.indent += 1
+            self.open_for(d, hoist=True, start="xt", stop="xe")
             self.accumulate(accs, lane=f"[{v} - xt]")
             for buf in self.domain_stores():
                 self.store(buf, self.inline(buf))
             self.close_brace()
-        self.emit(f"for (int64_t {v} = xt; {v} < xe; {v}++) {{")
-        self.scopes.append({})
-        self.indent += 1
+        self.open_block(f"for (int64_t {v} = xt; {v} < xe; {v}++) {{")
         self.finish(accs, lane=f"[{v} - xt]")
         for buf in self.kernel.nodes:
             if not self.is_row_value(buf):

@@ -12,6 +12,8 @@ kernel arguments (`ks0, ks1, ...`), as in the Triton kernels.
 from __future__ import annotations
 
 import math
+import re
+from dataclasses import dataclass
 
 import sympy
 import torch
@@ -19,7 +21,7 @@ import torch
 from ..lower.indexing import FloorDiv, ModIndex
 from ..lower.ir import compute_dtype
 from ..schedule.fusion import FusedKernel
-from .kernel_expressions import KernelExpressions
+from .kernel_expressions import KernelExpressions, loc_comment
 
 # storage types of tensors' elements (what a pointer points to) and compute types of values
 C_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "_Float16", torch.bfloat16: "uint16_t",
@@ -65,21 +67,56 @@ def literal(value, dtype) -> str:
     return f"{t}({value}LL)" if dtype == torch.int64 or abs(value) >= 2 ** 31 else f"{t}({value})"
 
 
+@dataclass
+class HoistPoint:
+    """Where values computed in a loop but independent of its variable go: before its header (the
+    `#pragma` on it), in the enclosing loop's body (a loop of a collapsed nest has none: None)."""
+    var: str
+    at: int | None
+    indent: int
+    depth: int  # of the scopes, inside the loop's body
+
+
+# the names in a C++ line that a value may depend on: loop variables, temporaries, accumulators
+VARIABLES = re.compile(r"\b(?:[xr]\d+|tmp\d+|acc\d+(?:_nan)?)\b")
+
+
 class CppExpressions(KernelExpressions):
     COMMENT = "//"
 
     def __init__(self, kernel: FusedKernel, sizevars, dynamic_values):
         super().__init__(kernel, sizevars)
         self.dynamic_values = dynamic_values
+        self.deps: dict[str, frozenset] = {}  # temporary -> the loop variables its value depends on
+        self.hoist_points: list = []  # HoistPoint of each open loop
+        self.depth: dict[str, int] = {}  # temporary or accumulator -> the scope depth it is declared at
 
     def cse(self, text, dtype):
+        """`text` as a temporary (one already computed where it is in scope). Computed in the
+        innermost loop but independent of its variable (a channel's BatchNorm scale in a loop over
+        a row of pixels), it goes before that loop (`HoistPoint`)."""
         for scope in reversed(self.scopes):
             if text in scope:
                 return CV(scope[text], dtype)
         name = f"tmp{self.tmp}"
         self.tmp += 1
-        self.emit(f"{C_TYPES[dtype]} {name} = {text};")
-        self.scopes[-1][text] = name
+        names = VARIABLES.findall(text)
+        deps = frozenset().union(*(self.deps.get(n, {n}) for n in names))
+        self.deps[name] = deps
+        line = f"{C_TYPES[dtype]} {name} = {text};"
+        point = self.hoist_points[-1] if self.hoist_points else None
+        if point is not None and point.at is not None and point.var not in deps and \
+                len(self.scopes) == point.depth and all(self.depth.get(n, 0) < point.depth for n in names):
+            self.lines.insert(point.at, (point.indent, line + loc_comment(self.loc, self.COMMENT)))
+            if self.loc:
+                self.source_lines.add((self.loc[0], self.loc[1]))
+            point.at += 1
+            self.scopes[-2][text] = name
+            self.depth[name] = point.depth - 1
+        else:
+            self.emit(line)
+            self.scopes[-1][text] = name
+            self.depth[name] = len(self.scopes)
         return CV(name, dtype)
 
     def expr(self, e) -> str:
