@@ -15,6 +15,7 @@ thread.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import hashlib
@@ -198,6 +199,18 @@ NO_COMPILER = ("no C++ compiler found (install g++ or clang, or set CXX to one):
 
 _lock = threading.Lock()
 _libraries: dict = {}  # hash -> CppLibrary (one build and one load per source in a process)
+
+
+@atexit.register
+def _finish_builds():
+    """Builds still running at exit (programs never called) are waited for: no compiler process
+    outlives the one that started it."""
+    for lib in list(_libraries.values()):
+        if lib._build is not None:
+            try:
+                lib.wait()
+            except Exception:  # noqa: BLE001 (its program never ran: nothing to report)
+                pass
 
 
 def _hash(*parts) -> str:
