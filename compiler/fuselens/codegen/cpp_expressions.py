@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from ..lower.indexing import FloorDiv, ModIndex
 from ..lower.ir import compute_dtype
 from ..schedule.fusion import FusedKernel
 from .kernel_expressions import KernelExpressions, loc_comment
@@ -83,6 +82,7 @@ VARIABLES = re.compile(r"\b(?:[xr]\d+|tmp\d+|acc\d+(?:_nan)?)\b")
 
 class CppExpressions(KernelExpressions):
     COMMENT = "//"
+    FLOOR_DIV = "/"  # (index expressions are non-negative where they are loaded)
 
     def __init__(self, kernel: FusedKernel, sizevars, dynamic_values):
         super().__init__(kernel, sizevars)
@@ -119,39 +119,12 @@ class CppExpressions(KernelExpressions):
             self.depth[name] = len(self.scopes)
         return CV(name, dtype)
 
-    def expr(self, e) -> str:
-        """An index expression in C++ (int64_t arithmetic; indices are never negative where loaded)."""
-        e = sympy.sympify(e)
-        if e.is_Integer:
-            return str(int(e)) if abs(int(e)) < 2 ** 31 else f"{int(e)}LL"
-        if e.is_Symbol:
-            if e.name[0] in "xr":
-                return e.name
-            if not self.dynamic_values:
-                return str(self.sizevars.values[e])
-            if e not in self.size_args:
-                self.size_args[e] = f"ks{len(self.size_args)}"
-            return self.size_args[e]
-        if isinstance(e, FloorDiv):
-            return f"({self.expr(e.args[0])} / {self.expr(e.args[1])})"
-        if isinstance(e, ModIndex):
-            return f"({self.expr(e.args[0])} % {self.expr(e.args[1])})"
-        if e.is_Add:
-            terms = sorted(e.args, key=lambda t: (t.is_Integer, str(t)))
-            out = self.expr(terms[0])
-            for t in terms[1:]:
-                c, _ = t.as_coeff_Mul()
-                out += f" - {self.expr(-t)}" if c < 0 else f" + {self.expr(t)}"
-            return f"({out})"
-        if e.is_Mul:
-            c, rest = e.as_coeff_Mul()
-            if c == -1:
-                return f"-{self.expr(rest)}"
-            return " * ".join(self.expr(a) for a in e.args)
-        if isinstance(e, sympy.Rel):
-            op = {sympy.Ge: ">=", sympy.Gt: ">", sympy.Le: "<=", sympy.Lt: "<", sympy.Eq: "=="}[type(e)]
-            return f"({self.expr(e.lhs)} {op} {self.expr(e.rhs)})"
-        raise NotImplementedError(f"index expression {e}")
+    def size_text(self, e) -> str:
+        """A size: its value, or a kernel argument in a graph with dynamic sizes."""
+        return super().size_text(e) if self.dynamic_values else str(self.sizevars.values[e])
+
+    def integer_text(self, n: int) -> str:
+        return str(n) if abs(n) < 2 ** 31 else f"{n}LL"
 
     def reads_before_writing(self, inp, out) -> bool:
         """Whether every load of buffer `inp` comes before the store of buffer `out` in the kernel's lines."""

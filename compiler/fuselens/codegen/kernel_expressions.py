@@ -12,6 +12,7 @@ import os
 
 import sympy
 
+from ..lower.indexing import FloorDiv, ModIndex
 from ..lower.ir import OpsHandler, use_handler
 from ..schedule.fusion import FusedKernel, ReadRecorder, loop_ranges, node_vars
 
@@ -32,6 +33,7 @@ class KernelExpressions(OpsHandler):
     pointwise buffers inlined where read. The target's subclass writes the expressions (`cse`,
     `load`, ...); `COMMENT` starts its comments."""
     COMMENT = "#"
+    FLOOR_DIV = "//"  # (of non-negative indices)
 
     def __init__(self, kernel: FusedKernel, sizevars):
         self.kernel = kernel
@@ -94,6 +96,48 @@ class KernelExpressions(OpsHandler):
     @staticmethod
     def along_r(index) -> bool:
         return any(s.name[0] == "r" for s in sympy.sympify(index).free_symbols)
+
+    # --- index expressions ---------------------------------------------------------------------
+    def expr(self, e) -> str:
+        """Print an index expression (loop variables, sizes, `FLOOR_DIV`, `%`, sums, products,
+        comparisons); size symbols are `size_text`'s."""
+        e = sympy.sympify(e)
+        if e.is_Integer:
+            return self.integer_text(int(e))
+        if e.is_Symbol:
+            return e.name if e.name[0] in "xr" else self.size_text(e)
+        if isinstance(e, FloorDiv):
+            return f"({self.expr(e.args[0])} {self.FLOOR_DIV} {self.divisor(e.args[1])})"
+        if isinstance(e, ModIndex):
+            return f"({self.expr(e.args[0])} % {self.divisor(e.args[1])})"
+        if e.is_Add:
+            terms = sorted(e.args, key=lambda t: (t.is_Integer, str(t)))
+            out = self.expr(terms[0])
+            for t in terms[1:]:
+                c, rest = t.as_coeff_Mul()
+                out += f" - {self.expr(-t)}" if c < 0 else f" + {self.expr(t)}"
+            return f"({out})"
+        if e.is_Mul:
+            c, rest = e.as_coeff_Mul()
+            if c == -1:
+                return f"-{self.expr(rest)}"
+            return " * ".join(self.expr(a) for a in e.args)
+        if isinstance(e, sympy.Rel):
+            op = {sympy.Ge: ">=", sympy.Gt: ">", sympy.Le: "<=", sympy.Lt: "<", sympy.Eq: "=="}[type(e)]
+            return f"({self.expr(e.lhs)} {op} {self.expr(e.rhs)})"
+        raise NotImplementedError(f"index expression {e}")
+
+    def size_text(self, e) -> str:
+        """A size symbol: a kernel argument (`ks0, ks1, ...`)."""
+        if e not in self.size_args:
+            self.size_args[e] = f"ks{len(self.size_args)}"
+        return self.size_args[e]
+
+    def integer_text(self, n: int) -> str:
+        return str(n)
+
+    def divisor(self, d) -> str:
+        return self.expr(d)
 
     def arg_for(self, buf, table, prefix):
         if buf.name not in table:

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from ..lower.indexing import FloorDiv, ModIndex
 from ..lower.ir import compute_dtype, contiguous_strides
 from ..ops.primitives import PRIMITIVES
 from ..schedule.fusion import FusedKernel, keep_shape, loop_vars
@@ -128,38 +127,6 @@ class TritonExpressions(KernelExpressions):
         for name in BLOCK_NAMES.findall(text):
             out |= self.varies.get(name, set()) if name.startswith("tmp") else {name[0]}
         return out
-
-    def expr(self, e) -> str:
-        """Print an index expression; size symbols become kernel arguments."""
-        e = sympy.sympify(e)
-        if e.is_Integer:
-            return str(int(e))
-        if e.is_Symbol:
-            if e.name[0] in "xr":
-                return e.name
-            if e not in self.size_args:
-                self.size_args[e] = f"ks{len(self.size_args)}"
-            return self.size_args[e]
-        if isinstance(e, FloorDiv):
-            return f"({self.expr(e.args[0])} // {self.divisor(e.args[1])})"
-        if isinstance(e, ModIndex):
-            return f"({self.expr(e.args[0])} % {self.divisor(e.args[1])})"
-        if e.is_Add:
-            terms = sorted(e.args, key=lambda t: (t.is_Integer, str(t)))
-            out = self.expr(terms[0])
-            for t in terms[1:]:
-                c, rest = t.as_coeff_Mul()
-                out += f" - {self.expr(-t)}" if c < 0 else f" + {self.expr(t)}"
-            return f"({out})"
-        if e.is_Mul:
-            c, rest = e.as_coeff_Mul()
-            if c == -1:
-                return f"-{self.expr(rest)}"
-            return " * ".join(self.expr(a) for a in e.args)
-        if isinstance(e, sympy.Rel):
-            op = {sympy.Ge: ">=", sympy.Gt: ">", sympy.Le: "<=", sympy.Lt: "<", sympy.Eq: "=="}[type(e)]
-            return f"({self.expr(e.lhs)} {op} {self.expr(e.rhs)})"
-        raise NotImplementedError(f"index expression {e}")
 
     def divisor(self, d) -> str:
         """A divisor of an index: its value in a kernel of at least LITERAL_DIVISORS_MIN elements
