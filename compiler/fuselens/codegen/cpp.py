@@ -14,6 +14,12 @@ kept dims, `r<d>` over the reduced ones, the index expressions' own symbols):
              then the row's values, then a loop storing what is over the whole domain. Where the
              rows are fewer than the threads (a sum of everything), each loop over a row is split
              among the threads instead (`omp parallel for simd reduction`).
+  column     a reduction whose one kept dim is innermost (a bias gradient): threads share tiles
+             of columns, each walks the rows in memory order with an accumulator per column,
+             storing what is over the whole domain as it goes (`column_body`).
+
+A value computed in the innermost loop but independent of its variable goes before that loop
+(cpp_expressions.py's HoistPoint).
 
 Float sums accumulate in double (close to eager's cascade sums of float32, for any row length);
 max/min propagate NaN (a flag beside the vector max: `omp simd reduction(max:)` drops it).
