@@ -4,12 +4,12 @@
   - `vjp`: the vector-Jacobian product rule, written with the builder's helpers (`P.mul(g, out)`,
     see autograd/joint.py). A pointwise primitive's is given here, in its declaration; the rules
     of reductions, views and externs are in vjp.py.
-  - its spelling in kernels: `triton` (a format string over operand expressions, or a function of
-    the result's dtype giving one) for pointwise primitives, `reduce` (the combine) for reductions.
+  - its spelling in kernels: `triton` and `cpp` (format strings over operand expressions, or
+    functions of the result's dtype giving one: Triton's, and the C++ kernels' of CPU graphs,
+    codegen/cpp_expressions.py) for pointwise primitives, `reduce` (the combine) for reductions.
     Lowering (lower/lowering.py) turns any pointwise primitive into a kernel line with it; the few
     primitives that need more (views, `cat`, max pooling) have a rule in lower/rules.py, and the
-    rest are extern calls of `impl`. A code generator for another target (C++) adds its spelling
-    beside `triton`.
+    rest are extern calls of `impl`.
 A pointwise primitive that computes a torch op on its own is declared with `unary`/`binary`
 naming that op: the declaration is then the whole of it, since the builder's helper (`P.<name>`,
 with torch's type promotion) and the decomposition of each torch spelling are made from it
