@@ -145,3 +145,8 @@ def _traced(fn, *inputs):
         node.meta["val"] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
         node.meta["device"] = t.device
     return gm, list(inputs)
+
+
+def test_every_pointwise_primitive_spelled_in_triton_is_spelled_in_cpp():
+    from fuselens.ops.primitives import PRIMITIVES
+    assert [n for n, p in PRIMITIVES.items() if p.kind == "pointwise" and p.triton and not p.cpp] == []
