@@ -22,10 +22,17 @@ demo: venv
 test: test-python test-e2e
 
 # tests/conformance, PyTorch's OpInfo database on the first sample of each op, variant and dtype,
-# runs on its own so that its summary line is printed (its conftest is loaded by the controller)
+# runs on its own so that its summary line is printed (its conftest is loaded by the controller).
+# Then the backend tests of what kernels compute and the conformance, again through the CPU's C++
+# kernels (FUSELENS_CPU_BACKEND=cpp; tests of the Triton kernels' own structure skip themselves there).
+CPP_TESTS := $(addprefix tests/backend/,test_cpp_kernels.py test_ops.py test_dtype_semantics.py \
+	test_interpreter_math.py test_autograd_semantics.py test_autograd.py test_batch_norm.py test_indexing.py \
+	test_random_programs.py test_conv_blocks.py test_attention.py test_shape_errors.py test_constants.py)
 test-python: venv
 	FUSELENS_INTERPRET=1 TRITON_INTERPRET=1 $(VPY) -m pytest -q -n 2 tests --ignore=tests/conformance
 	FUSELENS_INTERPRET=1 TRITON_INTERPRET=1 $(VPY) -m pytest -q -n 2 tests/conformance
+	FUSELENS_INTERPRET=1 TRITON_INTERPRET=1 FUSELENS_CPU_BACKEND=cpp $(VPY) -m pytest -q -n 2 $(CPP_TESTS)
+	FUSELENS_INTERPRET=1 TRITON_INTERPRET=1 FUSELENS_CPU_BACKEND=cpp $(VPY) -m pytest -q -n 2 tests/conformance
 
 # The OpInfo database through fuselens on every sample (not only the first); one summary line.
 conformance: venv

@@ -86,8 +86,9 @@ def _graph(info, call) -> Graph:
                  [_kernel(k) for k in call.kernels], call.wrapper_source or None)
 
 
-# codegen/triton_expressions.py's loc_comment: `  # model.py:12  y = x * w` at the end of a kernel line
-_LOC_RE = re.compile(r"  # ([^\s:]+\.py):(\d+)(?:  |$)")
+# codegen/kernel_expressions.py's loc_comment: `  # model.py:12  y = x * w` at the end of a kernel
+# line (`  // model.py:12 ...` in C++)
+_LOC_RE = re.compile(r"  (?:#|//) ([^\s:]+\.py):(\d+)(?:  |$)")
 
 
 def _kernel(k) -> Kernel:

@@ -5,7 +5,8 @@ version (the key of everything kept there).
 Imports nothing but the standard library at import time: the language server reads the cache
 directory from it before it may import torch (server/fuselens_lsp/initialize_cache.py).
 
-FUSELENS_INTERPRET=1 runs every kernel in Triton's interpreter (CPU tensors included). Triton
+FUSELENS_INTERPRET=1 runs every kernel in Triton's interpreter (CPU tensors included, unless
+FUSELENS_CPU_BACKEND says otherwise: `CPU_BACKEND` below). Triton
 decides interpreted vs compiled for its own library functions (`tl.rand`, ...) when it is first
 imported, so importing this module sets TRITON_INTERPRET=1 (fuselens/__init__.py imports it before
 torch, which may import triton); importing triton yourself earlier in that process requires
@@ -23,6 +24,15 @@ import tempfile
 INTERPRET = os.environ.get("FUSELENS_INTERPRET", "") not in ("", "0")
 if INTERPRET:
     os.environ["TRITON_INTERPRET"] = "1"
+
+# what runs the kernels of graphs on CPU tensors: "cpp" (generated C++ built by the system compiler,
+# codegen/cpp.py), "interpret" (the Triton kernels in Triton's interpreter) or "eager" (the graph as
+# plain PyTorch). FUSELENS_CPU_BACKEND chooses; by default the interpreter under FUSELENS_INTERPRET=1, else C++.
+CPU_BACKEND = os.environ.get("FUSELENS_CPU_BACKEND") or ("interpret" if INTERPRET else "cpp")
+if CPU_BACKEND not in ("cpp", "interpret", "eager"):
+    raise ValueError(f"FUSELENS_CPU_BACKEND={CPU_BACKEND!r}: expected cpp, interpret or eager")
+if CPU_BACKEND == "interpret" and not INTERPRET:
+    raise ValueError("FUSELENS_CPU_BACKEND=interpret needs FUSELENS_INTERPRET=1 (Triton's interpreter is set up at import)")
 
 
 def cache_dir(create: bool = True) -> str:

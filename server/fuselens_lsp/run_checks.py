@@ -83,15 +83,18 @@ def time_cpu(fn, args, kwargs, budget_s=0.5) -> float:
     return times[len(times) // 2]
 
 
-class plain_pytorch_graphs:
-    """fuselens compiles made inside the block run their graphs as plain PyTorch on the CPU
-    (not in Triton's interpreter, whose times mean nothing): what a CPU can time of them."""
+class cpu_kernels:
+    """fuselens compiles made inside the block run their CPU graphs as its C++ kernels (not in
+    Triton's interpreter, whose times mean nothing), or as plain PyTorch where there is no C++
+    compiler: what a CPU can time of them. `cpp`: whether the kernels are C++."""
 
     def __enter__(self):
         from fuselens import settings
-        self.settings, self.was = settings, settings.INTERPRET
-        settings.INTERPRET = False
+        from fuselens.codegen import cpp_build
+        self.settings, self.was = settings, (settings.INTERPRET, settings.CPU_BACKEND)
+        self.cpp = cpp_build.compiler() is not None
+        settings.INTERPRET, settings.CPU_BACKEND = False, "cpp" if self.cpp else "eager"
         return self
 
     def __exit__(self, *exc):
-        self.settings.INTERPRET = self.was
+        self.settings.INTERPRET, self.settings.CPU_BACKEND = self.was

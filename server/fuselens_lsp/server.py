@@ -703,7 +703,8 @@ def _summary_message(qualname, r: dict) -> str:
     t = r.get("timings") or {}
     if t.get("eager") and t.get("fuselens"):
         cpu = t.get("cpu")
-        s = (f"CPU times: eager {t['eager']:.3f} ms, fuselens's graphs as plain PyTorch {t['fuselens']:.3f} ms"
+        how = "C++ kernels" if t.get("cpuKernels") == "cpp" else "graphs as plain PyTorch"
+        s = (f"CPU times: eager {t['eager']:.3f} ms, fuselens's {how} {t['fuselens']:.3f} ms"
              if cpu else f"eager {t['eager']:.3f} ms, fuselens {t['fuselens']:.3f} ms")
         s += f" ({t['eager'] / t['fuselens']:.2f}×)"
         if t.get("torchCompile"):

@@ -19,7 +19,7 @@ import traceback
 import types
 
 from . import examples
-from .run_checks import eval_mode, modules_in, plain_pytorch_graphs, random_ops, time_cpu
+from .run_checks import cpu_kernels, eval_mode, modules_in, random_ops, time_cpu
 
 _PROTO = None
 
@@ -526,10 +526,10 @@ def run_job(job: dict) -> dict:
     else:
         progress("timing eager on the CPU (no GPU)", 60)
         timings["eager"] = time_cpu(fn, args, kwargs)
-        progress("timing fuselens's graphs as plain PyTorch", 70)
-        with plain_pytorch_graphs():
-            plain = fuselens.compile(fn)
-            timings["fuselens"] = time_cpu(plain, args, kwargs)
+        with cpu_kernels() as kernels:
+            progress("timing fuselens's C++ kernels" if kernels.cpp else "timing fuselens's graphs as plain PyTorch", 70)
+            on_cpu = fuselens.compile(fn)
+            timings["fuselens"] = time_cpu(on_cpu, args, kwargs)
         progress("timing torch.compile on the CPU", 80)
         try:
             if os.environ.get("FUSELENS_BENCH_TORCH_COMPILE", "1") == "0":
@@ -542,9 +542,13 @@ def run_job(job: dict) -> dict:
         except Exception as e:
             timings["torchCompileError"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         timings["cpu"] = True
-        result["timingNote"] = ("No GPU: times on the CPU, where fuselens's graphs ran as plain PyTorch "
-                                "(its Triton kernels need a GPU; they were checked in Triton's interpreter), "
-                                "so they show what the graph breaks cost, not the kernels' speed")
+        timings["cpuKernels"] = "cpp" if kernels.cpp else "plain PyTorch"
+        result["timingNote"] = (
+            "No GPU: times on the CPU, where fuselens's graphs ran as its C++ kernels (its Triton kernels "
+            "need a GPU; they were checked in Triton's interpreter)" if kernels.cpp else
+            "No GPU: times on the CPU, where fuselens's graphs ran as plain PyTorch (no C++ compiler for its "
+            "CPU kernels: install g++ or clang; its Triton kernels need a GPU; they were checked in Triton's "
+            "interpreter), so they show what the graph breaks cost, not the kernels' speed")
     result["timings"] = timings
     if gpu and timings["eager"] and timings["fuselens"]:
         result["speedup"] = timings["eager"] / timings["fuselens"]

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 import warnings
 
+import pytest
 import torch
 import torch.fx as fx
 
@@ -17,6 +18,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from numerics import ulp_error  # noqa: E402,F401 - the numerics contract's measure, for the tests
 
 DEVICE = "cuda" if os.environ.get("FUSELENS_INTERPRET") != "1" and torch.cuda.is_available() else "cpu"
+# the CPU kernels are generated C++ (FUSELENS_CPU_BACKEND=cpp: `make test`'s second pass), not Triton's
+CPP = DEVICE == "cpu" and os.environ.get("FUSELENS_CPU_BACKEND") == "cpp"
+# a test of what the Triton kernels look like or how they are launched
+triton_kernels = pytest.mark.skipif(CPP, reason="inspects Triton kernels: the CPU kernels are C++ here")
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 import fuselens
-from fl_backend_testing import DEVICE, check, compile, run, tolerance, trace
+from fl_backend_testing import DEVICE, check, compile, run, tolerance, trace, triton_kernels
 from fuselens import settings
 from fuselens.autograd import build_joint, partition
 from fuselens.autograd.partition import _bytes, _tangent_dependent
@@ -97,6 +97,7 @@ def test_outputs_not_requiring_grad_and_integer_outputs():
     check(f, randn(3, 4), randn(4))
 
 
+@triton_kernels
 def test_codegen_failure_falls_back_to_eager_with_a_warning(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("codegen exploded")
@@ -109,8 +110,8 @@ def test_codegen_failure_falls_back_to_eager_with_a_warning(monkeypatch):
     torch.testing.assert_close(out, manual_softmax(x))
 
 
-def test_cpu_graphs_run_eagerly_without_the_interpreter(monkeypatch):
-    monkeypatch.setattr(settings, "INTERPRET", False)
+def test_cpu_graphs_run_eagerly_where_the_cpu_backend_is_eager(monkeypatch):
+    monkeypatch.setattr(settings, "CPU_BACKEND", "eager")
     x = torch.randn(4, 5)
     gm = trace(manual_softmax)
     cg = driver.compile_graph(gm, [x])
@@ -186,6 +187,7 @@ def test_backward_is_fused_too(fn, shapes, backward_kernels):
     assert len(cg.kernels) == forward_kernels + backward_kernels
 
 
+@triton_kernels
 def test_a_failing_backward_kernel_falls_back_on_the_first_call(monkeypatch):
     real = launcher.TritonKernel.run
 
@@ -202,6 +204,7 @@ def test_a_failing_backward_kernel_falls_back_on_the_first_call(monkeypatch):
     torch.testing.assert_close(g, torch.autograd.grad(manual_gelu_tanh(x).sum(), x)[0])
 
 
+@triton_kernels
 def test_kernels_compiled_before_the_first_call_are_the_ones_it_launches(monkeypatch):
     # a program's kernels (forward and backward) compile together before the first call, for
     # the launches its wrapper will make: those predictions must be the launches that happen

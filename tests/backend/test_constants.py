@@ -5,7 +5,7 @@ import collections
 
 import torch
 
-from fl_backend_testing import DEVICE, compile
+from fl_backend_testing import DEVICE, compile, triton_kernels
 from fuselens.codegen import launcher, wrapper
 
 
@@ -31,6 +31,7 @@ def _project_by_constant(x):
     return torch.tanh(x @ (torch.ones(16, 4, device=x.device) * 0.5))
 
 
+@triton_kernels
 def test_constant_kernels_run_once_and_stay_correct(monkeypatch):
     # the matrix made from ones is a constant: made on the first call, kept by the program (in
     # training it would be saved for the backward, a forward output, so it is made each call)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import fuselens
 from fuselens.runtime.compiled import compiled_of
-from fl_backend_testing import DEVICE, vary_batch_norm
+from fl_backend_testing import DEVICE, vary_batch_norm, triton_kernels
 
 
 @pytest.fixture(autouse=True)
@@ -163,6 +163,7 @@ def test_training_block_still_equals_eager():
         torch.testing.assert_close(a, b, msg=n, **tol)
 
 
+@triton_kernels
 def test_channels_last_training_saves_and_reduces_in_that_layout(monkeypatch):
     """Training channels-last (what CUDA's graphs get): the values the forward saves for the
     backward stay channels-last (stored in eager's layout, each kernel beside a convolution read
@@ -197,6 +198,7 @@ def test_channels_last_training_saves_and_reduces_in_that_layout(monkeypatch):
     assert len(set(re.findall(r"\b(buf\d+)_partial\b", forward.wrapper_source))) == 4  # 2 statistics, 2 BatchNorms
 
 
+@triton_kernels
 def test_the_gradient_through_relu_follows_its_condition_layout(monkeypatch):
     """At the top of a channels-last network the average pool's gradient reaches ReLU's VJP
     (`where(out <= 0, 0, g / 49)`) as a row-major broadcast: the result takes the layout of the
@@ -275,6 +277,7 @@ def test_detach_of_an_input_is_no_copy():
     assert got[1].data_ptr() == x.data_ptr()  # an alias, as eager's detach
 
 
+@triton_kernels
 def test_identical_kernels_compile_once(monkeypatch):
     """A ResNet's repeated blocks generate the same kernel at several places in the graph: it is
     one module (one cubin on a GPU), however its source lines and index in the graph differ."""

@@ -1,7 +1,10 @@
 """Each pointwise primitive, alone in a kernel, computes what eager computes, in float32, bfloat16
 and float16. On CPU (FUSELENS_INTERPRET=1) the interpreter computes each primitive with the
 primitive's own torch function, as eager does: bit for bit (numpy's tanh, exp or sigmoid
-differed from torch's in the last bit: issue 15). On a GPU, Triton's math against CUDA's: the
+differed from torch's in the last bit: issue 15). The C++ kernels (FUSELENS_CPU_BACKEND=cpp) call
+SLEEF's float routines (within 1 ulp), as ATen's vectorised kernels do, where eager's float32 exp,
+log, sqrt, sin, cos, tanh and erf call MKL's vector math (within 0.6 ulp): they are held to the
+GPU's rule with a bound of at least 1 ulp. On a GPU, Triton's math against CUDA's: the
 numerics contract of docs/backend.md, an error against a float64 reference no larger than eager's
 kernel's, and bit equality wherever eager's result is correctly rounded (division, square root,
 and every result in a half type, which eager computes in float32 and rounds once).
@@ -11,7 +14,7 @@ import re
 import pytest
 import torch
 
-from fl_backend_testing import DEVICE, run, ulp_error
+from fl_backend_testing import CPP, DEVICE, run, ulp_error
 from fuselens.ops.primitives import PRIMITIVES
 
 FLOATS = [torch.float32, torch.bfloat16, torch.float16]
@@ -53,11 +56,13 @@ def test_primitive_alone_equals_eager(name, dtype):
     assert len(cg.kernels) <= 1
     assert got.dtype == expected.dtype
     differ = (got.view(-1)[(got != expected).view(-1)][:4], expected.view(-1)[(got != expected).view(-1)][:4])
-    if DEVICE == "cpu":
+    if DEVICE == "cpu" and not CPP:
         assert torch.equal(got, expected), differ
         return
     reference = f(*[x.double() for x in xs])
     error, eager_error = ulp_error(got, reference, dtype), ulp_error(expected, reference, dtype)
-    assert error <= eager_error, (f"{error:.3f} ulp where eager's kernel errs by {eager_error:.3f}", differ)
+    # (C++: SLEEF's float routines err by up to 1 ulp, as ATen's vectorised kernels that call them)
+    bound = max(eager_error, 1.0) if CPP else eager_error
+    assert error <= bound, (f"{error:.3f} ulp where eager's kernel errs by {eager_error:.3f}", differ)
     if eager_error <= 0.5:  # eager is correctly rounded: so is fuselens, to the same value
         assert torch.equal(got, expected), differ

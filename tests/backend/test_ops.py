@@ -8,7 +8,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fl_backend_testing import DEVICE, check
+from fl_backend_testing import DEVICE, check, triton_kernels
 
 
 def t(*shape, dtype=torch.float32, positive=False):
@@ -62,6 +62,7 @@ def test_binary_broadcast(name):
     check(lambda a, b: fn(a, b), t(4, 1, 6), transposed(5, 6))
 
 
+@triton_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_hypot_is_a_pointwise_primitive_fused_with_its_neighbours(dtype):
     def f(a, b):
@@ -430,6 +431,7 @@ SOFTMAX_REDUCTIONS = {
 }
 
 
+@triton_kernels
 @pytest.mark.parametrize("name", sorted(SOFTMAX_REDUCTIONS))
 def test_the_maximum_softmax_subtracts_has_no_gradient(name):
     """softmax, log_softmax and logsumexp do not depend on the maximum they subtract for range:

@@ -246,7 +246,7 @@ def test_internal_capture_error_in_a_resume_runs_the_rest_eagerly(monkeypatch):
 @pytest.mark.parametrize("where", ["build", "run"])
 def test_internal_backend_error_runs_the_graph_eagerly_with_one_warning(where, monkeypatch):
     monkeypatch.setattr(driver, "compile_graph", REAL_COMPILE_GRAPH)
-    monkeypatch.setattr(driver, "uses_triton", lambda inputs: True)  # the compiled path, any device
+    monkeypatch.setattr(driver, "runs_kernels", lambda inputs: True)  # the compiled path, any device
     cause = NotImplementedError(f"synthetic backend bug ({where})")
 
     def boom(*a, **k):
@@ -278,7 +278,7 @@ def test_users_error_in_a_compiled_graph_is_not_taken_for_ours(monkeypatch):
     # the compiled program raises; the graph run eagerly raises too: the user's error, no warning,
     # and the program stays in use
     monkeypatch.setattr(driver, "compile_graph", REAL_COMPILE_GRAPH)
-    monkeypatch.setattr(driver, "uses_triton", lambda inputs: True)
+    monkeypatch.setattr(driver, "runs_kernels", lambda inputs: True)
     runs = []
 
     def build(self, inputs):

@@ -309,7 +309,7 @@ def test_backward_refused_after_a_write_into_a_saved_value(monkeypatch, kernels)
     """With kernels (Triton) and without (CPU graphs run as plain PyTorch), as eager refuses."""
     monkeypatch.setattr(driver, "compile_graph", REAL_COMPILE_GRAPH)
     if not kernels:
-        monkeypatch.setattr(driver, "uses_triton", lambda inputs: False)
+        monkeypatch.setattr(driver, "runs_kernels", lambda inputs: False)
     x = torch.randn(4, requires_grad=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         relu_then_write(x).sum().backward()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import sympy
@@ -23,7 +24,8 @@ import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from ..autograd.facts import check_shapes, with_eager_derivative
-from ..codegen import launcher
+from ..codegen import cpp_build, launcher
+from ..codegen.cpp import generate_cpp_kernel
 from ..codegen.triton import generate_kernel
 from ..codegen.wrapper import generate_wrapper, load_wrapper
 from ..lower import lower_graph
@@ -33,7 +35,7 @@ from ..ops.contract import verify
 from ..schedule.contract import check_schedule
 from ..schedule.fusion import FusedKernel, schedule
 from .. import settings, stats
-from ..errors import fall_back
+from ..errors import FuselensWarning, fall_back
 from . import program_cache
 from .cudagraphs import TrainingGraphs
 from .training import Compiled, compile_training
@@ -110,6 +112,25 @@ def compile_ahead(programs):
         p.compile_jobs = []
 
 
+def kernel_target(device) -> str | None:
+    """What runs the kernels of a graph on `device`: "triton" (compiled, or in Triton's interpreter
+    under FUSELENS_INTERPRET=1), "cpp" (CPU tensors: codegen/cpp.py) or None (the graph runs as
+    plain PyTorch: settings.CPU_BACKEND "eager", or no C++ compiler, warned of once)."""
+    if torch.device(device).type != "cpu":
+        return "triton"
+    backend = settings.CPU_BACKEND
+    if backend == "cpp" and cpp_build.compiler() is None:
+        global _warned_no_compiler
+        if not _warned_no_compiler:
+            _warned_no_compiler = True
+            warnings.warn(f"fuselens: {cpp_build.NO_COMPILER}", FuselensWarning, stacklevel=2)
+        return None
+    return {"cpp": "cpp", "interpret": "triton"}.get(backend)
+
+
+_warned_no_compiler = False
+
+
 def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=frozenset(),
                   input_vals=None, first_kernel_index=0, boxed=False, free_outputs=None) -> Program:
     """`boxed`: see Program. `first_kernel_index` numbers this program's kernels after another's (a backward's after
@@ -117,11 +138,30 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
     _log("ops", "primitive graph:\n%s", prim_graph)
     lowered = lower_graph(merge_common_subexpressions(prim_graph), device, input_vals, free_outputs)
     _log("lower", "buffers:\n%s", lowered.describe)
-    sched = schedule(lowered)
+    cpp = kernel_target(device) == "cpp"
+    sched = schedule(lowered, column_partials=not cpp)
     verify(check_schedule, lowered, sched)
     _log("schedule", "kernels:\n%s", sched.describe)
-    kernels, infos, launches, jobs = {}, [], [], []
     fused = [s for s in sched.steps if isinstance(s, FusedKernel)]
+    made = (_cpp_kernels if cpp else _triton_kernels)(fused, lowered, device, mode, dynamic_values, first_kernel_index)
+    kernels, infos, launches, jobs, kernel_args = made
+    source, code, call, consts = generate_wrapper(lowered, sched, kernels, device, boxed)
+    _log("codegen", "%s", lambda: "\n\n".join([info.source for info in infos] + [source]))
+    made_from = dict(source=source, code=code, device=str(device), has_seed=lowered.has_seed, infos=infos, consts=consts,
+                     kernels=kernel_args, cpp=cpp, launches=launches, boxed=boxed,
+                     output_layouts=[_layout(o) for o in lowered.outputs])
+    return Program(call, infos, source, lowered.has_seed, jobs, made_from, boxed)
+
+
+def _kernel_info(name, source, writer):
+    tensors, _, _ = writer.launch_signature()
+    return KernelInfo(name, source, sorted(writer.source_lines), _bytes_moved([writer.buffers[n] for n in tensors]))
+
+
+def _triton_kernels(fused, lowered, device, mode, dynamic_values, first_kernel_index):
+    """(FusedKernel id -> (TritonKernel, writer), KernelInfos, launches, cubin jobs, what load_program
+    makes the kernels again from)."""
+    kernels, infos, launches, jobs = {}, [], [], []
     pdl = launcher.supports_pdl(torch.device(device))
     for i, step in enumerate(fused):
         name, source, writer = generate_kernel(step, first_kernel_index + i, lowered.sizevars, dynamic_values, pdl,
@@ -130,21 +170,31 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
         kernel = launcher.TritonKernel(name, source, writer.mode, mode == "max-autotune", itemsize, pdl)
         kernels[id(step)] = (kernel, writer)
         tensors, scalars, sizes = writer.launch_signature()
-        infos.append(KernelInfo(name, source, sorted(writer.source_lines),
-                                _bytes_moved([writer.buffers[n] for n in tensors])))
+        infos.append(_kernel_info(name, source, writer))
         launches.append(([writer.buffers[n].dtype for n in tensors], [0 if a == "seed" else a for a in scalars],
                          sizes))
         # compiled in worker processes from now on, while the next kernels (and programs) are generated
         kernel_jobs = _compile_jobs([kernel], launches[-1:], device)
         launcher.start_compiles(kernel_jobs)
         jobs += kernel_jobs
-    source, code, call, consts = generate_wrapper(lowered, sched, kernels, device, boxed)
-    _log("codegen", "%s", lambda: "\n\n".join([info.source for info in infos] + [source]))
-    kernel_objects = [k for k, _ in kernels.values()]
-    made_from = dict(source=source, code=code, device=str(device), has_seed=lowered.has_seed, infos=infos, consts=consts,
-                     kernels=[(k.name, k.source, k.mode, k.max_autotune, k.itemsize, k.pdl) for k in kernel_objects],
-                     launches=launches, boxed=boxed, output_layouts=[_layout(o) for o in lowered.outputs])
-    return Program(call, infos, source, lowered.has_seed, jobs, made_from, boxed)
+    args = [(k.name, k.source, k.mode, k.max_autotune, k.itemsize, k.pdl) for k, _ in kernels.values()]
+    return kernels, infos, launches, jobs, args
+
+
+def _cpp_kernels(fused, lowered, device, mode, dynamic_values, first_kernel_index):
+    """As _triton_kernels, for C++ kernels: one library of them all, building from now on."""
+    generated = [generate_cpp_kernel(step, first_kernel_index + i, lowered.sizevars, dynamic_values,
+                                     torch.get_num_threads()) for i, step in enumerate(fused)]
+    args = [(name, source, *map(len, writer.launch_signature()[:2])) for name, source, writer in generated]
+    kernels = dict(zip((id(step) for step in fused), zip(_cpp_objects(args), (w for _, _, w in generated))))
+    launches = [writer.launch_signature()[2] for _, _, writer in generated]
+    return kernels, [_kernel_info(*g) for g in generated], launches, [], args
+
+
+def _cpp_objects(args) -> list:
+    """The CppKernels of (name, source, tensors, scalars), in one library (started building)."""
+    library = cpp_build.CppLibrary.of("".join("\n" + source for _, source, _, _ in args))
+    return [cpp_build.CppKernel(name, source, library, tensors, scalars) for name, source, tensors, scalars in args]
 
 
 def _layout(v):
@@ -155,13 +205,20 @@ def _layout(v):
 
 def load_program(made_from: dict) -> Program:
     """A program made again from what build_program generated (`Program.made_from`): no graph work."""
-    kernels = [launcher.TritonKernel(*args) for args in made_from["kernels"]]
-    for kernel, (_, _, sizes) in zip(kernels, made_from["launches"]):
-        kernel.call_sizes = tuple(sizes)  # as the wrapper's generation set them: its launches take the fast path
     device = made_from["device"]
+    if made_from["cpp"]:
+        kernels = _cpp_objects(made_from["kernels"])
+        for kernel, sizes in zip(kernels, made_from["launches"]):
+            kernel.call_sizes = tuple(sizes)
+        jobs = []
+    else:
+        kernels = [launcher.TritonKernel(*args) for args in made_from["kernels"]]
+        for kernel, (_, _, sizes) in zip(kernels, made_from["launches"]):
+            kernel.call_sizes = tuple(sizes)  # as the wrapper's generation set them: its launches take the fast path
+        jobs = _compile_jobs(kernels, made_from["launches"], device)
     call = load_wrapper(made_from["code"], kernels, made_from["consts"], device)
-    return Program(call, made_from["infos"], made_from["source"], made_from["has_seed"],
-                   _compile_jobs(kernels, made_from["launches"], device), made_from, made_from["boxed"])
+    return Program(call, made_from["infos"], made_from["source"], made_from["has_seed"], jobs, made_from,
+                   made_from["boxed"])
 
 
 def _compile_jobs(kernels, launches, device):
@@ -187,11 +244,14 @@ def _bytes_moved(buffers) -> int | None:
     return total
 
 
-def uses_triton(inputs) -> bool:
+def runs_kernels(inputs) -> bool:
+    """Whether a graph on these inputs runs as generated kernels (else as plain PyTorch)."""
     devices = {t.device.type for t in inputs if isinstance(t, torch.Tensor)}
     if devices == {"cuda"}:
         return True
-    return settings.INTERPRET and devices <= {"cpu", "cuda"} and len(devices) == 1
+    if devices == {"cpu"} or not devices:
+        return kernel_target("cpu") is not None
+    return False
 
 
 def graph_device(gm: fx.GraphModule, inputs):
@@ -290,7 +350,7 @@ class CompiledGraph:
         device = graph_device(self.gm, inputs)
         dynamic = self._dynamic_values(inputs)
         needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
-        if settings.INTERPRET:
+        if settings.INTERPRET and kernel_target(device) == "triton":
             launcher.check_interpreter()
         start = time.perf_counter()
         key = program_cache.key(self.gm, inputs, self.mode, self.dynamic_dims)
@@ -328,7 +388,7 @@ class CompiledGraph:
             except Exception as e:
                 cause = e
         else:
-            if not uses_triton(inputs):
+            if not runs_kernels(inputs):
                 return self._eager(*inputs)
             spec = self._specialize(list(inputs))
             if spec.eager:

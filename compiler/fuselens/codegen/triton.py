@@ -194,13 +194,6 @@ class KernelWriter(TritonReductions):
         return None
 
     # --- the whole kernel -------------------------------------------------------------------------
-    def kernel_name(self):
-        kind = "red" if self.kernel.is_reduction else "poi"
-        names = sorted(self.op_names - {"convert", "copy", "stop_gradient"}) or sorted(self.op_names) or ["copy"]
-        if len(names) > 6:
-            names = names[:6] + ["etc"]
-        return f"fl_{kind}_fused_{'_'.join(names)}_{self.index_in_graph}"
-
     def drop_unused_loop_vars(self):
         """Per-dimension variables are emitted up front; those no index ended up using go."""
         definition = re.compile(r"([xr]\d+) = ")

@@ -10,20 +10,17 @@ offsets are kernel arguments (`ks0, ks1, ...`).
 """
 from __future__ import annotations
 
-import contextlib
-import linecache
 import math
-import os
 import re
 from dataclasses import dataclass
 
 import sympy
 import torch
 
-from ..lower.indexing import FloorDiv, ModIndex
-from ..lower.ir import OpsHandler, compute_dtype, contiguous_strides, use_handler
+from ..lower.ir import compute_dtype, contiguous_strides
 from ..ops.primitives import PRIMITIVES
-from ..schedule.fusion import FusedKernel, ReadRecorder, keep_shape, loop_ranges, loop_vars, node_vars
+from ..schedule.fusion import FusedKernel, keep_shape, loop_vars
+from .kernel_expressions import KernelExpressions, loc_comment
 from .launcher import ROUND_HELPERS
 
 
@@ -84,66 +81,21 @@ def literal(value, dtype):
     return str(int(value))
 
 
-def loc_comment(loc):
-    if not loc:
-        return ""
-    filename, line = loc[0], loc[1]
-    text = linecache.getline(filename, line).strip()
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"  # {os.path.basename(filename)}:{line}" + (f"  {text}" if text else "")
-
-
-class TritonExpressions(OpsHandler):
-    """The kernel's lines and what they name: temporaries (CSE'd by their text, per scope), its
-    tensor and size arguments, the loads and stores the wrapper asks about. The kernel's loop
-    structure (`mode`, `need_xmask`, `need_rmask`) is KernelWriter's, which extends this."""
+class TritonExpressions(KernelExpressions):
+    """KernelExpressions in Triton: size arguments, masks, half-precision rounding, libdevice. The
+    kernel's loop structure (`mode`, `need_xmask`, `need_rmask`) is KernelWriter's, which extends this."""
 
     def __init__(self, kernel: FusedKernel, sizevars, dynamic_values, reciprocal_divisors):
-        self.kernel = kernel
-        self.sizevars = sizevars
-        self.red = kernel.red_dims or ()
-        shape = kernel.shape
-        self.ranges = loop_ranges(shape, self.red)
-        self.x_dims = [d for d, s in enumerate(shape) if s != 1 and d not in self.red]
-        self.r_dims = [d for d, s in enumerate(shape) if s != 1 and d in self.red]
-        self.xnumel = math.prod(s for d, s in enumerate(shape) if d not in self.red)
-        self.rnumel = math.prod(shape[d] for d in self.red) if kernel.is_reduction else 1
+        super().__init__(kernel, sizevars)
         self.need_xmask = self.need_rmask = False  # (KernelWriter's, by its loop structure)
         self._row_major = None  # (index of the kernel's row, of its element), row-major
         self.dynamic_values = dynamic_values
         self.reciprocal_divisors = reciprocal_divisors  # divide by a number as ATen's CUDA kernels do
-        self.group = {n.name: n for n in kernel.nodes}
-        self.values: dict[str, CV] = {}  # reduction results and per-row values, by buffer name
-        self.lines: list[tuple[int, str]] = []
-        self.indent = 1
-        self.scopes: list[dict] = [{}]
-        self.tmp = 0
-        self.loc = None
-        self.mask_stack: list[str] = []
-        self.in_args: dict[str, str] = {}
-        self.out_args: dict[str, str] = {}
-        # buffer name -> the (index, mask) of each load from it, of its store: what the wrapper
-        # needs to know to write an output over an input (WrapperWriter.in_place_of)
-        self.load_sites: dict[str, set] = {}
-        self.store_sites: dict[str, set] = {}
-        self.size_args: dict = {}  # size symbol -> kernel argument name
-        self.buffers: dict[str, object] = {}
-        self.uses_seed = False
         self.helpers: set[str] = set()  # the primitives' Triton helpers (TRITON_HELPERS) the kernel calls
-        self.op_names: set[str] = set()
-        self.source_lines: set = set()
         self.varies: dict[str, frozenset] = {}  # temporary -> which block axes ("x", "r") it varies along
         self.hoist: Hoist | None = None
-        self._reads: dict[str, list] = {}  # buffer name -> the buffers its body loads
 
     # --- emission helpers -------------------------------------------------------------------------
-    def emit(self, text, loc=None):
-        loc = loc if loc is not None else self.loc
-        if loc:
-            self.source_lines.add((loc[0], loc[1]))
-        self.lines.append((self.indent, text + loc_comment(loc)))
-
     def cse(self, text, dtype, hoist=False):
         """`hoist`: a load that reads nothing computed may go up to `self.hoist` (Hoist)."""
         for scope in reversed(self.scopes):
@@ -175,60 +127,6 @@ class TritonExpressions(OpsHandler):
         for name in BLOCK_NAMES.findall(text):
             out |= self.varies.get(name, set()) if name.startswith("tmp") else {name[0]}
         return out
-
-    @contextlib.contextmanager
-    def scope(self):
-        self.scopes.append({})
-        self.indent += 1
-        try:
-            yield
-        finally:
-            self.indent -= 1
-            self.scopes.pop()
-
-    def at(self, loc):
-        @contextlib.contextmanager
-        def ctx():
-            saved, self.loc = self.loc, loc if loc else self.loc
-            try:
-                yield
-            finally:
-                self.loc = saved
-        return ctx()
-
-    def expr(self, e) -> str:
-        """Print an index expression; size symbols become kernel arguments."""
-        e = sympy.sympify(e)
-        if e.is_Integer:
-            return str(int(e))
-        if e.is_Symbol:
-            if e.name[0] in "xr":
-                return e.name
-            if e not in self.size_args:
-                self.size_args[e] = f"ks{len(self.size_args)}"
-            return self.size_args[e]
-        if isinstance(e, FloorDiv):
-            return f"({self.expr(e.args[0])} // {self.divisor(e.args[1])})"
-        if isinstance(e, ModIndex):
-            return f"({self.expr(e.args[0])} % {self.divisor(e.args[1])})"
-        if e.is_Add:
-            terms = sorted(e.args, key=lambda t: (t.is_Integer, str(t)))
-            out = self.expr(terms[0])
-            for t in terms[1:]:
-                c, rest = t.as_coeff_Mul()
-                out += f" - {self.expr(-t)}" if c < 0 else f" + {self.expr(t)}"
-            return f"({out})"
-        if e.is_Mul:
-            c, rest = e.as_coeff_Mul()
-            if c == -1:
-                return f"-{self.expr(rest)}"
-            return " * ".join(self.expr(a) for a in e.args)
-        if e.is_Pow and e.exp.is_Integer and e.exp > 0:  # a dynamic size squared (H·W of a square image)
-            return "(" + " * ".join([self.expr(e.base)] * int(e.exp)) + ")"
-        if isinstance(e, sympy.Rel):
-            op = {sympy.Ge: ">=", sympy.Gt: ">", sympy.Le: "<=", sympy.Lt: "<", sympy.Eq: "=="}[type(e)]
-            return f"({self.expr(e.lhs)} {op} {self.expr(e.rhs)})"
-        raise NotImplementedError(f"index expression {e}")
 
     def divisor(self, d) -> str:
         """A divisor of an index: its value in a kernel of at least LITERAL_DIVISORS_MIN elements
@@ -285,10 +183,6 @@ class TritonExpressions(OpsHandler):
         stores = [i for i, (_, text) in enumerate(self.lines) if store in text]
         return bool(loads and stores) and max(loads) < min(stores)
 
-    @staticmethod
-    def along_r(index) -> bool:
-        return any(s.name[0] == "r" for s in sympy.sympify(index).free_symbols)
-
     def mask_for(self, index) -> str | None:
         names = {s.name[0] for s in sympy.sympify(index).free_symbols if s.name[0] in "xr"}
         parts = []
@@ -298,15 +192,6 @@ class TritonExpressions(OpsHandler):
             parts.append("rmask")
         parts += self.mask_stack
         return " & ".join(parts) if parts else None
-
-    def arg_for(self, buf, table, prefix):
-        if buf.name not in table:
-            table[buf.name] = f"{prefix}{len(table)}"
-            self.buffers[buf.name] = buf
-        return table[buf.name]
-
-    def vars_for(self, buf):
-        return node_vars(buf, self.kernel.shape, self.red, self.sizevars)
 
     # --- the ops handler --------------------------------------------------------------------------
     def load(self, buf, index):
@@ -323,50 +208,6 @@ class TritonExpressions(OpsHandler):
         if compute_dtype(buf.dtype) != buf.dtype:
             text += ".to(tl.float32)"
         return self.cse(text, compute_dtype(buf.dtype), hoist=True)
-
-    def inline(self, buf):
-        """The value of a pointwise buffer of this kernel at the current loop variables. The
-        kernel's buffers it reads are computed first, in kernel order, so that each body finds
-        its inputs computed: a long chain of fused buffers is not a chain of nested calls."""
-        value = self._inlined(buf)
-        if value is None:
-            for dep in self._group_deps(buf):
-                if self._inlined(dep) is None:
-                    self._inline_one(dep)
-            value = self._inline_one(buf)
-        return value
-
-    def _inline_key(self, buf):
-        return f"<inline {buf.name} under {self.mask_stack}>"
-
-    def _inlined(self, buf):
-        key = self._inline_key(buf)
-        return next((scope[key] for scope in reversed(self.scopes) if key in scope), None)
-
-    def _inline_one(self, buf):
-        value = buf.body(self.vars_for(buf))
-        self.scopes[-1][self._inline_key(buf)] = value
-        return value
-
-    def _group_deps(self, buf):
-        """The pointwise buffers of this kernel that `buf` reads, directly or not, in kernel order."""
-        found, todo = set(), [buf]
-        while todo:
-            for src in self._direct_reads(todo.pop()):
-                dep = self.group.get(src.name)
-                if dep is not None and dep.kind == "pointwise" and src.name not in self.values \
-                        and src.name not in found:
-                    found.add(src.name)
-                    todo.append(dep)
-        return [n for n in self.kernel.nodes if n.name in found]
-
-    def _direct_reads(self, buf):
-        if buf.name not in self._reads:
-            recorder = ReadRecorder(self.sizevars, self.ranges)
-            with use_handler(recorder):
-                buf.body(self.vars_for(buf))
-            self._reads[buf.name] = [b for b, _ in recorder.reads]
-        return self._reads[buf.name]
 
     def constant(self, value, dtype):
         if not isinstance(value, bool) and float(value).is_integer() and int(value) in self.dynamic_values:

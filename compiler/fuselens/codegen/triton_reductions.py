@@ -102,20 +102,6 @@ class TritonReductions(TritonExpressions):
             self.emit_index_vars(self.r_dims, "rindex", self.kernel.shape)
             yield
 
-    def _independent_run(self, buf):
-        """`buf` and the reductions right after it in the kernel that read none of them (directly
-        or through the kernel's pointwise buffers): one loop over the row computes them all, so a
-        row is read once for sum(x) and sum(x * x) (BatchNorm's statistics, its backward's sums)."""
-        nodes = self.kernel.nodes
-        run = [buf]
-        for nxt in nodes[nodes.index(buf) + 1:]:
-            if nxt.name in self.values:  # computed in an earlier loop (an online softmax's sum)
-                continue
-            if nxt.kind != "reduction" or self._reads_any(nxt, {b.name for b in run}):
-                break
-            run.append(nxt)
-        return run
-
     def _looped_run(self, buf):
         """(the reductions computed in one loop with `buf`, the (max, sum) pairs among them that
         loop computes online): `_independent_run`, and where `buf` is a max whose sum of
@@ -153,18 +139,6 @@ class TritonReductions(TritonExpressions):
             if a == x and b[0] == "load" and b[1] == m.name:
                 return s
         return None
-
-    def _reads_any(self, buf, names):
-        todo, seen = [buf], set()
-        while todo:
-            for src in self._direct_reads(todo.pop()):
-                if src.name in names:
-                    return True
-                dep = self.group.get(src.name)
-                if dep is not None and dep.kind == "pointwise" and src.name not in seen:
-                    seen.add(src.name)
-                    todo.append(dep)
-        return False
 
     def looped_reductions(self, bufs, online=()):
         """Reductions of a looped kernel in one loop over the row: none reads another, except the

@@ -4,12 +4,12 @@
   - `vjp`: the vector-Jacobian product rule, written with the builder's helpers (`P.mul(g, out)`,
     see autograd/joint.py). A pointwise primitive's is given here, in its declaration; the rules
     of reductions, views and externs are in vjp.py.
-  - its spelling in kernels: `triton` (a format string over operand expressions, or a function of
-    the result's dtype giving one) for pointwise primitives, `reduce` (the combine) for reductions.
+  - its spelling in kernels: `triton` and `cpp` (format strings over operand expressions, or
+    functions of the result's dtype giving one: Triton's, and the C++ kernels' of CPU graphs,
+    codegen/cpp_expressions.py) for pointwise primitives, `reduce` (the combine) for reductions.
     Lowering (lower/lowering.py) turns any pointwise primitive into a kernel line with it; the few
     primitives that need more (views, `cat`, max pooling) have a rule in lower/rules.py, and the
-    rest are extern calls of `impl`. A code generator for another target (C++) adds its spelling
-    beside `triton`.
+    rest are extern calls of `impl`.
 A pointwise primitive that computes a torch op on its own is declared with `unary`/`binary`
 naming that op: the declaration is then the whole of it, since the builder's helper (`P.<name>`,
 with torch's type promotion) and the decomposition of each torch spelling are made from it
@@ -30,7 +30,7 @@ PRIMITIVES: dict[str, "Primitive"] = {}
 class Primitive:
     """A primitive op. Callable (runs `impl`) so a primitive FX graph also runs eagerly."""
 
-    def __init__(self, name, impl, kind, *, triton=None, reduce=None, vjp=None, fresh_contiguous=False,
+    def __init__(self, name, impl, kind, *, triton=None, cpp=None, reduce=None, vjp=None, fresh_contiguous=False,
                  opmath_scalars=(), heavy=False, torch_names=(), arity=None, int_to_float=False):
         self.name = name
         self.__name__ = f"prim_{name}"
@@ -39,6 +39,7 @@ class Primitive:
         # kind: pointwise | reduction | view | source (no tensor inputs) | random | extern | item
         self.kind = kind
         self.triton = triton
+        self.cpp = cpp  # its C++ spelling (codegen/cpp_expressions.py): a format string over operands
         self.reduce = reduce
         # an extern whose result is always a new contiguous tensor, never a view of an operand
         # (the wrapper skips its layout check and may keep constants it reads)
@@ -72,6 +73,10 @@ class Primitive:
     def triton_for(self, dtype) -> str | None:
         """The Triton lowering of a pointwise primitive with a result of `dtype`."""
         return self.triton if self.triton is None or isinstance(self.triton, str) else self.triton(dtype)
+
+    def cpp_for(self, dtype) -> str | None:
+        """The C++ lowering of a pointwise primitive with a result of `dtype`."""
+        return self.cpp if self.cpp is None or isinstance(self.cpp, str) else self.cpp(dtype)
 
     def __call__(self, *args, **kwargs):
         return self.impl(*args, **kwargs)
@@ -158,34 +163,34 @@ def _fp32_compute(fp32, other):
 # a float times -1, not Triton's unary minus: `0 - x` in triton <= 3.6, +0.0 for +0.0 where eager
 # gives -0.0 (an unsigned int cannot be multiplied by -1 in Triton: its minus wraps as torch's)
 neg = _pointwise("neg", torch.neg, lambda dtype: "{0} * -1.0" if dtype.is_floating_point else "-{0}",
-                 lambda g, out, x: (P.neg(g),))
+                 lambda g, out, x: (P.neg(g),), cpp="-{0}")
 abs = _pointwise("abs", torch.abs, "tl.abs({0})",
-                 lambda g, out, x: (P.where(P.gt(x, 0), g, P.where(P.lt(x, 0), P.neg(g), 0.0)),))
-exp = unary("exp", torch.exp, "libdevice.exp({0})", lambda g, out, x: (P.mul(g, out),))
-exp2 = unary("exp2", torch.exp2, "tl.exp2({0})", lambda g, out, x: (P.mul(g, P.mul(out, math.log(2))),))
-log = unary("log", torch.log, "tl.log({0})", lambda g, out, x: (P.div(g, x),))
+                 lambda g, out, x: (P.where(P.gt(x, 0), g, P.where(P.lt(x, 0), P.neg(g), 0.0)),), cpp="fl_abs({0})")
+exp = unary("exp", torch.exp, "libdevice.exp({0})", lambda g, out, x: (P.mul(g, out),), cpp="fl_exp({0})")
+exp2 = unary("exp2", torch.exp2, "tl.exp2({0})", lambda g, out, x: (P.mul(g, P.mul(out, math.log(2))),), cpp="fl_exp2({0})")
+log = unary("log", torch.log, "tl.log({0})", lambda g, out, x: (P.div(g, x),), cpp="fl_log({0})")
 log1p = unary("log1p", torch.log1p, "libdevice.log1p({0})", lambda g, out, x: (P.div(g, P.add(x, 1.0)),),
-              heavy=True)
+              heavy=True, cpp="fl_log1p({0})")
 sqrt = unary("sqrt", torch.sqrt, _fp32_compute("tl.sqrt_rn({0})", "tl.sqrt({0})"),
-             lambda g, out, x: (P.div(P.mul(g, 0.5), out),))
+             lambda g, out, x: (P.div(P.mul(g, 0.5), out),), cpp="std::sqrt({0})")
 rsqrt = unary("rsqrt", torch.rsqrt, "tl.rsqrt({0})",
-              lambda g, out, x: (P.mul(P.mul(g, -0.5), P.mul(out, P.mul(out, out))),))
-sin = unary("sin", torch.sin, "tl.sin({0})", lambda g, out, x: (P.mul(g, P.cos(x)),), heavy=True)
-cos = unary("cos", torch.cos, "tl.cos({0})", lambda g, out, x: (P.neg(P.mul(g, P.sin(x))),), heavy=True)
+              lambda g, out, x: (P.mul(P.mul(g, -0.5), P.mul(out, P.mul(out, out))),), cpp="fl_rsqrt({0})")
+sin = unary("sin", torch.sin, "tl.sin({0})", lambda g, out, x: (P.mul(g, P.cos(x)),), heavy=True, cpp="fl_sin({0})")
+cos = unary("cos", torch.cos, "tl.cos({0})", lambda g, out, x: (P.neg(P.mul(g, P.sin(x))),), heavy=True, cpp="fl_cos({0})")
 tanh = unary("tanh", torch.tanh, "libdevice.tanh({0})", lambda g, out, x: (P.mul(g, P.sub(1.0, P.mul(out, out))),),
-             heavy=True)
+             heavy=True, cpp="fl_tanh({0})")
 sigmoid = unary("sigmoid", torch.sigmoid, _fp32_compute("fl_sigmoid({0})", "tl.sigmoid({0})"),
-                lambda g, out, x: (P.mul(g, P.mul(out, P.sub(1.0, out))),))
+                lambda g, out, x: (P.mul(g, P.mul(out, P.sub(1.0, out))),), cpp="fl_sigmoid({0})")
 erf = unary("erf", torch.erf, lambda dtype: "fl_erf_f64({0})" if dtype == torch.float32 else "libdevice.erf({0})",
             lambda g, out, x: (P.mul(g, P.mul(2 / math.sqrt(math.pi), P.exp(P.neg(P.mul(x, x))))),),
-            heavy=True, torch_names=("erf", "special_erf"))
-floor = unary("floor", torch.floor, "tl.floor({0})", no_grad, int_to_float=False)
-ceil = unary("ceil", torch.ceil, "tl.ceil({0})", no_grad, int_to_float=False)
-logical_not = _pointwise("logical_not", torch.logical_not, "({0} == 0)", no_grad)
+            heavy=True, torch_names=("erf", "special_erf"), cpp="fl_erf({0})")
+floor = unary("floor", torch.floor, "tl.floor({0})", no_grad, int_to_float=False, cpp="fl_floor({0})")
+ceil = unary("ceil", torch.ceil, "tl.ceil({0})", no_grad, int_to_float=False, cpp="fl_ceil({0})")
+logical_not = _pointwise("logical_not", torch.logical_not, "({0} == 0)", no_grad, cpp="!{0}")
 # identity; makes a value a fresh contiguous buffer (clone/contiguous)
-copy = _pointwise("copy", torch.clone, "{0}", lambda g, out, x, memory_format=None: (g,))
+copy = _pointwise("copy", torch.clone, "{0}", lambda g, out, x, memory_format=None: (g,), cpp="{0}")
 # identity whose VJP is zero (detach)
-stop_gradient = _pointwise("stop_gradient", torch.Tensor.detach, "{0}", no_grad)
+stop_gradient = _pointwise("stop_gradient", torch.Tensor.detach, "{0}", no_grad, cpp="{0}")
 # the value of its second operand, the gradient path of its first: a write autograd does not
 # record (effects.unrecorded_write), max/min over a dim (the gradient goes to the index). Never
 # lowered: once the VJPs are built (or none is to be), it is its value (trace.values_only)
@@ -193,7 +198,7 @@ with_value = _pointwise("with_value", lambda t, v: v.expand_as(t).clone(), None,
 # identity whose VJP is `rule(g, *inputs)` (one gradient per input), not the VJP of how the value
 # was computed: a decomposition's closed-form gradient (batch norm's)
 with_vjp = _pointwise("with_vjp", lambda x, inputs, rule: x, "{0}",
-                      lambda g, out, x, inputs, rule: (None, rule(g, *inputs), None))
+                      lambda g, out, x, inputs, rule: (None, rule(g, *inputs), None), cpp="{0}")
 
 
 # --- pointwise: binary (operands broadcast; the builder casts them to one dtype first) ----------
@@ -219,39 +224,39 @@ def _extremum_vjp(loses):
     return fn
 
 
-add = _pointwise("add", torch.add, "{0} + {1}", lambda g, out, a, b: (g, g), opmath_scalars=("cuda",))
-sub = _pointwise("sub", torch.sub, "{0} - {1}", lambda g, out, a, b: (g, P.neg(g)), opmath_scalars=("cuda",))
+add = _pointwise("add", torch.add, "{0} + {1}", lambda g, out, a, b: (g, g), opmath_scalars=("cuda",), cpp="{0} + {1}")
+sub = _pointwise("sub", torch.sub, "{0} - {1}", lambda g, out, a, b: (g, P.neg(g)), opmath_scalars=("cuda",), cpp="{0} - {1}")
 mul = _pointwise("mul", torch.mul, "{0} * {1}", lambda g, out, a, b: (P.mul(g, b), P.mul(g, a)),
-                 opmath_scalars=("cpu", "cuda"))
+                 opmath_scalars=("cpu", "cuda"), cpp="{0} * {1}")
 # ATen's CUDA kernel divides by a Python scalar as a product with its reciprocal (codegen/triton_expressions.py)
 div = _pointwise("div", torch.div, _fp32_compute("tl.div_rn({0}, {1})", "{0} / {1}"),
-                 lambda g, out, a, b: (P.div(g, b), P.neg(P.div(P.mul(g, out), b))), opmath_scalars=("cpu", "cuda"))
+                 lambda g, out, a, b: (P.div(g, b), P.neg(P.div(P.mul(g, out), b))), opmath_scalars=("cpu", "cuda"), cpp="fl_div({0}, {1})")
 pow = _pointwise("pow", torch.pow, lambda dtype: "fl_pow_f64({0}, {1})" if dtype == torch.float32 else "libdevice.pow({0}, {1})",
-                 _pow_vjp, heavy=True)
+                 _pow_vjp, heavy=True, cpp="fl_pow({0}, {1})")
 maximum = binary("maximum", torch.maximum, "tl.maximum({0}, {1}, tl.PropagateNan.ALL)",
-                 _extremum_vjp(lambda a, b: P.lt(a, b)))
+                 _extremum_vjp(lambda a, b: P.lt(a, b)), cpp="fl_maximum({0}, {1})")
 minimum = binary("minimum", torch.minimum, "tl.minimum({0}, {1}, tl.PropagateNan.ALL)",
-                 _extremum_vjp(lambda a, b: P.gt(a, b)))
+                 _extremum_vjp(lambda a, b: P.gt(a, b)), cpp="fl_minimum({0}, {1})")
 # sqrt(a² + b²) without overflow; ATen's backward: g·a/out, g·b/out
 hypot = binary("hypot", torch.hypot,
                lambda dtype: "fl_hypot_f64({0}, {1})" if dtype == torch.float32 else "libdevice.hypot({0}, {1})",
-               lambda g, out, a, b: (P.div(P.mul(g, a), out), P.div(P.mul(g, b), out)))
+               lambda g, out, a, b: (P.div(P.mul(g, a), out), P.div(P.mul(g, b), out)), cpp="fl_hypot({0}, {1})")
 # the angle of the point (b, a); ATen's backward: g·b/(a² + b²), -g·a/(a² + b²)
 atan2 = binary("atan2", torch.atan2, "libdevice.atan2({0}, {1})",
                lambda g, out, a, b: (P.div(P.mul(g, b), P.add(P.mul(a, a), P.mul(b, b))),
                                      P.div(P.mul(P.neg(g), a), P.add(P.mul(a, a), P.mul(b, b)))),
-               int_to_float=True)
-eq = _pointwise("eq", torch.eq, "{0} == {1}", no_grad)
-ne = _pointwise("ne", torch.ne, "{0} != {1}", no_grad)
-lt = _pointwise("lt", torch.lt, "{0} < {1}", no_grad)
-le = _pointwise("le", torch.le, "{0} <= {1}", no_grad)
-gt = _pointwise("gt", torch.gt, "{0} > {1}", no_grad)
-ge = _pointwise("ge", torch.ge, "{0} >= {1}", no_grad)
-logical_and = _pointwise("logical_and", torch.logical_and, "({0} != 0) & ({1} != 0)", no_grad)
-logical_or = _pointwise("logical_or", torch.logical_or, "({0} != 0) | ({1} != 0)", no_grad)
-logical_xor = _pointwise("logical_xor", torch.logical_xor, "({0} != 0) ^ ({1} != 0)", no_grad)
+               int_to_float=True, cpp="fl_atan2({0}, {1})")
+eq = _pointwise("eq", torch.eq, "{0} == {1}", no_grad, cpp="{0} == {1}")
+ne = _pointwise("ne", torch.ne, "{0} != {1}", no_grad, cpp="{0} != {1}")
+lt = _pointwise("lt", torch.lt, "{0} < {1}", no_grad, cpp="{0} < {1}")
+le = _pointwise("le", torch.le, "{0} <= {1}", no_grad, cpp="{0} <= {1}")
+gt = _pointwise("gt", torch.gt, "{0} > {1}", no_grad, cpp="{0} > {1}")
+ge = _pointwise("ge", torch.ge, "{0} >= {1}", no_grad, cpp="{0} >= {1}")
+logical_and = _pointwise("logical_and", torch.logical_and, "({0} != 0) & ({1} != 0)", no_grad, cpp="({0} != 0) & ({1} != 0)")
+logical_or = _pointwise("logical_or", torch.logical_or, "({0} != 0) | ({1} != 0)", no_grad, cpp="({0} != 0) | ({1} != 0)")
+logical_xor = _pointwise("logical_xor", torch.logical_xor, "({0} != 0) ^ ({1} != 0)", no_grad, cpp="({0} != 0) ^ ({1} != 0)")
 where = _pointwise("where", torch.where, "tl.where({0}, {1}, {2})",
-                   lambda g, out, c, a, b: (None, P.where(c, g, 0.0), P.where(c, 0.0, g)))
+                   lambda g, out, c, a, b: (None, P.where(c, g, 0.0), P.where(c, 0.0, g)), cpp="{0} ? {1} : {2}")
 # dtype conversion; lowered by codegen (it knows the Triton type names)
 convert = _pointwise("convert", lambda x, dtype: x.to(dtype), None,
                      lambda g, out, x, dtype: (P.cast(g, x.dtype) if x.dtype.is_floating_point else None,))

@@ -385,9 +385,11 @@ class Scheduler:
                 step.stores = {n.name for n in step.nodes if n.name in needed}
 
 
-def schedule(graph: LoweredGraph) -> Schedule:
+def schedule(graph: LoweredGraph, column_partials=True) -> Schedule:
+    """`column_partials`: long column reductions run in two stages (`split_column_reductions`), as
+    a GPU needs to keep its cores busy; a CPU's few threads share the columns instead."""
     split_outer_inner_reductions(graph)
-    pairs = split_column_reductions(graph)
+    pairs = split_column_reductions(graph) if column_partials else {}
     scheduler = Scheduler(graph)
     sched = scheduler.run()
     # partials that found no row kernel to join: chunks sized with the column tiles (longer where

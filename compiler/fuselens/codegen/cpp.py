@@ -1,0 +1,341 @@
+"""C++ source for one FusedKernel (CPU tensors): the kernel writer, a second implementation of the
+ops handler beside codegen/triton.py's, from the same loop IR and fusion decisions.
+
+A kernel is one `extern "C"` function of raw pointers and (in graphs with dynamic sizes) size
+arguments, so its library needs no Python or ATen headers (cpp_build.py builds a program's kernels
+as one library). Its loops are the kernel's domain, one `for` a dim (loop variables `x<d>` over the
+kept dims, `r<d>` over the reduced ones, the index expressions' own symbols):
+
+  pointwise  the outer dims shared among OpenMP threads (`omp parallel for collapse`), the
+             innermost vectorised (`omp simd`); the body is straight-line code of the kernel's
+             fused nodes, no temporaries in memory.
+  reduction  the kept dims outer, parallel; in each row, a loop over the reduced dims per run of
+             reductions that read none of each other (`omp simd reduction`: vector accumulators),
+             then the row's values, then a loop storing what is over the whole domain. Where the
+             rows are fewer than the threads (a sum of everything), each loop over a row is split
+             among the threads instead (`omp parallel for simd reduction`).
+  column     a reduction whose one kept dim is innermost (a bias gradient): threads share tiles
+             of columns, each walks the rows in memory order with an accumulator per column,
+             storing what is over the whole domain as it goes (`column_body`).
+
+A value computed in the innermost loop but independent of its variable goes before that loop
+(cpp_expressions.py's HoistPoint).
+
+Float sums accumulate in double (close to eager's cascade sums of float32, for any row length);
+max/min propagate NaN (a flag beside the vector max: `omp simd reduction(max:)` drops it).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from ..lower.ir import compute_dtype, use_handler
+from ..schedule.fusion import FusedKernel, moved_row_vars, row_shapes, store_index
+from .cpp_expressions import C_TYPES, CppExpressions, HoistPoint, literal
+
+# a loop nest shares its iterations among threads only from this many elements (a parallel
+# region's start and join cost microseconds)
+PARALLEL_MIN_ELEMENTS = 1 << 15
+# at most this many columns in a thread's tile of a column reduction (its accumulators stay in L1)
+COLUMN_TILE = 256
+
+
+def accumulator_dtype(reduce, dtype):
+    """What a reduction of compute dtype `dtype` accumulates in."""
+    if reduce == "sum" and dtype.is_floating_point:
+        return torch.float64
+    if not dtype.is_floating_point:
+        return torch.int64 if reduce in ("sum", "prod") else torch.int32 if dtype == torch.bool else dtype
+    return dtype
+
+
+class CppKernelWriter(CppExpressions):
+    """Writes one FusedKernel's C++ source (`generate`): the ops handler its nodes' bodies run
+    against, in the loops of the module docstring."""
+
+    def __init__(self, kernel: FusedKernel, name_index: int, sizevars, dynamic_values, threads):
+        super().__init__(kernel, sizevars, dynamic_values)
+        self.index_in_graph = name_index
+        # (the wrapper's in-place analysis: each element of a store over the domain is written
+        # by the loop iteration that reads it, after every read of the row, as Triton's persistent kernels)
+        self.mode = "persistent" if kernel.is_reduction else "pointwise"
+        self.threads = threads
+        self.split_rows = kernel.is_reduction and self.xnumel < 2 * threads and \
+            self.xnumel * self.rnumel >= PARALLEL_MIN_ELEMENTS
+
+    # --- loops ------------------------------------------------------------------------------------
+    def var(self, d):
+        return f"{'r' if d in self.red else 'x'}{d}"
+
+    def parallel_if(self):
+        """The `if` clause of a parallel loop nest: whether the kernel's whole domain is worth
+        threads, where its sizes are known only at the call."""
+        if not self.dynamic_values:
+            return ""
+        work = " * ".join(self.expr(self.sizevars(s)) for s in self.kernel.shape if s != 1) or "1"
+        return f" if({work} >= {PARALLEL_MIN_ELEMENTS})"
+
+    @contextlib.contextmanager
+    def loop_nest(self, dims, parallel, simd, reductions=""):
+        """`for` loops over `dims`, outermost first. `parallel`: the nest's iterations shared among
+        threads (all its loops but the innermost, or that one alone, which is then also vectorised);
+        `simd`: the innermost vectorised. `reductions`: the OpenMP reduction clauses of the
+        accumulators the body updates."""
+        if not dims:
+            yield
+            return
+        parallel = parallel and (bool(self.dynamic_values) or self.xnumel * self.rnumel >= PARALLEL_MIN_ELEMENTS)
+        inner, outer = dims[-1], dims[:-1]
+        if parallel and not simd:  # every loop shared (a reduction kernel's rows)
+            inner, outer = None, dims
+        # too few outer iterations to share among threads: the innermost loop is shared instead
+        # (one parallel region per outer iteration: a long row of a few)
+        inner_shared = parallel and inner is not None and \
+            math.prod(self.kernel.shape[d] for d in outer) < 4 * self.threads
+        opened = 0
+        if parallel and outer and not inner_shared:
+            collapse = f" collapse({len(outer)})" if len(outer) > 1 else ""
+            self.emit(f"#pragma omp parallel for{collapse}{reductions}{self.parallel_if()}")
+        for d in outer:
+            self.open_for(d)
+            opened += 1
+        if inner is not None:
+            if parallel and (not outer or inner_shared):
+                self.emit(f"#pragma omp parallel for simd{reductions}{self.parallel_if()}")
+            elif simd:
+                self.emit(f"#pragma omp simd{reductions}")
+            self.open_for(inner, hoist=True)
+            opened += 1
+        try:
+            yield
+        finally:
+            for _ in range(opened):
+                self.close_brace()
+
+    def open_for(self, d, hoist=False, start="0", stop=None):
+        """`hoist`: values in its body that do not depend on its variable go before it (the line
+        before its header is its #pragma), as the loops of a collapsed nest cannot have them."""
+        v = self.var(d)
+        stop = stop or self.expr(self.sizevars(self.kernel.shape[d]))
+        at = len(self.lines) - 1 if hoist and self.lines and self.lines[-1][1].startswith("#pragma") else \
+            len(self.lines) if hoist else None
+        self.emit(f"for (int64_t {v} = {start}; {v} < {stop}; {v}++) {{")
+        self.scopes.append({})
+        self.indent += 1
+        self.hoist_points.append(HoistPoint(v, at, self.indent - 1, len(self.scopes)))
+
+    def open_block(self, header):
+        """A block (a loop the nest helpers do not make) whose values stay in it."""
+        self.emit(header)
+        self.scopes.append({})
+        self.indent += 1
+        self.hoist_points.append(None)
+
+    def close_brace(self):
+        self.indent -= 1
+        self.scopes.pop()
+        self.hoist_points.pop()
+        self.emit("}")
+
+    # --- stores -----------------------------------------------------------------------------------
+    def store(self, buf, value):
+        ptr = self.arg_for(buf, self.out_args, "out_ptr")
+        index = store_index(buf, self.kernel.shape, self.red, self.sizevars)
+        index_text = self.expr(index)
+        self.store_sites.setdefault(buf.name, set()).add((index_text, None, self.along_r(index)))
+        if not (compute_dtype(buf.dtype) != buf.dtype and value.dtype == torch.float32):
+            value = self.to_dtype(value, buf.dtype)  # (a float is stored to a half type rounded)
+        stored = value.expr if C_TYPES[buf.dtype] == C_TYPES[value.dtype] else \
+            f"fl_to_bf16({value})" if buf.dtype == torch.bfloat16 else f"{C_TYPES[buf.dtype]}({value})"
+        self.emit(f"{ptr}[{index_text}] = {stored};", loc=buf.loc or self.loc)
+
+    # --- reductions -------------------------------------------------------------------------------
+    def declare_accumulators(self, bufs, lanes=None):
+        """(buf, accumulator, NaN flag or None) of each reduction, declared (`lanes`: an array of
+        that many, one a column); and the OpenMP reduction clauses of scalar ones."""
+        accs, clauses = [], []
+        for buf in bufs:
+            dtype = compute_dtype(buf.dtype)
+            acc_dtype = accumulator_dtype(buf.reduce, dtype)
+            acc = f"acc{self.tmp}"
+            self.tmp += 1
+            neutral = {"sum": 0, "prod": 1}.get(buf.reduce)
+            if neutral is None:
+                neutral = float("-inf" if buf.reduce == "max" else "inf") if dtype.is_floating_point else \
+                    (0 if buf.reduce == "max" else 1) if dtype == torch.bool else \
+                    (torch.iinfo(dtype).min if buf.reduce == "max" else torch.iinfo(dtype).max)
+            nan = f"{acc}_nan" if buf.reduce in ("max", "min") and dtype.is_floating_point else None
+            declared = [(C_TYPES[acc_dtype], acc, literal(neutral, acc_dtype))] + ([("int", nan, "0")] if nan else [])
+            for c_type, name, value in declared:
+                self.depth[name] = len(self.scopes)
+                if lanes is None:
+                    self.emit(f"{c_type} {name} = {value};", loc=buf.loc)
+                else:
+                    self.emit(f"{c_type} {name}[{lanes}];", loc=buf.loc)
+                    self.emit(f"for (int64_t i = 0; i < {lanes}; i++) {name}[i] = {value};")
+            op = {"sum": "+", "prod": "*"}.get(buf.reduce, buf.reduce)
+            clauses.append(f" reduction({op}:{acc})" + (f" reduction(|:{nan})" if nan else ""))
+            accs.append((buf, acc, nan))
+        return accs, "".join(clauses)
+
+    def accumulate(self, accs, lane=""):
+        """Each reduction's element at the loop variables, combined into its accumulator (`lane`:
+        the subscript of an array of them)."""
+        for buf, acc, nan in accs:
+            with self.at(buf.loc):
+                self.op_names.add({"max": "amax", "min": "amin"}.get(buf.reduce, buf.reduce))
+                v = buf.body(self.vars_for(buf)).expr
+                acc += lane
+                if buf.reduce in ("sum", "prod"):
+                    self.emit(f"{acc} {'+' if buf.reduce == 'sum' else '*'}= {v};")
+                else:
+                    self.emit(f"{acc} = {v} {'>' if buf.reduce == 'max' else '<'} {acc} ? {v} : {acc};")
+                    if nan:
+                        self.emit(f"{nan}{lane} |= {v} != {v};")
+
+    def finish(self, accs, lane=""):
+        for buf, acc, nan in accs:
+            with self.at(buf.loc):
+                dtype = compute_dtype(buf.dtype)
+                acc += lane
+                text = f"{C_TYPES[dtype]}({acc})" if dtype != torch.bool else f"{acc} != 0"
+                if nan:
+                    text = f"{nan}{lane} ? {literal(float('nan'), dtype)} : {text}"
+                self.values[buf.name] = self.round(self.cse(text, dtype), buf.dtype)
+
+    def reductions(self, bufs):
+        """The reductions `bufs` (none reads another) in one loop over the row."""
+        accs, clauses = self.declare_accumulators(bufs)
+        with self.loop_nest(self.r_dims, parallel=self.split_rows, simd=True, reductions=clauses):
+            self.accumulate(accs)
+        self.finish(accs)
+
+    def column_tile(self):
+        """Columns a thread reduces at once in a column reduction (`column_body`), or None where
+        the kernel is not one: its one kept dim innermost, its reductions independent of each other,
+        what it stores over the whole domain computed without them (a GeLU's gradient, whose
+        column sums are the bias gradient)."""
+        if not self.kernel.is_reduction or len(self.x_dims) != 1 or not self.r_dims or \
+                max(self.r_dims) > self.x_dims[0] or self.dynamic_values or self.rnumel < 16:
+            return None
+        reductions = [n for n in self.kernel.nodes if n.kind == "reduction"]
+        row_values = {n.name for n in self.kernel.nodes if self.is_row_value(n)}
+        if self._independent_run(reductions[0]) != reductions or \
+                any(self._reads_any(n, row_values) for n in self.domain_stores()):
+            return None
+        per_thread = -(-self.xnumel // self.threads)
+        return min(COLUMN_TILE, max(16, -(-per_thread // 16) * 16))
+
+    def domain_stores(self):
+        """The nodes stored over the kernel's whole domain (not per row)."""
+        return [n for n in self.kernel.nodes if n.name in self.kernel.stores and not self.is_row_value(n)]
+
+    def column_body(self, tile):
+        """A column reduction: threads share tiles of `tile` columns; each walks the rows with an
+        accumulator per column, the columns innermost (contiguous, vectorised), storing what is over
+        the whole domain as it goes, then computes and stores the columns' values."""
+        d = self.x_dims[0]
+        v, size = self.var(d), self.kernel.shape[d]
+        reductions = [n for n in self.kernel.nodes if n.kind == "reduction"]
+        parallel = self.xnumel * self.rnumel >= PARALLEL_MIN_ELEMENTS and size > tile
+        if parallel:
+            self.emit("#pragma omp parallel for")
+        self.open_block(f"for (int64_t xt = 0; xt < {size}; xt += {tile}) {{")
+        self.emit(f"int64_t xe = xt + {tile} < {size} ? xt + {tile} : {size};")
+        accs, _ = self.declare_accumulators(reductions, lanes=tile)
+        with self.loop_nest(self.r_dims, parallel=False, simd=False):
+            self.emit("#pragma omp simd")
+            self.open_for(d, hoist=True, start="xt", stop="xe")
+            self.accumulate(accs, lane=f"[{v} - xt]")
+            for buf in self.domain_stores():
+                self.store(buf, self.inline(buf))
+            self.close_brace()
+        self.open_block(f"for (int64_t {v} = xt; {v} < xe; {v}++) {{")
+        self.finish(accs, lane=f"[{v} - xt]")
+        for buf in self.kernel.nodes:
+            if not self.is_row_value(buf):
+                continue
+            if buf.kind != "reduction":
+                with self.at(buf.loc):
+                    self.values[buf.name] = buf.body(self.vars_for(buf))
+            if buf.name in self.kernel.stores:
+                self.store(buf, self.values[buf.name])
+        self.close_brace()
+        self.close_brace()
+
+    # --- the kernel's structure -------------------------------------------------------------------
+    def is_row_value(self, buf):
+        """A per-row value (reduction result, or a pointwise buffer over the kept dims only)."""
+        return buf.kind == "reduction" or (
+            buf.shape != self.kernel.shape and (buf.shape in row_shapes(self.kernel.shape, self.red) or
+                                                moved_row_vars(buf.shape, self.kernel.shape, self.red) is not None))
+
+    def body(self):
+        stores = self.kernel.stores
+        tile = self.column_tile()
+        if tile is not None:
+            return self.column_body(tile)
+        if not self.kernel.is_reduction:
+            with self.loop_nest(self.x_dims, parallel=True, simd=True):
+                for buf in self.kernel.nodes:
+                    if buf.name in stores:
+                        self.store(buf, self.inline(buf))
+            return
+        with self.loop_nest(self.x_dims, parallel=not self.split_rows, simd=False):
+            store_loop = None
+            for buf in self.kernel.nodes:
+                if buf.kind == "reduction" or self.is_row_value(buf):
+                    store_loop = self.close(store_loop)
+                    if buf.kind == "reduction":
+                        if buf.name not in self.values:
+                            self.reductions(self._independent_run(buf))
+                    else:
+                        with self.at(buf.loc):
+                            self.values[buf.name] = buf.body(self.vars_for(buf))
+                    if buf.name in stores:
+                        self.store(buf, self.values[buf.name])
+                elif buf.name in stores:
+                    if store_loop is None:
+                        store_loop = self.loop_nest(self.r_dims, parallel=self.split_rows, simd=True)
+                        store_loop.__enter__()
+                    self.store(buf, self.inline(buf))
+            self.close(store_loop)
+
+    @staticmethod
+    def close(loop):
+        if loop is not None:
+            loop.__exit__(None, None, None)
+        return None
+
+    # --- the whole kernel -------------------------------------------------------------------------
+    def launch_params(self):
+        """(parameter declaration, what the wrapper passes) in the function's parameter order:
+        tensors (their buffer names), the seed, size values."""
+        params = [(f"const {C_TYPES[self.buffers[b].dtype]}* {p}", b) for b, p in self.in_args.items()]
+        params += [(f"{C_TYPES[self.buffers[b].dtype]}* {p}", b) for b, p in self.out_args.items()]
+        params += [("int64_t seed", "seed")] if self.uses_seed else []
+        return params + [(f"int64_t {p}", int(self.sizevars.values[s])) for s, p in self.size_args.items()]
+
+    def launch_signature(self):
+        """What each launch passes: (tensors' buffer names, scalars: "seed" and size values, sizes)."""
+        values = [v for _, v in self.launch_params()]
+        n = len(self.in_args) + len(self.out_args)
+        sizes = (self.xnumel, self.rnumel) if self.kernel.is_reduction else (self.xnumel,)
+        return values[:n], values[n:], sizes
+
+    def generate(self):
+        with use_handler(self):
+            self.body()
+        name = self.kernel_name()
+        header = f'extern "C" void {name}({", ".join(p for p, _ in self.launch_params())}) {{'
+        body = ["    " * indent + text for indent, text in self.lines]
+        return name, "\n".join([header, *body, "}"]) + "\n"
+
+
+def generate_cpp_kernel(kernel: FusedKernel, index: int, sizevars, dynamic_values, threads):
+    """(name, C++ source of the kernel's function, its writer)."""
+    writer = CppKernelWriter(kernel, index, sizevars, dynamic_values, threads)
+    name, source = writer.generate()
+    return name, source, writer

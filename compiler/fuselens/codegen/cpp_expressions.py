@@ -1,0 +1,227 @@
+"""C++ expressions: the ops handler half of a C++ kernel writer (codegen/cpp.py's CppKernelWriter).
+
+Loop bodies call it (lower/ir.py `OpsHandler`) and it appends one typed statement per operation
+(`float tmp7 = tmp3 * tmp5;  // model.py:12 ...`), common subexpressions reused, inside the loops
+codegen/cpp.py opens (loop variables `x0`, `r2`, ... are the index expressions' own symbols).
+Each value is a scalar of its compute type; the loops around it are vectorised by the C++
+compiler (`#pragma omp simd`). Half-precision values are computed in float (loads widen) and
+each primitive's result is rounded to its half type, as eager's op results are (`fl_round_*`,
+cpp_build.py's preamble). Sizes are literals, except in graphs with dynamic sizes, where they are
+kernel arguments (`ks0, ks1, ...`), as in the Triton kernels.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import sympy
+import torch
+
+from ..lower.ir import compute_dtype
+from ..schedule.fusion import FusedKernel
+from .kernel_expressions import KernelExpressions, loc_comment
+
+# storage types of tensors' elements (what a pointer points to) and compute types of values
+C_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "_Float16", torch.bfloat16: "uint16_t",
+           torch.int8: "int8_t", torch.int16: "int16_t", torch.int32: "int32_t", torch.int64: "int64_t",
+           torch.uint8: "uint8_t", torch.bool: "bool"}
+HALF_ROUND = {torch.float16: "fl_round_f16", torch.bfloat16: "fl_round_bf16"}
+
+
+class CV:
+    """A value in the kernel: a variable name or a literal, with its (compute) dtype."""
+    __slots__ = ("expr", "dtype", "value")
+
+    def __init__(self, expr, dtype, value=None):
+        self.expr, self.dtype, self.value = expr, dtype, value  # value: the Python value of a literal
+
+    @property
+    def literal(self):
+        return self.value is not None
+
+    def __str__(self):
+        return self.expr
+
+
+def c_type(dtype) -> str:
+    return C_TYPES[compute_dtype(dtype)]
+
+
+def literal(value, dtype) -> str:
+    """A Python number as a C++ expression of `dtype` (a compute dtype), exactly."""
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    t = C_TYPES[dtype]
+    if dtype.is_floating_point:
+        value = float(value)
+        if math.isnan(value):
+            return f"std::numeric_limits<{t}>::quiet_NaN()"
+        if math.isinf(value):
+            return f"{'' if value > 0 else '-'}std::numeric_limits<{t}>::infinity()"
+        return f"{t}({value.hex()})"  # a hexadecimal literal: no decimal rounding
+    value = int(value)
+    if value == -2 ** 63:
+        return "(-9223372036854775807LL - 1)"
+    return f"{t}({value}LL)" if dtype == torch.int64 or abs(value) >= 2 ** 31 else f"{t}({value})"
+
+
+@dataclass
+class HoistPoint:
+    """Where values computed in a loop but independent of its variable go: before its header (the
+    `#pragma` on it), in the enclosing loop's body (a loop of a collapsed nest has none: None)."""
+    var: str
+    at: int | None
+    indent: int
+    depth: int  # of the scopes, inside the loop's body
+
+
+# the names in a C++ line that a value may depend on: loop variables, temporaries, accumulators
+VARIABLES = re.compile(r"\b(?:[xr]\d+|tmp\d+|acc\d+(?:_nan)?)\b")
+
+
+class CppExpressions(KernelExpressions):
+    COMMENT = "//"
+    FLOOR_DIV = "/"  # (index expressions are non-negative where they are loaded)
+
+    def __init__(self, kernel: FusedKernel, sizevars, dynamic_values):
+        super().__init__(kernel, sizevars)
+        self.dynamic_values = dynamic_values
+        self.deps: dict[str, frozenset] = {}  # temporary -> the loop variables its value depends on
+        self.hoist_points: list = []  # HoistPoint of each open loop
+        self.depth: dict[str, int] = {}  # temporary or accumulator -> the scope depth it is declared at
+
+    def cse(self, text, dtype):
+        """`text` as a temporary (one already computed where it is in scope). Computed in the
+        innermost loop but independent of its variable (a channel's BatchNorm scale in a loop over
+        a row of pixels), it goes before that loop (`HoistPoint`)."""
+        for scope in reversed(self.scopes):
+            if text in scope:
+                return CV(scope[text], dtype)
+        name = f"tmp{self.tmp}"
+        self.tmp += 1
+        names = VARIABLES.findall(text)
+        deps = frozenset().union(*(self.deps.get(n, {n}) for n in names))
+        self.deps[name] = deps
+        line = f"{C_TYPES[dtype]} {name} = {text};"
+        point = self.hoist_points[-1] if self.hoist_points else None
+        if point is not None and point.at is not None and point.var not in deps and \
+                len(self.scopes) == point.depth and all(self.depth.get(n, 0) < point.depth for n in names):
+            self.lines.insert(point.at, (point.indent, line + loc_comment(self.loc, self.COMMENT)))
+            if self.loc:
+                self.source_lines.add((self.loc[0], self.loc[1]))
+            point.at += 1
+            self.scopes[-2][text] = name
+            self.depth[name] = point.depth - 1
+        else:
+            self.emit(line)
+            self.scopes[-1][text] = name
+            self.depth[name] = len(self.scopes)
+        return CV(name, dtype)
+
+    def size_text(self, e) -> str:
+        """A size: its value, or a kernel argument in a graph with dynamic sizes."""
+        return super().size_text(e) if self.dynamic_values else str(self.sizevars.values[e])
+
+    def integer_text(self, n: int) -> str:
+        return str(n) if abs(n) < 2 ** 31 else f"{n}LL"
+
+    def reads_before_writing(self, inp, out) -> bool:
+        """Whether every load of buffer `inp` comes before the store of buffer `out` in the kernel's lines."""
+        load, store = f"{self.in_args[inp]}[", f"{self.out_args[out]}["
+        loads = [i for i, (_, text) in enumerate(self.lines) if load in text]
+        stores = [i for i, (_, text) in enumerate(self.lines) if store in text]
+        return bool(loads and stores) and max(loads) < min(stores)
+
+    def mask(self):
+        return " && ".join(self.mask_stack) if self.mask_stack else None
+
+    # --- the ops handler --------------------------------------------------------------------------
+    def load(self, buf, index):
+        if buf.name in self.group:
+            if buf.name in self.values:
+                return self.values[buf.name]
+            return self.inline(self.group[buf.name])
+        ptr = self.arg_for(buf, self.in_args, "in_ptr")
+        mask = self.mask() if sympy.sympify(index).free_symbols else None
+        index_text = self.expr(index)
+        self.load_sites.setdefault(buf.name, set()).add((index_text, mask, self.along_r(index)))
+        dtype = compute_dtype(buf.dtype)
+        text = f"{ptr}[{index_text}]"
+        if dtype != buf.dtype:
+            text = f"fl_from_bf16({text})" if buf.dtype == torch.bfloat16 else f"float({text})"
+        if mask:  # an element outside the tensor is not read
+            text = f"({mask}) ? {text} : {C_TYPES[dtype]}(0)"
+        return self.cse(text, dtype)
+
+    def constant(self, value, dtype):
+        if not isinstance(value, bool) and float(value).is_integer() and int(value) in self.dynamic_values:
+            # a size that may change (the count a mean divides by): a kernel argument, not a literal
+            cd = compute_dtype(dtype)
+            return self.cse(f"{C_TYPES[cd]}({self.expr(self.sizevars(int(value)))})", cd)
+        if compute_dtype(dtype) != dtype:  # a half-precision constant is the nearest value of its type
+            value = torch.tensor(value, dtype=dtype).item()
+        cd = compute_dtype(dtype)
+        return CV(literal(value, cd), cd, value=value)
+
+    def pointwise(self, p, vals, out_dtype):
+        self.op_names.add(p.name)
+        template = p.cpp_for(out_dtype)
+        if template is None:
+            raise NotImplementedError(f"no C++ spelling for {p.name}")
+        cd = compute_dtype(out_dtype)
+        if cd.is_floating_point:  # operands of the result's type: `std::exp(int)` would compute in double
+            vals = [v if v.dtype == cd or p.name == "where" and i == 0 else self.to_dtype(v, cd)
+                    for i, v in enumerate(vals)]
+        return self.round(self.cse(template.format(*[v.expr for v in vals]), cd), out_dtype)
+
+    def round(self, v, dtype):
+        """A value computed in float as the nearest value of half-precision `dtype` (identity for
+        other dtypes): each primitive's result is a tensor of its dtype, as eager's op results are."""
+        if compute_dtype(dtype) == dtype or v.literal:
+            return v
+        return self.cse(f"{HALF_ROUND[dtype]}({v})", torch.float32)
+
+    def to_dtype(self, v, dtype):
+        if v.literal:
+            return self.constant(v.value, dtype)
+        if dtype == v.dtype:
+            return v
+        if dtype == torch.bool:
+            return self.cse(f"{v} != 0", torch.bool)
+        if compute_dtype(dtype) != dtype:
+            # torch converts to half types from float32: ints and doubles are rounded to float first
+            v = v if v.dtype == torch.float32 else self.cse(f"float({v})", torch.float32)
+            return self.round(v, dtype)
+        return self.cse(f"{C_TYPES[dtype]}({v})", dtype)
+
+    def masked(self, conds, body, other, dtype):
+        """`body()` where all `conds` hold (its loads guarded by them), else `other`."""
+        if any(c is sympy.false for c in conds):
+            return other if isinstance(other, CV) else self.constant(other, dtype)
+        conds = [c for c in conds if c is not sympy.true]
+        if not conds:
+            return body()
+        cond = self.cse(" && ".join(self.expr(c) for c in conds), torch.bool)
+        self.mask_stack.append(cond.expr)
+        try:
+            value = body()
+        finally:
+            self.mask_stack.pop()
+        other = other if isinstance(other, CV) else self.constant(other, dtype)
+        if other.dtype != value.dtype:
+            other = self.to_dtype(other, value.dtype)
+        return self.cse(f"{cond} ? {value} : {other}", value.dtype)
+
+    def index_value(self, e, dtype):
+        e = sympy.sympify(e)
+        if e.is_Integer:
+            return self.constant(int(e), dtype)
+        if compute_dtype(dtype) == dtype:
+            return self.cse(f"{C_TYPES[dtype]}({self.expr(e)})", dtype)
+        return self.round(self.cse(f"float({self.expr(e)})", torch.float32), dtype)
+
+    def random(self, kind, stream, flat):
+        self.uses_seed = True
+        self.op_names.add(kind)
+        return self.cse(f"fl_{kind}(seed + {stream}, uint32_t({self.expr(flat)}))", torch.float32)

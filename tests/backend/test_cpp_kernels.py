@@ -1,0 +1,152 @@
+"""The C++ kernels of CPU graphs (codegen/cpp.py, cpp_build.py), whatever FUSELENS_CPU_BACKEND the
+run has: each test chooses the C++ backend itself. Their structure (parallel outer loops,
+vectorised inner ones, checked with the compiler's own report), the library cache, the fallback
+where there is no compiler, and semantics where C++ and torch differ by default (integer
+wrap-around, NaN in max, half-precision rounding, dynamic sizes)."""
+import math
+import subprocess
+import warnings
+
+import pytest
+import torch
+
+from fl_backend_testing import check, compile, run
+from fuselens import FuselensWarning, settings
+from fuselens.backend import driver
+from fuselens.codegen import cpp_build
+
+pytestmark = pytest.mark.skipif(cpp_build.compiler() is None, reason="no C++ compiler")
+
+
+@pytest.fixture(autouse=True)
+def cpp_backend(monkeypatch):
+    monkeypatch.setattr(settings, "CPU_BACKEND", "cpp")
+
+
+def gelu(x):
+    return x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+def softmax(x):
+    e = torch.exp(x - x.amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
+def layer_norm(x, w, b):
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + 1e-5) * w + b
+
+
+def vectorized_loops(kernel_source):
+    """Lines of the library of one kernel that the compiler reports vectorising (gcc's -fopt-info):
+    the library's source is the preamble's #include, an empty line, then the kernel."""
+    library = cpp_build.CppLibrary("\n" + kernel_source)  # (as the driver makes it; not built here)
+    path = library.path[:-3] + ".check.cpp"
+    with open(path, "w") as f:
+        f.write(library.source)
+    flags = [f for f in cpp_build.flags() if f != "-shared"]
+    out = subprocess.run([cpp_build.compiler(), *flags, *cpp_build.OPENMP, "-c", path, "-o", "/dev/null",
+                          "-fopt-info-vec-optimized"], capture_output=True, text=True)
+    return {int(line.split(":")[1]) for line in out.stderr.splitlines() if "loop vectorized" in line}
+
+
+@pytest.mark.parametrize("fn,shapes", [(gelu, [(64, 512)]), (softmax, [(64, 512)]),
+                                       (layer_norm, [(64, 512), (512,), (512,)])])
+def test_kernels_share_rows_among_threads_and_every_inner_loop_vectorises(fn, shapes):
+    """Outer loops `omp parallel for` (the domain is worth threads), inner loops `omp simd`, and
+    the compiler vectorises every one of them (exp and erf through SLEEF's vector variants)."""
+    inputs = [torch.randn(*s) for s in shapes]
+    cg = check(fn, *inputs, grad=False)
+    (kernel,) = cg.kernels
+    assert "#pragma omp parallel for" in kernel.source
+    if "gcc" not in cpp_build.compiler_identity().lower() and "g++" not in cpp_build.compiler_identity():
+        return  # (-fopt-info is gcc's)
+    lines = kernel.source.split("\n")
+    simd_loops = [i + 2 for i, line in enumerate(lines) if "#pragma omp simd" in line]  # the `for` after it
+    assert simd_loops
+    offset = 2  # (vectorized_loops)
+    vectorized = vectorized_loops(kernel.source)
+    # (gcc names a loop by its `for` line or its body's first line)
+    assert all({i + offset, i + offset + 1} & vectorized for i in simd_loops), (simd_loops, vectorized)
+
+
+def test_a_long_row_is_split_among_threads_and_a_column_sum_walks_rows():
+    x, y = torch.randn(4, 65536), torch.randn(256, 512)
+    cg = check(lambda x, y: (x.sum(), y.amax(0)), x, y, grad=False)
+    whole, columns = cg.kernels
+    assert "#pragma omp parallel for simd reduction(+:" in whole.source
+    assert "xt +=" in columns.source  # tiles of columns, the rows walked in order
+
+
+def test_training_runs_the_backward_kernels_in_cpp():
+    w = torch.randn(32)
+    cg = check(lambda x, w: layer_norm(torch.tanh(x), w, w).sigmoid(), torch.randn(16, 32), w)
+    assert all(k.source.startswith('extern "C"') for k in cg.kernels) and len(cg.kernels) >= 2
+
+
+def test_half_precision_results_round_as_eagers_ops_do():
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float16):
+        a, b = (torch.randn(64, 33, generator=g).to(dtype) for _ in range(2))
+        f = lambda a, b: (a * b + a) * b - a  # noqa: E731 (rounded after each op, not once)
+        _, (got,) = run(f, a, b)
+        assert torch.equal(got, f(a, b))
+
+
+def test_integers_wrap_and_nan_propagates_as_in_torch():
+    big = torch.tensor([2 ** 31 - 1, -2 ** 31, 7], dtype=torch.int32)
+    small = torch.tensor([100, -100, 27], dtype=torch.int8)
+    x = torch.tensor([[1.0, float("nan"), 3.0], [1.0, 2.0, 3.0]])
+
+    def f(big, small, x):
+        return big + big, small * 3, x.amax(1), torch.maximum(x, x.flip(1)), torch.pow(small, 2)
+    _, got = run(f, big, small, x)
+    for g, e in zip(got, f(big, small, x)):
+        assert torch.equal(g, e) or torch.allclose(g, e, equal_nan=True), (g, e)
+
+
+def test_a_library_is_built_once_per_source(monkeypatch):
+    x = torch.randn(8, 16)
+    fn = lambda x: torch.sigmoid(x) * x  # noqa: E731
+    run(fn, x)
+    builds = []
+    real = subprocess.Popen
+    monkeypatch.setattr(cpp_build.subprocess, "Popen", lambda *a, **k: builds.append(a) or real(*a, **k))
+    cpp_build._libraries.clear()  # (as in a new process: the library is found on disk)
+    _, (got,) = run(fn, x)
+    assert builds == [] and torch.equal(got, fn(x))
+
+
+def test_dynamic_sizes_are_kernel_arguments():
+    x, w = torch.randn(6, 40), torch.randn(40)
+    cg = compile(layer_norm, x, w, w, dynamic_dims=[{0, 1}, {0}, {0}])
+    assert "int64_t ks0" in cg.kernels[0].source
+    for shape in ((6, 40), (3, 24)):
+        x, w = torch.randn(*shape), torch.randn(shape[1])
+        torch.testing.assert_close(cg(x, w, w)[0], layer_norm(x, w, w))
+
+
+def test_without_a_compiler_one_warning_and_the_graph_runs_eagerly(monkeypatch):
+    monkeypatch.setattr(cpp_build, "compiler", lambda: None)
+    monkeypatch.setattr(driver, "_warned_no_compiler", False)
+    x = torch.randn(4, 5)
+    with pytest.warns(FuselensWarning, match="install g\\+\\+ or clang"):
+        cg = driver.compile_graph(*_traced(softmax, x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(cg(x)[0], softmax(x))  # eagerly, no second warning
+
+
+def _traced(fn, *inputs):
+    from fl_backend_testing import trace
+    gm = trace(fn)
+    for node, t in zip([n for n in gm.graph.nodes if n.op == "placeholder"], inputs):
+        node.meta["val"] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+        node.meta["device"] = t.device
+    return gm, list(inputs)
+
+
+def test_every_pointwise_primitive_spelled_in_triton_is_spelled_in_cpp():
+    from fuselens.ops.primitives import PRIMITIVES
+    assert [n for n, p in PRIMITIVES.items() if p.kind == "pointwise" and p.triton and not p.cpp] == []
