@@ -68,6 +68,16 @@ def run(fn, *inputs, **kwargs):
     return cg, out
 
 
+def exact_fp32_convolutions():
+    """fp32 convolutions without TF32 (cuDNN's default): eager's and the compiled convolutions may run
+    different algorithms (NCHW and channels-last, conv1d and conv2d over one row), which TF32 makes
+    differ by ~1e-3. (The flags() context: torch's testing module, imported by other tests, forbids
+    setting them.)"""
+    cudnn = torch.backends.cudnn
+    return cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark, deterministic=cudnn.deterministic,
+                       allow_tf32=False)
+
+
 def tolerance(dtype):
     # half types: an op's fp32 result may differ from ATen's in its last bits (tl.exp, the order of a
     # VJP's products), which can flip its rounding to the half type

@@ -11,17 +11,12 @@ import torch.nn.functional as F
 
 import fuselens
 from fuselens.runtime.compiled import compiled_of
-from fl_backend_testing import DEVICE, vary_batch_norm, triton_kernels
+from fl_backend_testing import DEVICE, exact_fp32_convolutions, triton_kernels, vary_batch_norm
 
 
 @pytest.fixture(autouse=True)
 def no_tf32():
-    """fp32 convolutions without TF32 (cuDNN's default): eager's NCHW and the compiled channels-last
-    convolutions run different algorithms, which TF32 makes differ by ~1e-3. (The flags() context:
-    torch's testing module, imported by other tests, forbids setting them.)"""
-    cudnn = torch.backends.cudnn
-    with cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark, deterministic=cudnn.deterministic,
-                     allow_tf32=False):
+    with exact_fp32_convolutions():
         yield
 
 

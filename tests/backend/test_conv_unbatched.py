@@ -1,11 +1,12 @@
 """F.conv2d of an unbatched (C, H, W) input with a bias: the result is unbatched too (the OpInfo
-suite's full matrix found the bias broadcast adding a batch dim)."""
+suite's full matrix found the bias broadcast adding a batch dim); F.conv1d, batched or not, as the
+2-d convolution over one row."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 import fuselens
-from fl_backend_testing import DEVICE, check
+from fl_backend_testing import DEVICE, check, exact_fp32_convolutions
 
 
 def conv(x, w, b):
@@ -26,6 +27,7 @@ def test_conv1d_is_a_convolution_over_one_row(batched):
     values and gradients as eager's, no extern call of torch's conv1d."""
     x = torch.randn(*((2,) if batched else ()), 4, 20, device=DEVICE)
     w, b = torch.randn(6, 2, 5, device=DEVICE), torch.randn(6, device=DEVICE)
-    cg = check(lambda x, w, b: F.gelu(F.conv1d(x, w, b, stride=2, padding=3, dilation=2, groups=2)), x, w, b,
-               rtol=1e-4, atol=1e-4)
+    with exact_fp32_convolutions():
+        cg = check(lambda x, w, b: F.gelu(F.conv1d(x, w, b, stride=2, padding=3, dilation=2, groups=2)), x, w, b,
+                   rtol=1e-4, atol=1e-4)
     assert "call_torch" not in cg.wrapper_source
