@@ -28,10 +28,11 @@ class KernelLine:
 @dataclass
 class Kernel:
     name: str
-    source: str                               # Triton
+    source: str                               # Triton, or C++ (a CPU graph's kernels: `language`)
     bytes_moved: int | None                   # of its tensor arguments; None with dynamic sizes
     source_lines: list[tuple[str, int]]       # (filename, 1-based line) it computes, sorted
     provenance: list[KernelLine] = field(default_factory=list)
+    language: str = "triton"                  # "triton" | "cpp"
 
 
 @dataclass
@@ -100,7 +101,8 @@ def _kernel(k) -> Kernel:
         m = _LOC_RE.search(text)
         if m and m.group(1) in by_base:
             prov.append(KernelLine(i, by_base[m.group(1)], int(m.group(2))))
-    return Kernel(k.name, k.source, k.bytes_moved, [tuple(x) for x in k.source_lines], prov)
+    language = "cpp" if k.source.lstrip().startswith('extern "C"') else "triton"
+    return Kernel(k.name, k.source, k.bytes_moved, [tuple(x) for x in k.source_lines], prov, language)
 
 
 def _io_bytes(graph) -> int | None:

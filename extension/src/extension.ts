@@ -445,7 +445,8 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
           const t = run.timings ?? {};
           if (t.eager && t.fuselens) {
             const cpu = !!t.cpu;
-            let d = `eager ${ms(t.eager)} · fuselens${cpu ? ' graphs as PyTorch' : ''} ${ms(t.fuselens)} (${(t.eager / t.fuselens).toFixed(2)}×)`;
+            const how = !cpu ? '' : t.cpuKernels === 'cpp' ? ' C++ kernels' : ' graphs as PyTorch';
+            let d = `eager ${ms(t.eager)} · fuselens${how} ${ms(t.fuselens)} (${(t.eager / t.fuselens).toFixed(2)}×)`;
             if (t.torchCompile) { d += ` · torch.compile ${ms(t.torchCompile)} (${(t.eager / t.torchCompile).toFixed(2)}×)`; }
             out.push({ kind: 'info', label: cpu ? 'CPU times (no GPU)' : 'Timings', description: d, icon: 'dashboard',
               tooltip: cpu ? `${d}\n${run.timingNote}` : `${d}\non ${run.gpu}` });
@@ -614,11 +615,12 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
         if (k.share != null) { d.push(`${(k.share * 100).toFixed(0)}%`); }
         if (k.bandwidthGBs != null) { d.push(`${k.bandwidthGBs.toFixed(0)} GB/s`); }
         it.description = d.join(' · ');
-        it.tooltip = `${k.name}\n${k.lines} lines of Triton` + (d.length ? `\n${d.join(' · ')}` : '\n(not timed: no GPU)');
+        it.tooltip = `${k.name}\n${k.lines} lines of ${k.language === 'cpp' ? 'C++' : 'Triton'}` +
+          (d.length ? `\n${d.join(' · ')}` : k.language === 'cpp' ? '' : '\n(not timed: no GPU)');
         it.iconPath = new vscode.ThemeIcon('zap');
         it.contextValue = 'kernel';
         it.command = { command: 'fuselens.openKernel', title: 'Open kernel source',
-          arguments: [node.uri, node.fn.qualname, node.graph.index, k.name] };
+          arguments: [node.uri, node.fn.qualname, node.graph.index, k.name, k.language ?? 'triton'] };
         return it;
       }
     }
@@ -632,9 +634,10 @@ class KernelDocs implements vscode.TextDocumentContentProvider, vscode.Definitio
   private emitter = new vscode.EventEmitter<vscode.Uri>();
   readonly onDidChange = this.emitter.event;
 
-  static kernelUri(uri: string, qualname: string, graph: number, kernel: string): vscode.Uri {
+  // a kernel's document: `.fl-triton` (GPU kernels) or `.fl-cpp` (a CPU graph's C++ kernels)
+  static kernelUri(uri: string, qualname: string, graph: number, kernel: string, language = 'triton'): vscode.Uri {
     const q = new URLSearchParams({ uri, qualname, graph: String(graph), kernel }).toString();
-    return vscode.Uri.from({ scheme: SCHEME, path: `/${qualname}/${kernel}.fl-triton`, query: q });
+    return vscode.Uri.from({ scheme: SCHEME, path: `/${qualname}/${kernel}.fl-${language === 'cpp' ? 'cpp' : 'triton'}`, query: q });
   }
 
   async provideTextDocumentContent(u: vscode.Uri): Promise<string> {
@@ -642,7 +645,7 @@ class KernelDocs implements vscode.TextDocumentContentProvider, vscode.Definitio
     const params = { uri: q.get('uri'), qualname: q.get('qualname'), graph: Number(q.get('graph') ?? 0), kernel: q.get('kernel') };
     if (starting) { await starting.catch(() => undefined); }  // views restored by a reload come first
     if (!client || client.state !== State.Running) { return '# the fuselens language server is not running'; }
-    if (u.path.endsWith('.fl-triton')) {
+    if (u.path.endsWith('.fl-triton') || u.path.endsWith('.fl-cpp')) {
       const k: any = await client.sendRequest('fuselens/kernel', params);
       if (!k) { return '# this kernel is no longer available: run Compile & benchmark again'; }
       this.cache.set(u.toString(), k);
@@ -849,14 +852,16 @@ export async function activate(ctx: vscode.ExtensionContext): Promise<void> {
   ctx.subscriptions.push(
     output, treeView, status,
     vscode.workspace.registerTextDocumentContentProvider(SCHEME, kernelDocs),
-    vscode.languages.registerDefinitionProvider({ scheme: SCHEME, language: 'fuselens-triton' }, kernelDocs),
-    vscode.languages.registerHoverProvider({ scheme: SCHEME, language: 'fuselens-triton' }, kernelDocs),
+    ...['fuselens-triton', 'fuselens-cpp'].flatMap(language => [
+      vscode.languages.registerDefinitionProvider({ scheme: SCHEME, language }, kernelDocs),
+      vscode.languages.registerHoverProvider({ scheme: SCHEME, language }, kernelDocs)]),
     vscode.commands.registerCommand('fuselens.compileAndBenchmark', compileAndBenchmark),
     vscode.commands.registerCommand('fuselens.revealFunction', revealFunction),
     vscode.commands.registerCommand('fuselens.refresh', () => tree.refresh()),
-    vscode.commands.registerCommand('fuselens.openKernel', async (uri: string, qualname: string, graph: number, kernel: string) => {
-      const doc = await vscode.workspace.openTextDocument(KernelDocs.kernelUri(uri, qualname, graph, kernel));
-      await vscode.languages.setTextDocumentLanguage(doc, 'fuselens-triton');
+    vscode.commands.registerCommand('fuselens.openKernel', async (uri: string, qualname: string, graph: number, kernel: string,
+                                                                 language = 'triton') => {
+      const doc = await vscode.workspace.openTextDocument(KernelDocs.kernelUri(uri, qualname, graph, kernel, language));
+      await vscode.languages.setTextDocumentLanguage(doc, language === 'cpp' ? 'fuselens-cpp' : 'fuselens-triton');
       await vscode.window.showTextDocument(doc, { preview: true, viewColumn: viewerColumn(uri) });
     }),
     vscode.commands.registerCommand('fuselens.openGraph', async (uri: string, qualname: string, graph: number) => {

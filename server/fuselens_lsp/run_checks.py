@@ -83,6 +83,23 @@ def time_cpu(fn, args, kwargs, budget_s=0.5) -> float:
     return times[len(times) // 2]
 
 
+def cpp_compiler_found() -> bool:
+    """Whether fuselens finds a C++ compiler for its CPU kernels."""
+    from fuselens.codegen import cpp_build
+    return cpp_build.compiler() is not None
+
+
+def use_cpp_kernels() -> bool:
+    """From now on CPU graphs run as fuselens's C++ kernels, where a C++ compiler is found: what
+    the worker then checks, shows and times. Called before anything compiles (compile workers
+    fork with the settings of their time). Whether it did."""
+    from fuselens import settings
+    if not cpp_compiler_found():
+        return False
+    settings.INTERPRET, settings.CPU_BACKEND = False, "cpp"
+    return True
+
+
 class cpu_kernels:
     """fuselens compiles made inside the block run their CPU graphs as its C++ kernels (not in
     Triton's interpreter, whose times mean nothing), or as plain PyTorch where there is no C++
@@ -90,9 +107,8 @@ class cpu_kernels:
 
     def __enter__(self):
         from fuselens import settings
-        from fuselens.codegen import cpp_build
         self.settings, self.was = settings, (settings.INTERPRET, settings.CPU_BACKEND)
-        self.cpp = cpp_build.compiler() is not None
+        self.cpp = cpp_compiler_found()
         settings.INTERPRET, settings.CPU_BACKEND = False, "cpp" if self.cpp else "eager"
         return self
 

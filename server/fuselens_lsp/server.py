@@ -740,7 +740,8 @@ def _run_view(run: dict | None) -> dict | None:
     for g in r.get("graphs", []):
         graphs.append({"index": g["index"], "nodeCount": g.get("nodeCount"),
                        "kernels": [{"name": k["name"], "timeMs": k.get("timeMs"), "share": k.get("share"),
-                                    "bandwidthGBs": k.get("bandwidthGBs"), "lines": len(k["source"].split("\n"))}
+                                    "bandwidthGBs": k.get("bandwidthGBs"), "lines": len(k["source"].split("\n")),
+                                    "language": k.get("language", "triton")}
                                    for k in g["kernels"]]})
     return {"status": run["status"], "message": run["message"], "graphs": graphs,
             "timings": r.get("timings"), "speedup": r.get("speedup"), "timingNote": r.get("timingNote"),

@@ -19,7 +19,7 @@ import traceback
 import types
 
 from . import examples
-from .run_checks import cpu_kernels, eval_mode, modules_in, random_ops, time_cpu
+from .run_checks import cpu_kernels, eval_mode, modules_in, random_ops, time_cpu, use_cpp_kernels
 
 _PROTO = None
 
@@ -387,7 +387,8 @@ def kernel_provenance(kernel, path, source: str = "") -> list[dict]:
 
 
 def kernel_json(k, path, source="") -> dict:
-    return {"name": k.name, "source": k.source, "provenance": kernel_provenance(k, path, source),
+    return {"name": k.name, "source": k.source, "language": k.language,
+            "provenance": kernel_provenance(k, path, source),
             "sourceLines": sorted({line - 1 for f, line in k.source_lines if _same_file(f, path)}),
             "bytes": k.bytes_moved, "timeMs": None, "share": None, "bandwidthGBs": None}
 
@@ -464,6 +465,9 @@ def run_job(job: dict) -> dict:
         if root not in sys.path:
             sys.path.insert(1, root)
     import fuselens
+    # no GPU: the CPU's C++ kernels are what runs, is checked and is shown (Triton's kernels, in
+    # its interpreter, where there is no C++ compiler)
+    cpp = not gpu and use_cpp_kernels()
 
     progress("finding example inputs")
     fn, args, kwargs, how = find_inputs(job, device, log)
@@ -480,7 +484,8 @@ def run_job(job: dict) -> dict:
     result["breaks"] = [break_json(b) for b in expl.graph_breaks]
     result["explanation"] = str(expl)
 
-    progress("compiling with fuselens" + ("" if gpu else " (Triton interpreter: no GPU)"), 40)
+    progress("compiling with fuselens" + ("" if gpu else " (C++ kernels: no GPU)" if cpp else
+                                           " (Triton interpreter: no GPU, no C++ compiler)"), 40)
     compiled = fuselens.compile(fn)
     torch.manual_seed(0)
     actual = compiled(*_detach_copy(args), **_detach_copy(kwargs))
@@ -528,8 +533,7 @@ def run_job(job: dict) -> dict:
         timings["eager"] = time_cpu(fn, args, kwargs)
         with cpu_kernels() as kernels:
             progress("timing fuselens's C++ kernels" if kernels.cpp else "timing fuselens's graphs as plain PyTorch", 70)
-            on_cpu = fuselens.compile(fn)
-            timings["fuselens"] = time_cpu(on_cpu, args, kwargs)
+            timings["fuselens"] = time_cpu(compiled if cpp else fuselens.compile(fn), args, kwargs)
         progress("timing torch.compile on the CPU", 80)
         try:
             if os.environ.get("FUSELENS_BENCH_TORCH_COMPILE", "1") == "0":
@@ -544,8 +548,8 @@ def run_job(job: dict) -> dict:
         timings["cpu"] = True
         timings["cpuKernels"] = "cpp" if kernels.cpp else "plain PyTorch"
         result["timingNote"] = (
-            "No GPU: times on the CPU, where fuselens's graphs ran as its C++ kernels (its Triton kernels "
-            "need a GPU; they were checked in Triton's interpreter)" if kernels.cpp else
+            "No GPU: times on the CPU, where fuselens's graphs ran as its C++ kernels (shown and checked "
+            "against eager; its Triton kernels need a GPU)" if kernels.cpp else
             "No GPU: times on the CPU, where fuselens's graphs ran as plain PyTorch (no C++ compiler for its "
             "CPU kernels: install g++ or clang; its Triton kernels need a GPU; they were checked in Triton's "
             "interpreter), so they show what the graph breaks cost, not the kernels' speed")

@@ -7,7 +7,8 @@
 //   04 "Compile & benchmark" from the code lens: its progress notification has Cancel from the
 //      start; the side panel shows functions → graphs → kernels, no row's text cut at the panel's
 //      default width (long rows go on in continuation rows)
-//   05 click a kernel: its Triton source opens in a read-only editor with highlighting
+//   05 click a kernel: its source opens in a read-only editor with highlighting (C++ on this CPU-only
+//      machine where a C++ compiler is found, Triton otherwise)
 //   06 "Show transformed code" opens the transformed function beside the source; kernel, graph and
 //      transformed code share one editor column
 //   07 a syntax error mid-edit: the squiggles stay (stale) and the status bar item says which line
@@ -236,9 +237,14 @@ async function editorText() {
 
     // 05: open a kernel
     await kernelRow.click();
-    const tab = page.locator('.tabs-container .tab.active:has-text(".fl-triton")').first();
+    // no GPU here: with a C++ compiler the kernels that ran are the CPU's C++ ones, else Triton's
+    // (checked in its interpreter)
+    const cpp = ['c++', 'g++', 'clang++'].some(c => {
+      try { require('child_process').execSync(`command -v ${c}`, { stdio: 'ignore', shell: '/bin/bash' }); return true; } catch { return false; }
+    });
+    const tab = page.locator(`.tabs-container .tab.active:has-text("${cpp ? '.fl-cpp' : '.fl-triton'}")`).first();
     await tab.waitFor({ timeout: 30000 });
-    await page.waitForSelector('.monaco-editor .view-lines:has-text("@triton.jit")', { timeout: 30000 });
+    await page.waitForSelector(`.monaco-editor .view-lines:has-text('${cpp ? 'extern "C"' : '@triton.jit'}')`, { timeout: 30000 });
     log('kernel source open in', (await tab.innerText()).trim());
     // a kernel line names the source line it came from
     const kernelLine = page.locator('.editor-group-container.active .monaco-editor .view-line:has-text("tmp1 =")').first();
