@@ -14,6 +14,7 @@ from fl_backend_testing import check, compile, run
 from fuselens import FuselensWarning, settings
 from fuselens.backend import driver
 from fuselens.codegen import cpp_build
+from test_fusion import manual_layer_norm, manual_softmax
 
 pytestmark = pytest.mark.skipif(cpp_build.compiler() is None, reason="no C++ compiler")
 
@@ -27,15 +28,6 @@ def gelu(x):
     return x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))
 
 
-def softmax(x):
-    e = torch.exp(x - x.amax(-1, keepdim=True))
-    return e / e.sum(-1, keepdim=True)
-
-
-def layer_norm(x, w, b):
-    mean = x.mean(-1, keepdim=True)
-    var = ((x - mean) ** 2).mean(-1, keepdim=True)
-    return (x - mean) / torch.sqrt(var + 1e-5) * w + b
 
 
 def vectorized_loops(kernel_source):
@@ -51,8 +43,8 @@ def vectorized_loops(kernel_source):
     return {int(line.split(":")[1]) for line in out.stderr.splitlines() if "loop vectorized" in line}
 
 
-@pytest.mark.parametrize("fn,shapes", [(gelu, [(64, 512)]), (softmax, [(64, 512)]),
-                                       (layer_norm, [(64, 512), (512,), (512,)])])
+@pytest.mark.parametrize("fn,shapes", [(gelu, [(64, 512)]), (manual_softmax, [(64, 512)]),
+                                       (manual_layer_norm, [(64, 512), (512,), (512,)])])
 def test_kernels_share_rows_among_threads_and_every_inner_loop_vectorises(fn, shapes):
     """Outer loops `omp parallel for` (the domain is worth threads), inner loops `omp simd`, and
     the compiler vectorises every one of them (exp and erf through SLEEF's vector variants)."""
@@ -81,7 +73,7 @@ def test_a_long_row_is_split_among_threads_and_a_column_sum_walks_rows():
 
 def test_training_runs_the_backward_kernels_in_cpp():
     w = torch.randn(32)
-    cg = check(lambda x, w: layer_norm(torch.tanh(x), w, w).sigmoid(), torch.randn(16, 32), w)
+    cg = check(lambda x, w: manual_layer_norm(torch.tanh(x), w, w).sigmoid(), torch.randn(16, 32), w)
     assert all(k.source.startswith('extern "C"') for k in cg.kernels) and len(cg.kernels) >= 2
 
 
@@ -120,11 +112,11 @@ def test_a_library_is_built_once_per_source(monkeypatch):
 
 def test_dynamic_sizes_are_kernel_arguments():
     x, w = torch.randn(6, 40), torch.randn(40)
-    cg = compile(layer_norm, x, w, w, dynamic_dims=[{0, 1}, {0}, {0}])
+    cg = compile(manual_layer_norm, x, w, w, dynamic_dims=[{0, 1}, {0}, {0}])
     assert "int64_t ks0" in cg.kernels[0].source
     for shape in ((6, 40), (3, 24)):
         x, w = torch.randn(*shape), torch.randn(shape[1])
-        torch.testing.assert_close(cg(x, w, w)[0], layer_norm(x, w, w))
+        torch.testing.assert_close(cg(x, w, w)[0], manual_layer_norm(x, w, w))
 
 
 def test_without_a_compiler_one_warning_and_the_graph_runs_eagerly(monkeypatch):
@@ -132,10 +124,10 @@ def test_without_a_compiler_one_warning_and_the_graph_runs_eagerly(monkeypatch):
     monkeypatch.setattr(driver, "_warned_no_compiler", False)
     x = torch.randn(4, 5)
     with pytest.warns(FuselensWarning, match="install g\\+\\+ or clang"):
-        cg = driver.compile_graph(*_traced(softmax, x))
+        cg = driver.compile_graph(*_traced(manual_softmax, x))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        torch.testing.assert_close(cg(x)[0], softmax(x))  # eagerly, no second warning
+        torch.testing.assert_close(cg(x)[0], manual_softmax(x))  # eagerly, no second warning
 
 
 def _traced(fn, *inputs):

@@ -20,28 +20,13 @@ import torch
 
 from ..lower.ir import compute_dtype
 from ..schedule.fusion import FusedKernel
-from .kernel_expressions import KernelExpressions, loc_comment
+from .kernel_expressions import CV, KernelExpressions, loc_comment
 
 # storage types of tensors' elements (what a pointer points to) and compute types of values
 C_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "_Float16", torch.bfloat16: "uint16_t",
            torch.int8: "int8_t", torch.int16: "int16_t", torch.int32: "int32_t", torch.int64: "int64_t",
            torch.uint8: "uint8_t", torch.bool: "bool"}
 HALF_ROUND = {torch.float16: "fl_round_f16", torch.bfloat16: "fl_round_bf16"}
-
-
-class CV:
-    """A value in the kernel: a variable name or a literal, with its (compute) dtype."""
-    __slots__ = ("expr", "dtype", "value")
-
-    def __init__(self, expr, dtype, value=None):
-        self.expr, self.dtype, self.value = expr, dtype, value  # value: the Python value of a literal
-
-    @property
-    def literal(self):
-        return self.value is not None
-
-    def __str__(self):
-        return self.expr
 
 
 def c_type(dtype) -> str:
@@ -83,6 +68,7 @@ VARIABLES = re.compile(r"\b(?:[xr]\d+|tmp\d+|acc\d+(?:_nan)?)\b")
 class CppExpressions(KernelExpressions):
     COMMENT = "//"
     FLOOR_DIV = "/"  # (index expressions are non-negative where they are loaded)
+    AND = " && "
 
     def __init__(self, kernel: FusedKernel, sizevars, dynamic_values):
         super().__init__(kernel, sizevars)
@@ -134,14 +120,13 @@ class CppExpressions(KernelExpressions):
         return bool(loads and stores) and max(loads) < min(stores)
 
     def mask(self):
-        return " && ".join(self.mask_stack) if self.mask_stack else None
+        return self.AND.join(self.mask_stack) if self.mask_stack else None
 
     # --- the ops handler --------------------------------------------------------------------------
     def load(self, buf, index):
-        if buf.name in self.group:
-            if buf.name in self.values:
-                return self.values[buf.name]
-            return self.inline(self.group[buf.name])
+        own = self.own_value(buf)
+        if own is not None:
+            return own
         ptr = self.arg_for(buf, self.in_args, "in_ptr")
         mask = self.mask() if sympy.sympify(index).free_symbols else None
         index_text = self.expr(index)
@@ -175,51 +160,16 @@ class CppExpressions(KernelExpressions):
                     for i, v in enumerate(vals)]
         return self.round(self.cse(template.format(*[v.expr for v in vals]), cd), out_dtype)
 
-    def round(self, v, dtype):
-        """A value computed in float as the nearest value of half-precision `dtype` (identity for
-        other dtypes): each primitive's result is a tensor of its dtype, as eager's op results are."""
-        if compute_dtype(dtype) == dtype or v.literal:
-            return v
-        return self.cse(f"{HALF_ROUND[dtype]}({v})", torch.float32)
+    def round_text(self, v, dtype):
+        return f"{HALF_ROUND[dtype]}({v})"
 
-    def to_dtype(self, v, dtype):
-        if v.literal:
-            return self.constant(v.value, dtype)
-        if dtype == v.dtype:
-            return v
-        if dtype == torch.bool:
-            return self.cse(f"{v} != 0", torch.bool)
-        if compute_dtype(dtype) != dtype:
-            # torch converts to half types from float32: ints and doubles are rounded to float first
-            v = v if v.dtype == torch.float32 else self.cse(f"float({v})", torch.float32)
-            return self.round(v, dtype)
-        return self.cse(f"{C_TYPES[dtype]}({v})", dtype)
+    def cast_text(self, v, dtype):
+        return f"{C_TYPES[dtype]}({v})"
 
-    def masked(self, conds, body, other, dtype):
-        """`body()` where all `conds` hold (its loads guarded by them), else `other`."""
-        if any(c is sympy.false for c in conds):
-            return other if isinstance(other, CV) else self.constant(other, dtype)
-        conds = [c for c in conds if c is not sympy.true]
-        if not conds:
-            return body()
-        cond = self.cse(" && ".join(self.expr(c) for c in conds), torch.bool)
-        self.mask_stack.append(cond.expr)
-        try:
-            value = body()
-        finally:
-            self.mask_stack.pop()
-        other = other if isinstance(other, CV) else self.constant(other, dtype)
+    def select(self, cond, value, other):
         if other.dtype != value.dtype:
             other = self.to_dtype(other, value.dtype)
         return self.cse(f"{cond} ? {value} : {other}", value.dtype)
-
-    def index_value(self, e, dtype):
-        e = sympy.sympify(e)
-        if e.is_Integer:
-            return self.constant(int(e), dtype)
-        if compute_dtype(dtype) == dtype:
-            return self.cse(f"{C_TYPES[dtype]}({self.expr(e)})", dtype)
-        return self.round(self.cse(f"float({self.expr(e)})", torch.float32), dtype)
 
     def random(self, kind, stream, flat):
         self.uses_seed = True

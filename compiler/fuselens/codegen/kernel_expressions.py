@@ -11,9 +11,10 @@ import math
 import os
 
 import sympy
+import torch
 
 from ..lower.indexing import FloorDiv, ModIndex
-from ..lower.ir import OpsHandler, use_handler
+from ..lower.ir import OpsHandler, compute_dtype, use_handler
 from ..schedule.fusion import FusedKernel, ReadRecorder, loop_ranges, node_vars
 
 
@@ -27,6 +28,21 @@ def loc_comment(loc, marker="#"):
     return f"  {marker} {os.path.basename(filename)}:{line}" + (f"  {text}" if text else "")
 
 
+class CV:
+    """A value in the kernel: a variable name or a literal, with its (compute) dtype."""
+    __slots__ = ("expr", "dtype", "value")
+
+    def __init__(self, expr, dtype, value=None):
+        self.expr, self.dtype, self.value = expr, dtype, value  # value: the Python value of a literal
+
+    @property
+    def literal(self):
+        return self.value is not None
+
+    def __str__(self):
+        return self.expr
+
+
 class KernelExpressions(OpsHandler):
     """A kernel's lines and what they name: temporaries (common subexpressions by their text, per
     scope), its tensor arguments, the loads and stores the wrapper asks about, the kernel's own
@@ -34,6 +50,7 @@ class KernelExpressions(OpsHandler):
     `load`, ...); `COMMENT` starts its comments."""
     COMMENT = "#"
     FLOOR_DIV = "//"  # (of non-negative indices)
+    AND = " & "  # (of conditions)
 
     def __init__(self, kernel: FusedKernel, sizevars):
         self.kernel = kernel
@@ -151,6 +168,13 @@ class KernelExpressions(OpsHandler):
         return node_vars(buf, self.kernel.shape, self.red, self.sizevars)
 
     # --- the kernel's own buffers, inlined ---------------------------------------------------------
+    def own_value(self, buf):
+        """The value of a buffer of the kernel's own (its register, or its body inlined); None for
+        a tensor argument, which is loaded."""
+        if buf.name not in self.group:
+            return None
+        return self.values[buf.name] if buf.name in self.values else self.inline(self.group[buf.name])
+
     def inline(self, buf):
         """The value of a pointwise buffer of this kernel at the current loop variables. The
         kernel's buffers it reads are computed first, in kernel order, so that each body finds
@@ -222,6 +246,50 @@ class KernelExpressions(OpsHandler):
         return False
 
     # --- naming ---------------------------------------------------------------------------------------
+    def round(self, v, dtype):
+        """A value computed in float32 as the nearest value of half-precision `dtype`: each
+        primitive's result is a tensor of its dtype, as eager's op results are (identity for other
+        dtypes). The target spells the rounding (`round_text`)."""
+        if compute_dtype(dtype) == dtype or v.literal:
+            return v
+        return self.cse(self.round_text(v, dtype), torch.float32)
+
+    def to_dtype(self, v, dtype):
+        if v.literal:
+            return self.constant(v.value, dtype)
+        if dtype == v.dtype:
+            return v
+        if dtype == torch.bool:
+            return self.cse(f"{v} != 0", torch.bool)
+        if compute_dtype(dtype) != dtype:
+            # torch converts to half types from float32: ints and doubles are rounded to float32 first
+            v = v if v.dtype == torch.float32 else self.cse(self.cast_text(v, torch.float32), torch.float32)
+            return self.round(v, dtype)
+        return self.cse(self.cast_text(v, dtype), dtype)
+
+    def index_value(self, e, dtype):
+        e = sympy.sympify(e)
+        if e.is_Integer:
+            return self.constant(int(e), dtype)
+        if compute_dtype(dtype) == dtype:
+            return self.cse(self.cast_text(f"({self.expr(e)})", dtype), dtype)
+        return self.round(self.cse(self.cast_text(f"({self.expr(e)})", torch.float32), torch.float32), dtype)
+
+    def masked(self, conds, body, other, dtype):
+        """`body()` where all `conds` hold (its loads masked by them), else `other` (`select`)."""
+        if any(c is sympy.false for c in conds):  # bounds that hold for no index
+            return other if isinstance(other, CV) else self.constant(other, dtype)
+        conds = [c for c in conds if c is not sympy.true]  # bounds that hold for every index
+        if not conds:
+            return body()
+        cond = self.cse(self.AND.join(self.expr(c) for c in conds), torch.bool)
+        self.mask_stack.append(cond.expr)
+        try:
+            value = body()
+        finally:
+            self.mask_stack.pop()
+        return self.select(cond, value, other if isinstance(other, CV) else self.constant(other, dtype))
+
     def kernel_name(self):
         kind = "red" if self.kernel.is_reduction else "poi"
         names = sorted(self.op_names - {"convert", "copy", "stop_gradient"}) or sorted(self.op_names) or ["copy"]

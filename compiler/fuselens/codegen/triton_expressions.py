@@ -20,7 +20,7 @@ import torch
 from ..lower.ir import compute_dtype, contiguous_strides
 from ..ops.primitives import PRIMITIVES
 from ..schedule.fusion import FusedKernel, keep_shape, loop_vars
-from .kernel_expressions import KernelExpressions, loc_comment
+from .kernel_expressions import CV, KernelExpressions, loc_comment
 from .launcher import ROUND_HELPERS
 
 
@@ -51,21 +51,6 @@ class Hoist:
     axes: set        # the block axes a hoisted load may vary along
     indent: int
     scope: dict      # the scope they are remembered in
-
-
-class CV:
-    """A value in the kernel: a variable name or a literal, with its (compute) dtype."""
-    __slots__ = ("expr", "dtype", "value")
-
-    def __init__(self, expr, dtype, value=None):
-        self.expr, self.dtype, self.value = expr, dtype, value  # value: the Python value of a literal
-
-    @property
-    def literal(self):
-        return self.value is not None
-
-    def __str__(self):
-        return self.expr
 
 
 def literal(value, dtype):
@@ -195,10 +180,9 @@ class TritonExpressions(KernelExpressions):
 
     # --- the ops handler --------------------------------------------------------------------------
     def load(self, buf, index):
-        if buf.name in self.group:
-            if buf.name in self.values:
-                return self.values[buf.name]
-            return self.inline(self.group[buf.name])
+        own = self.own_value(buf)
+        if own is not None:
+            return own
         ptr = self.arg_for(buf, self.in_args, "in_ptr")
         # a constant index is a broadcast element, always in bounds: a scalar load takes no mask
         mask = self.mask_for(index) if sympy.sympify(index).free_symbols else None
@@ -242,51 +226,16 @@ class TritonExpressions(KernelExpressions):
             vals = [CV(f"tl.full([1], {v}, {TL_DTYPES[v.dtype]})", v.dtype) if v.literal else v for v in vals]
         return self.round(self.cse(template.format(*[v.expr for v in vals]), compute_dtype(out_dtype)), out_dtype)
 
-    def round(self, v, dtype):
-        """A value computed in fp32 as the nearest value of half-precision `dtype`: each primitive's
-        result is a tensor of its dtype, as eager's op results are (identity for other dtypes)."""
-        if compute_dtype(dtype) == dtype or v.literal:
-            return v
+    def round_text(self, v, dtype):
         helper, _ = ROUND_HELPERS[str(dtype)[6:]]
         self.helpers.add(helper)
-        return self.cse(f"{helper}({v})", torch.float32)
+        return f"{helper}({v})"
 
-    def to_dtype(self, v, dtype):
-        if v.literal:
-            return self.constant(v.value, dtype)
-        if dtype == v.dtype:
-            return v
-        if dtype == torch.bool:
-            return self.cse(f"{v} != 0", torch.bool)
-        if compute_dtype(dtype) != dtype:
-            # torch converts to half types from float32: ints and doubles are rounded to fp32 first
-            v = v if v.dtype == torch.float32 else self.cse(f"{v}.to(tl.float32)", torch.float32)
-            return self.round(v, dtype)
-        return self.cse(f"{v}.to({TL_DTYPES[dtype]})", dtype)
+    def cast_text(self, v, dtype):
+        return f"{v}.to({TL_DTYPES[dtype]})"
 
-    def masked(self, conds, body, other, dtype):
-        """`body()` where all `conds` hold (its loads masked by them), else `other`."""
-        if any(c is sympy.false for c in conds):  # bounds that hold for no index
-            return other if isinstance(other, CV) else self.constant(other, dtype)
-        conds = [c for c in conds if c is not sympy.true]  # bounds that hold for every index
-        if not conds:
-            return body()
-        cond = self.cse(" & ".join(self.expr(c) for c in conds), torch.bool)
-        self.mask_stack.append(cond.expr)
-        try:
-            value = body()
-        finally:
-            self.mask_stack.pop()
-        other = other if isinstance(other, CV) else self.constant(other, dtype)
+    def select(self, cond, value, other):
         return self.cse(f"tl.where({cond}, {value}, {other})", value.dtype)
-
-    def index_value(self, e, dtype):
-        e = sympy.sympify(e)
-        if e.is_Integer:
-            return self.constant(int(e), dtype)
-        if compute_dtype(dtype) == dtype:
-            return self.cse(f"({self.expr(e)}).to({TL_DTYPES[dtype]})", dtype)
-        return self.round(self.cse(f"({self.expr(e)}).to(tl.float32)", torch.float32), dtype)
 
     def random(self, kind, stream, flat):
         self.uses_seed = True
