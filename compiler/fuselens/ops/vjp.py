@@ -78,7 +78,7 @@ def _sdpa(g, out, q, k, v, needs, kw_needs=(), **options):
     device = P.builder().device
     if "attn_mask" in kw_needs:
         grads = list(emit(prim.call_torch_vjp, F.scaled_dot_product_attention, (q, k, v), options, [g],
-                          (True,) * 3, ("attn_mask",)))
+                          tuple(needs[:3]), ("attn_mask",)))
         return (*grads[:3], {"attn_mask": grads[3]})
     meta_options = {name: o.val if isinstance(o, TVal) else o for name, o in options.items()}
     layouts = prim.sdpa_backward_meta(g.val, q.val, k.val, v.val, **meta_options, device=device)
