@@ -4,7 +4,8 @@
 # machine with its own Python (PY=python3 by default), which must hold torch with CUDA, triton,
 # pytest, pytest-xdist, transformers and expecttest; nothing is installed. The pytest summary
 # lines (failures listed) go to test-output/gpu-tests.txt, which a GPU run commits as
-# bench/results/gpu-tests-<gpu>.txt.
+# bench/results/gpu-tests-<gpu>.txt; each test's outcome and time go to test-output/gpu-NAME.outcomes
+# as it ends (named even when a time limit stops the run before pytest's summary).
 #   scripts/test-gpu.sh [PYTEST_PATH ...]   only these tests (default: the whole GPU suite)
 #   FUSELENS_GPU_WORKERS=N                  pytest-xdist workers (default: CPU cores - 2)
 set -uo pipefail
@@ -25,7 +26,8 @@ status=0
 run() {  # run NAME PATH...: one pytest session; its summary lines appended to $SUMMARY
   local name=$1; shift
   echo "[test-gpu] $name: $*"
-  "$PY" -m pytest -q -n "$WORKERS" -p no:cacheprovider -rfEs "$@" 2>&1 | tee "$OUT/gpu-$name.log"
+  rm -f "$OUT/gpu-$name.outcomes"
+  FUSELENS_TEST_LOG="$OUT/gpu-$name.outcomes" "$PY" -m pytest -q -n "$WORKERS" -p no:cacheprovider -rfEs --durations=15 "$@" 2>&1 | tee "$OUT/gpu-$name.log"
   local rc=${PIPESTATUS[0]}
   { echo; echo "## $name ($*): exit $rc"
     # pytest's short summary (failures, errors, skips with their reasons), the OpInfo summary

@@ -22,3 +22,16 @@ def _stage_contracts_hold():
     if broken:
         del contract.VIOLATIONS[:]
         pytest.fail("stage contracts broken:\n" + "\n".join(broken))
+
+
+# (written by pytest-xdist's controller, which sees every worker's reports)
+_OUTCOME_LOG = os.environ.get("FUSELENS_TEST_LOG") if "PYTEST_XDIST_WORKER" not in os.environ else None
+
+
+def pytest_runtest_logreport(report):
+    """With FUSELENS_TEST_LOG=PATH each test's outcome and time is appended to PATH as it ends
+    (scripts/test-gpu.sh: a run stopped by the device's time limit still names what failed and
+    what was slow; pytest's own summary comes only at the end)."""
+    if _OUTCOME_LOG and (report.when == "call" or report.outcome != "passed"):
+        with open(_OUTCOME_LOG, "a") as log:
+            log.write(f"{report.outcome}\t{report.when}\t{report.duration:.2f}\t{report.nodeid}\n")
