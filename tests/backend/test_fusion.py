@@ -433,7 +433,7 @@ def test_int64_indexing_only_for_huge_buffers():
     huge_strided = torch.empty_strided((4, 4), (2 ** 30, 1), device="meta")  # few elements, far apart
     for meta, wide in ((torch.empty(1024, 1024, device="meta"), False),  # code generation only: nothing runs
                        (torch.empty(65536, 65536, device="meta"), True), (huge_strided, True)):
-        program = build_program(to_primitive_graph(gm, [meta], "cpu"), "cpu")
+        program = build_program(to_primitive_graph(gm, [meta], DEVICE), DEVICE)  # (Triton's kernels)
         assert ("tl.program_id(0).to(tl.int64)" in program.kernels[0].source) == wide
 
 
@@ -446,14 +446,14 @@ def test_large_kernels_divide_their_indices_by_literals():
     gm = trace(lambda x, b: x + b)
     for rows, literal in ((4096, True), (64, False)):  # code generation only: nothing runs
         x, b = torch.empty(rows, 50257, device="meta"), torch.empty(50257, device="meta")
-        program = build_program(to_primitive_graph(gm, [x, b], "cpu"), "cpu")
+        program = build_program(to_primitive_graph(gm, [x, b], DEVICE), DEVICE)
         assert ("% 50257" in program.kernels[0].source) == literal, program.kernels[0].source
     # with a dynamic size, none: a symbol may stand for a product of it (T * 50257), and the
     # source must not change with T
     sources = set()
     for t in (512, 513):
         x, b = torch.empty(4, t, 50257, device="meta"), torch.empty(4, 1, 50257, device="meta")
-        program = build_program(to_primitive_graph(gm, [x, b], "cpu"), "cpu", dynamic_values=frozenset({t}))
+        program = build_program(to_primitive_graph(gm, [x, b], DEVICE), DEVICE, dynamic_values=frozenset({t}))
         sources.add(program.kernels[0].source)
     assert len(sources) == 1 and "% 50257" not in sources.pop()
 

@@ -61,8 +61,10 @@ def test_primitive_alone_equals_eager(name, dtype):
         return
     reference = f(*[x.double() for x in xs])
     error, eager_error = ulp_error(got, reference, dtype), ulp_error(expected, reference, dtype)
-    # (C++: SLEEF's float routines err by up to 1 ulp, as ATen's vectorised kernels that call them)
-    bound = max(eager_error, 1.0) if CPP else eager_error
+    # (C++: SLEEF's float routines err by up to 1 ulp, as ATen's vectorised kernels that call them;
+    # CUDA: Triton's libdevice is not the CUDA math library eager's kernels were built with, and
+    # their float routines differ within CUDA's documented bounds: atan2f by 1.58 ulp where eager's 1.48)
+    bound = max(eager_error, 1.0) if CPP else max(eager_error, 2.0) if DEVICE == "cuda" else eager_error
     assert error <= bound, (f"{error:.3f} ulp where eager's kernel errs by {eager_error:.3f}", differ)
     if eager_error <= 0.5:  # eager is correctly rounded: so is fuselens, to the same value
         assert torch.equal(got, expected), differ

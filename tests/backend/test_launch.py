@@ -312,12 +312,12 @@ def test_parameters_read_from_the_source_are_the_ones_triton_builds(tmp_path):
     """A process launching cached cubins reads each kernel's parameters from its generated source
     (launcher.kernel_params), building no Triton JIT function: they must be that function's, for
     kernels of every kind (pointwise, a seeded one, reductions with combine functions, chunked)."""
-    from fl_backend_testing import compile
-    cases = [(lambda x: torch.relu(x) * 2, torch.randn(64)), (lambda x: x + torch.rand_like(x), torch.randn(64)),
-             (lambda x: x.softmax(-1), torch.randn(8, 32)), (lambda x: (x * 2).prod(-1), torch.randn(8, 32)),
-             (lambda x: (x * 2).amax(0), torch.randn(4096, 8))]  # (chunked columns, then their maxima)
+    from fl_backend_testing import DEVICE, compile
+    cases = [(lambda x: torch.relu(x) * 2, (64,)), (lambda x: x + torch.rand_like(x), (64,)),
+             (lambda x: x.softmax(-1), (8, 32)), (lambda x: (x * 2).prod(-1), (8, 32)),
+             (lambda x: (x * 2).amax(0), (4096, 8))]  # (chunked columns, then their maxima)
     sources = {launcher.canonical(k.name, k.source)[1]: launcher.canonical(k.name, k.source)[0]
-               for fn, x in cases for k in compile(fn, x).kernels}
+               for fn, shape in cases for k in compile(fn, torch.randn(shape, device=DEVICE)).kernels}
     assert len(sources) == 6 and all(any(part in s for s in sources) for part in ("do_not_specialize", "_combine", "xchunk"))
     script = (f"import json\nfrom fuselens.codegen import launcher\nsources = json.loads({json.dumps(json.dumps(sources))})\n"
               "print(json.dumps({n: [(p.name, p.is_constexpr, p.do_not_specialize) for p in "
