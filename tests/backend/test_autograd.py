@@ -154,6 +154,22 @@ def test_a_matmul_operand_is_saved_not_recomputed():
     assert prim(gelu_out) == "mul" and gelu_out.name in parts.saved
 
 
+@pytest.mark.parametrize("activation", [torch.relu, lambda h: F.threshold(h, 0.5, 0.5),
+                                        lambda h: torch.where(h >= 1.0, 1.0, h)], ids=["relu", "threshold", "where"])
+def test_a_clamping_activation_saves_no_mask_beside_its_result(activation):
+    """relu between two linears: the second saves relu's result for its weight gradient, and
+    relu's backward reads its mask from that result (as eager's threshold_backward): the
+    partition saves the same bytes as eager's autograd, no boolean mask beside them."""
+    def f(x, w1, w2):
+        return activation(x @ w1) @ w2
+
+    inputs = [randn(8, 16).requires_grad_(), randn(16, 32).requires_grad_(), randn(32, 4).requires_grad_()]
+    joint = joint_of(f, *inputs)
+    saved_dtypes = [n.meta["val"].dtype for n in joint.graph.nodes if n.name in partition(joint).saved]
+    assert torch.bool not in saved_dtypes, saved_dtypes
+    check(f, *inputs)
+
+
 def test_mlp_training_step():
     def mlp(x, w1, b1, w2, b2, target):
         h = F.gelu(F.linear(x, w1, b1))

@@ -255,8 +255,27 @@ ge = _pointwise("ge", torch.ge, "{0} >= {1}", no_grad, cpp="{0} >= {1}")
 logical_and = _pointwise("logical_and", torch.logical_and, "({0} != 0) & ({1} != 0)", no_grad, cpp="({0} != 0) & ({1} != 0)")
 logical_or = _pointwise("logical_or", torch.logical_or, "({0} != 0) | ({1} != 0)", no_grad, cpp="({0} != 0) | ({1} != 0)")
 logical_xor = _pointwise("logical_xor", torch.logical_xor, "({0} != 0) ^ ({1} != 0)", no_grad, cpp="({0} != 0) ^ ({1} != 0)")
-where = _pointwise("where", torch.where, "tl.where({0}, {1}, {2})",
-                   lambda g, out, c, a, b: (None, P.where(c, g, 0.0), P.where(c, 0.0, g)), cpp="{0} ? {1} : {2}")
+
+
+def _condition_read_from_result(c, a, b, out):
+    """where(x <= k, k, x) and where(x >= k, k, x) (relu, threshold) select k exactly where their
+    result is <= k (>= k; NaN neither): the backward reads that from the result, which the next op
+    saves anyway (a linear's or convolution's input), not from a mask saved beside it (as eager's
+    threshold_backward reads relu's result)."""
+    test = c.node.target if c.node.op == "call_function" else None
+    if test in (le, ge) and isinstance(a, (int, float)) and isinstance(b, P.TVal) \
+            and c.node.args[0] is b.node and c.node.args[1] == a:
+        return (P.le if test is le else P.ge)(out, a)
+    return c
+
+
+def _where_vjp(g, out, c, a, b):
+    if isinstance(c, P.TVal):
+        c = _condition_read_from_result(c, a, b, out)
+    return None, P.where(c, g, 0.0), P.where(c, 0.0, g)
+
+
+where = _pointwise("where", torch.where, "tl.where({0}, {1}, {2})", _where_vjp, cpp="{0} ? {1} : {2}")
 # dtype conversion; lowered by codegen (it knows the Triton type names)
 convert = _pointwise("convert", lambda x, dtype: x.to(dtype), None,
                      lambda g, out, x, dtype: (P.cast(g, x.dtype) if x.dtype.is_floating_point else None,))
