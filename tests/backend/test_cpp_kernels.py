@@ -86,6 +86,39 @@ def test_half_precision_results_round_as_eagers_ops_do():
         assert torch.equal(got, f(a, b))
 
 
+def every_value(dtype):
+    """The 65536 values of a 16-bit float dtype (NaNs and infinities included), as one row."""
+    return torch.arange(65536, dtype=torch.int32).to(torch.int16).view(dtype)
+
+
+def same_bits(got, want):
+    """Equal bit for bit, NaN where eager has NaN (its NaN payloads differ between kernels)."""
+    both_nan = got.isnan() & want.isnan()
+    return bool(((got.view(torch.int16) == want.view(torch.int16)) | both_nan).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_exp_erf_and_gelu_equal_eagers_on_every_value(dtype):
+    """exp (SLEEF's, inline) and erf (ATen's reduced-precision formula) in float, each rounded to
+    the half type: eager's result bit for bit on all 65536 inputs."""
+    x = every_value(dtype)
+    _, got = run(lambda x: (torch.exp(x), torch.erf(x), gelu(x)), x)
+    for g, w in zip(got, (torch.exp(x), torch.erf(x), gelu(x))):
+        assert same_bits(g, w)
+
+
+def test_float_exp_is_within_an_ulp_of_eagers():
+    """fp32 exp is SLEEF's expf_u10 (1 ulp) written out; eager's may be another library's."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.linspace(-110, 110, 1 << 16), torch.randn(1 << 16, generator=g) * 20,
+                   torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 88.72, -87.33, 1e-30])])
+    _, (got,) = run(lambda x: (torch.exp(x),), x)
+    want = torch.exp(x)
+    ulp = (torch.nextafter(want, torch.tensor(float("inf"))) - want).abs()
+    close = ((got - want).abs() <= ulp) | (got == want) | (got.isnan() & want.isnan())
+    assert bool(close.all()), x[~close][:8]
+
+
 def test_integers_wrap_and_nan_propagates_as_in_torch():
     big = torch.tensor([2 ** 31 - 1, -2 ** 31, 7], dtype=torch.int32)
     small = torch.tensor([100, -100, 27], dtype=torch.int8)

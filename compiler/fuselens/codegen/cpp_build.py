@@ -84,14 +84,49 @@ static inline float fl_round_f16(float x) { return float(_Float16(x)); }
 #define FL_MATH1(name, sleef) static inline float fl_##name##f(float x) { return std::name(x); }
 #define FL_MATH2(name, sleef, u) static inline float fl_##name##f(float x, float y) { return std::name(x, y); }
 #endif
-FL_MATH1(exp, expf) FL_MATH1(exp2, exp2f) FL_MATH1(log, logf) FL_MATH1(log1p, log1pf) FL_MATH1(sin, sinf)
+FL_MATH1(exp2, exp2f) FL_MATH1(log, logf) FL_MATH1(log1p, log1pf) FL_MATH1(sin, sinf)
 FL_MATH1(cos, cosf) FL_MATH1(tanh, tanhf) FL_MATH1(erf, erff)
 FL_MATH2(pow, powf, u10) FL_MATH2(atan2, atan2f, u10) FL_MATH2(hypot, hypotf, u05)
+// exp of a float: SLEEF's expf_u10 (the routine eager's float kernels call) written out, bit-equal to
+// it on every float (tests/backend/test_cpp_kernels.py), inline so that loops calling it vectorise
+// without a call per vector (no registers saved around it)
+static inline float fl_expf(float d) {
+    float qf = std::nearbyint(d * 1.442695040888963407359924681001892137426645954152985934135449406931f);
+    float s = std::fma(qf, -0.693145751953125f, d);
+    s = std::fma(qf, -1.428606765330187045e-06f, s);
+    float u = 0.000198527617612853646278381f;
+    u = std::fma(u, s, 0.00139304355252534151077271f);
+    u = std::fma(u, s, 0.00833336077630519866943359f);
+    u = std::fma(u, s, 0.0416664853692054748535156f);
+    u = std::fma(u, s, 0.166666671633720397949219f);
+    u = std::fma(u, s, 0.5f);
+    u = 1.0f + std::fma(s * s, u, s);
+    // u * 2^q as two powers of two (2^q alone may not be a float); q of NaN or beyond +-256 is 0 (the
+    // selects below decide there; a select, not fmin/fmax, which gcc does not vectorise)
+    int32_t q = int32_t(std::fabs(qf) < 256.0f ? qf : 0.0f), h = q >> 1;
+    u = u * fl_float(uint32_t(h + 0x7f) << 23) * fl_float(uint32_t(q - h + 0x7f) << 23);
+    u = d < -104.0f ? 0.0f : u;
+    return 100.0f < d ? std::numeric_limits<float>::infinity() : u;
+}
+template <class T> static inline T fl_exp(T x) {
+    if constexpr (std::is_same_v<T, float>) return fl_expf(x); else return std::exp(x);
+}
+// erf of a value computed in float for a half-precision result: ATen's own formula there (its
+// vectorised kernels of bf16/fp16 erf compute Vectorized<float>::erf, Abramowitz and Stegun 7.1.26
+// with SLEEF's exp), not SLEEF's erf, which differs after rounding on 28690 of the 65536 bf16 values
+static inline float fl_erf_half(float x) {
+    float t = 1.0f / std::fma(0.3275911f, std::fabs(x), 1.0f);
+    float r = std::fma(1.061405429f, t, -1.453152027f);
+    r = std::fma(r, t, 1.421413741f);
+    r = std::fma(r, t, -0.284496736f);
+    r = std::fma(r, t, 0.254829592f);
+    return std::copysign(std::fma(-fl_expf(-(x * x)) * t, r, 1.0f), x);
+}
 #define FL_FLOAT_OR_STD1(name) template <class T> static inline T fl_##name(T x) { \
     if constexpr (std::is_same_v<T, float>) return fl_##name##f(x); else return std::name(x); }
 #define FL_FLOAT_OR_STD2(name) template <class T> static inline T fl_##name(T x, T y) { \
     if constexpr (std::is_same_v<T, float>) return fl_##name##f(x, y); else return std::name(x, y); }
-FL_FLOAT_OR_STD1(exp) FL_FLOAT_OR_STD1(exp2) FL_FLOAT_OR_STD1(log) FL_FLOAT_OR_STD1(log1p) FL_FLOAT_OR_STD1(sin)
+FL_FLOAT_OR_STD1(exp2) FL_FLOAT_OR_STD1(log) FL_FLOAT_OR_STD1(log1p) FL_FLOAT_OR_STD1(sin)
 FL_FLOAT_OR_STD1(cos) FL_FLOAT_OR_STD1(tanh) FL_FLOAT_OR_STD1(erf) FL_FLOAT_OR_STD2(atan2) FL_FLOAT_OR_STD2(hypot)
 
 template <class T> static inline T fl_abs(T x) {
