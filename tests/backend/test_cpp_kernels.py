@@ -107,6 +107,21 @@ def test_half_exp_erf_and_gelu_equal_eagers_on_every_value(dtype):
         assert same_bits(g, w)
 
 
+def test_nans_with_any_payload_stay_nan_in_bf16():
+    """bf16 rounding skips its NaN test only for values whose NaNs have clear low bits (computed from
+    bf16 values): float NaNs of any payload (signaling, all bits set) still round to NaN."""
+    bits = torch.tensor([0x7F800001, 0x7FFFFFFF, 0xFFFFFFFF - 2 ** 32, 0x7FBFFFFF, 0x7FC00000, 0x3F800000],
+                        dtype=torch.int64).to(torch.int32)
+    x = bits.view(torch.float32)
+    y = torch.ones(6, dtype=torch.bfloat16)
+
+    def f(x, y):
+        return x.to(torch.bfloat16), (x * 1.0).to(torch.bfloat16) * y, torch.log(y - 2.0), torch.exp(x.to(torch.bfloat16))
+    _, got = run(f, x, y)
+    for g, w in zip(got, f(x, y)):
+        assert torch.equal(g.isnan(), w.isnan()) and torch.equal(g[~g.isnan()], w[~w.isnan()]), (g, w)
+
+
 def test_float_exp_is_within_an_ulp_of_eagers():
     """fp32 exp is SLEEF's expf_u10 (1 ulp) written out; eager's may be another library's."""
     g = torch.Generator().manual_seed(0)

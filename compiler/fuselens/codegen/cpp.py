@@ -148,7 +148,7 @@ class CppKernelWriter(CppExpressions):
         if not (compute_dtype(buf.dtype) != buf.dtype and value.dtype == torch.float32):
             value = self.to_dtype(value, buf.dtype)  # (a float is stored to a half type rounded)
         stored = value.expr if C_TYPES[buf.dtype] == C_TYPES[value.dtype] else \
-            f"fl_to_bf16({value})" if buf.dtype == torch.bfloat16 else f"{C_TYPES[buf.dtype]}({value})"
+            self.bf16_bits_text(value) if buf.dtype == torch.bfloat16 else f"{C_TYPES[buf.dtype]}({value})"
         self.emit(f"{ptr}[{index_text}] = {stored};", loc=buf.loc or self.loc)
 
     # --- reductions -------------------------------------------------------------------------------

@@ -63,6 +63,16 @@ class HoistPoint:
 
 # the names in a C++ line that a value may depend on: loop variables, temporaries, accumulators
 VARIABLES = re.compile(r"\b(?:[xr]\d+|tmp\d+|acc\d+(?:_nan)?)\b")
+# functions whose float result is NaN only as IEEE arithmetic makes it: the NaN of an operand
+# (quiet, same payload) or the default NaN; elsewhere (SLEEF's routines build NaNs from bit masks,
+# a half type's NaN widened to float fills low mantissa bits) a NaN may be `wild` (its low 16
+# bits set: rounding it to bf16 needs the NaN test)
+TAME_CALLS = frozenset({"fl_from_bf16", "fl_round_bf16", "fl_round_bf16_tame", "fl_exp", "fl_erf_half", "fl_div",
+                        "std::sqrt", "fl_abs", "fl_rsqrt", "fl_sigmoid", "fl_maximum", "fl_minimum", "fl_floor",
+                        "fl_ceil", "float", "double", "quiet_NaN", "infinity"})
+CALLS = re.compile(r"([A-Za-z_][\w:]*)\s*\(")
+BF16_LOAD = re.compile(r"fl_from_bf16\(\w+\[")
+RAW_LOAD = re.compile(r"\w+_ptr\d+\[")
 
 
 class CppExpressions(KernelExpressions):
@@ -76,6 +86,19 @@ class CppExpressions(KernelExpressions):
         self.deps: dict[str, frozenset] = {}  # temporary -> the loop variables its value depends on
         self.hoist_points: list = []  # HoistPoint of each open loop
         self.depth: dict[str, int] = {}  # temporary or accumulator -> the scope depth it is declared at
+        self.wild: set[str] = set()  # float temporaries that may hold a wild NaN (TAME_CALLS)
+        self.rounded_bf16: set[str] = set()  # temporaries that are bf16 values (their low 16 bits clear)
+
+    def may_be_wild(self, text, dtype) -> bool:
+        """Whether the float value of `text` may be a NaN with low mantissa bits set (TAME_CALLS):
+        it loads a float buffer, calls another function, or reads a wild value or an accumulator."""
+        if not dtype.is_floating_point or text.startswith("fl_round_bf16("):  # (its NaN is made 0x7fc00000)
+            return False
+        if len(RAW_LOAD.findall(text)) != len(BF16_LOAD.findall(text)):
+            return True
+        if any(f not in TAME_CALLS for f in CALLS.findall(text)):
+            return True
+        return any(n in self.wild or n.startswith("acc") for n in VARIABLES.findall(text))
 
     def cse(self, text, dtype):
         """`text` as a temporary (one already computed where it is in scope). Computed in the
@@ -86,6 +109,8 @@ class CppExpressions(KernelExpressions):
                 return CV(scope[text], dtype)
         name = f"tmp{self.tmp}"
         self.tmp += 1
+        if self.may_be_wild(text, dtype):
+            self.wild.add(name)
         names = VARIABLES.findall(text)
         deps = frozenset().union(*(self.deps.get(n, {n}) for n in names))
         self.deps[name] = deps
@@ -160,8 +185,20 @@ class CppExpressions(KernelExpressions):
                     for i, v in enumerate(vals)]
         return self.round(self.cse(template.format(*[v.expr for v in vals]), cd), out_dtype)
 
+    def round(self, v, dtype):
+        out = super().round(v, dtype)
+        if dtype == torch.bfloat16 and out is not v:
+            self.rounded_bf16.add(out.expr)
+        return out
+
     def round_text(self, v, dtype):
+        if dtype == torch.bfloat16 and v.expr not in self.wild:
+            return f"fl_round_bf16_tame({v})"
         return f"{HALF_ROUND[dtype]}({v})"
+
+    def bf16_bits_text(self, v) -> str:
+        """The bits stored of float `v` as a bf16 (a value already rounded: its upper half)."""
+        return f"fl_bf16_bits({v})" if v.expr in self.rounded_bf16 else f"fl_to_bf16({v})"
 
     def cast_text(self, v, dtype):
         return f"{C_TYPES[dtype]}({v})"
