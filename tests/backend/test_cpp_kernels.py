@@ -71,6 +71,18 @@ def test_a_long_row_is_split_among_threads_and_a_column_sum_walks_rows():
     assert "xt +=" in columns.source  # tiles of columns, the rows walked in order
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_softmax_computes_each_exponential_once(dtype):
+    """exp(x - max) is computed in the sum's loop and kept in a row cache that the store's loop
+    reads: one exp per element, results as eager's."""
+    x = torch.randn(64, 512).to(dtype)
+    cg, (got,) = run(lambda x: (manual_softmax(x),), x)
+    (kernel,) = cg.kernels
+    assert kernel.source.count("fl_exp(") == 1 and "row0[r1] = " in kernel.source
+    want = manual_softmax(x)
+    assert torch.equal(got, want) if dtype == torch.bfloat16 else torch.allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
 def test_training_runs_the_backward_kernels_in_cpp():
     w = torch.randn(32)
     cg = check(lambda x, w: manual_layer_norm(torch.tanh(x), w, w).sigmoid(), torch.randn(16, 32), w)

@@ -28,18 +28,23 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 
 import torch
 
 from ..lower.ir import compute_dtype, use_handler
 from ..schedule.fusion import FusedKernel, moved_row_vars, row_shapes, store_index
-from .cpp_expressions import C_TYPES, CppExpressions, HoistPoint, literal
+from .cpp_expressions import C_TYPES, TEMPORARY, CppExpressions, HoistPoint, literal
+
+DEFINITION = re.compile(r"^[\w:]+ (tmp\d+) = ")
 
 # a loop nest shares its iterations among threads only from this many elements (a parallel
 # region's start and join cost microseconds)
 PARALLEL_MIN_ELEMENTS = 1 << 15
 # at most this many columns in a thread's tile of a column reduction (its accumulators stay in L1)
 COLUMN_TILE = 256
+# at most this many elements in a row cache array (cpp_expressions.py; on the thread's stack)
+ROW_CACHE_MAX = 16384
 
 
 def accumulator_dtype(reduce, dtype):
@@ -64,6 +69,8 @@ class CppKernelWriter(CppExpressions):
         self.threads = threads
         self.split_rows = kernel.is_reduction and self.xnumel < 2 * threads and \
             self.xnumel * self.rnumel >= PARALLEL_MIN_ELEMENTS
+        self.row_loops = 0
+        self.to_cache = []  # keys of the values the row cache keeps (a second generation's)
 
     # --- loops ------------------------------------------------------------------------------------
     def var(self, d):
@@ -101,6 +108,10 @@ class CppKernelWriter(CppExpressions):
         for d in outer:
             self.open_for(d)
             opened += 1
+        row_loop = self.row_loop
+        if self.row_cache_ok() and dims == self.r_dims:
+            self.row_loops += 1
+            self.row_loop = (self.var(inner), self.row_loops)
         if inner is not None:
             if parallel and (not outer or inner_shared):
                 self.emit(f"#pragma omp parallel for simd{reductions}{self.parallel_if()}")
@@ -113,6 +124,13 @@ class CppKernelWriter(CppExpressions):
         finally:
             for _ in range(opened):
                 self.close_brace()
+            self.row_loop = row_loop
+
+    def row_cache_ok(self):
+        """Whether the kernel's loops over a row may keep values in a row cache: one reduced dim of a
+        known size, each row walked by one thread."""
+        return self.kernel.is_reduction and not self.split_rows and len(self.r_dims) == 1 and \
+            not self.dynamic_values and self.rnumel <= ROW_CACHE_MAX
 
     def open_for(self, d, hoist=False, start="0", stop=None):
         """`hoist`: values in its body that do not depend on its variable go before it (the line
@@ -284,6 +302,9 @@ class CppKernelWriter(CppExpressions):
                         self.store(buf, self.inline(buf))
             return
         with self.loop_nest(self.x_dims, parallel=not self.split_rows, simd=False):
+            for key in self.to_cache:
+                self.cached[key] = f"row{len(self.cached)}"
+                self.emit(f"float {self.cached[key]}[{self.rnumel}];")
             store_loop = None
             for buf in self.kernel.nodes:
                 if buf.kind == "reduction" or self.is_row_value(buf):
@@ -325,9 +346,28 @@ class CppKernelWriter(CppExpressions):
         sizes = (self.xnumel, self.rnumel) if self.kernel.is_reduction else (self.xnumel,)
         return values[:n], values[n:], sizes
 
+    def drop_unused_temporaries(self):
+        """Lines of temporaries nothing reads (a cached value's operands in the loops that load it)."""
+        while True:
+            defined = {}
+            for i, (_, text) in enumerate(self.lines):
+                m = DEFINITION.match(text)
+                if m:
+                    defined[m.group(1)] = i
+            used = set()
+            for i, (_, text) in enumerate(self.lines):
+                m = DEFINITION.match(text)
+                used.update(TEMPORARY.findall(text.split(" = ", 1)[1] if m else text))
+            unused = {i for n, i in defined.items() if n not in used}
+            if not unused:
+                return
+            self.lines = [line for i, line in enumerate(self.lines) if i not in unused]
+
     def generate(self):
         with use_handler(self):
             self.body()
+        if self.cached:
+            self.drop_unused_temporaries()
         name = self.kernel_name()
         header = f'extern "C" void {name}({", ".join(p for p, _ in self.launch_params())}) {{'
         body = ["    " * indent + text for indent, text in self.lines]
@@ -338,4 +378,9 @@ def generate_cpp_kernel(kernel: FusedKernel, index: int, sizevars, dynamic_value
     """(name, C++ source of the kernel's function, its writer)."""
     writer = CppKernelWriter(kernel, index, sizevars, dynamic_values, threads)
     name, source = writer.generate()
+    to_cache = writer.keys_to_cache()
+    if to_cache:  # generated again, heavy values computed in several loops over a row kept in a row cache
+        writer = CppKernelWriter(kernel, index, sizevars, dynamic_values, threads)
+        writer.to_cache = to_cache
+        name, source = writer.generate()
     return name, source, writer

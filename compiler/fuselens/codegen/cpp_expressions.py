@@ -71,6 +71,10 @@ TAME_CALLS = frozenset({"fl_from_bf16", "fl_round_bf16", "fl_round_bf16_tame", "
                         "std::sqrt", "fl_abs", "fl_rsqrt", "fl_sigmoid", "fl_maximum", "fl_minimum", "fl_floor",
                         "fl_ceil", "float", "double", "quiet_NaN", "infinity"})
 CALLS = re.compile(r"([A-Za-z_][\w:]*)\s*\(")
+TEMPORARY = re.compile(r"\btmp\d+\b")
+# math worth keeping in a row cache rather than computing again in a later loop over the row
+HEAVY_CALLS = frozenset({"fl_exp", "fl_exp2", "fl_log", "fl_log1p", "fl_sin", "fl_cos", "fl_tanh", "fl_erf",
+                         "fl_erf_half", "fl_pow", "fl_sigmoid", "fl_atan2", "fl_hypot"})
 BF16_LOAD = re.compile(r"fl_from_bf16\(\w+\[")
 RAW_LOAD = re.compile(r"\w+_ptr\d+\[")
 
@@ -88,6 +92,18 @@ class CppExpressions(KernelExpressions):
         self.depth: dict[str, int] = {}  # temporary or accumulator -> the scope depth it is declared at
         self.wild: set[str] = set()  # float temporaries that may hold a wild NaN (TAME_CALLS)
         self.rounded_bf16: set[str] = set()  # temporaries that are bf16 values (their low 16 bits clear)
+        # row cache (codegen/cpp.py's reduction kernels): a heavy value computed in one loop over a
+        # row and again in a later one is stored in the first (an array of the row, per thread) and
+        # loaded in the others. Values are named by `key` (their text with temporaries by the key of
+        # theirs) across loops; the first generation finds those computed in several loops
+        # (`heavy_loops`), the second caches `cached` (key -> array).
+        self.keys: dict[str, str] = {}  # temporary -> its key
+        self.key_ids: dict[str, int] = {}
+        self.heavy: set[str] = set()  # temporaries of heavy calls (or their bf16 rounding)
+        self.heavy_loops: dict[str, set] = {}  # key of a heavy value -> the row loops computing it
+        self.row_loop = None  # (loop variable, number) of the loop over a row the body is in
+        self.cached: dict[str, str] = {}  # key -> its row cache array
+        self.cache_filled: set[str] = set()
 
     def may_be_wild(self, text, dtype) -> bool:
         """Whether the float value of `text` may be a NaN with low mantissa bits set (TAME_CALLS):
@@ -114,6 +130,18 @@ class CppExpressions(KernelExpressions):
         names = VARIABLES.findall(text)
         deps = frozenset().union(*(self.deps.get(n, {n}) for n in names))
         self.deps[name] = deps
+        key = self.key_of(name, text)
+        cache = self.row_cache(name, text, key, deps)
+        if cache is not None:
+            if key in self.cache_filled:
+                text = f"{cache}[{self.row_loop[0]}]"  # (as wild as the value stored, which `name` is)
+            else:
+                self.cache_filled.add(key)
+                self.emit(f"{C_TYPES[dtype]} {name} = {text};")
+                self.emit(f"{cache}[{self.row_loop[0]}] = {name};")
+                self.scopes[-1][text] = name
+                self.depth[name] = len(self.scopes)
+                return CV(name, dtype)
         line = f"{C_TYPES[dtype]} {name} = {text};"
         point = self.hoist_points[-1] if self.hoist_points else None
         if point is not None and point.at is not None and point.var not in deps and \
@@ -129,6 +157,32 @@ class CppExpressions(KernelExpressions):
             self.scopes[-1][text] = name
             self.depth[name] = len(self.scopes)
         return CV(name, dtype)
+
+    def key_of(self, name, text) -> str:
+        """`name`'s key: its text with temporaries replaced by their keys' numbers (short, and the
+        same for the same value computed in another loop)."""
+        key = TEMPORARY.sub(lambda m: f"k{self.key_ids.get(self.keys.get(m.group(0)), m.group(0))}", text)
+        self.key_ids.setdefault(key, len(self.key_ids))
+        self.keys[name] = key
+        return key
+
+    def row_cache(self, name, text, key, deps):
+        """The row cache array of a value computed in a loop over a row (None if not cached);
+        records the heavy ones for `cached`."""
+        calls = set(CALLS.findall(text))
+        if calls & HEAVY_CALLS or text.startswith("fl_round_bf16") and set(TEMPORARY.findall(text)) & self.heavy:
+            self.heavy.add(name)
+        if self.row_loop is None or self.row_loop[0] not in deps or name not in self.heavy:
+            return None
+        self.heavy_loops.setdefault(key, set()).add(self.row_loop[1])
+        return self.cached.get(key)
+
+    def keys_to_cache(self) -> list:
+        """The keys of heavy values computed in more than one loop over a row: a value and not
+        its bf16 rounding, which is cached instead."""
+        again = [k for k, loops in self.heavy_loops.items() if len(loops) > 1]
+        rounded = {k for k in again if k.startswith("fl_round_bf16")}
+        return [k for k in again if not any(r.endswith(f"(k{self.key_ids[k]})") for r in rounded)]
 
     def size_text(self, e) -> str:
         """A size: its value, or a kernel argument in a graph with dynamic sizes."""
