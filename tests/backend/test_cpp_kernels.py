@@ -83,6 +83,27 @@ def test_softmax_computes_each_exponential_once(dtype):
     assert torch.equal(got, want) if dtype == torch.bfloat16 else torch.allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_padded_pool_runs_its_interior_without_masks(channels_last):
+    """A max pool with padding: where every mask holds (checked at both ends of the inner loop's
+    interior range), a copy of the body without masks runs, and gcc vectorises it; along the
+    inner dim (NCHW's columns) the border columns run the masked body."""
+    import torch.nn.functional as F
+    x = torch.randn(2, 16, 20, 20)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    f = lambda x: (F.max_pool2d(torch.relu(x * 2.0), 3, 2, 1),)  # noqa: E731
+    cg, (got,) = run(f, x)
+    assert torch.equal(got, f(x)[0])
+    (kernel,) = [k for k in cg.kernels if "bool interior" in k.source]
+    lines = kernel.source.split("\n")
+    loops = [i for i, line in enumerate(lines) if line.strip().startswith("for (") and "; x" in line]
+    unmasked = [i for i in loops if " = lo; " in lines[i]]
+    assert len(unmasked) == 1 and sum(" = hi; " in lines[i] for i in loops) == (0 if channels_last else 1)
+    if "gcc" in cpp_build.compiler_identity().lower() or "g++" in cpp_build.compiler_identity():
+        assert {unmasked[0] + 3, unmasked[0] + 4} & vectorized_loops(kernel.source)  # (the `for`, 1-based, after 2 lines)
+
+
 def test_training_runs_the_backward_kernels_in_cpp():
     w = torch.randn(32)
     cg = check(lambda x, w: manual_layer_norm(torch.tanh(x), w, w).sigmoid(), torch.randn(16, 32), w)

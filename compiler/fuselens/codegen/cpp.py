@@ -30,6 +30,7 @@ import contextlib
 import math
 import re
 
+import sympy
 import torch
 
 from ..lower.ir import compute_dtype, use_handler
@@ -71,6 +72,7 @@ class CppKernelWriter(CppExpressions):
             self.xnumel * self.rnumel >= PARALLEL_MIN_ELEMENTS
         self.row_loops = 0
         self.to_cache = []  # keys of the values the row cache keeps (a second generation's)
+        self.interior = None  # (lo, hi) of interior loops (a second generation's: interior_split)
 
     # --- loops ------------------------------------------------------------------------------------
     def var(self, d):
@@ -296,10 +298,10 @@ class CppKernelWriter(CppExpressions):
         if tile is not None:
             return self.column_body(tile)
         if not self.kernel.is_reduction:
+            if self.interior is not None:
+                return self.interior_body()
             with self.loop_nest(self.x_dims, parallel=True, simd=True):
-                for buf in self.kernel.nodes:
-                    if buf.name in stores:
-                        self.store(buf, self.inline(buf))
+                self.pointwise_stores()
             return
         with self.loop_nest(self.x_dims, parallel=not self.split_rows, simd=False):
             for key in self.to_cache:
@@ -323,6 +325,63 @@ class CppKernelWriter(CppExpressions):
                         store_loop.__enter__()
                     self.store(buf, self.inline(buf))
             self.close(store_loop)
+
+    def pointwise_stores(self):
+        for buf in self.kernel.nodes:
+            if buf.name in self.kernel.stores:
+                self.store(buf, self.inline(buf))
+
+    def interior_split(self):
+        """(lo, hi, masks) for a pointwise kernel with masks (its loads at a tensor's border, a padded
+        pooling window): inner loop iterations in [lo, hi) where every mask holds run a copy of the
+        body without masks (loads and selects gcc vectorises), the others the masked body. None
+        where the kernel has no masks, too few outer iterations, or a mask not affine in the inner
+        loop variable (the check at the range's two ends then proves nothing)."""
+        if self.kernel.is_reduction or not self.mask_conds or len(self.x_dims) < 2 or self.dynamic_values:
+            return None
+        inner, outer = self.x_dims[-1], self.x_dims[:-1]
+        if math.prod(self.kernel.shape[d] for d in outer) < 4 * self.threads:
+            return None
+        v, n = self.var(inner), self.kernel.shape[inner]
+        along = False
+        for c in self.mask_conds:
+            sym = next((s for s in c.free_symbols if s.name == v), None)
+            if sym is None:
+                continue
+            along = True
+            d = c.lhs - c.rhs
+            if not isinstance(c, sympy.core.relational.Relational) or sympy.diff(d, sym).has(sym) or \
+                    any(sym in f.free_symbols for f in d.atoms(sympy.Function)):
+                return None
+        pad = min(8, n // 4) if along else 0  # (masks along the inner dim: a border of `pad` each side)
+        return (pad, n - pad, list(self.mask_conds)) if n - 2 * pad > 0 else None
+
+    def interior_body(self):
+        """`interior_split`'s loops: the outer loops, then per outer iteration whether every mask
+        holds at both ends of [lo, hi) (affine masks: then on all of it), and the inner loop as
+        [0, lo) masked, [lo, hi) unmasked, [hi, n) masked (all masked where the check fails)."""
+        lo, hi, conds = self.interior
+        inner, outer = self.x_dims[-1], self.x_dims[:-1]
+        v, n = self.var(inner), self.kernel.shape[inner]
+        with self.loop_nest(outer, parallel=True, simd=False):
+            checks = {c.subs({s: end for s in c.free_symbols if s.name == v}) for c in conds for end in (lo, hi - 1)}
+            if sympy.false in checks:
+                return self.interior_loops(inner, n, n, n)  # (never all: the masked body throughout)
+            checks = sorted(self.expr(c) for c in checks if c is not sympy.true)
+            self.emit(f"bool interior = {' && '.join(f'({c})' for c in checks) or 'true'};")
+            self.emit(f"int64_t lo = interior ? {lo} : {n}, hi = interior ? {hi} : {n};")
+            self.interior_loops(inner, n, "lo", "hi", hi == n)
+
+    def interior_loops(self, inner, n, lo, hi, none_after=False):
+        for start, stop, unmasked in (("0", lo, False), (lo, hi, True), (hi, n, False)):
+            if start == stop or (stop == n and none_after):
+                continue  # (masks not along the inner dim: nothing after the interior)
+            self.unmasked = unmasked
+            self.emit("#pragma omp simd")
+            self.open_for(inner, hoist=True, start=str(start), stop=str(stop))
+            self.pointwise_stores()
+            self.close_brace()
+        self.unmasked = False
 
     @staticmethod
     def close(loop):
@@ -378,9 +437,9 @@ def generate_cpp_kernel(kernel: FusedKernel, index: int, sizevars, dynamic_value
     """(name, C++ source of the kernel's function, its writer)."""
     writer = CppKernelWriter(kernel, index, sizevars, dynamic_values, threads)
     name, source = writer.generate()
-    to_cache = writer.keys_to_cache()
-    if to_cache:  # generated again, heavy values computed in several loops over a row kept in a row cache
+    to_cache, interior = writer.keys_to_cache(), writer.interior_split()
+    if to_cache or interior:  # generated again, with what the first generation found
         writer = CppKernelWriter(kernel, index, sizevars, dynamic_values, threads)
-        writer.to_cache = to_cache
+        writer.to_cache, writer.interior = to_cache, interior
         name, source = writer.generate()
     return name, source, writer

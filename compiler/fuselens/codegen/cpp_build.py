@@ -139,6 +139,15 @@ static inline float fl_erf_half(float x) {
 FL_FLOAT_OR_STD1(exp2) FL_FLOAT_OR_STD1(log) FL_FLOAT_OR_STD1(log1p) FL_FLOAT_OR_STD1(sin)
 FL_FLOAT_OR_STD1(cos) FL_FLOAT_OR_STD1(tanh) FL_FLOAT_OR_STD1(erf) FL_FLOAT_OR_STD2(atan2) FL_FLOAT_OR_STD2(hypot)
 
+// a selection of floats by bit masks, without a branch: gcc leaves loops of `c ? a : b` on floats
+// unvectorised where c is computed apart from a and b ("relevant stmt not supported"), a masked
+// max pool's interior among them (its loop vectorises with this)
+template <class T> static inline T fl_where(bool c, T a, T b) {
+    if constexpr (std::is_same_v<T, float>) {
+        uint32_t m = 0u - uint32_t(c);
+        return fl_float((fl_bits(a) & m) | (fl_bits(b) & ~m));
+    } else return c ? a : b;
+}
 template <class T> static inline T fl_abs(T x) {
     if constexpr (std::is_floating_point_v<T>) return std::fabs(x);
     else if constexpr (std::is_signed_v<T>) return x < 0 ? T(-x) : x;

@@ -69,7 +69,7 @@ VARIABLES = re.compile(r"\b(?:[xr]\d+|tmp\d+|acc\d+(?:_nan)?)\b")
 # bits set: rounding it to bf16 needs the NaN test)
 TAME_CALLS = frozenset({"fl_from_bf16", "fl_round_bf16", "fl_round_bf16_tame", "fl_exp", "fl_erf_half", "fl_div",
                         "std::sqrt", "fl_abs", "fl_rsqrt", "fl_sigmoid", "fl_maximum", "fl_minimum", "fl_floor",
-                        "fl_ceil", "float", "double", "quiet_NaN", "infinity"})
+                        "fl_ceil", "fl_where", "float", "double", "quiet_NaN", "infinity"})
 CALLS = re.compile(r"([A-Za-z_][\w:]*)\s*\(")
 TEMPORARY = re.compile(r"\btmp\d+\b")
 # math worth keeping in a row cache rather than computing again in a later loop over the row
@@ -104,6 +104,10 @@ class CppExpressions(KernelExpressions):
         self.row_loop = None  # (loop variable, number) of the loop over a row the body is in
         self.cached: dict[str, str] = {}  # key -> its row cache array
         self.cache_filled: set[str] = set()
+        # the conditions of every masked value (codegen/cpp.py's interior loops: where they all
+        # hold, a second copy of the loop body has no masks); `unmasked` while writing that copy
+        self.mask_conds: list = []
+        self.unmasked = False
 
     def may_be_wild(self, text, dtype) -> bool:
         """Whether the float value of `text` may be a NaN with low mantissa bits set (TAME_CALLS):
@@ -198,6 +202,12 @@ class CppExpressions(KernelExpressions):
         stores = [i for i, (_, text) in enumerate(self.lines) if store in text]
         return bool(loads and stores) and max(loads) < min(stores)
 
+    def masked(self, conds, body, other, dtype):
+        if any(c is sympy.false for c in conds):
+            return super().masked(conds, body, other, dtype)
+        self.mask_conds += [c for c in conds if c is not sympy.true]
+        return body() if self.unmasked else super().masked(conds, body, other, dtype)
+
     def mask(self):
         return self.AND.join(self.mask_stack) if self.mask_stack else None
 
@@ -260,7 +270,8 @@ class CppExpressions(KernelExpressions):
     def select(self, cond, value, other):
         if other.dtype != value.dtype:
             other = self.to_dtype(other, value.dtype)
-        return self.cse(f"{cond} ? {value} : {other}", value.dtype)
+        text = f"fl_where({cond}, {value}, {other})" if value.dtype == torch.float32 else f"{cond} ? {value} : {other}"
+        return self.cse(text, value.dtype)
 
     def random(self, kind, stream, flat):
         self.uses_seed = True

@@ -257,7 +257,9 @@ logical_and = _pointwise("logical_and", torch.logical_and, "({0} != 0) & ({1} !=
 logical_or = _pointwise("logical_or", torch.logical_or, "({0} != 0) | ({1} != 0)", no_grad, cpp="({0} != 0) | ({1} != 0)")
 logical_xor = _pointwise("logical_xor", torch.logical_xor, "({0} != 0) ^ ({1} != 0)", no_grad, cpp="({0} != 0) ^ ({1} != 0)")
 where = _pointwise("where", torch.where, "tl.where({0}, {1}, {2})",
-                   lambda g, out, c, a, b: (None, P.where(c, g, 0.0), P.where(c, 0.0, g)), cpp="{0} ? {1} : {2}")
+                   lambda g, out, c, a, b: (None, P.where(c, g, 0.0), P.where(c, 0.0, g)),
+                   cpp=lambda dtype: "fl_where({0}, {1}, {2})" if dtype in (torch.float32, torch.bfloat16, torch.float16)
+                   else "{0} ? {1} : {2}")  # (a float selection without a branch: cpp_build.py)
 # dtype conversion; lowered by codegen (it knows the Triton type names)
 convert = _pointwise("convert", lambda x, dtype: x.to(dtype), None,
                      lambda g, out, x, dtype: (P.cast(g, x.dtype) if x.dtype.is_floating_point else None,))
