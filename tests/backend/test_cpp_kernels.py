@@ -43,7 +43,13 @@ def vectorized_loops(kernel_source):
     return {int(line.split(":")[1]) for line in out.stderr.splitlines() if "loop vectorized" in line}
 
 
-@pytest.mark.parametrize("fn,shapes", [(gelu, [(64, 512)]), (manual_softmax, [(64, 512)]),
+def erf_times_exp(x):
+    """erf (a call to SLEEF's vector routine) and exp (inline) in one loop, as a GeLU's gradient:
+    gcc vectorised neither while exp had `?:` selections."""
+    return torch.erf(x) * torch.exp(-x * x)
+
+
+@pytest.mark.parametrize("fn,shapes", [(gelu, [(64, 512)]), (manual_softmax, [(64, 512)]), (erf_times_exp, [(64, 512)]),
                                        (manual_layer_norm, [(64, 512), (512,), (512,)])])
 def test_kernels_share_rows_among_threads_and_every_inner_loop_vectorises(fn, shapes):
     """Outer loops `omp parallel for` (the domain is worth threads), inner loops `omp simd`, and

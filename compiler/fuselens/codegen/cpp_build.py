@@ -35,10 +35,19 @@ PREAMBLE = r"""#include <cmath>
 #include <limits>
 #include <type_traits>
 
-// bfloat16 in memory (uint16_t); converted from float rounded to nearest even, NaN made quiet (as
-// c10::BFloat16), without branches: loops of them vectorise
 static inline uint32_t fl_bits(float x) { uint32_t u; std::memcpy(&u, &x, 4); return u; }
 static inline float fl_float(uint32_t u) { float x; std::memcpy(&x, &u, 4); return x; }
+// a selection of floats by bit masks, without a branch: gcc leaves loops of `c ? a : b` on floats
+// unvectorised where c is computed apart from a and b ("relevant stmt not supported"), a masked
+// max pool's interior among them (its loop vectorises with this)
+template <class T> static inline T fl_where(bool c, T a, T b) {
+    if constexpr (std::is_same_v<T, float>) {
+        uint32_t m = 0u - uint32_t(c);
+        return fl_float((fl_bits(a) & m) | (fl_bits(b) & ~m));
+    } else return c ? a : b;
+}
+// bfloat16 in memory (uint16_t); converted from float rounded to nearest even, NaN made quiet (as
+// c10::BFloat16), without branches: loops of them vectorise
 static inline float fl_round_bf16(float x) {
     uint32_t u = fl_bits(x), nan = 0u - uint32_t(x != x);
     return fl_float((((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u) & ~nan) | (0x7fc00000u & nan));
@@ -112,11 +121,12 @@ static inline float fl_expf(float d) {
     u = std::fma(u, s, 0.5f);
     u = 1.0f + std::fma(s * s, u, s);
     // u * 2^q as two powers of two (2^q alone may not be a float); q of NaN or beyond +-256 is 0 (the
-    // selects below decide there; a select, not fmin/fmax, which gcc does not vectorise)
-    int32_t q = int32_t(std::fabs(qf) < 256.0f ? qf : 0.0f), h = q >> 1;
+    // selections below decide there). Selections by bit masks, not fmin/fmax or `?:`: with those
+    // gcc leaves a loop calling another function besides unvectorised ("control flow in loop")
+    int32_t q = int32_t(fl_where(std::fabs(qf) < 256.0f, qf, 0.0f)), h = q >> 1;
     u = u * fl_float(uint32_t(h + 0x7f) << 23) * fl_float(uint32_t(q - h + 0x7f) << 23);
-    u = d < -104.0f ? 0.0f : u;
-    return 100.0f < d ? std::numeric_limits<float>::infinity() : u;
+    u = fl_where(d < -104.0f, 0.0f, u);
+    return fl_where(100.0f < d, std::numeric_limits<float>::infinity(), u);
 }
 template <class T> static inline T fl_exp(T x) {
     if constexpr (std::is_same_v<T, float>) return fl_expf(x); else return std::exp(x);
@@ -139,15 +149,6 @@ static inline float fl_erf_half(float x) {
 FL_FLOAT_OR_STD1(exp2) FL_FLOAT_OR_STD1(log) FL_FLOAT_OR_STD1(log1p) FL_FLOAT_OR_STD1(sin)
 FL_FLOAT_OR_STD1(cos) FL_FLOAT_OR_STD1(tanh) FL_FLOAT_OR_STD1(erf) FL_FLOAT_OR_STD2(atan2) FL_FLOAT_OR_STD2(hypot)
 
-// a selection of floats by bit masks, without a branch: gcc leaves loops of `c ? a : b` on floats
-// unvectorised where c is computed apart from a and b ("relevant stmt not supported"), a masked
-// max pool's interior among them (its loop vectorises with this)
-template <class T> static inline T fl_where(bool c, T a, T b) {
-    if constexpr (std::is_same_v<T, float>) {
-        uint32_t m = 0u - uint32_t(c);
-        return fl_float((fl_bits(a) & m) | (fl_bits(b) & ~m));
-    } else return c ? a : b;
-}
 template <class T> static inline T fl_abs(T x) {
     if constexpr (std::is_floating_point_v<T>) return std::fabs(x);
     else if constexpr (std::is_signed_v<T>) return x < 0 ? T(-x) : x;
