@@ -349,9 +349,10 @@ class CppKernelWriter(CppExpressions):
             if sym is None:
                 continue
             along = True
+            if not isinstance(c, sympy.core.relational.Relational):
+                return None
             d = c.lhs - c.rhs
-            if not isinstance(c, sympy.core.relational.Relational) or sympy.diff(d, sym).has(sym) or \
-                    any(sym in f.free_symbols for f in d.atoms(sympy.Function)):
+            if sympy.diff(d, sym).has(sym) or any(sym in f.free_symbols for f in d.atoms(sympy.Function)):
                 return None
         pad = min(8, n // 4) if along else 0  # (masks along the inner dim: a border of `pad` each side)
         return (pad, n - pad, list(self.mask_conds)) if n - 2 * pad > 0 else None
