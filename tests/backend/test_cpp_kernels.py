@@ -43,7 +43,13 @@ def vectorized_loops(kernel_source):
     return {int(line.split(":")[1]) for line in out.stderr.splitlines() if "loop vectorized" in line}
 
 
-@pytest.mark.parametrize("fn,shapes", [(gelu, [(64, 512)]), (manual_softmax, [(64, 512)]),
+def erf_times_exp(x):
+    """erf (a call to SLEEF's vector routine) and exp (inline) in one loop, as a GeLU's gradient:
+    gcc vectorised neither while exp had `?:` selections."""
+    return torch.erf(x) * torch.exp(-x * x)
+
+
+@pytest.mark.parametrize("fn,shapes", [(gelu, [(64, 512)]), (manual_softmax, [(64, 512)]), (erf_times_exp, [(64, 512)]),
                                        (manual_layer_norm, [(64, 512), (512,), (512,)])])
 def test_kernels_share_rows_among_threads_and_every_inner_loop_vectorises(fn, shapes):
     """Outer loops `omp parallel for` (the domain is worth threads), inner loops `omp simd`, and
@@ -71,6 +77,39 @@ def test_a_long_row_is_split_among_threads_and_a_column_sum_walks_rows():
     assert "xt +=" in columns.source  # tiles of columns, the rows walked in order
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_softmax_computes_each_exponential_once(dtype):
+    """exp(x - max) is computed in the sum's loop and kept in a row cache that the store's loop
+    reads: one exp per element, results as eager's."""
+    x = torch.randn(64, 512).to(dtype)
+    cg, (got,) = run(lambda x: (manual_softmax(x),), x)
+    (kernel,) = cg.kernels
+    assert kernel.source.count("fl_exp(") == 1 and "row0[r1] = " in kernel.source
+    want = manual_softmax(x)
+    assert torch.equal(got, want) if dtype == torch.bfloat16 else torch.allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_padded_pool_runs_its_interior_without_masks(channels_last):
+    """A max pool with padding: where every mask holds (checked at both ends of the inner loop's
+    interior range), a copy of the body without masks runs, and gcc vectorises it; along the
+    inner dim (NCHW's columns) the border columns run the masked body."""
+    import torch.nn.functional as F
+    x = torch.randn(2, 16, 20, 20)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    f = lambda x: (F.max_pool2d(torch.relu(x * 2.0), 3, 2, 1),)  # noqa: E731
+    cg, (got,) = run(f, x)
+    assert torch.equal(got, f(x)[0])
+    (kernel,) = [k for k in cg.kernels if "bool interior" in k.source]
+    lines = kernel.source.split("\n")
+    loops = [i for i, line in enumerate(lines) if line.strip().startswith("for (") and "; x" in line]
+    unmasked = [i for i in loops if " = lo; " in lines[i]]
+    assert len(unmasked) == 1 and sum(" = hi; " in lines[i] for i in loops) == (0 if channels_last else 1)
+    if "gcc" in cpp_build.compiler_identity().lower() or "g++" in cpp_build.compiler_identity():
+        assert {unmasked[0] + 3, unmasked[0] + 4} & vectorized_loops(kernel.source)  # (the `for`, 1-based, after 2 lines)
+
+
 def test_training_runs_the_backward_kernels_in_cpp():
     w = torch.randn(32)
     cg = check(lambda x, w: manual_layer_norm(torch.tanh(x), w, w).sigmoid(), torch.randn(16, 32), w)
@@ -91,6 +130,54 @@ def test_half_precision_results_round_after_each_op():
         _, (got,) = run(rounded_ops(lambda t: t), a, b)
         expected = rounded_ops(lambda t: t.to(dtype).double())(a.double(), b.double()).to(dtype)
         assert torch.equal(got, expected), (got != expected).sum()
+
+
+def every_value(dtype):
+    """The 65536 values of a 16-bit float dtype (NaNs and infinities included), as one row."""
+    return torch.arange(65536, dtype=torch.int32).to(torch.int16).view(dtype)
+
+
+def same_bits(got, want):
+    """Equal bit for bit, NaN where eager has NaN (its NaN payloads differ between kernels)."""
+    both_nan = got.isnan() & want.isnan()
+    return bool(((got.view(torch.int16) == want.view(torch.int16)) | both_nan).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_exp_erf_and_gelu_equal_eagers_on_every_value(dtype):
+    """exp (SLEEF's, inline) and erf (ATen's reduced-precision formula) in float, each rounded to
+    the half type: eager's result bit for bit on all 65536 inputs."""
+    x = every_value(dtype)
+    _, got = run(lambda x: (torch.exp(x), torch.erf(x), gelu(x)), x)
+    for g, w in zip(got, (torch.exp(x), torch.erf(x), gelu(x))):
+        assert same_bits(g, w)
+
+
+def test_nans_with_any_payload_stay_nan_in_bf16():
+    """bf16 rounding skips its NaN test only for values whose NaNs have clear low bits (computed from
+    bf16 values): float NaNs of any payload (signaling, all bits set) still round to NaN."""
+    bits = torch.tensor([0x7F800001, 0x7FFFFFFF, 0xFFFFFFFF - 2 ** 32, 0x7FBFFFFF, 0x7FC00000, 0x3F800000],
+                        dtype=torch.int64).to(torch.int32)
+    x = bits.view(torch.float32)
+    y = torch.ones(6, dtype=torch.bfloat16)
+
+    def f(x, y):
+        return x.to(torch.bfloat16), (x * 1.0).to(torch.bfloat16) * y, torch.log(y - 2.0), torch.exp(x.to(torch.bfloat16))
+    _, got = run(f, x, y)
+    for g, w in zip(got, f(x, y)):
+        assert torch.equal(g.isnan(), w.isnan()) and torch.equal(g[~g.isnan()], w[~w.isnan()]), (g, w)
+
+
+def test_float_exp_is_within_an_ulp_of_eagers():
+    """fp32 exp is SLEEF's expf_u10 (1 ulp) written out; eager's may be another library's."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.linspace(-110, 110, 1 << 16), torch.randn(1 << 16, generator=g) * 20,
+                   torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 88.72, -87.33, 1e-30])])
+    _, (got,) = run(lambda x: (torch.exp(x),), x)
+    want = torch.exp(x)
+    ulp = (torch.nextafter(want, torch.tensor(float("inf"))) - want).abs()
+    close = ((got - want).abs() <= ulp) | (got == want) | (got.isnan() & want.isnan())
+    assert bool(close.all()), x[~close][:8]
 
 
 def test_integers_wrap_and_nan_propagates_as_in_torch():

@@ -28,18 +28,24 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 
+import sympy
 import torch
 
 from ..lower.ir import compute_dtype, use_handler
 from ..schedule.fusion import FusedKernel, moved_row_vars, row_shapes, store_index
-from .cpp_expressions import C_TYPES, CppExpressions, HoistPoint, literal
+from .cpp_expressions import C_TYPES, TEMPORARY, CppExpressions, HoistPoint, literal
+
+DEFINITION = re.compile(r"^[\w:]+ (tmp\d+) = ")
 
 # a loop nest shares its iterations among threads only from this many elements (a parallel
 # region's start and join cost microseconds)
 PARALLEL_MIN_ELEMENTS = 1 << 15
 # at most this many columns in a thread's tile of a column reduction (its accumulators stay in L1)
 COLUMN_TILE = 256
+# at most this many elements in a row cache array (cpp_expressions.py; on the thread's stack)
+ROW_CACHE_MAX = 16384
 
 
 def accumulator_dtype(reduce, dtype):
@@ -64,6 +70,9 @@ class CppKernelWriter(CppExpressions):
         self.threads = threads
         self.split_rows = kernel.is_reduction and self.xnumel < 2 * threads and \
             self.xnumel * self.rnumel >= PARALLEL_MIN_ELEMENTS
+        self.row_loops = 0
+        self.to_cache = []  # keys of the values the row cache keeps (a second generation's)
+        self.interior = None  # (lo, hi) of interior loops (a second generation's: interior_split)
 
     # --- loops ------------------------------------------------------------------------------------
     def var(self, d):
@@ -101,6 +110,10 @@ class CppKernelWriter(CppExpressions):
         for d in outer:
             self.open_for(d)
             opened += 1
+        row_loop = self.row_loop
+        if self.row_cache_ok() and dims == self.r_dims:
+            self.row_loops += 1
+            self.row_loop = (self.var(inner), self.row_loops)
         if inner is not None:
             if parallel and (not outer or inner_shared):
                 self.emit(f"#pragma omp parallel for simd{reductions}{self.parallel_if()}")
@@ -113,6 +126,13 @@ class CppKernelWriter(CppExpressions):
         finally:
             for _ in range(opened):
                 self.close_brace()
+            self.row_loop = row_loop
+
+    def row_cache_ok(self):
+        """Whether the kernel's loops over a row may keep values in a row cache: one reduced dim of a
+        known size, each row walked by one thread."""
+        return self.kernel.is_reduction and not self.split_rows and len(self.r_dims) == 1 and \
+            not self.dynamic_values and self.rnumel <= ROW_CACHE_MAX
 
     def open_for(self, d, hoist=False, start="0", stop=None):
         """`hoist`: values in its body that do not depend on its variable go before it (the line
@@ -148,7 +168,7 @@ class CppKernelWriter(CppExpressions):
         if not (compute_dtype(buf.dtype) != buf.dtype and value.dtype == torch.float32):
             value = self.to_dtype(value, buf.dtype)  # (a float is stored to a half type rounded)
         stored = value.expr if C_TYPES[buf.dtype] == C_TYPES[value.dtype] else \
-            f"fl_to_bf16({value})" if buf.dtype == torch.bfloat16 else f"{C_TYPES[buf.dtype]}({value})"
+            self.bf16_bits_text(value) if buf.dtype == torch.bfloat16 else f"{C_TYPES[buf.dtype]}({value})"
         self.emit(f"{ptr}[{index_text}] = {stored};", loc=buf.loc or self.loc)
 
     # --- reductions -------------------------------------------------------------------------------
@@ -278,12 +298,15 @@ class CppKernelWriter(CppExpressions):
         if tile is not None:
             return self.column_body(tile)
         if not self.kernel.is_reduction:
+            if self.interior is not None:
+                return self.interior_body()
             with self.loop_nest(self.x_dims, parallel=True, simd=True):
-                for buf in self.kernel.nodes:
-                    if buf.name in stores:
-                        self.store(buf, self.inline(buf))
+                self.pointwise_stores()
             return
         with self.loop_nest(self.x_dims, parallel=not self.split_rows, simd=False):
+            for key in self.to_cache:
+                self.cached[key] = f"row{len(self.cached)}"
+                self.emit(f"float {self.cached[key]}[{self.rnumel}];")
             store_loop = None
             for buf in self.kernel.nodes:
                 if buf.kind == "reduction" or self.is_row_value(buf):
@@ -302,6 +325,64 @@ class CppKernelWriter(CppExpressions):
                         store_loop.__enter__()
                     self.store(buf, self.inline(buf))
             self.close(store_loop)
+
+    def pointwise_stores(self):
+        for buf in self.kernel.nodes:
+            if buf.name in self.kernel.stores:
+                self.store(buf, self.inline(buf))
+
+    def interior_split(self):
+        """(lo, hi, masks) for a pointwise kernel with masks (its loads at a tensor's border, a padded
+        pooling window): inner loop iterations in [lo, hi) where every mask holds run a copy of the
+        body without masks (loads and selects gcc vectorises), the others the masked body. None
+        where the kernel has no masks, too few outer iterations, or a mask not affine in the inner
+        loop variable (the check at the range's two ends then proves nothing)."""
+        if self.kernel.is_reduction or not self.mask_conds or len(self.x_dims) < 2 or self.dynamic_values:
+            return None
+        inner, outer = self.x_dims[-1], self.x_dims[:-1]
+        if math.prod(self.kernel.shape[d] for d in outer) < 4 * self.threads:
+            return None
+        v, n = self.var(inner), self.kernel.shape[inner]
+        along = False
+        for c in self.mask_conds:
+            sym = next((s for s in c.free_symbols if s.name == v), None)
+            if sym is None:
+                continue
+            along = True
+            if not isinstance(c, sympy.core.relational.Relational):
+                return None
+            d = c.lhs - c.rhs
+            if sympy.diff(d, sym).has(sym) or any(sym in f.free_symbols for f in d.atoms(sympy.Function)):
+                return None
+        pad = min(8, n // 4) if along else 0  # (masks along the inner dim: a border of `pad` each side)
+        return (pad, n - pad, list(self.mask_conds)) if n - 2 * pad > 0 else None
+
+    def interior_body(self):
+        """`interior_split`'s loops: the outer loops, then per outer iteration whether every mask
+        holds at both ends of [lo, hi) (affine masks: then on all of it), and the inner loop as
+        [0, lo) masked, [lo, hi) unmasked, [hi, n) masked (all masked where the check fails)."""
+        lo, hi, conds = self.interior
+        inner, outer = self.x_dims[-1], self.x_dims[:-1]
+        v, n = self.var(inner), self.kernel.shape[inner]
+        with self.loop_nest(outer, parallel=True, simd=False):
+            checks = {c.subs({s: end for s in c.free_symbols if s.name == v}) for c in conds for end in (lo, hi - 1)}
+            if sympy.false in checks:
+                return self.interior_loops(inner, n, n, n)  # (never all: the masked body throughout)
+            checks = sorted(self.expr(c) for c in checks if c is not sympy.true)
+            self.emit(f"bool interior = {' && '.join(f'({c})' for c in checks) or 'true'};")
+            self.emit(f"int64_t lo = interior ? {lo} : {n}, hi = interior ? {hi} : {n};")
+            self.interior_loops(inner, n, "lo", "hi", hi == n)
+
+    def interior_loops(self, inner, n, lo, hi, none_after=False):
+        for start, stop, unmasked in (("0", lo, False), (lo, hi, True), (hi, n, False)):
+            if start == stop or (stop == n and none_after):
+                continue  # (masks not along the inner dim: nothing after the interior)
+            self.unmasked = unmasked
+            self.emit("#pragma omp simd")
+            self.open_for(inner, hoist=True, start=str(start), stop=str(stop))
+            self.pointwise_stores()
+            self.close_brace()
+        self.unmasked = False
 
     @staticmethod
     def close(loop):
@@ -325,9 +406,28 @@ class CppKernelWriter(CppExpressions):
         sizes = (self.xnumel, self.rnumel) if self.kernel.is_reduction else (self.xnumel,)
         return values[:n], values[n:], sizes
 
+    def drop_unused_temporaries(self):
+        """Lines of temporaries nothing reads (a cached value's operands in the loops that load it)."""
+        while True:
+            defined = {}
+            for i, (_, text) in enumerate(self.lines):
+                m = DEFINITION.match(text)
+                if m:
+                    defined[m.group(1)] = i
+            used = set()
+            for i, (_, text) in enumerate(self.lines):
+                m = DEFINITION.match(text)
+                used.update(TEMPORARY.findall(text.split(" = ", 1)[1] if m else text))
+            unused = {i for n, i in defined.items() if n not in used}
+            if not unused:
+                return
+            self.lines = [line for i, line in enumerate(self.lines) if i not in unused]
+
     def generate(self):
         with use_handler(self):
             self.body()
+        if self.cached:
+            self.drop_unused_temporaries()
         name = self.kernel_name()
         header = f'extern "C" void {name}({", ".join(p for p, _ in self.launch_params())}) {{'
         body = ["    " * indent + text for indent, text in self.lines]
@@ -338,4 +438,9 @@ def generate_cpp_kernel(kernel: FusedKernel, index: int, sizevars, dynamic_value
     """(name, C++ source of the kernel's function, its writer)."""
     writer = CppKernelWriter(kernel, index, sizevars, dynamic_values, threads)
     name, source = writer.generate()
+    to_cache, interior = writer.keys_to_cache(), writer.interior_split()
+    if to_cache or interior:  # generated again, with what the first generation found
+        writer = CppKernelWriter(kernel, index, sizevars, dynamic_values, threads)
+        writer.to_cache, writer.interior = to_cache, interior
+        name, source = writer.generate()
     return name, source, writer

@@ -63,6 +63,20 @@ class HoistPoint:
 
 # the names in a C++ line that a value may depend on: loop variables, temporaries, accumulators
 VARIABLES = re.compile(r"\b(?:[xr]\d+|tmp\d+|acc\d+(?:_nan)?)\b")
+# functions whose float result is NaN only as IEEE arithmetic makes it: the NaN of an operand
+# (quiet, same payload) or the default NaN; elsewhere (SLEEF's routines build NaNs from bit masks,
+# a half type's NaN widened to float fills low mantissa bits) a NaN may be `wild` (its low 16
+# bits set: rounding it to bf16 needs the NaN test)
+TAME_CALLS = frozenset({"fl_from_bf16", "fl_round_bf16", "fl_round_bf16_tame", "fl_exp", "fl_erf_half", "fl_div",
+                        "std::sqrt", "fl_abs", "fl_rsqrt", "fl_sigmoid", "fl_maximum", "fl_minimum", "fl_floor",
+                        "fl_ceil", "fl_where", "float", "double", "quiet_NaN", "infinity"})
+CALLS = re.compile(r"([A-Za-z_][\w:]*)\s*\(")
+TEMPORARY = re.compile(r"\btmp\d+\b")
+# math worth keeping in a row cache rather than computing again in a later loop over the row
+HEAVY_CALLS = frozenset({"fl_exp", "fl_exp2", "fl_log", "fl_log1p", "fl_sin", "fl_cos", "fl_tanh", "fl_erf",
+                         "fl_erf_half", "fl_pow", "fl_sigmoid", "fl_atan2", "fl_hypot"})
+BF16_LOAD = re.compile(r"fl_from_bf16\(\w+\[")
+RAW_LOAD = re.compile(r"\w+_ptr\d+\[")
 
 
 class CppExpressions(KernelExpressions):
@@ -76,6 +90,35 @@ class CppExpressions(KernelExpressions):
         self.deps: dict[str, frozenset] = {}  # temporary -> the loop variables its value depends on
         self.hoist_points: list = []  # HoistPoint of each open loop
         self.depth: dict[str, int] = {}  # temporary or accumulator -> the scope depth it is declared at
+        self.wild: set[str] = set()  # float temporaries that may hold a wild NaN (TAME_CALLS)
+        self.rounded_bf16: set[str] = set()  # temporaries that are bf16 values (their low 16 bits clear)
+        # row cache (codegen/cpp.py's reduction kernels): a heavy value computed in one loop over a
+        # row and again in a later one is stored in the first (an array of the row, per thread) and
+        # loaded in the others. Values are named by `key` (their text with temporaries by the key of
+        # theirs) across loops; the first generation finds those computed in several loops
+        # (`heavy_loops`), the second caches `cached` (key -> array).
+        self.keys: dict[str, str] = {}  # temporary -> its key
+        self.key_ids: dict[str, int] = {}
+        self.heavy: set[str] = set()  # temporaries of heavy calls (or their bf16 rounding)
+        self.heavy_loops: dict[str, set] = {}  # key of a heavy value -> the row loops computing it
+        self.row_loop = None  # (loop variable, number) of the loop over a row the body is in
+        self.cached: dict[str, str] = {}  # key -> its row cache array
+        self.cache_filled: set[str] = set()
+        # the conditions of every masked value (codegen/cpp.py's interior loops: where they all
+        # hold, a second copy of the loop body has no masks); `unmasked` while writing that copy
+        self.mask_conds: list = []
+        self.unmasked = False
+
+    def may_be_wild(self, text, dtype) -> bool:
+        """Whether the float value of `text` may be a NaN with low mantissa bits set (TAME_CALLS):
+        it loads a float buffer, calls another function, or reads a wild value or an accumulator."""
+        if not dtype.is_floating_point or text.startswith("fl_round_bf16("):  # (its NaN is made 0x7fc00000)
+            return False
+        if len(RAW_LOAD.findall(text)) != len(BF16_LOAD.findall(text)):
+            return True
+        if any(f not in TAME_CALLS for f in CALLS.findall(text)):
+            return True
+        return any(n in self.wild or n.startswith("acc") for n in VARIABLES.findall(text))
 
     def cse(self, text, dtype):
         """`text` as a temporary (one already computed where it is in scope). Computed in the
@@ -86,9 +129,23 @@ class CppExpressions(KernelExpressions):
                 return CV(scope[text], dtype)
         name = f"tmp{self.tmp}"
         self.tmp += 1
+        if self.may_be_wild(text, dtype):
+            self.wild.add(name)
         names = VARIABLES.findall(text)
         deps = frozenset().union(*(self.deps.get(n, {n}) for n in names))
         self.deps[name] = deps
+        key = self.key_of(name, text)
+        cache = self.row_cache(name, text, key, deps)
+        if cache is not None:
+            if key in self.cache_filled:
+                text = f"{cache}[{self.row_loop[0]}]"  # (as wild as the value stored, which `name` is)
+            else:
+                self.cache_filled.add(key)
+                self.emit(f"{C_TYPES[dtype]} {name} = {text};")
+                self.emit(f"{cache}[{self.row_loop[0]}] = {name};")
+                self.scopes[-1][text] = name
+                self.depth[name] = len(self.scopes)
+                return CV(name, dtype)
         line = f"{C_TYPES[dtype]} {name} = {text};"
         point = self.hoist_points[-1] if self.hoist_points else None
         if point is not None and point.at is not None and point.var not in deps and \
@@ -105,6 +162,32 @@ class CppExpressions(KernelExpressions):
             self.depth[name] = len(self.scopes)
         return CV(name, dtype)
 
+    def key_of(self, name, text) -> str:
+        """`name`'s key: its text with temporaries replaced by their keys' numbers (short, and the
+        same for the same value computed in another loop)."""
+        key = TEMPORARY.sub(lambda m: f"k{self.key_ids.get(self.keys.get(m.group(0)), m.group(0))}", text)
+        self.key_ids.setdefault(key, len(self.key_ids))
+        self.keys[name] = key
+        return key
+
+    def row_cache(self, name, text, key, deps):
+        """The row cache array of a value computed in a loop over a row (None if not cached);
+        records the heavy ones for `cached`."""
+        calls = set(CALLS.findall(text))
+        if calls & HEAVY_CALLS or text.startswith("fl_round_bf16") and set(TEMPORARY.findall(text)) & self.heavy:
+            self.heavy.add(name)
+        if self.row_loop is None or self.row_loop[0] not in deps or name not in self.heavy:
+            return None
+        self.heavy_loops.setdefault(key, set()).add(self.row_loop[1])
+        return self.cached.get(key)
+
+    def keys_to_cache(self) -> list:
+        """The keys of heavy values computed in more than one loop over a row: a value and not
+        its bf16 rounding, which is cached instead."""
+        again = [k for k, loops in self.heavy_loops.items() if len(loops) > 1]
+        rounded = {k for k in again if k.startswith("fl_round_bf16")}
+        return [k for k in again if not any(r.endswith(f"(k{self.key_ids[k]})") for r in rounded)]
+
     def size_text(self, e) -> str:
         """A size: its value, or a kernel argument in a graph with dynamic sizes."""
         return super().size_text(e) if self.dynamic_values else str(self.sizevars.values[e])
@@ -118,6 +201,12 @@ class CppExpressions(KernelExpressions):
         loads = [i for i, (_, text) in enumerate(self.lines) if load in text]
         stores = [i for i, (_, text) in enumerate(self.lines) if store in text]
         return bool(loads and stores) and max(loads) < min(stores)
+
+    def masked(self, conds, body, other, dtype):
+        if any(c is sympy.false for c in conds):
+            return super().masked(conds, body, other, dtype)
+        self.mask_conds += [c for c in conds if c is not sympy.true]
+        return body() if self.unmasked else super().masked(conds, body, other, dtype)
 
     def mask(self):
         return self.AND.join(self.mask_stack) if self.mask_stack else None
@@ -160,8 +249,20 @@ class CppExpressions(KernelExpressions):
                     for i, v in enumerate(vals)]
         return self.round(self.cse(template.format(*[v.expr for v in vals]), cd), out_dtype)
 
+    def round(self, v, dtype):
+        out = super().round(v, dtype)
+        if dtype == torch.bfloat16 and out is not v:
+            self.rounded_bf16.add(out.expr)
+        return out
+
     def round_text(self, v, dtype):
+        if dtype == torch.bfloat16 and v.expr not in self.wild:
+            return f"fl_round_bf16_tame({v})"
         return f"{HALF_ROUND[dtype]}({v})"
+
+    def bf16_bits_text(self, v) -> str:
+        """The bits stored of float `v` as a bf16 (a value already rounded: its upper half)."""
+        return f"fl_bf16_bits({v})" if v.expr in self.rounded_bf16 else f"fl_to_bf16({v})"
 
     def cast_text(self, v, dtype):
         return f"{C_TYPES[dtype]}({v})"
@@ -169,7 +270,8 @@ class CppExpressions(KernelExpressions):
     def select(self, cond, value, other):
         if other.dtype != value.dtype:
             other = self.to_dtype(other, value.dtype)
-        return self.cse(f"{cond} ? {value} : {other}", value.dtype)
+        text = f"fl_where({cond}, {value}, {other})" if value.dtype == torch.float32 else f"{cond} ? {value} : {other}"
+        return self.cse(text, value.dtype)
 
     def random(self, kind, stream, flat):
         self.uses_seed = True

@@ -183,7 +183,8 @@ sigmoid = unary("sigmoid", torch.sigmoid, _fp32_compute("fl_sigmoid({0})", "tl.s
                 lambda g, out, x: (P.mul(g, P.mul(out, P.sub(1.0, out))),), cpp="fl_sigmoid({0})")
 erf = unary("erf", torch.erf, lambda dtype: "fl_erf_f64({0})" if dtype == torch.float32 else "libdevice.erf({0})",
             lambda g, out, x: (P.mul(g, P.mul(2 / math.sqrt(math.pi), P.exp(P.neg(P.mul(x, x))))),),
-            heavy=True, torch_names=("erf", "special_erf"), cpp="fl_erf({0})")
+            heavy=True, torch_names=("erf", "special_erf"),
+            cpp=lambda dtype: "fl_erf_half({0})" if dtype in (torch.bfloat16, torch.float16) else "fl_erf({0})")
 floor = unary("floor", torch.floor, "tl.floor({0})", no_grad, int_to_float=False, cpp="fl_floor({0})")
 ceil = unary("ceil", torch.ceil, "tl.ceil({0})", no_grad, int_to_float=False, cpp="fl_ceil({0})")
 logical_not = _pointwise("logical_not", torch.logical_not, "({0} == 0)", no_grad, cpp="!{0}")
@@ -275,7 +276,9 @@ def _where_vjp(g, out, c, a, b):
     return None, P.where(c, g, 0.0), P.where(c, 0.0, g)
 
 
-where = _pointwise("where", torch.where, "tl.where({0}, {1}, {2})", _where_vjp, cpp="{0} ? {1} : {2}")
+where = _pointwise("where", torch.where, "tl.where({0}, {1}, {2})", _where_vjp,
+                   cpp=lambda dtype: "fl_where({0}, {1}, {2})" if dtype in (torch.float32, torch.bfloat16, torch.float16)
+                   else "{0} ? {1} : {2}")  # (a float selection without a branch: cpp_build.py)
 # dtype conversion; lowered by codegen (it knows the Triton type names)
 convert = _pointwise("convert", lambda x, dtype: x.to(dtype), None,
                      lambda g, out, x, dtype: (P.cast(g, x.dtype) if x.dtype.is_floating_point else None,))
