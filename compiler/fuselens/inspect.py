@@ -59,6 +59,10 @@ class Entry:
     source: str                               # the transformed function, as Python
     graphs: list[Graph]
     graph_break: GraphBreak | None
+    # a recompile (entries after a function's first): the guard of the entry before that failed,
+    # in words ("x.shape[1] == 7"); the dims dynamic in this entry ({"x": [1]}: no recompile for them)
+    recompiled_because: str | None = None
+    dynamic_dims: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def kernels(self) -> list[Kernel]:
@@ -79,7 +83,8 @@ def inspect(compiled) -> list[Entry]:
 
 def _entry(e) -> Entry:
     graphs = [_graph(gc.info, gc) for gc in e.graph_calls]
-    return Entry(e.function, [Guard(g.expr, g.reason) for g in e.guards], e.source, graphs, e.graph_break)
+    return Entry(e.function, [Guard(g.expr, g.reason) for g in e.guards], e.source, graphs, e.graph_break,
+                 e.recompiled_because, dict(e.dynamic_dims))
 
 
 def _graph(info, call) -> Graph:

@@ -83,12 +83,16 @@ def test_shape_change_recompiles_once_then_dim_is_dynamic():
         x = torch.randn(rows, 8)
         torch.testing.assert_close(cf(x), f(x))
     assert n_entries(cf) == 2, [e.guards for e in fuselens.inspect(cf)]
-    last = fuselens.inspect(cf)[-1]
+    first, last = fuselens.inspect(cf)
     assert any("?x8" in g.reason for g in last.guards), [g.reason for g in last.guards]
+    # each recompile says why (the guard that failed) and which dims are dynamic from then on
+    assert first.recompiled_because is None and first.dynamic_dims == {}
+    assert "4x8" in last.recompiled_because and last.dynamic_dims == {"x": [0]}, last.recompiled_because
     # the other dim is still static: changing it recompiles
     x = torch.randn(5, 3)
     torch.testing.assert_close(cf(x), f(x))
     assert n_entries(cf) == 3
+    assert "?x8" in fuselens.inspect(cf)[-1].recompiled_because
 
 
 def test_dynamic_dim_used_as_python_value_is_correct():

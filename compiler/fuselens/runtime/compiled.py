@@ -178,6 +178,9 @@ class CacheEntry:
     graph_calls: list[GraphCall] = field(default_factory=list)
     tensor_shapes: dict = field(default_factory=dict)
     guard_namespace: dict = field(default_factory=dict)
+    # a recompile: the previous entry's guard that failed, in words; the dims dynamic from here on
+    recompiled_because: str | None = None
+    dynamic_dims: dict = field(default_factory=dict)
 
     @property
     def kernels(self):
@@ -297,6 +300,7 @@ class CompiledFunction:
         if fs is None:  # outside the `except`: the user's error must not come chained to ours
             warn(f"cannot compile {self._name()}: {self.disabled}. Running it eagerly.")
             return self._eager(args, kwargs)
+        failed = self.entries[-1].failing_guard(args, kwargs) or "unknown guard" if self.entries else None
         self._mark_dynamic(args, kwargs)
         try:
             entry = self._build(fs, args, kwargs)
@@ -311,15 +315,17 @@ class CompiledFunction:
             out = fall_back("capture", self._name(), cause, lambda: self._eager(args, kwargs))
             self.disabled = f"internal error in capture: {type(cause).__name__}: {cause}"
             return out
+        entry.recompiled_because = failed
+        entry.dynamic_dims = {src: sorted(dims) for src, dims in self.dynamic.items()}
         self.entries.append(entry)
         _log(entry)
         if _LOG_CAPTURE.isEnabledFor(logging.DEBUG):
             _LOG_CAPTURE.debug("%s: entry %d\nguards:\n  %s\n%s%s", entry.function, len(self.entries),
                                "\n  ".join(g.reason for g in entry.guards), entry.source,
                                "".join(f"\n{g.name}:\n{g.gm.code.strip()}" for g in entry.graphs))
-        if len(self.entries) > 1:
-            _LOG_RUNTIME.debug("%s: recompiled (%d entries); dynamic dims: %s", entry.function,
-                               len(self.entries), self.dynamic or "none")
+        if failed:
+            _LOG_RUNTIME.debug("%s: recompiled (%d entries) because %s; dynamic dims: %s", entry.function,
+                               len(self.entries), failed, self.dynamic or "none")
         # Not re-checked eagerly if it raises: the breaking statements run here are the user's
         # own, once; graphs (errors.fall_back in the backend) and resume functions (their own
         # _miss) turn fuselens's errors into eager runs before anything they did is visible
