@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import pathlib
 import sys
 import tempfile
@@ -39,7 +38,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import fuselens  # noqa: E402
 import run  # noqa: E402
-from decode_models import (CONFIGS, HF_CONFIGS, build_decoder, build_hf, config, decode_one,  # noqa: E402
+from decode_models import (CONFIGS, build_decoder, build_hf, config, decode_one,  # noqa: E402
                            static_cache, weight_bytes)
 from run import in_rounds, median  # noqa: E402
 from suite import empty_disk_caches, machine  # noqa: E402
