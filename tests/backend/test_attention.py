@@ -409,3 +409,54 @@ def test_attention_results_come_in_the_layout_predicted(grad, monkeypatch):
     if grad:
         got.sum().backward()
     assert not any(copied)
+
+
+def repeat_kv(t, n):  # transformers' spelling of grouped-query heads
+    b, h, s, d = t.shape
+    return t[:, :, None, :, :].expand(b, h, n, s, d).reshape(b, h * n, s, d)
+
+
+def gqa(q, k, v, mask):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def repeated(q, k, v, mask):
+    n = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q, repeat_kv(k, n), repeat_kv(v, n), attn_mask=mask)
+
+
+@pytest.mark.parametrize("fn", [gqa, repeated])
+@pytest.mark.parametrize("rows, mask", [(1, None), (1, "keys"), (6, None), (6, "rows"), (6, "heads"), (6, "bool")])
+def test_grouped_query_heads_fold_into_rows(fn, rows, mask):
+    """Hq = 4 * Hkv query heads read as Hkv heads of 4x the rows against K and V as they are: no
+    kernel repeats K or V (the sdpa call takes the inputs themselves), forward and backward equal
+    eager's, for decode (one row) and prefill, with masks shared by the group or one per head."""
+    q = torch.randn(2, 6, 8, 16, device=DEVICE).transpose(1, 2)[:, :, :rows]  # (B, H, L, D) as HF's
+    k, v = inputs((2, 2, 6, 16), (2, 2, 6, 16))
+    m = {None: None, "keys": torch.randn(2, 1, 1, 6, device=DEVICE), "rows": torch.randn(2, 1, rows, 6, device=DEVICE),
+         "heads": torch.randn(2, 8, rows, 6, device=DEVICE),
+         "bool": torch.rand(2, 1, rows, 6, device=DEVICE) > 0.3}[mask]
+    if m is not None and m.dtype == torch.bool:
+        m[..., 0] = True  # (a row hiding every key is NaN in eager)
+    out, wrapper, kernels = compiled(fn, q, k, v, m)
+    close(out, fn(q, k, v, m))
+    assert re.search(r"prims\.sdpa\(.*, arg1, arg2[,)]", wrapper), wrapper
+    # (what is left: q's copy into rows, the mask's over the group, a boolean mask's bias)
+    assert len(kernels) <= (rows > 1) + (mask in ("rows", "bool")) + (mask == "bool"), kernels
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = fuselens.compile(fn)(q, k, v, m)
+    expected = fn(q, k, v, m)
+    close(out, expected)
+    g = torch.randn_like(expected)
+    for got, exp in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(expected, (q, k, v), g)):
+        torch.testing.assert_close(got, exp, **tolerance(torch.float32))
+
+
+def test_grouped_heads_stay_repeated_where_folding_differs():
+    """A causal mask aligns rows by position (folding the group into rows would move them): K and
+    V are repeated, and the result is eager's."""
+    q, k, v = inputs((1, 4, 5, 16), (1, 2, 5, 16), (1, 2, 5, 16))
+    fn = lambda q, k, v: F.scaled_dot_product_attention(q, repeat_kv(k, 2), repeat_kv(v, 2), is_causal=True)  # noqa: E731
+    out, wrapper, kernels = compiled(fn, q, k, v)
+    close(out, fn(q, k, v))
+    assert not re.search(r"prims\.sdpa\([^,]+, arg1, arg2", wrapper) and kernels

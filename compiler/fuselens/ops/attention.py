@@ -197,16 +197,27 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """One `sdpa` call, its result and gradients predicted in the layouts the device's kernel
     returns. A boolean mask enters as the additive bias torch makes of it (_bias_of); an additive
     (float) mask of the query's dtype as it is (a relative position bias: with a gradient of its
-    own, ops/vjp.py). Grouped-query heads: each key/value head repeated for its group of query
-    heads (as torch's math path does; the copy fuses with what computes them). Dropout stays a
-    plain call of torch's function."""
+    own, ops/vjp.py). Grouped-query heads (enable_gqa, or K and V repeated by HF's repeat_kv): the
+    query heads of each key/value head folded into rows of one head (_fold_groups), else each
+    key/value head repeated for its group (as torch's math path does). Dropout stays a plain call
+    of torch's function."""
     if dropout_p or not all(isinstance(t, TVal) for t in (query, key, value)) or \
             attn_mask is not None and not (isinstance(attn_mask, TVal) and attn_mask.dtype in (torch.bool, query.dtype)):
         raise Unsupported("dropout, or a mask of another dtype")
+    groups = None
     if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
         if query.shape[-3] % key.shape[-3] or key.shape[-3] != value.shape[-3]:
             raise Unsupported("grouped-query heads that do not divide the query's")  # (eager raises)
-        key, value = (_repeat_heads(t, query.shape[-3] // t.shape[-3]) for t in (key, value))
+        groups = key, value, query.shape[-3] // key.shape[-3]
+    elif (repeated := _repeated_heads(key)) and (rv := _repeated_heads(value)) and repeated[1] == rv[1]:
+        groups = repeated[0], rv[0], repeated[1]  # HF's repeat_kv of both
+    unfold = None
+    if groups is not None:
+        folded = _fold_groups(query, *groups, attn_mask, is_causal)
+        if folded is not None:
+            query, key, value, attn_mask, unfold = folded
+        elif enable_gqa:
+            key, value = (_repeat_heads(t, groups[2]) for t in groups[:2])
     if attn_mask is not None:
         if attn_mask.shape[-1] > 1 and attn_mask.val.stride(-1) == 0:
             # a mask broadcast along its rows (HF's come so) is stored whole for the kernel, and
@@ -222,8 +233,71 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     options = {name: o for name, o in (("attn_mask", attn_mask), ("is_causal", is_causal), ("scale", scale))
                if o is not None and o is not False}
     meta = {name: o.val if isinstance(o, TVal) else o for name, o in options.items()}
-    return emit(prim.sdpa, query, key, value, **options,
-                _val=prim.sdpa_meta(query.val, key.val, value.val, **meta, device=P.builder().device))
+    out = emit(prim.sdpa, query, key, value, **options,
+               _val=prim.sdpa_meta(query.val, key.val, value.val, **meta, device=P.builder().device))
+    return out if unfold is None else P.reshape(out, unfold)
+
+
+def _repeated_heads(t: TVal):
+    """(x, n) where `t` is x [..., H, S, D] with each head repeated n times in place, as HF's
+    repeat_kv spells it (x[:, :, None].expand(..., H, n, S, D).reshape(..., H * n, S, D)), else None."""
+    r = t.node
+    if r.target is not prim.reshape or not isinstance(e := r.args[0], fx.Node) or e.target is not prim.expand:
+        return None
+    x = e.args[0]
+    xs, es = tuple(x.meta["val"].shape), tuple(e.meta["val"].shape)
+    if len(xs) < 5 or len(es) != len(xs) or xs[-3] != 1 or xs[:-3] != es[:-3] or xs[-2:] != es[-2:] \
+            or t.shape != (*es[:-4], es[-4] * es[-3], *es[-2:]):
+        return None
+    shape = (*xs[:-3], *xs[-2:])
+    if x.target is prim.reshape and tuple((base := x.args[0]).meta["val"].shape) == shape:
+        return TVal(base, base.meta["val"]), es[-3]
+    return P.reshape(TVal(x, x.meta["val"]), shape), es[-3]
+
+
+def _viewable(t: TVal, shape) -> bool:
+    try:
+        t.val.view(shape)
+        return True
+    except RuntimeError:
+        return False
+
+
+def _fold_groups(query: TVal, key: TVal, value: TVal, n: int, mask, is_causal):
+    """Grouped-query attention without repeating K and V: query [..., H * n, L, D] read as
+    [..., H, n * L, D] (each key/value head's n query heads as more rows) against key and value
+    [..., H, S, D]; the mask folded the same way. (query, key, value, mask, the result's shape) or
+    None where that is not the same function (a causal mask aligns rows by position: folding moves
+    them) or materialises more than the repeat would (a copy of q that is no view, a mask expanded
+    over the group: bytes against the n-fold copies of K and V)."""
+    *lead, hq, rows, _ = query.shape
+    h = hq // n
+    if is_causal or query.ndim < 3 or key.shape[:-3] != tuple(lead) or value.shape[:-3] != tuple(lead):
+        return None
+    q_shape = (*lead, h, n * rows, query.shape[-1])
+    cost = 0 if _viewable(query, q_shape) else query.numel() * query.val.element_size()
+    if mask is not None:
+        m = (1,) * (query.ndim - mask.ndim) + mask.shape
+        *mlead, mh, ml, s = m
+        if mh == 1 and ml == 1:
+            shape = None  # the same row for every query row: it broadcasts as it is
+        elif mh == 1 or mh == hq:
+            shape = (*mlead, 1 if mh == 1 else h, n * rows, s)
+            if not (mh == hq and ml == rows and _viewable(mask, shape)):
+                cost += math.prod(shape) * mask.val.element_size()
+        else:
+            return None
+    if cost >= n * (key.numel() * key.val.element_size() + value.numel() * value.val.element_size()):
+        return None
+    if mask is not None and shape is not None:
+        folds = P.builder().memo.setdefault("grouped_mask", {})  # (one for every layer)
+        if (mask.node, shape) not in folds:
+            whole = P.reshape(mask, m)
+            grouped = (*mlead, 1, n, rows, s) if mh == 1 else (*mlead, h, n, rows, s)
+            folds[mask.node, shape] = P.reshape(
+                P.expand(P.reshape(whole, (*mlead, 1 if mh == 1 else h, 1 if mh == 1 else n, ml, s)), grouped), shape)
+        mask = folds[mask.node, shape]
+    return P.reshape(query, q_shape), key, value, mask, (*lead, hq, rows, value.shape[-1])
 
 
 def _repeat_heads(t: TVal, n: int) -> TVal:

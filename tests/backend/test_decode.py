@@ -1,0 +1,77 @@
+"""Decoding with a KV cache (bench/decode_models.py): a decode step is one graph for every position
+(fresh position tensors, no recompile), writes the cache in place, and equals eager's; transformers'
+Llama with a StaticCache likewise."""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+import fuselens
+from fl_backend_testing import DEVICE, tolerance  # (first: it puts bench/ on the path)
+from decode_models import build_decoder, build_hf, config, decode_one, static_cache  # noqa: I001
+
+PROMPT, STEPS, BATCH = 5, 4, 2
+
+
+def strict(fn, *args, **kwargs):
+    """fn(...) with any fallback to eager an error."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fuselens.FuselensWarning)
+        return fn(*args, **kwargs)
+
+
+def one_graph(cf):
+    entries = fuselens.inspect(cf)
+    assert [len(e.graphs) for e in entries] == [1] and entries[0].graph_break is None, entries
+
+
+def test_decode_steps_equal_eager_and_write_the_cache_in_place():
+    cfg = config("tiny")
+    compiled_model, eager_model = (build_decoder(cfg, BATCH, PROMPT + STEPS, torch.float32, DEVICE) for _ in range(2))
+    caches = [layer.attn.cache for layer in compiled_model.layers]
+    where = [(c.k.data_ptr(), c.v.data_ptr()) for c in caches]
+    prompt = torch.randint(0, cfg.vocab, (BATCH, PROMPT), device=DEVICE)
+    step = fuselens.compile(compiled_model, dynamic=False)
+    with torch.no_grad():
+        tok = decode_one(compiled_model, prompt, torch.arange(PROMPT, device=DEVICE))
+        decode_one(eager_model, prompt, torch.arange(PROMPT, device=DEVICE))
+        for i in range(STEPS - 1):
+            pos = torch.tensor([PROMPT + i], device=DEVICE)  # a fresh tensor each step, as a decode loop makes
+            logits = strict(step, tok, pos)
+            torch.testing.assert_close(logits, eager_model(tok, pos.clone()), **tolerance(torch.float32))
+            tok = logits[:, -1:].argmax(-1)
+    for c, e, (k, v) in zip(caches, (layer.attn.cache for layer in eager_model.layers), where):
+        assert (c.k.data_ptr(), c.v.data_ptr()) == (k, v)  # written in place: the buffers never moved
+        torch.testing.assert_close(c.k, e.k, **tolerance(torch.float32))
+        torch.testing.assert_close(c.v, e.v, **tolerance(torch.float32))
+    assert c.k[:, :, PROMPT + STEPS - 2].abs().sum() > 0  # (the last step's keys are there)
+    one_graph(step)
+    # grouped-query attention reads the cache's buffers themselves (no repeat of K and V)
+    sdpa = [line for line in fuselens.inspect(step)[0].graphs[0].wrapper.splitlines() if "prims.sdpa(" in line]
+    assert len(sdpa) == cfg.layers and all("attn_mask" in line for line in sdpa)
+    assert not [k.name for k in fuselens.inspect(step)[0].kernels if "expand" in k.name]
+
+
+def test_hf_llama_static_cache_decodes_as_eager():
+    model = build_hf("hf-llama", torch.float32, DEVICE, tiny=True)
+    prompt = torch.randint(0, model.config.vocab_size, (BATCH, PROMPT), device=DEVICE)
+
+    def decode(forward):
+        cache = static_cache(model, PROMPT + STEPS)
+        with torch.no_grad():
+            tok = model(input_ids=prompt, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            out = [tok]
+            for i in range(STEPS - 1):
+                pos = torch.full((BATCH, 1), PROMPT + i, device=DEVICE)
+                tok = strict(forward, input_ids=tok, cache=cache, use_cache=True, position_ids=pos).logits[:, -1:].argmax(-1)
+                out.append(tok)
+        return torch.cat(out, 1)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        expected = decode(model.forward)
+        cf = fuselens.compile(model.forward, dynamic=False)
+        got = decode(cf)
+    assert torch.equal(got, expected)
+    one_graph(cf)
