@@ -193,6 +193,35 @@ def test_another_instance_takes_the_kept_capture_with_its_own_modules(kept):
     assert all(torch.equal(u, v) for u, v in zip(a.buffers(), a_buffers))  # not a's
 
 
+def _rows_scaled(x, w):
+    return (x @ w).softmax(-1) * x.shape[0]
+
+
+@pytest.mark.parametrize("how", ["recompile", "mark_dynamic"])
+def test_a_capture_with_dynamic_dims_is_kept_and_taken_dynamic(kept, how):
+    import fuselens
+    w = torch.randn(8, 8)
+    first = fuselens.compile(_rows_scaled)
+    if how == "recompile":  # the second size makes dim 0 dynamic: that capture is kept too
+        for rows in (3, 4):
+            first(torch.randn(rows, 8), w)
+    else:
+        x = torch.randn(3, 8)
+        torch._dynamo.mark_dynamic(x, 0)
+        first(x, w)
+    assert fuselens.inspect(first)[-1].dynamic_dims == {"x": [0]}
+    captured = kept["functions"]
+    again = fuselens.compile(_rows_scaled)  # as in another process: the kept dynamic capture
+    for rows in (5, 9, 2):
+        x = torch.randn(rows, 8)
+        torch.testing.assert_close(again(x, w), _rows_scaled(x, w))
+    entries = fuselens.inspect(again)
+    assert (kept["functions"], kept["kept"], len(entries)) == (captured, 1, 1)
+    assert entries[0].dynamic_dims == {"x": [0]}
+    again(torch.randn(4, 8), torch.randn(8, 6))  # a static dim changed: a recompile, dim 0 still dynamic
+    assert fuselens.inspect(again)[-1].dynamic_dims == {"w": [1], "x": [0]}
+
+
 @pytest.mark.parametrize("other", [
     lambda: Net(width=6),  # other shapes: tensor guards
     lambda: Net().eval(),  # another mode: module guards

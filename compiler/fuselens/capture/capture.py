@@ -60,6 +60,8 @@ class Capture:
     process_state: tuple = ((), ())  # Evaluator.process_reads' items, process_unchecked
     # the transformed function's and the guard function's code (source.factory_code), once compiled
     codes: dict = field(default_factory=dict)
+    # source -> dims of its graph input that are dynamic (unguarded sizes: `sym_size` nodes)
+    dynamic: dict = field(default_factory=dict)
 
 
 def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
@@ -122,7 +124,8 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
         text = sources.fast_graph_call(text, graph_name, graph.inputs)
     return Capture(fs, source, dict(sources.constants), list(sources.guards), guard_src, graph,
                    brk, writer.resumes, shapes, text, helpers, ev.files,
-                   process_state=(tuple(ev.process_reads.items()), tuple(ev.process_unchecked)))
+                   process_state=(tuple(ev.process_reads.items()), tuple(ev.process_unchecked)),
+                   dynamic={s: frozenset(dynamic[s]) for s, _ in builder.inputs if dynamic.get(s)})
 
 
 def _graph_call(name, builder) -> tuple:

@@ -28,8 +28,9 @@ What capture relied on without a guard, as constants of the process, is checked 
   the capture made and the attributes above; a capture that ran one on anything else (a config
   object's state) is not kept.
 
-Kept: captures without a graph break (no resume functions, no break helpers) and without dynamic
-dims. When it keeps one, capture checks that the names give back the very objects of its
+Kept: captures without a graph break (no resume functions, no break helpers); dynamic dims (a
+recompile's, or `torch._dynamo.mark_dynamic`'s) are kept with the capture, and the process that
+takes it compiles them dynamic and keeps them dynamic in its own recompiles. When it keeps one, capture checks that the names give back the very objects of its
 namespace (an unpickled constant that is not the object, a module source that reads another
 module: not kept). A process takes a kept capture when the checks above pass and its guard
 function holds for the call's arguments; otherwise it captures, and keeps the new capture beside
@@ -97,6 +98,7 @@ class Kept:
     tensor_shapes: dict
     graph: tuple           # (nodes as data, inputs, writeback, function, lines, op_count, name)
     codes: bytes           # the transformed, guard and resolver functions' code, marshalled (Capture.codes)
+    dynamic: dict          # Capture.dynamic: graph inputs' dims of unguarded sizes
 
 
 def key(fs: FunctionSource, fullgraph: bool) -> str | None:
@@ -174,7 +176,7 @@ def _kept(cap: Capture, args, kwargs) -> Kept:
     graph = (_nodes(g.gm.graph), g.inputs, g.writeback, g.function, g.lines, g.op_count, g.name)
     return Kept(files, modules, state, blob, found, params, cap.function_source, cap.guard_source, cap.source,
                 list(cap.guards), dict(cap.tensor_shapes), graph,
-                marshal.dumps(dict(cap.codes, resolve=resolve_code)))
+                marshal.dumps(dict(cap.codes, resolve=resolve_code)), dict(cap.dynamic))
 
 
 def _facts(guards, ns) -> dict:
@@ -600,4 +602,4 @@ def _capture(kept: Kept, fs: FunctionSource, args, kwargs) -> Capture | None:
     graph = GraphInfo(gm, inputs, writeback, function, lines, op_count, name)
     return Capture(fs, kept.source, ns, kept.guards, kept.guard_source, graph, None,
                    tensor_shapes=kept.tensor_shapes, function_source=kept.function_source,
-                   files=set(kept.files), codes=codes)
+                   files=set(kept.files), codes=codes, dynamic=kept.dynamic)

@@ -178,7 +178,7 @@ class CacheEntry:
     graph_calls: list[GraphCall] = field(default_factory=list)
     tensor_shapes: dict = field(default_factory=dict)
     guard_namespace: dict = field(default_factory=dict)
-    # a recompile: the previous entry's guard that failed, in words; the dims dynamic from here on
+    # a recompile: the previous entry's guard that failed, in words; its graph inputs' dynamic dims
     recompiled_because: str | None = None
     dynamic_dims: dict = field(default_factory=dict)
 
@@ -316,7 +316,6 @@ class CompiledFunction:
             self.disabled = f"internal error in capture: {type(cause).__name__}: {cause}"
             return out
         entry.recompiled_because = failed
-        entry.dynamic_dims = {src: sorted(dims) for src, dims in self.dynamic.items()}
         self.entries.append(entry)
         _log(entry)
         if _LOG_CAPTURE.isEnabledFor(logging.DEBUG):
@@ -354,7 +353,7 @@ class CompiledFunction:
         if fs.generated:  # a resume's own resumes must not reuse its name (self-recursion)
             prefix = fs.name[len("__fl_resume_"):] + "_" + prefix
         start = time.perf_counter()
-        kept = capture_cache.key(fs, self.fullgraph) if not self.dynamic else None
+        kept = capture_cache.key(fs, self.fullgraph)
         entry = self._kept_entry(kept, fs, args, kwargs) if kept else None
         if entry is None:
             with stats.gc_paused():
@@ -363,7 +362,7 @@ class CompiledFunction:
             stats.capture["functions"] += 1
             save_probes()  # what autocast does to each call, for the next process
             entry = self._entry(fs, cap)
-            if kept and not self.dynamic:  # (none marked dynamic by `mark_dynamic` either)
+            if kept:
                 capture_cache.keep(kept, cap, args, kwargs)
         stats.capture["seconds"] += time.perf_counter() - start
         return entry
@@ -381,6 +380,8 @@ class CompiledFunction:
                     ok = False
                 if ok:
                     stats.capture["kept"] += 1
+                    for src, dims in cap.dynamic.items():  # (dynamic in this process's recompiles too)
+                        self.dynamic.setdefault(src, set()).update(dims)
                     return entry
         return None
 
@@ -389,7 +390,7 @@ class CompiledFunction:
         ns["torch"] = torch
         graph_calls = []
         if cap.graph is not None:
-            dyn = [self.dynamic.get(s, set()) for s in cap.graph.inputs]
+            dyn = [cap.dynamic.get(s, frozenset()) for s in cap.graph.inputs]
             gc = GraphCall(cap.graph, self.mode, dyn)
             ns[cap.graph.name] = gc
             graph_calls.append(gc)
@@ -408,7 +409,8 @@ class CompiledFunction:
         guard_fn = build_function(cap.guard_source, "__fl_guard", guard_ns, {}, codes["guard"])
         entry = CacheEntry(fs.qualname, cap.guards, cap.source,
                            [cap.graph] if cap.graph is not None else [], cap.graph_break, fn,
-                           guard_fn, graph_calls, cap.tensor_shapes, guard_ns)
+                           guard_fn, graph_calls, cap.tensor_shapes, guard_ns,
+                           dynamic_dims={src: sorted(dims) for src, dims in cap.dynamic.items()})
         entry._sig = cap.guard_source.split("\n")[0]
         return entry
 
