@@ -196,12 +196,13 @@ def test_a_reshape_of_a_value_laid_out_as_its_permuted_operand_is_stored_once():
 
 def grouped_query_attention(q, k, v, cos):
     # rotary embeddings (queries and keys read `cos`: one kernel), then transformers' repeat_kv:
-    # each key/value head expanded for the query heads sharing it, reshaped
+    # each key/value head expanded for the query heads sharing it, reshaped (causal: attention
+    # reads the repeated keys, where without is_causal it folds the query heads instead)
     b, kv, s, d = k.shape
     q, k = q * cos, k * cos
     k = k[:, :, None].expand(b, kv, 2, s, d).reshape(b, kv * 2, s, d)
     v = v[:, :, None].expand(b, kv, 2, s, d).reshape(b, kv * 2, s, d)
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 def test_a_reshaped_broadcast_is_stored_in_its_reshaped_shape():
