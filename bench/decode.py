@@ -41,7 +41,8 @@ import run  # noqa: E402
 from decode_models import (CONFIGS, build_decoder, build_hf, config, decode_one,  # noqa: E402
                            static_cache, weight_bytes)
 from run import in_rounds, median  # noqa: E402
-from suite import empty_disk_caches, machine  # noqa: E402
+import suite  # noqa: E402
+from suite import empty_disk_caches, fmt, machine  # noqa: E402
 
 DECODE = ("llama1b", "llama7b", "hf-llama-steps", "hf-llama-generate", "hf-qwen2-steps", "hf-qwen2-generate")
 DYNAMIC = ("bert-dynamic", "prefill-dynamic")
@@ -292,23 +293,12 @@ def key(r):
 
 
 def merge(paths):
-    rows, here = {}, None
-    for p in paths:
-        d = json.loads(pathlib.Path(p).read_text())
-        if here is not None and d["machine"] != here:
-            sys.exit(f"decode: {p} is from {d['machine']}, the others from {here}")
-        here = d["machine"]
-        rows.update({key(r): r for r in d["rows"]})
-    return list(rows.values()), here
+    return suite.merge(paths, key, "decode")
 
 
 def save(rows, path, here):
     if path:
         pathlib.Path(path).write_text(json.dumps({"machine": here, "rows": rows}, indent=1))
-
-
-def fmt(v, spec):
-    return format(v, spec) if isinstance(v, (int, float)) else "-"
 
 
 def print_table(rows):

@@ -323,15 +323,20 @@ def save(rows, path, here):
         pathlib.Path(path).write_text(json.dumps({"machine": here, "rows": rows, "summary": summary(rows)}, indent=1))
 
 
-def merge(paths):
-    """The rows of several runs (a later file's row replaces an earlier one's), one machine's."""
+def row_key(r):
+    return r["model"], r["mode"], r["dtype"]
+
+
+def merge(paths, key=row_key, tool="suite"):
+    """The rows of several runs (a later file's row replaces an earlier one's, rows matched by
+    `key`), one machine's."""
     rows, here = {}, None
     for p in paths:
         d = json.loads(pathlib.Path(p).read_text())
         if here is not None and d["machine"] != here:
-            sys.exit(f"suite: {p} is from {d['machine']}, the others from {here}")
+            sys.exit(f"{tool}: {p} is from {d['machine']}, the others from {here}")
         here = d["machine"]
-        rows.update({(r["model"], r["mode"], r["dtype"]): r for r in d["rows"]})
+        rows.update({key(r): r for r in d["rows"]})
     return list(rows.values()), here
 
 
