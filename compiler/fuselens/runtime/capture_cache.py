@@ -30,7 +30,8 @@ What capture relied on without a guard, as constants of the process, is checked 
 
 Kept: captures without a graph break (no resume functions, no break helpers); dynamic dims (a
 recompile's, or `torch._dynamo.mark_dynamic`'s) are kept with the capture, and the process that
-takes it compiles them dynamic and keeps them dynamic in its own recompiles. When it keeps one, capture checks that the names give back the very objects of its
+takes it compiles them dynamic and keeps them dynamic in its own recompiles. When it keeps one,
+capture checks that the names give back the very objects of its
 namespace (an unpickled constant that is not the object, a module source that reads another
 module: not kept). A process takes a kept capture when the checks above pass and its guard
 function holds for the call's arguments; otherwise it captures, and keeps the new capture beside
