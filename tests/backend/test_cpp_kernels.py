@@ -95,7 +95,7 @@ def test_a_padded_pool_runs_its_interior_without_masks(channels_last):
     interior range), a copy of the body without masks runs, and gcc vectorises it; along the
     inner dim (NCHW's columns) the border columns run the masked body."""
     import torch.nn.functional as F
-    x = torch.randn(2, 16, 20, 20)
+    x = torch.randn(2, 16, 56, 56)  # (a stem's pool: rows long enough that any compiler's cost model vectorises)
     if channels_last:
         x = x.to(memory_format=torch.channels_last)
     f = lambda x: (F.max_pool2d(torch.relu(x * 2.0), 3, 2, 1),)  # noqa: E731

@@ -203,9 +203,12 @@ static inline float fl_randn(int64_t seed, uint32_t offset) {
 """
 
 # -fno-math-errno: sqrt and friends inline (and vectorise); no -ffast-math, which would drop NaN
-# and reassociate float arithmetic; -fwrapv: integers wrap as torch's do
+# and reassociate float arithmetic; -fwrapv: integers wrap as torch's do; -ffp-contract=off: a
+# product and a sum stay two roundings, as eager's two ops are (g++ 13 with AVX512-FP16 narrows
+# fp16 arithmetic done in float back to fp16 and fused a*b + c across the rounding between them:
+# 760 of 2112 fp16 results differed); the preamble's fma calls are written out
 FLAGS = ["-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno",
-         "-fno-trapping-math", "-w"]
+         "-fno-trapping-math", "-ffp-contract=off", "-w"]
 OPENMP = ["-fopenmp"]
 
 
