@@ -339,6 +339,30 @@ def test_reduce_overhead_replays_buffers_refilled_in_place():
     assert graphed.recordings == 2 and (graphed.graph is None or graphed.static[0] is not None)
 
 
+def _layers(x, w):  # 12 GEMMs and softmaxes: a replay beats launching them, copies and all
+    for _ in range(12):
+        x = torch.softmax(x @ w, -1)
+    return x
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")
+def test_reduce_overhead_copies_fresh_inputs_on_its_fast_path(monkeypatch):
+    """A decode loop's fresh token each call: once replays are chosen, a call checks each input
+    once, copies the fresh one into its buffer and replays, without the search for moved inputs."""
+    import fuselens
+    from fuselens.backend import cudagraphs
+    f = fuselens.compile(_layers, mode="reduce-overhead")
+    w = randn(64, 64)
+    xs = [randn(64, 64) for _ in range(53)]  # (all alive: each call's x lies elsewhere)
+    for x in xs[:50]:  # warm-up, recordings, the replay-or-launch trial
+        f(x, w)
+    graphed = f.entries[0].graph_calls[0].compiled
+    assert graphed.graph is not None and [i for i, _ in graphed.copies] == [0], "replays not chosen"
+    monkeypatch.setattr(cudagraphs.CudaGraphed, "_moved", lambda *a: pytest.fail("left the fast path"))
+    for x in xs[50:]:
+        torch.testing.assert_close(f(x, w).clone(), _layers(x, w))
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")
 def test_reduce_overhead_copies_only_the_inputs_that_move():
     import fuselens
