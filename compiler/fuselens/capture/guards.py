@@ -162,7 +162,9 @@ class Sources:
             parts.append(f"{SRC}.is_contiguous() is {t.is_contiguous()}")
         else:
             parts.append(f"{SRC}.shape == {tuple(t.shape)}")
-            parts.append(f"{SRC}.stride() == {tuple(t.stride())}")
+            # a contiguous tensor's strides follow from its shape but for dims of size 1, which
+            # no index reads (is_contiguous() is ~7x cheaper than reading the strides)
+            parts.append(f"{SRC}.is_contiguous()" if t.is_contiguous() else f"{SRC}.stride() == {tuple(t.stride())}")
         parts.append(f"{SRC}.requires_grad is {t.requires_grad}")
         shape = "x".join("?" if d in dynamic else str(n) for d, n in enumerate(t.shape))
         self.guard(" and ".join(parts),
