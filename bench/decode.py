@@ -20,13 +20,19 @@ lengths, and the decoder's prefill over 12 prompts of 7 lengths, each compiler f
 what a size change does is each compiler's own): the total seconds, compiles included, and the
 steady milliseconds of a length none of them saw. Without a GPU (or with --device cpu) every
 workload runs at a tiny size, in the default mode only (CUDA graphs and peak memory are GPU
-things): a test of the script, not a measurement."""
+things): a test of the script, not a measurement.
+
+On a GPU each workload runs in a process of its own: a compiler that kills the process (torch
+2.11's Inductor dies of SIGSEGV recording CUDA graphs of transformers' generate) loses its columns
+of that row, marked `<compiler>_error`, and the row is run again without it."""
 from __future__ import annotations
 
 import argparse
 import gc
 import json
 import pathlib
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -60,6 +66,29 @@ class Setup:
         self.prompt, self.new = (8, 8) if self.tiny else (16, 32) if a.quick else (64, 256)
         self.layers, self.peak_gbs = a.layers, a.peak_gbs
         self.modes = ("default", "reduce-overhead") if self.cuda else ("default",)
+        self.progress = a.progress  # a file naming the mode and compiler running (read after a crash)
+        # {(mode, compiler): why it is left out}: what crashed an earlier process of this row
+        self.skip = {(m, c): why for m, c, why in (x.split(":", 2) for x in a.skip)}
+
+    def calls(self, mode, calls: dict, row: dict) -> dict:
+        """`calls` without the compilers left out of `mode` (their errors put in `row`), each
+        naming itself in the progress file as it starts."""
+        kept = {}
+        for c, fn in calls.items():
+            if (mode, c) in self.skip:
+                row[f"{c}_error"] = self.skip[mode, c]
+            else:
+                kept[c] = self._announced(mode, c, fn)
+        return kept
+
+    def _announced(self, mode, c, fn):
+        if not self.progress:
+            return fn
+
+        def call(*args, **kwargs):
+            pathlib.Path(self.progress).write_text(f"{mode}:{c}")
+            return fn(*args, **kwargs)
+        return call
 
     def sync(self):
         if self.cuda:
@@ -198,13 +227,14 @@ def decode_rows(s: Setup, name, batch, rounds):
                "new_tokens": s.new, "dtype": str(s.dtype).removeprefix("torch."), "step_mb": round(step_bytes / 2 ** 20, 1)}
         try:
             gens, compiled = w.generators(mode)
+            gens = s.calls(mode, gens, row)
             tokens = {}
             for c, g in gens.items():  # first generation: compiles
                 t = time.perf_counter()
                 tokens[c] = g()
                 s.sync()
                 row[f"{c}_first_s"] = round(time.perf_counter() - t, 2)
-            for c in ("fuselens", "inductor"):  # greedy tokens of a random model: bf16 rounding may part them
+            for c in tokens.keys() - {"eager"}:  # greedy tokens of a random model: bf16 rounding may part them
                 row[f"{c}_tokens_equal"] = round((tokens[c] == tokens["eager"]).float().mean().item(), 3)
             for g in gens.values():  # warm (CUDA graphs record on a later call than the first)
                 g()
@@ -265,7 +295,8 @@ def dynamic_row(s: Setup, name, rounds):
             lengths = [n // 8 for n in lengths]
         unseen = inputs(UNSEEN // 8 if s.tiny else UNSEEN)
         batches = [inputs(n) for n in lengths]
-        calls = {"eager": model, "fuselens": fuselens.compile(model), "inductor": torch.compile(model)}
+        compiled = fuselens.compile(model)
+        calls = s.calls("default", {"eager": model, "fuselens": compiled, "inductor": torch.compile(model)}, row)
         with torch.no_grad():
             for c, fn in calls.items():
                 t = time.perf_counter()
@@ -277,7 +308,7 @@ def dynamic_row(s: Setup, name, rounds):
             times = in_rounds({c: (lambda fn=fn: fn(**unseen)) for c, fn in calls.items()}, s.ms)
         for c, ms in times.items():
             row[f"{c}_ms"] = round(median(ms), 3)
-        entries = fuselens.inspect(calls["fuselens"])
+        entries = fuselens.inspect(compiled)
         row["fuselens_graphs"] = sum(len(e.graphs) for e in entries)
     except Exception as e:  # noqa: BLE001
         traceback.print_exc()
@@ -315,8 +346,34 @@ def print_table(rows):
         ratio = f / i if f and i else None
         print(f"{r['workload']:18} {r['batch']:>2} {r['mode']:15} {fmt(e, '8.3f')} {fmt(f, '8.3f')} {fmt(i, '8.3f')} "
               f"{fmt(ratio, '6.2f')} {extra}")
-        if r.get("error"):
-            print(f"{'':22}error: {r['error'][:150]}")
+        for k in ("error", *(f"{c}_error" for c in COMPILERS)):
+            if r.get(k):
+                print(f"{'':22}{k}: {r[k][:150]}")
+
+
+def isolated(a, name, batch) -> list:
+    """The rows of one workload, run by a process of their own. If it dies of a signal, it is run
+    again without the compiler its progress file names (that row's `<compiler>_error` says so);
+    a crash that names none, or the same one again, is the rows' error."""
+    skip, common = [], ["--device", a.device, "--rounds", str(a.rounds), "--peak-gbs", str(a.peak_gbs)]
+    common += ["--quick"] * a.quick + (["--layers", str(a.layers)] if a.layers else [])
+    common += ["--batch", str(batch)] if batch else []
+    with tempfile.TemporaryDirectory(prefix="fl-decode-row-") as d:
+        out, progress = pathlib.Path(d, "rows.json"), pathlib.Path(d, "progress")
+        while True:
+            progress.unlink(missing_ok=True)
+            done = subprocess.run([sys.executable, __file__, "--in-process", "--only", name, "--json", str(out),
+                                   "--progress", str(progress), *common, *(f"--skip={x}" for x in skip)])
+            if done.returncode == 0:
+                return json.loads(out.read_text())["rows"]
+            why = f"signal {signal.Signals(-done.returncode).name}" if done.returncode < 0 else f"exit {done.returncode}"
+            running = progress.read_text() if progress.exists() else None
+            if running is None or any(x.startswith(running + ":") for x in skip):
+                return [{"kind": "decode" if name in DECODE else "dynamic", "workload": name, "batch": batch,
+                         "mode": "default", "error": f"the process died ({why}) running {running or 'no compiler'}"}]
+            mode, compiler = running.split(":")
+            print(f"[decode] {name}: {compiler} killed the process ({why}) in mode {mode}: run again without it", flush=True)
+            skip.append(f"{running}:killed the process ({why})")
 
 
 def main():
@@ -330,6 +387,9 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--json", help="write the rows here (after every workload)")
     ap.add_argument("--merge", nargs="+", help="merge these runs' JSON into --json (rows by kind, workload, batch, mode)")
+    ap.add_argument("--in-process", action="store_true", help="run every workload in this process (a GPU's default: one each)")
+    ap.add_argument("--progress", help=argparse.SUPPRESS)  # (a workload's own process: see isolated)
+    ap.add_argument("--skip", action="append", default=[], help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.merge:
         rows, here = merge(a.merge)
@@ -351,7 +411,10 @@ def main():
         for batch in batches if name in DECODE else [None]:
             print(f"[decode] {name} batch {batch}", flush=True)
             t = time.perf_counter()
-            new = decode_rows(s, name, batch, a.rounds) if name in DECODE else [dynamic_row(s, name, a.rounds)]
+            if s.cuda and not a.in_process:
+                new = isolated(a, name, batch)
+            else:
+                new = decode_rows(s, name, batch, a.rounds) if name in DECODE else [dynamic_row(s, name, a.rounds)]
             for r in new:
                 r["row_s"] = round(time.perf_counter() - t, 1)
             rows += new
