@@ -75,10 +75,14 @@ def loss_of(out):
 
 
 def shard(model, units):
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+    # a CPU mesh, as the gloo group is: left to choose, FSDP2 takes CUDA where a GPU is visible
+    # and moves the shards there (the H200 machine's run died of SIGSEGV in both ranks)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     for unit in units(model):
-        fully_shard(unit)
-    fully_shard(model)
+        fully_shard(unit, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     return model
 
 
