@@ -355,8 +355,12 @@ class Expressions:
 
     # ===================================================================== symbolic ints
     def specialize(self, s: SymInt, node, scope):
-        """A dynamic size used as a Python value: guard on its exact value."""
-        self.domain.guard(f"{s.expr} == {s.hint}", f"{s.expr} (used as a Python value)")
+        """A dynamic size used as a Python value: guard on its exact value (where no expression
+        spells it, on the sizes of the inputs' dynamic dims it comes from)."""
+        if s.expr is None:
+            self.pin_dynamic("a size of no expression used as a Python value")
+        else:
+            self.domain.guard(f"{s.expr} == {s.hint}", f"{s.expr} (used as a Python value)")
         return s.hint
 
     def sym_arith(self, fn, args, e, scope):
@@ -366,7 +370,7 @@ class Expressions:
         hint = fn(*hints)
         sym = _SYM_TEXT.get(fn)
         exprs = [a.expr if isinstance(a, SymInt) else repr(a) for a in args]
-        expr = f"({sym.join(exprs)})" if len(args) == 2 else f"({sym}{exprs[0]})"
+        expr = None if None in exprs else f"({sym.join(exprs)})" if len(args) == 2 else f"({sym}{exprs[0]})"
         return SymInt(hint, expr, lambda: self.g.sym_node(fn, args, hint))
 
     def sym_compare(self, fn, a, b, e, scope):
@@ -375,7 +379,7 @@ class Expressions:
         r = fn(ha, hb)
         text = {operator.eq: "==", operator.ne: "!=", operator.lt: "<", operator.le: "<=",
                 operator.gt: ">", operator.ge: ">="}.get(fn)
-        if text is None or not all(isinstance(v, SymInt) or is_literal(v) for v in (a, b)):
+        if text is None or not all(isinstance(v, SymInt) and v.expr is not None or is_literal(v) for v in (a, b)):
             # (a NumPy integer has no literal: `np.int64(4)` is no name the guard function has)
             return fn(self.specialize(a, e, scope) if isinstance(a, SymInt) else a,
                       self.specialize(b, e, scope) if isinstance(b, SymInt) else b)

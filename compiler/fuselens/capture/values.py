@@ -76,9 +76,10 @@ class TensorVar:
 class SymInt:
     """A size that may change between calls (a dynamic dimension) or derived from one.
     `hint` is its value for the example inputs; `expr` a Python expression over the guard
-    function's parameters; `build` makes (and caches) the graph node that computes it."""
+    function's parameters (None where none spells it: an intermediate's size, capture/symbolic.py);
+    `build` makes (and caches) the graph node that computes it."""
     hint: int
-    expr: str
+    expr: str | None
     build: object  # () -> fx.Node
     _node: object = None
 

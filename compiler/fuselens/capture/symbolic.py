@@ -1,0 +1,177 @@
+"""Symbolic sizes of the graph's intermediates, where some inputs have dynamic dims.
+
+An intermediate's meta tensor holds the sizes of this call's inputs. To tell which of its sizes
+follow a dynamic dim, and how, the graph built so far is run again on fake tensors whose dynamic
+dims are symbols (torch's ShapeEnv, as Dynamo does), one node at a time and only as far as a size
+read needs it: each size is then a sympy expression over the inputs' dynamic dims. A size that
+depends on none is a constant; one that does is a `SymInt` whose graph node reads the
+intermediate's size (`sym_size`) and whose expression, over the sources of those dims, is what a
+guard checks when Python code decides something on it.
+
+The shape rules the fake run went through assumed relations between the symbols (a dim is not 1,
+two dims that broadcast are equal, a slice's end lies inside the dim): `guards` gives them, and
+capture guards them, so that every expression holds wherever the entry is used. Anything the fake
+run cannot do (an op without a symbolic shape rule, an expression no guard can spell) leaves the
+size to the caller's fallback, which pins the dynamic dims to this call's sizes."""
+from __future__ import annotations
+
+import sympy
+import torch
+import torch.fx as fx
+
+_FAILED = object()
+
+
+class SymbolicShapes:
+    """The fake run of one graph (`builder`) whose inputs have the dynamic dims `dynamic`
+    (source -> dims). torch's fake tensors and ShapeEnv are imported when one is made: only a
+    capture with dynamic dims does."""
+
+    def __init__(self, builder, dynamic: dict):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+        self.g, self.dynamic = builder, dynamic
+        # each dim its own symbol (no duck sizing: a symbol is one source), and sizes 0 and 1 are
+        # not special (a dynamic dim seen at 1 stays a symbol; the rules' `!= 1` are guarded)
+        self.shape_env = ShapeEnv(duck_shape=False, specialize_zero_one=False)
+        self.mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=True)
+        self.env: dict[fx.Node, object] = {}
+        self.names: dict[sympy.Symbol, str] = {}  # symbol -> the source of its dim (`x.shape[1]`)
+
+    # -- the fake run -----------------------------------------------------------------------
+    def value(self, node: fx.Node):
+        """`node`'s fake value (_FAILED where the fake run could not make it)."""
+        stack = [node]
+        while stack:
+            n = stack[-1]
+            if n in self.env:
+                stack.pop()
+                continue
+            todo = [a for a in n.all_input_nodes if a not in self.env]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            self.env[n] = self._run(n)
+        return self.env[node]
+
+    def _run(self, n: fx.Node):
+        args = fx.node.map_arg((n.args, n.kwargs), lambda a: self.env[a])
+        if any(v is _FAILED for v in _flat(args)):
+            return _FAILED
+        try:
+            with self.mode:
+                if n.op == "placeholder":
+                    return self._placeholder(n)
+                if n.op == "get_attr":
+                    return self.g.constants[n.target]
+                if n.op == "call_function":
+                    return n.target(*args[0], **args[1])
+        except Exception:  # noqa: BLE001 - no symbolic rule: the caller pins the sizes instead
+            return _FAILED
+        return _FAILED
+
+    def _placeholder(self, n: fx.Node):
+        from torch._dynamo.source import ConstantSource
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+        meta, src = n.meta["val"], n.meta["source"]
+        dims = self.dynamic.get(src, ())
+        if not isinstance(meta, torch.Tensor):
+            return _FAILED
+        if not dims:
+            return self.mode.from_tensor(meta, static_shapes=True)
+        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC
+                                                      for d in range(meta.dim())])
+        fake = self.mode.from_tensor(meta, symbolic_context=ctx, source=ConstantSource(f"fl_{len(self.names)}"))
+        for d in dims:
+            if d < meta.dim():
+                s = fake.shape[d]
+                if isinstance(s, torch.SymInt) and isinstance(s.node.expr, sympy.Symbol):
+                    self.names[s.node.expr] = f"{src}.shape[{d}]"
+        return fake
+
+    # -- what capture asks ------------------------------------------------------------------
+    def sizes(self, node: fx.Node, hints) -> list | None:
+        """Each size of the tensor `node` computes: an int where it depends on no dynamic dim,
+        else (sympy expression, its guard text or None); None where the fake run failed or
+        disagrees with the meta run's `hints`."""
+        fake = self.value(node)
+        if not isinstance(fake, torch.Tensor) or fake.dim() != len(hints):
+            return None
+        out = []
+        for s, hint in zip(fake.shape, hints):
+            expr = self.shape_env.replace(s.node.expr) if isinstance(s, torch.SymInt) else sympy.Integer(s)
+            if not expr.free_symbols:
+                if int(expr) != hint:
+                    return None
+                out.append(hint)
+                continue
+            if self.shape_env.guarding_hint_or_throw(expr) != hint:
+                return None
+            out.append((expr, self.text(expr)))
+        return out
+
+    def text(self, expr) -> str | None:
+        """`expr` as Python over the dims' sources, or None where it holds what no guard spells."""
+        if not all(isinstance(a, _SPELLED) or a.func in _FUNCTIONS for a in sympy.preorder_traversal(expr)):
+            return None
+        if any(s not in self.names for s in expr.free_symbols):
+            return None
+        return _print(expr, self.names)
+
+    def guards(self) -> list[tuple[str, str]]:
+        """(condition, reason) of each relation the fake run's shape rules assumed; a condition no
+        guard spells is None (the caller pins the dynamic dims instead)."""
+        out = []
+        for g in self.shape_env.guards:
+            expr = self.shape_env.simplify(g.expr)
+            if expr == sympy.true:
+                continue
+            out.append((self.text(expr), "a shape rule of the graph's ops assumed it"))
+        return out
+
+
+def _flat(v):
+    if isinstance(v, (list, tuple)):
+        for x in v:
+            yield from _flat(x)
+    elif isinstance(v, dict):
+        for x in v.values():
+            yield from _flat(x)
+    else:
+        yield v
+
+
+_SPELLED = (sympy.Symbol, sympy.Integer, sympy.logic.boolalg.BooleanAtom)
+
+
+def _functions():
+    from torch.utils._sympy.functions import FloorDiv, Max, Min, Mod, PythonMod
+    return {sympy.Add: None, sympy.Mul: None, FloorDiv: "//", Mod: "%", PythonMod: "%", Min: "min", Max: "max",
+            sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">", sympy.Ge: ">=",
+            sympy.And: "and", sympy.Or: "or", sympy.Not: "not"}
+
+
+_FUNCTIONS = _functions()
+
+
+def _print(e, names) -> str:
+    """Python text of `e` (made of `_FUNCTIONS` only: a Pow, a Rational, a float are refused by
+    `text`): each symbol its source, every operation parenthesized (no precedence to get wrong)."""
+    if isinstance(e, sympy.Symbol):
+        return names[e]
+    if isinstance(e, sympy.Integer):
+        return str(int(e))
+    if isinstance(e, sympy.logic.boolalg.BooleanAtom):
+        return str(bool(e))
+    parts = [_print(a, names) for a in e.args]
+    op = _FUNCTIONS[e.func]
+    if e.func is sympy.Add:
+        return "(" + " + ".join(parts) + ")"
+    if e.func is sympy.Mul:
+        return "(" + " * ".join(parts) + ")"
+    if op in ("min", "max"):
+        return f"{op}({', '.join(parts)})"
+    if op == "not":
+        return f"(not {parts[0]})"
+    return "(" + f" {op} ".join(parts) + ")"
