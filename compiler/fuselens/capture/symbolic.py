@@ -15,11 +15,14 @@ run cannot do (an op without a symbolic shape rule, an expression no guard can s
 size to the caller's fallback, which pins the dynamic dims to this call's sizes."""
 from __future__ import annotations
 
+import logging
+
 import sympy
 import torch
 import torch.fx as fx
 
 _FAILED = object()
+_log = logging.getLogger("fuselens.capture")
 
 
 class SymbolicShapes:
@@ -67,24 +70,28 @@ class SymbolicShapes:
                     return self.g.constants[n.target]
                 if n.op == "call_function":
                     return n.target(*args[0], **args[1])
-        except Exception:  # noqa: BLE001 - no symbolic rule: the caller pins the sizes instead
+        except Exception as exc:  # noqa: BLE001 - no symbolic rule: the caller pins the sizes instead
+            _log.debug("no symbolic sizes past %s: %r", n.format_node(), exc)
             return _FAILED
         return _FAILED
 
     def _placeholder(self, n: fx.Node):
-        from torch._dynamo.source import ConstantSource
+        from torch._dynamo.source import ConstantSource  # (imported by capture's meta runs already)
         from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
-        meta, src = n.meta["val"], n.meta["source"]
+        src = n.meta["source"]
+        # the input itself, on its device: a fake of the meta stand-in would be on `meta`, and not
+        # mix with the tensors the graph makes on the input's device
+        obj = self.g.input_object(src)
         dims = self.dynamic.get(src, ())
-        if not isinstance(meta, torch.Tensor):
+        if type(obj) not in (torch.Tensor, torch.nn.Parameter) or obj.layout != torch.strided:
             return _FAILED
         if not dims:
-            return self.mode.from_tensor(meta, static_shapes=True)
+            return self.mode.from_tensor(obj, static_shapes=True)
         ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC
-                                                      for d in range(meta.dim())])
-        fake = self.mode.from_tensor(meta, symbolic_context=ctx, source=ConstantSource(f"fl_{len(self.names)}"))
+                                                      for d in range(obj.dim())])
+        fake = self.mode.from_tensor(obj, symbolic_context=ctx, source=ConstantSource(src))
         for d in dims:
-            if d < meta.dim():
+            if d < obj.dim():
                 s = fake.shape[d]
                 if isinstance(s, torch.SymInt) and isinstance(s.node.expr, sympy.Symbol):
                     self.names[s.node.expr] = f"{src}.shape[{d}]"
