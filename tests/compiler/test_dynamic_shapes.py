@@ -108,16 +108,27 @@ def test_guard_text_of_size_expressions():
     assert sym.text(sympy.Symbol("other") + 1) is None  # a symbol of no source
 
 
-def test_bert_over_several_lengths_one_dynamic_entry():
-    transformers = pytest.importorskip("transformers")
+def _bert(T):
+    return T.BertModel(T.BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                                    intermediate_size=64, vocab_size=100, max_position_embeddings=64,
+                                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+
+
+def _llama(T):  # a decoder's prefill: causal mask, rotary positions, grouped key/value heads
+    return T.LlamaModel(T.LlamaConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=64, vocab_size=100,
+                                      max_position_embeddings=64, use_cache=False))
+
+
+@pytest.mark.parametrize("make, lengths", [(_bert, (8, 12, 16, 20, 24, 32, 40)), (_llama, (8, 12, 20, 40))],
+                         ids=["bert", "llama-prefill"])
+def test_transformers_over_several_lengths_one_dynamic_entry(make, lengths):
+    T = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = transformers.BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
-                                  intermediate_size=64, vocab_size=100, max_position_embeddings=64,
-                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    model = transformers.BertModel(cfg).eval()
+    model = make(T).eval()
     cf = fuselens.compile(model)
     with torch.no_grad():
-        for n in (8, 12, 16, 20, 24, 32, 40):
+        for n in lengths:
             ids = torch.randint(3, 100, (2, n))
             torch.testing.assert_close(cf(input_ids=ids).last_hidden_state, model(input_ids=ids).last_hidden_state)
     es = entries(cf)

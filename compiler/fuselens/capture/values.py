@@ -84,7 +84,8 @@ class SymInt:
     _node: object = None
 
     def node(self):
-        if self._node is None:
+        # (made again where a rolled-back statement erased it: the statement that first used it)
+        if self._node is None or self._node._erased:
             self._node = self.build()
         return self._node
 
