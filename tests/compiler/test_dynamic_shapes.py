@@ -72,6 +72,26 @@ def test_intermediate_size_used_as_a_python_value_is_guarded_on_its_value():
     assert "x.shape[0]" in entries(cf)[-1].recompiled_because
 
 
+def test_truth_min_max_and_shape_equality_are_relations():
+    def f(x, y):
+        h = x.relu()
+        n = min(h.shape[0], 6)  # `6 < x.shape[0]`, not the size
+        out = h[:n].sum(0) * max(2, h.shape[0])
+        if h.shape[0] - 3:  # `x.shape[0] - 3 != 0`
+            out = out + 1
+        if h.shape == y.shape:  # each dim's equality
+            out = out + y.sum(0)
+        return out
+    cf = run(f, (8, 9, 10, 11), lambda n: (torch.randn(n, 4), torch.randn(n, 4)))
+    assert len(entries(cf)) == 2
+    for n, m in ((9, 7), (4, 4), (3, 3)):  # each relation the other way: an entry each
+        x, y = torch.randn(n, 4), torch.randn(m, 4)
+        torch.testing.assert_close(cf(x, y), f(x, y))
+    assert len(entries(cf)) == 5
+    reasons = [e.recompiled_because for e in entries(cf)[2:]]
+    assert "x.shape[0] == y.shape[0]" in reasons[0] and "6 < x.shape[0]" in reasons[1] and "!= 0" in reasons[2], reasons
+
+
 def test_shape_rules_assumptions_are_guarded():
     # the symbolic run takes `t`'s columns for x's, as the slice's rule decided at these sizes (the
     # end inside the table's 64): that is guarded, so at 70 columns the other branch is taken

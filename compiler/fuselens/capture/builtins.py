@@ -12,6 +12,7 @@ call then goes on as the function's kind says: `torch._assert` on a tensor is an
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import types
 
@@ -79,6 +80,15 @@ def _minmax(ev, fn, args, kwargs, e, scope):
         ev.brk(B.TENSOR_TO_PY, e, scope, detail=f"{fn.__name__}() compares tensors in Python")
     if any(isinstance(a, Unknown) for a in items):
         return UNKNOWN
+    if not kwargs and items and any(isinstance(a, SymInt) for a in items):
+        # the first largest (smallest) item, as Python's: each comparison guarded as a relation
+        better = operator.gt if fn is max else operator.lt
+        best = items[0]
+        for a in items[1:]:
+            if ev.sym_compare(better, a, best, e, scope) if isinstance(a, SymInt) or isinstance(best, SymInt) \
+                    else better(a, best):
+                best = a
+        return best
     items = [ev.specialize(a, e, scope) if isinstance(a, SymInt) else a for a in items]
     return fn(items, **kwargs)
 

@@ -227,6 +227,9 @@ class Expressions:
                 r = UNKNOWN
             elif isinstance(left, SymInt) or isinstance(right, SymInt):
                 r = self.sym_compare(fn, left, right, e, scope)
+            elif (isinstance(left, SymShape) or isinstance(right, SymShape)) and op in ("Eq", "NotEq") \
+                    and isinstance(left, tuple) and isinstance(right, tuple):
+                r = self.sizes_equal(left, right, e, scope) is (op == "Eq")
             elif isinstance(left, SymShape) or isinstance(right, SymShape):
                 # SymInts compare by identity: compare the exact sizes (guarded) instead
                 spec = lambda v: tuple(self.specialize(d, e, scope) if isinstance(d, SymInt) else d  # noqa: E731
@@ -372,6 +375,18 @@ class Expressions:
         exprs = [a.expr if isinstance(a, SymInt) else repr(a) for a in args]
         expr = None if None in exprs else f"({sym.join(exprs)})" if len(args) == 2 else f"({sym}{exprs[0]})"
         return SymInt(hint, expr, lambda: self.g.sym_node(fn, args, hint))
+
+    def sizes_equal(self, a: tuple, b: tuple, e, scope) -> bool:
+        """`a == b` of shapes, as Python compares tuples: item by item up to the first that
+        differs, each a relation guarded (`x.shape == y.shape`: their dims equal, not their values)."""
+        if len(a) != len(b):
+            return False
+        for x, y in zip(a, b):
+            same = self.sym_compare(operator.eq, x, y, e, scope) if isinstance(x, SymInt) or isinstance(y, SymInt) \
+                else x == y
+            if not same:
+                return False
+        return True
 
     def sym_compare(self, fn, a, b, e, scope):
         ha = a.hint if isinstance(a, SymInt) else a
