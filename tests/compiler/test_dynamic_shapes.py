@@ -56,7 +56,9 @@ def test_comparison_of_an_intermediate_size_is_guarded_as_a_relation():
     torch.testing.assert_close(cf(x), f(x))
     last = entries(cf)[-1]
     assert len(entries(cf)) == 3
-    assert "(2 * x.shape[0]) > 10" in last.recompiled_because, last.recompiled_because
+    # the relation, and where the code decided it
+    assert "(2 * x.shape[0]) > 10: decided at test_dynamic_shapes.py:" in last.recompiled_because, \
+        last.recompiled_because
 
 
 def test_intermediate_size_used_as_a_python_value_is_guarded_on_its_value():

@@ -8,6 +8,7 @@ import builtins
 import enum
 import functools
 import operator
+import os
 import types
 
 import torch
@@ -361,9 +362,9 @@ class Expressions:
         """A dynamic size used as a Python value: guard on its exact value (where no expression
         spells it, on the sizes of the inputs' dynamic dims it comes from)."""
         if s.expr is None:
-            self.pin_dynamic("a size of no expression used as a Python value")
+            self.pin_dynamic(f"a size of no expression used as a Python value{_at(node, scope)}")
         else:
-            self.domain.guard(f"{s.expr} == {s.hint}", f"{s.expr} (used as a Python value)")
+            self.domain.guard(f"{s.expr} == {s.hint}", f"{s.expr} (used as a Python value{_at(node, scope)})")
         return s.hint
 
     def sym_arith(self, fn, args, e, scope):
@@ -400,8 +401,14 @@ class Expressions:
                       self.specialize(b, e, scope) if isinstance(b, SymInt) else b)
         ea = a.expr if isinstance(a, SymInt) else repr(a)
         eb = b.expr if isinstance(b, SymInt) else repr(b)
-        self.domain.guard(f"({ea} {text} {eb}) is {r}", f"{ea} {text} {eb}")
+        self.domain.guard(f"({ea} {text} {eb}) is {r}", f"{ea} {text} {eb}{_at(e, scope, ': decided')}")
         return r
+
+
+def _at(node, scope, prefix="") -> str:
+    """Where the user's code decides on a size (a guard's reason names it): ` at file.py:93`."""
+    line = getattr(node, "lineno", None)
+    return f"{prefix} at {os.path.basename(scope.fs.filename)}:{line}" if line is not None and scope is not None else ""
 
 
 _SYM_TEXT = {operator.add: " + ", operator.sub: " - ", operator.mul: " * ",
