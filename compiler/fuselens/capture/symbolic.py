@@ -16,6 +16,7 @@ size to the caller's fallback, which pins the dynamic dims to this call's sizes.
 from __future__ import annotations
 
 import logging
+import os
 
 import sympy
 import torch
@@ -40,6 +41,7 @@ class SymbolicShapes:
         self.mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=True)
         self.env: dict[fx.Node, object] = {}
         self.names: dict[sympy.Symbol, str] = {}  # symbol -> the source of its dim (`x.shape[1]`)
+        self.made_by: list[fx.Node] = []  # the node whose shape rule made each of shape_env.guards
 
     # -- the fake run -----------------------------------------------------------------------
     def value(self, node: fx.Node):
@@ -55,7 +57,9 @@ class SymbolicShapes:
                 stack.extend(todo)
                 continue
             stack.pop()
+            before = len(self.shape_env.guards)
             self.env[n] = self._run(n)
+            self.made_by.extend([n] * (len(self.shape_env.guards) - before))
         return self.env[node]
 
     def _run(self, n: fx.Node):
@@ -130,11 +134,14 @@ class SymbolicShapes:
         """(condition, reason) of each relation the fake run's shape rules assumed; a condition no
         guard spells is None (the caller pins the dynamic dims instead)."""
         out = []
-        for g in self.shape_env.guards:
+        for g, n in zip(self.shape_env.guards, self.made_by):
             expr = self.shape_env.simplify(g.expr)
             if expr == sympy.true:
                 continue
-            out.append((self.text(expr), "a shape rule of the graph's ops assumed it"))
+            loc = n.meta.get("loc")
+            at = f" at {os.path.basename(loc[0])}:{loc[1]}" if loc else ""
+            name = getattr(n.target, "__name__", None) or str(n.target)
+            out.append((self.text(expr), f"assumed by the shape rule of {name}{at}"))
         return out
 
 
