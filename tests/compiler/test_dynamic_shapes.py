@@ -109,6 +109,21 @@ def test_shape_rules_assumptions_are_guarded():
     assert "x.shape[1] <= 64: assumed by the shape rule of getitem at test_dynamic_shapes.py:" in because, because
 
 
+def test_strides_that_follow_dynamic_dims_are_guarded():
+    def f(x):
+        h = x * 2  # [2, n]: its row stride is n
+        return h.view(-1) * h.stride(0) + x.stride(1) + h.stride()[1]
+    cf = run(f, (3, 4, 5, 6), lambda n: (torch.randn(2, n),))
+    assert len(entries(cf)) == 4  # each size its entry: a stride is this call's number
+    assert "(a stride is read)" in entries(cf)[-1].recompiled_because
+
+    def g(x):
+        h = x * 2  # [n, 3]: strides (3, 1) at every size
+        return h * h.stride(0)
+    cf = run(g, (3, 4, 5, 6), lambda n: (torch.randn(n, 3),))
+    assert len(entries(cf)) == 2
+
+
 def test_sizes_of_two_dynamic_inputs():
     def f(tokens, pos):
         e = torch.nn.functional.one_hot(tokens, 16).float()  # [1, n, 16]

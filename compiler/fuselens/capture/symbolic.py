@@ -42,6 +42,7 @@ class SymbolicShapes:
         self.env: dict[fx.Node, object] = {}
         self.names: dict[sympy.Symbol, str] = {}  # symbol -> the source of its dim (`x.shape[1]`)
         self.made_by: list[fx.Node] = []  # the node whose shape rule made each of shape_env.guards
+        self.loose = False  # an input with dynamic dims is not contiguous (`strides`)
 
     # -- the fake run -----------------------------------------------------------------------
     def value(self, node: fx.Node):
@@ -91,6 +92,7 @@ class SymbolicShapes:
             return _FAILED
         if not dims:  # (its layout is all the fake run needs: made, not converted, ~5x faster)
             return torch.empty_strided(obj.shape, obj.stride(), dtype=obj.dtype, device=obj.device)
+        self.loose |= not obj.is_contiguous()
         ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC
                                                       for d in range(obj.dim())])
         fake = self.mode.from_tensor(obj, symbolic_context=ctx, source=ConstantSource(src))
@@ -107,10 +109,20 @@ class SymbolicShapes:
         else (sympy expression, its guard text or None); None where the fake run failed or
         disagrees with the meta run's `hints`."""
         fake = self.value(node)
-        if not isinstance(fake, torch.Tensor) or fake.dim() != len(hints):
+        return self._exprs(fake.shape, hints) if isinstance(fake, torch.Tensor) else None
+
+    def strides(self, node: fx.Node, hints) -> list | None:
+        """`sizes`, of the strides. None too where an input with dynamic dims is not contiguous:
+        its guard checks that alone, so its strides, and those of what is made from it, are no
+        expression of its sizes."""
+        fake = self.value(node)
+        return self._exprs(fake.stride(), hints) if isinstance(fake, torch.Tensor) and not self.loose else None
+
+    def _exprs(self, values, hints) -> list | None:
+        if len(values) != len(hints):
             return None
         out = []
-        for s, hint in zip(fake.shape, hints):
+        for s, hint in zip(values, hints):
             expr = self.shape_env.replace(s.node.expr) if isinstance(s, torch.SymInt) else sympy.Integer(s)
             if not expr.free_symbols:
                 if int(expr) != hint:

@@ -81,11 +81,15 @@ class Tensors:
                 out.append(n)
         return SymShape(out)
 
-    def _intermediate_sizes(self, t: TensorVar, shape):
-        if not any(self.dynamic.get(s) for s, _ in self.g.inputs):
-            return torch.Size(shape)
-        if self.symbolic is None:
+    def _symbolic(self) -> SymbolicShapes | None:
+        """The symbolic run of the graph's sizes, where an input has dynamic dims."""
+        if self.symbolic is None and self.dynamic and any(self.dynamic.get(s) for s, _ in self.g.inputs):
             self.symbolic = SymbolicShapes(self.g, self.dynamic)
+        return self.symbolic
+
+    def _intermediate_sizes(self, t: TensorVar, shape):
+        if self._symbolic() is None:
+            return torch.Size(shape)
         sym = self.symbolic.sizes(t.node, shape) if t.node is not None else None
         if sym is None:
             self.pin_dynamic("an intermediate's size is read, of no symbolic shape")
@@ -107,13 +111,27 @@ class Tensors:
             else:
                 self.sources.guard(text, f"{text[1:-1] if text.startswith('(') else text}: {why}")
 
-    def pin_dynamic(self, why: str):
-        """Guard every dynamic dim of the graph's inputs on this call's size: what capture knows
-        of a size only as a number (a meta shape) is baked into the graph."""
+    def strides(self, t: TensorVar, dim=None):
+        """`t.stride()`: where they follow dynamic dims, this call's strides, guarded (the graph
+        has no node for a stride: capture's uses of one are few, a size's are many)."""
+        strides = t.meta.stride()
+        if self._symbolic() is not None:
+            sym = self.symbolic.strides(t.node, strides) if t.node is not None else None
+            if sym is None or not all(isinstance(d, int) for d in sym):
+                self.pin_dynamic("a stride is read", strides=True)
+        return strides if dim is None else strides[dim]
+
+    def pin_dynamic(self, why: str, strides=False):
+        """Guard every dynamic dim of the graph's inputs on this call's size (`strides`: and each
+        such input's strides): what capture knows of a size only as a number (a meta shape) is
+        baked into the graph."""
         for s, obj in self.g.inputs:
-            for d in self.dynamic.get(s, ()):
+            dims = self.dynamic.get(s, ())
+            for d in dims:
                 if isinstance(obj, torch.Tensor) and d < obj.dim():
                     self.sources.guard(f"{SRC}.shape[{d}] == {obj.shape[d]}", f"{s}.shape[{d}] ({why})", s)
+            if strides and dims and isinstance(obj, torch.Tensor):
+                self.sources.guard(f"{SRC}.stride() == {tuple(obj.stride())}", f"{s}.stride() ({why})", s)
 
     # ----------------------------------------------------------------- tensor ops
     def torch_call(self, fn, args, kwargs, e, scope):
@@ -149,6 +167,8 @@ class Tensors:
                     n = self.sym_arith(operator.mul, [n, d], e, scope) if isinstance(d, SymInt) \
                         or isinstance(n, SymInt) else n * d
                 return n
+            if name == "stride":
+                return self.strides(t, *args, **kwargs)
             if name == "get_device":
                 return -1 if t.device.type == "cpu" else t.device.index
             return getattr(t.meta, name)(*args, **kwargs)
