@@ -32,7 +32,7 @@ def test_intermediate_sizes_in_ops_stay_symbolic():
     def f(x):
         h = torch.relu(x @ W)  # [b, s, 8]: its sizes are no input's
         b, s, _ = h.shape
-        pos = torch.arange(s, dtype=h.dtype)
+        pos = torch.arange(int(s), dtype=h.dtype)
         heads = h.view(b, s, 2, 4).transpose(1, 2).reshape(b * 2, s, -1)
         mask = h.new_ones(b, s).expand(2, b, s)
         return heads.sum(0) + pos[:, None], TABLE[:, :s] * mask, h.size(1) * h.numel()

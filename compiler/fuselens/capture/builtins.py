@@ -93,6 +93,13 @@ def _minmax(ev, fn, args, kwargs, e, scope):
     return fn(items, **kwargs)
 
 
+def _int(ev, fn, args, kwargs, e, scope):
+    """`int(n)` of a dynamic size is the size itself, still symbolic (transformers' `int(seq_len)`)."""
+    if len(args) == 1 and not kwargs and isinstance(args[0], SymInt):
+        return args[0]
+    return NOT_HANDLED
+
+
 def _type(ev, fn, args, kwargs, e, scope):
     if len(args) != 1:
         return NOT_HANDLED  # type(name, bases, dict): a class made
@@ -346,7 +353,7 @@ def _marked_constant(ev, fn, args, kwargs, e, scope):
     return NOT_HANDLED
 
 
-KNOWN = {len: _len, range: _range, getattr: _getattr, hasattr: _hasattr, min: _minmax, max: _minmax,
+KNOWN = {len: _len, range: _range, int: _int, getattr: _getattr, hasattr: _hasattr, min: _minmax, max: _minmax,
          type: _type, isinstance: _isinstance, super: _super, iter: _iter, next: _next, callable: _callable,
          setattr: _setattr, delattr: _delattr, functools.reduce: _reduce, print: _print,
          torch.no_grad: _native, torch.enable_grad: _native, torch.set_grad_enabled: _set_grad_enabled,
