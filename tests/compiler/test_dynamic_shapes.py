@@ -133,6 +133,22 @@ def test_sizes_of_two_dynamic_inputs():
     assert len(entries(cf)) == 2
 
 
+def test_size_of_no_python_spelling():
+    # n * n (a Pow): no guard spells it; returned, it comes out of the graph; decided on, it pins
+    def f(v):
+        m = torch.outer(v, v).view(-1)
+        return m * 2, m.shape[0] + 1
+    cf = run(f, (3, 4, 5, 6), lambda n: (torch.randn(n),))
+    assert len(entries(cf)) == 2
+
+    def g(v):
+        m = torch.outer(v, v).view(-1)
+        return m * 2 if m.shape[0] > 20 else m
+    cf = run(g, (3, 4, 5, 6), lambda n: (torch.randn(n),))
+    assert len(entries(cf)) == 4
+    assert "a size of no expression used as a Python value" in entries(cf)[-1].recompiled_because
+
+
 def test_guard_text_of_size_expressions():
     x = sympy.Symbol("s0", positive=True, integer=True)
     names = {x: "x.shape[0]"}
