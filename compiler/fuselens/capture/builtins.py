@@ -12,6 +12,7 @@ call then goes on as the function's kind says: `torch._assert` on a tensor is an
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import types
 
@@ -79,8 +80,24 @@ def _minmax(ev, fn, args, kwargs, e, scope):
         ev.brk(B.TENSOR_TO_PY, e, scope, detail=f"{fn.__name__}() compares tensors in Python")
     if any(isinstance(a, Unknown) for a in items):
         return UNKNOWN
+    if not kwargs and items and any(isinstance(a, SymInt) for a in items):
+        # the first largest (smallest) item, as Python's: each comparison guarded as a relation
+        better = operator.gt if fn is max else operator.lt
+        best = items[0]
+        for a in items[1:]:
+            if ev.sym_compare(better, a, best, e, scope) if isinstance(a, SymInt) or isinstance(best, SymInt) \
+                    else better(a, best):
+                best = a
+        return best
     items = [ev.specialize(a, e, scope) if isinstance(a, SymInt) else a for a in items]
     return fn(items, **kwargs)
+
+
+def _int(ev, fn, args, kwargs, e, scope):
+    """`int(n)` of a dynamic size is the size itself, still symbolic (transformers' `int(seq_len)`)."""
+    if len(args) == 1 and not kwargs and isinstance(args[0], SymInt):
+        return args[0]
+    return NOT_HANDLED
 
 
 def _type(ev, fn, args, kwargs, e, scope):
@@ -336,7 +353,7 @@ def _marked_constant(ev, fn, args, kwargs, e, scope):
     return NOT_HANDLED
 
 
-KNOWN = {len: _len, range: _range, getattr: _getattr, hasattr: _hasattr, min: _minmax, max: _minmax,
+KNOWN = {len: _len, range: _range, int: _int, getattr: _getattr, hasattr: _hasattr, min: _minmax, max: _minmax,
          type: _type, isinstance: _isinstance, super: _super, iter: _iter, next: _next, callable: _callable,
          setattr: _setattr, delattr: _delattr, functools.reduce: _reduce, print: _print,
          torch.no_grad: _native, torch.enable_grad: _native, torch.set_grad_enabled: _set_grad_enabled,

@@ -114,6 +114,7 @@ def capture(fs: FunctionSource, args, kwargs, *, dynamic=None, fullgraph=False,
         graph = GraphInfo(gm, [s for s, _ in builder.inputs], writeback, fs.qualname,
                           sorted(l for l in builder.lines if l[0] == fs.filename) or sorted(builder.lines),
                           builder.n_ops, graph_name)
+    ev.guard_symbolic()
     ev.effects.guard_distinct()
     sources.guard_unshared([s for s, o in builder.inputs if isinstance(o, torch.Tensor)])
     helpers = [(name, src, hfs.globals) for name, src, hfs in writer.helper_sources()]

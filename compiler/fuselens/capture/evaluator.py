@@ -65,6 +65,7 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
         self.abstract = abstract
         self.sources = sources          # capture.Sources (concrete): guards and constants
         self.dynamic = {} if dynamic is None else dynamic  # source expr -> set of dynamic dims (the runtime's)
+        self.symbolic = None  # symbolic.SymbolicShapes: made at the first read of an intermediate's size
         # stack of (device_type, dtype) of active autocast: one entered around the call too
         self.autocast: list = [(d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")
                                if torch.is_autocast_enabled(d)]

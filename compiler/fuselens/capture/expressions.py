@@ -8,6 +8,7 @@ import builtins
 import enum
 import functools
 import operator
+import os
 import types
 
 import torch
@@ -227,6 +228,9 @@ class Expressions:
                 r = UNKNOWN
             elif isinstance(left, SymInt) or isinstance(right, SymInt):
                 r = self.sym_compare(fn, left, right, e, scope)
+            elif (isinstance(left, SymShape) or isinstance(right, SymShape)) and op in ("Eq", "NotEq") \
+                    and isinstance(left, tuple) and isinstance(right, tuple):
+                r = self.sizes_equal(left, right, e, scope) is (op == "Eq")
             elif isinstance(left, SymShape) or isinstance(right, SymShape):
                 # SymInts compare by identity: compare the exact sizes (guarded) instead
                 spec = lambda v: tuple(self.specialize(d, e, scope) if isinstance(d, SymInt) else d  # noqa: E731
@@ -355,8 +359,12 @@ class Expressions:
 
     # ===================================================================== symbolic ints
     def specialize(self, s: SymInt, node, scope):
-        """A dynamic size used as a Python value: guard on its exact value."""
-        self.domain.guard(f"{s.expr} == {s.hint}", f"{s.expr} (used as a Python value)")
+        """A dynamic size used as a Python value: guard on its exact value (where no expression
+        spells it, on the sizes of the inputs' dynamic dims it comes from)."""
+        if s.expr is None:
+            self.pin_dynamic(f"a size of no expression used as a Python value{_at(node, scope)}")
+        else:
+            self.domain.guard(f"{s.expr} == {s.hint}", f"{s.expr} (used as a Python value{_at(node, scope)})")
         return s.hint
 
     def sym_arith(self, fn, args, e, scope):
@@ -366,8 +374,20 @@ class Expressions:
         hint = fn(*hints)
         sym = _SYM_TEXT.get(fn)
         exprs = [a.expr if isinstance(a, SymInt) else repr(a) for a in args]
-        expr = f"({sym.join(exprs)})" if len(args) == 2 else f"({sym}{exprs[0]})"
+        expr = None if None in exprs else f"({sym.join(exprs)})" if len(args) == 2 else f"({sym}{exprs[0]})"
         return SymInt(hint, expr, lambda: self.g.sym_node(fn, args, hint))
+
+    def sizes_equal(self, a: tuple, b: tuple, e, scope) -> bool:
+        """`a == b` of shapes, as Python compares tuples: item by item up to the first that
+        differs, each a relation guarded (`x.shape == y.shape`: their dims equal, not their values)."""
+        if len(a) != len(b):
+            return False
+        for x, y in zip(a, b):
+            same = self.sym_compare(operator.eq, x, y, e, scope) if isinstance(x, SymInt) or isinstance(y, SymInt) \
+                else x == y
+            if not same:
+                return False
+        return True
 
     def sym_compare(self, fn, a, b, e, scope):
         ha = a.hint if isinstance(a, SymInt) else a
@@ -375,14 +395,20 @@ class Expressions:
         r = fn(ha, hb)
         text = {operator.eq: "==", operator.ne: "!=", operator.lt: "<", operator.le: "<=",
                 operator.gt: ">", operator.ge: ">="}.get(fn)
-        if text is None or not all(isinstance(v, SymInt) or is_literal(v) for v in (a, b)):
+        if text is None or not all(isinstance(v, SymInt) and v.expr is not None or is_literal(v) for v in (a, b)):
             # (a NumPy integer has no literal: `np.int64(4)` is no name the guard function has)
             return fn(self.specialize(a, e, scope) if isinstance(a, SymInt) else a,
                       self.specialize(b, e, scope) if isinstance(b, SymInt) else b)
         ea = a.expr if isinstance(a, SymInt) else repr(a)
         eb = b.expr if isinstance(b, SymInt) else repr(b)
-        self.domain.guard(f"({ea} {text} {eb}) is {r}", f"{ea} {text} {eb}")
+        self.domain.guard(f"({ea} {text} {eb}) is {r}", f"{ea} {text} {eb}{_at(e, scope, ': decided')}")
         return r
+
+
+def _at(node, scope, prefix="") -> str:
+    """Where the user's code decides on a size (a guard's reason names it): ` at file.py:93`."""
+    line = getattr(node, "lineno", None)
+    return f"{prefix} at {os.path.basename(scope.fs.filename)}:{line}" if line is not None and scope is not None else ""
 
 
 _SYM_TEXT = {operator.add: " + ", operator.sub: " - ", operator.mul: " * ",

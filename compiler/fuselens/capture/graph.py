@@ -106,6 +106,10 @@ class GraphBuilder:
                 self._storageless.append(obj)
         return tv
 
+    def input_object(self, source: str):
+        """The tensor the input found at `source` is (None: no tensor input there)."""
+        return self._by_source.get(source)
+
     def sharing(self, source: str) -> list[str]:
         """The other inputs, not empty, on the storage of the input found at `source`. Where an
         input has no storage (sparse, a wrapper subclass such as DTensor), what its

@@ -186,11 +186,12 @@ class TensorMethodKind(Kind):
 
 
 class SymbolicInt(Kind):
-    """A size that may change between calls: arithmetic stays symbolic; used as a Python value
-    (a truth, an index), it is specialized (guarded on its exact value)."""
+    """A size that may change between calls: arithmetic stays symbolic; its truth is the relation
+    `!= 0` (guarded as such); used as a Python value (an index), it is specialized (guarded on
+    its exact value)."""
 
     def truth(self, ev, v, node, scope, kind, whole_stmt):
-        return bool(ev.specialize(v, node, scope))
+        return ev.sym_compare(operator.ne, v, 0, node, scope)
 
 
 class UnknownValue(Kind):

@@ -93,6 +93,14 @@ class Materializer:
     def input_src(self):  # looked up late: inputs are mutated after the Materializer is made
         return {id(v): k for k, v in self._mutated.items()}
 
+    def _output(self, v) -> str:
+        """`v` (a TensorVar, a SymInt) returned by the graph."""
+        i = self._out_index.get(id(v))
+        if i is None:
+            i = self._out_index[id(v)] = len(self.outputs)
+            self.outputs.append(v)
+        return f"__fl_o[{i}]"
+
     def expr(self, v, exact=False) -> str:
         """`exact`: `v` itself, not its value after later in-place ops (the value a metadata write
         replaced, as the base of the view it made: `y.t_()` is y's old value transposed)."""
@@ -105,13 +113,9 @@ class Materializer:
             if v.view_of is not None:
                 # a view is made again from its base in Python: aliasing stays as in eager
                 return self.view_expr(v.view_of, v)
-            i = self._out_index.get(id(v))
-            if i is None:
-                i = self._out_index[id(v)] = len(self.outputs)
-                self.outputs.append(v)
-            return f"__fl_o[{i}]"
-        if isinstance(v, SymInt):
-            return v.expr
+            return self._output(v)
+        if isinstance(v, SymInt):  # (an intermediate's size no expression spells: the graph's)
+            return v.expr if v.expr is not None else self._output(v)
         if isinstance(v, slice):
             return f"slice({self.expr(v.start)}, {self.expr(v.stop)}, {self.expr(v.step)})"
         if v is Ellipsis:

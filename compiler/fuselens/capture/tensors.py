@@ -17,6 +17,7 @@ from . import bounds
 from . import calls as C
 from .guards import SRC
 from .graph import MetaEvalError
+from .symbolic import SymbolicShapes
 from .values import NUMPY_SCALARS, UNKNOWN, SymInt, SymShape, TensorVar, leaves, torch_number
 from .frames import AbstractSeq
 
@@ -62,18 +63,13 @@ class Tensors:
         return TensorMethod(t, attr)
 
     def sizes(self, t: TensorVar):
-        """`t.shape` as a tuple of ints, with SymInts for dynamic dims of graph inputs."""
+        """`t.shape` as a tuple of ints, with SymInts for its sizes that follow dynamic dims of the
+        graph's inputs (an input's own dims; an intermediate's, from the symbolic run)."""
         shape = tuple(t.meta.shape)
         src = t.source
-        dyn = self.dynamic.get(src, ()) if src is not None else ()
         if src is None and self.dynamic:
-            # an intermediate's meta shape holds the example sizes: pin the dynamic dims of
-            # the inputs (guarded) rather than bake sizes that may change into the graph
-            for s, obj in self.g.inputs:
-                for d in self.dynamic.get(s, ()):
-                    if isinstance(obj, torch.Tensor) and d < obj.dim():
-                        self.sources.guard(f"{SRC}.shape[{d}] == {obj.shape[d]}",
-                                           f"{s}.shape[{d}] (an intermediate's size is read)", s)
+            return self._intermediate_sizes(t, shape)
+        dyn = self.dynamic.get(src, ()) if src is not None else ()
         if not dyn:
             return torch.Size(shape)
         out = []
@@ -84,6 +80,58 @@ class Tensors:
             else:
                 out.append(n)
         return SymShape(out)
+
+    def _symbolic(self) -> SymbolicShapes | None:
+        """The symbolic run of the graph's sizes, where an input has dynamic dims."""
+        if self.symbolic is None and self.dynamic and any(self.dynamic.get(s) for s, _ in self.g.inputs):
+            self.symbolic = SymbolicShapes(self.g, self.dynamic)
+        return self.symbolic
+
+    def _intermediate_sizes(self, t: TensorVar, shape):
+        if self._symbolic() is None:
+            return torch.Size(shape)
+        sym = self.symbolic.sizes(t.node, shape) if t.node is not None else None
+        if sym is None:
+            self.pin_dynamic("an intermediate's size is read, of no symbolic shape")
+            return torch.Size(shape)
+        if all(isinstance(d, int) for d in sym):
+            return torch.Size(shape)
+        return SymShape(n if isinstance(d, int) else
+                        SymInt(n, d[1], lambda d=i: self.g.sym_node(torch.ops.aten.sym_size.int, (t, d), shape[d]))
+                        for i, (n, d) in enumerate(zip(shape, sym)))
+
+    def guard_symbolic(self):
+        """Guard what the symbolic run's shape rules assumed of the dynamic dims (the intermediates'
+        size expressions hold where these do); one no guard spells pins the dims."""
+        if self.symbolic is None:
+            return
+        for text, why in self.symbolic.guards():
+            if text is None:
+                self.pin_dynamic(why)
+            else:
+                self.sources.guard(text, f"{text[1:-1] if text.startswith('(') else text}: {why}")
+
+    def strides(self, t: TensorVar, dim=None):
+        """`t.stride()`: where they follow dynamic dims, this call's strides, guarded (the graph
+        has no node for a stride: capture's uses of one are few, a size's are many)."""
+        strides = t.meta.stride()
+        if self._symbolic() is not None:
+            sym = self.symbolic.strides(t.node, strides) if t.node is not None else None
+            if sym is None or not all(isinstance(d, int) for d in sym):
+                self.pin_dynamic("a stride is read", strides=True)
+        return strides if dim is None else strides[dim]
+
+    def pin_dynamic(self, why: str, strides=False):
+        """Guard every dynamic dim of the graph's inputs on this call's size (`strides`: and each
+        such input's strides): what capture knows of a size only as a number (a meta shape) is
+        baked into the graph."""
+        for s, obj in self.g.inputs:
+            dims = self.dynamic.get(s, ())
+            for d in dims:
+                if isinstance(obj, torch.Tensor) and d < obj.dim():
+                    self.sources.guard(f"{SRC}.shape[{d}] == {obj.shape[d]}", f"{s}.shape[{d}] ({why})", s)
+            if strides and dims and isinstance(obj, torch.Tensor):
+                self.sources.guard(f"{SRC}.stride() == {tuple(obj.stride())}", f"{s}.stride() ({why})", s)
 
     # ----------------------------------------------------------------- tensor ops
     def torch_call(self, fn, args, kwargs, e, scope):
@@ -119,6 +167,8 @@ class Tensors:
                     n = self.sym_arith(operator.mul, [n, d], e, scope) if isinstance(d, SymInt) \
                         or isinstance(n, SymInt) else n * d
                 return n
+            if name == "stride":
+                return self.strides(t, *args, **kwargs)
             if name == "get_device":
                 return -1 if t.device.type == "cpu" else t.device.index
             return getattr(t.meta, name)(*args, **kwargs)

@@ -76,14 +76,16 @@ class TensorVar:
 class SymInt:
     """A size that may change between calls (a dynamic dimension) or derived from one.
     `hint` is its value for the example inputs; `expr` a Python expression over the guard
-    function's parameters; `build` makes (and caches) the graph node that computes it."""
+    function's parameters (None where none spells it: an intermediate's size, capture/symbolic.py);
+    `build` makes (and caches) the graph node that computes it."""
     hint: int
-    expr: str
+    expr: str | None
     build: object  # () -> fx.Node
     _node: object = None
 
     def node(self):
-        if self._node is None:
+        # (made again where a rolled-back statement erased it: the statement that first used it)
+        if self._node is None or self._node._erased:
             self._node = self.build()
         return self._node
 
