@@ -162,14 +162,19 @@ class CppKernelWriter(CppExpressions):
     # --- stores -----------------------------------------------------------------------------------
     def store(self, buf, value):
         ptr = self.arg_for(buf, self.out_args, "out_ptr")
-        index = store_index(buf, self.kernel.shape, self.red, self.sizevars)
-        index_text = self.expr(index)
+        conds = []
+        if buf.kind == "scatter":  # at the positions its body computes, where they are in range
+            value, index, index_text, conds = self.scatter_parts(value)
+        else:
+            index = store_index(buf, self.kernel.shape, self.red, self.sizevars)
+            index_text = self.expr(index)
         self.store_sites.setdefault(buf.name, set()).add((index_text, None, self.along_r(index)))
         if not (compute_dtype(buf.dtype) != buf.dtype and value.dtype == torch.float32):
             value = self.to_dtype(value, buf.dtype)  # (a float is stored to a half type rounded)
         stored = value.expr if C_TYPES[buf.dtype] == C_TYPES[value.dtype] else \
             self.bf16_bits_text(value) if buf.dtype == torch.bfloat16 else f"{C_TYPES[buf.dtype]}({value})"
-        self.emit(f"{ptr}[{index_text}] = {stored};", loc=buf.loc or self.loc)
+        guard = f"if ({self.AND.join(conds)}) " if conds else ""
+        self.emit(f"{guard}{ptr}[{index_text}] = {stored};", loc=buf.loc or self.loc)
 
     # --- reductions -------------------------------------------------------------------------------
     def declare_accumulators(self, bufs, lanes=None):
@@ -288,7 +293,7 @@ class CppKernelWriter(CppExpressions):
     # --- the kernel's structure -------------------------------------------------------------------
     def is_row_value(self, buf):
         """A per-row value (reduction result, or a pointwise buffer over the kept dims only)."""
-        return buf.kind == "reduction" or (
+        return buf.kind == "reduction" or buf.kind != "scatter" and (
             buf.shape != self.kernel.shape and (buf.shape in row_shapes(self.kernel.shape, self.red) or
                                                 moved_row_vars(buf.shape, self.kernel.shape, self.red) is not None))
 

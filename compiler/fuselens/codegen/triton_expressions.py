@@ -245,5 +245,11 @@ class TritonExpressions(KernelExpressions):
             offset = f"tl.full([1], {offset}, tl.int32)"
         return self.cse(f"tl.{kind}(seed + {stream}, {offset})", torch.float32)
 
+    def indirect(self, v):
+        if not self.varies.get(v.expr):  # (one position for the whole block, a decode step's: made a
+            # block, as Triton's interpreter refuses a mask combining a block's and a scalar's)
+            v = self.cse(f"tl.broadcast_to({v}, {self.block_shape()})", v.dtype)
+        return super().indirect(v)
+
     def block_shape(self):
         return "[XBLOCK, RBLOCK]" if self.kernel.is_reduction else "[XBLOCK]"

@@ -712,3 +712,13 @@ call_torch = Primitive("call_torch", _call_torch, "extern")
 call_torch_vjp = Primitive("call_torch_vjp", _call_torch_vjp, "extern")
 # element `index` of an extern's tuple result
 item = Primitive("item", lambda tup, index: tup[index], "item")
+
+
+def _index_copy_(x, dim, index, src):
+    return x.index_copy_(dim, index, src)
+
+
+# `x.index_copy_(dim, index, src)` into a graph input that runtime/reinplace.py made in place (a KV
+# cache's write), returning x: lowered to a kernel storing src's elements at the indexed positions
+# of x's memory (lower/rules.py `_index_copy_`), with src's producer fused into it
+index_copy_ = Primitive("index_copy_", _index_copy_, "extern")
