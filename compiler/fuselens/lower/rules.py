@@ -1,7 +1,7 @@
 """The lowering rules of the primitives their kind's lowering does not cover (lowering.py
 `Lowering.lower_<kind>` lowers a pointwise primitive by its spelling, a reduction by its combine,
 an extern as a call of its `impl`): views, index-computed values, sources, identities, and the
-externs lowered to kernels (max pooling, a KV cache's `index_copy_`). Each is registered for its primitive with
+externs lowered to kernels (max pooling, in-place writes into graph inputs). Each is registered for its primitive with
 `@lowering(prim.X)` and called as `rule(ctx, node, args, kwargs)`: `ctx` the Lowering running,
 `node` the primitive's FX node (its `meta["val"]` is the result's shape and dtype), `args` and
 `kwargs` its operands lowered (View, Lazy, or Python values). It returns the node's value.
@@ -243,28 +243,31 @@ def _max_pool2d_backward(ctx, node, args, kwargs):
 
 
 # --- in-place writes into graph inputs ------------------------------------------------------------
-@lowering(prim.index_copy_)
-def _index_copy_(ctx, node, args, kwargs):
-    """`x.index_copy_(dim, index, src)`, x a graph input written in place (runtime/reinplace.py): a
-    scatter buffer (ir.ComputedBuffer) over src's elements, each stored at x's element of its own
-    position but `index[i]` along `dim`, so src's producer (a KV cache's RoPE) is computed in the
-    write's kernel, no temporary, no ATen call. Readers of the result read x's memory after that
-    kernel. An index out of range writes nothing (its store is masked, so nothing outside x is
+@lowering(prim.scatter_)
+def _scatter_(ctx, node, args, kwargs):
+    """src written into `target`, a view of x, a graph input written in place (runtime/reinplace.py):
+    a scatter buffer (ir.ComputedBuffer) over src's elements, each stored at target's element of its
+    own position, but `index[i]` along `dim`, so src's producer (a KV cache's RoPE) is computed in
+    the write's kernel: no temporary, no ATen call. Readers of the result read x's memory after that
+    kernel. An index out of range writes nothing (its store is masked: nothing outside x is
     written); ATen raises on a CPU and device-asserts on CUDA. Duplicate indices: one of their
-    sources is stored, as eager's CUDA kernel (which one is not defined). Elsewhere (x not a whole
-    input, symbolic sizes), ATen's call."""
-    x, dim, index, src = args
-    if not (isinstance(x, View) and isinstance(x.buf, InputBuffer) and x.is_whole()) or \
-            not all(isinstance(n, int) for n in (*x.shape, *x.stride, *src.shape)):
-        return ctx.lower_extern(node, prim.index_copy_, args, kwargs)
-    sv, loc, size = ctx.sv, node.meta.get("loc"), x.shape[dim]
+    sources is stored (which one is not defined, as in eager's CUDA kernels). Elsewhere (x not a
+    whole input, symbolic sizes), ATen's call."""
+    x, target, dim, index, src = args
+    if not (isinstance(x, View) and isinstance(x.buf, InputBuffer) and x.is_whole() and isinstance(target, View)
+            and target.buf is x.buf) or \
+            not all(isinstance(n, int) for n in (*x.shape, *x.stride, *target.shape, *target.stride, *src.shape)):
+        return ctx.lower_extern(node, prim.scatter_, args, kwargs)
+    loc = node.meta.get("loc")
 
     def body(idx):
         with ops().at(loc):
             value = src.load(idx)
+        if index is None:
+            return value, target.index(idx, ops()), []
         position = ops().indirect(index.load([idx[dim]] if index.shape else []))
-        flat = sum((i * sv(st) for d, (i, st) in enumerate(zip(idx, x.stride)) if d != dim), sympy.Integer(0))
-        return value, flat + position * sv(x.stride[dim]), [sympy.Ge(position, 0), sympy.Lt(position, sv(size))]
+        at = [position if d == dim else i for d, i in enumerate(idx)]
+        return value, target.index(at, ops()), [sympy.Ge(position, 0), sympy.Lt(position, ctx.sv(target.shape[dim]))]
     buf = ComputedBuffer(ctx.new_name(), x.shape, x.stride, x.dtype, body=body, kind="scatter",
                          in_shape=tuple(src.shape), loc=loc, into=x.buf)
     ctx.steps.append(buf)

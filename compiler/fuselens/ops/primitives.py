@@ -714,11 +714,16 @@ call_torch_vjp = Primitive("call_torch_vjp", _call_torch_vjp, "extern")
 item = Primitive("item", lambda tup, index: tup[index], "item")
 
 
-def _index_copy_(x, dim, index, src):
-    return x.index_copy_(dim, index, src)
+def _scatter_(x, target, dim, index, src):
+    if index is None:
+        target.copy_(src)
+    else:
+        target.index_copy_(dim, index, src)
+    return x
 
 
-# `x.index_copy_(dim, index, src)` into a graph input that runtime/reinplace.py made in place (a KV
-# cache's write), returning x: lowered to a kernel storing src's elements at the indexed positions
-# of x's memory (lower/rules.py `_index_copy_`), with src's producer fused into it
-index_copy_ = Primitive("index_copy_", _index_copy_, "extern")
+# an in-place write into graph input x that runtime/reinplace.py made in place (a KV cache's
+# `index_copy_`, `cache[:, :, pos] = v`): src written into `target`, a view of x, at positions
+# `index` along `dim` (index None: all of target), returning x. Lowered to a kernel storing src's
+# elements into x's memory (lower/rules.py `_scatter_`), with src's producer fused into it
+scatter_ = Primitive("scatter_", _scatter_, "extern")
