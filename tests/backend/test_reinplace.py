@@ -1,11 +1,13 @@
 """Writes into a graph's inputs made in place (runtime/reinplace.py): a decode step's KV cache
 written where eager writes it, with no copy of the cache and no copy back; equal to eager on
 every call, and left functional where anything else reads the input or autograd records."""
+import contextlib
+
 import pytest
 import torch
 
 import fuselens
-from fl_backend_testing import DEVICE
+from fl_backend_testing import CPP, DEVICE
 from fuselens.runtime import compiled as runtime
 
 
@@ -141,8 +143,10 @@ def test_writes_into_an_input_are_kernels_equal_to_eager(name, positions):
 
 
 def test_an_index_out_of_range_writes_nothing():
-    """A position out of the cache's range (eager raises) is not stored: nothing outside the cache
-    is written (its neighbours in one allocation stay), nothing else in it changes."""
+    """A position out of the cache's range is not stored: nothing outside the cache is written (its
+    neighbours in one allocation stay), nothing in it changes. Eager raises: so does the C++ kernel
+    (the graph's eager run then raises eager's error); a Triton kernel raises nothing (eager's CUDA
+    kernel device-asserts)."""
     def fn(x, pos, v):
         x.index_copy_(1, pos, v)
         return x * 1
@@ -151,6 +155,10 @@ def test_an_index_out_of_range_writes_nothing():
     x = memory[40:-40].view(3, 10, 4)
     x.copy_(torch.randn(3, 10, 4))
     before = memory.clone()
-    out = compiled(x, torch.tensor([10], device=DEVICE), torch.randn(3, 1, 4, device=DEVICE))
-    assert torch.equal(memory, before) and torch.equal(out, x)
+    compiled(x, torch.tensor([2], device=DEVICE), torch.randn(3, 1, 4, device=DEVICE))  # (compiled: in range)
     assert "consts[" not in wrapper_of(compiled)
+    memory.copy_(before)
+    with pytest.raises(IndexError, match="out of bounds") if CPP else contextlib.nullcontext():
+        out = compiled(x, torch.tensor([10], device=DEVICE), torch.randn(3, 1, 4, device=DEVICE))
+        assert torch.equal(out, x)
+    assert torch.equal(memory, before)

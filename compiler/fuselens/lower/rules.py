@@ -250,7 +250,8 @@ def _scatter_(ctx, node, args, kwargs):
     own position, but `index[i]` along `dim`, so src's producer (a KV cache's RoPE) is computed in
     the write's kernel: no temporary, no ATen call. Readers of the result read x's memory after that
     kernel. An index out of range writes nothing (its store is masked: nothing outside x is
-    written); ATen raises on a CPU and device-asserts on CUDA. Duplicate indices: one of their
+    written); the C++ kernels then raise, and eager's error is raised (ATen raises on a CPU), the
+    Triton kernels do not (ATen's CUDA kernel device-asserts). Duplicate indices: one of their
     sources is stored (which one is not defined, as in eager's CUDA kernels). Elsewhere (x not a
     whole input, symbolic sizes), ATen's call."""
     x, target, dim, index, src = args
