@@ -162,3 +162,11 @@ def test_an_index_out_of_range_writes_nothing():
         out = compiled(x, torch.tensor([10], device=DEVICE), torch.randn(3, 1, 4, device=DEVICE))
         assert torch.equal(out, x)
     assert torch.equal(memory, before)
+
+
+def test_an_int32_index():
+    compiled = fuselens.compile(write_then_read(setitem))
+    x = torch.randn(10, 10, 4, device=DEVICE)
+    xe, pos, v = x.clone(), torch.tensor([4, 1], dtype=torch.int32, device=DEVICE), torch.randn(10, 2, 4, device=DEVICE)
+    torch.testing.assert_close(compiled(x, pos, v), write_then_read(setitem)(xe, pos, v))
+    assert torch.equal(x, xe) and "consts[" not in wrapper_of(compiled)

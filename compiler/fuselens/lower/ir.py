@@ -201,8 +201,8 @@ class ComputedBuffer(Buffer):
     of the first reduced dim.
     Scatter (an in-place write into `into`, a graph input, at positions read from a tensor: a KV
     cache's `index_copy_`): pointwise over `in_shape`; `body(idx)` gives (the value, the flat
-    index of x's element it is stored at, the conditions under which it is stored: the index in
-    range); `shape` and `stride` are `into`'s, whose memory it is: its readers read it after the
+    index of `into`'s element it is stored at, the conditions under which it is stored: the index
+    in range); `shape` and `stride` are `into`'s, whose memory it is: its readers read it after the
     write, and the wrapper names `into` by it."""
     body: object = None
     kind: str = "pointwise"

@@ -266,7 +266,10 @@ def _scatter_(ctx, node, args, kwargs):
             value = src.load(idx)
         if index is None:
             return value, target.index(idx, ops()), []
-        position = ops().indirect(index.load([idx[dim]] if index.shape else []))
+        position = index.load([idx[dim]] if index.shape else [])
+        if index.dtype != torch.int64:  # (an int32 index: offsets into a large input need 64 bits)
+            position = ops().to_dtype(position, torch.int64)
+        position = ops().indirect(position)
         at = [position if d == dim else i for d, i in enumerate(idx)]
         return value, target.index(at, ops()), [sympy.Ge(position, 0), sympy.Lt(position, ctx.sv(target.shape[dim]))]
     buf = ComputedBuffer(ctx.new_name(), x.shape, x.stride, x.dtype, body=body, kind="scatter",

@@ -63,8 +63,8 @@ def _scatter(x, target, dim, index, src):
     return emit(prim.scatter_, x, target, dim, index, src, _val=x.val)
 
 
-def _index_tensor(index):
-    if not isinstance(index, TVal) or index.dtype not in (torch.int64, torch.int32) or index.ndim > 1:
+def _index_tensor(index, dtypes=(torch.int64, torch.int32)):
+    if not isinstance(index, TVal) or index.dtype not in dtypes or index.ndim > 1:
         raise Unsupported("an index that is not an integer tensor of at most one dim")
     return index
 
@@ -79,7 +79,7 @@ def aten_index_copy_(x, dim, index, src):
     if not isinstance(x, TVal) or x.ndim == 0 or not isinstance(src, TVal) or src.ndim != x.ndim:
         raise Unsupported("index_copy_ of these arguments")
     dim = dim % x.ndim
-    if tuple(src.shape) != tuple(_index_tensor(index).numel() if d == dim else s for d, s in enumerate(x.shape)):
+    if tuple(src.shape) != tuple(_index_tensor(index, (torch.int64,)).numel() if d == dim else s for d, s in enumerate(x.shape)):
         raise Unsupported("index_copy_ with a source of another shape (ATen raises)")
     return _scatter(x, x, dim, index, src)
 
