@@ -95,6 +95,14 @@ def aten_index_put_(x, indices, values, accumulate=False):
     return _scatter(x, x, dim, _wrapped(index, x.shape[dim]), values)
 
 
+@register(torch.ops.aten.index_fill_.int_Scalar)
+def aten_index_fill_(x, dim, index, value):
+    if not isinstance(x, TVal) or x.ndim == 0:
+        raise Unsupported("index_fill_ of a 0-d tensor")
+    dim = dim % x.ndim
+    return _scatter(x, x, dim, _wrapped(_index_tensor(index, (torch.int64,)), x.shape[dim]), value)
+
+
 @register(setitem_in_place)
 def _setitem_in_place(x, index, value):
     """`x[index] = value` with slices, Ellipsis and integers, and at most one index tensor: src written
