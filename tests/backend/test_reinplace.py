@@ -112,8 +112,16 @@ def index_fill(x, pos, v):
     x.index_fill_(1, pos, 5.0)
 
 
+def index_put_0d_index(x, pos, v):
+    x.index_put_((pos[0],), v[:, 0])
+
+
+def index_copy_0d_index(x, pos, v):
+    x.index_copy_(1, pos[-1], v[:, :1])
+
+
 WRITES = {f.__name__: f for f in (index_copy, setitem, setitem_int_then_tensor, setitem_ellipsis, setitem_number,
-                                  slices, index_put, index_fill)}
+                                  slices, index_put, index_fill, index_put_0d_index, index_copy_0d_index)}
 
 
 def write_then_read(write):
@@ -130,7 +138,7 @@ def test_writes_into_an_input_are_kernels_equal_to_eager(name, positions):
     and the input and result are eager's. A negative position counts from the end (index_copy_
     raises on it: not run); duplicates store one of their values (index_copy_ into x at [3, 3])."""
     write = WRITES[name]
-    if name == "index_copy" and positions[0] < 0:
+    if name.startswith("index_copy") and positions[0] < 0:
         pytest.skip("index_copy_ refuses negative positions")
     if name == "slices" and positions != [5]:
         pytest.skip("writes at no positions")

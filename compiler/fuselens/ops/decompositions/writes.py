@@ -63,10 +63,12 @@ def _scatter(x, target, dim, index, src):
     return emit(prim.scatter_, x, target, dim, index, src, _val=x.val)
 
 
-def _index_tensor(index, dtypes=(torch.int64, torch.int32)):
+def _index_tensor(index, dtypes=(torch.int64, torch.int32), keepdim=False):
+    """`index` if an integer tensor of at most one dim; `keepdim`: a 0-d one as one position of a
+    dim src keeps (index_copy_'s, index_fill_'s), not a dim indexing drops."""
     if not isinstance(index, TVal) or index.dtype not in dtypes or index.ndim > 1:
         raise Unsupported("an index that is not an integer tensor of at most one dim")
-    return index
+    return P.reshape(index, (1,)) if keepdim and index.ndim == 0 else index
 
 
 def _wrapped(index, size):
@@ -78,8 +80,8 @@ def _wrapped(index, size):
 def aten_index_copy_(x, dim, index, src):
     if not isinstance(x, TVal) or x.ndim == 0 or not isinstance(src, TVal) or src.ndim != x.ndim:
         raise Unsupported("index_copy_ of these arguments")
-    dim = dim % x.ndim
-    if tuple(src.shape) != tuple(_index_tensor(index, (torch.int64,)).numel() if d == dim else s for d, s in enumerate(x.shape)):
+    dim, index = dim % x.ndim, _index_tensor(index, (torch.int64,), keepdim=True)
+    if tuple(src.shape) != tuple(index.numel() if d == dim else s for d, s in enumerate(x.shape)):
         raise Unsupported("index_copy_ with a source of another shape (ATen raises)")
     return _scatter(x, x, dim, index, src)
 
@@ -100,7 +102,7 @@ def aten_index_fill_(x, dim, index, value):
     if not isinstance(x, TVal) or x.ndim == 0:
         raise Unsupported("index_fill_ of a 0-d tensor")
     dim = dim % x.ndim
-    return _scatter(x, x, dim, _wrapped(_index_tensor(index, (torch.int64,)), x.shape[dim]), value)
+    return _scatter(x, x, dim, _wrapped(_index_tensor(index, (torch.int64,), keepdim=True), x.shape[dim]), value)
 
 
 @register(setitem_in_place)
