@@ -186,3 +186,16 @@ def test_an_int32_index():
     xe, pos, v = x.clone(), torch.tensor([4, 1], dtype=torch.int32, device=DEVICE), torch.randn(10, 2, 4, device=DEVICE)
     torch.testing.assert_close(compiled(x, pos, v), write_then_read(setitem)(xe, pos, v))
     assert torch.equal(x, xe) and "consts[" not in wrapper_of(compiled)
+
+
+@pytest.mark.parametrize("make", [lambda: torch.full((1,), 7), lambda: torch.arange(7, 8)], ids=["full", "arange"])
+def test_positions_made_in_the_graph(make):
+    """Positions the graph computes (a constant: its range checks fold; an arange: index arithmetic)."""
+    def fn(x, v):
+        x.index_copy_(1, make().to(x.device), v * 2)
+        return x.sum(-1)
+    compiled = fuselens.compile(fn)
+    x, v = torch.randn(3, 10, 4, device=DEVICE), torch.randn(3, 1, 4, device=DEVICE)
+    xe = x.clone()
+    torch.testing.assert_close(compiled(x, v), fn(xe, v))
+    assert torch.equal(x, xe) and "consts[" not in wrapper_of(compiled)

@@ -171,6 +171,8 @@ class KernelExpressions(OpsHandler):
         return node_vars(buf, self.kernel.shape, self.red, self.sizevars)
 
     def indirect(self, v):
+        if v.literal:  # (a position known when compiling: its range checks fold)
+            return sympy.Integer(int(v.value))
         sym = sympy.Symbol(f"indirect{len(self.indirect_values)}", integer=True)
         self.indirect_values[sym] = v.expr
         return sym
@@ -180,7 +182,8 @@ class KernelExpressions(OpsHandler):
         result `value`, for the target's store (lower/ir.py ComputedBuffer)."""
         self.op_names.add("scatter")
         value, index, conds = value
-        conds = [self.expr(c) for c in conds if c is not sympy.true]
+        conds = [self.constant(False, torch.bool).expr if c is sympy.false else self.expr(c)
+                 for c in conds if c is not sympy.true]
         return value, index, self.expr(index), conds
 
     # --- the kernel's own buffers, inlined ---------------------------------------------------------
