@@ -718,7 +718,7 @@ def _scatter_(x, target, dim, index, src):
     if index is None:
         target.copy_(src)
     else:
-        target.index_copy_(dim, index, src)
+        target.index_copy_(dim, index.long().reshape(-1), src)  # (index_copy_ takes int64 of one dim)
     return x
 
 
