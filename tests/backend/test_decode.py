@@ -1,8 +1,10 @@
 """Decoding with a KV cache (bench/decode_models.py): a decode step is one graph for every position
 (fresh position tensors, no recompile), writes the cache in place, and equals eager's; transformers'
-Llama with a StaticCache likewise."""
+Llama with a StaticCache likewise. Each layer's K and V cache writes are one kernel that computes
+k's RoPE too (lower/rules.py `_index_copy_`), not ATen's index_copy_ after a RoPE kernel."""
 from __future__ import annotations
 
+import re
 import warnings
 
 import torch
@@ -26,6 +28,23 @@ def one_graph(cf):
     assert [len(e.graphs) for e in entries] == [1] and entries[0].graph_break is None, entries
 
 
+def cache_writes_fused(step, layers):
+    """A decode step's wrapper writes each layer's K and V caches in one kernel with what it stores
+    (k's RoPE): no extern call writes them (ATen's index_copy_ was called as `consts[i](cache, ...)`),
+    and the writing kernel reads no buffer another kernel made (a RoPE result stored first)."""
+    wrapper = fuselens.inspect(step)[0].graphs[0].wrapper
+    assert "consts[" not in wrapper
+    caches = dict(re.findall(r"^ +(buf\d+) = (arg\d+)  # written in place", wrapper, re.M))
+    assert len(caches) == 2 * layers
+    made_by_kernels = set(re.findall(r"^ +(buf\d+) = (?:empty\(|buf\d+\b)", wrapper, re.M))
+    launches = [line.split("  #")[0] for line in wrapper.splitlines() if ".launch(" in line]
+    writes = [line for line in launches if set(re.findall(r"\bbuf\d+\b", line)) & set(caches)]
+    assert len(writes) == layers and all("_mul_" in line for line in writes), writes  # (RoPE's products)
+    for line in writes:
+        assert set(re.findall(r"\bbuf\d+\b", line)) & made_by_kernels == set(), line
+        assert len(set(re.findall(r"\bbuf\d+\b", line)) & set(caches)) == 2, line  # K and V together
+
+
 def test_decode_steps_equal_eager_and_write_the_cache_in_place():
     cfg = config("tiny")
     compiled_model, eager_model = (build_decoder(cfg, BATCH, PROMPT + STEPS, torch.float32, DEVICE) for _ in range(2))
@@ -47,6 +66,7 @@ def test_decode_steps_equal_eager_and_write_the_cache_in_place():
         torch.testing.assert_close(c.v, e.v, **tolerance(torch.float32))
     assert c.k[:, :, PROMPT + STEPS - 2].abs().sum() > 0  # (the last step's keys are there)
     one_graph(step)
+    cache_writes_fused(step, cfg.layers)
     # grouped-query attention reads the cache's buffers themselves (no repeat of K and V)
     sdpa = [line for line in fuselens.inspect(step)[0].graphs[0].wrapper.splitlines() if "prims.sdpa(" in line]
     assert len(sdpa) == cfg.layers and all("attn_mask" in line for line in sdpa)
@@ -75,3 +95,4 @@ def test_hf_llama_static_cache_decodes_as_eager():
         got = decode(cf)
     assert torch.equal(got, expected)
     one_graph(cf)
+    cache_writes_fused(cf, model.config.num_hidden_layers)

@@ -14,7 +14,8 @@ OPERATIONS = sorted(name for name, _ in inspect.getmembers(OpsHandler, inspect.i
 
 
 def test_the_interface_names_what_loop_bodies_call():
-    assert OPERATIONS == ["at", "constant", "index_value", "load", "masked", "pointwise", "random", "to_dtype"]
+    assert OPERATIONS == ["at", "constant", "index_value", "indirect", "load", "masked", "pointwise", "random",
+                          "to_dtype"]
 
 
 @pytest.mark.parametrize("handler", [KernelWriter, ReadRecorder, _Tree], ids=lambda h: h.__name__)

@@ -73,6 +73,10 @@ class CppKernelWriter(CppExpressions):
         self.row_loops = 0
         self.to_cache = []  # keys of the values the row cache keeps (a second generation's)
         self.interior = None  # (lo, hi) of interior loops (a second generation's: interior_split)
+        # a kernel writing into a graph input at positions read from a tensor (a scatter, pointwise
+        # kernels only) returns whether one was out of range (not stored): the launch raises, and the
+        # graph's eager run then raises eager's error (backend/driver.py)
+        self.out_of_range = " reduction(|:fl_out_of_range)" if any(n.kind == "scatter" for n in kernel.nodes) else ""
 
     # --- loops ------------------------------------------------------------------------------------
     def var(self, d):
@@ -162,14 +166,22 @@ class CppKernelWriter(CppExpressions):
     # --- stores -----------------------------------------------------------------------------------
     def store(self, buf, value):
         ptr = self.arg_for(buf, self.out_args, "out_ptr")
-        index = store_index(buf, self.kernel.shape, self.red, self.sizevars)
-        index_text = self.expr(index)
+        conds = []
+        if buf.kind == "scatter":  # at the positions its body computes, where they are in range
+            value, index, index_text, conds = self.scatter_parts(value)
+        else:
+            index = store_index(buf, self.kernel.shape, self.red, self.sizevars)
+            index_text = self.expr(index)
         self.store_sites.setdefault(buf.name, set()).add((index_text, None, self.along_r(index)))
         if not (compute_dtype(buf.dtype) != buf.dtype and value.dtype == torch.float32):
             value = self.to_dtype(value, buf.dtype)  # (a float is stored to a half type rounded)
         stored = value.expr if C_TYPES[buf.dtype] == C_TYPES[value.dtype] else \
             self.bf16_bits_text(value) if buf.dtype == torch.bfloat16 else f"{C_TYPES[buf.dtype]}({value})"
-        self.emit(f"{ptr}[{index_text}] = {stored};", loc=buf.loc or self.loc)
+        if conds:
+            self.emit(f"if ({self.AND.join(conds)}) {ptr}[{index_text}] = {stored}; else fl_out_of_range = 1;",
+                      loc=buf.loc or self.loc)
+        else:
+            self.emit(f"{ptr}[{index_text}] = {stored};", loc=buf.loc or self.loc)
 
     # --- reductions -------------------------------------------------------------------------------
     def declare_accumulators(self, bufs, lanes=None):
@@ -288,7 +300,7 @@ class CppKernelWriter(CppExpressions):
     # --- the kernel's structure -------------------------------------------------------------------
     def is_row_value(self, buf):
         """A per-row value (reduction result, or a pointwise buffer over the kept dims only)."""
-        return buf.kind == "reduction" or (
+        return buf.kind == "reduction" or buf.kind != "scatter" and (
             buf.shape != self.kernel.shape and (buf.shape in row_shapes(self.kernel.shape, self.red) or
                                                 moved_row_vars(buf.shape, self.kernel.shape, self.red) is not None))
 
@@ -300,7 +312,7 @@ class CppKernelWriter(CppExpressions):
         if not self.kernel.is_reduction:
             if self.interior is not None:
                 return self.interior_body()
-            with self.loop_nest(self.x_dims, parallel=True, simd=True):
+            with self.loop_nest(self.x_dims, parallel=True, simd=True, reductions=self.out_of_range):
                 self.pointwise_stores()
             return
         with self.loop_nest(self.x_dims, parallel=not self.split_rows, simd=False):
@@ -364,7 +376,7 @@ class CppKernelWriter(CppExpressions):
         lo, hi, conds = self.interior
         inner, outer = self.x_dims[-1], self.x_dims[:-1]
         v, n = self.var(inner), self.kernel.shape[inner]
-        with self.loop_nest(outer, parallel=True, simd=False):
+        with self.loop_nest(outer, parallel=True, simd=False, reductions=self.out_of_range):
             checks = {c.subs({s: end for s in c.free_symbols if s.name == v}) for c in conds for end in (lo, hi - 1)}
             if sympy.false in checks:
                 return self.interior_loops(inner, n, n, n)  # (never all: the masked body throughout)
@@ -378,7 +390,7 @@ class CppKernelWriter(CppExpressions):
             if start == stop or (stop == n and none_after):
                 continue  # (masks not along the inner dim: nothing after the interior)
             self.unmasked = unmasked
-            self.emit("#pragma omp simd")
+            self.emit(f"#pragma omp simd{self.out_of_range}")
             self.open_for(inner, hoist=True, start=str(start), stop=str(stop))
             self.pointwise_stores()
             self.close_brace()
@@ -429,8 +441,13 @@ class CppKernelWriter(CppExpressions):
         if self.cached:
             self.drop_unused_temporaries()
         name = self.kernel_name()
-        header = f'extern "C" void {name}({", ".join(p for p, _ in self.launch_params())}) {{'
+        params = ", ".join(p for p, _ in self.launch_params())
         body = ["    " * indent + text for indent, text in self.lines]
+        if self.out_of_range:
+            header = f'extern "C" int {name}({params}) {{'
+            body = ["    int fl_out_of_range = 0;", *body, "    return fl_out_of_range;"]
+        else:
+            header = f'extern "C" void {name}({params}) {{'
         return name, "\n".join([header, *body, "}"]) + "\n"
 
 

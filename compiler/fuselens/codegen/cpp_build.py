@@ -384,12 +384,20 @@ class CppKernel:
     def _first_launch(self, *args):
         fn = getattr(self.library.lib, self.name)
         fn.argtypes = [ctypes.c_void_p] * self.n_tensors + [ctypes.c_int64] * self.n_scalars
-        fn.restype = None
         n = self.n_tensors
+        if self.source.startswith('extern "C" int '):  # (a write at positions read from a tensor: codegen/cpp.py)
+            fn.restype = ctypes.c_int
 
-        def launch(*args):
-            fn(*[t.data_ptr() for t in args[:n]], *args[n:])
-            return True
+            def launch(*args):
+                if fn(*[t.data_ptr() for t in args[:n]], *args[n:]):
+                    raise IndexError(f"{self.name}: an index out of range of the tensor it writes into")
+                return True
+        else:
+            fn.restype = None
+
+            def launch(*args):
+                fn(*[t.data_ptr() for t in args[:n]], *args[n:])
+                return True
         self.launch = launch
         return launch(*args)
 

@@ -82,6 +82,7 @@ class KernelExpressions(OpsHandler):
         self.op_names: set[str] = set()
         self.source_lines: set = set()
         self._reads: dict[str, list] = {}  # buffer name -> the buffers its body loads
+        self.indirect_values: dict = {}  # symbol of an index read from a tensor -> its value's name (`indirect`)
 
     # --- emission helpers -------------------------------------------------------------------------
     def emit(self, text, loc=None):
@@ -122,6 +123,8 @@ class KernelExpressions(OpsHandler):
         if e.is_Integer:
             return self.integer_text(int(e))
         if e.is_Symbol:
+            if e in self.indirect_values:
+                return self.indirect_values[e]
             return e.name if e.name[0] in "xr" else self.size_text(e)
         if isinstance(e, FloorDiv):
             return f"({self.expr(e.args[0])} {self.FLOOR_DIV} {self.divisor(e.args[1])})"
@@ -166,6 +169,22 @@ class KernelExpressions(OpsHandler):
 
     def vars_for(self, buf):
         return node_vars(buf, self.kernel.shape, self.red, self.sizevars)
+
+    def indirect(self, v):
+        if v.literal:  # (a position known when compiling: its range checks fold)
+            return sympy.Integer(int(v.value))
+        sym = sympy.Symbol(f"indirect{len(self.indirect_values)}", integer=True)
+        self.indirect_values[sym] = v.expr
+        return sym
+
+    def scatter_parts(self, value):
+        """A scatter's (value, index text, its conditions' texts: the index in range) from its body's
+        result `value`, for the target's store (lower/ir.py ComputedBuffer)."""
+        self.op_names.add("scatter")
+        value, index, conds = value
+        conds = [self.constant(False, torch.bool).expr if c is sympy.false else self.expr(c)
+                 for c in conds if c is not sympy.true]
+        return value, index, self.expr(index), conds
 
     # --- the kernel's own buffers, inlined ---------------------------------------------------------
     def own_value(self, buf):

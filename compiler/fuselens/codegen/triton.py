@@ -78,11 +78,15 @@ class KernelWriter(TritonReductions):
 
     def store(self, buf, value):
         ptr = self.arg_for(buf, self.out_args, "out_ptr")
-        index = store_index(buf, self.kernel.shape, self.red, self.sizevars)
-        if not index.free_symbols:  # a single element: let lane 0 of block 0 write it
-            index_text, mask = "xindex", "xmask"
+        if buf.kind == "scatter":  # at the positions its body computes, where they are in range
+            value, index, index_text, conds = self.scatter_parts(value)
+            mask = " & ".join(filter(None, [self.mask_for(index)] + conds)) or None
         else:
-            index_text, mask = self.index_text(index), self.mask_for(index)
+            index = store_index(buf, self.kernel.shape, self.red, self.sizevars)
+            if not index.free_symbols:  # a single element: let lane 0 of block 0 write it
+                index_text, mask = "xindex", "xmask"
+            else:
+                index_text, mask = self.index_text(index), self.mask_for(index)
         self.store_sites.setdefault(buf.name, set()).add((index_text, mask, self.along_r(index)))
         if value.literal:  # a block of the pointers' shape: [XBLOCK, 1] where they do not vary along r
             along_r = any(s.name[0] == "r" for s in index.free_symbols)
@@ -149,7 +153,7 @@ class KernelWriter(TritonReductions):
 
     def is_row_value(self, buf):
         """A per-row value (reduction result, or a pointwise buffer over the kept dims only)."""
-        return self.kernel.is_reduction and (buf.kind == "reduction" or (
+        return self.kernel.is_reduction and buf.kind != "scatter" and (buf.kind == "reduction" or (
             buf.shape != self.kernel.shape and (buf.shape in row_shapes(self.kernel.shape, self.red) or
                                                 moved_row_vars(buf.shape, self.kernel.shape, self.red) is not None)))
 

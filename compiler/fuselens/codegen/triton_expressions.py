@@ -245,5 +245,15 @@ class TritonExpressions(KernelExpressions):
             offset = f"tl.full([1], {offset}, tl.int32)"
         return self.cse(f"tl.{kind}(seed + {stream}, {offset})", torch.float32)
 
+    def indirect(self, v):
+        # a position the same for the whole block (a decode step's, or a constant) made a block: the
+        # store's mask combines the range check with xmask, and Triton's interpreter refuses a mask
+        # combining a block's and a scalar's
+        if v.literal:
+            v = self.cse(f"tl.full({self.block_shape()}, {v}, {TL_DTYPES[v.dtype]})", v.dtype)
+        elif not self.varies.get(v.expr):
+            v = self.cse(f"tl.broadcast_to({v}, {self.block_shape()})", v.dtype)
+        return super().indirect(v)
+
     def block_shape(self):
         return "[XBLOCK, RBLOCK]" if self.kernel.is_reduction else "[XBLOCK]"

@@ -230,3 +230,6 @@ class _Tree(OpsHandler):
 
     def random(self, kind, stream, flat):
         return ("random", object(), None)  # equal to no other value
+
+    def indirect(self, v):
+        return sympy.Symbol(f"indirect{v!r}", integer=True)  # (equal for equal trees)

@@ -196,7 +196,9 @@ class WrapperWriter:
             torch.fx.node.map_aggregate((step.args, step.kwargs),
                                         lambda a: names.append(a.buf.name) if isinstance(a, View) else None)
             return names
-        return list(self.kernels[id(step)][1].in_args)
+        # (a scatter writes into an input: it lives until then)
+        return list(self.kernels[id(step)][1].in_args) + [self.scattered[n] for n in self.kernels[id(step)][1].out_args
+                                                          if n in self.scattered]
 
     def step_buffers(self, step) -> list:
         """The buffers a step writes."""
@@ -278,6 +280,7 @@ class WrapperWriter:
         g, steps = self.graph, self.sched.steps
         params = ["seed" if b is None else b.name for b in g.inputs]
         keep = {o.buf.name for o in g.outputs if isinstance(o, View)}
+        keep |= set(self.scattered)  # (an input's memory: never freed nor taken over)
         if not self.boxed:  # the caller holds its arguments until the call returns
             keep |= {b.name for b in g.inputs if b is not None}
         read_by_extern = {n for step in steps if isinstance(step, ExternCall) for n in self.step_reads(step)}
@@ -287,7 +290,7 @@ class WrapperWriter:
             if isinstance(o, View):
                 returned.setdefault(o.buf.name, set()).add((tuple(o.shape), tuple(o.stride), view_kind(o)))
         for name, views in returned.items():
-            if len(views) == 1 and name in written and name not in read_by_extern:
+            if len(views) == 1 and name in written and name not in read_by_extern and name not in self.scattered:
                 (shape, stride, kind), = views
                 if kind in ("view", "permute"):  # the same memory, read by kernels by pointer
                     self.allocated_as[name] = (shape, stride)
@@ -351,6 +354,9 @@ class WrapperWriter:
                 kernel, writer = self.kernels[id(step)]
                 for name in writer.out_args:
                     buf = writer.buffers[name]
+                    if name in self.scattered:
+                        out.append(f"    {name} = {self.scattered[name]}  # written in place at indexed positions")
+                        continue
                     shape, stride = self.allocated_as.get(name, (buf.shape, buf.stride))
                     key = (shape, stride, buf.dtype)
                     over = self.in_place_of(i, writer, name, key, last_use, keep | never_reused | taken)
@@ -410,6 +416,12 @@ class WrapperWriter:
             if fresh and buf.dtype == key[2] and _span(*self.allocated(other)) == _span(*key[:2]):
                 return other
         return None
+
+    @functools.cached_property
+    def scattered(self) -> dict:
+        """Scatter buffer name -> the input whose memory it is (lower/ir.py ComputedBuffer)."""
+        return {n.name: n.into.name for step in self.sched.steps if isinstance(step, FusedKernel)
+                for n in step.nodes if n.kind == "scatter"}
 
     def allocated(self, name):
         """(shape, stride) a buffer of this program is allocated as."""

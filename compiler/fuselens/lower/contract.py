@@ -66,8 +66,12 @@ def check_lowered(graph: LoweredGraph) -> None:
         if isinstance(step, ComputedBuffer):
             what = f"buffer {step.name}"
             expect(callable(step.body), stage, what, "has a loop body")
-            expect(step.kind in ("pointwise", "reduction"), stage, what,
-                   f"is pointwise or a reduction (lowering makes no {step.kind!r})")
+            expect(step.kind in ("pointwise", "reduction", "scatter"), stage, what,
+                   f"is pointwise, a reduction or a scatter (lowering makes no {step.kind!r})")
+            if step.kind == "scatter":
+                expect(isinstance(step.into, InputBuffer) and (step.shape, step.stride, step.dtype) ==
+                       (step.into.shape, step.into.stride, step.into.dtype), stage, what,
+                       "writes into a graph input, whose layout and dtype it has")
             if step.kind == "reduction":
                 rank = len(step.in_shape)
                 expect(step.reduce in REDUCE, stage, what, f"reduces with one of {', '.join(REDUCE)}")

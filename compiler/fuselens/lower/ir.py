@@ -102,6 +102,10 @@ class OpsHandler(IndexEnv, Protocol):
         """Philox random numbers, `kind` "rand" or "randn", of the graph's seed and `stream`, at
         element `flat`."""
 
+    def indirect(self, v) -> sympy.Symbol:
+        """A symbol standing for integer value `v` (an index read from a tensor) in index
+        expressions: a scatter's store position (ComputedBuffer)."""
+
 
 _local = threading.local()  # graphs may be compiled on several threads at once
 
@@ -166,6 +170,9 @@ class ReadRecorder(OpsHandler):
     def random(self, kind, stream, flat):
         pass
 
+    def indirect(self, v):
+        return sympy.Symbol("indirect", integer=True)
+
 
 # --- buffers --------------------------------------------------------------------------------------
 @dataclass(eq=False)
@@ -191,7 +198,12 @@ class ComputedBuffer(Buffer):
     are reduced with `reduce` ("sum", "prod", "max", "min"); `shape` keeps them as 1s.
     Partial (stage 1 of a column reduction, made by the scheduler): like a reduction, but the
     reduced rows are reduced per chunk of `chunk` rows; `shape` has the number of chunks in place
-    of the first reduced dim."""
+    of the first reduced dim.
+    Scatter (an in-place write into `into`, a graph input, at positions read from a tensor: a KV
+    cache's `index_copy_`): pointwise over `in_shape`; `body(idx)` gives (the value, the flat
+    index of `into`'s element it is stored at, the conditions under which it is stored: the index
+    in range); `shape` and `stride` are `into`'s, whose memory it is: its readers read it after the
+    write, and the wrapper names `into` by it."""
     body: object = None
     kind: str = "pointwise"
     in_shape: tuple = ()
@@ -199,6 +211,7 @@ class ComputedBuffer(Buffer):
     reduce: str | None = None
     loc: tuple | None = None
     chunk: int | None = None
+    into: Buffer | None = None
 
 
 @dataclass(eq=False)

@@ -1,7 +1,7 @@
 """The lowering rules of the primitives their kind's lowering does not cover (lowering.py
 `Lowering.lower_<kind>` lowers a pointwise primitive by its spelling, a reduction by its combine,
 an extern as a call of its `impl`): views, index-computed values, sources, identities, and the
-externs lowered to kernels (max pooling). Each is registered for its primitive with
+externs lowered to kernels (max pooling, in-place writes into graph inputs). Each is registered for its primitive with
 `@lowering(prim.X)` and called as `rule(ctx, node, args, kwargs)`: `ctx` the Lowering running,
 `node` the primitive's FX node (its `meta["val"]` is the result's shape and dtype), `args` and
 `kwargs` its operands lowered (View, Lazy, or Python values). It returns the node's value.
@@ -15,7 +15,7 @@ import torch
 
 from ..ops import primitives as prim
 from .indexing import floor_div, mod_index, reshape_index
-from .ir import Lazy, View, compute_dtype, ops
+from .ir import ComputedBuffer, InputBuffer, Lazy, View, buffer_view, compute_dtype, ops
 from .lowering import INDEX_OPS_LIMIT, Items, broadcast_index, lowering, order_of, reads_of, view_strides
 
 
@@ -240,3 +240,39 @@ def _max_pool2d_backward(ctx, node, args, kwargs):
             total = ops().pointwise(prim.add, [total, ops().masked(conds, term, 0.0, cdtype)], cdtype)
         return ops().to_dtype(total, dtype)
     return ctx.lazy(shape, dtype, loc, fn, [g, offsets] * (kernel_size[0] * kernel_w), order=order_of(x))
+
+
+# --- in-place writes into graph inputs ------------------------------------------------------------
+@lowering(prim.scatter_)
+def _scatter_(ctx, node, args, kwargs):
+    """src written into `target`, a view of x, a graph input written in place (runtime/reinplace.py):
+    a scatter buffer (ir.ComputedBuffer) over src's elements, each stored at target's element of its
+    own position, but `index[i]` along `dim`, so src's producer (a KV cache's RoPE) is computed in
+    the write's kernel: no temporary, no ATen call. Readers of the result read x's memory after that
+    kernel. An index out of range writes nothing (its store is masked: nothing outside x is
+    written); the C++ kernels then raise, and eager's error is raised (ATen raises on a CPU), the
+    Triton kernels do not (ATen's CUDA kernel device-asserts). Duplicate indices: one of their
+    sources is stored (which one is not defined, as in eager's CUDA kernels). Elsewhere (x not a
+    whole input, symbolic sizes), ATen's call."""
+    x, target, dim, index, src = args
+    if not (isinstance(x, View) and isinstance(x.buf, InputBuffer) and x.is_whole() and isinstance(target, View)
+            and target.buf is x.buf) or \
+            not all(isinstance(n, int) for n in (*x.shape, *x.stride, *target.shape, *target.stride, *src.shape)):
+        return ctx.lower_extern(node, prim.scatter_, args, kwargs)
+    loc = node.meta.get("loc")
+
+    def body(idx):
+        with ops().at(loc):
+            value = src.load(idx)
+        if index is None:
+            return value, target.index(idx, ops()), []
+        position = index.load([idx[dim]] if index.shape else [])
+        if index.dtype != torch.int64:  # (an int32 index: offsets into a large input need 64 bits)
+            position = ops().to_dtype(position, torch.int64)
+        position = ops().indirect(position)
+        at = [position if d == dim else i for d, i in enumerate(idx)]
+        return value, target.index(at, ops()), [sympy.Ge(position, 0), sympy.Lt(position, ctx.sv(target.shape[dim]))]
+    buf = ComputedBuffer(ctx.new_name(), x.shape, x.stride, x.dtype, body=body, kind="scatter",
+                         in_shape=tuple(src.shape), loc=loc, into=x.buf)
+    ctx.steps.append(buf)
+    return buffer_view(buf)

@@ -712,3 +712,18 @@ call_torch = Primitive("call_torch", _call_torch, "extern")
 call_torch_vjp = Primitive("call_torch_vjp", _call_torch_vjp, "extern")
 # element `index` of an extern's tuple result
 item = Primitive("item", lambda tup, index: tup[index], "item")
+
+
+def _scatter_(x, target, dim, index, src):
+    if index is None:
+        target.copy_(src)
+    else:
+        target.index_copy_(dim, index.long().reshape(-1), src)  # (index_copy_ takes int64 of one dim)
+    return x
+
+
+# an in-place write into graph input x that runtime/reinplace.py made in place (a KV cache's
+# `index_copy_`, `cache[:, :, pos] = v`): src written into `target`, a view of x, at positions
+# `index` along `dim` (index None: all of target), returning x. Lowered to a kernel storing src's
+# elements into x's memory (lower/rules.py `_scatter_`), with src's producer fused into it
+scatter_ = Primitive("scatter_", _scatter_, "extern")

@@ -14,12 +14,7 @@ import torch.fx as fx
 
 from ..backend.driver import copy_graph
 from ..capture.tensors import functional_setitem
-
-
-def setitem_in_place(x, index, value):
-    """`x[index] = value`, returning x (the in-place form of capture's functional_setitem)."""
-    x[index] = value
-    return x
+from ..ops.decompositions.writes import setitem_in_place
 
 
 _aten = torch.ops.aten

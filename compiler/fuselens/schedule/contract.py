@@ -24,6 +24,8 @@ def _fits_domain(n: ComputedBuffer, k: FusedKernel) -> bool:
         return k.is_reduction and (tuple(n.in_shape), tuple(n.red_dims)) == (tuple(k.shape), tuple(k.red_dims))
     if n.kind == "partial":
         return k.is_reduction and (tuple(n.in_shape), row_dims(n)) == (tuple(k.shape), tuple(k.red_dims))
+    if n.kind == "scatter":
+        return fits(n, k.shape, k.red_dims or ())
     if not k.is_reduction:
         return tuple(n.shape) == tuple(k.shape) or reshaped(n, k.shape)
     return fits(n, k.shape, k.red_dims)

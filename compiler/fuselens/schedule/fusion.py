@@ -75,7 +75,7 @@ def moved_row_vars(bshape, shape, red_dims):
 
 
 def body_shape(buf: ComputedBuffer):
-    return buf.in_shape if buf.kind in ("reduction", "partial") else buf.shape
+    return buf.in_shape if buf.kind in ("reduction", "partial", "scatter") else buf.shape
 
 
 def row_dims(buf):
@@ -178,6 +178,8 @@ def reshaped(buf, shape):
 
 def fits(buf, shape, red_dims):
     """A pointwise `buf` can be computed in a kernel over `shape` reducing `red_dims`."""
+    if buf.kind == "scatter":  # (in pointwise kernels of its own domain only)
+        return not red_dims and buf.in_shape == tuple(shape)
     return buf.shape == tuple(shape) or buf.shape in row_shapes(shape, red_dims) or reshaped(buf, shape) or \
         buf.kind == "pointwise" and moved_row_vars(buf.shape, shape, red_dims) is not None
 
@@ -190,7 +192,7 @@ def node_vars(buf, shape, red_dims, sizevars):
     moved = buf.kind == "pointwise" and moved_row_vars(buf.shape, shape, red_dims)
     if moved:
         return moved
-    if buf.kind in ("reduction", "partial") or len(buf.shape) == len(shape):
+    if buf.kind in ("reduction", "partial", "scatter") or len(buf.shape) == len(shape):
         return loop_vars(body_shape(buf), red_dims)
     kept = [d for d in range(len(shape)) if d not in red_dims]  # a per-row value without the reduced dims
     return [sympy.Integer(0) if s == 1 else sympy.Symbol(f"x{d}", integer=True, nonnegative=True)
@@ -201,7 +203,7 @@ def node_ranges(buf, shape, red_dims, sizevars):
     """The extents of the loop variables in `node_vars(buf, shape, red_dims)`."""
     if reshaped(buf, shape):
         return loop_ranges(shape, red_dims)
-    if (buf.kind in ("reduction", "partial") or len(buf.shape) == len(shape)) and \
+    if (buf.kind in ("reduction", "partial", "scatter") or len(buf.shape) == len(shape)) and \
             not (buf.kind == "pointwise" and moved_row_vars(buf.shape, shape, red_dims)):
         return loop_ranges(body_shape(buf), red_dims)
     return {v: s for v, s in zip(node_vars(buf, shape, red_dims, sizevars), buf.shape) if isinstance(v, sympy.Symbol)}
@@ -301,7 +303,7 @@ class Scheduler:
             return (shape, red) if all(fits(n, shape, red) for n in kernel.nodes) else None
         if kernel.is_reduction:
             return (kernel.shape, kernel.red_dims) if fits(buf, kernel.shape, kernel.red_dims) else None
-        return (kernel.shape, None) if buf.shape == kernel.shape or reshaped(buf, kernel.shape) else None
+        return (kernel.shape, None) if body_shape(buf) == kernel.shape or reshaped(buf, kernel.shape) else None
 
     def fusion_score(self, kernel: FusedKernel, buf: ComputedBuffer):
         """Bytes of memory traffic saved by computing `buf` in `kernel`, or None if illegal."""
@@ -315,7 +317,9 @@ class Scheduler:
         for src, index in self.reads(buf, shape, red):
             producer = self.group_of.get(src.name)
             if producer is kernel:
-                if src.kind == "partial":  # read by stage 2 only, after the whole kernel
+                # a partial is read by stage 2 only, after the whole kernel; a scatter's elements
+                # are not those its kernel's loop variables name
+                if src.kind in ("partial", "scatter"):
                     return None
                 if index != store_index(src, shape, red, self.sv):
                     return None
@@ -382,7 +386,7 @@ class Scheduler:
                               if self.group_of.get(src.name) is not step)
         for step in steps:
             if isinstance(step, FusedKernel):
-                step.stores = {n.name for n in step.nodes if n.name in needed}
+                step.stores = {n.name for n in step.nodes if n.name in needed or n.kind == "scatter"}
 
 
 def schedule(graph: LoweredGraph, column_partials=True) -> Schedule:
