@@ -377,6 +377,18 @@ def test_a_dead_buffer_no_later_buffer_takes_is_freed_at_its_last_use():
     assert lines[last + 1].strip() == "del buf0"
 
 
+def test_a_dead_buffer_is_not_held_through_the_peak_for_a_later_buffer():
+    def f(x, w):
+        a = x.sum(1, keepdim=True)        # kernel 0 writes a (8, 1)
+        b = (x * a).sum(0, keepdim=True)  # kernel 1 reads a, its last use
+        c = torch.sin(x * b) @ w          # x's size stored for the matmul: the peak, freed after it
+        return c.sum(1, keepdim=True)     # a's layout: taking a's memory would hold a through the peak
+    lines = check(f, randn(8, 256), randn(256, 256), grad=False).wrapper_source.splitlines()
+    last = max(i for i, line in enumerate(lines) if "buf0" in line and "del buf0" not in line)
+    assert lines[last + 1].strip() == "del buf0"
+    assert not any("# reuse" in line for line in lines)
+
+
 def test_buffers_are_allocated_in_the_layouts_kernels_index():
     # each buffer by its size, strides and dtype (codegen/wrapper.py allocators): an output's
     # layout is eager's, per-row values keep their (n, 1) strides
