@@ -85,16 +85,15 @@ def gn_resnet():
 
 
 def swin():
-    m = _hf("SwinForImageClassification", "SwinConfig", image_size=64, embed_dim=32, depths=[2, 2], num_heads=[2, 4],
-            window_size=4, num_labels=10)
-    return m, (), {"pixel_values": torch.randn(2, 3, 64, 64), "labels": torch.randint(0, 10, (2,))}
+    m = _hf("SwinForImageClassification", "SwinConfig", image_size=128, embed_dim=48, depths=[2, 2, 2],
+            num_heads=[3, 6, 12], window_size=4, num_labels=10)
+    return m, (), {"pixel_values": torch.randn(8, 3, 128, 128), "labels": torch.randint(0, 10, (8,))}
 
 
 def t5():
-    m = _hf("T5ForConditionalGeneration", "T5Config", vocab_size=512, d_model=64, d_kv=16, d_ff=256, num_layers=2,
+    m = _hf("T5ForConditionalGeneration", "T5Config", vocab_size=512, d_model=128, d_kv=32, d_ff=512, num_layers=2,
             num_heads=4, decoder_start_token_id=0)
-    ids = torch.randint(0, 512, (2, 64))
-    return m, (), {"input_ids": ids, "labels": torch.randint(0, 512, (2, 32))}
+    return m, (), {"input_ids": torch.randint(0, 512, (8, 256)), "labels": torch.randint(0, 512, (8, 128))}
 
 
 MODELS = {"unet": unet, "gn_resnet": gn_resnet, "swin": swin, "t5": t5}

@@ -189,6 +189,17 @@ def test_the_backward_recomputes_a_value_just_before_its_first_use():
     check(f, *inputs)
 
 
+def test_the_backward_knows_which_inputs_others_hold():
+    """A saved primal (the weight, held by its module) and the incoming gradient (held by
+    autograd's engine) are freed by no `del` of the backward; a value the forward computed is:
+    the wrapper's plan of live bytes counts only those (codegen/wrapper.py live_bytes)."""
+    def f(x, w):
+        return torch.tanh(x @ w) @ w
+    parts = partition(joint_of(f, randn(8, 8), randn(8, 8)))
+    held = {n.name: n.meta["held"] for n in parts.backward.nodes if n.op == "placeholder"}
+    assert held == {"x": True, "w": True, "prim_tanh": False, "tangent_0": True}
+
+
 def test_mlp_training_step():
     def mlp(x, w1, b1, w2, b2, target):
         h = F.gelu(F.linear(x, w1, b1))

@@ -383,7 +383,7 @@ def test_a_dead_buffer_is_not_held_through_the_peak_for_a_later_buffer():
         b = (x * a).sum(0, keepdim=True)  # kernel 1 reads a, its last use
         c = torch.sin(x * b) @ w          # x's size stored for the matmul: the peak, freed after it
         return c.sum(1, keepdim=True)     # a's layout: taking a's memory would hold a through the peak
-    lines = check(f, randn(8, 256), randn(256, 256), grad=False).wrapper_source.splitlines()
+    lines = check(f, randn(8, 256), randn(256, 256), grad=False, atol=1e-3, rtol=1e-3).wrapper_source.splitlines()
     last = max(i for i, line in enumerate(lines) if "buf0" in line and "del buf0" not in line)
     assert lines[last + 1].strip() == "del buf0"
     assert not any("# reuse" in line for line in lines)

@@ -283,6 +283,12 @@ def partition(joint: JointGraph, private_inputs=(), private_outputs=()) -> Parti
     forward = _extract(graph, primals, fw_outputs + saved)
     backward = _as_autograd_runs(_extract(graph, saved + tangents, grads))
     _copy_saved(forward, backward, saved, private)
+    # inputs whose memory someone else holds while the backward runs (the module a primal, the
+    # user a forward output, autograd's engine the incoming gradients): freeing them in the
+    # backward frees no memory (the wrapper's plan of live bytes, codegen/wrapper.py)
+    held = {_root(n) for n in primals + fw_outputs if isinstance(n, fx.Node)} - private
+    for n, p in zip(saved + tangents, [n for n in backward.nodes if n.op == "placeholder"]):
+        p.meta["held"] = n in tangents or _root(n) in held
     for n in backward.nodes:  # saved values are inputs of the backward, not random draws in it
         n.meta.pop("seed", None)
     parts = Partition(forward, backward, [n.name for n in saved], joint.num_fw_outputs)

@@ -431,15 +431,17 @@ class WrapperWriter:
 
     def live_bytes(self, indices, keep, last_use, in_place) -> list:
         """Bytes live while each of these steps runs, each buffer freed after its last use: what
-        the program reads from outside (inputs; in a boxed call freed at their last use too), every
-        output a step allocates (not one written over an input), extern results. The bytes the
-        external calls use inside are not known here."""
+        the program reads from outside (inputs; in a boxed call freed at their last use too, unless
+        held elsewhere: `InputBuffer.held`), every output a step allocates (not one written over an
+        input), extern results. The bytes the external calls use inside are not known here."""
         steps = self.sched.steps
         made = {n for i in indices for n in self.step_writes(steps[i])}
         outside = {n for i in indices for n in self.step_reads(steps[i]) if n not in made}
+        # not freed: inputs written over (their memory lives on as the output), inputs held elsewhere
+        stays = set(in_place.values()) | {b.name for b in self.graph.inputs if b is not None and b.held}
         dies: dict = {}
         for n, last in last_use.items():
-            if n not in keep:
+            if n not in keep and n not in stays:
                 dies.setdefault(last, []).append(n)
         cur = sum(self.nbytes(n) or 0 for n in outside)
         live = []

@@ -317,7 +317,7 @@ class Lowering:
                     continue
                 val = self.input_vals[len(inputs)] if self.input_vals is not None else node.meta["val"]
                 buf = InputBuffer(f"arg{len(inputs)}", tuple(val.shape), tuple(val.stride()), val.dtype,
-                                  index=len(inputs))
+                                  index=len(inputs), held=bool(node.meta.get("held")))
                 inputs.append(buf)
                 self.env[node] = buffer_view(buf)
             elif node.op == "call_function":
