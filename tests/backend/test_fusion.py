@@ -224,6 +224,20 @@ def test_a_value_joins_the_kernels_of_reductions_over_its_reshapes(shape):
     assert len(cg.kernels) == 2
 
 
+def test_a_wide_value_of_narrow_inputs_is_recomputed_not_stored():
+    # fp32 computed from two bf16 tensors (autocast's GroupNorm backward: the bf16 convolution
+    # gradient and input): each consumer reading the inputs again reads as many bytes as reading a
+    # stored copy, which would cost a write and 4 bytes an element of memory
+    def f(x, y):
+        v = x.float() * y.float()
+        return v.sum(1, keepdim=True), v.sum(0, keepdim=True)  # (rows and columns: two kernels)
+    x, y = randn(16, 32).to(torch.bfloat16), randn(16, 32).to(torch.bfloat16)
+    cg = check(f, x, y, grad=False)
+    assert "empty((16, 32), (32, 1), torch.float32)" not in cg.wrapper_source
+    # the same in fp32 (reads twice its own bytes): stored, as before
+    assert "empty((16, 32), (32, 1), torch.float32)" in check(f, x.float(), y.float(), grad=False).wrapper_source
+
+
 def test_a_value_stored_for_an_extern_is_read_by_its_later_users():
     # r is stored for the matmul; the product after it reads r there. Recomputing the ReLU instead kept s in
     # memory too (a ResNet block's pre-ReLU sum: 49 MB of ResNet-50's training forward at its peak)
