@@ -147,6 +147,7 @@ def step_of(name, dtype, compiler):
     if compiler == "fuselens":
         model = fuselens.compile(model)
     elif compiler == "inductor":
+        torch._dynamo.reset()  # (every row's forward is Autocast.forward: past 8 recompiles dynamo runs it eagerly)
         model = torch.compile(model)
     return Step(model, "train", args, kwargs)
 
