@@ -170,6 +170,36 @@ def test_a_clamping_activation_saves_no_mask_beside_its_result(activation):
     check(f, *inputs)
 
 
+def test_the_backward_recomputes_a_value_just_before_its_first_use():
+    """Recomputed forward values come in the joint graph's order first, before every gradient
+    node; the backward places each after the gradient nodes that run before its first user, as
+    eager autograd would compute it there: not held from the backward's start (a UNet's recomputed
+    GroupNorm inputs were held through its whole backward)."""
+    def f(x, w1, w2):
+        return torch.sin(manual_gelu_tanh(x @ w1) @ w2)
+    inputs = [randn(8, 16).requires_grad_(), randn(16, 32).requires_grad_(), randn(32, 4).requires_grad_()]
+    backward = partition(joint_of(f, *inputs)).backward
+    nodes = [n for n in backward.nodes if n.op != "placeholder"]
+    dependent = _tangent_dependent(backward)
+    recomputed = [n for n in nodes if n not in dependent and n.op != "output"]
+    assert any(getattr(n.target, "name", None) == "tanh" for n in recomputed)
+    for n in recomputed:
+        first_use = min(nodes.index(u) for u in n.users)
+        assert not dependent.intersection(nodes[nodes.index(n) + 1:first_use]), n
+    check(f, *inputs)
+
+
+def test_the_backward_knows_which_inputs_others_hold():
+    """A saved primal (the weight, held by its module) and the incoming gradient (held by
+    autograd's engine) are freed by no `del` of the backward; a value the forward computed is:
+    the wrapper's plan of live bytes counts only those (codegen/wrapper.py live_bytes)."""
+    def f(x, w):
+        return torch.tanh(x @ w) @ w
+    parts = partition(joint_of(f, randn(8, 8), randn(8, 8)))
+    held = {n.name: n.meta["held"] for n in parts.backward.nodes if n.op == "placeholder"}
+    assert held == {"x": True, "w": True, "prim_tanh": False, "tangent_0": True}
+
+
 def test_mlp_training_step():
     def mlp(x, w1, b1, w2, b2, target):
         h = F.gelu(F.linear(x, w1, b1))

@@ -224,6 +224,20 @@ def test_a_value_joins_the_kernels_of_reductions_over_its_reshapes(shape):
     assert len(cg.kernels) == 2
 
 
+def test_a_wide_value_of_narrow_inputs_is_recomputed_not_stored():
+    # fp32 computed from two bf16 tensors (autocast's GroupNorm backward: the bf16 convolution
+    # gradient and input): each consumer reading the inputs again reads as many bytes as reading a
+    # stored copy, which would cost a write and 4 bytes an element of memory
+    def f(x, y):
+        v = x.float() * y.float()
+        return v.sum(1, keepdim=True), v.sum(0, keepdim=True)  # (rows and columns: two kernels)
+    x, y = randn(16, 32).to(torch.bfloat16), randn(16, 32).to(torch.bfloat16)
+    cg = check(f, x, y, grad=False)
+    assert "empty((16, 32), (32, 1), torch.float32)" not in cg.wrapper_source
+    # the same in fp32 (reads twice its own bytes): stored, as before
+    assert "empty((16, 32), (32, 1), torch.float32)" in check(f, x.float(), y.float(), grad=False).wrapper_source
+
+
 def test_a_value_stored_for_an_extern_is_read_by_its_later_users():
     # r is stored for the matmul; the product after it reads r there. Recomputing the ReLU instead kept s in
     # memory too (a ResNet block's pre-ReLU sum: 49 MB of ResNet-50's training forward at its peak)
@@ -375,6 +389,18 @@ def test_a_dead_buffer_no_later_buffer_takes_is_freed_at_its_last_use():
     lines = check(f, randn(6, 5), grad=False).wrapper_source.splitlines()
     last = max(i for i, line in enumerate(lines) if "buf0" in line and "del buf0" not in line)
     assert lines[last + 1].strip() == "del buf0"
+
+
+def test_a_dead_buffer_is_not_held_through_the_peak_for_a_later_buffer():
+    def f(x, w):
+        a = x.sum(1, keepdim=True)        # kernel 0 writes a (8, 1)
+        b = (x * a).sum(0, keepdim=True)  # kernel 1 reads a, its last use
+        c = torch.sin(x * b) @ w          # x's size stored for the matmul: the peak, freed after it
+        return c.sum(1, keepdim=True)     # a's layout: taking a's memory would hold a through the peak
+    lines = check(f, randn(8, 256), randn(256, 256), grad=False, atol=1e-3, rtol=1e-3).wrapper_source.splitlines()
+    last = max(i for i, line in enumerate(lines) if "buf0" in line and "del buf0" not in line)
+    assert lines[last + 1].strip() == "del buf0"
+    assert not any("# reuse" in line for line in lines)
 
 
 def test_buffers_are_allocated_in_the_layouts_kernels_index():

@@ -209,6 +209,40 @@ def _extract(graph: fx.Graph, inputs: list, outputs: list) -> fx.Graph:
     return out
 
 
+def _as_autograd_runs(graph: fx.Graph) -> fx.Graph:
+    """The backward's nodes in the order eager autograd computes them: the nodes that depend on a
+    tangent in their own order, and each value the saved values alone determine (a recomputation)
+    just before the first node that needs it. In the joint graph's order the recomputations come
+    first (they are forward nodes), each result then held from the backward's start to its use: a
+    UNet's GroupNorm inputs recomputed in fp32 held through the whole backward, its transient
+    memory 3x Inductor's."""
+    position = {n: i for i, n in enumerate(graph.nodes)}
+    dependent = _tangent_dependent(graph)
+    order, placed = [], {n for n in graph.nodes if n.op == "placeholder"}
+    for n in graph.nodes:
+        if n in placed or not (n in dependent or n.op == "output"):
+            continue
+        stack = [n]  # n after what it needs that is not placed yet, those in the graph's order
+        while stack:
+            top = stack[-1]
+            missing = sorted((a for a in top.all_input_nodes if a not in placed), key=position.get, reverse=True)
+            if missing:
+                stack.extend(missing)
+                continue
+            stack.pop()
+            if top not in placed:
+                placed.add(top)
+                order.append(top)
+    out = fx.Graph()
+    env = {}
+    for n in graph.nodes:
+        if n.op == "placeholder":
+            env[n] = out.node_copy(n)
+    for n in order:
+        env[n] = out.node_copy(n, lambda a: env[a])
+    return out
+
+
 def _root(n):
     while _kind(n) == "view":
         n = n.all_input_nodes[0]
@@ -247,8 +281,14 @@ def partition(joint: JointGraph, private_inputs=(), private_outputs=()) -> Parti
                         [_root(fw_outputs[j]) for j in private_outputs if isinstance(fw_outputs[j], fx.Node)])
     saved = choose_saved(joint, private)
     forward = _extract(graph, primals, fw_outputs + saved)
-    backward = _extract(graph, saved + tangents, grads)
+    backward = _as_autograd_runs(_extract(graph, saved + tangents, grads))
     _copy_saved(forward, backward, saved, private)
+    # inputs whose memory someone else holds while the backward runs (the module a primal, the
+    # user a forward output, autograd's engine the incoming gradients): freeing them in the
+    # backward frees no memory (the wrapper's plan of live bytes, codegen/wrapper.py)
+    held = {_root(n) for n in primals + fw_outputs if isinstance(n, fx.Node)} - private
+    for n, p in zip(saved + tangents, [n for n in backward.nodes if n.op == "placeholder"]):
+        p.meta["held"] = n in tangents or _root(n) in held
     for n in backward.nodes:  # saved values are inputs of the backward, not random draws in it
         n.meta.pop("seed", None)
     parts = Partition(forward, backward, [n.name for n in saved], joint.num_fw_outputs)

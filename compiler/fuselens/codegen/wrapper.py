@@ -2,7 +2,8 @@
 
 It is generated as source (shown to users next to the kernels) and exec'd. Buffers are freed
 after their last use, and a later buffer of the same size, stride and dtype takes over the
-memory of a dead one instead of allocating.
+memory of a dead one instead of allocating, where holding the dead one until then keeps the
+program's peak of live bytes as it is (`WrapperWriter.live_bytes`).
 
 What depends on no input (a causal mask from `arange`, `torch.ones(16, 4) * 0.5`), kernels and
 extern calls alike, is made by `make_constants` on the first call and kept by the program: not
@@ -327,17 +328,25 @@ class WrapperWriter:
         """The lines of these steps in order, in a function's body: a buffer is deleted after its
         last use among them, unless in `keep`, or its memory, a dead kernel output's, is taken over
         by a later buffer of the same size, stride and dtype, unless in `never_reused` (what an
-        extern read: its result may be a view of it; what the program keeps)."""
+        extern read: its result may be a view of it; what the program keeps), and unless holding
+        it until then would raise the steps' peak of live bytes (`live_bytes`): a caching
+        allocator hands freed memory to the next allocation anyway, so taking a buffer over saves
+        an allocation's host time, while holding it dead across a larger allocation costs its
+        bytes at the peak (a UNet's backward held a recomputed GroupNorm input from its first
+        kernels to its last)."""
         steps, out = self.sched.steps, self.lines
         last_use = {n: i for i in indices for n in self.step_reads(steps[i])}
+        in_place = self.in_place_plan(indices, keep, never_reused, last_use)
+        live = self.live_bytes(indices, keep, last_use, in_place)
+        peak = max(live, default=0)
         if "empty_current" in allocators(self.device) and any(isinstance(steps[i], FusedKernel) for i in indices):
             # torch's allocator without the dispatcher (what Inductor's wrappers call; ~2 us a buffer
             # less than torch.empty_strided), on the current device: the graph's, or else a slower one
             out.append(f"    empty = empty_current if current_device() == {self.device.index or 0} else empty_on")
-        pool: dict = {}  # (shape, stride, dtype) -> names of dead buffers
+        pool: dict = {}  # (shape, stride, dtype) -> (name, position it died at) of dead buffers
         pooled: dict = {}  # dead buffer in `pool` -> its line in `out`: `del` unless a later buffer takes it
-        taken: set = set()  # inputs a kernel wrote its output over
-        for i in indices:
+        taken = set(in_place.values())  # inputs a kernel wrote its output over (in their last use)
+        for at, i in enumerate(indices):
             step = steps[i]
             if isinstance(step, ExternCall):
                 loc = [step.loc[:2]] if step.loc else []
@@ -359,14 +368,12 @@ class WrapperWriter:
                         continue
                     shape, stride = self.allocated_as.get(name, (buf.shape, buf.stride))
                     key = (shape, stride, buf.dtype)
-                    over = self.in_place_of(i, writer, name, key, last_use, keep | never_reused | taken)
-                    same = over is not None and self.allocated(over) == (shape, stride)
-                    if over is not None and (same or name not in keep):  # (what the caller gets is no view)
-                        taken.add(over)
-                        view = "" if same else f".as_strided({shape}, {stride})"
+                    over = in_place.get((i, name))
+                    old = None if over is not None else self._take_dead(pool.get(key), at, live, peak, self.nbytes(name))
+                    if over is not None:
+                        view = "" if self.allocated(over) == (shape, stride) else f".as_strided({shape}, {stride})"
                         out.append(f"    {name} = {over}{view}  # in place: read only where written")
-                    elif pool.get(key):
-                        old = pool[key].pop()
+                    elif old is not None:
                         del pooled[old]
                         out.append(f"    {name} = {old}; del {old}  # reuse")
                     else:
@@ -382,8 +389,9 @@ class WrapperWriter:
                                f"{lines_comment(writer.source_lines)}")
             for name in [n for n, last in last_use.items() if last == i and n not in keep]:
                 buf = self.buffer(name)
-                if isinstance(buf, ComputedBuffer) and name not in never_reused and name not in taken:
-                    pool.setdefault((buf.shape, buf.stride, buf.dtype), []).append(name)
+                if isinstance(buf, ComputedBuffer) and name not in never_reused and name not in taken and \
+                        self.nbytes(name) is not None:
+                    pool.setdefault((*self.allocated(name), buf.dtype), []).append((name, at))
                     pooled[name] = len(out)
                     out.append(None)
                 else:
@@ -391,6 +399,80 @@ class WrapperWriter:
         for name, line in pooled.items():  # no later buffer took its memory: freed where it died
             out[line] = f"    del {name}"
         out[:] = [line for line in out if line is not None]
+
+    @staticmethod
+    def _take_dead(dead, at, live, peak, size):
+        """The name of the dead buffer in `dead` ((name, position it died at), latest last) that a
+        buffer of `size` bytes made at position `at` takes over, held dead until then, or None:
+        the latest to die, unless holding it would raise `peak` (then every earlier one would too:
+        `dead` is emptied, each freed where it died). `live` (bytes live at each position) counts
+        the held buffer from then on."""
+        if not dead or size is None:
+            return None
+        name, died = dead[-1]
+        if max(live[died + 1:at], default=0) + size > peak:
+            dead.clear()
+            return None
+        dead.pop()
+        for t in range(died + 1, at):
+            live[t] += size
+        return name
+
+    def in_place_plan(self, indices, keep, never_reused, last_use) -> dict:
+        """(step index, output name) -> the input whose memory the output takes over (`in_place_of`)."""
+        plan, taken = {}, set()
+        for i in indices:
+            step = self.sched.steps[i]
+            if isinstance(step, ExternCall):
+                continue
+            writer = self.kernels[id(step)][1]
+            for name in writer.out_args:
+                buf = writer.buffers[name]
+                shape, stride = self.allocated_as.get(name, (buf.shape, buf.stride))
+                over = self.in_place_of(i, writer, name, (shape, stride, buf.dtype), last_use, keep | never_reused | taken)
+                if over is not None and (self.allocated(over) == (shape, stride) or name not in keep):
+                    plan[i, name] = over  # (what the caller gets is no view)
+                    taken.add(over)
+        return plan
+
+    def live_bytes(self, indices, keep, last_use, in_place) -> list:
+        """Bytes live while each of these steps runs, each buffer freed after its last use: what
+        the program reads from outside (inputs; in a boxed call freed at their last use too, unless
+        held elsewhere: `InputBuffer.held`), every output a step allocates (not one written over an
+        input), extern results. The bytes the external calls use inside are not known here."""
+        steps = self.sched.steps
+        made = {n for i in indices for n in self.step_writes(steps[i])}
+        outside = {n for i in indices for n in self.step_reads(steps[i]) if n not in made}
+        # not freed: inputs written over (their memory lives on as the output), inputs held elsewhere
+        stays = set(in_place.values()) | {b.name for b in self.graph.inputs if b is not None and b.held}
+        dies: dict = {}
+        for n, last in last_use.items():
+            if n not in keep and n not in stays:
+                dies.setdefault(last, []).append(n)
+        cur = sum(self.nbytes(n) or 0 for n in outside)
+        live = []
+        for i in indices:
+            step = steps[i]
+            new = self.step_writes(step) if isinstance(step, ExternCall) else \
+                [n for n in self.kernels[id(step)][1].out_args if (i, n) not in in_place]
+            cur += sum(self.nbytes(n) or 0 for n in new)
+            live.append(cur)
+            cur -= sum(self.nbytes(n) or 0 for n in dies.get(i, ()))
+        return live
+
+    def nbytes(self, name):
+        """Bytes of a buffer's memory (the span of its layout as allocated), None where a size is
+        not a number."""
+        buf = self.buffer(name)
+        if buf is not None:
+            shape, stride = self.allocated(name)
+        else:  # an input of the graph
+            buf = next(b for b in self.graph.inputs if b is not None and b.name == name)
+            shape, stride = buf.shape, buf.stride
+        try:
+            return int(_span(shape, stride)) * buf.dtype.itemsize
+        except TypeError:
+            return None
 
     def in_place_of(self, i, writer, name, key, last_use, excluded):
         """An input of kernel step `i` whose memory its output `name` (allocated as `key`) can take

@@ -189,6 +189,7 @@ class Buffer:
 @dataclass(eq=False)
 class InputBuffer(Buffer):
     index: int = 0  # position among the graph's inputs
+    held: bool = False  # its memory is held elsewhere too (a backward's primal or incoming gradient)
 
 
 @dataclass(eq=False)

@@ -31,6 +31,9 @@ INDEX_OPS_LIMIT = 200
 # transformer's residual stream, x + f(x) block after block, left lazy made every layer norm
 # re-read every earlier block's output (ViT-B's took 1 ms each on an H100). Less is recomputed:
 # softmax's exp(x - max), layer norm's (x - mean) * rstd in its backward (per-row vectors are small).
+# In elements and in bytes (stored where both reach it): an fp32 value of bf16 inputs (autocast's GroupNorm backward, from the bf16
+# convolution gradient and input) reads no more than a stored copy of it would, which would also
+# hold 4 bytes an element (a UNet's backward peaked on such copies: 1.14x Inductor's memory).
 REALIZE_READS = 2
 # A lazy value that inlines a heavy primitive (prim.Primitive.heavy: sin, cos, tanh, ...) is stored
 # where a user (through views) broadcasts it to this many times its elements or more: Llama's rotary
@@ -116,14 +119,14 @@ def _broadcast_elements(node: fx.Node, least: int) -> int:
 
 
 def reads_of(values) -> frozenset:
-    """The buffers loads of these values read, as (name, elements) (lazy values' reads, views'
-    buffers)."""
+    """The buffers loads of these values read, as (name, elements, bytes of an element) (lazy
+    values' reads, views' buffers)."""
     out = set()
     for v in values:
         if isinstance(v, (list, tuple)):
             out |= reads_of(v)
         elif isinstance(v, View):
-            out.add((v.buf.name, v.buf.numel()))
+            out.add((v.buf.name, v.buf.numel(), v.buf.dtype.itemsize))
         elif isinstance(v, Lazy):
             out |= v.reads
     return frozenset(out)
@@ -317,7 +320,7 @@ class Lowering:
                     continue
                 val = self.input_vals[len(inputs)] if self.input_vals is not None else node.meta["val"]
                 buf = InputBuffer(f"arg{len(inputs)}", tuple(val.shape), tuple(val.stride()), val.dtype,
-                                  index=len(inputs))
+                                  index=len(inputs), held=bool(node.meta.get("held")))
                 inputs.append(buf)
                 self.env[node] = buffer_view(buf)
             elif node.op == "call_function":
@@ -371,7 +374,8 @@ class Lowering:
         v = self.lazy(shape, dtype, loc, fn, args, order=order_of(full[0]) if full else None, heavy=p.heavy)
         if not isinstance(v, Lazy):
             return v
-        if len(node.users) > 1 and sum(n for _, n in v.reads) >= REALIZE_READS * math.prod(shape) or \
+        if len(node.users) > 1 and sum(n for _, n, _ in v.reads) >= REALIZE_READS * math.prod(shape) and \
+                sum(n * size for _, n, size in v.reads) >= REALIZE_READS * math.prod(shape) * dtype.itemsize or \
                 v.heavy and _broadcast_by_users(node, math.prod(shape)):
             return self.realize(v)
         return v

@@ -140,7 +140,7 @@ def _broadcast(x: Lazy) -> bool:
     """`x` has more elements than any buffer it reads (GQA's keys repeated per head): stored as it is
     reshaped, it joins the kernel of its reshaped neighbours rather than a kernel of its own."""
     numel = math.prod(x.shape)
-    return not isinstance(numel, int) or max((n for _, n in x.reads), default=0) < numel
+    return not isinstance(numel, int) or max((n for _, n, _ in x.reads), default=0) < numel
 
 
 # --- sources ----------------------------------------------------------------------------------------
