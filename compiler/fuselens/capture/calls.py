@@ -134,8 +134,11 @@ def loaded_dynamo():
     """`torch._dynamo` once something imported it, else None. Importing it takes ~2 s, more than
     the rest of capture after torch (the editor waits for it before its first diagnostics), and
     capture only recognises a few of its functions: a value that is one exists only after the
-    import, so those are looked up here, when needed, instead of at import."""
-    return sys.modules.get("torch._dynamo")
+    import, so those are looked up here, when needed, instead of at import. None too while
+    another thread is still importing it (the module is in sys.modules before its names are: the
+    editor's analysis of a quick fix read `torch._dynamo.disable` then and failed)."""
+    dyn = sys.modules.get("torch._dynamo")
+    return None if dyn is None or getattr(getattr(dyn, "__spec__", None), "_initializing", False) else dyn
 
 
 def disable_decorators() -> set:
