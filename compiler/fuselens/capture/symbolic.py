@@ -22,6 +22,8 @@ import sympy
 import torch
 import torch.fx as fx
 
+from .values import leaves
+
 _FAILED = object()
 _log = logging.getLogger("fuselens.capture")
 
@@ -65,7 +67,7 @@ class SymbolicShapes:
 
     def _run(self, n: fx.Node):
         args = fx.node.map_arg((n.args, n.kwargs), lambda a: self.env[a])
-        if any(v is _FAILED for v in _flat(args)):
+        if any(v is _FAILED for v in leaves(args)):
             return _FAILED
         try:
             with self.mode:
@@ -155,17 +157,6 @@ class SymbolicShapes:
             name = getattr(n.target, "__name__", None) or str(n.target)
             out.append((self.text(expr), f"assumed by the shape rule of {name}{at}"))
         return out
-
-
-def _flat(v):
-    if isinstance(v, (list, tuple)):
-        for x in v:
-            yield from _flat(x)
-    elif isinstance(v, dict):
-        for x in v.values():
-            yield from _flat(x)
-    else:
-        yield v
 
 
 _SPELLED = (sympy.Symbol, sympy.Integer, sympy.logic.boolalg.BooleanAtom)
