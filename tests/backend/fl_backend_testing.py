@@ -18,6 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from numerics import ulp_error  # noqa: E402,F401 - the numerics contract's measure, for the tests
 
 DEVICE = "cuda" if os.environ.get("FUSELENS_INTERPRET") != "1" and torch.cuda.is_available() else "cpu"
+# a wrapper's attention call: torch's (an extern `sdpa`) or fuselens's decode kernel (codegen/attention.py)
+SDPA = r"(?:prims\.sdpa|decode_attention)\("
 # the CPU kernels are generated C++ (FUSELENS_CPU_BACKEND=cpp: `make test`'s second pass), not Triton's
 CPP = DEVICE == "cpu" and os.environ.get("FUSELENS_CPU_BACKEND") == "cpp"
 # a test of what the Triton kernels look like or how they are launched

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import fuselens
 from fuselens.ops import primitives as prim
-from fl_backend_testing import DEVICE, tolerance
+from fl_backend_testing import CPP, DEVICE, SDPA, tolerance
 
 
 def workload(q, k, v):  # bench/workloads.py
@@ -79,14 +79,14 @@ def test_attention_is_one_sdpa_call(fn, shape, scale, dtype):
     out, wrapper, kernels = compiled(fn, *args)
     close(out, fn(*args))
     assert kernels == []
-    assert f"prims.sdpa(arg0, arg1, arg2, scale={scale!r})" in wrapper and "bmm" not in wrapper
+    assert re.search(SDPA + rf"arg0, arg1, arg2, scale={re.escape(repr(scale))}[,)]", wrapper) and "bmm" not in wrapper
 
 
 def test_keys_values_of_another_length_and_width():
     q, k, v = inputs((2, 3, 8, 16), (2, 3, 12, 16), (2, 3, 12, 24))
     out, wrapper, _ = compiled(workload, q, k, v)
     close(out, workload(q, k, v))
-    assert "prims.sdpa(" in wrapper and tuple(out.shape) == (2, 3, 8, 24)
+    assert re.search(SDPA, wrapper) and tuple(out.shape) == (2, 3, 8, 24)
 
 
 def negative_scale(q, k, v):  # flash subtracts the scaled row max: a row minimum when scale < 0
@@ -120,9 +120,9 @@ def test_training_uses_torchs_attention_backward(dtype):
         # the fused kernel's forward saves its logsumexp; ATen's backward reads it (no second
         # forward, no autograd re-run)
         assert "prims.sdpa_saving(" in forward and "prims.sdpa_saving_backward(" in backward
-        assert "call_torch_vjp" not in backward and "prims.sdpa(" not in backward
+        assert "call_torch_vjp" not in backward and not re.search(SDPA, backward)
     else:  # the forward saves only q, k, v
-        assert "prims.sdpa(" in forward and "return (buf0, arg0, arg1, arg2)" in forward
+        assert re.search(SDPA, forward) and "return (buf0, arg0, arg1, arg2)" in forward
         assert "prims.call_torch_vjp(torch.nn.functional.scaled_dot_product_attention" in backward
         assert "ensure_layout(buf0[1], (2, 3, 8, 16), (384, 128, 16, 1))" in backward  # dk in k's layout
     g = torch.randn_like(expected)
@@ -183,7 +183,7 @@ def test_attention_of_rows_runs_in_the_layout_the_kernel_returns(attention, dtyp
         assert "prims.sdpa_saving(" in wrapper and "prims.sdpa_saving_backward(" in wrapper
         assert "call_torch_vjp" not in wrapper
     else:
-        assert "prims.sdpa(" in wrapper
+        assert re.search(SDPA, wrapper)
 
 
 @pytest.mark.parametrize("grad", [False, True])
@@ -209,7 +209,7 @@ def test_a_boolean_mask_becomes_one_bias_for_every_layer(grad):
             torch.testing.assert_close(got, exp, equal_nan=True, **tolerance(torch.bfloat16))
     bias = re.search(r"(buf\d+) = empty\(\(2, 1, 8, 8\), \([^)]*\), torch.bfloat16\)", wrapper)
     assert bias, wrapper
-    attentions = re.findall(r"prims.sdpa(?:_saving)?\(.*attn_mask=(\w+)", wrapper)
+    attentions = re.findall(r"(?:prims.sdpa(?:_saving)?|decode_attention)\(.*attn_mask=(\w+)", wrapper)
     assert attentions == [bias.group(1)] * 2
 
 
@@ -245,7 +245,7 @@ def test_a_mask_broadcast_along_its_rows_is_decided_as_the_kernel_gets_it(monkey
     close(out, layers(x, n))
     assert not any(copied)
     bias = re.search(r"(buf\d+) = empty\(\(2, 1, 8, 8\), \([^)]*\), torch.float32\)", wrapper)
-    assert bias and re.findall(r"prims.sdpa\(.*attn_mask=(\w+)", wrapper) == [bias.group(1)] * 2, wrapper
+    assert bias and re.findall(SDPA + r".*attn_mask=(\w+)", wrapper) == [bias.group(1)] * 2, wrapper
 
 
 @pytest.mark.parametrize("shape", [(8, 8), (2, 1, 8, 8), (2, 4, 8, 8)], ids=str)
@@ -257,7 +257,7 @@ def test_a_float_mask_with_a_gradient_is_one_sdpa_call(shape):
     out, wrapper, _ = compiled(fn, q, k, v, bias)
     expected = fn(q, k, v, bias)
     close(out, expected)
-    assert "prims.sdpa" in wrapper and "torch.nn.functional.scaled_dot_product_attention(" not in wrapper
+    assert re.search(SDPA, wrapper) and "torch.nn.functional.scaled_dot_product_attention(" not in wrapper
     g = torch.randn_like(expected)
     for got, exp in zip(torch.autograd.grad(out, (q, k, v, bias), g), torch.autograd.grad(expected, (q, k, v, bias), g)):
         torch.testing.assert_close(got, exp, **tolerance(torch.float32))
@@ -270,7 +270,7 @@ def test_grouped_query_heads_are_one_sdpa_call():
     out, wrapper, _ = compiled(fn, q, k, v)
     expected = fn(q, k, v)
     close(out, expected)
-    assert "prims.sdpa" in wrapper and "torch.nn.functional.scaled_dot_product_attention(" not in wrapper
+    assert re.search(SDPA, wrapper) and "torch.nn.functional.scaled_dot_product_attention(" not in wrapper
     g = torch.randn_like(expected)
     for got, exp in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(expected, (q, k, v), g)):
         torch.testing.assert_close(got, exp, **tolerance(torch.float32))
@@ -281,7 +281,7 @@ def test_dropout_stays_torchs_call():
     q, k, v = inputs((2, 4, 8, 16), (2, 4, 8, 16), (2, 4, 8, 16))
     fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)  # noqa: E731
     _, wrapper, _ = compiled(fn, q, k, v)
-    assert "prims.sdpa(" not in wrapper and "torch.nn.functional.scaled_dot_product_attention(" in wrapper
+    assert not re.search(SDPA, wrapper) and "torch.nn.functional.scaled_dot_product_attention(" in wrapper
 
 
 @pytest.mark.parametrize("backend, masked", [(1, False), (2, False), (2, True), (3, False), (3, True)])
@@ -440,7 +440,7 @@ def test_grouped_query_heads_fold_into_rows(fn, rows, mask):
         m[..., 0] = True  # (a row hiding every key is NaN in eager)
     out, wrapper, kernels = compiled(fn, q, k, v, m)
     close(out, fn(q, k, v, m))
-    assert re.search(r"prims\.sdpa\(.*, arg1, arg2[,)]", wrapper), wrapper
+    assert re.search(SDPA + r".*, arg1, arg2[,)]", wrapper), wrapper
     # (what is left: q's copy into rows, the mask's over the group, a boolean mask's bias, and on
     # CUDA the result's copy back into heads: its kernels lay the heads inside the rows, so the
     # folded result [B, Hkv, n * L, D] is no view of [B, Hq, L, D] there)
@@ -461,4 +461,44 @@ def test_grouped_heads_stay_repeated_where_folding_differs():
     fn = lambda q, k, v: F.scaled_dot_product_attention(q, repeat_kv(k, 2), repeat_kv(v, 2), is_causal=True)  # noqa: E731
     out, wrapper, kernels = compiled(fn, q, k, v)
     close(out, fn(q, k, v))
-    assert not re.search(r"prims\.sdpa\([^,]+, arg1, arg2", wrapper) and kernels
+    assert not re.search(SDPA + r"[^,]+, arg1, arg2", wrapper) and kernels
+
+
+@pytest.mark.skipif(CPP, reason="C++ graphs call ATen's attention")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("mask", [None, "bias", "bool", "per_head"])
+def test_few_query_rows_run_fuselens_decode_attention(dtype, mask):
+    """A decode step's attention (one query row a head, grouped heads folded into rows: 4 here;
+    keys of a length no multiple of the kernel's block) runs codegen/attention.py's kernel, which
+    reads K, V and the mask as they are, and equals eager's; a masked tail of positions and a
+    batch row hiding some positions included."""
+    b, hkv, group, s, d = 2, 2, 4, 70, 16
+    q = torch.randn(b, hkv * group, 1, d, device=DEVICE, dtype=dtype)
+    k, v = (torch.randn(b, hkv, s, d, device=DEVICE, dtype=dtype) for _ in range(2))
+    m = {None: None, "bias": torch.zeros(1, 1, 1, s, device=DEVICE, dtype=dtype),
+         "bool": torch.ones(b, 1, 1, s, device=DEVICE, dtype=torch.bool),
+         "per_head": torch.randn(b, hkv * group, 1, s, device=DEVICE, dtype=dtype)}[mask]
+    if mask == "bias":
+        m[..., 50:] = float("-inf")
+    elif mask == "bool":
+        m[0, ..., 33:] = False
+    out, wrapper, kernels = compiled(gqa, q, k, v, m)
+    close(out, gqa(q, k, v, m))
+    assert re.search(r"decode_attention\(.*, arg1, arg2, ", wrapper) and "prims.sdpa" not in wrapper, wrapper
+
+
+@pytest.mark.skipif(CPP, reason="C++ graphs call ATen's attention")
+@pytest.mark.parametrize("splits", [1, 3])
+def test_decode_attention_split_over_positions_equals_eager(splits):
+    """The decode kernel with its positions split (a GPU with idle SMs: one program per split, then
+    a kernel combining them by their running maxima): a split whose positions are all hidden and a
+    query row hiding every position (0, as torch's kernels) included."""
+    from fuselens.codegen.attention import decode_attention
+    q = torch.randn(2, 2, 5, 32, device=DEVICE)
+    k, v = (torch.randn(2, 2, 150, 32, device=DEVICE) for _ in range(2))
+    mask = torch.zeros(2, 1, 5, 150, device=DEVICE)
+    mask[0, :, :, 40:] = float("-inf")  # (splits of 64 positions: the last two hide every position)
+    mask[1, :, 2] = float("-inf")
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    got = decode_attention(q, k, v, mask, shape=expected.shape, stride=expected.stride(), splits=splits)
+    close(got, expected)

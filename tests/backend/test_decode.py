@@ -8,9 +8,10 @@ import re
 import warnings
 
 import torch
+import torch.nn.functional as F
 
 import fuselens
-from fl_backend_testing import DEVICE, tolerance  # (first: it puts bench/ on the path)
+from fl_backend_testing import DEVICE, SDPA, tolerance  # (first: it puts bench/ on the path)
 from decode_models import build_decoder, build_hf, config, decode_one, static_cache  # noqa: I001
 
 PROMPT, STEPS, BATCH = 5, 4, 2
@@ -68,7 +69,7 @@ def test_decode_steps_equal_eager_and_write_the_cache_in_place():
     one_graph(step)
     cache_writes_fused(step, cfg.layers)
     # grouped-query attention reads the cache's buffers themselves (no repeat of K and V)
-    sdpa = [line for line in fuselens.inspect(step)[0].graphs[0].wrapper.splitlines() if "prims.sdpa(" in line]
+    sdpa = [line for line in fuselens.inspect(step)[0].graphs[0].wrapper.splitlines() if re.search(SDPA, line)]
     assert len(sdpa) == cfg.layers and all("attn_mask" in line for line in sdpa)
     assert not [k.name for k in fuselens.inspect(step)[0].kernels if "expand" in k.name]
 
@@ -96,3 +97,29 @@ def test_hf_llama_static_cache_decodes_as_eager():
     assert torch.equal(got, expected)
     one_graph(cf)
     cache_writes_fused(cf, model.config.num_hidden_layers)
+
+
+def test_one_row_products_are_reductions_fused_with_their_neighbours():
+    """A Linear of one row (a decode step's projections) is a generated reduction along the
+    weight's rows, not cuBLAS's GEMM (ops/decompositions/linalg.py `_as_reduction`): an RMSNorm's
+    output is stored once for the projection reading it; SwiGLU's two projections of the same
+    vector are one kernel, which stores their product once (not recomputed by each program of the
+    third); the residual add is the last kernel's epilogue. Results are eager's (fp32 products)."""
+    dim, hidden = 2048, 2048  # (the products broadcast their vectors to RECOMPUTE_MIN elements)
+    norm = lambda x, w: (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)).type_as(x) * w
+
+    def ffn(x, wn, w1, w3, w2):
+        y = norm(x, wn)
+        return x + F.linear(F.silu(F.linear(y, w1)) * F.linear(y, w3), w2)
+    gen = torch.Generator().manual_seed(0)
+    x, wn = torch.randn(1, dim, generator=gen), torch.rand(dim, generator=gen) + 0.5
+    w1, w3 = (torch.randn(hidden, dim, generator=gen) / dim ** 0.5 for _ in range(2))
+    w2 = torch.randn(dim, hidden, generator=gen) / hidden ** 0.5
+    args = [t.to(DEVICE, torch.bfloat16) for t in (x, wn, w1, w3, w2)]
+    compiled = fuselens.compile(ffn, dynamic=False)
+    torch.testing.assert_close(strict(compiled, *args), ffn(*args), **tolerance(torch.bfloat16))
+    graph = fuselens.inspect(compiled)[0].graphs[0]
+    assert "linear(" not in graph.wrapper and "mm(" not in graph.wrapper, graph.wrapper
+    names = [k.name for k in graph.kernels]
+    assert len(names) == 3, names  # the norm; w1 and w3 with the SwiGLU product; w2 with the add
+    assert "sigmoid" in names[1] and "sigmoid" not in names[2] and "rsqrt" not in names[1], names

@@ -145,7 +145,7 @@ def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=f
     fused = [s for s in sched.steps if isinstance(s, FusedKernel)]
     made = (_cpp_kernels if cpp else _triton_kernels)(fused, lowered, device, mode, dynamic_values, first_kernel_index)
     kernels, infos, launches, jobs, kernel_args = made
-    source, code, call, consts = generate_wrapper(lowered, sched, kernels, device, boxed)
+    source, code, call, consts = generate_wrapper(lowered, sched, kernels, device, boxed, triton=not cpp)
     _log("codegen", "%s", lambda: "\n\n".join([info.source for info in infos] + [source]))
     made_from = dict(source=source, code=code, device=str(device), has_seed=lowered.has_seed, infos=infos, consts=consts,
                      kernels=kernel_args, cpp=cpp, launches=launches, boxed=boxed,

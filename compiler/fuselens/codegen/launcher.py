@@ -299,6 +299,8 @@ def configs(mode: str, xnumel: int, rnumel: int, interpret: bool, max_autotune: 
     """Candidate block sizes, best guess first. The interpreter runs one numpy op per block,
     so it gets the largest blocks. Chunked kernels (partials of column reductions) walk `chunk`
     rows per program in blocks of XBLOCK rows: XBLOCK divides the chunk (both powers of two)."""
+    if mode == "template":  # a kernel of its own loops (codegen/attention.py): one program per grid row
+        return [Config(1, None, 4)]
     if mode == "chunked_rows":  # whole rows per block, as persistent
         rblock = next_power_of_2(rnumel)
         if interpret:

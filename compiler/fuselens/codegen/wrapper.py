@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from ..lower.ir import ComputedBuffer, ExternCall, LoweredGraph, View, contiguous_strides
 from ..ops import effects
+from . import attention
 from ..ops.primitives import PRIMITIVES
 from ..schedule.fusion import FusedKernel, Schedule
 
@@ -130,8 +131,9 @@ def allocators(device: torch.device) -> dict:
 
 
 class WrapperWriter:
-    def __init__(self, graph: LoweredGraph, sched: Schedule, kernels: dict, device, boxed=False):
+    def __init__(self, graph: LoweredGraph, sched: Schedule, kernels: dict, device, boxed=False, triton=True):
         self.graph, self.sched = graph, sched
+        self.triton = triton  # the graph's kernels are Triton's (else C++)
         self.boxed = boxed
         self.device = torch.device(device)
         self.kernels = kernels  # id(FusedKernel) -> (TritonKernel, KernelWriter)
@@ -189,7 +191,16 @@ class WrapperWriter:
                 # what F.linear calls for a 2-D input (and a bias), made in C++: one call, no `.t()`
                 return f"torch.nn.functional.linear({self.value(x)}, {wt.buf.name}{''.join(', ' + self.value(b) for b in bias)})"
         parts = [self.value(a) for a in call.args] + [f"{k}={self.value(v)}" for k, v in call.kwargs.items()]
+        if self.decode_attention(call):  # allocated as the lowering predicted sdpa's result
+            return f"decode_attention({', '.join(parts)}, shape={call.result.shape}, stride={call.result.stride})"
         return f"{torch_name(call.prim.impl) or 'prims.' + call.prim.name}({', '.join(parts)})"
+
+    def decode_attention(self, step) -> bool:
+        """Whether this extern call is an `sdpa` that fuselens's decode attention kernel runs
+        (codegen/attention.py): Triton kernels only (a C++ graph calls ATen's)."""
+        return self.triton and step.prim.name == "sdpa" and step.result is not None and \
+            attention.applies(*step.args, step.kwargs.get("attn_mask"), step.kwargs.get("is_causal", False),
+                              step.result)
 
     def step_reads(self, step):
         if isinstance(step, ExternCall):
@@ -526,12 +537,12 @@ class WrapperWriter:
         return self._made.get(name, (None, None))[0]
 
 
-def generate_wrapper(graph: LoweredGraph, sched: Schedule, kernels: dict, device, boxed=False):
+def generate_wrapper(graph: LoweredGraph, sched: Schedule, kernels: dict, device, boxed=False, triton=True):
     """Source of `call(*inputs)`, its code (marshalled), the function itself, and the objects its
     source names as `consts[i]`. `boxed`: `call(args)` takes its inputs as a list, which it empties,
     and frees each input after its last use (a backward's saved values: eager autograd frees them
     as its backward goes)."""
-    writer = WrapperWriter(graph, sched, kernels, device, boxed)
+    writer = WrapperWriter(graph, sched, kernels, device, boxed, triton)
     source = writer.generate()
     code = marshal.dumps(compile(source, "<fuselens wrapper>", "exec"))
     return source, code, load_wrapper(code, [k for k, _ in kernels.values()], writer.consts, device), writer.consts
@@ -544,6 +555,6 @@ def load_wrapper(code: bytes, kernels, consts: list, device):
     device = torch.device(device)
     namespace = {"torch": torch, "prims": types.SimpleNamespace(**PRIMITIVES), "reinterpret": reinterpret,
                  "ensure_layout": ensure_layout, "consts": consts, "operator": operator, "math": math,
-                 "constants": [], "device": device, **allocators(device), **{k.name: k for k in kernels}}
+                 "constants": [], "device": device, "decode_attention": attention.decode_attention, **allocators(device), **{k.name: k for k in kernels}}
     exec(marshal.loads(code), namespace)
     return namespace["call"]

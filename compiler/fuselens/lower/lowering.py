@@ -35,10 +35,13 @@ INDEX_OPS_LIMIT = 200
 # convolution gradient and input) reads no more than a stored copy of it would, which would also
 # hold 4 bytes an element (a UNet's backward peaked on such copies: 1.14x Inductor's memory).
 REALIZE_READS = 2
-# A lazy value that inlines a heavy primitive (prim.Primitive.heavy: sin, cos, tanh, ...) is stored
-# where a user (through views) broadcasts it to this many times its elements or more: Llama's rotary
-# cos and sin, (B, S, D), recomputed for each of 32 query heads and each layer made every rotary
-# kernel compute-bound (an H100: 56 us a layer at 470 GB/s, Inductor's 35).
+# A lazy value that inlines a heavy primitive (prim.Primitive.heavy: sin, cos, tanh, ...), or reads
+# more bytes than it holds, is stored where a user (through views) broadcasts it to this many times
+# its elements or more: Llama's rotary cos and sin, (B, S, D), recomputed for each of 32 query heads
+# and each layer made every rotary kernel compute-bound (an H100: 56 us a layer at 470 GB/s,
+# Inductor's 35); a matrix-vector product's vector (a decode step's SwiGLU product of two fp32
+# vectors, its RMSNorm's x * rstd * weight) recomputed by each of the product's programs read
+# several times its bytes from L2 in each.
 BROADCAST_REALIZE = 4
 # ... and its users have this many elements in all: below, computing it again costs less than the
 # launch of a kernel of its own (a scalar gate's tanh, ALiBi's per-head slopes on short sequences)
@@ -374,9 +377,10 @@ class Lowering:
         v = self.lazy(shape, dtype, loc, fn, args, order=order_of(full[0]) if full else None, heavy=p.heavy)
         if not isinstance(v, Lazy):
             return v
+        read_bytes = sum(n * size for _, n, size in v.reads)
         if len(node.users) > 1 and sum(n for _, n, _ in v.reads) >= REALIZE_READS * math.prod(shape) and \
-                sum(n * size for _, n, size in v.reads) >= REALIZE_READS * math.prod(shape) * dtype.itemsize or \
-                v.heavy and _broadcast_by_users(node, math.prod(shape)):
+                read_bytes >= REALIZE_READS * math.prod(shape) * dtype.itemsize or \
+                (v.heavy or read_bytes > math.prod(shape) * dtype.itemsize) and _broadcast_by_users(node, math.prod(shape)):
             return self.realize(v)
         return v
 

@@ -37,6 +37,8 @@ def _gemm(p, a, b, bias=None):
     into the kernels producing the operands, and the VJPs through pad and slice keep the
     backward's GEMMs aligned too (the gradient arrives padded)."""
     (m, k), n = a.shape, b.shape[1]
+    if _as_reduction(a, b):
+        return _matrix_vector(a, b, bias)
     align = _gemm_alignment(a.dtype)
     pm, pk, pn = ((-m) % align, (-k) % align, (-n) % align) if align else (0, 0, 0)
     if not (pm or pk or pn) or m * n * k < PAD_GEMM_MIN:
@@ -45,6 +47,35 @@ def _gemm(p, a, b, bias=None):
     b = _zero_pad(b, (k + pk, n + pn))
     bias = None if bias is None else _zero_pad(bias, (n + pn,))
     return P.slice(P.slice(emit(p, *([] if bias is None else [bias]), a, b), 0, 0, m), 1, 0, n)
+
+
+# products with at most this many rows in `a` are reductions (`_matrix_vector`)
+GEMV_MAX_ROWS = 1
+
+
+def _as_reduction(a, b) -> bool:
+    """Whether a (M, K) @ b (K, N) is a generated reduction kernel rather than cuBLAS's: on a GPU,
+    inference, few rows, b's K dim contiguous (a Linear's weight, transposed). There the product
+    reads b once and is bound by memory bandwidth: decoding's weight reads, where cuBLAS's kernels
+    for one row reach 38-67% of an H200's bandwidth on a 1B decoder's projections (bench/NOTES.md),
+    and the kernel fuses what comes before and after it (bias, activation, the residual add, both
+    halves of a SwiGLU reading the same x)."""
+    return a.shape[0] <= GEMV_MAX_ROWS and b.val.stride(0) == 1 and b.val.stride(1) >= b.shape[0] and a.dtype in (torch.float16, torch.bfloat16, torch.float32) \
+        and not (a.val.requires_grad or b.val.requires_grad) and 0 not in (*a.shape, b.shape[1])
+
+
+def _matrix_vector(a, b, bias=None):
+    """a (M, K) @ b (K, N) (+ bias) as cuBLAS computes it, products and sums in fp32 rounded once at
+    the end (bf16 x bf16 products are exact in fp32), as sum over K of a[m, None, :] * b^T[None]:
+    rows (m, n) of one reduction along b's contiguous K (`_as_reduction`)."""
+    (m, k), n = a.shape, b.shape[1]
+    wide = torch.float32 if a.dtype != torch.float64 else a.dtype
+    rows = P.expand(P.reshape(P.cast(a, wide), (m, 1, k)), (m, n, k))
+    weight = P.expand(P.reshape(P.cast(P.transpose(b, 0, 1), wide), (1, n, k)), (m, n, k))
+    out = P.sum(P.mul(rows, weight), -1)
+    if bias is not None:
+        out = P.add(out, P.cast(bias, wide))
+    return P.cast(out, a.dtype)
 
 
 def _zero_pad(x, shape):

@@ -1,0 +1,214 @@
+"""Decode attention: fuselens's own Triton kernel for an `sdpa` call with few query rows (a decode
+step's one token, grouped-query heads folded into rows by ops/attention.py `_fold_groups`).
+
+cuDNN's and flash attention's kernels tile the queries by 64 or 128 rows: with 4 rows a head they
+compute mostly padding, and cuDNN's pick for a 1B Llama's decode step took 10.3 us a layer on an
+H200 (bench/NOTES.md). Here one program holds every query row of one (batch, head) pair, reads
+that head's keys and values once in blocks of BLOCK_S positions and keeps an online softmax
+(running max and sum, in fp32) with the weighted sum of values; the mask (an additive bias or a
+boolean one, broadcast as given) is read per block. No L x S scores in memory, no mask copy.
+
+`applies` decides from the call's operands (shapes, strides, dtypes: known when the wrapper is
+written); `decode_attention` allocates the result in the layout the lowering predicted and
+launches the kernel through launcher.TritonKernel (cubins compiled and cached as the generated
+kernels' are; Triton's interpreter on a CPU under FUSELENS_INTERPRET=1).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import settings
+from .launcher import TritonKernel
+
+# query rows of one (batch, head) pair at most (tl.dot's blocks hold at least 16)
+MAX_ROWS = 16
+BLOCK_S = 64
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def applies(q, k, v, mask, is_causal, out) -> bool:
+    """Whether sdpa(q, k, v, mask) with result `out` runs this kernel: 4-d q, k, v of one float
+    dtype and equal batch and head dims, their last dims and the result's contiguous, at most
+    MAX_ROWS query rows, a head dim that is a power of two from 16 to 256, no causal flag (torch
+    aligns its mask top-left: not a decode step's), a mask (bool, or of q's dtype) that broadcasts
+    to (B, H, L, S). Operands are the lowering's Views, `out` its buffer."""
+    views = [q, k, v] + ([mask] if mask is not None else [])
+    if is_causal or not all(hasattr(t, "buf") and len(t.shape) <= 4 for t in views) or \
+            not all(isinstance(n, int) for t in views for n in (*t.shape, *t.stride)):
+        return False
+    (b, h, rows, d), (kb, kh, s, kd), (vb, vh, vs, dv) = (tuple(t.shape) for t in (q, k, v)) if \
+        all(len(t.shape) == 4 for t in (q, k, v)) else ((0,) * 4,) * 3
+    if not rows or q.buf.dtype not in _DTYPES or {k.buf.dtype, v.buf.dtype} != {q.buf.dtype} or \
+            (b, h) != (kb, kh) or (b, h) != (vb, vh) or s != vs or kd != d or dv != d or \
+            rows > MAX_ROWS or not s or d < 16 or d > 256 or d & (d - 1) or \
+            any(t.stride[-1] != 1 for t in (q, k, v)) or tuple(out.shape) != (b, h, rows, d) or out.stride[-1] != 1:
+        return False
+    if mask is not None:
+        if mask.buf.dtype not in (torch.bool, q.buf.dtype):
+            return False
+        shape = (1,) * (4 - len(mask.shape)) + tuple(mask.shape)
+        if any(m not in (1, n) for m, n in zip(shape, (b, h, rows, s))):
+            return False
+    return True
+
+
+def _strides(t, shape4):
+    """t's strides as a 4-d tensor broadcast to shape4 (0 along broadcast dims)."""
+    shape = (1,) * (4 - t.dim()) + tuple(t.shape)
+    stride = (0,) * (4 - t.dim()) + tuple(t.stride())
+    return [0 if n == 1 and full != 1 else st for n, st, full in zip(shape, stride, shape4)]
+
+
+_SOURCE = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def {name}(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, scale, H, L, S, CHUNK, qsb, qsh, qsl, ksb, ksh, kss, vsb, vsh, vss, msb, msh, msl, mss, osb, osh, osl, xnumel, XBLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    bh = pid // {splits}
+    b = bh // H
+    h = bh % H
+    rows = tl.arange(0, {rows})
+    cols = tl.arange(0, {d})
+    row_mask = rows < L
+    q = tl.load(q_ptr + b * qsb + h * qsh + rows[:, None] * qsl + cols[None, :], mask=row_mask[:, None], other=0.0)
+    m_i = tl.full([{rows}], float("-inf"), tl.float32)
+    l_i = tl.zeros([{rows}], tl.float32)
+    acc = tl.zeros([{rows}, {d}], tl.float32)
+    first = (pid % {splits}) * CHUNK
+    for start in range(first, tl.minimum(S, first + CHUNK), {block_s}):
+        pos = start + tl.arange(0, {block_s})
+        pos_mask = pos < S
+        k = tl.load(k_ptr + b * ksb + h * ksh + pos[:, None] * kss + cols[None, :], mask=pos_mask[:, None], other=0.0)
+        scores = tl.dot(q{operand}, tl.trans(k){operand}{precision}) * scale
+        {mask}
+        scores = tl.where(pos_mask[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # (a row masked so far: no inf - inf)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(scores - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + b * vsb + h * vsh + pos[:, None] * vss + cols[None, :], mask=pos_mask[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype){operand}, v{operand}{precision})
+        m_i = m_new
+    {store}
+'''
+# one split: the result (a row hiding every key is 0, as in torch's kernels); more: the split's
+# partial [rows, d + 2] (weighted sum of values, running max, sum) into out_ptr, a workspace
+_STORES = {
+    True: '''out = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)
+    tl.store(out_ptr + b * osb + h * osh + rows[:, None] * osl + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])''',
+    False: '''part = out_ptr + (pid * {rows} + rows) * ({d} + 2)
+    tl.store(part[:, None] + cols[None, :], acc)
+    tl.store(part + {d}, m_i)
+    tl.store(part + {d} + 1, l_i)''',
+}
+# the partials of one (batch, head) pair's splits combined, each weighted by exp(its max - the max)
+_COMBINE = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def {name}(ws_ptr, out_ptr, H, L, osb, osh, osl, xnumel, XBLOCK: tl.constexpr):
+    bh = tl.program_id(0)
+    b = bh // H
+    h = bh % H
+    rows = tl.arange(0, {rows})
+    cols = tl.arange(0, {d})
+    m = tl.full([{rows}], float("-inf"), tl.float32)
+    for i in range({splits}):
+        m = tl.maximum(m, tl.load(ws_ptr + ((bh * {splits} + i) * {rows} + rows) * ({d} + 2) + {d}))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros([{rows}, {d}], tl.float32)
+    total = tl.zeros([{rows}], tl.float32)
+    for i in range({splits}):
+        part = ws_ptr + ((bh * {splits} + i) * {rows} + rows) * ({d} + 2)
+        w = tl.exp(tl.load(part + {d}) - m_safe)
+        total += tl.load(part + {d} + 1) * w
+        acc += tl.load(part[:, None] + cols[None, :]) * w[:, None]
+    out = tl.where(total[:, None] > 0, acc / total[:, None], 0.0)
+    tl.store(out_ptr + b * osb + h * osh + rows[:, None] * osl + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=(rows < L)[:, None])
+'''
+_MASKS = {
+    None: "",
+    "bias": "scores += tl.load(mask_ptr + b * msb + h * msh + rows[:, None] * msl + pos[None, :] * mss, "
+            "mask=row_mask[:, None] & pos_mask[None, :], other=0.0).to(tl.float32)",
+    "bool": "scores = tl.where(tl.load(mask_ptr + b * msb + h * msh + rows[:, None] * msl + pos[None, :] * mss, "
+            "mask=row_mask[:, None] & pos_mask[None, :], other=0) != 0, scores, float(\"-inf\"))",
+}
+_KERNELS: dict = {}
+
+
+def _kernel(rows, d, dtype, mask_kind, splits) -> TritonKernel:
+    key = (rows, d, dtype, mask_kind, splits)
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        name = f"fl_decode_attention_{len(_KERNELS)}"
+        # fp32 operands: products in fp32, as eager's (tl.dot would take TF32). Triton's interpreter
+        # multiplies bf16 blocks wrong (3.9: errors of 1e10): there they are fp32 (products of bf16
+        # values are exact in fp32 either way)
+        upcast = settings.INTERPRET and dtype == torch.bfloat16
+        precision = ', input_precision="ieee"' if dtype == torch.float32 or upcast else ""
+        source = _SOURCE.format(name=name, rows=rows, d=d, block_s=BLOCK_S, precision=precision, splits=splits,
+                                operand=".to(tl.float32)" if upcast else "", mask=_MASKS[mask_kind],
+                                store=_STORES[splits == 1].format(rows=rows, d=d))
+        kernel = _KERNELS[key] = TritonKernel(name, source, "template", itemsize=dtype.itemsize)
+    return kernel
+
+
+def _combine(rows, d, splits) -> TritonKernel:
+    key = ("combine", rows, d, splits)
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        name = f"fl_decode_attention_combine_{len(_KERNELS)}"
+        source = _COMBINE.format(name=name, rows=rows, d=d, splits=splits)
+        kernel = _KERNELS[key] = TritonKernel(name, source, "template")
+    return kernel
+
+
+def splits_for(pairs, length, programs=None) -> int:
+    """Splits of the positions for `pairs` (batch x head) programs: as many as fill the GPU's
+    SMs once (none on a CPU), each at least BLOCK_S positions."""
+    if programs is None:
+        programs = _sm_count()
+    return max(1, min(-(-programs // pairs), -(-length // BLOCK_S)))
+
+
+def _sm_count() -> int:
+    global _SMS
+    if _SMS is None:
+        _SMS = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
+            if torch.cuda.is_available() else 1
+    return _SMS
+
+
+_SMS = None
+
+
+def decode_attention(q, k, v, attn_mask=None, is_causal=False, scale=None, *, shape, stride, splits=None):
+    """sdpa(q, k, v, attn_mask, scale) (`applies`: not causal), its result allocated as (shape,
+    stride); the positions split `splits` ways (default: splits_for)."""
+    mask = attn_mask
+    b, h, rows, d = q.shape
+    length = k.shape[2]
+    out = torch.empty_strided(shape, stride, dtype=q.dtype, device=q.device)
+    kind = None if mask is None else "bool" if mask.dtype == torch.bool else "bias"
+    masks = _strides(mask, (b, h, rows, length)) if mask is not None else [0] * 4
+    splits = splits or (splits_for(b * h, length) if q.is_cuda else 1)
+    chunk = -(-length // (splits * BLOCK_S)) * BLOCK_S
+    splits = -(-length // chunk)
+    block_rows = max(16, 1 << (rows - 1).bit_length())
+    kernel = _kernel(block_rows, d, q.dtype, kind, splits)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    ws = out if splits == 1 else torch.empty(b * h * splits * block_rows * (d + 2), dtype=torch.float32,
+                                             device=q.device)
+    kernel.run(q, k, v, mask if mask is not None else q, ws, scale, h, rows, length, chunk, *q.stride()[:3],
+               *k.stride()[:3], *v.stride()[:3], *masks, *out.stride()[:3], xnumel=b * h * splits)
+    if splits > 1:
+        _combine(block_rows, d, splits).run(ws, out, h, rows, *out.stride()[:3], xnumel=b * h)
+    return out
