@@ -44,7 +44,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import fuselens  # noqa: E402
 import run  # noqa: E402
-from decode_models import (CONFIGS, build_decoder, build_hf, config, decode_one,  # noqa: E402
+from decode_models import (CONFIGS, build_decoder, build_hf, cache_kwargs, config, decode_one,  # noqa: E402
                            static_cache, weight_bytes)
 from run import in_rounds, median  # noqa: E402
 import suite  # noqa: E402
@@ -205,11 +205,11 @@ class HFDecoder:
                 def generate():
                     with torch.no_grad():
                         cache.reset()
-                        tok = m(input_ids=self.tokens, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+                        tok = m(input_ids=self.tokens, **cache_kwargs(m, cache)).logits[:, -1:].argmax(-1)
                         out = [tok]
                         for i in range(s.new - 1):
                             pos = torch.full((self.batch, 1), p + i, device=s.device)
-                            logits = forward(input_ids=tok, cache=cache, use_cache=True, position_ids=pos).logits
+                            logits = forward(input_ids=tok, **cache_kwargs(m, cache), position_ids=pos).logits
                             tok = logits[:, -1:].argmax(-1)
                             out.append(tok)
                     return torch.cat(out, 1)

@@ -216,6 +216,14 @@ def build_hf(name, dtype, device, layers=None, quick=False, tiny=False, seed=0):
     return model.to(dtype).eval().requires_grad_(False)
 
 
+def cache_kwargs(model, cache) -> dict:
+    """`cache` as the keyword `model`'s forward takes it: `cache` in transformers 5.2x,
+    `past_key_values` before (5.17 takes `cache=` into **kwargs and decodes without it)."""
+    import inspect
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: cache, "use_cache": True}
+
+
 def static_cache(model, max_len):
     """A transformers StaticCache for `model`: its tensors are allocated by the first (eager) call
     that writes them, the prefill, outside any compiled step."""

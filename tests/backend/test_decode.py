@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import fuselens
 from fl_backend_testing import DEVICE, SDPA, tolerance  # (first: it puts bench/ on the path)
-from decode_models import build_decoder, build_hf, config, decode_one, static_cache  # noqa: I001
+from decode_models import build_decoder, build_hf, cache_kwargs, config, decode_one, static_cache  # noqa: I001
 
 PROMPT, STEPS, BATCH = 5, 4, 2
 
@@ -81,11 +81,11 @@ def test_hf_llama_static_cache_decodes_as_eager():
     def decode(forward):
         cache = static_cache(model, PROMPT + STEPS)
         with torch.no_grad():
-            tok = model(input_ids=prompt, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            tok = model(input_ids=prompt, **cache_kwargs(model, cache)).logits[:, -1:].argmax(-1)
             out = [tok]
             for i in range(STEPS - 1):
                 pos = torch.full((BATCH, 1), PROMPT + i, device=DEVICE)
-                tok = strict(forward, input_ids=tok, cache=cache, use_cache=True, position_ids=pos).logits[:, -1:].argmax(-1)
+                tok = strict(forward, input_ids=tok, **cache_kwargs(model, cache), position_ids=pos).logits[:, -1:].argmax(-1)
                 out.append(tok)
         return torch.cat(out, 1)
 

@@ -141,33 +141,27 @@ _MASKS = {
     "bool": "scores = tl.where(tl.load(mask_ptr + b * msb + h * msh + rows[:, None] * msl + pos[None, :] * mss, "
             "mask=row_mask[:, None] & pos_mask[None, :], other=0) != 0, scores, float(\"-inf\"))",
 }
-_KERNELS: dict = {}
+def _kernel(rows, d, dtype, mask_kind, splits, programs) -> TritonKernel:
+    """One call site's kernel (its launch, bound on the first call, is reused by the next)."""
+    # fp32 operands: products in fp32, as eager's (tl.dot would take TF32). Triton's interpreter
+    # multiplies bf16 blocks wrong (3.9: errors of 1e10): there they are fp32 (products of bf16
+    # values are exact in fp32 either way)
+    upcast = settings.INTERPRET and dtype == torch.bfloat16
+    precision = ', input_precision="ieee"' if dtype == torch.float32 or upcast else ""
+    name = "fl_decode_attention_0"
+    source = _SOURCE.format(name=name, rows=rows, d=d, block_s=BLOCK_S, precision=precision, splits=splits,
+                            operand=".to(tl.float32)" if upcast else "", mask=_MASKS[mask_kind],
+                            store=_STORES[splits == 1].format(rows=rows, d=d))
+    return _bound(TritonKernel(name, source, "template", itemsize=dtype.itemsize), programs)
 
 
-def _kernel(rows, d, dtype, mask_kind, splits) -> TritonKernel:
-    key = (rows, d, dtype, mask_kind, splits)
-    kernel = _KERNELS.get(key)
-    if kernel is None:
-        name = f"fl_decode_attention_{len(_KERNELS)}"
-        # fp32 operands: products in fp32, as eager's (tl.dot would take TF32). Triton's interpreter
-        # multiplies bf16 blocks wrong (3.9: errors of 1e10): there they are fp32 (products of bf16
-        # values are exact in fp32 either way)
-        upcast = settings.INTERPRET and dtype == torch.bfloat16
-        precision = ', input_precision="ieee"' if dtype == torch.float32 or upcast else ""
-        source = _SOURCE.format(name=name, rows=rows, d=d, block_s=BLOCK_S, precision=precision, splits=splits,
-                                operand=".to(tl.float32)" if upcast else "", mask=_MASKS[mask_kind],
-                                store=_STORES[splits == 1].format(rows=rows, d=d))
-        kernel = _KERNELS[key] = TritonKernel(name, source, "template", itemsize=dtype.itemsize)
-    return kernel
+def _combine(rows, d, splits, pairs) -> TritonKernel:
+    name = "fl_decode_attention_combine_0"
+    return _bound(TritonKernel(name, _COMBINE.format(name=name, rows=rows, d=d, splits=splits), "template"), pairs)
 
 
-def _combine(rows, d, splits) -> TritonKernel:
-    key = ("combine", rows, d, splits)
-    kernel = _KERNELS.get(key)
-    if kernel is None:
-        name = f"fl_decode_attention_combine_{len(_KERNELS)}"
-        source = _COMBINE.format(name=name, rows=rows, d=d, splits=splits)
-        kernel = _KERNELS[key] = TritonKernel(name, source, "template")
+def _bound(kernel, programs):
+    kernel.call_sizes = (programs,)
     return kernel
 
 
@@ -190,25 +184,45 @@ def _sm_count() -> int:
 _SMS = None
 
 
+class _Plan:
+    """How one call site's attention runs: kernels, their scalar arguments, the workspace."""
+
+    def __init__(self, q, k, v, mask, scale, out_stride, splits):
+        b, h, rows, d = q.shape
+        length = k.shape[2]
+        kind = None if mask is None else "bool" if mask.dtype == torch.bool else "bias"
+        masks = _strides(mask, (b, h, rows, length)) if mask is not None else [0] * 4
+        splits = splits or (splits_for(b * h, length) if q.is_cuda else 1)
+        chunk = -(-length // (splits * BLOCK_S)) * BLOCK_S
+        splits = -(-length // chunk)
+        block_rows = max(16, 1 << (rows - 1).bit_length())
+        self.programs, self.pairs = b * h * splits, b * h
+        self.kernel = _kernel(block_rows, d, q.dtype, kind, splits, self.programs)
+        self.scalars = (1.0 / math.sqrt(d) if scale is None else float(scale), h, rows, length, chunk,
+                        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *masks, *out_stride[:3])
+        self.combine = _combine(block_rows, d, splits, self.pairs) if splits > 1 else None
+        self.combine_scalars = (h, rows, *out_stride[:3])
+        self.workspace = self.programs * block_rows * (d + 2)
+
+
+_PLANS: dict = {}
+
+
 def decode_attention(q, k, v, attn_mask=None, is_causal=False, scale=None, *, shape, stride, splits=None):
     """sdpa(q, k, v, attn_mask, scale) (`applies`: not causal), its result allocated as (shape,
-    stride); the positions split `splits` ways (default: splits_for)."""
+    stride); the positions split `splits` ways (default: splits_for). A call costs a dict lookup of
+    its layouts, the result's allocation and the launches (a decode step makes one a layer)."""
     mask = attn_mask
-    b, h, rows, d = q.shape
-    length = k.shape[2]
+    key = (shape, stride, q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, scale, splits,
+           None if mask is None else (mask.shape, mask.stride(), mask.dtype))
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _Plan(q, k, v, mask, scale, stride, splits)
     out = torch.empty_strided(shape, stride, dtype=q.dtype, device=q.device)
-    kind = None if mask is None else "bool" if mask.dtype == torch.bool else "bias"
-    masks = _strides(mask, (b, h, rows, length)) if mask is not None else [0] * 4
-    splits = splits or (splits_for(b * h, length) if q.is_cuda else 1)
-    chunk = -(-length // (splits * BLOCK_S)) * BLOCK_S
-    splits = -(-length // chunk)
-    block_rows = max(16, 1 << (rows - 1).bit_length())
-    kernel = _kernel(block_rows, d, q.dtype, kind, splits)
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    ws = out if splits == 1 else torch.empty(b * h * splits * block_rows * (d + 2), dtype=torch.float32,
-                                             device=q.device)
-    kernel.run(q, k, v, mask if mask is not None else q, ws, scale, h, rows, length, chunk, *q.stride()[:3],
-               *k.stride()[:3], *v.stride()[:3], *masks, *out.stride()[:3], xnumel=b * h * splits)
-    if splits > 1:
-        _combine(block_rows, d, splits).run(ws, out, h, rows, *out.stride()[:3], xnumel=b * h)
+    ws = out if plan.combine is None else torch.empty(plan.workspace, dtype=torch.float32, device=q.device)
+    args = (q, k, v, mask if mask is not None else q, ws, *plan.scalars)
+    plan.kernel.launch(*args) or plan.kernel.run(*args, xnumel=plan.programs)
+    if plan.combine is not None:
+        plan.combine.launch(ws, out, *plan.combine_scalars) or \
+            plan.combine.run(ws, out, *plan.combine_scalars, xnumel=plan.pairs)
     return out

@@ -38,6 +38,10 @@ MIN_CHUNK = 8
 # kernel; with fewer columns, as many programs: a channels-last BatchNorm's sums over 401408 rows of
 # 64 took 112 us in 98 programs, 35 in 392)
 TILE_PROGRAMS, TILE_COLS = 1024, 64
+# reductions of rows this long, few enough rows that a program per row leaves a GPU idle, run in two
+# stages (`split_long_rows`), each program of stage 1 reducing at least MIN_SPLIT_CHUNK elements
+LONG_ROW = 1 << 15
+MIN_SPLIT_CHUNK = 512
 # rows longer than this are reduced in a loop (codegen/triton.py), kept here for the scheduler's checks
 PERSISTENT_RNUMEL_MAX = 4096
 
@@ -140,6 +144,52 @@ def split_outer_inner_reductions(graph: LoweredGraph):
                               reduce=buf.reduce, loc=buf.loc)
         buf.body, buf.in_shape, buf.red_dims = buffer_view(rows).load, shape, outer
         steps[-1:] = [rows, buf]
+    graph.steps = steps
+
+
+def split_long_rows(graph: LoweredGraph):
+    """A reduction of few rows, each of LONG_ROW elements or more (a loss's mean over everything,
+    argmax over a decode step's vocabulary), is split in two: stage 1 reduces each of S chunks of
+    every row (its outermost reduced dim of n split into (S, n / S), S a power of two dividing n,
+    rows x S about TARGET_PARTIALS programs of at least MIN_SPLIT_CHUNK elements; an inner reduced
+    dim where the outer ones are too short), stage 2 (the
+    original buffer, which keeps its name, shape and readers) the S partials of each row. A GPU
+    ran such a reduction as one program per row looping over all of it: one SM's bandwidth."""
+    steps = []
+    for buf in graph.steps:
+        steps.append(buf)
+        if not isinstance(buf, ComputedBuffer) or buf.kind != "reduction":
+            continue
+        sizes = [buf.in_shape[d] for d in buf.red_dims]
+        red = [d for d in buf.red_dims if buf.in_shape[d] != 1]
+        if not red or not all(isinstance(n, int) for n in buf.in_shape):
+            continue
+        rows, rnumel = math.prod(buf.in_shape) // max(math.prod(sizes), 1), math.prod(sizes)
+        if rnumel < LONG_ROW:
+            continue
+        for d in red:  # the outermost reduced dim that splits 4 ways or more
+            n, splits = buf.in_shape[d], 1
+            while n % (splits * 2) == 0 and rows * splits * 2 <= TARGET_PARTIALS and \
+                    rnumel // (splits * 2) >= MIN_SPLIT_CHUNK:
+                splits *= 2
+            if splits >= 4:
+                break
+        else:
+            continue
+        chunk = n // splits
+        in_shape = buf.in_shape[:d] + (splits, chunk) + buf.in_shape[d + 1:]
+        red_dims = tuple(e + (e > d) for e in buf.red_dims if e != d) + (d + 1,)
+        shape = keep_shape(in_shape, red_dims)
+        body = buf.body
+        stage1 = ComputedBuffer(f"{buf.name}_split", shape, contiguous_strides(shape), compute_dtype(buf.dtype),
+                                body=lambda idx, body=body, d=d, chunk=chunk:
+                                body(list(idx[:d]) + [idx[d] * chunk + idx[d + 1]] + list(idx[d + 2:])),
+                                kind="reduction", in_shape=in_shape, red_dims=tuple(sorted(red_dims)),
+                                reduce=buf.reduce, loc=buf.loc)
+        partials = buffer_view(stage1)
+        buf.body = lambda idx, load=partials.load, d=d: load(list(idx[:d + 1]) + [0] + list(idx[d + 1:]))
+        buf.in_shape = tuple(splits if e == d else 1 if e in buf.red_dims else s for e, s in enumerate(buf.in_shape))
+        steps[-1:] = [stage1, buf]
     graph.steps = steps
 
 
@@ -393,6 +443,8 @@ def schedule(graph: LoweredGraph, column_partials=True) -> Schedule:
     """`column_partials`: long column reductions run in two stages (`split_column_reductions`), as
     a GPU needs to keep its cores busy; a CPU's few threads share the columns instead."""
     split_outer_inner_reductions(graph)
+    if column_partials:
+        split_long_rows(graph)
     pairs = split_column_reductions(graph) if column_partials else {}
     scheduler = Scheduler(graph)
     sched = scheduler.run()
