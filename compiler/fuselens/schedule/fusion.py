@@ -152,9 +152,9 @@ def split_long_rows(graph: LoweredGraph):
     argmax over a decode step's vocabulary), is split in two: stage 1 reduces each of S chunks of
     every row (its outermost reduced dim of n split into (S, n / S), S a power of two dividing n,
     rows x S about TARGET_PARTIALS programs of at least MIN_SPLIT_CHUNK elements; an inner reduced
-    dim where the outer ones are too short), stage 2 (the
-    original buffer, which keeps its name, shape and readers) the S partials of each row. A GPU
-    ran such a reduction as one program per row looping over all of it: one SM's bandwidth."""
+    dim where the outer ones are too short), stage 2 (the original buffer, which keeps its name,
+    shape and readers) the S partials of each row. A GPU ran such a reduction as one program per
+    row looping over all of it: one SM's bandwidth."""
     steps = []
     for buf in graph.steps:
         steps.append(buf)
@@ -440,8 +440,9 @@ class Scheduler:
 
 
 def schedule(graph: LoweredGraph, column_partials=True) -> Schedule:
-    """`column_partials`: long column reductions run in two stages (`split_column_reductions`), as
-    a GPU needs to keep its cores busy; a CPU's few threads share the columns instead."""
+    """`column_partials`: long column reductions and few long rows run in two stages
+    (`split_column_reductions`, `split_long_rows`), as a GPU needs to keep its cores busy; a CPU's
+    few threads share the columns, or a long row, instead."""
     split_outer_inner_reductions(graph)
     if column_partials:
         split_long_rows(graph)

@@ -54,14 +54,16 @@ GEMV_MAX_ROWS = 1
 
 
 def _as_reduction(a, b) -> bool:
-    """Whether a (M, K) @ b (K, N) is a generated reduction kernel rather than cuBLAS's: on a GPU,
-    inference, few rows, b's K dim contiguous (a Linear's weight, transposed). There the product
-    reads b once and is bound by memory bandwidth: decoding's weight reads, where cuBLAS's kernels
-    for one row reach 38-67% of an H200's bandwidth on a 1B decoder's projections (bench/NOTES.md),
-    and the kernel fuses what comes before and after it (bias, activation, the residual add, both
-    halves of a SwiGLU reading the same x)."""
-    return a.shape[0] <= GEMV_MAX_ROWS and b.val.stride(0) == 1 and b.val.stride(1) >= b.shape[0] and a.dtype in (torch.float16, torch.bfloat16, torch.float32) \
-        and not (a.val.requires_grad or b.val.requires_grad) and 0 not in (*a.shape, b.shape[1])
+    """Whether a (M, K) @ b (K, N) is a generated reduction kernel rather than an extern GEMM
+    (cuBLAS, MKL): no gradient, at most GEMV_MAX_ROWS rows, b's K dim contiguous (a Linear's
+    weight, transposed). There the product reads b once and is bound by memory bandwidth:
+    decoding's weight reads, where cuBLAS's kernels for one row reach 38-67% of an H200's bandwidth
+    on a 1B decoder's projections, and MKL's are slower than a C++ kernel (bench/NOTES.md 70); the
+    kernel fuses what comes before and after it (bias, activation, the residual add, both halves
+    of a SwiGLU reading the same x)."""
+    return a.shape[0] <= GEMV_MAX_ROWS and b.val.stride(0) == 1 and b.val.stride(1) >= b.shape[0] and \
+        a.dtype in (torch.float16, torch.bfloat16, torch.float32) and \
+        not (a.val.requires_grad or b.val.requires_grad) and 0 not in (*a.shape, b.shape[1])
 
 
 def _matrix_vector(a, b, bias=None):
