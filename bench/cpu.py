@@ -6,7 +6,8 @@ kernels, on the machine's own threads (torch.get_num_threads()).
 Rows: fused pointwise ops (a manual GeLU), a manual softmax and layer norm in fp32 (and bf16
 where the CPU has bf16 instructions), an MLP block (LayerNorm, Linear, GeLU, Linear, residual)
 in inference and a training step (forward, backward, SGD step eagerly), a transformers encoder
-(BERT) and decoder (GPT-2) in small configs with random weights, and a ResNet-18 (torchvision's
+(BERT) and decoder (GPT-2) in small configs with random weights, one decode step of a
+gpt-fast-style Llama (bench/decode_models.py, a quarter of the 1B's width, 4 layers), and a ResNet-18 (torchvision's
 where it imports, else the same network defined below) in fp32 inference. Per row and compiler:
 the first call (compile included; every compiler's disk cache is a fresh directory of this
 process, so the first row of each kind is cold), then steps timed in ROUNDS rounds alternating
@@ -140,6 +141,20 @@ def rows(bf16):
     out["MLP block training step 8x256x1024"] = lambda: mlp(True)
     out["BERT encoder 4 layers 8x128"] = lambda: (*[(m, (ids,)) for m, ids in [hf("bert")]][0], False)
     out["GPT-2 decoder 4 layers 8x128"] = lambda: (*[(m, (ids,)) for m, ids in [hf("gpt2")]][0], False)
+
+    def decode():  # one token of a gpt-fast-style Llama (bench/decode_models.py), its KV cache 320 positions
+        from decode_models import build_decoder, config, decode_one
+        torch.manual_seed(0)
+
+        class Step(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = build_decoder(config("llama1b", quick=True), 1, 320, torch.float32, "cpu")
+
+            def forward(self, token, pos):
+                return decode_one(self.model, token, pos)
+        return Step(), (torch.zeros(1, 1, dtype=torch.long), torch.tensor([100])), False
+    out["Llama decode step 512x4 layers, 1 token"] = decode
 
     def cnn():
         torch.manual_seed(0)
