@@ -15,6 +15,7 @@ kernels' are; Triton's interpreter on a CPU under FUSELENS_INTERPRET=1).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -35,11 +36,10 @@ def applies(q, k, v, mask, is_causal, out) -> bool:
     aligns its mask top-left: not a decode step's), a mask (bool, or of q's dtype) that broadcasts
     to (B, H, L, S). Operands are the lowering's Views, `out` its buffer."""
     views = [q, k, v] + ([mask] if mask is not None else [])
-    if is_causal or not all(hasattr(t, "buf") and len(t.shape) <= 4 for t in views) or \
-            not all(isinstance(n, int) for t in views for n in (*t.shape, *t.stride)):
+    if is_causal or not all(len(t.shape) == 4 for t in (q, k, v)) or len(mask.shape if mask is not None else ()) > 4 \
+            or not all(isinstance(n, int) for t in views for n in (*t.shape, *t.stride)):
         return False
-    (b, h, rows, d), (kb, kh, s, kd), (vb, vh, vs, dv) = (tuple(t.shape) for t in (q, k, v)) if \
-        all(len(t.shape) == 4 for t in (q, k, v)) else ((0,) * 4,) * 3
+    (b, h, rows, d), (kb, kh, s, kd), (vb, vh, vs, dv) = (tuple(t.shape) for t in (q, k, v))
     if not rows or q.buf.dtype not in _DTYPES or {k.buf.dtype, v.buf.dtype} != {q.buf.dtype} or \
             (b, h) != (kb, kh) or (b, h) != (vb, vh) or s != vs or kd != d or dv != d or \
             rows > MAX_ROWS or not s or d < 16 or d > 256 or d & (d - 1) or \
@@ -52,13 +52,6 @@ def applies(q, k, v, mask, is_causal, out) -> bool:
         if any(m not in (1, n) for m, n in zip(shape, (b, h, rows, s))):
             return False
     return True
-
-
-def _strides(t, shape4):
-    """t's strides as a 4-d tensor broadcast to shape4 (0 along broadcast dims)."""
-    shape = (1,) * (4 - t.dim()) + tuple(t.shape)
-    stride = (0,) * (4 - t.dim()) + tuple(t.stride())
-    return [0 if n == 1 and full != 1 else st for n, st, full in zip(shape, stride, shape4)]
 
 
 _SOURCE = '''
@@ -165,23 +158,15 @@ def _bound(kernel, programs):
     return kernel
 
 
-def splits_for(pairs, length, programs=None) -> int:
-    """Splits of the positions for `pairs` (batch x head) programs: as many as fill the GPU's
-    SMs once (none on a CPU), each at least BLOCK_S positions."""
-    if programs is None:
-        programs = _sm_count()
+def splits_for(pairs, length, programs) -> int:
+    """Splits of the positions for `pairs` (batch x head) programs on a GPU of `programs` SMs: as
+    many as fill its SMs once, each at least BLOCK_S positions."""
     return max(1, min(-(-programs // pairs), -(-length // BLOCK_S)))
 
 
-def _sm_count() -> int:
-    global _SMS
-    if _SMS is None:
-        _SMS = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
-            if torch.cuda.is_available() else 1
-    return _SMS
-
-
-_SMS = None
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 class _Plan:
@@ -191,8 +176,8 @@ class _Plan:
         b, h, rows, d = q.shape
         length = k.shape[2]
         kind = None if mask is None else "bool" if mask.dtype == torch.bool else "bias"
-        masks = _strides(mask, (b, h, rows, length)) if mask is not None else [0] * 4
-        splits = splits or (splits_for(b * h, length) if q.is_cuda else 1)
+        masks = mask.expand(b, h, rows, length).stride() if mask is not None else (0,) * 4
+        splits = splits or (splits_for(b * h, length, _sm_count(q.device)) if q.is_cuda else 1)
         chunk = -(-length // (splits * BLOCK_S)) * BLOCK_S
         splits = -(-length // chunk)
         block_rows = max(16, 1 << (rows - 1).bit_length())
@@ -210,8 +195,9 @@ _PLANS: dict = {}
 
 def decode_attention(q, k, v, attn_mask=None, is_causal=False, scale=None, *, shape, stride, splits=None):
     """sdpa(q, k, v, attn_mask, scale) (`applies`: not causal), its result allocated as (shape,
-    stride); the positions split `splits` ways (default: splits_for). A call costs a dict lookup of
-    its layouts, the result's allocation and the launches (a decode step makes one a layer)."""
+    stride); the positions split `splits` ways (default: splits_for on a GPU, none elsewhere). A
+    call costs a dict lookup of its layouts, the result's allocation and the launches (a decode
+    step makes one a layer)."""
     mask = attn_mask
     key = (shape, stride, q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, scale, splits,
            None if mask is None else (mask.shape, mask.stride(), mask.dtype))

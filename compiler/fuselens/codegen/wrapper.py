@@ -191,11 +191,11 @@ class WrapperWriter:
                 # what F.linear calls for a 2-D input (and a bias), made in C++: one call, no `.t()`
                 return f"torch.nn.functional.linear({self.value(x)}, {wt.buf.name}{''.join(', ' + self.value(b) for b in bias)})"
         parts = [self.value(a) for a in call.args] + [f"{k}={self.value(v)}" for k, v in call.kwargs.items()]
-        if self.decode_attention(call):  # allocated as the lowering predicted sdpa's result
+        if self.runs_decode_attention(call):  # allocated as the lowering predicted sdpa's result
             return f"decode_attention({', '.join(parts)}, shape={call.result.shape}, stride={call.result.stride})"
         return f"{torch_name(call.prim.impl) or 'prims.' + call.prim.name}({', '.join(parts)})"
 
-    def decode_attention(self, step) -> bool:
+    def runs_decode_attention(self, step) -> bool:
         """Whether this extern call is an `sdpa` that fuselens's decode attention kernel runs
         (codegen/attention.py): Triton kernels only (a C++ graph calls ATen's)."""
         return self.triton and step.prim.name == "sdpa" and step.result is not None and \
