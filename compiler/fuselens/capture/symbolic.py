@@ -131,7 +131,7 @@ class SymbolicShapes:
                     return None
                 out.append(hint)
                 continue
-            if self.shape_env.guarding_hint_or_throw(expr) != hint:
+            if _hint(self.shape_env, expr) != hint:
                 return None
             out.append((expr, self.text(expr)))
         return out
@@ -170,6 +170,13 @@ def _functions():
 
 
 _FUNCTIONS = _functions()
+
+
+def _hint(shape_env, expr) -> int:
+    """`expr`'s value at the sizes the fake run was made with, adding no guard: torch 2.13 names it
+    guarding_hint_or_throw (size_hint deprecated), torch 2.11 (the GPU machine's) has size_hint only."""
+    hint = getattr(shape_env, "guarding_hint_or_throw", None)
+    return hint(expr) if hint is not None else shape_env.size_hint(expr)
 
 
 def _print(e, names) -> str:

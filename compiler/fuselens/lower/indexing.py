@@ -142,6 +142,9 @@ def floor_div(a, b, env):
         return sympy.Integer(ab[0] // bv)
     if isinstance(a, FloorDiv) and (inner := value(a.args[1], env)) and inner > 0:
         return floor_div(a.args[0], env.sizevars(inner * bv), env)  # (x // c) // b = x // (c*b)
+    if isinstance(a, ModIndex) and (outer := value(a.args[1], env)) and outer % bv == 0 and \
+            _nonnegative(a.args[0], env):  # (x % (m*b)) // b = (x // b) % m: the digit form fold merges
+        return mod_index(floor_div(a.args[0], b, env), env.sizevars(outer // bv), env)
     if ab is not None and ab[0] >= 0:
         q, rest = _split_multiples(a, b, bv, env)
         if q != 0 and _nonnegative(rest, env):
@@ -191,6 +194,10 @@ def fold(e, env):
     """Sums of the digits of one value recombined: c*((x//d) % m) + c*m*((x//(d*m)) % M) is
     c*((x//d) % (m*M)), and c*(x//1) is c*x; the inverse of reshape_index's split."""
     e = sympy.sympify(e)
+    if e.is_Add and any(f.is_Add for term in e.args for f in sympy.Mul.make_args(term)):
+        # a stride times a sum of digits (a dim's index is `x1 * s1 + r2 // s0` where a
+        # reduction's row spans it): sympy keeps a symbol times a sum unexpanded
+        e = sympy.Add(*(sympy.expand_mul(term, deep=False) for term in e.args))
     if not e.is_Add or not any(isinstance(f, ModIndex) for term in e.args for f in sympy.Mul.make_args(term)):
         return e  # (only a digit with a modulus merges with another)
     digits, others = [], []
