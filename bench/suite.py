@@ -314,6 +314,8 @@ def summary(rows):
             "rows_slower_than_eager": sorted(r["model"] for r in timed if r["fuselens_ms"] > r["eager_ms"]),
             "rows_peak_above_inductor": sorted(r["model"] for r in timed if mode == "train" and
                                                r.get("fuselens_peak_mb", 0) > r.get("inductor_peak_mb", math.inf)),
+            "rows_inductor_reused_from_another_eager": sorted(
+                r["model"] for r in timed if not 0.9 <= r.get("eager_over_reused_run", 1.0) <= 1.1),
         }
     return out
 
@@ -371,6 +373,9 @@ def main():
     ap.add_argument("--inductor-from", help="a suite JSON of the same GPU and torch: Inductor's rows taken from it")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--batch", type=int, help="override every row's batch size (a smoke test)")
+    ap.add_argument("--no-inductor", action="store_true",
+                    help="eager and fuselens only (a pass over many rows that finds failures; Inductor's columns "
+                         "from --inductor-from where given)")
     ap.add_argument("--json", help="write the rows and summary here (after every row)")
     ap.add_argument("--merge", nargs="+", help="merge these runs' JSON into --json")
     ap.add_argument("--list", action="store_true")
@@ -392,7 +397,7 @@ def main():
     rows = []
     for name, mode, dtype in rows_of(a):
         key = (name, mode, dtype)
-        compilers = COMPILERS if key not in reuse else COMPILERS[:2]
+        compilers = COMPILERS[:2] if key in reuse or a.no_inductor else COMPILERS
         print(f"[suite] {name} {mode} {dtype}", flush=True)
         t = time.perf_counter()
         try:
@@ -403,6 +408,13 @@ def main():
                    "why": f"error: {type(e).__name__}: {e}"[:300]}
         if key in reuse:
             row.update({k: reuse[key][k] for k in INDUCTOR_KEYS if k in reuse[key]}, inductor_reused=True)
+            # Inductor's time is comparable only where eager's is as it was then (a busy GPU or host
+            # moved a whole run 2x): the ratio says how far this run's eager is from that run's
+            if row.get("eager_ms") and reuse[key].get("eager_ms"):
+                row["eager_over_reused_run"] = round(row["eager_ms"] / reuse[key]["eager_ms"], 3)
+                if not 0.9 <= row["eager_over_reused_run"] <= 1.1:
+                    print(f"[suite] {name} {mode}: eager {row['eager_ms']} ms here, {reuse[key]['eager_ms']} ms in the "
+                          "run Inductor's row is taken from: its ratio to Inductor is not comparable", flush=True)
         row["row_s"] = round(time.perf_counter() - t, 1)
         rows.append(row)
         save(rows, a.json, here)
