@@ -69,18 +69,28 @@ class SymbolicShapes:
         args = fx.node.map_arg((n.args, n.kwargs), lambda a: self.env[a])
         if any(v is _FAILED for v in leaves(args)):
             return _FAILED
+        if n.op == "placeholder":
+            with self.mode:
+                return self._placeholder(n)
+        if n.op == "get_attr":
+            return self.g.constants[n.target]
+        if n.op != "call_function":
+            return _FAILED
         try:
             with self.mode:
-                if n.op == "placeholder":
-                    return self._placeholder(n)
-                if n.op == "get_attr":
-                    return self.g.constants[n.target]
-                if n.op == "call_function":
-                    return n.target(*args[0], **args[1])
+                return n.target(*args[0], **args[1])
+        except Exception as exc:  # noqa: BLE001
+            first = exc
+        # Composite ops whose C++ body reads sizes as ints (torch 2.11's matmul of a 3-D tensor by
+        # a 2-D one calls numel()) have Python bodies over SymInts, run by the Python dispatcher
+        # (as Dynamo's fake runs do; slower, so only where the C++ body failed)
+        from torch._dispatch.python import enable_python_dispatcher
+        try:
+            with enable_python_dispatcher(), self.mode:
+                return n.target(*args[0], **args[1])
         except Exception as exc:  # noqa: BLE001 - no symbolic rule: the caller pins the sizes instead
-            _log.debug("no symbolic sizes past %s: %r", n.format_node(), exc)
+            _log.debug("no symbolic sizes past %s: %r (first %r)", n.format_node(), exc, first)
             return _FAILED
-        return _FAILED
 
     def _placeholder(self, n: fx.Node):
         from torch._dynamo.source import ConstantSource  # (imported by capture's meta runs already)
