@@ -102,13 +102,14 @@ COMPILE_DISABLED = _kind(
     "costs least (outside loops).",
     "GB0098")
 AUTOGRAD_FUNCTION = _kind(
-    "FL142", "Custom autograd.Function whose gradient is recorded",
-    "A `torch.autograd.Function`'s `apply`, where autograd records it (an argument requires grad): "
-    "eager's gradient comes from the function's own `backward`, so Python runs the call eagerly "
-    "between graphs (its forward and backward run once each, as in eager). Without gradients "
-    "(inference, `torch.no_grad()`), its `forward` is captured into the graph.",
-    "Where the function only restates what torch differentiates already, call its forward's "
-    "torch code directly; otherwise keep the call, or compile the code around it.",
+    "FL142", "Custom autograd.Function that cannot be captured with its gradient",
+    "A `torch.autograd.Function`'s `apply`, where autograd records it (an argument requires grad). "
+    "Its forward is captured and its `backward`, traced into the graph, gives the gradient; here "
+    "one of them cannot be: the forward returns several tensors or breaks the graph itself, or the "
+    "backward is not straight-line torch code (Python decides on a tensor's value). Python runs the "
+    "call eagerly between graphs (its forward and backward run once each, as in eager).",
+    "Return one tensor from the forward (a second output as its own Function), and keep Python "
+    "decisions on tensor values out of the backward (`torch.where` instead of `if`).",
     None)
 UNSUPPORTED_STMT = _kind(
     "FL150", "Statement not supported in a graph",

@@ -23,6 +23,7 @@ import torch.utils.checkpoint
 from . import breaks as B
 from . import calls as C
 from . import environ
+from ..ops.autograd_function import FunctionGradient, Untraceable, trace_backward
 from .frames import AbstractSeq, BreakSignal
 from .objects import foldable
 from .tensors import TensorMethod
@@ -274,17 +275,17 @@ def _is_function_apply(fn) -> bool:
 
 
 def _autograd_function_apply(ev, fn, args, kwargs, e, scope):
-    """`MyFunction.apply(...)`. Where autograd records it (grad mode on, a tensor argument that
-    requires grad), eager runs the user's `backward` for its gradients: the call runs eagerly
-    behind a break, so forward and backward each run once, as eager's (recomputing the forward in
-    the backward would draw its random numbers again and repeat its side effects). Elsewhere it
-    is its `forward` (with its context object, in no-grad mode, as `apply` runs it), captured."""
+    """`MyFunction.apply(...)`: its `forward` (with its context object, in no-grad mode, as `apply`
+    runs it), captured. Where autograd records the call (grad mode on, a tensor argument that
+    requires grad), eager's gradient is the user's `backward`: traced once into a graph of its own
+    and made the VJP of the forward's result (ops/autograd_function.py), so forward and backward
+    each run once a step, as eager's. Where it cannot be (several outputs, a backward that is not
+    straight-line torch code), the call runs eagerly behind a break."""
     cls = fn.__self__
     tensors = [v for v in leaves([args, kwargs]) if isinstance(v, TensorVar)]
     if any(t.meta is None for t in tensors):
         return UNKNOWN  # (the editor: whether autograd records the call is not known)
-    if ev.grad_enabled and any(t.meta.requires_grad for t in tensors):
-        ev.brk(B.AUTOGRAD_FUNCTION, e, scope, detail=f"{cls.__qualname__}.apply")
+    recorded = ev.grad_enabled and any(t.meta.requires_grad for t in tensors)
     ctx = torch.autograd.function.FunctionCtx()
     ctx.needs_input_grad = tuple(isinstance(a, TensorVar) and a.meta.requires_grad for a in args)
     ev.effects.fresh(ctx)
@@ -293,16 +294,59 @@ def _autograd_function_apply(ev, fn, args, kwargs, e, scope):
     try:
         with torch.no_grad():
             if cls.setup_context is _DEFAULT_SETUP_CONTEXT:
-                return ev.call(cls.forward, [ctx, *args], kwargs, e, scope)
-            out = ev.call(cls.forward, list(args), kwargs, e, scope)
-            ev.call(cls.setup_context, [ctx, tuple(args), out], {}, e, scope)
-            return out
+                out = ev.call(cls.forward, [ctx, *args], kwargs, e, scope)
+            else:
+                out = ev.call(cls.forward, list(args), kwargs, e, scope)
+                ev.call(cls.setup_context, [ctx, tuple(args), out], {}, e, scope)
     except BreakSignal:
         # (a resume would continue the forward outside its no-grad mode): the call runs in Python
         ev.brk(B.AUTOGRAD_FUNCTION, e, scope, whole_stmt=True,
                detail=f"{cls.__qualname__}.forward breaks the graph")
     finally:
         ev.grad_enabled = prev
+    if not recorded:
+        return out
+    try:
+        fg, inputs, saved = _function_gradient(cls, ctx, args, kwargs, out)
+    except Untraceable as why:
+        ev.brk(B.AUTOGRAD_FUNCTION, e, scope, whole_stmt=True, detail=f"{cls.__qualname__}.apply: {why}")
+    return ev.op(fg, [out, *inputs, *saved], {}, e, scope)
+
+
+def _function_gradient(cls, ctx, args, kwargs, out):
+    """(FunctionGradient, the forward's tensor arguments, the tensors its backward reads) of a
+    call whose forward gave `out` and filled `ctx`; Untraceable where the graph cannot hold it."""
+    if kwargs:
+        raise Untraceable("keyword arguments (apply takes positional ones)")
+    if not isinstance(out, TensorVar):
+        raise Untraceable("its forward returns other than one tensor")
+    if getattr(ctx, "dirty_tensors", None) or getattr(ctx, "non_differentiable", None):
+        raise Untraceable("its forward marks tensors dirty or non-differentiable")
+    to_save = tuple(getattr(ctx, "to_save", None) or ())
+    attrs = {k: v for k, v in vars(ctx).items() if k not in ("to_save", "needs_input_grad")}
+    saved, index = [], {}
+    for v in leaves([to_save, attrs]):
+        if isinstance(v, TensorVar) and id(v) not in index:
+            index[id(v)] = len(saved)
+            saved.append(v)
+
+    def make_ctx(proxies):
+        def sub(v):
+            if isinstance(v, TensorVar):
+                return proxies[index[id(v)]]
+            if type(v) in (list, tuple):
+                return type(v)(sub(x) for x in v)
+            if type(v) is dict:
+                return {k: sub(x) for k, x in v.items()}
+            return v
+        stand_in = types.SimpleNamespace(**{k: sub(v) for k, v in attrs.items()})
+        stand_in.saved_tensors = stand_in.saved_variables = sub(to_save)
+        stand_in.needs_input_grad = ctx.needs_input_grad
+        return stand_in
+    backward = trace_backward(cls.backward, make_ctx, len(saved), cls.__name__)
+    positions = tuple(i for i, a in enumerate(args) if isinstance(a, TensorVar))
+    fg = FunctionGradient(cls.__name__, backward, positions, len(saved))
+    return fg, [args[i] for i in positions], saved
 
 
 def _checkpoint(ev, fn, args, kwargs, e, scope):

@@ -11,6 +11,7 @@ from torch.fx.node import map_aggregate
 from . import builder as P
 from . import primitives as prim
 from .attention import rewrite_attention
+from .autograd_function import FunctionGradient
 from .builder import GraphBuilder, TVal, emit
 from .contract import check_primitive_graph, verify
 from .decompositions import DECOMPOSITIONS, Unsupported, Written
@@ -53,6 +54,8 @@ def _decomposition(target):
     if isinstance(target, OnCopies):
         fn = _decomposition(target.fn)
         return None if fn is None else _on_copies(fn, target.written)
+    if isinstance(target, FunctionGradient):
+        return target.decomposition
     fn = DECOMPOSITIONS.get(target)
     if fn is None and isinstance(target, torch._ops.OpOverload):
         name = target._schema.name.split("::")[1]

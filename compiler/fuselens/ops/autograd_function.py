@@ -1,0 +1,95 @@
+"""A custom `torch.autograd.Function` whose gradient autograd records, in the graph.
+
+Capture (capture/builtins.py) captures its forward in no-grad mode, as `apply` runs it, and traces
+its backward once into a torch-level FX graph (`trace_backward`: the saved tensors and the output's
+gradient in, one gradient per forward argument out). `FunctionGradient` joins the two: a graph call
+whose value is the forward's and whose VJP is the traced backward (`prim.with_vjp`, its rule
+decomposing the backward's nodes into primitives inside the joint graph, where they fuse like any
+other code). Run eagerly (a fallback, the CPU's eager backend), it is an autograd.Function whose
+backward runs the traced graph. The user's forward and backward each run once per step, as eager's.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.fx as fx
+from torch.fx.node import map_aggregate
+
+from . import primitives as prim
+from .builder import TVal, emit
+
+
+class Untraceable(Exception):
+    """The backward is no straight-line torch code over its tensors (Python decides on a tensor's
+    value, a tensor constant of its own): the call keeps running eagerly (a graph break)."""
+
+
+def trace_backward(backward, make_ctx, n_saved: int, name: str) -> fx.GraphModule:
+    """`backward(ctx, grad)` traced with FX proxies: `make_ctx(proxies)` gives the context object
+    whose saved tensors are the `n_saved` proxies. `once_differentiable` is unwrapped (its no-grad
+    run and checks are eager's business; the graph's backward is not differentiated again)."""
+    graph = fx.Graph()
+    tracer = fx.proxy.GraphAppendingTracer(graph)
+    saved = [fx.Proxy(graph.placeholder(f"saved_{i}"), tracer) for i in range(n_saved)]
+    grad = fx.Proxy(graph.placeholder("grad"), tracer)
+    try:
+        out = inspect.unwrap(backward)(make_ctx(saved), grad)
+    except Exception as e:  # noqa: BLE001 - a TraceError, or anything the traced code raised on proxies
+        raise Untraceable(f"{type(e).__name__}: {e}"[:200]) from None
+    out = out if isinstance(out, tuple) else (out,)
+    if any(o is not None and not isinstance(o, fx.Proxy) for o in out):
+        raise Untraceable("its backward returns a value computed from no gradient or saved tensor")
+    graph.output(tuple(o.node if o is not None else None for o in out))
+    return fx.GraphModule(torch.nn.Module(), graph, f"{name}_backward")
+
+
+class FunctionGradient:
+    """`FunctionGradient(...)(y, *inputs, *saved)`: y (the forward's output, computed without
+    gradient) with the gradients of `inputs` (the forward's tensor arguments, at `positions` among
+    its arguments) given by the traced `backward` from `saved` and y's gradient."""
+
+    def __init__(self, name: str, backward: fx.GraphModule, positions: tuple, n_saved: int):
+        self.backward, self.positions, self.n_saved = backward, positions, n_saved
+        self.__name__ = self.__qualname__ = f"{name}_apply"
+
+    def __repr__(self):
+        return self.__name__
+
+    def __call__(self, y, *tensors):
+        return _Apply.apply(self, y, *tensors)
+
+    def gradients(self, outputs) -> list:
+        """The backward's outputs (one per forward argument) at the inputs' positions."""
+        return [outputs[p] if p < len(outputs) else None for p in self.positions]
+
+    def decomposition(self, y, *tensors):
+        """The primitive form: y, whose VJP runs the backward's nodes on the joint graph's values."""
+        def rule(g, *values):
+            saved = values[len(self.positions):]
+            env = dict(zip([n for n in self.backward.graph.nodes if n.op == "placeholder"], [*saved, g]))
+            from .trace import decompose, normalize_target  # (trace imports this module's class)
+            for n in self.backward.graph.nodes:
+                if n.op in ("call_function", "call_method"):
+                    args = map_aggregate(n.args, lambda a: env[a] if isinstance(a, fx.Node) else a)
+                    kwargs = map_aggregate(dict(n.kwargs), lambda a: env[a] if isinstance(a, fx.Node) else a)
+                    env[n] = decompose(normalize_target(n), args, kwargs, n)
+                elif n.op == "output":
+                    outs = [env[o] if isinstance(o, fx.Node) else None for o in n.args[0]]
+            grads = [g_ if isinstance(g_, TVal) else None for g_ in self.gradients(outs)]
+            return grads + [None] * len(saved)
+        return emit(prim.with_vjp, y, list(tensors), rule)
+
+
+class _Apply(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, fg, y, *tensors):
+        ctx.fg, ctx.n_inputs = fg, len(tensors) - fg.n_saved
+        ctx.save_for_backward(*tensors[ctx.n_inputs:])
+        return y.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        outs = ctx.fg.backward(*ctx.saved_tensors, g)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        return (None, None, *ctx.fg.gradients(outs), *[None] * ctx.fg.n_saved)
