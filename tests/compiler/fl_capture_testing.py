@@ -3,7 +3,9 @@ inputs, compare results and input mutations, and count graphs/breaks with explai
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
+import pytest
 import torch
 
 import fuselens
@@ -19,9 +21,32 @@ def clone_tree(v):
         return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
     if isinstance(v, list):
         return [clone_tree(x) for x in v]
+    if type(v) is OrderedDict:
+        return OrderedDict((k, clone_tree(x)) for k, x in v.items())
     if isinstance(v, dict):
         return {k: clone_tree(x) for k, x in v.items()}
     return v
+
+
+def perturbed(v, gen):
+    """clone_tree(v) with new values in its floating-point tensors (same shapes, layouts and
+    requires_grad): a graph that kept an input's values as constants gives the first call's
+    results here."""
+    if isinstance(v, torch.Tensor) and v.is_floating_point() and v.layout == torch.strided and v.numel():
+        c = v.detach().clone()
+        with torch.no_grad():
+            c.copy_(torch.randn(c.shape, generator=gen).to(c.dtype))
+        return c.requires_grad_(v.requires_grad)
+    if isinstance(v, tuple):
+        items = [perturbed(x, gen) for x in v]
+        return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
+    if isinstance(v, list):
+        return [perturbed(x, gen) for x in v]
+    if type(v) is OrderedDict:
+        return OrderedDict((k, perturbed(x, gen)) for k, x in v.items())
+    if isinstance(v, dict):
+        return {k: perturbed(x, gen) for k, x in v.items()}
+    return clone_tree(v)
 
 
 def assert_same(got, expected):
@@ -71,6 +96,22 @@ def check(fn, *args, graphs=None, breaks=None, calls=2, seed=0, **kwargs):
         if n_entries is not None:
             assert n == n_entries, "a second call with the same inputs recompiled"
         n_entries = n
+    # other values of the same shapes: compiled == eager again (nothing of the first call's
+    # values kept as a constant)
+    gen = torch.Generator().manual_seed(seed + 1)
+    p_args, p_kwargs = perturbed(args, gen), perturbed(kwargs, gen)
+    e_args, e_kwargs = clone_tree(p_args), clone_tree(p_kwargs)
+    torch.manual_seed(seed)
+    try:
+        expected = fn(*e_args, **e_kwargs)
+    except Exception as e:  # noqa: BLE001 (values where eager raises: the compiled call raises the same)
+        torch.manual_seed(seed)
+        with pytest.raises(type(e)):
+            cf(*p_args, **p_kwargs)
+    else:
+        torch.manual_seed(seed)
+        assert_same(cf(*p_args, **p_kwargs), expected)
+        assert_same(p_args, e_args)
     ex = None
     if graphs is not None or breaks is not None:
         torch.manual_seed(seed)

@@ -41,8 +41,9 @@ def test_print_breaks_and_resumes(capsys):
     assert b.end_line == b.line and b.end_col == b.col + len('print("between graphs", a.shape)')
     assert b.title == B.PRINT.title and b.torch_code == "GB0007" and b.hint
     assert b.filename == __file__ and b.stack == () and b.function.endswith("f")
-    # print ran once per call, exactly as eagerly
-    assert capsys.readouterr().out.count("between graphs torch.Size([4, 8])") == 4
+    # print ran once per call, exactly as eagerly (check: eager, 2 compiled calls, eager and
+    # compiled on other values, explain)
+    assert capsys.readouterr().out.count("between graphs torch.Size([4, 8])") == 6
 
 
 def test_print_of_tensor_value_computed_by_graph(capsys):
@@ -64,7 +65,7 @@ def test_logging_call_breaks(caplog):
     with caplog.at_level(logging.WARNING, logger=log.name):
         _, ex = check(f, X, graphs=2, breaks=["FL101"])
     # eager, two compiled calls, explain: four records, as four eager calls would log
-    assert [r.getMessage() for r in caplog.records].count("y has 32 elements") == 4
+    assert [r.getMessage() for r in caplog.records].count("y has 32 elements") == 6  # (+ eager and compiled on other values)
     assert ex.graph_breaks[0].line == line_of(f, "log.warning")
 
 
@@ -599,7 +600,7 @@ def test_loop_with_continue_and_print_runs_in_python(capsys):
             x = x + i
         return x
     check(f, X)
-    assert capsys.readouterr().out.count("step 3") == 3
+    assert capsys.readouterr().out.count("step 3") == 5  # (+ eager and compiled on other values)
 
 
 # ------------------------------------------------------------------------------ fullgraph

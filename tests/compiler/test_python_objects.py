@@ -11,6 +11,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 import fuselens
 from fl_capture_testing import check
@@ -264,3 +265,33 @@ def test_numpy_array_argument_of_a_torch_call():
         assert cf(torch.ones(4)).tolist() == [12.0, 3.0, 4.0, 5.0]
     finally:
         _TABLE[0] = 0.0
+
+
+def test_tensors_in_a_dict_subclass_passed_in_are_inputs_of_each_call():
+    """An OrderedDict (torchvision's feature dicts) or a ModelOutput passed in: capture reads its
+    items as they are (it models plain dicts only), and a tensor item is a graph input at its
+    source. Kept as a constant, the first call's tensor gave every later call's result."""
+    def by_key(d):
+        return F.adaptive_avg_pool2d(d["a"], 1) + d["a"].size(1)
+
+    def by_position_and_name(out):
+        return out[0] * 2 + out["last"].sum()
+
+    cases = [(by_key, lambda x: OrderedDict(a=x)), (by_position_and_name, lambda x: ModelOut(last=x))]
+    for fn, wrap in cases:
+        cf = fuselens.compile(fn)
+        for seed in range(3):
+            x = torch.randn(1, 4, 3, 3, generator=torch.Generator().manual_seed(seed))
+            torch.testing.assert_close(cf(wrap(x)), fn(wrap(x)))
+        assert [len(e.graphs) for e in fuselens.inspect(cf)] == [1]
+
+
+def test_an_ordered_dict_made_and_filled_in_the_function_is_captured():
+    """torchvision's IntermediateLayerGetter and segmentation heads: `out = OrderedDict()`,
+    `out[name] = x`, returned: one graph, no break."""
+    def f(x):
+        out = OrderedDict()
+        out["feat"] = x.relu()
+        out["aux"] = F.adaptive_avg_pool2d(out["feat"], 1)
+        return out
+    check(f, torch.randn(2, 4, 5, 5), graphs=1, breaks=[])

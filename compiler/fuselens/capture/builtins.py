@@ -249,8 +249,10 @@ def _usage_log(ev, fn, args, kwargs, e, scope):
 
 def _torch_function_query(ev, fn, args, kwargs, e, scope):
     """`has_torch_function(args)`: capture's tensors are plain tensors (guarded by type), so the
-    answer is False, as under torch.compile."""
-    if all(isinstance(v, TensorVar) or v is None or foldable(v) for v in leaves([args, kwargs])):
+    answer is False, as under torch.compile; so it is of a plain tensor not yet in the graph (an
+    item of a container from before a graph break), as torch answers."""
+    if all(isinstance(v, TensorVar) or v is None or foldable(v) or type(v) in (torch.Tensor, nn.Parameter)
+           for v in leaves([args, kwargs])):
         return False
     return NOT_HANDLED
 

@@ -33,7 +33,7 @@ from .builtins import NOT_HANDLED, known_handler
 from .frames import AbstractSeq
 from .guards import SRC
 from .objects import _IMMUTABLE, _no_source, _runs_python, _stdlib
-from .side_effects import MUTABLE
+from .side_effects import MUTABLE, _is_key, _item
 from .source import FunctionSource
 from .values import (NUMPY_DTYPE, NUMPY_SCALARS, UNKNOWN, BoundUserMethod, ForeignData, GeneratorCall,
                      LocalFunction, SymInt, TensorVar, Unknown, contains_tensor, leaves)
@@ -103,7 +103,20 @@ class Kind:
         if isinstance(idx, TensorVar):
             ev.brk(B.TENSOR_TO_PY, e, scope, detail="indexing a Python container with a tensor")
         ev.effects.observe_item(obj, idx)
-        return obj[idx]
+        v = obj[idx]
+        if not (isinstance(v, torch.Tensor) or type(v) is tuple and any(isinstance(x, torch.Tensor) for x in v)):
+            return v
+        # an item of a container capture does not model (a dict subclass: an OrderedDict,
+        # transformers' ModelOutput): a tensor in it is a graph input at the item's source, as an
+        # attribute's is (taken as a constant, the first call's tensor was baked into the graph)
+        src = ev.domain.source(ev, obj)
+        if src is None:  # found through an object of no source: that very object
+            src = ev.domain.constant(obj, type(obj).__name__)
+        if _is_key(idx):
+            return ev.wrap_external(v, _item(src, idx))
+        if isinstance(v, torch.Tensor):  # at a key no source spells: the tensor itself, by identity
+            return ev.input(v, ev.domain.constant(v, f"{type(obj).__name__}_item"))
+        return v
 
     def truth(self, ev, v, node, scope, kind, whole_stmt):
         ev.effects.observe_len(v)  # a container's truth is its length's
@@ -468,10 +481,13 @@ class Class(Kind):
     def call(self, ev, cls, args, kwargs, e, scope):
         if issubclass(cls, (int, float, bool, str, tuple, list, dict, set, range, slice, enumerate, zip,
                             reversed)) and not _runs_python(cls) or C.is_pure_foldable(cls):
-            if cls.__module__ == "builtins" or not contains_tensor([args, kwargs]) or issubclass(cls, tuple):
+            mutable = issubclass(cls, (list, dict, set))
+            if cls.__module__ == "builtins" or not (mutable or contains_tensor([args, kwargs])) \
+                    or issubclass(cls, tuple):
                 return ev.fold(cls, args, kwargs, e, scope)
-            # a subclass of list or dict of Python's (a ModelOutput-like dict with attribute
-            # access) holding graph tensors: the capture's own object, made by its C `__init__`
+            # a subclass of list or dict (an OrderedDict filled item by item, a ModelOutput-like
+            # dict with attribute access): the capture's own object, made by its C `__init__`,
+            # whose writes and return are the capture's (folded, it held graph values unseen)
             return ev.new_object(cls, args, kwargs, e, scope)
         if cls.__module__.startswith("torch") and not contains_tensor([args, kwargs]):
             # torch objects (Size, dtype, device, a module without parameters) from constants
