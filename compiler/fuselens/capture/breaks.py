@@ -105,11 +105,13 @@ AUTOGRAD_FUNCTION = _kind(
     "FL142", "Custom autograd.Function that cannot be captured with its gradient",
     "A `torch.autograd.Function`'s `apply`, where autograd records it (an argument requires grad). "
     "Its forward is captured and its `backward`, traced into the graph, gives the gradient; here "
-    "one of them cannot be: the forward returns several tensors or breaks the graph itself, or the "
-    "backward is not straight-line torch code (Python decides on a tensor's value). Python runs the "
-    "call eagerly between graphs (its forward and backward run once each, as in eager).",
-    "Return one tensor from the forward (a second output as its own Function), and keep Python "
-    "decisions on tensor values out of the backward (`torch.where` instead of `if`).",
+    "one of them cannot be: the forward returns several tensors that can have a gradient, marks "
+    "one dirty or breaks the graph itself, or the backward is not straight-line torch code (Python "
+    "decides on a tensor's value). Python runs the call eagerly between graphs (its forward and "
+    "backward run once each, as in eager).",
+    "Return one tensor with a gradient from the forward (others marked non-differentiable, or a "
+    "Function of their own), and keep Python decisions on tensor values out of the backward "
+    "(`torch.where` instead of `if`).",
     None)
 UNSUPPORTED_STMT = _kind(
     "FL150", "Statement not supported in a graph",

@@ -309,21 +309,34 @@ def _autograd_function_apply(ev, fn, args, kwargs, e, scope):
     if not recorded:
         return out
     try:
-        fg, inputs, saved = _function_gradient(cls, ctx, args, kwargs, out)
+        fg, differentiable, inputs, saved = _function_gradient(cls, ctx, args, kwargs, out)
     except Untraceable as why:
         ev.brk(B.AUTOGRAD_FUNCTION, e, scope, whole_stmt=True, detail=f"{cls.__qualname__}.apply: {why}")
-    return ev.op(fg, [out, *inputs, *saved], {}, e, scope)
+    y = ev.op(fg, [out if differentiable is None else out[differentiable], *inputs, *saved], {}, e, scope)
+    return y if differentiable is None else type(out)(y if i == differentiable else o for i, o in enumerate(out))
 
 
 def _function_gradient(cls, ctx, args, kwargs, out):
-    """(FunctionGradient, the forward's tensor arguments, the tensors its backward reads) of a
-    call whose forward gave `out` and filled `ctx`; Untraceable where the graph cannot hold it."""
+    """(FunctionGradient, the index of the differentiable output among several or None for one
+    tensor, the forward's tensor arguments, the tensors its backward reads) of a call whose forward
+    gave `out` and filled `ctx`; Untraceable where the graph cannot hold it."""
     if kwargs:
         raise Untraceable("keyword arguments (apply takes positional ones)")
+    if getattr(ctx, "dirty_tensors", None):
+        raise Untraceable("its forward marks tensors dirty (written in place)")
+    grads, differentiable = (lambda g: (g,)), None
     if not isinstance(out, TensorVar):
-        raise Untraceable("its forward returns other than one tensor")
-    if getattr(ctx, "dirty_tensors", None) or getattr(ctx, "non_differentiable", None):
-        raise Untraceable("its forward marks tensors dirty or non-differentiable")
+        outs = out if type(out) in (tuple, list) else ()
+        marked = [id(t) for t in getattr(ctx, "non_differentiable", None) or ()]
+        free = [i for i, o in enumerate(outs) if isinstance(o, TensorVar) and o.meta.dtype.is_floating_point
+                and id(o) not in marked]
+        if not outs or len(free) != 1 or not all(isinstance(o, TensorVar) for o in outs):
+            raise Untraceable("its forward returns other than one tensor that can have a gradient")
+        differentiable = free[0]
+
+        def grads(g):  # the others' gradients: zeros, as autograd passes for them
+            return tuple(g if i == differentiable else g.new_zeros(tuple(o.meta.shape), dtype=o.meta.dtype)
+                         for i, o in enumerate(outs))
     to_save = tuple(getattr(ctx, "to_save", None) or ())
     attrs = {k: v for k, v in vars(ctx).items() if k not in ("to_save", "needs_input_grad")}
     saved, index = [], {}
@@ -345,10 +358,10 @@ def _function_gradient(cls, ctx, args, kwargs, out):
         stand_in.saved_tensors = stand_in.saved_variables = sub(to_save)
         stand_in.needs_input_grad = ctx.needs_input_grad
         return stand_in
-    backward = trace_backward(cls.backward, make_ctx, len(saved), cls.__name__)
+    backward = trace_backward(cls.backward, make_ctx, len(saved), cls.__name__, grads)
     positions = tuple(i for i, a in enumerate(args) if isinstance(a, TensorVar))
     fg = FunctionGradient(cls.__name__, backward, positions, len(saved))
-    return fg, [args[i] for i in positions], saved
+    return fg, differentiable, [args[i] for i in positions], saved
 
 
 def _checkpoint(ev, fn, args, kwargs, e, scope):

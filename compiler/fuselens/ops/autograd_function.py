@@ -25,16 +25,18 @@ class Untraceable(Exception):
     value, a tensor constant of its own): the call keeps running eagerly (a graph break)."""
 
 
-def trace_backward(backward, make_ctx, n_saved: int, name: str) -> fx.GraphModule:
-    """`backward(ctx, grad)` traced with FX proxies: `make_ctx(proxies)` gives the context object
-    whose saved tensors are the `n_saved` proxies. `once_differentiable` is unwrapped (its no-grad
-    run and checks are eager's business; the graph's backward is not differentiated again)."""
+def trace_backward(backward, make_ctx, n_saved: int, name: str, grads=lambda g: (g,)) -> fx.GraphModule:
+    """`backward(ctx, *grads(grad))` traced with FX proxies: `make_ctx(proxies)` gives the context
+    object whose saved tensors are the `n_saved` proxies; `grads` the gradient of each output from
+    the one differentiable output's (the others' are zeros, as autograd passes for outputs marked
+    non-differentiable). `once_differentiable` is unwrapped (its no-grad run and checks are eager's
+    business; the graph's backward is not differentiated again)."""
     graph = fx.Graph()
     tracer = fx.proxy.GraphAppendingTracer(graph)
     saved = [fx.Proxy(graph.placeholder(f"saved_{i}"), tracer) for i in range(n_saved)]
     grad = fx.Proxy(graph.placeholder("grad"), tracer)
     try:
-        out = inspect.unwrap(backward)(make_ctx(saved), grad)
+        out = inspect.unwrap(backward)(make_ctx(saved), *grads(grad))
     except Exception as e:  # noqa: BLE001 - a TraceError, or anything the traced code raised on proxies
         raise Untraceable(f"{type(e).__name__}: {e}"[:200]) from None
     out = out if isinstance(out, tuple) else (out,)
