@@ -236,3 +236,15 @@ def _traced(fn, *inputs):
 def test_every_pointwise_primitive_spelled_in_triton_is_spelled_in_cpp():
     from fuselens.ops.primitives import PRIMITIVES
     assert [n for n, p in PRIMITIVES.items() if p.kind == "pointwise" and p.triton and not p.cpp] == []
+
+
+@pytest.mark.parametrize("channels, size, nhwc", [(3, 48, True), (192, 2, False)])
+def test_convolutions_run_channels_last_where_the_activations_outweigh_the_weights(channels, size, nhwc):
+    """oneDNN's NHWC convolutions save reordering activations, but an NCHW weight is copied to NHWC
+    on every call: a stem-like conv (3 channels, a 48x48 image: activations >> weights) runs
+    channels-last, a late conv on a 2x2 map (192 -> 192 3x3: weights >> activations) as eager."""
+    conv = torch.nn.Conv2d(channels, 192, 3, padding=1)
+    x = torch.randn(1, channels, size, size)
+    cg = check(lambda x, w, b: torch.relu(torch.nn.functional.conv2d(x, w, b, padding=1)), x,
+               conv.weight.detach(), conv.bias.detach(), grad=False, atol=1e-4, rtol=1e-4)
+    assert (".permute(" in cg.wrapper_source) == nhwc, cg.wrapper_source

@@ -1,6 +1,7 @@
 """Primitive FX graph -> LoweredGraph (buffers and the loop bodies that fill them)."""
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -56,6 +57,14 @@ RECOMPUTE_MIN = 1 << 22
 # (_column_order). Not in float64 (eager's stays NCHW). Elsewhere eager's layouts
 # (FUSELENS_CONV_LAYOUT=channels_last|eager decides instead).
 CHANNELS_LAST = [0, 2, 3, 1]
+# on a CPU, channels-last convolutions where their activations are more than this many times the
+# weights it copies each call (Lowering._nhwc_pays; measured: ResNet-18 at batch 8, ratio 3.3, 25%
+# faster channels-last; ResNet-50 at batch 1, ratio 0.9, 60% slower)
+NHWC_MIN_RATIO = 2
+
+
+def _nbytes(v) -> int:
+    return v.numel() * v.element_size() if isinstance(v, torch.Tensor) else 0
 
 
 def _meta_result(p, corrected=None):
@@ -459,13 +468,36 @@ class Lowering:
 
     def _channels_last(self, x) -> bool:
         """Whether a convolution of `x` runs channels-last (CHANNELS_LAST): by default on CUDA
-        (cuDNN) and on a CPU whose graphs run as C++ kernels (oneDNN's NHWC convolutions: a
-        ResNet-18's 320 -> 240 ms on 2 threads; the Triton interpreter's tests keep eager's)."""
-        fast = self.device.type == "cuda" or (self.device.type == "cpu" and settings.CPU_BACKEND == "cpp")
+        (cuDNN) and on a CPU whose graphs run as C++ kernels where that pays (`_nhwc_pays`; the
+        Triton interpreter's tests keep eager's)."""
+        fast = self.device.type == "cuda" or (self.device.type == "cpu" and settings.CPU_BACKEND == "cpp"
+                                              and self._nhwc_pays)
         mode = os.environ.get("FUSELENS_CONV_LAYOUT") or ("channels_last" if fast else "eager")
         if mode not in ("channels_last", "eager"):
             raise ValueError(f"FUSELENS_CONV_LAYOUT={mode!r}: set it to channels_last or eager, or unset it")
         return mode == "channels_last" and len(x.shape) == 4 and x.dtype != torch.float64
+
+    @functools.cached_property
+    def _nhwc_pays(self) -> bool:
+        """On a CPU: whether this graph's convolutions gain from channels-last. oneDNN's NHWC
+        convolutions save the reorders of activations its NCHW path makes (a ResNet-18 at batch 8:
+        320 -> 240 ms on 2 threads), but a weight that comes in NCHW (a parameter) is copied to
+        NHWC on every call; where the weights outweigh the activations that cost more than it saves
+        (ResNet-50 inference at batch 1, 94 MB of weights and 87 MB of activations: 32 -> 51 ms).
+        Channels-last where the convolutions' activations (operands and results) are more than
+        NHWC_MIN_RATIO times the bytes of the weights copied."""
+        acts = weights = 0
+        for n in self.graph.nodes:
+            if n.op != "call_function" or n.target not in _CONV_OPERANDS:
+                continue
+            *acts_in, w = n.args[:_CONV_OPERANDS[n.target]]
+            out = n.meta.get("val")
+            acts += sum(_nbytes(a.meta.get("val")) for a in acts_in) + sum(map(_nbytes, out if isinstance(out, tuple) else (out,)))
+            wv = w.meta.get("val")
+            if w.op == "placeholder" and isinstance(wv, torch.Tensor) and wv.dim() == 4 and \
+                    not wv.is_contiguous(memory_format=torch.channels_last):
+                weights += _nbytes(wv)
+        return acts > NHWC_MIN_RATIO * weights
 
     def _result_layout(self, node, p, args, kwargs):
         """The extern's result (meta): as traced, unless a tensor operand is stored in another
