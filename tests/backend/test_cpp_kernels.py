@@ -248,3 +248,14 @@ def test_convolutions_run_channels_last_where_the_activations_outweigh_the_weigh
     cg = check(lambda x, w, b: torch.relu(torch.nn.functional.conv2d(x, w, b, padding=1)), x,
                conv.weight.detach(), conv.bias.detach(), grad=False, atol=1e-4, rtol=1e-4)
     assert (".permute(" in cg.wrapper_source) == nhwc, cg.wrapper_source
+
+
+def test_a_value_stored_and_reduced_is_computed_once_in_the_reductions_loop():
+    """A GeLU stored and averaged over each row (a squeeze-excite block's input): one loop over the
+    row computes it, stores it and sums it (its tanh once an element), not a second loop."""
+    def f(x, w):
+        y = torch.nn.functional.gelu(x * w, approximate="tanh")
+        return y, y.mean((2, 3), keepdim=True)
+    cg = check(f, torch.randn(2, 8, 6, 10), torch.randn(1, 8, 1, 1), grad=False, atol=1e-5, rtol=1e-5)
+    (kernel,) = [k for k in cg.kernels if "sum" in k.name]
+    assert kernel.source.count("fl_tanh(") == 1 and kernel.source.count("for (int64_t r2") == 1, kernel.source

@@ -237,10 +237,15 @@ class CppKernelWriter(CppExpressions):
                     text = f"{nan}{lane} ? {literal(float('nan'), dtype)} : {text}"
                 self.values[buf.name] = self.round(self.cse(text, dtype), buf.dtype)
 
-    def reductions(self, bufs):
-        """The reductions `bufs` (none reads another) in one loop over the row."""
+    def reductions(self, bufs, stores=()):
+        """The reductions `bufs` (none reads another) in one loop over the row, which also stores
+        the domain values `stores` (read by no reduction's result): each element is computed once
+        for both (a GeLU stored and averaged by a squeeze-excite block: its tanh once, the row read
+        once)."""
         accs, clauses = self.declare_accumulators(bufs)
         with self.loop_nest(self.r_dims, parallel=self.split_rows, simd=True, reductions=clauses):
+            for buf in stores:
+                self.store(buf, self.inline(buf))
             self.accumulate(accs)
         self.finish(accs)
 
@@ -319,24 +324,35 @@ class CppKernelWriter(CppExpressions):
             for key in self.to_cache:
                 self.cached[key] = f"row{len(self.cached)}"
                 self.emit(f"float {self.cached[key]}[{self.rnumel}];")
-            store_loop = None
+            # domain values to store that read no per-row value ride in the first reduction's loop
+            # (each element computed once); the others, in loops between the row values they read
+            row_values = {b.name for b in self.kernel.nodes if self.is_row_value(b)}
+            independent = [b for b in self.kernel.nodes if b.name in stores and not self.is_row_value(b)
+                           and not self._reads_any(b, row_values)]
+            dependent = []
             for buf in self.kernel.nodes:
                 if buf.kind == "reduction" or self.is_row_value(buf):
-                    store_loop = self.close(store_loop)
+                    self.domain_store_loop(dependent)
+                    dependent = []
                     if buf.kind == "reduction":
                         if buf.name not in self.values:
-                            self.reductions(self._independent_run(buf))
+                            self.reductions(self._independent_run(buf), independent)
+                            independent = []
                     else:
                         with self.at(buf.loc):
                             self.values[buf.name] = buf.body(self.vars_for(buf))
                     if buf.name in stores:
                         self.store(buf, self.values[buf.name])
-                elif buf.name in stores:
-                    if store_loop is None:
-                        store_loop = self.loop_nest(self.r_dims, parallel=self.split_rows, simd=True)
-                        store_loop.__enter__()
+                elif buf.name in stores and self._reads_any(buf, row_values):
+                    dependent.append(buf)
+            self.domain_store_loop(independent + dependent)
+
+    def domain_store_loop(self, bufs):
+        """A loop over the row storing `bufs`."""
+        if bufs:
+            with self.loop_nest(self.r_dims, parallel=self.split_rows, simd=True):
+                for buf in bufs:
                     self.store(buf, self.inline(buf))
-            self.close(store_loop)
 
     def pointwise_stores(self):
         for buf in self.kernel.nodes:
