@@ -14,7 +14,6 @@ import inspect
 
 import torch
 import torch.fx as fx
-from torch.fx.node import map_aggregate
 
 from . import primitives as prim
 from .builder import TVal, emit
@@ -70,12 +69,10 @@ class FunctionGradient:
         def rule(g, *values):
             saved = values[len(self.positions):]
             env = dict(zip([n for n in self.backward.graph.nodes if n.op == "placeholder"], [*saved, g]))
-            from .trace import decompose, normalize_target  # (trace imports this module's class)
+            from .trace import decompose_node  # (trace imports this module's class)
             for n in self.backward.graph.nodes:
                 if n.op in ("call_function", "call_method"):
-                    args = map_aggregate(n.args, lambda a: env[a] if isinstance(a, fx.Node) else a)
-                    kwargs = map_aggregate(dict(n.kwargs), lambda a: env[a] if isinstance(a, fx.Node) else a)
-                    env[n] = decompose(normalize_target(n), args, kwargs, n)
+                    env[n] = decompose_node(n, env)
                 elif n.op == "output":
                     outs = [env[o] if isinstance(o, fx.Node) else None for o in n.args[0]]
             grads = [g_ if isinstance(g_, TVal) else None for g_ in self.gradients(outs)]

@@ -133,6 +133,13 @@ def decompose(target, args, kwargs, node=None):
     return extern_call(target, args, kwargs, node)
 
 
+def decompose_node(node: fx.Node, env: dict):
+    """A torch-level graph's call node as primitives, its operands the values `env` holds."""
+    args = map_aggregate(node.args, lambda a: env[a] if isinstance(a, fx.Node) else a)
+    kwargs = map_aggregate(dict(node.kwargs), lambda a: env[a] if isinstance(a, fx.Node) else a)
+    return decompose(normalize_target(node), args, kwargs, node)
+
+
 def _undo(b, last, seed):
     """Remove what a decomposition that gave up emitted: its nodes (dead nodes would still be
     lowered: a reduction is a kernel whether or not anything reads it), and the graph's seed if
@@ -197,10 +204,8 @@ def to_primitive_graph(gm: fx.GraphModule, example_inputs, device) -> fx.Graph:
             if node.op == "placeholder":
                 env[node] = b.placeholder(node.name, meta_like(next(inputs)))
             elif node.op in ("call_function", "call_method"):
-                args = map_aggregate(node.args, lambda a: env[a] if isinstance(a, fx.Node) else a)
-                kwargs = map_aggregate(dict(node.kwargs), lambda a: env[a] if isinstance(a, fx.Node) else a)
                 with b.at(node.meta.get("loc"), node.meta.get("recompute")):
-                    env[node] = decompose(normalize_target(node), args, kwargs, node)
+                    env[node] = decompose_node(node, env)
             elif node.op == "get_attr" and not isinstance(getattr(gm, node.target), torch.Tensor):
                 env[node] = getattr(gm, node.target)  # a constant argument capture could not spell
             elif node.op == "output":
