@@ -25,6 +25,7 @@ from . import calls as C
 from . import environ
 from ..ops.autograd_function import FunctionGradient, Untraceable, trace_backward
 from .frames import AbstractSeq, BreakSignal
+from .graph import _map
 from .objects import foldable
 from .tensors import TensorMethod
 from .values import UNKNOWN, BoundUserMethod, LocalFunction, SymInt, TensorVar, Unknown, contains_tensor, leaves
@@ -249,8 +250,8 @@ def _usage_log(ev, fn, args, kwargs, e, scope):
 
 def _torch_function_query(ev, fn, args, kwargs, e, scope):
     """`has_torch_function(args)`: capture's tensors are plain tensors (guarded by type), so the
-    answer is False, as under torch.compile; so it is of a plain tensor not yet in the graph (an
-    item of a container from before a graph break), as torch answers."""
+    answer is False, as under torch.compile; torch's answer for a plain tensor not yet in the graph
+    (an item of a container left by a graph break) is False too."""
     if all(isinstance(v, TensorVar) or v is None or foldable(v) or type(v) in (torch.Tensor, nn.Parameter)
            for v in leaves([args, kwargs])):
         return False
@@ -281,8 +282,8 @@ def _autograd_function_apply(ev, fn, args, kwargs, e, scope):
     runs it), captured. Where autograd records the call (grad mode on, a tensor argument that
     requires grad), eager's gradient is the user's `backward`: traced once into a graph of its own
     and made the VJP of the forward's result (ops/autograd_function.py), so forward and backward
-    each run once a step, as eager's. Where it cannot be (several outputs, a backward that is not
-    straight-line torch code), the call runs eagerly behind a break."""
+    each run once a step, as eager's. Where it cannot be (several outputs with gradients, a
+    backward that is not straight-line torch code), the call runs eagerly behind a break."""
     cls = fn.__self__
     tensors = [v for v in leaves([args, kwargs]) if isinstance(v, TensorVar)]
     if any(t.meta is None for t in tensors):
@@ -346,14 +347,7 @@ def _function_gradient(cls, ctx, args, kwargs, out):
             saved.append(v)
 
     def make_ctx(proxies):
-        def sub(v):
-            if isinstance(v, TensorVar):
-                return proxies[index[id(v)]]
-            if type(v) in (list, tuple):
-                return type(v)(sub(x) for x in v)
-            if type(v) is dict:
-                return {k: sub(x) for k, x in v.items()}
-            return v
+        sub = lambda v: _map(v, lambda x: proxies[index[id(x)]] if isinstance(x, TensorVar) else x)  # noqa: E731
         stand_in = types.SimpleNamespace(**{k: sub(v) for k, v in attrs.items()})
         stand_in.saved_tensors = stand_in.saved_variables = sub(to_save)
         stand_in.needs_input_grad = ctx.needs_input_grad

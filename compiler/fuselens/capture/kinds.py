@@ -109,10 +109,10 @@ class Kind:
         # an item of a container capture does not model (a dict subclass: an OrderedDict,
         # transformers' ModelOutput): a tensor in it is a graph input at the item's source, as an
         # attribute's is (taken as a constant, the first call's tensor was baked into the graph)
-        src = ev.domain.source(ev, obj)
-        if src is None:  # found through an object of no source: that very object
-            src = ev.domain.constant(obj, type(obj).__name__)
         if _is_key(idx):
+            src = ev.domain.source(ev, obj)
+            if src is None:  # found through an object of no source: that very object
+                src = ev.domain.constant(obj, type(obj).__name__)
             return ev.wrap_external(v, _item(src, idx))
         if isinstance(v, torch.Tensor):  # at a key no source spells: the tensor itself, by identity
             return ev.input(v, ev.domain.constant(v, f"{type(obj).__name__}_item"))

@@ -327,8 +327,9 @@ class CppKernelWriter(CppExpressions):
             # domain values to store that read no per-row value ride in the first reduction's loop
             # (each element computed once); the others, in loops between the row values they read
             row_values = {b.name for b in self.kernel.nodes if self.is_row_value(b)}
-            independent = [b for b in self.kernel.nodes if b.name in stores and not self.is_row_value(b)
-                           and not self._reads_any(b, row_values)]
+            reads_row = {b.name: self._reads_any(b, row_values) for b in self.kernel.nodes
+                         if b.name in stores and b.name not in row_values}
+            independent = [b for b in self.kernel.nodes if reads_row.get(b.name) is False]
             dependent = []
             for buf in self.kernel.nodes:
                 if buf.kind == "reduction" or self.is_row_value(buf):
@@ -343,7 +344,7 @@ class CppKernelWriter(CppExpressions):
                             self.values[buf.name] = buf.body(self.vars_for(buf))
                     if buf.name in stores:
                         self.store(buf, self.values[buf.name])
-                elif buf.name in stores and self._reads_any(buf, row_values):
+                elif reads_row.get(buf.name):
                     dependent.append(buf)
             self.domain_store_loop(independent + dependent)
 

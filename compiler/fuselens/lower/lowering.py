@@ -492,7 +492,8 @@ class Lowering:
                 continue
             *acts_in, w = n.args[:_CONV_OPERANDS[n.target]]
             out = n.meta.get("val")
-            acts += sum(_nbytes(a.meta.get("val")) for a in acts_in) + sum(map(_nbytes, out if isinstance(out, tuple) else (out,)))
+            outs = out if isinstance(out, tuple) else (out,)
+            acts += sum(_nbytes(a.meta.get("val")) for a in acts_in) + sum(map(_nbytes, outs))
             wv = w.meta.get("val")
             if w.op == "placeholder" and isinstance(wv, torch.Tensor) and wv.dim() == 4 and \
                     not wv.is_contiguous(memory_format=torch.channels_last):
