@@ -73,8 +73,19 @@ def test_a_long_row_is_split_among_threads_and_a_column_sum_walks_rows():
     x, y = torch.randn(4, 65536), torch.randn(256, 512)
     cg = check(lambda x, y: (x.sum(), y.amax(0)), x, y, grad=False)
     whole, columns = cg.kernels
-    assert "#pragma omp parallel for simd reduction(+:" in whole.source
+    # chunks of the row shared among threads, each summed in float lanes, the chunks' sums in double
+    assert "#pragma omp parallel for reduction(+:acc" in whole.source
+    assert "#pragma omp simd reduction(+:acc0_part)" in whole.source
     assert "xt +=" in columns.source  # tiles of columns, the rows walked in order
+
+
+def test_a_float_sum_of_millions_is_as_close_as_eager_to_the_exact_sum():
+    """Float lanes add at most SUM_CHUNK elements before a double takes their sum: 4M values near
+    1 summed in float lanes alone would drift by ~1e-3 (each lane's total outgrows its values)."""
+    x = 1 + 0.01 * torch.randn(1 << 22)
+    cg, (got,) = run(lambda x: (x.sum(),), x)
+    exact = x.double().sum()
+    assert abs(got.double() - exact) / exact <= max(2 * abs(x.sum().double() - exact) / exact, 1e-7)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -259,9 +259,10 @@ def _uninitialized(op, fn, args, kwargs, expected) -> bool:
         return False
     bits = []
     for fill in (0x55, 0xAA):
+        inputs = _copy((args, kwargs))  # (copied first: a copy made after the fill would take its block)
         for t in results:  # freed at once: the allocator hands the block to the call's result
             torch.full((t.untyped_storage().nbytes(),), fill, dtype=torch.uint8, device=t.device)
-        again = _run(fn, *_copy((args, kwargs)), False)
+        again = _run(fn, *inputs, False)
         if isinstance(again, Exception):
             return False
         bits.append([t.detach().contiguous().view(-1).view(torch.uint8).cpu()

@@ -226,8 +226,21 @@ def sleef_flags() -> list:
     return ["-DFL_SLEEF"]
 
 
+@functools.cache
+def vector_width_flags() -> list:
+    """["-mprefer-vector-width=512"] where -march=native enables AVX-512: g++ otherwise tunes
+    most x86-64 CPUs for 256-bit vectors, half the lanes (Inductor's C++ uses 512-bit vectors
+    there too; bf16 layer norm 3.7 -> 2.9 ms on 2 threads), else []."""
+    try:
+        macros = subprocess.run([compiler(), "-march=native", "-dM", "-E", "-x", "c++", os.devnull],
+                                capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return ["-mprefer-vector-width=512"] if "__AVX512F__" in macros else []
+
+
 def flags() -> list:
-    return FLAGS + sleef_flags()
+    return FLAGS + vector_width_flags() + sleef_flags()
 
 
 @functools.cache

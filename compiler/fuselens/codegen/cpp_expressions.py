@@ -62,7 +62,7 @@ class HoistPoint:
 
 
 # the names in a C++ line that a value may depend on: loop variables, temporaries, accumulators
-VARIABLES = re.compile(r"\b(?:[xr]\d+|tmp\d+|acc\d+(?:_nan)?)\b")
+VARIABLES = re.compile(r"\b(?:[xr]\d+|tmp\d+|acc\d+(?:_nan|_part)?)\b")
 # functions whose float result is NaN only as IEEE arithmetic makes it: the NaN of an operand
 # (quiet, same payload) or the default NaN; elsewhere (SLEEF's routines build NaNs from bit masks,
 # a half type's NaN widened to float fills low mantissa bits) a NaN may be `wild` (its low 16
