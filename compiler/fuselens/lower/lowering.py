@@ -44,9 +44,12 @@ REALIZE_READS = 2
 # vectors, its RMSNorm's x * rstd * weight) recomputed by each of the product's programs read
 # several times its bytes from L2 in each.
 BROADCAST_REALIZE = 4
-# ... and its users have this many elements in all: below, computing it again costs less than the
-# launch of a kernel of its own (a scalar gate's tanh, ALiBi's per-head slopes on short sequences)
-RECOMPUTE_MIN = 1 << 22
+# ... and its users have this many elements in all, by device type: below, computing it again
+# costs less than a kernel of its own. A GPU's launch buys millions of elements (a scalar gate's
+# tanh, ALiBi's per-head slopes on short sequences); a C++ kernel's call (ctypes, an OpenMP region:
+# microseconds) buys thousands on a CPU core, where a decode step's SwiGLU product recomputed for
+# each of the 512 rows of its down projection took 0.5 ms a layer on 2 threads (stored: 0.1 ms)
+RECOMPUTE_MIN = {"cuda": 1 << 22, "cpu": 1 << 15}
 # Convolutions run channels-last on CUDA, as Inductor's layout optimization runs them: cuDNN's NHWC
 # kernels are the fast ones, and its NCHW path transposes in and out (0.67 ms of eager's ResNet-50
 # inference step on an H100; fuselens's step 4.12 -> 3.34 ms, Inductor's 3.15; in training 222
@@ -108,11 +111,12 @@ def lowering(*prims):
     return deco
 
 
-def _broadcast_by_users(node: fx.Node, numel) -> bool:
+def _broadcast_by_users(node: fx.Node, numel, device) -> bool:
     """Pointwise ops and views reading `node`'s value (of `numel` elements), directly or through
     views, that have BROADCAST_REALIZE times its elements or more (each would compute them that
     often) have RECOMPUTE_MIN elements in all."""
-    return isinstance(numel, int) and _broadcast_elements(node, BROADCAST_REALIZE * max(numel, 1)) >= RECOMPUTE_MIN
+    least = RECOMPUTE_MIN.get(device.type, RECOMPUTE_MIN["cuda"])
+    return isinstance(numel, int) and _broadcast_elements(node, BROADCAST_REALIZE * max(numel, 1)) >= least
 
 
 def _broadcast_elements(node: fx.Node, least: int) -> int:
@@ -389,7 +393,7 @@ class Lowering:
         read_bytes = sum(n * size for _, n, size in v.reads)
         if len(node.users) > 1 and sum(n for _, n, _ in v.reads) >= REALIZE_READS * math.prod(shape) and \
                 read_bytes >= REALIZE_READS * math.prod(shape) * dtype.itemsize or \
-                (v.heavy or read_bytes > math.prod(shape) * dtype.itemsize) and _broadcast_by_users(node, math.prod(shape)):
+                (v.heavy or read_bytes > math.prod(shape) * dtype.itemsize) and _broadcast_by_users(node, math.prod(shape), self.device):
             return self.realize(v)
         return v
 
