@@ -6,6 +6,7 @@ inference in bf16 (and fp32 for the convolutional networks).
     PYTHONPATH=compiler python bench/suite.py --only t5_small --mode train      # one model
     PYTHONPATH=compiler python bench/suite.py --part 2/6 --json part2.json      # a sixth of the rows
     PYTHONPATH=compiler python bench/suite.py --inductor-from old.json ...      # Inductor's rows reused
+    PYTHONPATH=compiler python bench/suite.py --part 2/6 --json part2.json --resume   # the rows part2.json lacks
     python bench/suite.py --merge part*.json --json bench/results/suite-h200.json
     python bench/suite.py --list
 
@@ -377,6 +378,9 @@ def main():
                     help="eager and fuselens only (a pass over many rows that finds failures; Inductor's columns "
                          "from --inductor-from where given)")
     ap.add_argument("--json", help="write the rows and summary here (after every row)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows --json already holds and run only the others (a run cut by a time "
+                         "limit, or by a row that left the GPU unusable)")
     ap.add_argument("--merge", nargs="+", help="merge these runs' JSON into --json")
     ap.add_argument("--list", action="store_true")
     a = ap.parse_args()
@@ -394,9 +398,13 @@ def main():
     reuse = inductor_rows(a.inductor_from, here)
     caches = tempfile.TemporaryDirectory(prefix="fl-suite-")
     empty_disk_caches(caches.name)
-    rows = []
+    rows = json.loads(pathlib.Path(a.json).read_text())["rows"] if a.resume and a.json and \
+        pathlib.Path(a.json).exists() else []
+    done = {row_key(r) for r in rows}
     for name, mode, dtype in rows_of(a):
         key = (name, mode, dtype)
+        if key in done:
+            continue
         compilers = COMPILERS[:2] if key in reuse or a.no_inductor else COMPILERS
         print(f"[suite] {name} {mode} {dtype}", flush=True)
         t = time.perf_counter()
@@ -421,7 +429,12 @@ def main():
         torch._dynamo.reset()
         gc.collect()
         if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+            try:
+                torch.cuda.empty_cache()
+            except Exception as e:  # noqa: BLE001 (a kernel's fault leaves the CUDA context unusable)
+                print_table(rows)
+                sys.exit(f"suite: the GPU is unusable after {name} {mode} {dtype} ({type(e).__name__}): the rows "
+                         f"so far are in {a.json}; run the rest in a new process with --resume")
     print_table(rows)
 
 

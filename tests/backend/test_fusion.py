@@ -138,7 +138,7 @@ def test_heavy_values_broadcast_to_many_elements_are_computed_once(grad, least, 
     RECOMPUTE_MIN elements in all (None: these small shapes) they are computed where they are used."""
     from fuselens.lower import lowering
     if least is not None:
-        monkeypatch.setattr(lowering, "RECOMPUTE_MIN", least)
+        monkeypatch.setattr(lowering, "RECOMPUTE_MIN", {"cuda": least, "cpu": least})
     q, k, pos = randn(2, 8, 6, 16), randn(2, 2, 6, 16), torch.arange(6, device=DEVICE) * 37
     cg = check(rotary, q, k, pos, grad=grad)  # (kernels: the forward's and the backward's)
     text = "".join(k.source for k in cg.kernels)
@@ -146,6 +146,17 @@ def test_heavy_values_broadcast_to_many_elements_are_computed_once(grad, least, 
         assert text.count("tl.cos(") > 1 + grad, [k.name for k in cg.kernels]
     else:
         assert text.count("tl.cos(") == text.count("tl.sin(") <= 1 + grad, [k.name for k in cg.kernels]
+
+
+def test_a_matrix_vector_products_heavy_vector_is_computed_once_where_a_kernel_costs_less():
+    """A decode step's down projection of silu(a) * b: each of its 512 rows reads the whole vector.
+    Where its 1M elements of users reach the device's RECOMPUTE_MIN (a CPU's C++ kernels), the
+    vector is stored by a pointwise kernel of its 2048 elements; below (a GPU), recomputed."""
+    a, b, w = randn(1, 2048), randn(1, 2048), randn(512, 2048)
+    cg = check(lambda a, b, w: (torch.nn.functional.linear(torch.nn.functional.silu(a) * b, w),), a, b, w, grad=False)
+    with_sigmoid = [k.name for k in cg.kernels if "sigmoid" in k.source]
+    stored = torch.device(DEVICE).type == "cpu"
+    assert with_sigmoid and all(n.startswith("fl_poi") == stored for n in with_sigmoid), with_sigmoid
 
 
 def test_pointwise_prologue_and_epilogue_fuse_with_reduction():
