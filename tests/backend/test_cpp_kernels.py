@@ -86,6 +86,10 @@ def test_a_float_sum_of_millions_is_as_close_as_eager_to_the_exact_sum():
     cg, (got,) = run(lambda x: (x.sum(),), x)
     exact = x.double().sum()
     assert abs(got.double() - exact) / exact <= max(2 * abs(x.sum().double() - exact) / exact, 1e-7)
+    (kernel,) = cg.kernels
+    assert "r0c += 1024" in kernel.source
+    short, _ = run(lambda x: (x.sum(-1),), torch.randn(64, 56))  # (a row within one chunk: no chunk loop)
+    assert "_part" in short.kernels[0].source and "c += 1024" not in short.kernels[0].source
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -169,11 +169,11 @@ class CppKernelWriter(CppExpressions):
         """The innermost (vectorised) loop over `d` of a loop nest whose body adds to float sums'
         partials: each partial set to 0 before it and added to its double accumulator after it;
         a loop longer than SUM_CHUNK walks its chunks (shared among threads where `parallel`)."""
-        size = self.sizevars(self.kernel.shape[d])
-        chunked = not sympy.sympify(size).is_number or int(size) > SUM_CHUNK
+        n = self.expr(self.sizevars(self.kernel.shape[d]))  # (digits where the size is static)
+        chunked = not n.isdigit() or int(n) > SUM_CHUNK
         start, stop = "0", None
         if chunked:
-            v, n = self.var(d), self.expr(size)
+            v = self.var(d)
             if parallel:
                 self.emit(f"#pragma omp parallel for{reductions}{self.parallel_if()}")
             self.open_block(f"for (int64_t {v}c = 0; {v}c < {n}; {v}c += {SUM_CHUNK}) {{")
