@@ -149,6 +149,29 @@ def test_size_of_no_python_spelling():
     assert "a size of no expression used as a Python value" in entries(cf)[-1].recompiled_because
 
 
+def test_a_size_a_shape_rule_specialises_is_guarded(monkeypatch):
+    """A shape rule that finds a dynamic dim equal to a number (some of torch 2.11's fake rules
+    specialise a length so) makes the size a constant in the graph; the guard of that equality is
+    what keeps the entry from running at another length (torch 2.11: a Llama prefill's repeat_kv
+    expand kept its first length, and the next length raised inside the graph)."""
+    from fuselens.capture import symbolic
+    run_node = symbolic.SymbolicShapes._run
+
+    def specialising(self, n):  # the fake rule of mul reads its result's length as an int
+        out = run_node(self, n)
+        if getattr(n.target, "__name__", "") == "mul" and isinstance(out, torch.Tensor) and out.dim() == 2:
+            int(out.shape[0])
+        return out
+    monkeypatch.setattr(symbolic.SymbolicShapes, "_run", specialising)
+
+    def f(x):
+        h = x * 2
+        return h.reshape(h.shape[0], 2, 2) + 1
+    cf = run(f, (3, 5, 6, 9), lambda n: (torch.randn(n, 4),))
+    assert any("a shape rule made" in (e.recompiled_because or "") for e in entries(cf)), \
+        [e.recompiled_because for e in entries(cf)]
+
+
 def test_guard_text_of_size_expressions():
     x = sympy.Symbol("s0", positive=True, integer=True)
     names = {x: "x.shape[0]"}

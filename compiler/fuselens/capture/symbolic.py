@@ -166,6 +166,12 @@ class SymbolicShapes:
             at = f" at {os.path.basename(loc[0])}:{loc[1]}" if loc else ""
             name = getattr(n.target, "__name__", None) or str(n.target)
             out.append((self.text(expr), f"assumed by the shape rule of {name}{at}"))
+        # what a rule found a dim equal to (a length specialised to this call's, one input's dim made
+        # another's): the ShapeEnv's replacements, which also make the guard that found them
+        # simplify to true above
+        for sym, value in self.shape_env.replacements.items():
+            if sym in self.names and value != sym:
+                out.append((self.text(sympy.Eq(sym, value)), f"a shape rule made {self.names[sym]} equal to {value}"))
         return out
 
 
