@@ -229,9 +229,17 @@ def measure(name, mode, dtype, device, compilers, batch=None):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", fuselens.FuselensWarning)
             t = time.perf_counter()
-            results[c] = steps[c].checked()
-            if cuda:
-                torch.cuda.synchronize()
+            try:
+                results[c] = steps[c].checked()
+                if cuda:
+                    torch.cuda.synchronize()
+            except Exception as e:
+                # a fall-back's warning names the first failure (a kernel's fault shows later, in
+                # whatever the GPU ran next: the eager fall-back's own call)
+                warned = [str(w.message) for w in caught if issubclass(w.category, fuselens.FuselensWarning)]
+                if warned:
+                    raise RuntimeError(f"after fuselens's fall-back ({warned[0][:200]}): {type(e).__name__}: {e}") from e
+                raise
             row[f"{c}_first_s"] = round(time.perf_counter() - t, 3)
         if c == "fuselens":
             row["fallbacks"] = sorted({str(w.message)[:300] for w in caught
@@ -413,7 +421,7 @@ def main():
         except Exception as e:  # noqa: BLE001 (a row that cannot be built or run says why; the others go on)
             traceback.print_exc()
             row = {"model": name, "suite": MODELS[name].suite, "mode": mode, "dtype": dtype, "ok": False,
-                   "why": f"error: {type(e).__name__}: {e}"[:300]}
+                   "why": f"error: {type(e).__name__}: {e}"[:500]}
         if key in reuse:
             row.update({k: reuse[key][k] for k in INDUCTOR_KEYS if k in reuse[key]}, inductor_reused=True)
             # Inductor's time is comparable only where eager's is as it was then (a busy GPU or host
