@@ -81,7 +81,8 @@ def test_a_long_row_is_split_among_threads_and_a_column_sum_walks_rows():
 
 def test_a_float_sum_of_millions_is_as_close_as_eager_to_the_exact_sum():
     """Float lanes add at most SUM_CHUNK elements before a double takes their sum: 4M values near
-    1 summed in float lanes alone would drift by ~1e-3 (each lane's total outgrows its values)."""
+    1 summed in float lanes alone drifted 2.3e-6 from the exact sum (each lane's total outgrows
+    its values), 20x eager's error."""
     x = 1 + 0.01 * torch.randn(1 << 22)
     cg, (got,) = run(lambda x: (x.sum(),), x)
     exact = x.double().sum()
