@@ -49,12 +49,20 @@ def erf_times_exp(x):
     return torch.erf(x) * torch.exp(-x * x)
 
 
+def masks_as_floats(x, m):
+    """bool values as floats, loaded (a mask tensor) and computed (an amax's gradient mask), summed:
+    gcc vectorised neither a load through `const bool*` nor a bool-to-float conversion, and the
+    sum then added in one lane (its rounding error ~8x that of lanes)."""
+    return (x * m).sum(-1), ((x == x.amax(-1, keepdim=True)).float() * x).sum(-1)
+
+
 @pytest.mark.parametrize("fn,shapes", [(gelu, [(64, 512)]), (manual_softmax, [(64, 512)]), (erf_times_exp, [(64, 512)]),
-                                       (manual_layer_norm, [(64, 512), (512,), (512,)])])
+                                       (manual_layer_norm, [(64, 512), (512,), (512,)]),
+                                       (masks_as_floats, [(64, 512), lambda: torch.rand(64, 512) > 0.5])])
 def test_kernels_share_rows_among_threads_and_every_inner_loop_vectorises(fn, shapes):
     """Outer loops `omp parallel for` (the domain is worth threads), inner loops `omp simd`, and
     the compiler vectorises every one of them (exp and erf through SLEEF's vector variants)."""
-    inputs = [torch.randn(*s) for s in shapes]
+    inputs = [torch.randn(*s) if isinstance(s, tuple) else s() for s in shapes]
     cg = check(fn, *inputs, grad=False)
     (kernel,) = cg.kernels
     assert "#pragma omp parallel for" in kernel.source

@@ -37,7 +37,7 @@ import torch
 
 from ..lower.ir import compute_dtype, use_handler
 from ..schedule.fusion import FusedKernel, moved_row_vars, row_shapes, store_index
-from .cpp_expressions import C_TYPES, TEMPORARY, CppExpressions, HoistPoint, literal
+from .cpp_expressions import C_TYPES, TEMPORARY, CppExpressions, HoistPoint, input_pointee, literal
 
 DEFINITION = re.compile(r"^[\w:]+ (tmp\d+) = ")
 
@@ -483,7 +483,7 @@ class CppKernelWriter(CppExpressions):
     def launch_params(self):
         """(parameter declaration, what the wrapper passes) in the function's parameter order:
         tensors (their buffer names), the seed, size values."""
-        params = [(f"const {C_TYPES[self.buffers[b].dtype]}* {p}", b) for b, p in self.in_args.items()]
+        params = [(f"const {input_pointee(self.buffers[b].dtype)}* {p}", b) for b, p in self.in_args.items()]
         params += [(f"{C_TYPES[self.buffers[b].dtype]}* {p}", b) for b, p in self.out_args.items()]
         params += [("int64_t seed", "seed")] if self.uses_seed else []
         return params + [(f"int64_t {p}", int(self.sizevars.values[s])) for s, p in self.size_args.items()]

@@ -29,6 +29,12 @@ C_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "_Flo
 HALF_ROUND = {torch.float16: "fl_round_f16", torch.bfloat16: "fl_round_bf16"}
 
 
+def input_pointee(dtype) -> str:
+    """What a kernel's input pointer of `dtype` points to: bool tensors as bytes (loaded as
+    `!= 0`), as gcc leaves a loop that loads through a `const bool*` unvectorised."""
+    return "uint8_t" if dtype == torch.bool else C_TYPES[dtype]
+
+
 def c_type(dtype) -> str:
     return C_TYPES[compute_dtype(dtype)]
 
@@ -221,7 +227,7 @@ class CppExpressions(KernelExpressions):
         index_text = self.expr(index)
         self.load_sites.setdefault(buf.name, set()).add((index_text, mask, self.along_r(index)))
         dtype = compute_dtype(buf.dtype)
-        text = f"{ptr}[{index_text}]"
+        text = f"{ptr}[{index_text}]" if buf.dtype != torch.bool else f"({ptr}[{index_text}] != 0)"
         if dtype != buf.dtype:
             text = f"fl_from_bf16({text})" if buf.dtype == torch.bfloat16 else f"float({text})"
         if mask:  # an element outside the tensor is not read
@@ -265,6 +271,11 @@ class CppExpressions(KernelExpressions):
         return f"fl_bf16_bits({v})" if v.expr in self.rounded_bf16 else f"fl_to_bf16({v})"
 
     def cast_text(self, v, dtype):
+        if isinstance(v, CV) and v.dtype == torch.bool and dtype.is_floating_point:
+            # through an int: gcc leaves a loop converting bool to float or double unvectorised
+            # ("type conversion to/from bit-precision unsupported"), a sum over its values then
+            # adding in one lane
+            return f"{C_TYPES[dtype]}(int32_t({v}))"
         return f"{C_TYPES[dtype]}({v})"
 
     def select(self, cond, value, other):
