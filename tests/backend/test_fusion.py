@@ -249,54 +249,6 @@ def test_a_wide_value_of_narrow_inputs_is_recomputed_not_stored():
     assert "empty((16, 32), (32, 1), torch.float32)" in check(f, x.float(), y.float(), grad=False).wrapper_source
 
 
-def test_a_value_stored_for_an_extern_is_read_by_its_later_users():
-    # r is stored for the matmul; the product after it reads r there. Recomputing the ReLU instead kept s in
-    # memory too (a ResNet block's pre-ReLU sum: 49 MB of ResNet-50's training forward at its peak)
-    def f(a, b, w):
-        s = a + b
-        r = torch.relu(s)
-        return (r @ w) * r, s.amax()
-    cg = check(f, randn(16, 8), randn(16, 8), randn(8, 8), grad=False)
-    assert cg.wrapper_source.count("empty((16, 8)") == 1  # r, not s: the result is written over r @ w
-    assert "in place" in cg.wrapper_source
-
-
-def in_place_lines(cg):
-    return [line for line in cg.wrapper_source.splitlines() if "in place" in line]
-
-
-@pytest.mark.parametrize("fn, inputs, over", [
-    # GeLU after a 3-D linear: over the GEMM's result, viewed (B, S, N)
-    (lambda x, w, v: torch.nn.functional.gelu(torch.nn.functional.linear(x, w)) @ v, ((4, 8, 16), (24, 16), (24, 8)),
-     True),
-    # a layer norm (a persistent reduction) of a GEMM's result, written over it
-    (lambda x, w: manual_layer_norm(x @ w, 1.5, 0.5) + 1, ((32, 16), (16, 64)), True),
-    # read at other elements than written (a transpose): not in place
-    (lambda x, w: ((x @ w).t() * 2).contiguous() + 1, ((16, 16), (16, 16)), False),
-    # the GEMM's result read again after the kernel: not in place
-    (lambda x, w: (lambda y: (torch.sigmoid(y) + 1) @ y)(x @ w), ((16, 16), (16, 16)), False),
-    # the kernel stores z * 2 before it reads the GEMM's result for y + z * 2: only the second
-    # output goes over it (the first one there made the second read its own values)
-    (lambda x, w, z: (lambda y, a: (a, y + a))(x @ w, z * 2), ((8, 4), (4, 6), (8, 6)), True),
-])
-def test_an_output_is_written_over_an_input_read_only_where_it_is_written(fn, inputs, over):
-    # each element read once, at the element written, by a kernel in one pass: its output takes the
-    # memory of an input that dies there (a fresh GEMM result), as Inductor's in-place kernels do
-    cg = check(fn, *[randn(*s) for s in inputs], grad=False, atol=1e-4, rtol=1e-4)
-    assert bool(in_place_lines(cg)) == over, cg.wrapper_source
-
-
-def test_what_the_caller_gets_is_no_view_of_an_input_it_was_written_over():
-    fn = lambda x, w: torch.nn.functional.gelu(torch.nn.functional.linear(x, w))  # noqa: E731
-    cg, (out,) = run(fn, randn(4, 8, 16), randn(24, 16))
-    assert not out._is_view() and not in_place_lines(cg)  # (4, 8, 24) over (32, 24): a view, so a new buffer
-    fn = lambda x, w: torch.nn.functional.gelu(x @ w)  # noqa: E731
-    x, w = randn(32, 16), randn(16, 24)
-    cg, (out,) = run(fn, x, w)
-    assert not out._is_view() and in_place_lines(cg)  # the same layout: the GEMM's result itself
-    torch.testing.assert_close(out, fn(x, w), atol=1e-4, rtol=1e-4)
-
-
 def test_unrelated_reductions_stay_separate_kernels():
     def f(x):
         return x.sum(0), x.sum(1)
@@ -408,7 +360,9 @@ def test_a_dead_buffer_is_not_held_through_the_peak_for_a_later_buffer():
         b = (x * a).sum(0, keepdim=True)  # kernel 1 reads a, its last use
         c = torch.sin(x * b) @ w          # x's size stored for the matmul: the peak, freed after it
         return c.sum(1, keepdim=True)     # a's layout: taking a's memory would hold a through the peak
-    lines = check(f, randn(8, 256), randn(256, 256), grad=False, atol=1e-3, rtol=1e-3).wrapper_source.splitlines()
+    # (x small: sin of x * b, b a sum of sums, stays well conditioned; at randn's scale its argument
+    # reached hundreds and eager's and the kernels' summation orders differed by 2e-3 after the GEMM)
+    lines = check(f, randn(8, 256) / 16, randn(256, 256), grad=False, atol=1e-3, rtol=1e-3).wrapper_source.splitlines()
     last = max(i for i, line in enumerate(lines) if "buf0" in line and "del buf0" not in line)
     assert lines[last + 1].strip() == "del buf0"
     assert not any("# reuse" in line for line in lines)

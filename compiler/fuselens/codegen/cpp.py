@@ -232,7 +232,7 @@ class CppKernelWriter(CppExpressions):
         else:
             index = store_index(buf, self.kernel.shape, self.red, self.sizevars)
             index_text = self.expr(index)
-        self.store_sites.setdefault(buf.name, set()).add((index_text, None, self.along_r(index)))
+        self.store_sites.setdefault(buf.name, set()).add(self.site(index, None))
         if not (compute_dtype(buf.dtype) != buf.dtype and value.dtype == torch.float32):
             value = self.to_dtype(value, buf.dtype)  # (a float is stored to a half type rounded)
         stored = value.expr if C_TYPES[buf.dtype] == C_TYPES[value.dtype] else \

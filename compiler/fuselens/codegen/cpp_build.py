@@ -131,10 +131,10 @@ static inline float fl_expf(float d) {
 template <class T> static inline T fl_exp(T x) {
     if constexpr (std::is_same_v<T, float>) return fl_expf(x); else return std::exp(x);
 }
-// erf of a value computed in float for a half-precision result: ATen's own formula there (its
-// vectorised kernels of bf16/fp16 erf compute Vectorized<float>::erf, Abramowitz and Stegun 7.1.26
-// with SLEEF's exp), not SLEEF's erf, which differs after rounding on 28690 of the 65536 bf16 values
-static inline float fl_erf_half(float x) {
+// erf as ATen's Vectorized<float>::erf computes it (Abramowitz and Stegun 7.1.26 with SLEEF's exp):
+// eager's bf16/fp16 erf kernels compute it in float (SLEEF's erf differs after rounding on 28690 of
+// the 65536 bf16 values), and GeLU's erf uses it (ops/primitives.py's gelu_erf)
+static inline float fl_erf_aten(float x) {
     float t = 1.0f / std::fma(0.3275911f, std::fabs(x), 1.0f);
     float r = std::fma(1.061405429f, t, -1.453152027f);
     r = std::fma(r, t, 1.421413741f);

@@ -73,14 +73,14 @@ VARIABLES = re.compile(r"\b(?:[xr]\d+|tmp\d+|acc\d+(?:_nan|_part)?)\b")
 # (quiet, same payload) or the default NaN; elsewhere (SLEEF's routines build NaNs from bit masks,
 # a half type's NaN widened to float fills low mantissa bits) a NaN may be `wild` (its low 16
 # bits set: rounding it to bf16 needs the NaN test)
-TAME_CALLS = frozenset({"fl_from_bf16", "fl_round_bf16", "fl_round_bf16_tame", "fl_exp", "fl_erf_half", "fl_div",
+TAME_CALLS = frozenset({"fl_from_bf16", "fl_round_bf16", "fl_round_bf16_tame", "fl_exp", "fl_erf_aten", "fl_div",
                         "std::sqrt", "fl_abs", "fl_rsqrt", "fl_sigmoid", "fl_maximum", "fl_minimum", "fl_floor",
                         "fl_ceil", "fl_where", "float", "double", "quiet_NaN", "infinity"})
 CALLS = re.compile(r"([A-Za-z_][\w:]*)\s*\(")
 TEMPORARY = re.compile(r"\btmp\d+\b")
 # math worth keeping in a row cache rather than computing again in a later loop over the row
 HEAVY_CALLS = frozenset({"fl_exp", "fl_exp2", "fl_log", "fl_log1p", "fl_sin", "fl_cos", "fl_tanh", "fl_erf",
-                         "fl_erf_half", "fl_pow", "fl_sigmoid", "fl_atan2", "fl_hypot"})
+                         "fl_erf_aten", "fl_pow", "fl_sigmoid", "fl_atan2", "fl_hypot"})
 BF16_LOAD = re.compile(r"fl_from_bf16\(\w+\[")
 RAW_LOAD = re.compile(r"\w+_ptr\d+\[")
 
@@ -225,7 +225,7 @@ class CppExpressions(KernelExpressions):
         ptr = self.arg_for(buf, self.in_args, "in_ptr")
         mask = self.mask() if sympy.sympify(index).free_symbols else None
         index_text = self.expr(index)
-        self.load_sites.setdefault(buf.name, set()).add((index_text, mask, self.along_r(index)))
+        self.load_sites.setdefault(buf.name, set()).add(self.site(index, mask))
         dtype = compute_dtype(buf.dtype)
         text = f"{ptr}[{index_text}]" if buf.dtype != torch.bool else f"({ptr}[{index_text}] != 0)"
         if dtype != buf.dtype:

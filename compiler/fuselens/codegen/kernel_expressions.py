@@ -115,6 +115,13 @@ class KernelExpressions(OpsHandler):
     def along_r(index) -> bool:
         return any(s.name[0] == "r" for s in sympy.sympify(index).free_symbols)
 
+    def site(self, index, mask):
+        """A load's or store's entry in `load_sites`/`store_sites`: its index with every static size
+        by its value (one size symbol may stand for the product of others: a GEMM's (4096, 4096)
+        result read as (8, 512, 4096) is the element written), its mask, whether it is along r."""
+        static = {s: v for s, v in self.sizevars.values.items() if v not in self.dynamic_values}
+        return sympy.expand(sympy.sympify(index).xreplace(static)), mask, self.along_r(index)
+
     # --- index expressions ---------------------------------------------------------------------
     def expr(self, e) -> str:
         """Print an index expression (loop variables, sizes, `FLOOR_DIV`, `%`, sums, products,

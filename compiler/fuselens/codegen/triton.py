@@ -87,7 +87,7 @@ class KernelWriter(TritonReductions):
                 index_text, mask = "xindex", "xmask"
             else:
                 index_text, mask = self.index_text(index), self.mask_for(index)
-        self.store_sites.setdefault(buf.name, set()).add((index_text, mask, self.along_r(index)))
+        self.store_sites.setdefault(buf.name, set()).add(self.site(index, mask))
         if value.literal:  # a block of the pointers' shape: [XBLOCK, 1] where they do not vary along r
             along_r = any(s.name[0] == "r" for s in index.free_symbols)
             shape = "[XBLOCK, RBLOCK]" if along_r else "[XBLOCK, 1]" if self.kernel.is_reduction else "[XBLOCK]"

@@ -187,7 +187,7 @@ class TritonExpressions(KernelExpressions):
         # a constant index is a broadcast element, always in bounds: a scalar load takes no mask
         mask = self.mask_for(index) if sympy.sympify(index).free_symbols else None
         index_text = self.index_text(index)
-        self.load_sites.setdefault(buf.name, set()).add((index_text, mask, self.along_r(index)))
+        self.load_sites.setdefault(buf.name, set()).add(self.site(index, mask))
         text = f"tl.load({ptr} + {index_text}" + (f", {mask}, other=0)" if mask else ")")
         if compute_dtype(buf.dtype) != buf.dtype:
             text += ".to(tl.float32)"

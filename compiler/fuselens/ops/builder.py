@@ -320,6 +320,7 @@ def _declared_helper(p):
 for _p in list(prim.PRIMITIVES.values()):
     if _p.torch_names and _p.name not in globals():
         globals()[_p.name] = _declared_helper(_p)
+gelu_erf = _declared_helper(prim.gelu_erf)
 
 
 # --- reductions -----------------------------------------------------------------------------------

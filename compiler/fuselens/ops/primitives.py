@@ -181,10 +181,17 @@ tanh = unary("tanh", torch.tanh, "libdevice.tanh({0})", lambda g, out, x: (P.mul
              heavy=True, cpp="fl_tanh({0})")
 sigmoid = unary("sigmoid", torch.sigmoid, _fp32_compute("fl_sigmoid({0})", "tl.sigmoid({0})"),
                 lambda g, out, x: (P.mul(g, P.mul(out, P.sub(1.0, out))),), cpp="fl_sigmoid({0})")
-erf = unary("erf", torch.erf, lambda dtype: "fl_erf_f64({0})" if dtype == torch.float32 else "libdevice.erf({0})",
-            lambda g, out, x: (P.mul(g, P.mul(2 / math.sqrt(math.pi), P.exp(P.neg(P.mul(x, x))))),),
-            heavy=True, torch_names=("erf", "special_erf"),
-            cpp=lambda dtype: "fl_erf_half({0})" if dtype in (torch.bfloat16, torch.float16) else "fl_erf({0})")
+_erf_triton = lambda dtype: "fl_erf_f64({0})" if dtype == torch.float32 else "libdevice.erf({0})"  # noqa: E731
+_erf_vjp = lambda g, out, x: (P.mul(g, P.mul(2 / math.sqrt(math.pi), P.exp(P.neg(P.mul(x, x))))),)  # noqa: E731
+erf = unary("erf", torch.erf, _erf_triton, _erf_vjp, heavy=True, torch_names=("erf", "special_erf"),
+            cpp=lambda dtype: "fl_erf_aten({0})" if dtype in (torch.bfloat16, torch.float16) else "fl_erf({0})")
+# GeLU's erf (ops/decompositions: F.gelu). In C++ kernels of float32 compute ATen's vectorised
+# erf formula, not the accurate SLEEF erf that torch.erf's eager kernel matches (MKL's): eager's
+# GeLU (oneDNN's on a CPU) follows neither, and against float64 errs by 2.4e-7..0.28 relative
+# where this formula errs by 6.8e-7..0.05 and SLEEF's by 2.1e-7..0.05; it computes in 0.6 of
+# SLEEF's time (bench/NOTES.md 73). On a GPU it is erf.
+gelu_erf = _pointwise("gelu_erf", torch.erf, _erf_triton, _erf_vjp, heavy=True, arity=1, int_to_float=True,
+                      cpp=lambda dtype: "fl_erf({0})" if dtype == torch.float64 else "fl_erf_aten({0})")
 floor = unary("floor", torch.floor, "tl.floor({0})", no_grad, int_to_float=False, cpp="fl_floor({0})")
 ceil = unary("ceil", torch.ceil, "tl.ceil({0})", no_grad, int_to_float=False, cpp="fl_ceil({0})")
 logical_not = _pointwise("logical_not", torch.logical_not, "({0} == 0)", no_grad, cpp="!{0}")

@@ -198,7 +198,7 @@ def gelu(x, approximate="none"):
         inner = P.mul(math.sqrt(2 / math.pi), P.add(y, P.mul(0.044715, P.mul(y, P.mul(y, y)))))
         out = P.mul(P.mul(0.5, y), P.add(1.0, P.tanh(inner)))
     else:
-        out = P.mul(P.mul(0.5, y), P.add(1.0, P.erf(P.mul(y, 1 / math.sqrt(2)))))
+        out = P.mul(P.mul(0.5, y), P.add(1.0, P.gelu_erf(P.mul(y, 1 / math.sqrt(2)))))
     return P.cast(out, x.dtype)
 
 
