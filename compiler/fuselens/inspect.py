@@ -106,7 +106,7 @@ def _kernel(k) -> Kernel:
         m = _LOC_RE.search(text)
         if m and m.group(1) in by_base:
             prov.append(KernelLine(i, by_base[m.group(1)], int(m.group(2))))
-    language = "cpp" if k.source.lstrip().startswith('extern "C"') else "triton"
+    language = "cpp" if 'extern "C"' in k.source else "triton"
     return Kernel(k.name, k.source, k.bytes_moved, [tuple(x) for x in k.source_lines], prov, language)
 
 

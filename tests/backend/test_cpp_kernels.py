@@ -177,6 +177,48 @@ def test_half_exp_erf_and_gelu_equal_eagers_on_every_value(dtype):
         assert same_bits(g, w)
 
 
+@pytest.mark.parametrize("fn,looked_up", [
+    (gelu, "fl_table_"), (lambda x: torch.nn.functional.silu(x), "fl_table_"),
+    (lambda x: torch.tanh(x) * torch.sigmoid(x), "fl_table_"), (manual_softmax, "fl_table_"),
+    (lambda x: x / x.abs().amax(-1, keepdim=True), "fl_recip_scale")], ids=["gelu", "silu", "tanh_sigmoid",
+                                                                             "softmax", "row_divisor"])
+def test_functions_of_one_bf16_value_are_tables_and_row_divisors_reciprocals(fn, looked_up):
+    """A value computed from one bf16 value through heavy routines is looked up in a table of the
+    kernel's own results for the 65536 bf16 values (codegen/cpp_tables.py); a bf16 quotient by a
+    row's bf16 value is a product with its reciprocal (cpp_expressions.py's bf16_quotient). Both
+    give eager's bits on every input."""
+    x = every_value(torch.bfloat16).reshape(256, 256)
+    cg, (got,) = run(lambda x: (fn(x),), x)
+    assert same_bits(got, fn(x))
+    assert any(looked_up in k.source for k in cg.kernels)
+
+
+def test_a_bf16_quotient_as_a_product_with_the_reciprocal_rounds_as_the_quotient():
+    """bf16_quotient's premise: rounded to bf16, (a * (1 / (b * s))) * s equals a / b for bf16 a and
+    b, s = 2^64 for a denormal b, else 1. Here for every b and every 16th a (all 2^32 pairs: 0
+    differ; bench/NOTES.md 73); without s, 2058240 pairs with a denormal b differed."""
+    import ctypes
+    src = r'''
+extern "C" int64_t fl_test_quotients(int64_t step) {
+    int64_t differ = 0;
+    #pragma omp parallel for reduction(+:differ)
+    for (int64_t bi = 0; bi < 65536; bi++) {
+        float b = fl_float(uint32_t(bi) << 16), s = fl_recip_scale(b), r = 1.0f / (b * s);
+        #pragma omp simd reduction(+:differ)
+        for (int64_t ai = 0; ai < 65536; ai += step) {
+            float a = fl_float(uint32_t(ai) << 16);
+            uint32_t q = fl_bits(fl_round_bf16(a / b)), p = fl_bits(fl_round_bf16((a * r) * s));
+            differ += q != p && !((q & 0x7fffffffu) > 0x7f800000u && (p & 0x7fffffffu) > 0x7f800000u);
+        }
+    }
+    return differ;
+}
+'''
+    lib = ctypes.CDLL(cpp_build.CppLibrary.of(src).wait())
+    lib.fl_test_quotients.restype = ctypes.c_int64
+    assert lib.fl_test_quotients(ctypes.c_int64(16)) == 0
+
+
 def test_nans_with_any_payload_stay_nan_in_bf16():
     """bf16 rounding skips its NaN test only for values whose NaNs have clear low bits (computed from
     bf16 values): float NaNs of any payload (signaling, all bits set) still round to NaN."""

@@ -222,6 +222,16 @@ def test_a_capture_with_dynamic_dims_is_kept_and_taken_dynamic(kept, how):
     assert fuselens.inspect(again)[-1].dynamic_dims == {"w": [1], "x": [0]}
 
 
+def test_lambdas_on_one_line_are_captured_apart(kept):
+    # (the same file, qualified name `<lambda>` and line: a kept capture's key names its column too;
+    # the second lambda had taken the first's capture and doubled instead of tripling)
+    import fuselens
+    x = torch.randn(8)
+    for fn in [lambda x: x * 2, lambda x: x * 3]:
+        torch.testing.assert_close(fuselens.compile(fn)(x), fn(x))
+    assert kept["kept"] == 0 and kept["functions"] == 2
+
+
 @pytest.mark.parametrize("other", [
     lambda: Net(width=6),  # other shapes: tensor guards
     lambda: Net().eval(),  # another mode: module guards

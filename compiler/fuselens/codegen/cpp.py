@@ -38,6 +38,7 @@ import torch
 from ..lower.ir import compute_dtype, use_handler
 from ..schedule.fusion import FusedKernel, moved_row_vars, row_shapes, store_index
 from .cpp_expressions import C_TYPES, TEMPORARY, CppExpressions, HoistPoint, input_pointee, literal
+from .cpp_tables import tabulate
 
 DEFINITION = re.compile(r"^[\w:]+ (tmp\d+) = ")
 
@@ -515,7 +516,8 @@ class CppKernelWriter(CppExpressions):
     def generate(self):
         with use_handler(self):
             self.body()
-        if self.cached:
+        self.lines, tables = tabulate(self.lines)
+        if self.cached or tables:
             self.drop_unused_temporaries()
         name = self.kernel_name()
         params = ", ".join(p for p, _ in self.launch_params())
@@ -525,7 +527,7 @@ class CppKernelWriter(CppExpressions):
             body = ["    int fl_out_of_range = 0;", *body, "    return fl_out_of_range;"]
         else:
             header = f'extern "C" void {name}({params}) {{'
-        return name, "\n".join([header, *body, "}"]) + "\n"
+        return name, "".join(tables) + "\n".join([header, *body, "}"]) + "\n"
 
 
 def generate_cpp_kernel(kernel: FusedKernel, index: int, sizevars, dynamic_values, threads):

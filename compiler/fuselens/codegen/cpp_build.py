@@ -159,6 +159,11 @@ template <class T> static inline T fl_sigmoid(T x) { return T(1) / (T(1) + fl_ex
 template <class T> static inline T fl_floor(T x) { if constexpr (std::is_floating_point_v<T>) return std::floor(x); else return x; }
 template <class T> static inline T fl_ceil(T x) { if constexpr (std::is_floating_point_v<T>) return std::ceil(x); else return x; }
 // integer division truncates; by 0 it gives 0 and by -1 it negates (no trap: eager raises first)
+// what a bf16 divisor is scaled by before its reciprocal is taken (codegen/cpp_expressions.py's
+// bf16_quotient): 2^64 where it is denormal (1/b would overflow), else 1
+static inline float fl_recip_scale(float b) {
+    return fl_where(b != 0.0f && std::fabs(b) < 0x1p-126f, 0x1p64f, 1.0f);
+}
 template <class T> static inline T fl_div(T a, T b) {
     if constexpr (std::is_floating_point_v<T>) return a / b;
     else return b == 0 ? T(0) : b == T(-1) ? T(-a) : T(a / b);
@@ -398,7 +403,7 @@ class CppKernel:
         fn = getattr(self.library.lib, self.name)
         fn.argtypes = [ctypes.c_void_p] * self.n_tensors + [ctypes.c_int64] * self.n_scalars
         n = self.n_tensors
-        if self.source.startswith('extern "C" int '):  # (a write at positions read from a tensor: codegen/cpp.py)
+        if f'extern "C" int {self.name}(' in self.source:  # (a write at positions read from a tensor: codegen/cpp.py)
             fn.restype = ctypes.c_int
 
             def launch(*args):

@@ -74,6 +74,7 @@ VARIABLES = re.compile(r"\b(?:[xr]\d+|tmp\d+|acc\d+(?:_nan|_part)?)\b")
 # a half type's NaN widened to float fills low mantissa bits) a NaN may be `wild` (its low 16
 # bits set: rounding it to bf16 needs the NaN test)
 TAME_CALLS = frozenset({"fl_from_bf16", "fl_round_bf16", "fl_round_bf16_tame", "fl_exp", "fl_erf_aten", "fl_div",
+                        "fl_recip_scale",
                         "std::sqrt", "fl_abs", "fl_rsqrt", "fl_sigmoid", "fl_maximum", "fl_minimum", "fl_floor",
                         "fl_ceil", "fl_where", "float", "double", "quiet_NaN", "infinity"})
 CALLS = re.compile(r"([A-Za-z_][\w:]*)\s*\(")
@@ -145,6 +146,8 @@ class CppExpressions(KernelExpressions):
         if cache is not None:
             if key in self.cache_filled:
                 text = f"{cache}[{self.row_loop[0]}]"  # (as wild as the value stored, which `name` is)
+                if key.startswith("fl_round_bf16"):
+                    self.rounded_bf16.add(name)
             else:
                 self.cache_filled.add(key)
                 self.emit(f"{C_TYPES[dtype]} {name} = {text};")
@@ -232,7 +235,10 @@ class CppExpressions(KernelExpressions):
             text = f"fl_from_bf16({text})" if buf.dtype == torch.bfloat16 else f"float({text})"
         if mask:  # an element outside the tensor is not read
             text = f"({mask}) ? {text} : {C_TYPES[dtype]}(0)"
-        return self.cse(text, dtype)
+        value = self.cse(text, dtype)
+        if buf.dtype == torch.bfloat16:
+            self.rounded_bf16.add(value.expr)
+        return value
 
     def constant(self, value, dtype):
         if not isinstance(value, bool) and float(value).is_integer() and int(value) in self.dynamic_values:
@@ -253,7 +259,25 @@ class CppExpressions(KernelExpressions):
         if cd.is_floating_point:  # operands of the result's type: `std::exp(int)` would compute in double
             vals = [v if v.dtype == cd or p.name == "where" and i == 0 else self.to_dtype(v, cd)
                     for i, v in enumerate(vals)]
+        if p.name == "div" and out_dtype == torch.bfloat16 and self.invariant_bf16_divisor(*vals):
+            return self.round(self.bf16_quotient(*vals), out_dtype)
         return self.round(self.cse(template.format(*[v.expr for v in vals]), cd), out_dtype)
+
+    def invariant_bf16_divisor(self, a, b) -> bool:
+        """Whether a / b divides bf16 values by one that the innermost loop does not change (a
+        softmax's or layer norm's row sum or deviation): `bf16_quotient` applies."""
+        point = self.hoist_points[-1] if self.hoist_points else None
+        return point is not None and a.expr in self.rounded_bf16 and b.expr in self.rounded_bf16 and \
+            point.var not in self.deps.get(b.expr, ())
+
+    def bf16_quotient(self, a, b):
+        """a / b for bf16 values a and b, as a product with b's reciprocal computed once (before the
+        loop): rounded to bf16 it equals the rounded quotient for every pair of bf16 values (all
+        2^32 checked: tests/backend/test_cpp_kernels.py), a denormal b scaled by 2^64 first (its
+        reciprocal would overflow). A vector division costs ~10 cycles, a product one."""
+        scale = self.cse(f"fl_recip_scale({b})", torch.float32)
+        reciprocal = self.cse(f"fl_div(float(0x1.0p+0), {b} * {scale})", torch.float32)
+        return self.cse(f"({a} * {reciprocal}) * {scale}", torch.float32)
 
     def round(self, v, dtype):
         out = super().round(v, dtype)

@@ -37,7 +37,7 @@ module: not kept). A process takes a kept capture when the checks above pass and
 function holds for the call's arguments; otherwise it captures, and keeps the new capture beside
 the others (up to KEPT_PER_FUNCTION). Names resolve only in modules already imported (importing
 one would run its top-level code where eager does not). Entries live in
-`$FUSELENS_CACHE_DIR/captures` under a hash of the function's file, module, qualified name and line,
+`$FUSELENS_CACHE_DIR/captures` under a hash of the function's file, module, qualified name, line and column,
 the `fullgraph` setting and the compiler's version (program_cache.py, which also writes and checks
 the files); FUSELENS_CAPTURE_CACHE=0 (or FUSELENS_PROGRAM_CACHE=0) turns it off. Anything that
 fails here costs a capture, never a result: it is logged on `fuselens.runtime` at DEBUG.
@@ -105,8 +105,9 @@ class Kept:
 def key(fs: FunctionSource, fullgraph: bool) -> str | None:
     if not enabled() or fs.generated or not os.path.isfile(fs.filename):
         return None
-    where = (fs.filename, fs.globals.get("__name__"), fs.qualname, getattr(fs.node, "lineno", 0), fullgraph,
-             program_cache._environment())
+    # (the column tells lambdas on one line apart: they share their file, qualname and line)
+    where = (fs.filename, fs.globals.get("__name__"), fs.qualname, getattr(fs.node, "lineno", 0),
+             getattr(fs.node, "col_offset", 0), fullgraph, program_cache._environment())
     return hashlib.sha256(settings.compiler_version().encode() + repr(where).encode()).hexdigest()
 
 
