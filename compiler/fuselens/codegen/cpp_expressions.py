@@ -181,9 +181,10 @@ class CppExpressions(KernelExpressions):
 
     def row_cache(self, name, text, key, deps):
         """The row cache array of a value computed in a loop over a row (None if not cached);
-        records the heavy ones for `cached`."""
+        records the heavy ones for `cached`: heavy calls and bf16 roundings (five integer
+        operations and the value's own, where a store and a load cost two)."""
         calls = set(CALLS.findall(text))
-        if calls & HEAVY_CALLS or text.startswith("fl_round_bf16") and set(TEMPORARY.findall(text)) & self.heavy:
+        if calls & HEAVY_CALLS or text.startswith("fl_round_bf16"):
             self.heavy.add(name)
         if self.row_loop is None or self.row_loop[0] not in deps or name not in self.heavy:
             return None
