@@ -516,7 +516,7 @@ class CppKernelWriter(CppExpressions):
     def generate(self):
         with use_handler(self):
             self.body()
-        self.lines, tables = tabulate(self.lines)
+        self.lines, tables = tabulate(self.lines, self.bf16_values)
         if self.cached or tables:
             self.drop_unused_temporaries()
         name = self.kernel_name()

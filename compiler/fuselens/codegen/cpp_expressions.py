@@ -98,7 +98,7 @@ class CppExpressions(KernelExpressions):
         self.hoist_points: list = []  # HoistPoint of each open loop
         self.depth: dict[str, int] = {}  # temporary or accumulator -> the scope depth it is declared at
         self.wild: set[str] = set()  # float temporaries that may hold a wild NaN (TAME_CALLS)
-        self.rounded_bf16: set[str] = set()  # temporaries that are bf16 values (their low 16 bits clear)
+        self.bf16_values: set[str] = set()  # temporaries that are bf16 values (their low 16 bits clear)
         # row cache (codegen/cpp.py's reduction kernels): a heavy value computed in one loop over a
         # row and again in a later one is stored in the first (an array of the row, per thread) and
         # loaded in the others. Values are named by `key` (their text with temporaries by the key of
@@ -147,7 +147,7 @@ class CppExpressions(KernelExpressions):
             if key in self.cache_filled:
                 text = f"{cache}[{self.row_loop[0]}]"  # (as wild as the value stored, which `name` is)
                 if key.startswith("fl_round_bf16"):
-                    self.rounded_bf16.add(name)
+                    self.bf16_values.add(name)
             else:
                 self.cache_filled.add(key)
                 self.emit(f"{C_TYPES[dtype]} {name} = {text};")
@@ -238,7 +238,7 @@ class CppExpressions(KernelExpressions):
             text = f"({mask}) ? {text} : {C_TYPES[dtype]}(0)"
         value = self.cse(text, dtype)
         if buf.dtype == torch.bfloat16:
-            self.rounded_bf16.add(value.expr)
+            self.bf16_values.add(value.expr)
         return value
 
     def constant(self, value, dtype):
@@ -268,7 +268,7 @@ class CppExpressions(KernelExpressions):
         """Whether a / b divides bf16 values by one that the innermost loop does not change (a
         softmax's or layer norm's row sum or deviation): `bf16_quotient` applies."""
         point = self.hoist_points[-1] if self.hoist_points else None
-        return point is not None and a.expr in self.rounded_bf16 and b.expr in self.rounded_bf16 and \
+        return point is not None and a.expr in self.bf16_values and b.expr in self.bf16_values and \
             point.var not in self.deps.get(b.expr, ())
 
     def bf16_quotient(self, a, b):
@@ -283,7 +283,7 @@ class CppExpressions(KernelExpressions):
     def round(self, v, dtype):
         out = super().round(v, dtype)
         if dtype == torch.bfloat16 and out is not v:
-            self.rounded_bf16.add(out.expr)
+            self.bf16_values.add(out.expr)
         return out
 
     def round_text(self, v, dtype):
@@ -293,7 +293,7 @@ class CppExpressions(KernelExpressions):
 
     def bf16_bits_text(self, v) -> str:
         """The bits stored of float `v` as a bf16 (a value already rounded: its upper half)."""
-        return f"fl_bf16_bits({v})" if v.expr in self.rounded_bf16 else f"fl_to_bf16({v})"
+        return f"fl_bf16_bits({v})" if v.expr in self.bf16_values else f"fl_to_bf16({v})"
 
     def cast_text(self, v, dtype):
         if isinstance(v, CV) and v.dtype == torch.bool and dtype.is_floating_point:

@@ -18,16 +18,13 @@ from __future__ import annotations
 import hashlib
 import re
 
-from .cpp_expressions import HEAVY_CALLS, TEMPORARY
+from .cpp_expressions import CALLS, HEAVY_CALLS, TEMPORARY
 
 DEFINITION = re.compile(r"^float (tmp\d+) = (.*?);(  //.*)?$")
 # calls worth a table's gather: not exp, inline and vectorised, which computes as fast as a gather
 # loads (bf16 exp 1.81 ms computed, 1.84 looked up on 2048x4096; a softmax's sum loop 2.7 ms
 # computing it, 3.35 looking it up), where tanh's SLEEF call takes 6.5 ms against 1.6
 TABLE_WORTHY = HEAVY_CALLS - {"fl_exp"}
-# a bf16 value: loaded from a bf16 tensor, or a float rounded to bf16
-BF16_LOAD = re.compile(r"^fl_from_bf16\(in_ptr\d+\[[^\]]*\]\)$")
-BF16_ROUNDING = re.compile(r"^fl_round_bf16(?:_tame)?\(tmp\d+\)$")
 NUMBER = re.compile(r"\b0x[0-9a-fA-F.]+p[+-]?\d+\b|\b\d+(?:\.\d*)?(?:[eE][+-]?\d+)?[fFuUlL]*\b")
 NAME = re.compile(r"[A-Za-z_][\w:]*")
 # names an expression of only temporaries and literals may hold besides its calls
@@ -45,9 +42,10 @@ def is_pure(expr: str) -> bool:
     return True
 
 
-def tabulate(lines: list) -> tuple[list, list]:
+def tabulate(lines: list, bf16_values: set) -> tuple[list, list]:
     """(the kernel's lines with the outermost function of each bf16 value looked up in a table,
-    the tables' definitions: C++ blocks to put before the kernel). `lines`: (indent, text)."""
+    the tables' definitions: C++ blocks to put before the kernel). `lines`: (indent, text);
+    `bf16_values`: the temporaries holding bf16 values (loaded or rounded)."""
     defs = {}  # temporary -> (line index, expression, comment)
     for i, (_, text) in enumerate(lines):
         m = DEFINITION.match(text)
@@ -60,14 +58,13 @@ def tabulate(lines: list) -> tuple[list, list]:
             of = {source.get(t) for t in operands}
             if len(of) == 1 and None not in of:
                 source[name] = of.pop()
-        if name not in source and (BF16_LOAD.match(expr) or BF16_ROUNDING.match(expr)):
+        if name not in source and name in bf16_values:
             source[name] = name
     tables, lines = [], list(lines)
     chosen = set()
-    for name in sorted((n for n in source if source[n] != n and BF16_ROUNDING.match(defs[n][1])),
-                       key=lambda n: -defs[n][0]):
+    for name in sorted((n for n in source if source[n] != n and n in bf16_values), key=lambda n: -defs[n][0]):
         closure = _closure(name, source[name], defs)
-        calls = {c for t in closure for c in re.findall(r"([A-Za-z_][\w:]*)\s*\(", defs[t][1])}
+        calls = {c for t in closure for c in CALLS.findall(defs[t][1])}
         if not calls & TABLE_WORTHY or any(name in _closure(c, source[c], defs) for c in chosen):
             continue  # (cheap, or within a value already looked up)
         chosen.add(name)
