@@ -3,6 +3,9 @@ call's arguments, so CUDA's policy holds on a machine without a GPU. Checked aga
 autocast test lists (the ops each policy covers, with arguments), and compiled == eager on CPU."""
 from __future__ import annotations
 
+import contextlib
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -137,6 +140,36 @@ def _transposed_conv(x, y):
                                 _cat_of_mixed, _losses_autocast_runs_in_float32, _transposed_conv], ids=lambda f: f.__name__.strip("_"))
 def test_compiled_under_autocast_equals_eager(op):
     check(_under_autocast(op), torch.randn(4, 8), torch.randn(4, 8), graphs=1, breaks=[])
+
+
+def _maybe_autocast(device_type, enabled=True):
+    """transformers' maybe_autocast: a block only where autocast is on or asked for."""
+    if torch.is_autocast_enabled(device_type) or enabled:
+        return torch.autocast(device_type, enabled=enabled)
+    return contextlib.nullcontext()
+
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # (made where there is no CUDA: torch warns that it is off)
+    _CUDA_AUTOCAST_OFF = torch.autocast("cuda", enabled=False)
+
+
+def _autocast_state_asked_inside(x, y):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with _maybe_autocast("cpu", enabled=False):  # (a rotary embedding's float32 product)
+            off = x @ y.T
+        with torch.autocast("cpu"):  # no dtype of its own: the enclosing block's
+            inner = (x @ y.T) * (2.0 if torch.get_autocast_dtype("cpu") is torch.bfloat16 else 3.0)
+        on = x @ y.T if torch.is_autocast_enabled("cpu") else x
+        with _CUDA_AUTOCAST_OFF:  # another device's block leaves the CPU's on
+            other = x @ y.T
+    return off, inner, on, other
+
+
+def test_autocast_state_is_the_blocks_the_code_is_in():
+    """Capture enters none of torch's autocast blocks: what code inside one asks of autocast
+    (is it on, its dtype) and which block casts a call are the walk's, each device its own."""
+    check(_autocast_state_asked_inside, torch.randn(4, 8), torch.randn(4, 8), graphs=1, breaks=[])
 
 
 _LAYER = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, dropout=0.0)

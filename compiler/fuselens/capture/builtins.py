@@ -227,6 +227,20 @@ def _native(ev, fn, args, kwargs, e, scope):
     return fn(*args, **kwargs)
 
 
+def _autocast(ev, fn, args, kwargs, e, scope):
+    """`torch.autocast(...)` made as eager makes it where the walk is: without a dtype of its own
+    it takes the one autocast has there (an enclosing block's), which torch's state, never set by
+    capture, does not hold."""
+    saved = {d: torch.get_autocast_dtype(d) for d in ("cpu", "cuda")}
+    try:
+        for d in saved:
+            torch.set_autocast_dtype(d, ev.autocast_state(d)[1])
+        return fn(*args, **kwargs)
+    finally:
+        for d, dtype in saved.items():
+            torch.set_autocast_dtype(d, dtype)
+
+
 def _set_grad_enabled(ev, fn, args, kwargs, e, scope):
     """`torch.set_grad_enabled(mode)` sets grad mode when made, not when entered. As a `with`'s
     context expression, grad mode is the evaluator's state from `__enter__` (statements.py): the
@@ -410,7 +424,7 @@ KNOWN = {len: _len, range: _range, int: _int, getattr: _getattr, hasattr: _hasat
          type: _type, isinstance: _isinstance, super: _super, iter: _iter, next: _next, callable: _callable,
          setattr: _setattr, delattr: _delattr, functools.reduce: _reduce, print: _print,
          torch.no_grad: _native, torch.enable_grad: _native, torch.set_grad_enabled: _set_grad_enabled,
-         torch.autocast: _native, torch._C._log_api_usage_once: _usage_log, torch._assert: _assert,
+         torch.autocast: _autocast, torch._C._log_api_usage_once: _usage_log, torch._assert: _assert,
          torch.utils.checkpoint.checkpoint: _checkpoint, os.getenv: _getenv}
 if hasattr(os, "getenvb"):
     KNOWN[os.getenvb] = _getenv

@@ -102,8 +102,9 @@ def is_logging_call(fn) -> bool:
 
 # questions about torch's global state, answered by running them (each changes nothing; grad mode,
 # autocast and the default dtype are guarded; no dispatch mode is active inside compiled code)
-STATE_QUERIES = {torch.get_default_dtype, torch.is_grad_enabled, torch.is_autocast_enabled,
-                 torch._C._len_torch_dispatch_stack, torch.is_inference_mode_enabled}
+# (autocast's are the evaluator's: tensors.AUTOCAST_QUERIES)
+STATE_QUERIES = {torch.get_default_dtype, torch.is_grad_enabled, torch._C._len_torch_dispatch_stack,
+                 torch.is_inference_mode_enabled}
 
 
 def marked_constant(fn) -> bool:

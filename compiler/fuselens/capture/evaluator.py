@@ -66,9 +66,11 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
         self.sources = sources          # capture.Sources (concrete): guards and constants
         self.dynamic = {} if dynamic is None else dynamic  # source expr -> set of dynamic dims (the runtime's)
         self.symbolic = None  # symbolic.SymbolicShapes: made at the first read of an intermediate's size
-        # stack of (device_type, dtype) of active autocast: one entered around the call too
-        self.autocast: list = [(d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")
-                               if torch.is_autocast_enabled(d)]
+        # stack of (device_type, enabled, dtype) of autocast where the walk is: the caller's state
+        # (guarded) at the bottom, each `with torch.autocast(...)` entered here above it. Capture
+        # never enters torch's autocast (the graph casts explicitly), so torch's own answer to
+        # `torch.is_autocast_enabled()` here would be the caller's: `autocast_state` answers
+        self.autocast: list = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")]
         self.grad_enabled = torch.is_grad_enabled()
         self.with_expr = None  # the context expression of the `with` being entered (builtins.py)
         self.deriving_views = False  # Tensors.rebind derives the views of a written tensor again

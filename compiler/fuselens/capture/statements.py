@@ -572,8 +572,7 @@ class Statements:
             stack.callback(lambda: setattr(self, "grad_enabled", prev))
             return
         if isinstance(cm, torch.autocast):
-            dtype = cm.fast_dtype if cm._enabled else None
-            self.autocast.append((cm.device, dtype))
+            self.autocast.append((cm.device, cm._enabled, cm.fast_dtype))
             stack.callback(self.autocast.pop)
             return
         self.brk(B.UNSUPPORTED_STMT, item.context_expr, scope,

@@ -22,6 +22,15 @@ from .values import NUMPY_SCALARS, UNKNOWN, SymInt, SymShape, TensorVar, leaves,
 from .frames import AbstractSeq
 
 
+# torch's questions about autocast: answered from the walk's state (`autocast_state`), not by torch,
+# whose answer would be the caller's (capture enters none of torch's autocast blocks):
+# fn -> (the device type it asks about where the call names none, 0: enabled / 1: dtype)
+AUTOCAST_QUERIES = {fn: how for name, how in (("is_autocast_enabled", ("cuda", 0)), ("get_autocast_dtype", (None, 1)),
+                                              ("is_autocast_cpu_enabled", ("cpu", 0)),
+                                              ("get_autocast_cpu_dtype", ("cpu", 1)),
+                                              ("get_autocast_gpu_dtype", ("cuda", 1)))
+                    if (fn := getattr(torch, name, None)) is not None}
+
 class Tensors:
     """Mixin of `Evaluator` (evaluator.py)."""
 
@@ -141,6 +150,9 @@ class Tensors:
             return isinstance(args[0], TensorVar)
         if fn in C.STATE_QUERIES:
             return fn(*args)
+        if fn in AUTOCAST_QUERIES:
+            default, answer = AUTOCAST_QUERIES[fn]
+            return self.autocast_state(args[0] if args else kwargs.get("device_type", default))[answer]
         if self.abstract and not args and not kwargs:
             return UNKNOWN  # a query of the process's state (`_get_deterministic_algorithms()`)
         if fn is torch.Size:
@@ -195,7 +207,7 @@ class Tensors:
         if any(m.get("no_grad_view_written") for m in no_grad_views):
             # eager refuses; capture stops, the eager run it falls back to raises that
             raise RuntimeError("a view created in no_grad mode is used in grad mode after a write into its base")
-        if self.autocast and not self.abstract:
+        if not self.abstract and any(on for _, on, _ in self.autocast):
             cast = self.autocast_args(fn, args, kwargs, e, scope)
             if cast is None:  # torch's Python that autocast runs in several dtypes: its calls one by one
                 return self.inline(fn, args, kwargs, e, scope)
@@ -349,12 +361,26 @@ class Tensors:
             t = t.view_of[0] if t.view_of is not None else None
         return False
 
+    def autocast_state(self, device_type) -> tuple:
+        """(enabled, dtype) of autocast on `device_type` where the walk is: the innermost
+        `with torch.autocast` for it, else the caller's (guarded). Device types capture does not
+        model (xpu, mps) answer as torch does."""
+        for d, on, dtype in reversed(self.autocast):
+            if d == device_type:
+                return on, dtype
+        return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+
     def autocast_args(self, fn, args, kwargs, e, scope):
         """The arguments as autocast hands them to `fn`: the graph has no autocast, so capture
         casts them (what to, torch's autocast answers: capture/autocast.py). None: `fn` is a
         Python function to interpret instead."""
-        device_type, dtype = self.autocast[-1]
-        if dtype is None:
+        devices = {a.device.type for a in tree_leaves((args, kwargs)) if isinstance(a, TensorVar) and a.meta is not None}
+        if not devices:
+            return args, kwargs
+        # (ATen's autocast key is the tensors' device's; a CPU scalar tensor beside a GPU's is not it)
+        device_type = next((d for d in sorted(devices) if d != "cpu"), "cpu")
+        on, dtype = self.autocast_state(device_type)
+        if not on:
             return args, kwargs
         target = AC.cast_to(fn, args, kwargs, device_type, dtype)
         if isinstance(target, AC.AtenCalls):
