@@ -2,9 +2,12 @@
 a program makes them on its first call and keeps them, kernels and extern calls alike, except
 what the caller gets, what draws random numbers, and what is too large to hold."""
 import collections
+import operator
 import re
+import warnings
 
 import torch
+import torch.fx as fx
 
 from fl_backend_testing import DEVICE, SDPA, compile, triton_kernels
 from fuselens.codegen import launcher, wrapper
@@ -133,3 +136,53 @@ def test_constants_larger_than_the_limit_are_made_each_call(monkeypatch):
     cg = compile(_packed_sequence_mask, q, k)
     assert "make_constants" not in cg.wrapper_source
     torch.testing.assert_close(cg(q, k)[0], _packed_sequence_mask(q, k), atol=1e-5, rtol=1e-5)
+
+
+@torch.jit.script
+def _scaled_size_sqrt(x: torch.Tensor, factor: int):
+    return torch.sqrt(torch.tensor(x.size(-1), dtype=torch.float) * factor)
+
+
+def _values_eager_makes_on_the_cpu(x, table):
+    """DeBERTa's attention scale (a 0-d tensor from torch.tensor, in Python or in a TorchScript
+    function of a GPU tensor) and BEiT's relative position index (torch.zeros without a device,
+    written in place): CPU tensors beside the inputs'."""
+    scale = torch.sqrt(torch.tensor(x.size(-1), dtype=torch.float) * 2)
+    index = torch.zeros(size=(4, 4), dtype=torch.long)
+    index[1:, 1:] = torch.arange(9).view(3, 3)
+    index[0, :] = 9
+    return x / scale, x / _scaled_size_sqrt(x, 3).to(x.dtype), table[index.view(-1)] * 2, index
+
+
+def test_values_eager_makes_on_the_cpu_stay_there_and_kernels_read_copies():
+    """Eager makes them on the CPU and its GPU ops take them (a 0-d tensor as a scalar, an index
+    as it is); a kernel reads only its own device's memory: the ops stay torch's on the CPU and
+    kernels read one copy each (on a GPU, a kernel handed the CPU pointer faulted)."""
+    import fuselens
+    x, table = randn(4, 8).bfloat16(), randn(10, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fuselens.FuselensWarning)  # (no eager fall-back)
+        got = fuselens.compile(_values_eager_makes_on_the_cpu)(x, table)
+    want = _values_eager_makes_on_the_cpu(x, table)
+    for g, w in zip(got, want):
+        assert g.device == w.device and g.dtype == w.dtype
+        torch.testing.assert_close(g, w, atol=0, rtol=0)
+
+
+def test_a_node_on_another_device_is_torchs_op_there_and_copied_once():
+    """The mechanism on a machine with one device: the graph built for another device type
+    (meta) than the one capture found two nodes on (the CPU)."""
+    from fuselens.ops import primitives as prim
+    from fuselens.ops import to_primitive_graph
+
+    g = fx.Graph()  # x / s + s, s = torch.tensor(8.0) * 2 made on the CPU, as capture records it
+    x = g.placeholder("x")
+    s = g.call_function(operator.mul, (g.call_function(torch.tensor, (8.0,)), 2))
+    g.output((g.call_function(operator.add, (g.call_function(operator.truediv, (x, s)), s)),))
+    for n in g.nodes:
+        n.meta["device"] = torch.device("cpu" if n.target in (torch.tensor, operator.mul) else "meta")
+    graph = to_primitive_graph(fx.GraphModule(torch.nn.Module(), g), [torch.empty(4, device="meta")], "meta")
+    externs = [n for n in graph.nodes if n.target is prim.call_torch]
+    assert [n.args[0] for n in externs] == [torch.tensor, operator.mul, torch.Tensor.to]
+    assert externs[-1].args[1][1] == torch.device("meta")  # one copy, read by both ops
+    assert len(externs[-1].users) == 2

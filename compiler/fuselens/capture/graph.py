@@ -9,6 +9,7 @@ import torch
 import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
 
 from ..ops import effects
 from . import meta_memo
@@ -217,6 +218,14 @@ class GraphBuilder:
                 raise MetaEvalError(f"{_name(target)}: {type(e).__name__}: {e}",
                                     getattr(e, "fl_dynamic_shape", False)) from None
             meta_memo.remember(memo, metas, out_meta, eff)
+        made = {t.device for t in effects._flat_tensors(out_meta) if t.device.type != "meta"}
+        if made:
+            # run on meta stand-ins, the call still made a real tensor: it chose the device itself
+            # (a TorchScript function's `torch.tensor(...)`), and eager's value is there whatever
+            # its arguments' device
+            device = next(iter(made))
+            out_meta = tree_map(lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+                                if isinstance(t, torch.Tensor) and t.device.type != "meta" else t, out_meta)
         _check_device_kernel(fn, margs, mkwargs, device)
         _check_out_dtypes(fn, margs, mkwargs, device)
         eff.tensor_vars = tvs

@@ -133,11 +133,39 @@ def decompose(target, args, kwargs, node=None):
     return extern_call(target, args, kwargs, node)
 
 
-def decompose_node(node: fx.Node, env: dict):
-    """A torch-level graph's call node as primitives, its operands the values `env` holds."""
-    args = map_aggregate(node.args, lambda a: env[a] if isinstance(a, fx.Node) else a)
-    kwargs = map_aggregate(dict(node.kwargs), lambda a: env[a] if isinstance(a, fx.Node) else a)
+def decompose_node(node: fx.Node, env: dict, elsewhere: dict | None = None):
+    """A torch-level graph's call node as primitives, its operands the values `env` holds.
+    `elsewhere` (node -> its value moved to the graph's device, or None): the nodes whose values
+    eager makes on another device than the graph's (below)."""
+    if elsewhere is not None and _on_another_device(node):
+        # (`torch.tensor(8.0)`, a factory without a device, in a GPU graph): torch's op on that
+        # device, as eager runs it; the graph's kernels never take its result (_operand)
+        elsewhere[node] = None
+        args = map_aggregate(node.args, lambda a: env[a] if isinstance(a, fx.Node) else a)
+        kwargs = map_aggregate(dict(node.kwargs), lambda a: env[a] if isinstance(a, fx.Node) else a)
+        return extern_call(normalize_target(node), args, kwargs, node)
+    operand = (lambda a: env[a]) if not elsewhere else (lambda a: _operand(a, env, elsewhere))
+    args = map_aggregate(node.args, lambda a: operand(a) if isinstance(a, fx.Node) else a)
+    kwargs = map_aggregate(dict(node.kwargs), lambda a: operand(a) if isinstance(a, fx.Node) else a)
     return decompose(normalize_target(node), args, kwargs, node)
+
+
+def _on_another_device(node: fx.Node) -> bool:
+    """Whether capture found `node`'s value on another device type than the graph's (the builder's)."""
+    device = node.meta.get("device")
+    return device is not None and torch.device(device).type != P.builder().device.type
+
+
+def _operand(a: fx.Node, env: dict, elsewhere: dict):
+    """`a`'s value as an operand of an op on the graph's device: one made on another device is
+    copied here once (eager's CUDA ops take a CPU 0-d tensor as a scalar and a CPU index tensor
+    as it is; a kernel reads only its own device's memory)."""
+    v = env[a]
+    if a not in elsewhere or not isinstance(v, TVal):
+        return v
+    if elsewhere[a] is None:
+        elsewhere[a] = emit(prim.call_torch, torch.Tensor.to, (v, P.builder().device), {}, _val=v.val)
+    return elsewhere[a]
 
 
 def _undo(b, last, seed):
@@ -198,6 +226,7 @@ def to_primitive_graph(gm: fx.GraphModule, example_inputs, device) -> fx.Graph:
     """
     b = GraphBuilder(device)
     env: dict[fx.Node, object] = {}
+    elsewhere: dict = {}  # decompose_node's
     inputs = iter(example_inputs)
     with b.building():
         for node in gm.graph.nodes:
@@ -205,7 +234,7 @@ def to_primitive_graph(gm: fx.GraphModule, example_inputs, device) -> fx.Graph:
                 env[node] = b.placeholder(node.name, meta_like(next(inputs)))
             elif node.op in ("call_function", "call_method"):
                 with b.at(node.meta.get("loc"), node.meta.get("recompute")):
-                    env[node] = decompose_node(node, env)
+                    env[node] = decompose_node(node, env, elsewhere)
             elif node.op == "get_attr" and not isinstance(getattr(gm, node.target), torch.Tensor):
                 env[node] = getattr(gm, node.target)  # a constant argument capture could not spell
             elif node.op == "output":
