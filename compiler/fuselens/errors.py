@@ -37,6 +37,12 @@ def fall_back(stage: str, subject: str, cause: BaseException, eager=None):
     the error was the user's program's: its exception propagates as is, unwarned, so the caller
     must commit to running `subject` eagerly from now on only once this returns. Without `eager`
     (a failure before anything was to run, e.g. compiling kernels), it only warns."""
-    out = eager() if eager is not None else None
+    try:
+        out = eager() if eager is not None else None
+    except BaseException as e:
+        # the user's error as eager raises it, but where fuselens's run left the device broken (a
+        # kernel's fault: CUDA reports it at a later call) eager's error is only its echo
+        e.add_note(f"(fuselens's compiled run of {subject} had raised first: {type(cause).__name__}: {cause})")
+        raise
     warn(fallback_message(stage, subject, cause), stacklevel=3)
     return out
