@@ -76,20 +76,16 @@ class SymbolicShapes:
             return self.g.constants[n.target]
         if n.op != "call_function":
             return _FAILED
-        try:
-            with self.mode:
-                return n.target(*args[0], **args[1])
-        except Exception as exc:  # noqa: BLE001
-            first = exc
-        # Composite ops whose C++ body reads sizes as ints (torch 2.11's matmul of a 3-D tensor by
-        # a 2-D one calls numel()) have Python bodies over SymInts, run by the Python dispatcher
-        # (as Dynamo's fake runs do; slower, so only where the C++ body failed)
+        # under the Python dispatcher, as Dynamo's fake runs are: composite ops whose C++ bodies
+        # read sizes as ints (torch 2.11's matmul: numel() of a 3-D tensor by a 2-D one, int()
+        # of a batched product's sizes, which pins a dynamic length to the size seen) run their
+        # Python bodies over SymInts
         from torch._dispatch.python import enable_python_dispatcher
         try:
             with enable_python_dispatcher(), self.mode:
                 return n.target(*args[0], **args[1])
         except Exception as exc:  # noqa: BLE001 - no symbolic rule: the caller pins the sizes instead
-            _log.debug("no symbolic sizes past %s: %r (first %r)", n.format_node(), exc, first)
+            _log.debug("no symbolic sizes past %s: %r", n.format_node(), exc)
             return _FAILED
 
     def _placeholder(self, n: fx.Node):
