@@ -96,8 +96,10 @@ def child(out_path):
 
 def process(tmp_path, tag, **env):
     out = tmp_path / f"{tag}.pt"
+    # (the runtime's log: why a kept capture was not taken, in a failing assertion's message)
     env = dict(os.environ, FUSELENS_PROGRAM_CACHE="1", FUSELENS_CACHE_DIR=str(tmp_path / "cache"),
-               PYTHONPATH=os.pathsep.join([str(ROOT / "compiler"), str(tmp_path / "user")]), **env)
+               PYTHONPATH=os.pathsep.join([str(ROOT / "compiler"), str(tmp_path / "user")]),
+               FUSELENS_LOG="runtime", **env)
     env.pop("FUSELENS_CAPTURE_CACHE", None)
     p = subprocess.run([sys.executable, __file__, str(out)], env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
@@ -106,7 +108,21 @@ def process(tmp_path, tag, **env):
     torch.testing.assert_close(out_, ref)
     for a, b in zip(grads + buffers, ref_grads + ref_buffers):
         torch.testing.assert_close(a, b)
-    return res["capture"]
+    return Captures((res["capture"]["functions"], res["capture"]["kept"]),
+                    [line for line in p.stderr.splitlines() if "capture cache" in line or "kept capture" in line])
+
+
+class Captures(tuple):
+    """(captures a process made, kept captures it took), and its runtime log's capture-cache lines
+    (why a kept capture was not taken), shown where an assertion fails."""
+
+    def __new__(cls, counts, log):
+        t = super().__new__(cls, counts)
+        t.log = log
+        return t
+
+    def __repr__(self):
+        return f"{tuple(self)!r} (capture cache log: {self.log})"
 
 
 @pytest.fixture
@@ -120,9 +136,9 @@ def user(tmp_path):
 
 def test_second_process_takes_the_kept_capture(tmp_path, user):
     first = process(tmp_path, "first")
-    assert (first["functions"], first["kept"]) == (1, 0)
+    assert first == (1, 0)
     second = process(tmp_path, "second")
-    assert (second["functions"], second["kept"]) == (0, 1)
+    assert second == (0, 1)
 
 
 @pytest.mark.parametrize("edit", ["method", "function", "other_file", "closure_value", "default_value",
@@ -145,9 +161,9 @@ def test_what_changed_since_is_captured_again(tmp_path, user, edit):
     else:  # the same code, an environment variable read in forward another value (its guard fails)
         env["USER_MODE"] = "negate"
     second = process(tmp_path, "second", **env)  # (each equal to eager: `process`)
-    assert (second["functions"], second["kept"]) == (1, 0)
+    assert second == (1, 0)
     third = process(tmp_path, "third", **env)  # kept beside the first
-    assert (third["functions"], third["kept"]) == (0, 1)
+    assert third == (0, 1)
 
 
 # -- in one process: another model of the same code ------------------------------------------------

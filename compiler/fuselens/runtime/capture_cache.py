@@ -557,7 +557,10 @@ def _process_state(blob: bytes) -> bool:
 def candidates(k: str, fs: FunctionSource, args, kwargs):
     """The captures kept under `k`, each made again with this process's objects for this call
     (newest first): the caller takes the first whose guard function holds."""
-    for kept in program_cache.load(k, list, FOLDER) or []:
+    kept_here = program_cache.load(k, list, FOLDER) or []
+    if not kept_here:
+        _log.debug("capture cache: nothing kept for %s", fs.qualname)
+    for kept in kept_here:
         try:
             cap = _capture(kept, fs, args, kwargs)
         except Exception as e:

@@ -378,7 +378,9 @@ class CompiledFunction:
                 except Exception as e:
                     _LOG_RUNTIME.debug("%s: a kept capture not taken (%s: %s)", fs.qualname, type(e).__name__, e)
                     ok = False
-                if ok:
+                if not ok:
+                    _LOG_RUNTIME.debug("%s: a kept capture's guards do not hold here", fs.qualname)
+                else:
                     stats.capture["kept"] += 1
                     for src, dims in cap.dynamic.items():  # (dynamic in this process's recompiles too)
                         self.dynamic.setdefault(src, set()).update(dims)
