@@ -113,16 +113,13 @@ def process(tmp_path, tag, **env):
 
 
 class Captures(tuple):
-    """(captures a process made, kept captures it took), and its runtime log's capture-cache lines
-    (why a kept capture was not taken), shown where an assertion fails."""
+    """(captures a process made, kept captures it took), and `log`: its runtime log's lines on kept
+    captures (why one was not taken), the message of an assertion on them."""
 
     def __new__(cls, counts, log):
         t = super().__new__(cls, counts)
         t.log = log
         return t
-
-    def __repr__(self):
-        return f"{tuple(self)!r} (capture cache log: {self.log})"
 
 
 @pytest.fixture
@@ -136,9 +133,9 @@ def user(tmp_path):
 
 def test_second_process_takes_the_kept_capture(tmp_path, user):
     first = process(tmp_path, "first")
-    assert first == (1, 0)
+    assert first == (1, 0), first.log
     second = process(tmp_path, "second")
-    assert second == (0, 1)
+    assert second == (0, 1), second.log
 
 
 @pytest.mark.parametrize("edit", ["method", "function", "other_file", "closure_value", "default_value",
@@ -161,9 +158,9 @@ def test_what_changed_since_is_captured_again(tmp_path, user, edit):
     else:  # the same code, an environment variable read in forward another value (its guard fails)
         env["USER_MODE"] = "negate"
     second = process(tmp_path, "second", **env)  # (each equal to eager: `process`)
-    assert second == (1, 0)
+    assert second == (1, 0), second.log
     third = process(tmp_path, "third", **env)  # kept beside the first
-    assert third == (0, 1)
+    assert third == (0, 1), third.log
 
 
 # -- in one process: another model of the same code ------------------------------------------------
