@@ -433,6 +433,9 @@ _FUSED_ATTENTION = {
 }
 # CPU's one fused kernel (SDPBackend 1 there), which returns q's layout too
 _CPU_FLASH = _aten._scaled_dot_product_flash_attention_for_cpu.default
+# a trained attention on a CPU (sdpa_saving's backend "cpu"): the flash kernel's forward, whose
+# logsumexp its backward reads, as torch's autograd calls them
+_FUSED_ATTENTION["cpu"] = (_CPU_FLASH, _aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
 
 
 _ARGUMENT_NAMES: dict = {}
@@ -480,7 +483,7 @@ def sdpa_meta(q, k, v, attn_mask=None, is_causal=False, scale=None, *, device):
 
 def _fused_arguments(q, k, v, bias, is_causal, scale):
     """The fused forwards' arguments by schema name (each takes those it names)."""
-    return dict(query=q, key=k, value=v, attn_bias=bias, compute_log_sumexp=True, dropout_p=0.0,
+    return dict(query=q, key=k, value=v, attn_bias=bias, attn_mask=bias, compute_log_sumexp=True, dropout_p=0.0,
                 is_causal=is_causal, scale=scale)
 
 
@@ -489,12 +492,12 @@ def _attention_bias(mask, q, k, backend):
     boolean mask (or for the bias the graph made of one). Efficient attention (ATen's convert_boolean_attn_mask, then preprocess_mask):
     -inf where masked, rows padded to 8 elements where they are not aligned so, expanded to
     (B, H, L, S). cuDNN (convert_boolean_attn_mask_cudnn): the fill torch's version uses
-    (_cudnn_mask_fill), as it is."""
+    (_cudnn_mask_fill), as it is. The CPU's flash kernel: -inf where masked, as it is."""
     if mask.dtype != torch.bool:  # the bias the graph made of it (attention._bias_of)
         bias = mask
     else:
         bias = _fill_masked(mask, q, _cudnn_mask_fill(q.device) if backend == 3 else -math.inf)
-    if backend == 3:
+    if backend in (3, "cpu"):
         return bias
     if bias.stride(-1) != 1 or any(s % 8 for s in bias.stride()[:-1]):
         last = bias.shape[-1]
@@ -566,6 +569,8 @@ def _sdpa_saving(q, k, v, attn_mask=None, is_causal=False, scale=None, *, backen
     forward, _ = _FUSED_ATTENTION[backend]
     bias = None if attn_mask is None else _attention_bias(attn_mask, q, k, backend)
     r = _by_name(forward, _fused_arguments(q, k, v, bias, is_causal, scale))
+    if backend == "cpu":  # (no random state: empty stand-ins of the seed and offset)
+        return r[0], r[1], q.new_empty(0), q.new_empty(0)
     # by position: flash's philox seed and offset are named rng_state and unused in newer schemas
     return (r[0], r[1], r[2], r[3]) if backend == 2 else (r[0], r[1], r[6], r[7])
 
@@ -596,10 +601,13 @@ def _fused_attention_backward(backend, g, q, k, v, attn_mask, is_causal, scale):
 
 def saving_backend(q, k, v, attn_mask, is_causal, scale, device, mask_grad=False):
     """The fused kernel sdpa_saving runs for a trained attention on `device` (meta tensors q, k,
-    v, mask; `mask_grad`: the mask requires grad): torch's choice, or None (not CUDA, math)."""
-    if torch.device(device).type != "cuda":
+    v, mask; `mask_grad`: the mask requires grad): torch's choice ("cpu": the CPU's flash
+    kernel), or None (math; a CPU mask with a gradient, which the flash kernel gives none of)."""
+    device = torch.device(device)
+    if device.type not in ("cuda", "cpu") or device.type == "cpu" and mask_grad:
         return None
-    return sdpa_backend(q, k, v, attn_mask, is_causal, scale, device, grad=True, mask_grad=mask_grad)
+    backend = sdpa_backend(q, k, v, attn_mask, is_causal, scale, device, grad=True, mask_grad=mask_grad)
+    return "cpu" if device.type == "cpu" and backend == 1 else backend
 
 
 def _fused_backward_for(q, k, v, attn_mask, is_causal, scale):
