@@ -31,6 +31,7 @@ AUTOCAST_QUERIES = {fn: how for name, how in (("is_autocast_enabled", ("cuda", 0
                                               ("get_autocast_gpu_dtype", ("cuda", 1)))
                     if (fn := getattr(torch, name, None)) is not None}
 
+
 class Tensors:
     """Mixin of `Evaluator` (evaluator.py)."""
 

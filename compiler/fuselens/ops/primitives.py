@@ -482,7 +482,8 @@ def sdpa_meta(q, k, v, attn_mask=None, is_causal=False, scale=None, *, device):
 
 
 def _fused_arguments(q, k, v, bias, is_causal, scale):
-    """The fused forwards' arguments by schema name (each takes those it names)."""
+    """The fused forwards' arguments by schema name (each takes those it names: the bias is
+    CUDA's kernels' `attn_bias`, the CPU flash kernel's `attn_mask`)."""
     return dict(query=q, key=k, value=v, attn_bias=bias, attn_mask=bias, compute_log_sumexp=True, dropout_p=0.0,
                 is_causal=is_causal, scale=scale)
 
