@@ -172,6 +172,18 @@ def test_autocast_state_is_the_blocks_the_code_is_in():
     check(_autocast_state_asked_inside, torch.randn(4, 8), torch.randn(4, 8), graphs=1, breaks=[])
 
 
+def _mask_moved_by_keyword(x):
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # transformers' padding mask (BLOOM, torch 2.11)
+        mask = torch.ones(x.shape, device=x.device).to(device=x.device, dtype=torch.bool)
+        return x @ x.T, x * mask[0, 1]
+
+
+def test_to_with_a_device_keyword_is_on_that_device():
+    """`t.to(device=d, dtype=...)` is on d (capture had it on the meta device its stand-ins run
+    on, which autocast's queries then rejected)."""
+    check(_mask_moved_by_keyword, torch.randn(4, 8), graphs=1, breaks=[])
+
+
 _LAYER = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, dropout=0.0)
 
 

@@ -191,7 +191,7 @@ class GraphBuilder:
             device = _parse_device(mkwargs["device"]) or device
             mkwargs["device"] = "meta"
         if target in (torch.Tensor.to,) and device is not None:
-            for a in list(margs[1:]) + list(mkwargs.values()):
+            for a in margs[1:]:  # (a `device=` keyword was read above)
                 d = _parse_device(a) if not isinstance(a, (torch.dtype, bool)) else None
                 if d is not None:
                     device = d

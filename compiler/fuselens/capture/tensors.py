@@ -365,7 +365,9 @@ class Tensors:
     def autocast_state(self, device_type) -> tuple:
         """(enabled, dtype) of autocast on `device_type` where the walk is: the innermost
         `with torch.autocast` for it, else the caller's (guarded). Device types capture does not
-        model (xpu, mps) answer as torch does."""
+        model (xpu, mps) answer as torch does; those autocast has no key for (meta) as off."""
+        if not torch.amp.is_autocast_available(device_type):
+            return False, None
         for d, on, dtype in reversed(self.autocast):
             if d == device_type:
                 return on, dtype
