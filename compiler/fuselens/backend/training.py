@@ -243,7 +243,7 @@ def _expected_missing(tangents) -> frozenset:
 
 
 def _partition(gm, inputs, requires_grad, device, eager):
-    prim_graph = to_primitive_graph(gm, inputs, device)
+    prim_graph = to_primitive_graph(gm, inputs, device, requires_grad)
     save_attention_statistics(prim_graph, device, requires_grad)
     joint = build_joint(prim_graph, requires_grad, device, eager.output_requires_grad)
     private_inputs = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and i not in eager.saved_inputs]

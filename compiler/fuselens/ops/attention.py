@@ -141,9 +141,25 @@ def _match(pv: fx.Node):
     return q, k, v, float(scale), root, m.nodes
 
 
-def rewrite_attention(graph: fx.Graph, device) -> None:
-    """Replace every attention in `graph` (a graph for `device`) that SDPA computes exactly by one
-    `sdpa` node."""
+def _differentiated(graph: fx.Graph, requires_grad) -> set:
+    """The nodes of `graph` a gradient flows through (`requires_grad`: per placeholder)."""
+    grad = {n for n, rg in zip((n for n in graph.nodes if n.op == "placeholder"), requires_grad) if rg}
+    for n in graph.nodes:
+        if n.op == "call_function" and any(a in grad for a in n.all_input_nodes):
+            grad.add(n)
+    return grad
+
+
+def rewrite_attention(graph: fx.Graph, device, requires_grad=()) -> None:
+    """Replace every attention in `graph` (a graph for `device`, `requires_grad` per placeholder
+    where it is differentiated) that SDPA computes exactly by one `sdpa` node.
+
+    Not where a gradient flows through a half-precision one: the fused backward's row term
+    sum(dO * O) reads the output rounded to half, an error common to every key of the row that
+    dQ = sum_j dS_j k_j sums coherently where keys share a mean (LayerNorm'd tokens, a key bias):
+    dQ 10-60x further from float64 than eager's softmax backward, whose sum(P * dP) is exact
+    to the same rounded dP (MobileViT's query/key gradients)."""
+    grad = _differentiated(graph, requires_grad)
     removed: set[fx.Node] = set()
     for pv in [n for n in graph.nodes if n.target is prim.bmm]:
         if pv in removed:
@@ -151,6 +167,8 @@ def rewrite_attention(graph: fx.Graph, device) -> None:
         try:
             q, k, v, scale, root, nodes = _match(pv)
         except _NoMatch:
+            continue
+        if q.meta["val"].dtype in (torch.float16, torch.bfloat16) and grad.intersection((q, k, v)):
             continue
         with graph.inserting_before(root):
             new = graph.call_function(prim.sdpa, (q, k, v), {"scale": scale})
@@ -169,10 +187,7 @@ def save_attention_statistics(graph: fx.Graph, device, requires_grad) -> None:
     12 layers, ~0.7 ms of host a layer through torch's autograd). A mask with a gradient of its
     own (a trained relative position bias) takes torch's kernel for a mask that requires grad; only
     efficient attention's backward gives it (the others run as torch's autograd does)."""
-    grad = {n for n, rg in zip((n for n in graph.nodes if n.op == "placeholder"), requires_grad) if rg}
-    for n in graph.nodes:
-        if n.op == "call_function" and any(a in grad for a in n.all_input_nodes):
-            grad.add(n)
+    grad = _differentiated(graph, requires_grad)
     for n in [n for n in graph.nodes if n.target is prim.sdpa]:
         q, k, v = (a.meta["val"] for a in n.args)
         options = dict(n.kwargs)

@@ -217,12 +217,13 @@ def with_result_dtypes(out, expected):
     return out
 
 
-def to_primitive_graph(gm: fx.GraphModule, example_inputs, device) -> fx.Graph:
+def to_primitive_graph(gm: fx.GraphModule, example_inputs, device, requires_grad=()) -> fx.Graph:
     """The primitive graph of `gm` for inputs shaped like `example_inputs` (tensors or meta tensors).
 
     Placeholders keep gm's order; a `seed` int placeholder is appended when the graph draws random
     numbers. Outputs are a flat tuple (a single returned value becomes a 1-tuple). Attention
-    patterns become one `sdpa` call (attention.py).
+    patterns become one `sdpa` call (attention.py; `requires_grad`, per input, where the graph is
+    differentiated).
     """
     b = GraphBuilder(device)
     env: dict[fx.Node, object] = {}
@@ -243,7 +244,7 @@ def to_primitive_graph(gm: fx.GraphModule, example_inputs, device) -> fx.Graph:
                 b.output([env[o] if isinstance(o, fx.Node) else o for o in out])
             else:
                 raise NotImplementedError(f"{node.op} nodes ({node.target}) are not part of the capture contract")
-    rewrite_attention(b.graph, device)
+    rewrite_attention(b.graph, device, requires_grad)
     verify(check_primitive_graph, b.graph)
     return b.graph
 
