@@ -51,7 +51,8 @@ def trace(fn) -> fx.GraphModule:
 
 
 def compile(fn, *inputs, **kwargs):
-    gm = trace(fn)
+    """`fn` (a function, traced, or a traced graph) compiled for `inputs`."""
+    gm = fn if isinstance(fn, fx.GraphModule) else trace(fn)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node, t in zip(placeholders, inputs):
         node.meta["val"] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")

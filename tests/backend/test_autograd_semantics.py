@@ -171,9 +171,14 @@ def _copy_into_product(x, y):
 
 
 def test_the_functional_form_of_an_in_place_op_differentiates_as_the_op():
-    """Capture writes `t.copy_(x)` as `aten.copy(t, x)`, which has no derivative of its own."""
+    """Capture writes `t.copy_(x)` as `aten.copy(t, x)` marked as the in-place op's (its
+    meta["in_place"] and "writes"), differentiated as `copy_` though `aten.copy` has no derivative."""
     x, y, _ = _inputs()
-    cg = compile(lambda x, y: torch.ops.aten.copy.default(y * 2, x) * y, x, y)
+    gm = trace(lambda x, y: torch.ops.aten.copy.default(y * 2, x) * y)
+    for n in gm.graph.nodes:
+        if n.target is torch.ops.aten.copy.default:
+            n.meta.update(in_place=True, writes=n.args[0])
+    cg = compile(gm, x, y)
     expected = torch.autograd.grad(_copy_into_product(x, y).sum(), [x, y])
     got = torch.autograd.grad(cg(x, y)[0].sum(), [x, y])
     torch.testing.assert_close(got, expected)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import inspect
 import itertools
 
 import pytest
@@ -296,6 +297,63 @@ def test_write_into_a_no_grad_result_in_another_layout():
     """torchvision's ConvNeXt block in eval: `result += input` on a product laid out channels-last."""
     check(convnext_block_no_grad, torch.randn(2, 8, 4, 4), torch.rand(8, 1, 1, requires_grad=True),
           graphs=1, breaks=[])
+
+
+def _activations_in_place(x, w):
+    """Each in-place activation of torch.nn.functional (that draws no random numbers) on a fresh
+    product that requires grad, and in-place products with an operand that requires grad."""
+    h = x
+    for name, extra in IN_PLACE_F.items():
+        h = getattr(F, name)(h * w, *extra, inplace=True)
+    h = h * 1.5
+    h.mul_(w)
+    h = h + 0.5
+    h.div_(w.abs() + 1)
+    h = h + 2
+    h.pow_(w.sigmoid())
+    return h
+
+
+def _in_place_functionals():
+    """name -> the arguments it needs after the tensor, of each function of torch.nn.functional
+    with an `inplace` flag whose in-place call writes its input with no random numbers (dropout
+    and rrelu in training draw them: those run on copies, as they must)."""
+    out = {}
+    for name, fn in vars(F).items():
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            continue
+        if name.startswith("_") or "inplace" not in params or "dropout" in name or name == "rrelu":
+            continue
+        out[name] = (0.1, 20.0) if name == "threshold" else ()
+    return out
+
+
+IN_PLACE_F = _in_place_functionals()
+
+
+def test_in_place_writes_differentiated_as_their_functional_ops(monkeypatch):
+    """An in-place op whose derivative reads its argument as it was (`silu_`, `hardswish_`,
+    `mul_` by a tensor that requires grad: autograd copies the argument) or its result
+    (`leaky_relu_`, `elu_`) is captured as its functional op, fused and differentiated by fuselens,
+    with eager's values, gradients and version checks (it ran on copies with torch's autograd
+    called at run time: EfficientNet's `SiLU(inplace=True)` made 98 such calls a training step;
+    `leaky_relu_` after a convolution raised where eager does not)."""
+    monkeypatch.setattr(driver, "compile_graph", REAL_COMPILE_GRAPH)
+    assert {"silu", "hardswish", "hardsigmoid", "mish", "leaky_relu", "elu", "relu6"} <= set(IN_PLACE_F)
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 6, requires_grad=True), torch.randn(6, requires_grad=True)
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    want = _activations_in_place(x, w)
+    want.square().sum().backward()
+    c = fuselens.compile(_activations_in_place)
+    got = c(x2, w2)
+    got.square().sum().backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close((x2.grad, w2.grad), (x.grad, w.grad))
+    ir = "".join(g.ir for e in fuselens.inspect(c) for g in e.graphs)
+    assert "on_copies" not in ir, [line for line in ir.split("\n") if "on_copies" in line]
 
 
 def relu_then_write(x):

@@ -41,7 +41,7 @@ class _MetaRun(fx.Interpreter):
     """The graph on meta tensors: a device the graph names becomes `meta` (as in capture)."""
 
     def run_node(self, n):
-        result = super().run_node(n)
+        result = eager_value(n, lambda: super(_MetaRun, self).run_node(n), self.fetch_args_kwargs_from_env)
         written = n.meta.get("writes")
         if written is not None:  # eager wrote this value into `written` in place: its version moves on
             torch.autograd.graph.increment_version(self.env[written])
@@ -54,24 +54,29 @@ class _MetaRun(fx.Interpreter):
             kwargs = {**kwargs, "device": "meta"}
         if target is torch.Tensor.to:
             args = (args[0], *("meta" if _is_device(a) else a for a in args[1:]))
-        return with_eager_derivative(target, args, kwargs, super().call_function(target, args, kwargs))
+        return super().call_function(target, args, kwargs)
 
 
-def with_eager_derivative(target, args, kwargs, result):
-    """`result` of `target(*args, **kwargs)`, with the derivative of the op eager ran: capture's
-    functional form of an in-place op (`aten.copy` for `copy_`) may have none where the in-place
-    op has one (torch 2.11's `aten.copy`), so then that op's result, on a copy of what it writes."""
-    if isinstance(target, torch._ops.OpOverload) and isinstance(result, torch.Tensor) and \
-            result.grad_fn is not None and result.grad_fn.name() in RAISING_NODES:
-        inplace = _inplace_overload(target)
-        if inplace is not None:
-            return inplace(args[0].clone(), *args[1:], **kwargs)
-    return result
+def eager_value(n, run, fetch_args):
+    """Node `n`'s value (`run()` computes it) with the derivative of the op eager ran: where capture
+    functionalized an in-place op on its first argument (`aten.leaky_relu` for `leaky_relu_`,
+    `aten.mul` for `mul_`: meta["in_place"]), that op runs in place on a copy of the argument. Its
+    derivative saves what eager's saves (the result, or autograd's copy of the argument as it was,
+    where the functional op saves the argument that the write makes stale: autograd's version check
+    would refuse a backward eager runs) and exists where the functional op's may not (torch 2.11's
+    `aten.copy`)."""
+    inplace = _inplace_overload(n.target) if n.meta.get("in_place") else None
+    if inplace is None:
+        return run()
+    args, kwargs = fetch_args(n)
+    return inplace(args[0].clone(), *args[1:], **kwargs)
 
 
 def _inplace_overload(op):
     """The in-place ATen overload (`foo_`) taking the arguments of `op` (`foo`), or None: the
     inverse of capture's `ops.effects.functional_overload`."""
+    if not isinstance(op, torch._ops.OpOverload):
+        return None
     packet = getattr(torch.ops.aten, op._schema.name.split("::")[1] + "_", None)
     if packet is None:
         return None

@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
-from ..autograd.facts import check_shapes, with_eager_derivative
+from ..autograd.facts import check_shapes, eager_value
 from ..codegen import cpp_build, launcher
 from ..codegen.cpp import generate_cpp_kernel
 from ..codegen.triton import generate_kernel
@@ -492,11 +492,8 @@ class EagerRun(fx.Interpreter):
                 e.fl_input_values = self.input_values
             raise
 
-    def call_function(self, target, args, kwargs):  # with eager's autograd for what it writes in place
-        return with_eager_derivative(target, args, kwargs, super().call_function(target, args, kwargs))
-
-    def run_node(self, n):
-        out = super().run_node(n)
+    def run_node(self, n):  # with eager's autograd for what it writes in place
+        out = eager_value(n, lambda: super(EagerRun, self).run_node(n), self.fetch_args_kwargs_from_env)
         written = self.env.get(n.meta.get("writes"))
         if isinstance(written, torch.Tensor):
             torch.autograd.graph.increment_version(written)

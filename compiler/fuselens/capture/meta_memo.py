@@ -80,7 +80,7 @@ def recall(k, metas):
     result = tensors[0] if structure is None else structure[0](_fill(structure[1], tensors))
     return result, effects.Effects(writes=list(first.writes), returns_arg=list(first.returns_arg),
                                    aliases=list(first.aliases), multi_output_views=list(first.multi_output_views),
-                                   trace=first.trace, stand_ins=first.stand_ins,
+                                   trace=first.trace, computing=first.computing, stand_ins=first.stand_ins,
                                    result=result)
 
 
@@ -114,7 +114,8 @@ def remember(k, metas, result, eff) -> None:
         _MEMO.clear()
     # (a copy: graph.evaluate gives `eff` the call's TensorVars next, which hold its graph)
     first = effects.Effects(writes=list(eff.writes), returns_arg=list(eff.returns_arg), aliases=list(eff.aliases),
-                            multi_output_views=list(eff.multi_output_views), trace=eff.trace, stand_ins=eff.stand_ins)
+                            multi_output_views=list(eff.multi_output_views), trace=eff.trace,
+                            computing=eff.computing, stand_ins=eff.stand_ins)
     _MEMO[k] = (recipe, structure, first)
 
 

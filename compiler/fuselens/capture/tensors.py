@@ -311,6 +311,9 @@ class Tensors:
         if form is not None and not has_symint([args, kwargs]):
             k = form[3]
             new = self.op(form[0], *self.fill_args(form, tvs), e, scope)
+            if isinstance(new, TensorVar) and new.node is not None and new.node.target is form[0] and \
+                    new.node.args[:1] == (tvs[k].node,):
+                new.node.meta["in_place"] = True  # eager wrote its first argument (autograd/facts.py)
             if isinstance(new, TensorVar) and new.meta.shape == tvs[k].meta.shape:
                 if not torch.can_cast(new.meta.dtype, tvs[k].meta.dtype):
                     # eager refuses (`logit_` of an int tensor): Python runs it and raises that

@@ -58,6 +58,7 @@ class Effects:
     # `chunk`, `unbind`): autograd refuses an in-place write into it, or into a view of it
     multi_output_views: list = field(default_factory=list)
     trace: list = field(default_factory=list)    # (OpOverload, args, kwargs) on stand-ins
+    computing: list = field(default_factory=list)  # those of them that compute (_computing)
     stand_ins: list = field(default_factory=list)
     result: object = None                        # what the call returned, on stand-ins
     tensor_vars: list = field(default_factory=list)  # capture's values for the stand-ins
@@ -75,7 +76,7 @@ class Effects:
         """(functional OpOverload, args, kwargs, written arg) reproducing a call that is one ATen
         operator writing one whole argument: args hold `Arg(i)` where the stand-in of tensor
         argument i was passed. None when the call is anything else."""
-        computing = [c for c in self.trace if not _only_aliases(c[0])]  # autograd's detach...
+        computing = self.computing
         if len(computing) != 1 or len(self.writes) != 1 or not self.writes[0].whole:
             return None
         op, args, kwargs = computing[0]
@@ -203,12 +204,14 @@ def failed_on_dynamic_shape(trace) -> bool:
 class _Recorder(TorchDispatchMode):
     def __init__(self):
         super().__init__()
-        self.calls = []
+        self.calls, self.results = [], []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self.calls.append((func, args, kwargs))
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        self.results.append(out)
+        return out
 
 
 def stand_ins(args):
@@ -264,7 +267,8 @@ def run(fn, args, kwargs, tensors: list[torch.Tensor]):
         e.fl_dynamic_shape = failed_on_dynamic_shape(rec.calls)
         raise
     result = _returned(result, kwargs.get("out"))
-    eff = Effects(trace=rec.calls, stand_ins=list(tensors), result=result)
+    eff = Effects(trace=rec.calls, computing=_computing(rec.calls, rec.results, result), stand_ins=list(tensors),
+                  result=result)
     storages = [_storage_key(t) for t in tensors]
     for op, a, k in rec.calls:
         schema = _WRITES_ANNOTATED.get(op, op)._schema
@@ -312,6 +316,20 @@ def _only_aliases(op) -> bool:
     """An operator that computes nothing: every result aliases an argument (`detach`, views)."""
     rets = op._schema.returns
     return bool(rets) and all(r.alias_info is not None and not r.alias_info.is_write for r in rets)
+
+
+def _computing(calls, results, result) -> list:
+    """The calls (of a trace) that compute: less autograd's aliases (`detach`) and its copy of an
+    argument that an in-place op's derivative reads as it was (`mul_`, `silu_`: saved for the
+    backward, read by no operator of the call and not returned)."""
+    read = {id(t) for _, a, k in calls for t in _flat_tensors([a, list(k.values())])} | \
+        {id(t) for t in _flat_tensors(result)}
+    return [c for c, r in zip(calls, results) if not _only_aliases(c[0]) and (
+        _writes(c[0]) or any(id(t) in read for t in _flat_tensors(r)))]
+
+
+def _writes(op) -> bool:
+    return any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
 
 
 def _bind(schema, args, kwargs):
