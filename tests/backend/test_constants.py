@@ -169,6 +169,27 @@ def test_values_eager_makes_on_the_cpu_stay_there_and_kernels_read_copies():
         torch.testing.assert_close(g, w, atol=0, rtol=0)
 
 
+def test_a_value_made_from_sizes_gets_no_gradient(monkeypatch):
+    """A TorchScript function of a tensor that requires grad returns `torch.tensor(x.size(-1))`,
+    which requires none in eager: the backward sends it no gradient (its VJP ran torch's autograd
+    at run time and, on a GPU, copied a meta stand-in from the CPU while building the backward:
+    DeBERTa's training fell back)."""
+    import fuselens
+    from fuselens.ops import primitives as prim
+    vjps = []
+    impl = prim.call_torch_vjp.impl
+    monkeypatch.setattr(prim.call_torch_vjp, "impl", lambda fn, *a, **k: vjps.append(fn) or impl(fn, *a, **k))
+    f = lambda x: x / _scaled_size_sqrt(x, 3).to(x.dtype) * x  # noqa: E731
+    x = randn(4, 8).requires_grad_()
+    x2 = x.detach().clone().requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fuselens.FuselensWarning)  # (no eager fall-back)
+        fuselens.compile(f)(x).sum().backward()
+    f(x2).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+    assert vjps == []
+
+
 def test_a_node_on_another_device_is_torchs_op_there_and_copied_once():
     """The mechanism on a machine with one device: the graph built for another device type
     (meta) than the one capture found two nodes on (the CPU)."""

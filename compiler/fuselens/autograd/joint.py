@@ -59,7 +59,7 @@ def build_joint(fw: fx.Graph, requires_grad: list[bool], device, output_requires
             args = map_aggregate(n.args, lambda a: env[a] if isinstance(a, fx.Node) else a)
             env[n] = TVal(new, new.meta["val"])
             arg_nodes = n.all_input_nodes
-            needs[n] = any(needs.get(a, False) for a in arg_nodes) and (
+            needs[n] = any(needs.get(a, False) for a in arg_nodes) and not n.meta.get("no_gradient") and (
                 isinstance(new.meta["val"], tuple) or _differentiable(env[n]))
         outputs = list(next(n for n in fw.nodes if n.op == "output").args[0])
 

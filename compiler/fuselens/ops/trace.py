@@ -7,6 +7,7 @@ import inspect
 import torch
 import torch.fx as fx
 from torch.fx.node import map_aggregate
+from torch.utils._pytree import tree_leaves
 
 from . import builder as P
 from . import primitives as prim
@@ -42,7 +43,20 @@ def extern_call(target, args, kwargs, node=None):
         val = node.meta.get("val") if node is not None else None
         if not isinstance(val, (torch.Tensor, tuple, list)):
             raise
-    return emit(prim.call_torch, target, tuple(args), dict(kwargs), _val=val)
+    out = emit(prim.call_torch, target, tuple(args), dict(kwargs), _val=val)
+    if node is not None and _cuts_gradient(node):
+        call = (out[0] if isinstance(out, tuple) else out).node
+        (call if call.target is prim.call_torch else call.args[0]).meta["no_gradient"] = True
+    return out
+
+
+def _cuts_gradient(node: fx.Node) -> bool:
+    """Whether eager's result of `node` requires no grad though an argument does, as capture
+    recorded it (a TorchScript function's `torch.tensor(x.size(-1))`): autograd/joint.py sends
+    it no gradient (its VJP would run torch's autograd on it, and on a GPU copy it from the CPU)."""
+    vals = [v for v in tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
+    return bool(vals) and not any(v.requires_grad for v in vals) and any(
+        isinstance(a.meta.get("val"), torch.Tensor) and a.meta["val"].requires_grad for a in node.all_input_nodes)
 
 
 def _decomposition(target):
