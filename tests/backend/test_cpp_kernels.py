@@ -13,7 +13,7 @@ import torch
 from fl_backend_testing import check, compile, run
 from fuselens import FuselensWarning, settings
 from fuselens.backend import driver
-from fuselens.codegen import cpp_build
+from fuselens.codegen import cpp_build, cpp_vml
 from test_fusion import manual_layer_norm, manual_softmax
 
 pytestmark = pytest.mark.skipif(cpp_build.compiler() is None, reason="no C++ compiler")
@@ -101,14 +101,45 @@ def test_a_float_sum_of_millions_is_as_close_as_eager_to_the_exact_sum():
     assert "_part" in short.kernels[0].source and "c += 1024" not in short.kernels[0].source
 
 
+def ops_called_alone(x):
+    """Float ops a user calls alone (eager: MKL's routines), on values the kernel computes, on
+    another such op's result and in a reduction, beside the same math inside composites (eager:
+    ATen's vectorised code)."""
+    y = x * 1.5
+    return (torch.erf(y) + torch.tanh(x) * torch.exp(-x.abs()), torch.sin(torch.cos(y)) - torch.log(x.abs() + 1),
+            torch.tanh(x).sum(-1), torch.nn.functional.gelu(x) + torch.softmax(x, -1))
+
+
+@pytest.mark.skipif(not cpp_vml.available(), reason="libtorch without MKL's vector math")
+@pytest.mark.parametrize("shape", [(3, 1000), (2, 2051), (1 << 16,)])
+def test_float_ops_called_alone_compute_eagers_routines(shape):
+    """Each is computed by eager's routine over chunks of the kernel's loops (codegen/cpp_vml.py):
+    results equal eager's bit for bit (SLEEF's differed on 0.6-7% of elements), in kernels of
+    outer parallel loops, of one loop shared among threads and of reductions; composites keep
+    ATen's math; a training graph's forward calls them too."""
+    x = torch.randn(shape) * 3
+    cg, got = run(ops_called_alone, x)
+    want = ops_called_alone(x)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    torch.testing.assert_close(got[2:], want[2:])
+    source = "".join(k.source for k in cg.kernels)
+    assert all(f"{r}(" in source for r in cpp_vml.ROUTINES.values())
+    composite, _ = run(lambda x: (torch.nn.functional.gelu(x) + torch.softmax(x, -1),), x)
+    assert "vms" not in "".join(k.source for k in composite.kernels)
+    trained = check(lambda x: torch.tanh(x * 2) * x, x)
+    assert "vmsTanh(" in "".join(k.source for k in trained.kernels)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_softmax_computes_each_exponential_once(dtype):
     """exp(x - max) is computed in the sum's loop and kept in a row cache that the store's loop
-    reads: one exp per element, results as eager's."""
+    reads: one exp per element (a float32 `torch.exp` by eager's routine: codegen/cpp_vml.py),
+    results as eager's."""
     x = torch.randn(64, 512).to(dtype)
     cg, (got,) = run(lambda x: (manual_softmax(x),), x)
     (kernel,) = cg.kernels
-    assert kernel.source.count("fl_exp(") == 1 and "row0[r1] = " in kernel.source
+    exps = ("fl_exp(", "vmsExp(") if dtype == torch.bfloat16 or not cpp_vml.available() else ("vmsExp(", "fl_exp(")
+    assert kernel.source.count(exps[0]) == 1 and exps[1] not in kernel.source and "row0[r1] = " in kernel.source
     want = manual_softmax(x)
     assert torch.equal(got, want) if dtype == torch.bfloat16 else torch.allclose(got, want, rtol=1e-6, atol=1e-7)
 

@@ -38,6 +38,7 @@ import torch
 from ..lower.ir import compute_dtype, use_handler
 from ..schedule.fusion import FusedKernel, moved_row_vars, row_shapes, store_index
 from .cpp_expressions import C_TYPES, TEMPORARY, CppExpressions, HoistPoint, input_pointee, literal
+from . import cpp_vml
 from .cpp_tables import tabulate
 
 DEFINITION = re.compile(r"^[\w:]+ (tmp\d+) = ")
@@ -519,6 +520,8 @@ class CppKernelWriter(CppExpressions):
         self.lines, tables = tabulate(self.lines, self.bf16_values)
         if self.cached or tables:
             self.drop_unused_temporaries()
+        if cpp_vml.available():
+            self.lines = cpp_vml.chunked(self.lines)
         name = self.kernel_name()
         params = ", ".join(p for p, _ in self.launch_params())
         body = ["    " * indent + text for indent, text in self.lines]

@@ -26,6 +26,7 @@ import subprocess
 import threading
 
 from .. import settings
+from .cpp_vml import PREAMBLE as VML_PREAMBLE
 
 log = logging.getLogger("fuselens.codegen")
 
@@ -205,7 +206,7 @@ static inline float fl_randn(int64_t seed, uint32_t offset) {
     float u1 = std::fmax(fl_uniform(a), 1e-7f), u2 = fl_uniform(b);
     return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.283185307179586f * u2);
 }
-"""
+""" + VML_PREAMBLE
 
 # -fno-math-errno: sqrt and friends inline (and vectorise); no -ffast-math, which would drop NaN
 # and reassociate float arithmetic; -fwrapv: integers wrap as torch's do; -ffp-contract=off: a

@@ -81,7 +81,8 @@ CALLS = re.compile(r"([A-Za-z_][\w:]*)\s*\(")
 TEMPORARY = re.compile(r"\btmp\d+\b")
 # math worth keeping in a row cache rather than computing again in a later loop over the row
 HEAVY_CALLS = frozenset({"fl_exp", "fl_exp2", "fl_log", "fl_log1p", "fl_sin", "fl_cos", "fl_tanh", "fl_erf",
-                         "fl_erf_aten", "fl_pow", "fl_sigmoid", "fl_atan2", "fl_hypot"})
+                         "fl_erf_aten", "fl_pow", "fl_sigmoid", "fl_atan2", "fl_hypot", "fl_vml_exp", "fl_vml_log",
+                         "fl_vml_sin", "fl_vml_cos", "fl_vml_tanh", "fl_vml_erf"})
 BF16_LOAD = re.compile(r"fl_from_bf16\(\w+\[")
 RAW_LOAD = re.compile(r"\w+_ptr\d+\[")
 

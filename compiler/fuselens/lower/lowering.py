@@ -375,6 +375,8 @@ class Lowering:
         among `scalars_like` (default: `args`), in compute precision where `p` takes them so."""
         val = node.meta["val"]
         shape, dtype, loc = tuple(val.shape), val.dtype, node.meta.get("loc")
+        if node.meta.get("alone") and p.alone is not None:  # the user's op itself (Primitive.alone)
+            p = p.alone
         tensor_dtypes = [a.dtype for a in (args if scalars_like is None else scalars_like) if isinstance(a, TensorValue)]
         const_dtype = tensor_dtypes[0] if tensor_dtypes else dtype
         if self.device.type in p.opmath_scalars:

@@ -30,8 +30,9 @@ PRIMITIVES: dict[str, "Primitive"] = {}
 class Primitive:
     """A primitive op. Callable (runs `impl`) so a primitive FX graph also runs eagerly."""
 
-    def __init__(self, name, impl, kind, *, triton=None, cpp=None, reduce=None, vjp=None, fresh_contiguous=False,
-                 opmath_scalars=(), heavy=False, torch_names=(), arity=None, int_to_float=False):
+    def __init__(self, name, impl, kind, *, triton=None, cpp=None, cpp_alone=None, reduce=None, vjp=None,
+                 fresh_contiguous=False, opmath_scalars=(), heavy=False, torch_names=(), arity=None,
+                 int_to_float=False):
         self.name = name
         self.__name__ = f"prim_{name}"
         self.__qualname__ = self.__name__
@@ -40,6 +41,11 @@ class Primitive:
         self.kind = kind
         self.triton = triton
         self.cpp = cpp  # its C++ spelling (codegen/cpp_expressions.py): a format string over operands
+        # where its node is a whole torch op of the user's (`torch.erf(x)`, not the erf inside
+        # F.gelu: lowering reads the node's meta["alone"]), eager ran that op's own kernel, whose
+        # routine may differ from its composites' (MKL's vector math: codegen/cpp_vml.py):
+        # a function of the result's dtype giving its C++ spelling then, or None (`cpp`'s)
+        self.alone = _Alone(self, cpp_alone) if cpp_alone is not None else None
         self.reduce = reduce
         # an extern whose result is always a new contiguous tensor, never a view of an operand
         # (the wrapper skips its layout check and may keep constants it reads)
@@ -85,6 +91,19 @@ class Primitive:
         return f"prim.{self.name}"
 
 
+class _Alone:
+    """Primitive `p` where its node is a whole torch op of the user's: `p` but for its C++ spelling."""
+
+    def __init__(self, p, cpp_alone):
+        self.p, self.cpp_alone = p, cpp_alone
+
+    def __getattr__(self, name):
+        return getattr(self.p, name)
+
+    def cpp_for(self, dtype) -> str | None:
+        return self.cpp_alone(dtype) or self.p.cpp_for(dtype)
+
+
 def _in_compute_precision(rule):
     """A pointwise primitive's VJP computed in fp32 for half-precision values: like the ATen
     backward kernel it stands for, it rounds once (the joint graph casts each gradient to its
@@ -101,6 +120,11 @@ def _in_compute_precision(rule):
 
 def _pointwise(name, impl, triton, vjp, **kwargs):
     return Primitive(name, impl, "pointwise", triton=triton, vjp=vjp, **kwargs)
+
+
+def _vml(name):
+    """The C++ spelling of float32 op `name` called alone: eager's MKL routine (codegen/cpp_vml.py)."""
+    return lambda dtype: f"fl_vml_{name}({{0}})" if dtype == torch.float32 else None
 
 
 def unary(name, impl, triton, vjp, *, torch_names=None, int_to_float=True, **kwargs):
@@ -166,25 +190,30 @@ neg = _pointwise("neg", torch.neg, lambda dtype: "{0} * -1.0" if dtype.is_floati
                  lambda g, out, x: (P.neg(g),), cpp="-{0}")
 abs = _pointwise("abs", torch.abs, "tl.abs({0})",
                  lambda g, out, x: (P.where(P.gt(x, 0), g, P.where(P.lt(x, 0), P.neg(g), 0.0)),), cpp="fl_abs({0})")
-exp = unary("exp", torch.exp, "libdevice.exp({0})", lambda g, out, x: (P.mul(g, out),), cpp="fl_exp({0})")
+exp = unary("exp", torch.exp, "libdevice.exp({0})", lambda g, out, x: (P.mul(g, out),), cpp="fl_exp({0})",
+            cpp_alone=_vml("exp"))
 exp2 = unary("exp2", torch.exp2, "tl.exp2({0})", lambda g, out, x: (P.mul(g, P.mul(out, math.log(2))),), cpp="fl_exp2({0})")
-log = unary("log", torch.log, "tl.log({0})", lambda g, out, x: (P.div(g, x),), cpp="fl_log({0})")
+log = unary("log", torch.log, "tl.log({0})", lambda g, out, x: (P.div(g, x),), cpp="fl_log({0})",
+            cpp_alone=_vml("log"))
 log1p = unary("log1p", torch.log1p, "libdevice.log1p({0})", lambda g, out, x: (P.div(g, P.add(x, 1.0)),),
               heavy=True, cpp="fl_log1p({0})")
 sqrt = unary("sqrt", torch.sqrt, _fp32_compute("tl.sqrt_rn({0})", "tl.sqrt({0})"),
              lambda g, out, x: (P.div(P.mul(g, 0.5), out),), cpp="std::sqrt({0})")
 rsqrt = unary("rsqrt", torch.rsqrt, "tl.rsqrt({0})",
               lambda g, out, x: (P.mul(P.mul(g, -0.5), P.mul(out, P.mul(out, out))),), cpp="fl_rsqrt({0})")
-sin = unary("sin", torch.sin, "tl.sin({0})", lambda g, out, x: (P.mul(g, P.cos(x)),), heavy=True, cpp="fl_sin({0})")
-cos = unary("cos", torch.cos, "tl.cos({0})", lambda g, out, x: (P.neg(P.mul(g, P.sin(x))),), heavy=True, cpp="fl_cos({0})")
+sin = unary("sin", torch.sin, "tl.sin({0})", lambda g, out, x: (P.mul(g, P.cos(x)),), heavy=True, cpp="fl_sin({0})",
+            cpp_alone=_vml("sin"))
+cos = unary("cos", torch.cos, "tl.cos({0})", lambda g, out, x: (P.neg(P.mul(g, P.sin(x))),), heavy=True, cpp="fl_cos({0})",
+            cpp_alone=_vml("cos"))
 tanh = unary("tanh", torch.tanh, "libdevice.tanh({0})", lambda g, out, x: (P.mul(g, P.sub(1.0, P.mul(out, out))),),
-             heavy=True, cpp="fl_tanh({0})")
+             heavy=True, cpp="fl_tanh({0})", cpp_alone=_vml("tanh"))
 sigmoid = unary("sigmoid", torch.sigmoid, _fp32_compute("fl_sigmoid({0})", "tl.sigmoid({0})"),
                 lambda g, out, x: (P.mul(g, P.mul(out, P.sub(1.0, out))),), cpp="fl_sigmoid({0})")
 _erf_triton = lambda dtype: "fl_erf_f64({0})" if dtype == torch.float32 else "libdevice.erf({0})"  # noqa: E731
 _erf_vjp = lambda g, out, x: (P.mul(g, P.mul(2 / math.sqrt(math.pi), P.exp(P.neg(P.mul(x, x))))),)  # noqa: E731
 erf = unary("erf", torch.erf, _erf_triton, _erf_vjp, heavy=True, torch_names=("erf", "special_erf"),
-            cpp=lambda dtype: "fl_erf_aten({0})" if dtype in (torch.bfloat16, torch.float16) else "fl_erf({0})")
+            cpp=lambda dtype: "fl_erf_aten({0})" if dtype in (torch.bfloat16, torch.float16) else "fl_erf({0})",
+            cpp_alone=_vml("erf"))
 # GeLU's erf (ops/decompositions: F.gelu). In C++ kernels of float32 compute ATen's vectorised
 # erf formula, not the accurate SLEEF erf that torch.erf's eager kernel matches (MKL's): eager's
 # GeLU (oneDNN's on a CPU) follows neither, and against float64 errs by 2.4e-7..0.28 relative

@@ -122,7 +122,10 @@ def _declared(p):
         if kwargs or len(args) != p.arity or not builtins.all(isinstance(a, TVal) for a in args) or \
                 not _takes(p, tuple(a.dtype for a in args)):
             raise Unsupported(f"{p.name} of these arguments")
-        return helper(*args)
+        out = helper(*args)
+        if p.alone is not None and out.node.target is p:
+            out.node.meta["alone"] = True  # the user's op itself (its cpp_alone spelling)
+        return out
     fn.__name__ = p.name
     return fn
 
