@@ -34,7 +34,10 @@ def outer_and_inner(x):
 def test_few_long_rows_reduce_in_two_stages(fn, shape, dtype):
     x = torch.randn(*shape, device=DEVICE).to(dtype)
     cf = fuselens.compile(fn, dynamic=False)
-    torch.testing.assert_close(cf(x), fn(x), **tolerance(dtype))
+    got, want = cf(x), fn(x)
+    if not torch.allclose(got, want, **tolerance(dtype)):  # eager's bf16 sum errs by more at times
+        exact = fn(x.double())  # (a full sum of 64x1024: 10.625 against eager's 10.0, exactly 10.606)
+        assert (got.double() - exact).abs().max() <= (want.double() - exact).abs().max(), (got, want, exact)
     sizes = re.findall(r"xnumel=(\d+), rnumel=(\d+)", fuselens.inspect(cf)[0].graphs[0].wrapper)
     if CPP:  # (a C++ kernel shares a long row among its threads)
         return

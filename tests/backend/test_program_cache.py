@@ -308,3 +308,25 @@ def test_a_loaded_program_launches_as_the_built_one():
         return {name: k.call_sizes for name, k in program.call.__globals__.items() if name.startswith("fl_")}
     assert len(call_sizes(built)) >= 2 and all(call_sizes(built).values())
     assert call_sizes(loaded) == call_sizes(built)
+
+
+def test_a_traceback_through_a_wrapper_shows_its_line():
+    """A wrapper's code is compiled under a name of its own that linecache knows, in the process
+    that built it and in one that loads it from the cache: an error raised in it (a kernel's fault
+    on a GPU) shows the launch or extern call that raised, not `<fuselens wrapper>` line N."""
+    import linecache
+    import traceback
+    from fuselens.ops.trace import to_primitive_graph
+    from fuselens.backend.driver import build_program, load_program
+    gm = torch.fx.symbolic_trace(lambda x: torch.softmax(x * 2, -1).sum(0) + 1)
+    built = build_program(to_primitive_graph(gm, [torch.randn(8, 32)], "cpu"), "cpu")
+    name = built.call.__code__.co_filename
+    linecache.cache.pop(name)  # (as in a process that did not build it)
+    loaded = load_program(built.made_from)
+    assert loaded.call.__code__.co_filename == name
+    assert [linecache.getline(name, i + 1) for i in range(3)] == built.wrapper_source.splitlines(True)[:3]
+    with pytest.raises(Exception) as raised:
+        loaded(None)  # (any error raised through the wrapper)
+    text = "".join(traceback.format_exception(raised.value))
+    assert name in text and any(line.strip() and line.strip() in text
+                                for line in built.wrapper_source.splitlines() if line.startswith("    "))

@@ -216,7 +216,7 @@ def load_program(made_from: dict) -> Program:
         for kernel, (_, _, sizes) in zip(kernels, made_from["launches"]):
             kernel.call_sizes = tuple(sizes)  # as the wrapper's generation set them: its launches take the fast path
         jobs = _compile_jobs(kernels, made_from["launches"], device)
-    call = load_wrapper(made_from["code"], kernels, made_from["consts"], device)
+    call = load_wrapper(made_from["code"], kernels, made_from["consts"], device, made_from["source"])
     return Program(call, made_from["infos"], made_from["source"], made_from["has_seed"], jobs, made_from,
                    made_from["boxed"])
 
