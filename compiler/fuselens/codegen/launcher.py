@@ -213,6 +213,51 @@ def patch_interpreter_casts():
     builder._fuselens_casts = True
 
 
+# the memory of the interpreted kernel's tensor arguments: (first address, end) of each storage
+_ARGUMENT_MEMORY: list = []
+
+
+def patch_interpreter_bounds():
+    """Every load and store of an interpreted kernel checked against the memory of its tensor
+    arguments: an active lane's address outside all of them raises IndexError naming the kernel
+    (on a GPU the kernel would read another tensor's memory, or fault with "an illegal memory
+    access" reported at a later call). The interpreter reads and writes host memory by address."""
+    import numpy as np
+    from triton.runtime import interpreter
+    builder, grid = interpreter.InterpreterBuilder, interpreter.GridExecutor
+    if getattr(builder, "_fuselens_bounds", False):
+        return
+    init_args, load, store = grid._init_args_hst, builder.create_masked_load, builder.create_masked_store
+
+    def init(self, args_dev, kwargs):
+        args, kwargs_hst = init_args(self, args_dev, kwargs)
+        _ARGUMENT_MEMORY[:] = [(t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
+                               for t in [*args, *kwargs_hst.values()] if hasattr(t, "untyped_storage")]
+        _ARGUMENT_MEMORY.append(getattr(self.fn, "__name__", "a kernel"))
+        return args, kwargs_hst
+
+    def check(ptrs, mask, what):
+        *spans, kernel = _ARGUMENT_MEMORY or ["a kernel"]
+        address = np.asarray(ptrs.data, dtype=np.uint64)
+        address = address[np.broadcast_to(mask.data, address.shape)]
+        width = np.dtype(interpreter._get_np_dtype(ptrs.get_element_ty())).itemsize
+        inside = np.zeros(address.shape, dtype=bool)
+        for first, end in spans:
+            inside |= (address >= first) & (address + width <= end)
+        if not inside.all():
+            raise IndexError(f"{kernel}: a {what} {int((~inside).sum())} elements outside its tensor arguments' memory")
+
+    def checked_load(self, ptrs, mask, other, *args):
+        check(ptrs, mask, "load of")
+        return load(self, ptrs, mask, other, *args)
+
+    def checked_store(self, ptrs, value, mask, *args):
+        check(ptrs, mask, "store of")
+        return store(self, ptrs, value, mask, *args)
+    grid._init_args_hst, builder.create_masked_load, builder.create_masked_store = init, checked_load, checked_store
+    builder._fuselens_bounds = True
+
+
 # the combine functions of fuselens kernels' reductions (codegen/triton_reductions.py), as numpy reductions
 _NUMPY_REDUCTIONS = {"_max_combine": np.max, "_min_combine": np.min, "_prod_combine": np.prod}
 
@@ -266,6 +311,7 @@ def load_module(source: str):
             patch_interpreter_casts()
             patch_interpreter_reductions()
             patch_interpreter_math()
+            patch_interpreter_bounds()
         _modules[key] = module
         return module
 
