@@ -269,8 +269,7 @@ class WrapperWriter:
             return all_plain(args) and facts(i) is not None and not facts(i).draws_random_numbers
 
         def may_return_a_view(j):
-            return not steps[j].prim.fresh_contiguous and \
-                (facts(j) is None or any(a is not None for a in facts(j).aliases))
+            return not steps[j].prim.fresh and (facts(j) is None or any(a is not None for a in facts(j).aliases))
         excluded: set = set()
         while True:
             const: set = set()
@@ -298,6 +297,10 @@ class WrapperWriter:
         if not self.boxed:  # the caller holds its arguments until the call returns
             keep |= {b.name for b in g.inputs if b is not None}
         read_by_extern = {n for step in steps if isinstance(step, ExternCall) for n in self.step_reads(step)}
+        # (a buffer an extern reads whose result may view it is never taken over: a convolution's
+        # input is, after its last use; in a CNN's training step nearly every kernel output is one)
+        read_by_viewing_extern = {n for step in steps if isinstance(step, ExternCall) and not step.prim.fresh
+                                  for n in self.step_reads(step)}
         written = {n for step in steps if not isinstance(step, ExternCall) for n in self.kernels[id(step)][1].out_args}
         returned: dict = {}
         for o in g.outputs:
@@ -315,7 +318,7 @@ class WrapperWriter:
         out = self.lines
         if held:
             out.append("def make_constants():  # what depends on no input: made on the first call, then kept")
-            self.emit_steps(sorted(const), keep | set(held), read_by_extern)
+            self.emit_steps(sorted(const), keep | set(held), read_by_viewing_extern)
             out.append(f"    return ({', '.join(held)},)")
             out.append("")
         last_use = {n: i for i in rest for n in self.step_reads(steps[i])}
@@ -332,7 +335,7 @@ class WrapperWriter:
             out.append("    if not constants:")
             out.append("        constants.append(make_constants())")
             out.append(f"    {', '.join(held)}, = constants[0]")
-        self.emit_steps(rest, keep, read_by_extern | set(held))
+        self.emit_steps(rest, keep, read_by_viewing_extern | set(held))
         outs = [self.value(o) for o in g.outputs]
         out.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
         return "\n".join(out) + "\n"
@@ -341,7 +344,7 @@ class WrapperWriter:
         """The lines of these steps in order, in a function's body: a buffer is deleted after its
         last use among them, unless in `keep`, or its memory, a dead kernel output's, is taken over
         by a later buffer of the same size, stride and dtype, unless in `never_reused` (what an
-        extern read: its result may be a view of it; what the program keeps), and unless holding
+        extern that may return a view read; what the program keeps), and unless holding
         it until then would raise the steps' peak of live bytes (`live_bytes`): a caching
         allocator hands freed memory to the next allocation anyway, so taking a buffer over saves
         an allocation's host time, while holding it dead across a larger allocation costs its

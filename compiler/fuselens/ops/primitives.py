@@ -31,7 +31,7 @@ class Primitive:
     """A primitive op. Callable (runs `impl`) so a primitive FX graph also runs eagerly."""
 
     def __init__(self, name, impl, kind, *, triton=None, cpp=None, cpp_alone=None, reduce=None, vjp=None,
-                 fresh_contiguous=False, opmath_scalars=(), heavy=False, torch_names=(), arity=None,
+                 fresh=False, fresh_contiguous=False, opmath_scalars=(), heavy=False, torch_names=(), arity=None,
                  int_to_float=False):
         self.name = name
         self.__name__ = f"prim_{name}"
@@ -47,8 +47,10 @@ class Primitive:
         # a function of the result's dtype giving its C++ spelling then, or None (`cpp`'s)
         self.alone = _Alone(self, cpp_alone) if cpp_alone is not None else None
         self.reduce = reduce
-        # an extern whose result is always a new contiguous tensor, never a view of an operand
-        # (the wrapper skips its layout check and may keep constants it reads)
+        # an extern whose results are always new tensors, never views of an operand (the wrapper
+        # may keep constants it reads and reuse the memory of what it read), and contiguous ones
+        # (the wrapper skips their layout check)
+        self.fresh = fresh or fresh_contiguous
         self.fresh_contiguous = fresh_contiguous
         # the device types on which a Python scalar operand enters at compute precision, not
         # rounded to a half-precision tensor operand's dtype (ATen's mul and div take the original
@@ -392,7 +394,7 @@ mm = Primitive("mm", torch.mm, "extern", fresh_contiguous=True)
 # bias + a @ b: the bias add in cuBLAS's epilogue
 addmm = Primitive("addmm", torch.addmm, "extern", fresh_contiguous=True)
 bmm = Primitive("bmm", torch.bmm, "extern", fresh_contiguous=True)
-conv2d = Primitive("conv2d", torch.nn.functional.conv2d, "extern")
+conv2d = Primitive("conv2d", torch.nn.functional.conv2d, "extern", fresh=True)
 
 
 def conv2d_result_layout(out, x, weight):
@@ -417,10 +419,10 @@ def _conv2d_backward(grad, x, weight, stride, padding, dilation, groups, mask):
     return outs[0], outs[1]
 
 
-conv2d_backward = Primitive("conv2d_backward", _conv2d_backward, "extern")
+conv2d_backward = Primitive("conv2d_backward", _conv2d_backward, "extern", fresh=True)
 # padding_idx -1: none
 embedding = Primitive("embedding", lambda indices, weight, padding_idx: torch.embedding(weight, indices, padding_idx),
-                      "extern")
+                      "extern", fresh=True)
 
 
 def _embedding_backward(grad, indices, num_weights, padding_idx):
@@ -437,7 +439,7 @@ def _embedding_backward(grad, indices, num_weights, padding_idx):
     return torch.ops.aten.embedding_dense_backward(grad, indices, num_weights, padding_idx, False)
 
 
-embedding_backward = Primitive("embedding_backward", _embedding_backward, "extern")
+embedding_backward = Primitive("embedding_backward", _embedding_backward, "extern", fresh=True)
 
 
 def _sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None):
@@ -448,7 +450,7 @@ def _sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None):
 # F.scaled_dot_product_attention without dropout (flash attention where the GPU has it), with no
 # mask, a boolean one, or the bias made of a boolean one (attention._bias_of): made by its decomposition and by the rewrite of attention written with
 # matmuls and softmax (attention.py)
-sdpa = Primitive("sdpa", _sdpa, "extern")
+sdpa = Primitive("sdpa", _sdpa, "extern", fresh=True)
 _aten = torch.ops.aten
 # CUDA's fused attentions by torch.nn.attention.SDPBackend id: forward and backward. Their meta
 # functions give the layouts the kernels return: flash's and cuDNN's results follow q's stride
@@ -667,11 +669,11 @@ def sdpa_backward_meta(g, q, k, v, attn_mask=None, is_causal=False, scale=None, 
 
 # (dq, dk, dv) of sdpa: ATen's backward of the fused kernel the forward ran on a GPU, torch's
 # autograd of F.scaled_dot_product_attention elsewhere
-sdpa_backward = Primitive("sdpa_backward", _sdpa_backward, "extern")
+sdpa_backward = Primitive("sdpa_backward", _sdpa_backward, "extern", fresh=True)
 # a trained attention on a GPU (attention.save_attention_statistics): the fused forward with its
 # logsumexp, and the backward that reads it
-sdpa_saving = Primitive("sdpa_saving", _sdpa_saving, "extern")
-sdpa_saving_backward = Primitive("sdpa_saving_backward", _sdpa_saving_backward, "extern")
+sdpa_saving = Primitive("sdpa_saving", _sdpa_saving, "extern", fresh=True)
+sdpa_saving_backward = Primitive("sdpa_saving_backward", _sdpa_saving_backward, "extern", fresh=True)
 
 
 def _window_starts(out_shape, stride, padding, device):
@@ -710,10 +712,10 @@ def _max_pool2d_backward(g, x, offsets, kernel_size, stride, padding, dilation, 
 # (kh * kernel width + kw), 1 byte where ATen's index is 8, is what the backward reads. Both are
 # lowered to kernels (lower/lowering.py), fused with their neighbours; `impl` (ATen's kernels, the
 # positions converted) is the reference
-max_pool2d = Primitive("max_pool2d", _max_pool2d, "extern")
-max_pool2d_backward = Primitive("max_pool2d_backward", _max_pool2d_backward, "extern")
-argmax = Primitive("argmax", lambda x, dim, keepdim: torch.argmax(x, dim, keepdim), "extern")
-argmin = Primitive("argmin", lambda x, dim, keepdim: torch.argmin(x, dim, keepdim), "extern")
+max_pool2d = Primitive("max_pool2d", _max_pool2d, "extern", fresh=True)
+max_pool2d_backward = Primitive("max_pool2d_backward", _max_pool2d_backward, "extern", fresh=True)
+argmax = Primitive("argmax", lambda x, dim, keepdim: torch.argmax(x, dim, keepdim), "extern", fresh=True)
+argmin = Primitive("argmin", lambda x, dim, keepdim: torch.argmin(x, dim, keepdim), "extern", fresh=True)
 
 
 def _call_torch(fn, args, kwargs):
