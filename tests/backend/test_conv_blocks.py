@@ -316,3 +316,18 @@ def test_residual_stream_is_stored_not_recomputed_by_every_later_kernel():
     sources = [k.source for k in kernels]
     reads = [len(set(re.findall(r"\bin_ptr\d+\b", s.split("):", 1)[0]))) for s in sources]
     assert max(reads) <= 5, reads
+
+
+def test_a_dim_of_size_one_may_have_any_stride():
+    """An extern's (N, C, 1, 1) result laid out contiguous where channels-last was predicted (cuDNN's
+    squeeze-excite convolutions, which were each copied) is used as it is, and a backward program
+    compiled for the one layout serves the other; a dim of another size laid out otherwise is copied."""
+    from fuselens.backend.training import layout_key
+    from fuselens.codegen.wrapper import ensure_layout
+    t = torch.randn(4, 8, 1, 1)
+    assert ensure_layout(t, (4, 8, 1, 1), (8, 1, 8, 8)) is t
+    assert layout_key([t]) == layout_key([t.contiguous(memory_format=torch.channels_last)])
+    u = torch.randn(4, 8, 2, 1)
+    v = ensure_layout(u, (4, 8, 2, 1), (16, 1, 8, 8))
+    assert v is not u and v.stride() == (16, 1, 8, 8) and torch.equal(v, u)
+    assert layout_key([u]) != layout_key([v])

@@ -20,7 +20,10 @@ from .. import stats
 
 
 def layout_key(inputs):
-    return tuple((t.shape, t.stride(), t.dtype) if isinstance(t, torch.Tensor) else None for t in inputs)
+    """The layouts of `inputs` as programs see them: a dim of size 1 has no stride (its index is 0;
+    codegen/wrapper.py's ensure_layout keeps an extern's result whose strides differ there only)."""
+    return tuple((t.shape, tuple(s if n > 1 else 0 for n, s in zip(t.shape, t.stride())), t.dtype)
+                 if isinstance(t, torch.Tensor) else None for t in inputs)
 
 
 class _StridedPrograms:

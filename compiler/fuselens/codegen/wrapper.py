@@ -91,9 +91,15 @@ def all_plain(v) -> bool:
 
 def ensure_layout(t, size, stride):
     """Extern results are read by kernels with the strides meta execution predicted; copy if they differ.
-    None where the kernel returned no tensor in that place (attention's weights, not asked for)."""
-    if t is None or tuple(t.shape) == tuple(size) and (t.stride() == tuple(stride) or t.numel() <= 1):
+    None where the kernel returned no tensor in that place (attention's weights, not asked for).
+    A dim of size 1 may have any stride: its index is 0 (cuDNN returns a squeeze-excite block's
+    (N, C, 1, 1) convolution contiguous where channels-last was predicted: every one was copied)."""
+    if t is None:
         return t
+    if t.shape == size:
+        actual = t.stride()
+        if actual == stride or all(a == s or n <= 1 for n, a, s in zip(size, actual, stride)) or 0 in size:
+            return t
     out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
     out.copy_(t)
     return out
