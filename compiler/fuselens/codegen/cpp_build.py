@@ -219,17 +219,24 @@ OPENMP = ["-fopenmp"]
 
 
 @functools.cache
-def sleef_flags() -> list:
-    """["-DFL_SLEEF"] where libtorch exports SLEEF's vector math (x86-64 builds), made visible to
-    the libraries loaded after it (the preamble's float math calls it), else []."""
+def libtorch_exports(*names) -> bool:
+    """Whether libtorch_cpu exports every one of `names`, made visible to the libraries loaded
+    after it (the kernels call them)."""
     import torch
     path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
     try:
         lib = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | ctypes.RTLD_GLOBAL)
-        lib.Sleef_expf8_u10, lib.Sleef_hypotf8_u05  # noqa: B018 (raise AttributeError where absent)
+        for name in names:
+            getattr(lib, name)
     except (OSError, AttributeError):
-        return []
-    return ["-DFL_SLEEF"]
+        return False
+    return True
+
+
+def sleef_flags() -> list:
+    """["-DFL_SLEEF"] where libtorch exports SLEEF's vector math (x86-64 builds) for the
+    preamble's float math, else []."""
+    return ["-DFL_SLEEF"] if libtorch_exports("Sleef_expf8_u10", "Sleef_hypotf8_u05") else []
 
 
 @functools.cache

@@ -17,9 +17,6 @@ arrays (a call on another's result: one more such phase first).
 """
 from __future__ import annotations
 
-import ctypes
-import functools
-import os
 import re
 
 from .cpp_expressions import TEMPORARY
@@ -42,19 +39,10 @@ CALL = re.compile(r"^float (tmp\d+) = fl_vml_(\w+)\((.*)\);((?:  //.*)?)$")
 REDUCTION = re.compile(r" reduction\([^)]*\)")
 
 
-@functools.cache
 def available() -> bool:
-    """Whether libtorch_cpu exports MKL's routines (x86-64 builds with MKL), made visible to the
-    kernels' libraries loaded after it."""
-    import torch
-    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
-    try:
-        lib = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | ctypes.RTLD_GLOBAL)
-        for routine in ROUTINES.values():
-            getattr(lib, routine)
-    except (OSError, AttributeError):
-        return False
-    return True
+    """Whether libtorch_cpu exports MKL's routines (x86-64 builds with MKL)."""
+    from .cpp_build import libtorch_exports  # (cpp_build imports this module for its preamble)
+    return libtorch_exports(*ROUTINES.values())
 
 
 def chunked(lines: list) -> list:

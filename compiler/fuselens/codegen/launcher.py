@@ -213,8 +213,8 @@ def patch_interpreter_casts():
     builder._fuselens_casts = True
 
 
-# the memory of the interpreted kernel's tensor arguments: (first address, end) of each storage
-_ARGUMENT_MEMORY: list = []
+# the interpreted kernel's name and its tensor arguments' memory: (first address, end) of each storage
+_ARGUMENT_MEMORY: list = ["a kernel", []]
 
 
 def patch_interpreter_bounds():
@@ -231,13 +231,13 @@ def patch_interpreter_bounds():
 
     def init(self, args_dev, kwargs):
         args, kwargs_hst = init_args(self, args_dev, kwargs)
-        _ARGUMENT_MEMORY[:] = [(t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
-                               for t in [*args, *kwargs_hst.values()] if hasattr(t, "untyped_storage")]
-        _ARGUMENT_MEMORY.append(getattr(self.fn, "__name__", "a kernel"))
+        storages = [t.untyped_storage() for t in [*args, *kwargs_hst.values()] if hasattr(t, "untyped_storage")]
+        _ARGUMENT_MEMORY[:] = [getattr(self.fn, "__name__", "a kernel"),
+                               [(s.data_ptr(), s.data_ptr() + s.nbytes()) for s in storages]]
         return args, kwargs_hst
 
     def check(ptrs, mask, what):
-        *spans, kernel = _ARGUMENT_MEMORY or ["a kernel"]
+        kernel, spans = _ARGUMENT_MEMORY
         address = np.asarray(ptrs.data, dtype=np.uint64)
         address = address[np.broadcast_to(mask.data, address.shape)]
         width = np.dtype(interpreter._get_np_dtype(ptrs.get_element_ty())).itemsize
