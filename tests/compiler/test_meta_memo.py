@@ -174,3 +174,21 @@ def test_the_memo_keeps_no_graph_alive(runs):
     ref = compiled_once()
     gc.collect()
     assert meta_memo._MEMO and ref() is None
+
+
+@torch.jit.script
+def _scale_of(x: torch.Tensor, k: int):
+    return torch.sqrt(torch.tensor(x.size(-1), dtype=torch.float) * k)  # (made on the CPU, whatever x's device)
+
+
+def test_a_result_made_on_a_device_of_its_own_keeps_it_when_called_again(runs):
+    """DeBERTa's `scaled_size_sqrt` makes its result on the CPU in a GPU model: a second call on
+    the same layouts, recalled, had its result on the arguments' device, and a GPU kernel then
+    read the CPU tensor (an illegal address). TensorVars on "cuda" stand for a GPU graph here."""
+    from fuselens.capture.graph import GraphBuilder
+    g = GraphBuilder()
+    a, b = g.input(torch.randn(4, 8), "a"), g.input(torch.randn(4, 8), "b")
+    a.device = b.device = torch.device("cuda")
+    first, second = g.call(_scale_of, (a, 3), {}, None), g.call(_scale_of, (b, 3), {}, None)
+    assert first.device == second.device == torch.device("cpu")
+    assert first.node.meta["device"] == second.node.meta["device"] == torch.device("cpu")

@@ -7,7 +7,8 @@ capture's time. Effects name arguments by position (what a call writes, returns,
 they hold for the new call; its ATen trace stays on the first call's stand-ins, with which
 `Effects.functional_form` pairs it. Only results that rebuild exactly are remembered: each result
 tensor is an argument's stand-in itself, a view of one (same dtype), or a new tensor of its
-layout, requires_grad and leafness, checked after the rebuild. The key holds what decides a meta
+layout, requires_grad and leafness, checked after the rebuild (none made on a real device: its
+device is not in a rebuild). The key holds what decides a meta
 evaluation: the function, each tensor argument's layout and its root's (the storage it views,
 shared or not with the other arguments), every other argument by type and value (plain values
 only: an object kept by identity would be kept alive), and the grad, autocast, inference mode and
@@ -94,6 +95,9 @@ def remember(k, metas, result, eff) -> None:
         outs, structure = [r for r in result if r is not None], (type(result), tuple(r is not None for r in result))
     else:
         return
+    if any(t.device.type != "meta" for t in outs):
+        return  # a call that chose its result's device itself (a TorchScript `torch.tensor(...)`): the
+        # device is the graph's to know (graph.evaluate), and a rebuild would put it on meta
     recipe = []
     for t, arg, alias in zip(outs, eff.returns_arg, eff.aliases):
         if t.layout != torch.strided or t.is_conj() or t.is_neg() or t._is_zerotensor():
