@@ -28,7 +28,7 @@ test: test-python test-e2e
 CPP_TESTS := $(addprefix tests/backend/,test_cpp_kernels.py test_ops.py test_dtype_semantics.py \
 	test_interpreter_math.py test_autograd_semantics.py test_autograd.py test_batch_norm.py test_indexing.py \
 	test_random_programs.py test_conv_blocks.py test_attention.py test_shape_errors.py test_constants.py \
-	test_reinplace.py test_decode.py test_long_rows.py test_in_place.py)
+	test_reinplace.py test_decode.py test_long_rows.py test_in_place.py test_activations.py)
 test-python: venv
 	FUSELENS_INTERPRET=1 TRITON_INTERPRET=1 $(VPY) -m pytest -q -n 2 tests --ignore=tests/conformance
 	FUSELENS_INTERPRET=1 TRITON_INTERPRET=1 $(VPY) -m pytest -q -n 2 tests/conformance

@@ -10,7 +10,7 @@ This module is the registry's entry point: it imports each module of decompositi
 registers its own into `registry.DECOMPOSITIONS`), then gives the torch.Tensor methods that also
 reach graphs as their C spellings the same decompositions.
 """
-from . import (creation, linalg, losses, normalization, pointwise, pooling,  # noqa: F401  (registrations)
+from . import (activations, creation, linalg, losses, normalization, pointwise, pooling,  # noqa: F401  (registrations)
                randomness, reductions, views, writes)
 from .registry import DECOMPOSITIONS, Unsupported, Written, register_c_method_spellings
 

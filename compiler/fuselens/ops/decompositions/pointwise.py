@@ -183,41 +183,6 @@ def sign(x):
     return P.cast(P.where(P.gt(x, 0), 1, P.where(P.lt(x, 0), -1, 0)), x.dtype)
 
 
-# --- activations ----------------------------------------------------------------------------------
-@register(*spellings("relu", functional=True))
-def relu(x, inplace=False):
-    return P.where(P.le(x, 0), 0, x)
-
-
-@register(F.leaky_relu)
-def leaky_relu(x, negative_slope=0.01, inplace=False):
-    return P.where(P.gt(x, 0), x, P.mul(x, negative_slope))
-
-
-@register(F.gelu)
-def gelu(x, approximate="none"):
-    y = upcast(x)
-    if approximate == "tanh":
-        inner = P.mul(math.sqrt(2 / math.pi), P.add(y, P.mul(0.044715, P.mul(y, P.mul(y, y)))))
-        out = P.mul(P.mul(0.5, y), P.add(1.0, P.tanh(inner)))
-    else:
-        out = P.mul(P.mul(0.5, y), P.add(1.0, P.gelu_erf(P.mul(y, 1 / math.sqrt(2)))))
-    return P.cast(out, x.dtype)
-
-
-@register(F.silu)
-def silu(x, inplace=False):
-    y = upcast(x)
-    return P.cast(P.mul(y, P.sigmoid(y)), x.dtype)
-
-
-@register(F.softplus)
-@opmath
-def softplus(x, beta=1.0, threshold=20.0):
-    scaled = P.mul(x, beta)
-    return P.where(P.gt(scaled, threshold), x, P.div(P.log1p(P.exp(scaled)), beta))
-
-
 @register(*spellings("clamp", "clip"))
 def clamp(x, min=None, max=None, inplace=False):
     # eager's clamp_backward masks by min <= x <= max: a NaN x, or a NaN tensor bound, gets none
@@ -245,9 +210,6 @@ def _clamp(x, min, max, nan_gets_gradient):
     return out
 
 
-# hardtanh's backward masks by NOT (x <= min or x >= max): a NaN x gets the gradient
-DECOMPOSITIONS[F.hardtanh] = lambda x, min_val=-1.0, max_val=1.0, inplace=False: \
-    _clamp(x, min_val, max_val, nan_gets_gradient=True)
 DECOMPOSITIONS[tensor_method("clamp_min")] = lambda x, min: clamp(x, min=min)
 DECOMPOSITIONS[tensor_method("clamp_max")] = lambda x, max: clamp(x, max=max)
 DECOMPOSITIONS[torch.clamp_min] = DECOMPOSITIONS[tensor_method("clamp_min")]
