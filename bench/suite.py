@@ -428,7 +428,9 @@ def main():
         except Exception as e:  # noqa: BLE001 (a row that cannot be built or run says why; the others go on)
             traceback.print_exc()
             row = {"model": name, "suite": MODELS[name].suite, "mode": mode, "dtype": dtype, "ok": False,
-                   "why": f"error: {type(e).__name__}: {e} {' '.join(getattr(e, '__notes__', ()))}"[:800]}
+                   # (the first line of a CUDA error; its note names the wrapper line fuselens's run raised at)
+                   "why": f"error: {type(e).__name__}: {(str(e).splitlines() or [''])[0]} "
+                          f"{' '.join(getattr(e, '__notes__', ()))}"[:800]}
         if key in reuse:
             row.update({k: reuse[key][k] for k in INDUCTOR_KEYS if k in reuse[key]}, inductor_reused=True)
             # Inductor's time is comparable only where eager's is as it was then (a busy GPU or host

@@ -25,9 +25,20 @@ def warn(msg: str, stacklevel: int = 3) -> None:
     warnings.warn(f"fuselens: {msg}", FuselensWarning, stacklevel=stacklevel)
 
 
+def raised_at(cause: BaseException) -> str:
+    """Where in a generated wrapper `cause` was raised (` at <fuselens wrapper HASH> line N:
+    the launch or call`), or "": the kernel a fault came from (its source is in linecache)."""
+    import traceback
+    frames = [f for f in traceback.extract_tb(cause.__traceback__) if f.filename.startswith("<fuselens wrapper")]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" at {f.filename} line {f.lineno}: {(f.line or '').strip()[:200]}"
+
+
 def fallback_message(stage: str, subject: str, cause: BaseException) -> str:
     """The one text of an internal error that became an eager run."""
-    return (f"internal error in {stage} of {subject} ({type(cause).__name__}: {cause}); "
+    return (f"internal error in {stage} of {subject} ({type(cause).__name__}: {cause}{raised_at(cause)}); "
             f"running {subject} eagerly from now on")
 
 
@@ -42,7 +53,8 @@ def fall_back(stage: str, subject: str, cause: BaseException, eager=None):
     except BaseException as e:
         # the user's error as eager raises it, but where fuselens's run left the device broken (a
         # kernel's fault: CUDA reports it at a later call) eager's error is only its echo
-        e.add_note(f"(fuselens's compiled run of {subject} had raised first: {type(cause).__name__}: {cause})")
+        e.add_note(f"(fuselens's compiled run of {subject} had raised first: {type(cause).__name__}: {cause}"
+                   f"{raised_at(cause)})")
         raise
     warn(fallback_message(stage, subject, cause), stacklevel=3)
     return out

@@ -14,13 +14,25 @@ class Explanation:
     graph_breaks: list[GraphBreak]
     guards: list
     entries: list = field(default_factory=list)
+    disabled: str | None = None  # why the compiled function runs eagerly now (its recompile limit)
 
     @property
     def graph_count(self) -> int:
         return len(self.graphs)
 
+    @property
+    def recompiles(self) -> list[tuple[str, str, dict]]:
+        """(function, the guard of the entry before that failed, the dims dynamic since) of each
+        recompile."""
+        return [(e.function, e.recompiled_because, dict(e.dynamic_dims)) for e in self.entries if e.recompiled_because]
+
     def __str__(self) -> str:
         out = [f"{len(self.graphs)} graph(s), {len(self.graph_breaks)} graph break(s)"]
+        for function, because, dynamic in self.recompiles:
+            dims = "; dynamic since: " + ", ".join(f"{src} dims {dims}" for src, dims in dynamic.items()) if dynamic else ""
+            out.append(f"recompiled {function} because {because} failed{dims}")
+        if self.disabled:
+            out.append(f"running eagerly now: {self.disabled}")
         for i, g in enumerate(self.graphs):
             out.append(f"\nGraph {i}: {g.function}, lines {g.line_range()}, {g.op_count} op(s)")
             out.append("    " + "\n    ".join(_graph_lines(g)))

@@ -330,3 +330,8 @@ def test_a_traceback_through_a_wrapper_shows_its_line():
     text = "".join(traceback.format_exception(raised.value))
     assert name in text and any(line.strip() and line.strip() in text
                                 for line in built.wrapper_source.splitlines() if line.startswith("    "))
+    # and the fall-back's warning (or the note on eager's error after a fault) names that line
+    from fuselens.errors import fallback_message
+    message = fallback_message("the backend", "g", raised.value)
+    assert f"at {name} line " in message and any(line.strip()[:200] in message
+                                                  for line in built.wrapper_source.splitlines() if line.startswith("    "))

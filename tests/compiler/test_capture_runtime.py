@@ -463,6 +463,26 @@ def test_recompile_limit_falls_back_to_eager_with_one_warning():
     assert n_entries(cf) == runtime.RECOMPILE_LIMIT
 
 
+def test_explain_of_a_compiled_function_reports_its_recompiles():
+    """`fuselens.explain(compiled)` with no arguments: what its calls compiled so far, each
+    recompile's failed guard and the dims made dynamic, and the recompile limit's verdict."""
+    def f(x, k):
+        return x * k + 1
+    cf = fuselens.compile(f)
+    cf(X, 1)
+    cf(torch.randn(5, 8), 1)   # a new size: recompiled, the dim dynamic from then on
+    cf(X, 2)                   # a new constant: recompiled
+    ex = fuselens.explain(cf)
+    assert n_entries(cf) == 3 and len(ex.recompiles) == 2 and ex.disabled is None
+    text = str(ex)
+    assert "recompiled " in text and "k == 1" in text and "dims [0]" in text, text
+    for k in range(3, runtime.RECOMPILE_LIMIT + 3):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FuselensWarning)
+            cf(X, k)
+    assert "running eagerly now: recompile limit" in str(fuselens.explain(cf))
+
+
 def test_recompile_limit_names_shape_guard_when_dynamic_is_off():
     cf = fuselens.compile(_pointwise, dynamic=False)
     for rows in range(1, runtime.RECOMPILE_LIMIT + 1):
