@@ -207,3 +207,35 @@ def test_a_node_on_another_device_is_torchs_op_there_and_copied_once():
     assert [n.args[0] for n in externs] == [torch.tensor, operator.mul, torch.Tensor.to]
     assert externs[-1].args[1][1] == torch.device("meta")  # one copy, read by both ops
     assert len(externs[-1].users) == 2
+
+
+@torch.jit.script
+def _log_buckets(relative_pos, bucket_size: int, max_position: int):
+    sign = torch.sign(relative_pos)  # (DeBERTa's make_log_bucket_position, a TorchScript function)
+    mid = bucket_size // 2
+    abs_pos = torch.where((relative_pos < mid) & (relative_pos > -mid), torch.tensor(mid - 1).type_as(relative_pos),
+                          torch.abs(relative_pos))
+    log_pos = torch.ceil(torch.log(abs_pos / mid) / torch.log(torch.tensor((max_position - 1) / mid)) * (mid - 1)) + mid
+    return torch.where(abs_pos <= mid, relative_pos.type_as(log_pos), log_pos * sign)
+
+
+def _scripted_calls(x, pos):
+    return x / _scaled_size_sqrt(x, 3).to(x.dtype) + _log_buckets(pos, 8, 32).sum()
+
+
+def test_a_torchscript_function_is_inlined_from_its_python():
+    """A `@torch.jit.script` function is captured from its Python original (as torch.compile
+    does): its ops are kernels (no call of TorchScript's executor in the wrapper), also after
+    eager runs of it have profiled and optimised its TorchScript graph (on a GPU that graph then
+    gave capture's stand-ins results unlike eager's: DeBERTa's training faulted)."""
+    import fuselens
+    x, pos = randn(4, 8), torch.arange(-20, 20, device=DEVICE)
+    for _ in range(3):
+        want = _scripted_calls(x, pos)
+    compiled = fuselens.compile(_scripted_calls)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fuselens.FuselensWarning)
+        torch.testing.assert_close(compiled(x, pos), want)
+    entries = fuselens.inspect(compiled)
+    assert all(e.graph_break is None for e in entries)
+    assert not [line for e in entries for g in e.graphs for line in g.wrapper.split("\n") if "consts[" in line]

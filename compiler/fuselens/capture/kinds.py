@@ -473,6 +473,17 @@ class Partial(Kind):
         return ev.call(fn.func, list(fn.args) + list(args), {**fn.keywords, **kwargs}, e, scope)
 
 
+class Scripted(Kind):
+    """A TorchScript function (`@torch.jit.script`): its Python original is inlined, as
+    torch.compile inlines it (`_torchdynamo_inline`, which torch.jit.script sets). Called as an
+    op, TorchScript's executor ran on capture's stand-ins, and after eager runs of it on a GPU
+    (a profiled, fused graph) its results there no longer said where eager's are (DeBERTa's
+    relative positions); inlined, its ops are fused with their neighbours too."""
+
+    def call(self, ev, fn, args, kwargs, e, scope):
+        return ev.call(fn._torchdynamo_inline, args, kwargs, e, scope)
+
+
 class Class(Kind):
     """A class, called: a builtin type folds on constants, a torch class is made with constant
     arguments (a module without state is the capture's own object), and an object of a Python
@@ -510,7 +521,7 @@ OBJECT, PYTHON_MODULE, TENSOR, TENSOR_METHOD, SYMINT, UNKNOWN_VALUE, STAND_IN, M
 PYTHON_FUNCTION, TORCH_FUNCTION, KNOWN_FUNCTION, C_METHOD, PURE, PARTIAL, CLASS, GETTER, NUMPY_FUNCTION = (
     PythonFunction(), TorchFunction(), KnownFunction(), CMethod(), PureFunction(), Partial(), Class(), Getter(),
     NumpyFunction())
-ENVIRONMENT, ENVIRONMENT_METHOD = Environment(), EnvironmentMethod()
+ENVIRONMENT, ENVIRONMENT_METHOD, SCRIPTED = Environment(), EnvironmentMethod(), Scripted()
 
 _HOOKS = ("__fl_abstract_getattr__", "__fl_abstract_call__", "__fl_abstract_iter__")
 _C_METHODS = (types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType)
@@ -564,6 +575,8 @@ def _known_or_callable_kind(fn) -> Kind:
 def _callable_kind(fn) -> Kind:
     """What a callable capture does not know by identity is (the order matters: a torch
     function may be any of the types below)."""
+    if isinstance(fn, torch.jit.ScriptFunction) and isinstance(getattr(fn, "_torchdynamo_inline", None), types.FunctionType):
+        return SCRIPTED
     if C.is_torch_callable(fn):
         return TORCH_FUNCTION
     if isinstance(fn, types.MethodType) and not isinstance(fn.__func__, types.BuiltinFunctionType):
