@@ -69,12 +69,13 @@ def _check_mode(mode):
 
 def explain(fn, *args, **kwargs) -> Explanation:
     """Run `fn(*args, **kwargs)` once while capturing; report graphs, breaks and guards. Given
-    what `fuselens.compile` returned and no arguments, report what its calls so far compiled:
-    each entry's graphs and breaks, why each recompile happened, the dims made dynamic, and
-    whether the recompile limit sent it to eager."""
-    if not args and not kwargs and compiled_of(fn) is not None:
-        cf = compiled_of(fn)
-        log = cf.all_entries()
+    what `fuselens.compile` returned, already called, and no arguments: report what its calls so
+    far compiled, each entry's graphs and breaks, why each recompile happened, the dims made
+    dynamic, and whether the recompile limit sent it to eager (a function of no arguments not
+    yet called is run, as any other)."""
+    cf = compiled_of(fn) if not args and not kwargs else None
+    log = cf.all_entries() if cf is not None else []
+    if log or (cf is not None and cf.disabled):
         return Explanation([g for e in log for g in e.graphs], [e.graph_break for e in log if e.graph_break is not None],
                            [g for e in log for g in e.guards], log, disabled=cf.disabled)
     if isinstance(fn, types.MethodType):  # a bound method (compiled or not)

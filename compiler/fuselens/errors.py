@@ -10,6 +10,7 @@ raises too, the error was the user's, and eager's exception is what the caller s
 nothing disabled); if eager returns, the error was fuselens's: one FuselensWarning names it."""
 from __future__ import annotations
 
+import traceback
 import warnings
 
 
@@ -28,7 +29,6 @@ def warn(msg: str, stacklevel: int = 3) -> None:
 def raised_at(cause: BaseException) -> str:
     """Where in a generated wrapper `cause` was raised (` at <fuselens wrapper HASH> line N:
     the launch or call`), or "": the kernel a fault came from (its source is in linecache)."""
-    import traceback
     frames = [f for f in traceback.extract_tb(cause.__traceback__) if f.filename.startswith("<fuselens wrapper")]
     if not frames:
         return ""

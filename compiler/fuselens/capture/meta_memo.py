@@ -96,8 +96,8 @@ def remember(k, metas, result, eff) -> None:
     else:
         return
     if any(t.device.type != "meta" for t in outs):
-        return  # a call that chose its result's device itself (a TorchScript `torch.tensor(...)`): the
-        # device is the graph's to know (graph.evaluate), and a rebuild would put it on meta
+        return  # a call that chose its result's device itself (an opaque callable's `torch.tensor(...)`):
+        # the device is the graph's to know (graph.evaluate), and a rebuild would put it on meta
     recipe = []
     for t, arg, alias in zip(outs, eff.returns_arg, eff.aliases):
         if t.layout != torch.strided or t.is_conj() or t.is_neg() or t._is_zerotensor():
