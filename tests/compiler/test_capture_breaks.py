@@ -930,3 +930,22 @@ def _operator_functions(x, y):
 def test_operator_functions_on_tensors_are_the_syntax():
     """`operator.add(t, u)`, `reduce(operator.mul, ts)`: recorded as `t + u` is, not a break."""
     check(_operator_functions, torch.randn(3, 4), torch.randn(3, 4), graphs=1, breaks=[])
+
+
+def _count_of(t, k):
+    return (k, int(t.sum()))  # a break inside a call (a tensor read into Python)
+
+
+def _collect(*values):
+    return values
+
+
+def breaks_in_several_arguments(x, y, k, d):
+    return _collect(x * 2, _count_of(x, k), y * 3, _count_of(y, d), x + y)
+
+
+def test_several_calls_of_one_statement_that_break_keep_each_result():
+    """Each argument's call breaks: the statement continues in a resume function that reads the
+    first call's result (`__fl_ret`) and the graph's temporaries (`__fl_t0`), and whose own second
+    break must not take their names: it did, and every argument became the last call's result."""
+    check(breaks_in_several_arguments, torch.ones(3), torch.full((3,), 2.0), 4, 5, breaks=["FL113", "FL113"])

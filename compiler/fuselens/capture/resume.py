@@ -9,7 +9,8 @@ transformed function calls the graph (which outputs every live tensor), then:
   returns `__fl_resume_N(live...)`, whose body is the rest of the function;
 - break inside an inlined call (k+1 frames): the innermost frame's break runs in a small
   plain function `__fl_break_k`, and each enclosing frame continues in a resume function
-  that receives the inner call's result as `__fl_ret`.
+  that receives the inner call's result as `__fl_ret` (a fresh name where the statement, itself
+  a resume function's, already reads one: see `_fresh`).
 - data-dependent `if`: the graph computes the condition, Python branches, and each branch
   continues in its own resume function.
 
@@ -179,15 +180,17 @@ def with_wrappers(levels, stmts) -> list:
 class _Substitute(ast.NodeTransformer):
     """Replace sub-expressions the graph already computed by temporaries."""
 
-    def __init__(self, completed, mat: Materializer, temps: dict, replace_call=None):
+    def __init__(self, completed, mat: Materializer, temps: dict, taken: set, replace_call=None, result=None):
         self.completed = completed
         self.mat = mat
         self.temps = temps       # temp name -> value expression
+        self.taken = taken       # the names the statement reads
         self.replace_call = replace_call
+        self.result = result
 
     def visit(self, node):
         if self.replace_call is not None and node is self.replace_call:
-            return ast.copy_location(ast.Name(id="__fl_ret", ctx=ast.Load()), node)
+            return ast.copy_location(ast.Name(id=self.result, ctx=ast.Load()), node)
         if isinstance(node, ast.expr) and id(node) in self.completed and \
                 not isinstance(node, (ast.Name, ast.Constant, ast.Lambda)) and \
                 isinstance(getattr(node, "ctx", ast.Load()), ast.Load):
@@ -199,7 +202,7 @@ class _Substitute(ast.NodeTransformer):
             except CannotResume:
                 return self.generic_visit(node)
             if isinstance(v, (TensorVar, SymInt)) or not is_literal(v):
-                name = f"__fl_t{len(self.temps)}"
+                name = _fresh("__fl_t", self.taken | set(self.temps), len(self.temps))
                 self.temps[name] = e
                 return ast.copy_location(ast.Name(id=name, ctx=ast.Load()), node)
             return ast.copy_location(ast.Constant(value=v), node)
@@ -218,7 +221,23 @@ def _materializable(v) -> bool:
     return False
 
 
-def substitute(stmt, completed, mat, temps, replace_call=None):
+def _fresh(base, taken, numbered_from=None):
+    """`base` (numbered from `numbered_from`, where given) not among `taken`: a resume function's
+    statement reads the temporaries of the break before it (`__fl_ret`, `__fl_t0`) where a second
+    call in it breaks (`g(pair(a), pair(b))`), and the next resume function's must not take their
+    names (the second would clobber the first's value)."""
+    candidates = (f"{base}{i}" for i in itertools.count(numbered_from)) if numbered_from is not None \
+        else itertools.chain([base], (f"{base}_{i}" for i in itertools.count(1)))
+    return next(n for n in candidates if n not in taken)
+
+
+def names_read(stmt) -> set:
+    return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name)}
+
+
+def substitute(stmt, completed, mat, temps, replace_call=None, result=None):
+    """`stmt` with the sub-expressions the graph computed replaced by temporaries (added to
+    `temps`), and `replace_call` by the name `result`."""
     s = copy.deepcopy(stmt)
     # deepcopy breaks identity: map copied nodes back to the originals' entries
     orig = list(ast.walk(stmt))
@@ -231,7 +250,7 @@ def substitute(stmt, completed, mat, temps, replace_call=None):
         if replace_call is not None and o is replace_call:
             call = n
     _copy_private(stmt, s)
-    return _Substitute(comp, mat, temps, call).visit(s)
+    return _Substitute(comp, mat, temps, names_read(stmt), call, result).visit(s)
 
 
 def _copy_private(a, b):
@@ -503,8 +522,9 @@ class Writer:
         lives: list[list[str]] = []  # per frame 1..k: expressions of its live values
         for i, fr in enumerate(frames[1:], start=1):
             ftemps: dict[str, str] = {}
-            cur = substitute(fr.stmt, fr.completed, self.mat, ftemps, replace_call=fr.call)
-            first = ast.parse(_call_result(inner_call, fr, ftemps, self.mat)).body
+            ret = _fresh("__fl_ret", names_read(fr.stmt))
+            cur = substitute(fr.stmt, fr.completed, self.mat, ftemps, replace_call=fr.call, result=ret)
+            first = ast.parse(_call_result(inner_call, fr, ftemps, self.mat, ret)).body
             for n in (x for st in first for x in ast.walk(st)):
                 ast.copy_location(n, fr.call)
             body = continuation(fr.levels, False, current=first + [cur])
@@ -562,10 +582,11 @@ class Writer:
         name = None
         for i, fr in enumerate(frames[1:], start=1):
             ftemps: dict[str, str] = {}
-            first = ast.parse(_call_result(inner_call, fr, ftemps, self.mat)).body
+            ret = _fresh("__fl_ret", names_read(fr.stmt))
+            first = ast.parse(_call_result(inner_call, fr, ftemps, self.mat, ret)).body
             for n in (x for st in first for x in ast.walk(st)):
                 ast.copy_location(n, fr.call)
-            cur = first + [substitute(fr.stmt, fr.completed, self.mat, ftemps, replace_call=fr.call)]
+            cur = first + [substitute(fr.stmt, fr.completed, self.mat, ftemps, replace_call=fr.call, result=ret)]
             body = continuation(fr.levels, False, current=cur)
             own = list(ftemps) + [n for n in self.live(fr, body) if n not in ftemps]
             lives.append([ftemps[n] if n in ftemps else self.mat.expr(fr.vars[n]) for n in own])
@@ -605,15 +626,15 @@ class Writer:
         return [(n, ast.unparse(h), fs) for n, h, fs in self.helpers]
 
 
-def _call_result(inner_call, frame, temps, mat) -> str:
-    """`__fl_ret = <the result of the call that led to the inner frames>`: the inner frames'
+def _call_result(inner_call, frame, temps, mat, ret) -> str:
+    """`<ret> = <the result of the call that led to the inner frames>`: the inner frames'
     continuation's return value, or, where the call made an object (its `__init__` broke), that
     object (a live value of the frame's, as a temporary)."""
     if frame.constructed is None:
-        return f"__fl_ret = {inner_call}"
-    name = f"__fl_new{len(temps)}"
+        return f"{ret} = {inner_call}"
+    name = _fresh("__fl_new", names_read(frame.stmt) | set(temps), len(temps))
     temps[name] = mat.expr(frame.constructed)
-    return f"{inner_call}\n__fl_ret = {name}"
+    return f"{inner_call}\n{ret} = {name}"
 
 
 def _with_lines(text, outer_frames, mat):
