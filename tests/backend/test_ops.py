@@ -8,6 +8,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import fuselens
+
 from fl_backend_testing import DEVICE, check, triton_kernels
 
 
@@ -508,3 +510,56 @@ def test_cross_entropy_of_float64_logits_is_computed_in_float64(reduction):
     def f(x, target):
         return F.cross_entropy(x, target, reduction=reduction)
     torch.testing.assert_close(fuselens.compile(f)(x, target), f(x, target), rtol=1e-14, atol=1e-14)
+
+
+@torch.library.custom_op("fuselens_test::scaled", mutates_args=())
+def _scaled(x: torch.Tensor, s: float) -> torch.Tensor:
+    return x * s
+
+
+_scaled.register_fake(lambda x, s: torch.empty_like(x))
+_scaled.register_autograd(lambda ctx, g: (g * ctx.s, None),
+                          setup_context=lambda ctx, inputs, output: setattr(ctx, "s", inputs[1]))
+
+
+@torch.library.custom_op("fuselens_test::add_into", mutates_args=("out",))
+def _add_into(x: torch.Tensor, out: torch.Tensor) -> None:
+    out.add_(x)
+
+
+_add_into.register_fake(lambda x, out: None)
+
+
+def test_custom_ops_are_ops_of_the_graph():
+    """`@torch.library.custom_op` (a CustomOpDef, not a function): its operator is an extern of
+    the graph, shaped by its fake, differentiated by its registered autograd, its writes
+    functionalized. Capture failed on it (an FX target with no `__name__`) and ran eagerly."""
+    def f(x, out):
+        y = _scaled(x.sin(), 3.0)
+        _add_into(y, out)
+        return y.cos(), out * 2
+
+    x = torch.randn(8, device=DEVICE, requires_grad=True)
+    out_e, out_c = torch.zeros(8, device=DEVICE), torch.zeros(8, device=DEVICE)
+    expected = f(x, out_e)
+    cf = fuselens.compile(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = cf(x, out_c)
+    for g, e in zip(got + (out_c,), expected + (out_e,)):
+        torch.testing.assert_close(g, e)
+    torch.testing.assert_close(torch.autograd.grad(got[0].sum(), x), torch.autograd.grad(expected[0].sum(), x))
+    (entry,) = fuselens.inspect(cf)
+    assert len(entry.graphs) == 1 and "scaled" in entry.graphs[0].ir
+
+
+@pytest.mark.parametrize("beta, alpha", [(1, 1), (0.5, 2.0), (0, 0.5)])
+@pytest.mark.parametrize("op", ["baddbmm", "addmm"])
+def test_add_gemms_scale_as_torch_defines(op, beta, alpha):
+    """beta * x + alpha * (a @ b): a GEMM and pointwise work (baddbmm was an extern with torch's
+    autograd in the backward); beta == 0 ignores x, NaNs included."""
+    batch = (2,) if op == "baddbmm" else ()
+    x = t(*batch, 1, 5)
+    x[..., 0] = float("nan")
+    fn = getattr(torch, op)
+    check(lambda x, a, b: fn(x, a, b, beta=beta, alpha=alpha), x, t(*batch, 3, 4), t(*batch, 4, 5))

@@ -800,3 +800,25 @@ def test_a_function_indented_at_its_sources_first_line():
     node = function_source(scope["f"]).node
     assert (node.lineno, node.col_offset, node.end_lineno) == (1, 4, 2)
     check(scope["f"], X.clone())
+
+
+def pairs_of_ints(x, k, d):
+    from itertools import product, repeat
+    size = tuple(repeat(k, 2))  # torch's `_pair`, inside every F.unfold, F.fold, pooling
+    grid = [a * b for a, b in product(range(2), size)]
+    return x.reshape(size[0], -1) * sum(grid) + d
+
+
+def test_itertools_repeat_and_product_unroll():
+    check(pairs_of_ints, torch.randn(4, 3), 2, 1.5, graphs=1, breaks=[])
+
+
+def dtype_questions(x, y):
+    if torch.is_floating_point(x) and not torch.is_complex(y):
+        return x * torch.numel(y)
+    return x
+
+
+def test_torch_functions_asking_a_tensors_metadata_are_answered():
+    """`torch.is_floating_point(mask)` (nn.MultiheadAttention's mask check) is the method's question."""
+    check(dtype_questions, torch.randn(3), torch.randn(2, 2), graphs=1, breaks=[])

@@ -360,7 +360,8 @@ def test_multihead_attention_outside_its_fast_path():
 
 
 def test_multihead_attention_real_backend(monkeypatch):
-    """An extern with a (tensor, None) result is differentiated (its None gets no gradient)."""
+    """nn.MultiheadAttention trained through real kernels: its (out, None) result, the None given
+    no gradient."""
     from fuselens.backend import driver
     from test_inplace import REAL_COMPILE_GRAPH
     monkeypatch.setattr(driver, "compile_graph", REAL_COMPILE_GRAPH)

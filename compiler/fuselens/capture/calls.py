@@ -70,12 +70,21 @@ def is_torch_callable(fn) -> bool:
         # a Python function of torch's is an op only where the graph can name it, as its code
         # will (`torch.nn.functional.relu`); a lambda or local function (OpInfo's `op=lambda`)
         # is Python to inline
-        return not isinstance(fn, types.FunctionType) or _named(fn)
+        return not isinstance(fn, types.FunctionType) or _named(fn) and not inlined_composite(fn)
     self_ = getattr(fn, "__self__", None)
     if isinstance(self_, types.ModuleType) and self_.__name__.startswith("torch"):
         return True
     qual = getattr(fn, "__qualname__", "")
     return qual.startswith("TensorBase.") or qual.startswith("Tensor.")
+
+
+def inlined_composite(fn) -> bool:
+    """A Python function of `torch.nn.functional` that no decomposition handles
+    (`multi_head_attention_forward`, `normalize`, the losses written in Python): its body of torch
+    ops is captured, as torch.compile inlines it, so they fuse and differentiate as ops; as one
+    extern call it ran unfused and its backward re-ran it under torch's autograd."""
+    from ..ops.decompositions import DECOMPOSITIONS  # (ops imports capture's siblings only)
+    return fn.__module__ == "torch.nn.functional" and fn not in DECOMPOSITIONS
 
 
 def _named(fn) -> bool:

@@ -19,6 +19,7 @@ import ast
 import copy
 import functools
 import inspect
+import itertools
 import numbers
 import operator
 import types
@@ -123,7 +124,7 @@ class Kind:
         return bool(v)
 
     def iterate(self, ev, v, node, scope, whole_stmt):
-        if isinstance(v, _ITERABLES):
+        if isinstance(v, _ITERABLES) or _finite_repeat(v):
             return list(v)
         items = ev.iterate_object(v, node, scope)
         if items is not None:
@@ -131,9 +132,22 @@ class Kind:
         ev.brk(B.UNROLLABLE_LOOP, node, scope, detail=f"iteration over {type(v).__name__}", whole_stmt=True)
 
 
-# what iterating gives, read as Python would (their items are values capture already has)
+# what iterating gives, read as Python would (their items are values capture already has; the
+# combinatoric iterators hold their inputs' items, taken when made)
 _ITERABLES = (list, tuple, dict, range, str, set, frozenset, zip, enumerate, map, filter, type({}.items()),
-              type({}.keys()), type({}.values()), reversed, type(iter([])))
+              type({}.keys()), type({}.values()), reversed, type(iter([])), itertools.product,
+              itertools.combinations, itertools.permutations)
+
+
+def _finite_repeat(v) -> bool:
+    """`itertools.repeat(x, n)` (torch's `_pair(k)`: `tuple(repeat(k, 2))`); `repeat(x)` is endless."""
+    if type(v) is not itertools.repeat:
+        return False
+    try:
+        v.__length_hint__()
+    except TypeError:
+        return False
+    return True
 
 
 class PythonModule(Kind):

@@ -9,6 +9,7 @@ import types
 
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
+from torch._library.custom_ops import CustomOpDef as _CustomOpDef
 
 from . import breaks as B
 from ..ops import effects as E
@@ -145,10 +146,16 @@ class Tensors:
 
     # ----------------------------------------------------------------- tensor ops
     def torch_call(self, fn, args, kwargs, e, scope):
+        if isinstance(fn, _CustomOpDef):  # `@torch.library.custom_op`: a call of its operator
+            fn = fn._opoverload
         if self.abstract and E.has_dynamic_output_shape(fn) and any(isinstance(a, TensorVar) for a in args):
             self.brk(B.DYNAMIC_SHAPE, e, scope, detail=name_of(fn))
         if fn in (torch.is_tensor,):
             return isinstance(args[0], TensorVar)
+        name = getattr(fn, "__name__", None)
+        if name in C.META_METHODS and getattr(torch, name, None) is fn and args and isinstance(args[0], TensorVar):
+            # `torch.is_floating_point(t)`, `torch.numel(t)`: the method's question, answered so
+            return self.tensor_method(args[0], name, list(args[1:]), kwargs, e, scope)
         if fn in C.STATE_QUERIES:
             return fn(*args)
         if fn in AUTOCAST_QUERIES:

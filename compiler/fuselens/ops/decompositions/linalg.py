@@ -143,14 +143,28 @@ def linear(x, weight, bias=None):
     return P.reshape(out, x.shape[:-1] + (weight.shape[0],))
 
 
+def _scaled_sum(product, x, beta, alpha):
+    """beta * x + alpha * product, as torch's add-GEMMs define it: beta == 0 ignores x (its NaNs
+    and infinities too)."""
+    if alpha != 1:
+        product = P.mul(product, alpha)
+    if beta == 0:
+        return P.add(product, P.full(tuple(x.shape), 0, dtype=x.dtype))  # x's broadcast and dtype
+    return P.add(product, x if beta == 1 else P.mul(x, beta))
+
+
 @register(*spellings("addmm"))
 def addmm(bias, a, b, *, beta=1, alpha=1):
     if alpha == 1 and beta == 1:
         return _biased_gemm(bias, a, b)
-    out = mm(a, b)
-    if alpha != 1:
-        out = P.mul(out, alpha)
-    return P.add(out, bias if beta == 1 else P.mul(bias, beta))
+    return _scaled_sum(mm(a, b), bias, beta, alpha)
+
+
+@register(*spellings("baddbmm"))
+def baddbmm(x, a, b, *, beta=1, alpha=1):
+    """(MultiheadAttention's masked scores, BLOOM's ALiBi): the product a GEMM, the scaled sum
+    pointwise work that fuses with its readers (the softmax)."""
+    return _scaled_sum(bmm(a, b), x, beta, alpha)
 
 
 def _in_eager_layout(out, x, weight):
