@@ -461,6 +461,18 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
             out.push({ kind: 'info', label: label + random, description: c.ok && !c.evalMode ? '' : c.message, tooltip: c.message,
               icon: c.ok ? 'pass' : random ? 'info' : 'error' });
           }
+          if (run.recompiles?.length) {
+            // the run's calls recompiled the function (a guard failing on every call: a counter
+            // read as a constant, a size that changes), or the recompile limit stopped compiling it
+            const lines = run.recompiles.map((r: any) => {
+              const dims = Object.entries(r.dynamicDims ?? {}).map(([src, d]) => `${src} dims [${(d as number[]).join(', ')}]`);
+              return `recompiled ${r.function} because ${r.because} failed` + (dims.length ? `; dynamic since: ${dims.join(', ')}` : '');
+            });
+            out.push({ kind: 'info', label: `Recompiled ${run.recompiles.length}× during the run`,
+              description: run.recompileLimit ? 'recompile limit reached: runs eagerly' : `guard ${run.recompiles[0].because}`,
+              tooltip: [...lines, ...(run.recompileLimit ? [run.recompileLimit] : [])].join('\n'),
+              icon: run.recompileLimit ? 'warning' : 'sync' });
+          }
           if (run.hasTransformedSource) {
             out.push({ kind: 'info', label: 'Show transformed code', icon: 'go-to-file', command: {
               command: 'fuselens.showTransformedCode', title: 'Show transformed code', arguments: [node.uri, node.fn.qualname] } });

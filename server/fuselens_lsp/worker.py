@@ -408,6 +408,17 @@ def describe_compiled(compiled, path, source="") -> dict:
             "guards": [g.reason for e in entries for g in e.guards], "entries": len(entries)}
 
 
+def recompiles_json(compiled) -> dict:
+    """What the run's calls recompiled (the timing loop calls the function again and again: a
+    guard that fails on every call, a counter read as a constant, shows here) and whether the
+    recompile limit stopped compiling it (`fuselens.explain` of the compiled function)."""
+    import fuselens
+    ex = fuselens.explain(compiled)
+    return {"recompiles": [{"function": f, "because": because, "dynamicDims": {k: list(v) for k, v in dims.items()}}
+                           for f, because, dims in ex.recompiles],
+            "recompileLimit": ex.disabled}
+
+
 def break_json(b) -> dict:
     """A break the concrete capture found, with its file (it may be in a callee's file) and the
     calls that led there, for the server to publish where it occurs."""
@@ -554,6 +565,7 @@ def run_job(job: dict) -> dict:
             "CPU kernels: install g++ or clang; its Triton kernels need a GPU; they were checked in Triton's "
             "interpreter), so they show what the graph breaks cost, not the kernels' speed")
     result["timings"] = timings
+    result.update(recompiles_json(compiled))
     if gpu and timings["eager"] and timings["fuselens"]:
         result["speedup"] = timings["eager"] / timings["fuselens"]
     result["elapsedS"] = time.perf_counter() - t0

@@ -60,3 +60,27 @@ def test_without_a_gpu_eager_and_fuselens_graphs_are_timed_on_the_cpu(run_job):
     from fuselens.codegen import cpp_build
     kernels = "C++ kernels" if cpp_build.compiler() else "plain PyTorch"
     assert kernels in r["timingNote"] and "speedup" not in r
+
+
+COUNTER = '''\
+import torch
+
+CALLS = [0]
+
+
+# fuselens: example(x=float32[8])
+def scaled(x):
+    CALLS[0] += 1
+    return x * CALLS[0]
+'''
+
+
+def test_recompiles_during_the_run_are_reported(run_job):
+    """A value read as a constant that changes on every call (a global counter) recompiles the
+    function as the timing loop calls it: the run says so, with the guard that failed."""
+    r = run_job(COUNTER, "scaled")
+    assert r["recompiles"], r
+    assert all(rc["function"] == "scaled" and "CALLS" in rc["because"] for rc in r["recompiles"]), r["recompiles"]
+    assert "recompile limit" in r["recompileLimit"], r["recompileLimit"]
+    clean = run_job(COUNTER.replace("    CALLS[0] += 1\n", "").replace("x * CALLS[0]", "x * 2"), "scaled")
+    assert clean["recompiles"] == [] and clean["recompileLimit"] is None
