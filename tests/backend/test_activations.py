@@ -5,6 +5,7 @@ autograd), equal to eager, and its gradient is ATen's at the points where its fo
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -97,3 +98,20 @@ def test_gradients_where_the_formula_switches_are_atens(fn, dtype):
         at = torch.tensor([v in (-3.0, 3.0, 0.0, 6.0, -6.0) or math.isinf(v) for v in x0.tolist()])
         assert torch.equal(xc.grad[at], xe.grad[at]), (xc.grad, xe.grad)
     torch.testing.assert_close(xc.grad, xe.grad, **tolerance(dtype), equal_nan=True)
+
+
+def test_prelu_of_every_weight_shape_keeps_the_inputs_shape():
+    """Every OpInfo sample of prelu (one slope or one per channel, 0-d to 3-d inputs): a [1]
+    weight of a 0-d input broadcast the result to [1]."""
+    from torch.testing._internal.common_methods_invocations import op_db
+    (op,) = [o for o in op_db if o.name == "nn.functional.prelu"]
+    for sample in op.sample_inputs("cpu", torch.float32):
+        if sample.input.numel() == 0:
+            continue
+        args, kwargs = tuple(sample.args), dict(sample.kwargs)
+        want = _call(F.prelu, sample.input, args, kwargs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", fuselens.FuselensWarning)  # (no fall-back to eager)
+            got = fuselens.compile(_call)(F.prelu, sample.input, args, kwargs)
+        assert got.shape == want.shape, (sample.input.shape, args, kwargs)
+        torch.testing.assert_close(got, want)

@@ -229,7 +229,9 @@ def glu(x, dim=-1):
 
 @register(*spellings("prelu", functional=True))
 def prelu(x, weight):
-    if weight.numel() > 1:
+    if weight.numel() == 1:
+        weight = P.reshape(weight, ())  # one slope: the result has x's shape (a 0-d x, a [1] weight)
+    else:
         if x.ndim < 2 or weight.ndim != 1 or weight.numel() != x.shape[1]:
             raise Unsupported("prelu's weight of this shape")
         weight = P.reshape(weight, (x.shape[1],) + (1,) * (x.ndim - 2))
