@@ -469,7 +469,8 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
               return `recompiled ${r.function} because ${r.because} failed` + (dims.length ? `; dynamic since: ${dims.join(', ')}` : '');
             });
             out.push({ kind: 'info', label: `Recompiled ${run.recompiles.length}× during the run`,
-              description: run.recompileLimit ? 'recompile limit reached: runs eagerly' : `guard ${run.recompiles[0].because}`,
+              description: `guard ${run.recompiles[run.recompiles.length - 1].because}` +
+                (run.recompileLimit ? ' · recompile limit reached: runs eagerly' : ''),
               tooltip: [...lines, ...(run.recompileLimit ? [run.recompileLimit] : [])].join('\n'),
               icon: run.recompileLimit ? 'warning' : 'sync' });
           }

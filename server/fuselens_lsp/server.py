@@ -714,6 +714,9 @@ def _summary_message(qualname, r: dict) -> str:
         parts.append(s)
     if r.get("timingNote"):
         parts.append(r["timingNote"])
+    if r.get("recompiles"):
+        parts.append(f"recompiled {len(r['recompiles'])}× during the run (guard {r['recompiles'][-1]['because']} failed)"
+                     + ("; " + r["recompileLimit"] if r.get("recompileLimit") else ""))
     parts.append(f"inputs: {r.get('inputs')}")
     return ". ".join(p.rstrip(". ") for p in parts)
 
@@ -746,6 +749,7 @@ def _run_view(run: dict | None) -> dict | None:
     return {"status": run["status"], "message": run["message"], "graphs": graphs,
             "timings": r.get("timings"), "speedup": r.get("speedup"), "timingNote": r.get("timingNote"),
             "check": r.get("check"), "inputs": r.get("inputs"), "device": r.get("device"), "gpu": r.get("gpu"),
+            "recompiles": r.get("recompiles") or [], "recompileLimit": r.get("recompileLimit"),
             "hasTransformedSource": bool(r.get("transformedSource")), "restored": bool(run.get("restored")),
             "stale": bool(run.get("stale"))}
 

@@ -442,6 +442,19 @@ async function editorText() {
     // the window's old language server exits with its extension host
     for (const end = Date.now() + 30000; csPid && serverPids(csPid).length > 1 && Date.now() < end;) { await page.waitForTimeout(250); }
 
+    // a function read a global counter that changes on every call: the run reports its recompiles
+    await pressFor('Control+P', '.quick-input-widget .quick-input-box input');
+    await page.keyboard.type('step_counter.py', { delay: 10 });
+    await page.waitForSelector('.quick-input-list .monaco-list-row:has-text("step_counter.py")', { timeout: 15000 });
+    await page.keyboard.press('Enter');
+    await page.waitForSelector('.editor-group-container.active .monaco-editor .view-lines:has-text("def train_step")', { timeout: 30000 });
+    await page.locator('.editor-group-container.active .codelens-decoration a', { hasText: 'Compile & benchmark' }).first().click({ timeout: 60000 });
+    // (the row and its wrapped description, which names the guard that failed)
+    const recompiled = await waitPanelRow(/Recompiled \d+× during the run.*STEPS/, 240000);
+    log('recompiles:', recompiled);
+    await checkNoCutRows('09b recompiles');
+    await shot('recompiles-reported');
+
     // 10: the language server dies; the extension restarts it and diagnostics come back
     const codeServerPid = Number(process.env.FUSELENS_E2E_CS_PID || 0);
     if (codeServerPid) {

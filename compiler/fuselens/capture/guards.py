@@ -23,6 +23,17 @@ from .frames import Guard
 from .values import NUMPY_SCALARS
 
 
+# a global's source as capture names it (`__fl_G_3['STEPS']`: the function's globals, a constant
+# of the guard function), and as the user wrote it
+_GLOBAL_SOURCE = re.compile(r"__fl_G_\d+\[(['\"])(\w+)\1\]")
+
+
+def in_words(reason: str) -> str:
+    """A guard's reason as the user's code spells it (`STEPS[0] == 110`): explain, the
+    recompile warnings and the editor show it."""
+    return _GLOBAL_SOURCE.sub(r"\2", reason)
+
+
 class Sources:
     def __init__(self, example: dict):
         self.guards: list[Guard] = []
@@ -107,7 +118,7 @@ class Sources:
             text, expr, over = _fill_tree(expr, over), None, ()
         if text not in self._seen:
             self._seen.add(text)
-            self.guards.append(Guard(text, reason, expr if over else None, over))
+            self.guards.append(Guard(text, in_words(reason), expr if over else None, over))
 
     def guard_value(self, src: str, v) -> None:
         if isinstance(v, (bool, type(None))):
