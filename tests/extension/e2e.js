@@ -92,6 +92,16 @@ async function shot(name) {
   log('screenshot', path.basename(f));
 }
 
+// opens `file` by Quick Open, waits for `marker` in its editor and clicks its first Compile & benchmark lens
+async function benchmarkIn(file, marker) {
+  await pressFor('Control+P', '.quick-input-widget .quick-input-box input');
+  await page.keyboard.type(file, { delay: 10 });
+  await page.waitForSelector(`.quick-input-list .monaco-list-row:has-text("${file}")`, { timeout: 15000 });
+  await page.keyboard.press('Enter');
+  await page.waitForSelector(`.editor-group-container.active .monaco-editor .view-lines:has-text("${marker}")`, { timeout: 30000 });
+  await page.locator('.editor-group-container.active .codelens-decoration a', { hasText: 'Compile & benchmark' }).first().click({ timeout: 60000 });
+}
+
 // a key pressed again until what it should bring shows (a widget, a cursor position): under load a
 // key pressed while the workbench moves focus can be lost
 async function pressFor(key, selector, tries = 3) {
@@ -400,12 +410,7 @@ async function editorText() {
     await page.keyboard.press('Escape');
 
     // a dropout block: the run says its outputs differ through random ops and checks in eval mode
-    await pressFor('Control+P', '.quick-input-widget .quick-input-box input');
-    await page.keyboard.type('dropout_block.py', { delay: 10 });
-    await page.waitForSelector('.quick-input-list .monaco-list-row:has-text("dropout_block.py")', { timeout: 15000 });
-    await page.keyboard.press('Enter');
-    await page.waitForSelector('.editor-group-container.active .monaco-editor .view-lines:has-text("class Block")', { timeout: 30000 });
-    await page.locator('.editor-group-container.active .codelens-decoration a', { hasText: 'Compile & benchmark' }).first().click({ timeout: 60000 });
+    await benchmarkIn('dropout_block.py', 'class Block');
     await waitPanelRow(/in eval mode/, 240000);
     await page.waitForTimeout(500);
     const evalText = await waitPanelRow(/in eval mode/, 1000);
@@ -443,12 +448,7 @@ async function editorText() {
     for (const end = Date.now() + 30000; csPid && serverPids(csPid).length > 1 && Date.now() < end;) { await page.waitForTimeout(250); }
 
     // a function read a global counter that changes on every call: the run reports its recompiles
-    await pressFor('Control+P', '.quick-input-widget .quick-input-box input');
-    await page.keyboard.type('step_counter.py', { delay: 10 });
-    await page.waitForSelector('.quick-input-list .monaco-list-row:has-text("step_counter.py")', { timeout: 15000 });
-    await page.keyboard.press('Enter');
-    await page.waitForSelector('.editor-group-container.active .monaco-editor .view-lines:has-text("def train_step")', { timeout: 30000 });
-    await page.locator('.editor-group-container.active .codelens-decoration a', { hasText: 'Compile & benchmark' }).first().click({ timeout: 60000 });
+    await benchmarkIn('step_counter.py', 'def train_step');
     // (the row and its wrapped description, which names the guard that failed)
     const recompiled = await waitPanelRow(/Recompiled \d+× during the run.*STEPS/, 240000);
     log('recompiles:', recompiled);
