@@ -26,11 +26,16 @@ class Explanation:
         recompile."""
         return [(e.function, e.recompiled_because, dict(e.dynamic_dims)) for e in self.entries if e.recompiled_because]
 
-    def __str__(self) -> str:
-        out = [f"{len(self.graphs)} graph(s), {len(self.graph_breaks)} graph break(s)"]
+    def recompile_lines(self) -> list[str]:
+        """Each recompile in words: `recompiled f because k == 1 failed; dynamic since: x dims [0]`."""
+        out = []
         for function, because, dynamic in self.recompiles:
             dims = "; dynamic since: " + ", ".join(f"{src} dims {dims}" for src, dims in dynamic.items()) if dynamic else ""
             out.append(f"recompiled {function} because {because} failed{dims}")
+        return out
+
+    def __str__(self) -> str:
+        out = [f"{len(self.graphs)} graph(s), {len(self.graph_breaks)} graph break(s)", *self.recompile_lines()]
         if self.disabled:
             out.append(f"running eagerly now: {self.disabled}")
         for i, g in enumerate(self.graphs):

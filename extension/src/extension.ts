@@ -464,10 +464,7 @@ class FunctionsProvider implements vscode.TreeDataProvider<Node> {
           if (run.recompiles?.length) {
             // the run's calls recompiled the function (a guard failing on every call: a counter
             // read as a constant, a size that changes), or the recompile limit stopped compiling it
-            const lines = run.recompiles.map((r: any) => {
-              const dims = Object.entries(r.dynamicDims ?? {}).map(([src, d]) => `${src} dims [${(d as number[]).join(', ')}]`);
-              return `recompiled ${r.function} because ${r.because} failed` + (dims.length ? `; dynamic since: ${dims.join(', ')}` : '');
-            });
+            const lines = run.recompiles.map((r: any) => r.text);
             out.push({ kind: 'info', label: `Recompiled ${run.recompiles.length}× during the run`,
               description: `guard ${run.recompiles[run.recompiles.length - 1].because}` +
                 (run.recompileLimit ? ' · recompile limit reached: runs eagerly' : ''),

@@ -414,8 +414,8 @@ def recompiles_json(compiled) -> dict:
     recompile limit stopped compiling it (`fuselens.explain` of the compiled function)."""
     import fuselens
     ex = fuselens.explain(compiled)
-    return {"recompiles": [{"function": f, "because": because, "dynamicDims": {k: list(v) for k, v in dims.items()}}
-                           for f, because, dims in ex.recompiles],
+    return {"recompiles": [{"function": f, "because": because, "dynamicDims": {k: list(v) for k, v in dims.items()},
+                            "text": text} for (f, because, dims), text in zip(ex.recompiles, ex.recompile_lines())],
             "recompileLimit": ex.disabled}
 
 

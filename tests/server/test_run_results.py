@@ -85,5 +85,6 @@ def test_recompiles_during_the_run_are_reported(run_job):
     assert all(rc["function"] == "scaled" and rc["because"].startswith("CALLS[0] == ") for rc in r["recompiles"]), \
         r["recompiles"]
     assert "recompile limit" in r["recompileLimit"], r["recompileLimit"]
+    assert r["recompiles"][0]["text"] == f"recompiled scaled because {r['recompiles'][0]['because']} failed"
     clean = run_job(COUNTER.replace("    CALLS[0] += 1\n", "").replace("x * CALLS[0]", "x * 2"), "scaled")
     assert clean["recompiles"] == [] and clean["recompileLimit"] is None

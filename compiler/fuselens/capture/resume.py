@@ -231,7 +231,7 @@ def _fresh(base, taken, numbered_from=None):
     return next(n for n in candidates if n not in taken)
 
 
-def names_read(stmt) -> set:
+def _names_read(stmt) -> set:
     return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name)}
 
 
@@ -250,7 +250,7 @@ def substitute(stmt, completed, mat, temps, replace_call=None, result=None):
         if replace_call is not None and o is replace_call:
             call = n
     _copy_private(stmt, s)
-    return _Substitute(comp, mat, temps, names_read(stmt), call, result).visit(s)
+    return _Substitute(comp, mat, temps, _names_read(stmt), call, result).visit(s)
 
 
 def _copy_private(a, b):
@@ -522,7 +522,7 @@ class Writer:
         lives: list[list[str]] = []  # per frame 1..k: expressions of its live values
         for i, fr in enumerate(frames[1:], start=1):
             ftemps: dict[str, str] = {}
-            ret = _fresh("__fl_ret", names_read(fr.stmt))
+            ret = _fresh("__fl_ret", _names_read(fr.stmt))
             cur = substitute(fr.stmt, fr.completed, self.mat, ftemps, replace_call=fr.call, result=ret)
             first = ast.parse(_call_result(inner_call, fr, ftemps, self.mat, ret)).body
             for n in (x for st in first for x in ast.walk(st)):
@@ -582,7 +582,7 @@ class Writer:
         name = None
         for i, fr in enumerate(frames[1:], start=1):
             ftemps: dict[str, str] = {}
-            ret = _fresh("__fl_ret", names_read(fr.stmt))
+            ret = _fresh("__fl_ret", _names_read(fr.stmt))
             first = ast.parse(_call_result(inner_call, fr, ftemps, self.mat, ret)).body
             for n in (x for st in first for x in ast.walk(st)):
                 ast.copy_location(n, fr.call)
@@ -632,7 +632,7 @@ def _call_result(inner_call, frame, temps, mat, ret) -> str:
     object (a live value of the frame's, as a temporary)."""
     if frame.constructed is None:
         return f"{ret} = {inner_call}"
-    name = _fresh("__fl_new", names_read(frame.stmt) | set(temps), len(temps))
+    name = _fresh("__fl_new", _names_read(frame.stmt) | set(temps), len(temps))
     temps[name] = mat.expr(frame.constructed)
     return f"{inner_call}\n{ret} = {name}"
 
