@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 import fuselens
-from run import ROUNDS, in_rounds, median  # (bench/ is on sys.path: models.py runs this module)
+from run import ROUNDS, busy_ms, exclusive_us, in_rounds, median  # (bench/ is on sys.path: models.py runs this module)
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -191,9 +191,9 @@ def gpu_events(prof):
 
 
 def launches(call, steps=3) -> tuple[float, float]:
-    """(GPU activities per step: kernels, copies and fills; their GPU milliseconds per step)."""
+    """(GPU activities per step: kernels, copies and fills; the GPU's busy milliseconds per step)."""
     ev = gpu_events(profile(call, steps))
-    return len(ev) / steps, sum(e.device_time for e in ev) / steps / 1e3
+    return len(ev) / steps, busy_ms(ev) / steps
 
 
 def host_ms(call, n=7) -> float:
@@ -378,12 +378,12 @@ def profile_workload(name, compilers):
         prof = profile(run, steps=3)
         ev = gpu_events(prof)
         print(f"== {name} {compiler}: {len(ev) / 3:.0f} GPU activities/step, "
-              f"{sum(e.device_time for e in ev) / 3e3:.3f} ms GPU/step, host {host_ms(run):.2f} ms/step, "
+              f"{busy_ms(ev) / 3:.3f} ms GPU-busy/step, host {host_ms(run):.2f} ms/step, "
               f"step {do_bench(run):.3f} ms")
         by = {}
-        for e in ev:
+        for e, us in zip(ev, exclusive_us(ev)):
             n, t = by.get(e.name, (0, 0.0))
-            by[e.name] = (n + 1, t + e.device_time)
+            by[e.name] = (n + 1, t + us)
         moved = kernel_bytes(m) if compiler == "fuselens" else {}
         print(f"{'ms/step':>8} {'n/step':>6} {'GB/s':>6}  kernel (GB/s: fuselens's kernels, bytes of their arguments)")
         for k, (n, t) in sorted(by.items(), key=lambda kv: -kv[1][1])[:30]:

@@ -30,7 +30,7 @@ def ulp_error(got, reference, dtype) -> float:
 
 OPS = {"exp": torch.exp, "exp2": torch.exp2, "log": torch.log, "log1p": torch.log1p, "sqrt": torch.sqrt,
        "rsqrt": torch.rsqrt, "sin": torch.sin, "cos": torch.cos, "tanh": torch.tanh, "sigmoid": torch.sigmoid,
-       "erf": torch.erf, "pow": torch.pow, "div": torch.div}
+       "erf": torch.erf, "pow": torch.pow, "div": torch.div, "gelu": torch.nn.functional.gelu}
 N = 1 << 22
 
 
@@ -48,15 +48,18 @@ def inputs(name, g):
             "tanh": lambda: [torch.randn(N, generator=g, dtype=torch.float64) * 4],
             "sigmoid": lambda: [torch.randn(N, generator=g, dtype=torch.float64) * 4],
             "erf": lambda: [torch.randn(N, generator=g, dtype=torch.float64) * 4],
+            "gelu": lambda: [torch.randn(N, generator=g, dtype=torch.float64) * 4],
             "pow": lambda: [wide(-8, 8).abs(), uniform(-4, 4)],
             "div": lambda: [wide(-30, 30), wide(-30, 30)]}[name]()
 
 
-def measure(device="cuda"):
+def measure(device="cuda", ops=None):
     import fuselens
     rows = []
-    g = torch.Generator().manual_seed(0)
     for name, fn in OPS.items():
+        if ops and name not in ops:
+            continue
+        g = torch.Generator().manual_seed(list(OPS).index(name))
         masters = inputs(name, g)
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
             xs = [m.to(dtype) for m in masters]
@@ -74,8 +77,9 @@ def measure(device="cuda"):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json")
+    parser.add_argument("--ops", help="these ops only, comma-separated")
     args = parser.parse_args()
-    rows = measure()
+    rows = measure(ops=args.ops.split(",") if args.ops else None)
     print(f"{'op':8} {'dtype':9} {'eager ulp':>9} {'fuselens ulp':>12} {'bit-equal':>9}")
     for r in rows:
         print(f"{r['op']:8} {r['dtype']:9} {r['eager_ulp']:9.3f} {r['fuselens_ulp']:12.3f} {r['bit_equal']:9.6f}")

@@ -46,7 +46,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import fuselens  # noqa: E402
 from models import no_dropout, outputs, rel  # noqa: E402
-from run import in_rounds, median, profile_calls  # noqa: E402
+from run import busy_ms, exclusive_us, in_rounds, median, profile_calls  # noqa: E402
 from suite_models import MODELS  # noqa: E402
 
 COMPILERS = ("eager", "fuselens", "inductor")
@@ -191,15 +191,16 @@ def timer(device):
 
 
 def gpu_activity(call, steps=3, top=8):
-    """(GPU activities per step: kernels, copies, fills; their GPU milliseconds per step; the `top`
-    kernel names by GPU time, with their milliseconds and launches per step)."""
+    """(GPU activities per step: kernels, copies, fills; the GPU's busy milliseconds per step; the
+    `top` kernel names by GPU time (not overlapped by earlier kernels: run.exclusive_us), with their
+    milliseconds and launches per step)."""
     ev = [e for e in profile_calls(call, steps).events() if e.device_type == torch.autograd.DeviceType.CUDA]
     by_name = {}
-    for e in ev:
+    for e, us in zip(ev, exclusive_us(ev)):
         ms, n = by_name.get(e.name, (0.0, 0))
-        by_name[e.name] = (ms + e.device_time / steps / 1e3, n + 1 / steps)
+        by_name[e.name] = (ms + us / steps / 1e3, n + 1 / steps)
     heaviest = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
-    return len(ev) / steps, sum(e.device_time for e in ev) / steps / 1e3, \
+    return len(ev) / steps, busy_ms(ev) / steps, \
         [[name[:90], round(ms, 3), round(n, 1)] for name, (ms, n) in heaviest]
 
 

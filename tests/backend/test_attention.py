@@ -269,20 +269,25 @@ def test_a_mask_broadcast_along_its_rows_is_decided_as_the_kernel_gets_it(monkey
     assert bias and re.findall(SDPA + r".*attn_mask=(\w+)", wrapper) == [bias.group(1)] * 2, wrapper
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(8, 8), (2, 1, 8, 8), (2, 4, 8, 8)], ids=str)
-def test_a_float_mask_with_a_gradient_is_one_sdpa_call(shape):
-    """An additive mask (a trained relative position bias) is sdpa's too, its gradient summed to
-    its broadcast shape: from efficient attention's backward on a GPU, torch's autograd elsewhere."""
-    q, k, v, bias = inputs((2, 4, 8, 16), (2, 4, 8, 16), (2, 4, 8, 16), shape, grad=True)
+def test_a_float_mask_with_a_gradient_runs_the_kernel_torch_chooses(shape, dtype):
+    """An additive mask with a gradient of its own (a trained relative position bias): where
+    torch's chooser gives such a trained attention a fused kernel, one sdpa call, the bias's
+    gradient from efficient attention's backward summed to its broadcast shape; where it gives
+    the math path (a CPU; T5's bias on an H200), that path as primitives, in fp32 as eager's."""
+    q, k, v, bias = (t.to(dtype).detach().requires_grad_()
+                     for t in inputs((2, 4, 8, 16), (2, 4, 8, 16), (2, 4, 8, 16), shape))
     fn = lambda q, k, v, bias: F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # noqa: E731
     out, wrapper, _ = compiled(fn, q, k, v, bias)
     expected = fn(q, k, v, bias)
     close(out, expected)
-    assert re.search(r"prims\.sdpa|decode_attention\(", wrapper) and \
-        "torch.nn.functional.scaled_dot_product_attention(" not in wrapper
+    math_path = prim.sdpa_choice(q, k, v, bias, False, None, DEVICE, grad=True, mask_grad=True) == 0
+    assert bool(re.search(r"prims\.sdpa|decode_attention\(", wrapper)) != math_path, wrapper
+    assert "torch.nn.functional.scaled_dot_product_attention(" not in wrapper
     g = torch.randn_like(expected)
     for got, exp in zip(torch.autograd.grad(out, (q, k, v, bias), g), torch.autograd.grad(expected, (q, k, v, bias), g)):
-        torch.testing.assert_close(got, exp, **tolerance(torch.float32))
+        torch.testing.assert_close(got, exp, **tolerance(dtype))
 
 
 def test_grouped_query_heads_are_one_sdpa_call():

@@ -30,6 +30,9 @@ import torch.nn.functional as F
 from . import builder as P
 from . import primitives as prim
 from .builder import TVal, emit
+from .decompositions.conventions import is_half
+from .decompositions.linalg import matmul
+from .decompositions.reductions import stabilizer
 from .decompositions.registry import Unsupported, register
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -248,9 +251,41 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     options = {name: o for name, o in (("attn_mask", attn_mask), ("is_causal", is_causal), ("scale", scale))
                if o is not None and o is not False}
     meta = {name: o.val if isinstance(o, TVal) else o for name, o in options.items()}
-    out = emit(prim.sdpa, query, key, value, **options,
-               _val=prim.sdpa_meta(query.val, key.val, value.val, **meta, device=P.builder().device))
+    b = P.builder()
+    mask_grad = attn_mask is not None and b.needs_grad(attn_mask)
+    if (mask_grad or b.needs_grad(query, key, value)) and prim.sdpa_choice(
+            query.val, key.val, value.val, meta.get("attn_mask"), is_causal, scale, b.device, True, mask_grad) == 0:
+        out = _math_attention(query, key, value, attn_mask, is_causal, scale)
+    else:
+        out = emit(prim.sdpa, query, key, value, **options,
+                   _val=prim.sdpa_meta(query.val, key.val, value.val, **meta, device=b.device))
     return out if unfold is None else P.reshape(out, unfold)
+
+
+def _math_attention(q: TVal, k: TVal, v: TVal, mask, is_causal, scale):
+    """A trained attention that torch's chooser gives its math path (a mask with a gradient of its
+    own, T5's relative position bias, on an H200), as that path computes it (ATen's
+    _scaled_dot_product_attention_math): half inputs in fp32 unless torch allows half reductions,
+    q and k each scaled by the scale's square root, the mask added, a softmax that gives a row of
+    only -inf zeros (_safe_softmax), the product with v rounded once. Its gradients are then the
+    primitives' own, in fp32 as eager's: a fused kernel's backward rounds P and dS to half (mT5's
+    q and k gradients twice as far from float64 as eager's)."""
+    dtype = q.dtype
+    if is_half(dtype) and not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed():
+        q, k, v = (P.cast(t, torch.float32) for t in (q, k, v))
+    root = math.sqrt(scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    scores = matmul(P.mul(q, root), P.mul(P.transpose(k, -2, -1), root))
+    if is_causal:
+        rows, cols = q.shape[-2], k.shape[-2]
+        mask = P.ge(P.reshape(P.iota(rows), (rows, 1)), P.reshape(P.iota(cols), (1, cols)))
+    if mask is not None:
+        if mask.dtype == torch.bool:  # (ATen's convert_boolean_attn_mask, in the scores' dtype)
+            mask = P.where(mask, P.full((), 0.0, scores.dtype), P.full((), -math.inf, scores.dtype))
+        scores = P.add(scores, mask)
+    row_max = P.amax(scores, -1, True)
+    e = P.exp(P.sub(scores, stabilizer(row_max)))
+    probs = P.where(P.eq(row_max, -math.inf), 0.0, P.div(e, P.sum(e, -1, True)))
+    return P.cast(matmul(probs, v), dtype)
 
 
 def _repeated_heads(t: TVal):

@@ -53,12 +53,32 @@ class GraphBuilder:
         self._streams = 0
         # values made once per graph, by what they are made of (an attention's bias from its mask)
         self.memo: dict = {}
+        self._grad: dict[fx.Node, bool] = {}  # nodes a gradient will flow through (needs_grad)
 
-    def placeholder(self, name, val):
+    def placeholder(self, name, val, requires_grad=False):
         node = self.graph.placeholder(name)
         node.meta["val"] = val
         node.meta["loc"] = None
+        self._grad[node] = requires_grad
         return TVal(node, val)
+
+    def needs_grad(self, *values) -> bool:
+        """Whether the graph will be differentiated through any of `values`: they depend on an
+        input placeholder that requires grad (a decomposition may compute differently there, as
+        torch's ops choose kernels by requires_grad)."""
+        stack = [v.node for v in values if isinstance(v, TVal)]
+        while stack:
+            n = stack[-1]
+            if n in self._grad:
+                stack.pop()
+                continue
+            pending = [a for a in n.all_input_nodes if a not in self._grad]
+            if pending:
+                stack += pending
+                continue
+            self._grad[n] = n.target is not prim.stop_gradient and any(self._grad[a] for a in n.all_input_nodes)
+            stack.pop()
+        return any(self._grad[v.node] for v in values if isinstance(v, TVal))
 
     def seed(self):
         """The graph's random seed: an int input, created on first use (after the other inputs)."""

@@ -220,8 +220,11 @@ erf = unary("erf", torch.erf, _erf_triton, _erf_vjp, heavy=True, torch_names=("e
 # erf formula, not the accurate SLEEF erf that torch.erf's eager kernel matches (MKL's): eager's
 # GeLU (oneDNN's on a CPU) follows neither, and against float64 errs by 2.4e-7..0.28 relative
 # where this formula errs by 6.8e-7..0.05 and SLEEF's by 2.1e-7..0.05; it computes in 0.6 of
-# SLEEF's time (bench/NOTES.md 73). On a GPU it is erf.
-gelu_erf = _pointwise("gelu_erf", torch.erf, _erf_triton, _erf_vjp, heavy=True, arity=1, int_to_float=True,
+# SLEEF's time (bench/NOTES.md 73). On a GPU it is libdevice's erf in the compute dtype, as
+# eager's GeLU kernel calls CUDA's erff in opmath: torch.erf's float64 evaluation made GeLU's
+# kernels compute-bound (ViT-B/16's GeLU backward with fc1's bias gradient: 124 us a launch on an
+# H200, 0.94 TB/s; bench/NOTES.md 78) for an error that GeLU's bf16 result cannot show.
+gelu_erf = _pointwise("gelu_erf", torch.erf, "libdevice.erf({0})", _erf_vjp, heavy=True, arity=1, int_to_float=True,
                       cpp=lambda dtype: "fl_erf({0})" if dtype == torch.float64 else "fl_erf_aten({0})")
 floor = unary("floor", torch.floor, "tl.floor({0})", no_grad, int_to_float=False, cpp="fl_floor({0})")
 ceil = unary("ceil", torch.ceil, "tl.ceil({0})", no_grad, int_to_float=False, cpp="fl_ceil({0})")
@@ -481,23 +484,33 @@ def _by_name(op, values):
     return op(**{n: values[n] for n in names if n in values})
 
 
-def sdpa_backend(q, k, v, attn_mask, is_causal, scale, device, grad=False, mask_grad=False):
-    """The SDPBackend id F.scaled_dot_product_attention takes on `device` for tensors laid out
-    like the meta tensors q, k, v (and mask): what torch chooses at run time, asked of (empty)
-    tensors of that device. None where no fused kernel runs (math), where a size is symbolic, or
-    where CUDA's flash pads a head dim that is no multiple of 8 and returns a slice of the padded
-    result."""
+def sdpa_choice(q, k, v, attn_mask, is_causal, scale, device, grad=False, mask_grad=False):
+    """The SDPBackend id torch's chooser gives F.scaled_dot_product_attention on `device` for
+    tensors laid out like the meta tensors q, k, v (and mask), asked of empty tensors of that
+    device: 0 math, 1 flash, 2 efficient, 3 cuDNN. `grad`: q, k and v require grad (a trained
+    attention), `mask_grad`: the mask too (torch's checks differ). None where it cannot be asked:
+    a symbolic size, no such device here."""
     device = torch.device(device)
-    fused = _FUSED_ATTENTION if device.type == "cuda" else (1,) if device.type == "cpu" else ()
     tensors = [t for t in (q, k, v, attn_mask) if t is not None]
-    if not fused or device.type == "cuda" and (not torch.cuda.is_available() or q.shape[-1] % 8) or \
+    if device.type not in ("cuda", "cpu") or device.type == "cuda" and not torch.cuda.is_available() or \
             not all(isinstance(n, int) for t in tensors for n in (*t.shape, *t.stride())):
         return None
-    # (torch's checks differ where q, k, v require grad: `grad`, a trained attention)
     real = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device).requires_grad_(
         grad and (i < 3 or mask_grad)) for i, t in enumerate(tensors)]
-    backend = int(torch._fused_sdp_choice(*real[:3], real[3] if attn_mask is not None else None,
-                                          is_causal=is_causal, scale=scale))
+    return int(torch._fused_sdp_choice(*real[:3], real[3] if attn_mask is not None else None,
+                                       is_causal=is_causal, scale=scale))
+
+
+def sdpa_backend(q, k, v, attn_mask, is_causal, scale, device, grad=False, mask_grad=False):
+    """The fused kernel F.scaled_dot_product_attention runs on `device` for tensors laid out like
+    the meta tensors q, k, v (and mask) (`sdpa_choice`; "cpu"'s one is 1). None where no fused
+    kernel runs (math), where a size is symbolic, or where CUDA's flash pads a head dim that is no
+    multiple of 8 and returns a slice of the padded result."""
+    device = torch.device(device)
+    fused = _FUSED_ATTENTION if device.type == "cuda" else (1,) if device.type == "cpu" else ()
+    backend = sdpa_choice(q, k, v, attn_mask, is_causal, scale, device, grad, mask_grad) if fused else None
+    if backend is None or device.type == "cuda" and q.shape[-1] % 8:
+        return None
     return backend if backend in fused else None
 
 

@@ -243,10 +243,11 @@ def to_primitive_graph(gm: fx.GraphModule, example_inputs, device, requires_grad
     env: dict[fx.Node, object] = {}
     elsewhere: dict = {}  # decompose_node's
     inputs = iter(example_inputs)
+    grads = iter(requires_grad)
     with b.building():
         for node in gm.graph.nodes:
             if node.op == "placeholder":
-                env[node] = b.placeholder(node.name, meta_like(next(inputs)))
+                env[node] = b.placeholder(node.name, meta_like(next(inputs)), bool(next(grads, False)))
             elif node.op in ("call_function", "call_method"):
                 with b.at(node.meta.get("loc"), node.meta.get("recompute")):
                     env[node] = decompose_node(node, env, elsewhere)
