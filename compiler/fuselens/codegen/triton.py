@@ -15,10 +15,9 @@ computed where and stored, and the source with its launch parameters. Kernel sha
               program p walks rows [p*xchunk, (p+1)*xchunk) in blocks of XBLOCK rows and keeps
               one accumulator per partial in registers; after the loop it stores them as row p
               of the partials. chunked_rows: with row reductions, a block holds whole rows
-              (RBLOCK >= rnumel, few rows), the rest of the kernel is as persistent, and the
-              accumulator is [1, RBLOCK] (the block's column sums added each step);
+              (RBLOCK >= rnumel, few rows) and the rest of the kernel is as persistent;
               chunked_tiles: no row reductions, so the columns are tiled too (program = (chunk,
-              column tile)) and the accumulator is the whole [XBLOCK, RBLOCK] tile, added
+              column tile)). Either way the accumulator is the whole [XBLOCK, RBLOCK] tile, added
               elementwise, its rows reduced once after the loop (a reduction across rows each
               step costs a shared-memory round trip per tile).
 """
@@ -110,8 +109,7 @@ class KernelWriter(TritonReductions):
             if buf.kind == "partial":
                 dtype = compute_dtype(buf.dtype)
                 acc = self.new_tmp("r")
-                rows = "XBLOCK" if self.mode == "chunked_tiles" else "1"
-                self.emit(f"{acc} = tl.full([{rows}, RBLOCK], {neutral(buf.reduce, dtype)}, {TL_DTYPES[dtype]})",
+                self.emit(f"{acc} = tl.full([XBLOCK, RBLOCK], {neutral(buf.reduce, dtype)}, {TL_DTYPES[dtype]})",
                           loc=buf.loc)
                 self.accs[buf.name] = acc
         self.hoist = Hoist(len(self.lines), len(self.scopes) + 1, {"r"}, self.indent, self.scopes[-1])
@@ -128,9 +126,7 @@ class KernelWriter(TritonReductions):
             if buf.kind == "partial":
                 ptr = self.arg_for(buf, self.out_args, "out_ptr")
                 mask = ", rmask)" if self.need_rmask else ")"
-                acc = self.accs[buf.name]
-                if self.mode == "chunked_tiles":
-                    acc = REDUCE_AXIS0[buf.reduce].format(acc) + "[None, :]"
+                acc = REDUCE_AXIS0[buf.reduce].format(self.accs[buf.name]) + "[None, :]"
                 self.emit(f"tl.store({ptr} + xpid * rnumel + rindex, {acc}{mask}", loc=buf.loc)
 
     def row_setup(self, looped):

@@ -90,8 +90,7 @@ class TritonReductions(TritonExpressions):
             if self.need_xmask:  # rows past the end (last chunk)
                 value = self.cse(f"tl.where(xmask, {value}, {neutral(buf.reduce, dtype)})", dtype)
             acc = self.accs[buf.name]
-            part = value.expr if self.mode == "chunked_tiles" else REDUCE_AXIS0[buf.reduce].format(value) + "[None, :]"
-            self.emit(f"{acc} = {REDUCE_COMBINE[buf.reduce].format(acc, part)}")
+            self.emit(f"{acc} = {REDUCE_COMBINE[buf.reduce].format(acc, value.expr)}")
 
     @contextlib.contextmanager
     def row_loop(self):
