@@ -51,3 +51,17 @@ def test_a_result_that_is_an_operand_is_not_remembered_as_a_new_tensor(monkeypat
         for _ in range(2):
             same = b.emit(prim.convert, y, dtype=torch.float32)
             assert same.val is y.val and same.val.storage_offset() == 5
+
+
+def test_needs_grad_follows_the_inputs_that_require_it():
+    """A value needs a gradient where it depends on an input that requires grad, not through a
+    stop_gradient (a decomposition chooses its form by it: attention's math path)."""
+    from fuselens.ops import primitives as prim
+    g = b.GraphBuilder("cpu")
+    with g.building():
+        w = g.placeholder("w", torch.empty(4, device="meta"), requires_grad=True)
+        x = g.placeholder("x", torch.empty(4, device="meta"))
+        y, z = b.mul(x, 2.0), b.add(b.mul(x, 2.0), w)
+        stopped = b.add(b.emit(prim.stop_gradient, z), x)
+        assert not g.needs_grad(x, y) and g.needs_grad(z) and g.needs_grad(y, z)
+        assert not g.needs_grad(stopped) and not g.needs_grad(3.0)
