@@ -4,9 +4,7 @@ what each compiled run made (graphs, graph pieces, breaks and where) and how far
 parameters are from the eager run's."""
 from __future__ import annotations
 
-import os
 import pickle
-import socket
 import sys
 import warnings
 
@@ -164,9 +162,9 @@ def run_case(case, rank):
 
 
 def worker(rank, port, cases, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD)
     try:
         results = {}
         for case in cases:
@@ -180,10 +178,11 @@ def worker(rank, port, cases, out):
 
 
 def run_all(cases, out):
-    """Every case in WORLD processes of one gloo group; rank 0's report."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(worker, args=(port, list(cases), str(out)), nprocs=WORLD)
+    """Every case in WORLD processes of one gloo group; rank 0's report. The group's store is
+    this process's, on a port it holds until the workers end (a port found free and closed again
+    could be another test's by the time a worker bound it: a worker once aborted so in CI)."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    mp.spawn(worker, args=(store.port, list(cases), str(out)), nprocs=WORLD)
+    del store
     with open(out, "rb") as f:
         return pickle.load(f)
