@@ -578,3 +578,29 @@ def test_multihead_attention_is_captured_through_its_python(module_kwargs, call)
     params = [q, k, v, *mha.parameters()]
     for got, want in zip(torch.autograd.grad(outs, params, grads), torch.autograd.grad(exp, params, grads)):
         torch.testing.assert_close(got, want, **tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mask", ["none", "causal", "boolean", "float"])
+def test_a_trained_attention_on_torchs_math_path_is_that_path(mask, dtype, monkeypatch):
+    """Where torch's chooser gives a trained attention its math path, fuselens computes that path
+    (attention._math_attention): results and gradients equal to eager's math path for each kind
+    of mask, a scale given or not, and no sdpa call left."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    monkeypatch.setattr(prim, "sdpa_choice", lambda *args, **kwargs: 0)
+    q, k, v = (t.to(dtype).detach().requires_grad_() for t in inputs((2, 3, 8, 16), (2, 3, 6, 16), (2, 3, 6, 16)))
+    options = {"none": {"scale": 0.3}, "causal": {"is_causal": True},
+               "boolean": {"attn_mask": torch.rand(8, 6, device=DEVICE) > 0.3},
+               "float": {"attn_mask": torch.randn(3, 8, 6, device=DEVICE, dtype=dtype, requires_grad=True)}}[mask]
+    leaves = [q, k, v] + [t for t in options.values() if isinstance(t, torch.Tensor) and t.requires_grad]
+    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **options)  # noqa: E731
+    out, wrapper, _ = compiled(fn, q, k, v)
+    with sdpa_kernel([SDPBackend.MATH]):
+        expected = fn(q, k, v)
+    close(out, expected)
+    assert not re.search(r"prims\.sdpa|scaled_dot_product_attention\(", wrapper), wrapper
+    g = torch.randn_like(expected)
+    with sdpa_kernel([SDPBackend.MATH]):
+        want = torch.autograd.grad(expected, leaves, g)
+    for got, exp in zip(torch.autograd.grad(out, leaves, g), want):
+        torch.testing.assert_close(got, exp, **tolerance(dtype))
