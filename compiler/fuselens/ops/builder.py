@@ -64,20 +64,11 @@ class GraphBuilder:
 
     def needs_grad(self, *values) -> bool:
         """Whether the graph will be differentiated through any of `values`: they depend on an
-        input placeholder that requires grad (a decomposition may compute differently there, as
-        torch's ops choose kernels by requires_grad)."""
-        stack = [v.node for v in values if isinstance(v, TVal)]
-        while stack:
-            n = stack[-1]
-            if n in self._grad:
-                stack.pop()
-                continue
-            pending = [a for a in n.all_input_nodes if a not in self._grad]
-            if pending:
-                stack += pending
-                continue
-            self._grad[n] = n.target is not prim.stop_gradient and any(self._grad[a] for a in n.all_input_nodes)
-            stack.pop()
+        input placeholder that requires grad, not through a stop_gradient (a decomposition may
+        compute differently there, as torch's ops choose kernels by requires_grad)."""
+        for n in self.graph.nodes:  # (each node after its inputs; those seen before are kept)
+            if n not in self._grad:
+                self._grad[n] = n.target is not prim.stop_gradient and any(self._grad[a] for a in n.all_input_nodes)
         return any(self._grad[v.node] for v in values if isinstance(v, TVal))
 
     def seed(self):
