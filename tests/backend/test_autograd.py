@@ -170,6 +170,47 @@ def test_a_clamping_activation_saves_no_mask_beside_its_result(activation):
     check(f, *inputs)
 
 
+def test_a_max_pools_backward_needs_no_copy_of_its_input():
+    """A GroupNorm ResNet's stem, conv -> GroupNorm -> ReLU -> max pool: the pooling's backward
+    reads its offsets and its input's shape alone, so the forward saves the convolution's result
+    (which the GroupNorm's backward needs) and not the pooled ReLU output beside it (a 64x112x112
+    image a sample at ResNet-50's size, held until the backward)."""
+    def f(x, w, gamma, beta):
+        return F.max_pool2d(torch.relu(F.group_norm(F.conv2d(x, w), 2, gamma, beta)), 3, 2, 1)
+
+    inputs = [randn(2, 3, 10, 10).requires_grad_(), randn(4, 3, 3, 3).requires_grad_(),
+              randn(4).requires_grad_(), randn(4).requires_grad_()]
+    joint = joint_of(f, *inputs)
+    saved_shapes = [tuple(n.meta["val"].shape) for n in joint.graph.nodes if n.name in partition(joint).saved]
+    assert saved_shapes.count((2, 4, 8, 8)) == 1, saved_shapes
+    check(f, *inputs)
+    check(f, *[x.to(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs])
+
+
+def test_multihead_attention_stores_each_copy_once():
+    """nn.MultiheadAttention (torchvision's ViT), batch first: its input transposed and flattened
+    for the packed projection is a copy (a reshape that cannot view), which the weight's gradient
+    reads again: saved, not the input copied and transposed again in the backward; the packed
+    q, k, v the forward saves are the attention's operands too, viewed as eager's are, not each
+    stored a second time for it."""
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(64, 4, batch_first=True).to(DEVICE)
+    x = randn(2, 16, 64).requires_grad_()
+    f = lambda x: mha(x, x, x, need_weights=False)[0]
+    cf = fuselens.compile(f)
+    got = cf(x)
+    got_grads = torch.autograd.grad(got.sum(), [x, *mha.parameters()])
+    want = f(x)
+    torch.testing.assert_close(got, want)
+    for g, e in zip(got_grads, torch.autograd.grad(want.sum(), [x, *mha.parameters()])):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    (entry,) = fuselens.inspect(cf)
+    forward, backward = "".join(entry.wrappers).split("# backward")
+    sdpa = next(line for line in forward.splitlines() if "prims.sdpa" in line)
+    assert sdpa.count("reinterpret(buf") == 3 and "empty((2, 4, 16, 16)" not in forward, forward
+    assert "empty((32, 64)" not in backward, backward
+
+
 def test_the_backward_recomputes_a_value_just_before_its_first_use():
     """Recomputed forward values come in the joint graph's order first, before every gradient
     node; the backward places each after the gradient nodes that run before its first user, as

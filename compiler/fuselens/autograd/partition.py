@@ -136,7 +136,28 @@ class _FlowNet:
 
 
 def _kind(n):
-    return n.target.kind if n.op == "call_function" else n.op
+    """n's kind, a reshape that cannot view its operand's layout (a transposed activation
+    flattened for a matmul) "pointwise": it is a copy, as eager's reshape is."""
+    if n.op != "call_function":
+        return n.op
+    if n.target is prim.reshape and not _views_its_operand(n):
+        return "pointwise"
+    return n.target.kind
+
+
+def _views_its_operand(n) -> bool:
+    copies = n.meta.get("reshape_copies")
+    if copies is None:
+        x, val = n.args[0].meta.get("val"), n.meta.get("val")
+        try:
+            torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta").view(val.shape)
+            copies = False
+        except RuntimeError:
+            copies = True
+        except Exception:  # (symbolic sizes: as a view)
+            copies = False
+        n.meta["reshape_copies"] = copies
+    return not copies
 
 
 def _read_by_extern(n, side) -> bool:

@@ -134,6 +134,18 @@ def _broadcast_elements(node: fx.Node, least: int) -> int:
     return total
 
 
+def _output_viewed_by_extern(node: fx.Node) -> bool:
+    """Whether `node`'s value is a graph output (stored anyway) that an extern reads through
+    views: stored first, the extern reads views of it, as eager's; left lazy, each view was stored
+    again for the extern (nn.MultiheadAttention's packed q, k, v, saved for the backward and each
+    copied for the attention: written twice a layer)."""
+    def viewed_by_extern(n):
+        return any(getattr(u.target, "kind", None) == "extern" or
+                   getattr(u.target, "kind", None) == "view" and viewed_by_extern(u) for u in n.users)
+    return any(u.op == "output" for u in node.users) and \
+        any(getattr(u.target, "kind", None) == "view" and viewed_by_extern(u) for u in node.users)
+
+
 def reads_of(values) -> frozenset:
     """The buffers loads of these values read, as (name, elements, bytes of an element) (lazy
     values' reads, views' buffers)."""
@@ -393,6 +405,8 @@ class Lowering:
         if not isinstance(v, Lazy):
             return v
         read_bytes = sum(n * size for _, n, size in v.reads)
+        if _output_viewed_by_extern(node):
+            return self.realize(v)
         if len(node.users) > 1 and sum(n for _, n, _ in v.reads) >= REALIZE_READS * math.prod(shape) and \
                 read_bytes >= REALIZE_READS * math.prod(shape) * dtype.itemsize or \
                 (v.heavy or read_bytes > math.prod(shape) * dtype.itemsize) and _broadcast_by_users(node, math.prod(shape), self.device):

@@ -16,7 +16,7 @@ import torch
 from ..ops import primitives as prim
 from .indexing import floor_div, mod_index, reshape_index
 from .ir import ComputedBuffer, InputBuffer, Lazy, View, buffer_view, compute_dtype, ops
-from .lowering import INDEX_OPS_LIMIT, Items, broadcast_index, lowering, order_of, reads_of, view_strides
+from .lowering import INDEX_OPS_LIMIT, Items, broadcast_index, dense_order, lowering, order_of, reads_of, view_strides
 
 
 @lowering(prim.stop_gradient, prim.with_vjp)
@@ -217,7 +217,7 @@ def _max_pool2d(ctx, node, args, kwargs):
 def _max_pool2d_backward(ctx, node, args, kwargs):
     """The gradient at each input element: the sum of the gradients of the outputs whose window
     holds it at their maximum's offset, in ATen's order (outputs by row, then column)."""
-    g, x, offsets, kernel_size, stride, padding, dilation, ceil_mode = args
+    g, offsets, _, _, kernel_size, stride, padding, dilation, ceil_mode = args
     val = node.meta["val"]
     shape, dtype, loc = tuple(val.shape), val.dtype, node.meta.get("loc")
     cdtype, odtype, kernel_w = compute_dtype(dtype), offsets.dtype, kernel_size[1]
@@ -239,7 +239,8 @@ def _max_pool2d_backward(ctx, node, args, kwargs):
                 return ops().pointwise(prim.where, [hit, g.load(out), ops().constant(0.0, cdtype)], cdtype)
             total = ops().pointwise(prim.add, [total, ops().masked(conds, term, 0.0, cdtype)], cdtype)
         return ops().to_dtype(total, dtype)
-    return ctx.lazy(shape, dtype, loc, fn, [g, offsets] * (kernel_size[0] * kernel_w), order=order_of(x))
+    return ctx.lazy(shape, dtype, loc, fn, [g, offsets] * (kernel_size[0] * kernel_w),
+                    order=dense_order(shape, val.stride()))
 
 
 # --- in-place writes into graph inputs ------------------------------------------------------------

@@ -710,7 +710,10 @@ def _max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode):
     return out, (kh * kernel_size[1] + kw).to(offset_dtype(kernel_size))
 
 
-def _max_pool2d_backward(g, x, offsets, kernel_size, stride, padding, dilation, ceil_mode):
+def _max_pool2d_backward(g, offsets, x_shape, x_order, kernel_size, stride, padding, dilation, ceil_mode):
+    """`x_shape`, `x_order` (dims outermost first): the pooled input's shape and layout, all the
+    backward needs of it (ATen's kernel reads its `self` for them alone)."""
+    x = torch.empty_permuted(x_shape, x_order, dtype=g.dtype, device=g.device)
     if x.device.type != "meta":
         rows, cols = _window_starts(g.shape, stride, padding, x.device)
         offsets = offsets.long()

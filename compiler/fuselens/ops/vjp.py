@@ -50,6 +50,13 @@ rule(prim.slice)(lambda g, out, x, dim, start, end, step:
 rule(prim.slice_backward)(lambda g, out, x, shape, dim, start, end, step: (P.slice(g, dim, start, end, step),))
 
 
+def _stride_order(t) -> tuple:
+    """t's dims outermost first (row-major where its strides are symbolic)."""
+    if not all(isinstance(s, int) for s in t.stride()):
+        return tuple(range(t.dim()))
+    return tuple(sorted(range(t.dim()), key=lambda d: (-t.stride(d), d)))
+
+
 # --- extern ---------------------------------------------------------------------------------------
 def _rhs_grad(g, a, b):
     """The gradient of b in a @ b, in b's own layout (one in another is copied by autograd):
@@ -112,7 +119,8 @@ def _conv2d(g, out, x, weight, bias, stride, padding, dilation, groups, needs):
 @rule(prim.max_pool2d)
 def _max_pool2d(g, out, x, *window):
     # g: the gradients of (out, indices); the indices have none
-    return (emit(prim.max_pool2d_backward, g[0], x, emit(prim.item, out, 1), *window),)
+    return (emit(prim.max_pool2d_backward, g[0], emit(prim.item, out, 1), tuple(x.shape), _stride_order(x.val),
+                 *window),)
 
 
 rule(prim.embedding)(lambda g, out, indices, weight, padding_idx:
