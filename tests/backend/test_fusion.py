@@ -154,7 +154,9 @@ def test_a_matrix_vector_products_heavy_vector_is_computed_once_where_a_kernel_c
     Where its 1M elements of users reach the device's RECOMPUTE_MIN (a CPU's C++ kernels), the
     vector is stored by a pointwise kernel of its 2048 elements; below (a GPU), recomputed."""
     a, b, w = randn(1, 2048), randn(1, 2048), randn(512, 2048)
-    cg = check(lambda a, b, w: (torch.nn.functional.linear(torch.nn.functional.silu(a) * b, w),), a, b, w, grad=False)
+    # (sums of 2048 products in another order than BLAS's: an absolute error of ~1e-5 is rounding)
+    cg = check(lambda a, b, w: (torch.nn.functional.linear(torch.nn.functional.silu(a) * b, w),), a, b, w, grad=False,
+               atol=1e-4, rtol=1e-4)
     with_sigmoid = [k.name for k in cg.kernels if "sigmoid" in k.source]
     stored = torch.device(DEVICE).type == "cpu"
     assert with_sigmoid and all(n.startswith("fl_poi") == stored for n in with_sigmoid), with_sigmoid
