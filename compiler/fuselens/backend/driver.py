@@ -29,7 +29,7 @@ from ..codegen.cpp import generate_cpp_kernel
 from ..codegen.triton import generate_kernel
 from ..codegen.wrapper import generate_wrapper, load_wrapper
 from ..lower import lower_graph
-from ..lower.ir import View
+from ..lower.ir import DynamicValues, View
 from ..ops import merge_common_subexpressions, to_primitive_graph, values_only
 from ..ops.contract import verify
 from ..schedule.contract import check_schedule
@@ -321,11 +321,13 @@ class CompiledGraph:
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
     def _dynamic_values(self, inputs):
-        values = set()
+        values, fixed = set(), set()
         for t, dims in zip(inputs, self.dynamic_dims or []):
             if isinstance(t, torch.Tensor):
                 values.update(t.shape[d] for d in dims or ())
-        return frozenset(v for v in values if v > 1)
+                fixed.update(n for d, n in enumerate(t.shape) if d not in (dims or ()))
+        values = {v for v in values if v > 1}
+        return DynamicValues(values, static=frozenset(fixed - values))
 
     def _specialize(self, inputs):
         key = _key(inputs)

@@ -111,7 +111,7 @@ class CppKernelWriter(CppExpressions):
     def parallel_if(self):
         """The `if` clause of a parallel loop nest: whether the kernel's whole domain is worth
         threads, where its sizes are known only at the call."""
-        if not self.dynamic_values:
+        if self.static_shape:
             return ""
         work = " * ".join(self.expr(self.sizevars(s)) for s in self.kernel.shape if s != 1) or "1"
         return f" if({work} >= {PARALLEL_MIN_ELEMENTS})"
@@ -128,7 +128,7 @@ class CppKernelWriter(CppExpressions):
                 sums.partials.clear()
             yield
             return
-        parallel = parallel and (bool(self.dynamic_values) or self.xnumel * self.rnumel >= PARALLEL_MIN_ELEMENTS)
+        parallel = parallel and (not self.static_shape or self.xnumel * self.rnumel >= PARALLEL_MIN_ELEMENTS)
         inner, outer = dims[-1], dims[:-1]
         if parallel and not simd:  # every loop shared (a reduction kernel's rows)
             inner, outer = None, dims
@@ -198,7 +198,7 @@ class CppKernelWriter(CppExpressions):
         """Whether the kernel's loops over a row may keep values in a row cache: one reduced dim of a
         known size, each row walked by one thread."""
         return self.kernel.is_reduction and not self.split_rows and len(self.r_dims) == 1 and \
-            not self.dynamic_values and self.rnumel <= ROW_CACHE_MAX
+            self.static_shape and self.rnumel <= ROW_CACHE_MAX
 
     def open_for(self, d, hoist=False, start="0", stop=None):
         """`hoist`: values in its body that do not depend on its variable go before it (the line
@@ -317,7 +317,7 @@ class CppKernelWriter(CppExpressions):
         what it stores over the whole domain computed without them (a GeLU's gradient, whose
         column sums are the bias gradient)."""
         if not self.kernel.is_reduction or len(self.x_dims) != 1 or not self.r_dims or \
-                max(self.r_dims) > self.x_dims[0] or self.dynamic_values or self.rnumel < 16:
+                max(self.r_dims) > self.x_dims[0] or not self.static_shape or self.rnumel < 16:
             return None
         reductions = [n for n in self.kernel.nodes if n.kind == "reduction"]
         row_values = {n.name for n in self.kernel.nodes if self.is_row_value(n)}

@@ -200,8 +200,17 @@ class CppExpressions(KernelExpressions):
         return [k for k in again if not any(r.endswith(f"(k{self.key_ids[k]})") for r in rounded)]
 
     def size_text(self, e) -> str:
-        """A size: its value, or a kernel argument in a graph with dynamic sizes."""
-        return super().size_text(e) if self.dynamic_values else str(self.sizevars.values[e])
+        """A size: its value, or a kernel argument where it may change between calls (a size of a
+        graph with dynamic sizes that no input fixes: lowering/ir.py DynamicValues)."""
+        return str(self.sizevars.values[e]) if self.static_size(self.sizevars.values[e]) else super().size_text(e)
+
+    def static_size(self, value) -> bool:
+        return not self.dynamic_values or int(value) in getattr(self.dynamic_values, "static", ())
+
+    @property
+    def static_shape(self) -> bool:
+        """Whether every loop's extent is the same at every call of this kernel."""
+        return all(self.static_size(n) for n in self.kernel.shape)
 
     def integer_text(self, n: int) -> str:
         return str(n) if abs(n) < 2 ** 31 else f"{n}LL"

@@ -116,11 +116,12 @@ class KernelExpressions(OpsHandler):
         return any(s.name[0] == "r" for s in sympy.sympify(index).free_symbols)
 
     def site(self, index, mask):
-        """A load's or store's entry in `load_sites`/`store_sites`: its index with every static size
-        by its value (one size symbol may stand for the product of others: a GEMM's (4096, 4096)
-        result read as (8, 512, 4096) is the element written), its mask, whether it is along r."""
-        static = {s: v for s, v in self.sizevars.values.items() if v not in self.dynamic_values}
-        return sympy.expand(sympy.sympify(index).xreplace(static)), mask, self.along_r(index)
+        """A load's or store's entry in `load_sites`/`store_sites`: its index with every size by its
+        value, its mask, whether it is along r. (One size symbol may stand for the product of
+        others: a GEMM's (4096, 4096) result read as (8, 512, 4096) is the element written. Dynamic
+        sizes too: what the sites decide, an output written over an input, is the wrapper's, and
+        a program is built per input shape.)"""
+        return sympy.expand(sympy.sympify(index).xreplace(self.sizevars.values)), mask, self.along_r(index)
 
     # --- index expressions ---------------------------------------------------------------------
     def expr(self, e) -> str:
