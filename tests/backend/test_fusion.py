@@ -455,6 +455,7 @@ def test_large_kernels_divide_their_indices_by_literals():
     differing only in sizes share a compile."""
     from fuselens.ops import to_primitive_graph
     from fuselens.backend.driver import build_program
+    from fuselens.lower.ir import DynamicValues
     gm = trace(lambda x, b: x + b)
     for rows, literal in ((4096, True), (64, False)):  # code generation only: nothing runs
         x, b = torch.empty(rows, 50257, device="meta"), torch.empty(50257, device="meta")
@@ -465,7 +466,7 @@ def test_large_kernels_divide_their_indices_by_literals():
     sources = set()
     for t in (512, 513):
         x, b = torch.empty(4, t, 50257, device="meta"), torch.empty(4, 1, 50257, device="meta")
-        program = build_program(to_primitive_graph(gm, [x, b], DEVICE), DEVICE, dynamic_values=frozenset({t}))
+        program = build_program(to_primitive_graph(gm, [x, b], DEVICE), DEVICE, dynamic_values=DynamicValues({t}))
         sources.add(program.kernels[0].source)
     assert len(sources) == 1 and "% 50257" not in sources.pop()
 

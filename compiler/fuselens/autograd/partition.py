@@ -146,18 +146,16 @@ def _kind(n):
 
 
 def _views_its_operand(n) -> bool:
-    copies = n.meta.get("reshape_copies")
-    if copies is None:
-        x, val = n.args[0].meta.get("val"), n.meta.get("val")
+    """Whether reshape `n` can view its operand's traced layout (torch's own rule, asked of a meta
+    tensor; remembered in the node's meta: `_kind` is asked again on every walk through views)."""
+    if "views_operand" not in n.meta:
+        x, val = n.args[0].meta["val"], n.meta["val"]
         try:
             torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta").view(val.shape)
-            copies = False
+            n.meta["views_operand"] = True
         except RuntimeError:
-            copies = True
-        except Exception:  # (symbolic sizes: as a view)
-            copies = False
-        n.meta["reshape_copies"] = copies
-    return not copies
+            n.meta["views_operand"] = False
+    return n.meta["views_operand"]
 
 
 def _read_by_extern(n, side) -> bool:

@@ -131,7 +131,7 @@ def kernel_target(device) -> str | None:
 _warned_no_compiler = False
 
 
-def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=frozenset(),
+def build_program(prim_graph: fx.Graph, device, mode="default", dynamic_values=DynamicValues(),
                   input_vals=None, first_kernel_index=0, boxed=False, free_outputs=None) -> Program:
     """`boxed`: see Program. `first_kernel_index` numbers this program's kernels after another's (a backward's after
     its forward's), so kernel names stay unique within a compiled graph. `free_outputs`: lower_graph's."""

@@ -205,7 +205,7 @@ class CppExpressions(KernelExpressions):
         return str(self.sizevars.values[e]) if self.static_size(self.sizevars.values[e]) else super().size_text(e)
 
     def static_size(self, value) -> bool:
-        return not self.dynamic_values or int(value) in getattr(self.dynamic_values, "static", ())
+        return not self.dynamic_values or int(value) in self.dynamic_values.static
 
     @property
     def static_shape(self) -> bool:

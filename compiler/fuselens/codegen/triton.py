@@ -28,7 +28,7 @@ import re
 import sympy
 
 from ..lower.indexing import FloorDiv
-from ..lower.ir import compute_dtype, use_handler
+from ..lower.ir import DynamicValues, compute_dtype, use_handler
 from ..ops.primitives import TRITON_HELPERS
 from ..schedule.fusion import PERSISTENT_RNUMEL_MAX, FusedKernel, moved_row_vars, row_shapes, store_index
 from .launcher import MAX_RTILE, ROUND_HELPERS, next_power_of_2
@@ -44,7 +44,7 @@ class KernelWriter(TritonReductions):
     """Writes one FusedKernel's Triton source (`generate`): the ops handler its nodes' bodies run
     against, in the loop structure of its `mode` (module docstring)."""
 
-    def __init__(self, kernel: FusedKernel, name_index: int, sizevars, dynamic_values=frozenset(), pdl=False,
+    def __init__(self, kernel: FusedKernel, name_index: int, sizevars, dynamic_values=DynamicValues(), pdl=False,
                  reciprocal_divisors=False):
         super().__init__(kernel, sizevars, dynamic_values, reciprocal_divisors)
         self.pdl = pdl  # launched with programmatic dependent launch (codegen/cuda.py)
@@ -255,7 +255,7 @@ def memory_extent(buf):
     return 1 + sum((s - 1) * abs(st) for s, st in zip(buf.shape, buf.stride)) if buf.numel() else 0
 
 
-def generate_kernel(kernel: FusedKernel, index: int, sizevars, dynamic_values=frozenset(), pdl=False, cuda=False):
+def generate_kernel(kernel: FusedKernel, index: int, sizevars, dynamic_values=DynamicValues(), pdl=False, cuda=False):
     """`pdl`: the kernel waits for the one before it (gdc_wait) and is launched with programmatic
     dependent launch, so its launch overlaps the previous kernel's last programs (Hopper and later).
     `cuda`: its tensors are on a CUDA device, whose ATen kernels' semantics it follows."""

@@ -404,9 +404,9 @@ class Lowering:
         v = self.lazy(shape, dtype, loc, fn, args, order=order_of(full[0]) if full else None, heavy=p.heavy)
         if not isinstance(v, Lazy):
             return v
-        read_bytes = sum(n * size for _, n, size in v.reads)
         if _output_viewed_by_extern(node):
             return self.realize(v)
+        read_bytes = sum(n * size for _, n, size in v.reads)
         if len(node.users) > 1 and sum(n for _, n, _ in v.reads) >= REALIZE_READS * math.prod(shape) and \
                 read_bytes >= REALIZE_READS * math.prod(shape) * dtype.itemsize or \
                 (v.heavy or read_bytes > math.prod(shape) * dtype.itemsize) and _broadcast_by_users(node, math.prod(shape), self.device):
