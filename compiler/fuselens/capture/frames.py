@@ -123,6 +123,9 @@ class Guard:
     # `expr` as written over the sources it reads (`over`, each `guards.arg(i)` in it), or None
     template: str | None = field(default=None, repr=False, compare=False)
     over: tuple = field(default=(), repr=False, compare=False)
+    # "tensor": a strided tensor's static metadata; "unshared": guards.unshared's check (both
+    # checked natively where runtime/native_guards.py is built); "" any other
+    kind: str = field(default="", repr=False, compare=False)
 
 
 class Opaque(Exception):

@@ -72,7 +72,7 @@ class Sources:
         w = "".join(f"{arg(i)}, " for i in range(len(written)))
         ins = "".join(f"{arg(len(written) + i)}, " for i in range(len(inputs)))
         self.guard(f"{fn}(({w}), ({ins}))", f"{', '.join(written)} share no memory with another input",
-                   *written, *inputs)
+                   *written, *inputs, kind="unshared")
 
     def function_source(self, sig_text: str) -> str:
         """Source of `__fl_guard(<sig_text>)`: True when every guard holds (guard_function)."""
@@ -108,17 +108,17 @@ class Sources:
         return text
 
     # -- guards ----------------------------------------------------------------------------
-    def guard(self, expr: str, reason: str, *over: str) -> None:
+    def guard(self, expr: str, reason: str, *over: str, kind: str = "") -> None:
         """`expr`: Python over the guard function's parameters and constants. With `over`, it is
         written over these sources as `arg(i)` (SRC for the first), so that the guard function
-        is built without parsing it."""
+        is built without parsing it. `kind`: Guard.kind."""
         text = fill(expr, over) if over else expr
         if over and len(_ARG.findall(expr)) != sum(_template(expr)[1].values()):
             # a placeholder's text inside a literal (written without `literal`): not a template
             text, expr, over = _fill_tree(expr, over), None, ()
         if text not in self._seen:
             self._seen.add(text)
-            self.guards.append(Guard(text, in_words(reason), expr if over else None, over))
+            self.guards.append(Guard(text, in_words(reason), expr if over else None, over, kind))
 
     def guard_value(self, src: str, v) -> None:
         if isinstance(v, (bool, type(None))):
@@ -180,7 +180,8 @@ class Sources:
         shape = "x".join("?" if d in dynamic else str(n) for d, n in enumerate(t.shape))
         self.guard(" and ".join(parts),
                    f"{src}: {str(t.dtype).replace('torch.', '')}[{shape}] on {t.device}"
-                   f"{' requiring grad' if t.requires_grad else ''}", src)
+                   f"{' requiring grad' if t.requires_grad else ''}", src,
+                   kind="tensor" if t.layout == torch.strided and not dynamic else "")
 
     def guard_module(self, mod: nn.Module, src: str) -> None:
         c = self.constant(mod, type(mod).__name__)
@@ -371,7 +372,15 @@ def _replaced(node, replace):
     return node
 
 
-def guard_function(guards, sig_text: str, constants: dict, reads: "Reads | None" = None) -> str:
+# the names a native guard function (`guard_function(native=True)`) calls: runtime/native_guards.py's
+# TensorMatch of its static tensor guards' tensors, and its storages_distinct
+NATIVE_MATCH, NATIVE_DISTINCT = "__fl_native_match", "__fl_native_distinct"
+
+
+def guard_function(guards, sig_text: str, constants: dict, reads: "Reads | None" = None, native=False) -> str:
+    """`native`: the static tensor guards (Guard.kind "tensor") are left out and the function returns
+    NATIVE_MATCH of their tensors (a tuple) where every other guard holds; guards.unshared's check
+    first asks NATIVE_DISTINCT (runtime/native_guards.py)."""
     reads = reads or Reads(guards, sig_text, constants)
     uses: dict = {}  # each source's prefixes read more than once get a local
     forms = []
@@ -384,8 +393,8 @@ def guard_function(guards, sig_text: str, constants: dict, reads: "Reads | None"
                     uses[key] = uses.get(key, 0) + counts.get(i, 0)
         forms.append((template, sure, chains))
     names: dict = {}
-    lines, seen = [f"def __fl_guard({sig_text}):"], set()
-    for template, sure, chains in forms:
+    lines, seen, tensors = [f"def __fl_guard({sig_text}):"], set(), []
+    for guard, (template, sure, chains) in zip(guards, forms):
         for i in sorted(sure):  # prefixes of a source read whenever the guard holds: read once, here
             chain = chains[i]
             for j, key in enumerate(chain.keys):
@@ -393,11 +402,24 @@ def guard_function(guards, sig_text: str, constants: dict, reads: "Reads | None"
                     value = chain.render(names, j + 1)
                     names[key] = f"__fl_s{len(names)}"
                     lines.append(f"    {names[key]} = {value}")
+        if native and guard.kind == "tensor":
+            tensors.append(chains[0])  # (rendered at the end, from the locals read by then)
+            continue
         text = fill(template, [c.render(names) for c in chains])
+        if native and guard.kind == "unshared":  # (its inputs, and the written ones not among them)
+            items = [c.render(names) for c in chains]
+            n_written = len(ast.parse(template, mode="eval").body.args[0].elts)
+            inputs = items[n_written:]
+            items = inputs + [w for w in items[:n_written] if w not in inputs]
+            text = f"{NATIVE_DISTINCT}(({''.join(f'{t}, ' for t in items)})) or ({text})"
         if text not in seen:  # guards that the rewrites made the same (a module reached by two paths)
             seen.add(text)
             lines.append(f"    if not ({text}):\n        return False")
-    lines.append("    return True")
+    if native:
+        rendered = dict.fromkeys(c.render(names) for c in tensors)
+        lines.append(f"    return {NATIVE_MATCH}(({''.join(f'{t}, ' for t in rendered)}))")
+    else:
+        lines.append("    return True")
     return "\n".join(lines)
 
 

@@ -22,7 +22,7 @@ from .. import stats
 from ..backend import driver
 from ..backend.cudagraphs import CudaGraphed, graphable
 from ..errors import InternalError, fall_back, warn
-from . import capture_cache
+from . import capture_cache, native_guards
 from .ddp_buckets import split_for_ddp
 from .reinplace import reinplace
 from .distributed import call_with_forward, is_ddp, is_fsdp_unit, unit_call
@@ -414,6 +414,7 @@ class CompiledFunction:
                            guard_fn, graph_calls, cap.tensor_shapes, guard_ns,
                            dynamic_dims={src: sorted(dims) for src, dims in cap.dynamic.items()})
         entry._sig = cap.guard_source.split("\n")[0]
+        native_guards.install(entry, cap)
         return entry
 
     def all_entries(self) -> list[CacheEntry]:

@@ -1,0 +1,169 @@
+"""Guards checked natively (runtime/native_guards.py): an entry's fast guard holds exactly where its
+Python guard does, for every way a tensor it checks can change without changing identity, and a
+call after such a change computes what eager does."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fuselens
+from fuselens.capture.guards import unshared
+from fuselens.codegen.cpp_build import compiler
+from fuselens.runtime.native_guards import NATIVE
+
+pytestmark = pytest.mark.skipif(compiler() is None, reason="no C++ compiler to build the native guards")
+
+
+@pytest.fixture(scope="module")
+def native():
+    module = NATIVE.wait()
+    assert module is not None, NATIVE.failed
+    return module
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(6, 6) for _ in range(4)])
+        self.norm = nn.LayerNorm(6)
+        self.register_buffer("scale", torch.ones(6))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x).tanh()
+        return self.norm(x) * self.scale
+
+
+def _fast_entry(cm, *args):
+    """The one entry of `cm`, called until its guard is the native one."""
+    for _ in range(3):
+        cm(*args)
+    (entry,) = cm._fuselens_compiled.entries
+    assert getattr(entry.guard_fn, "native", False), "the entry's guard was not made native"
+    return entry
+
+
+def _set(name, make):
+    """A change of `layers[0].weight` (or the buffer) that keeps the object, as `.to()` and
+    `requires_grad_` do."""
+    def change(m):
+        t = m.scale if name == "scale" else m.layers[0].weight
+        new = make(t.detach())
+        if isinstance(new, str):
+            getattr(t, new)(False)
+        else:
+            t.data = new
+    return change
+
+
+CHANGES = {
+    "dtype": _set("w", lambda t: t.double()),
+    "shape": _set("w", lambda t: torch.randn(6, 7)),
+    "strides": _set("w", lambda t: t.t().contiguous().t()),
+    "rank": _set("w", lambda t: t.reshape(6, 6, 1)),
+    "requires_grad": _set("w", lambda t: "requires_grad_"),
+    "buffer not contiguous": _set("scale", lambda t: torch.ones(12)[::2]),
+    "buffer on meta": lambda m: setattr(m, "scale", m.scale.to("meta")),
+    "parameter replaced by a plain tensor": lambda m: m.layers[1]._parameters.__setitem__(
+        "weight", m.layers[1].weight.detach().clone()),
+    "same metadata": _set("w", lambda t: t.clone()),
+    "size-1 dim's stride": _set("scale", lambda t: t.reshape(6, 1).as_strided((6, 1), (1, 7)).reshape(6)),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_the_native_guard_holds_where_the_python_guard_does(native, change):
+    torch.manual_seed(0)
+    m = Mlp().eval()
+    cm = fuselens.compile(m)
+    x = torch.randn(3, 6)
+    with torch.no_grad():
+        entry = _fast_entry(cm, x)
+        python_guard = entry.guard_fn.python
+        assert entry.guard_fn(m, x) is True and python_guard(m, x) is True
+        CHANGES[change](m)
+        assert entry.guard_fn(m, x) is python_guard(m, x)
+        try:
+            want = Mlp.forward(m, x)
+        except RuntimeError as e:  # (float64 weights, a shape that no longer fits: eager's error)
+            with pytest.raises(type(e)):
+                cm(x)
+            return
+        got = cm(x)
+        if want.device.type == "meta":
+            assert got.device.type == "meta" and got.shape == want.shape
+        else:
+            torch.testing.assert_close(got, want)
+
+
+def test_a_changed_tensor_recompiles_with_its_reason(native):
+    m = Mlp().eval()
+    cm = fuselens.compile(m)
+    x = torch.randn(3, 6)
+    with torch.no_grad():
+        _fast_entry(cm, x)
+        m.scale.data = torch.full((1,), 2.0)  # (broadcast: the same forward, another graph)
+        torch.testing.assert_close(cm(x), Mlp.forward(m, x))
+    entries = cm._fuselens_compiled.entries
+    assert len(entries) == 2
+    assert "self.scale: float32[6]" in entries[1].recompiled_because, entries[1].recompiled_because
+
+
+class Cache(nn.Module):
+    """A KV cache written in place (runtime/reinplace.py): its guard that the cache shares no
+    storage with another input is checked natively."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.ModuleList([nn.Linear(4, 4) for _ in range(4)])
+        self.register_buffer("cache", torch.zeros(8, 4))
+        self.register_buffer("other", torch.zeros(8, 4))
+
+    def forward(self, x, pos):
+        for p in self.proj:
+            x = p(x)
+        self.cache.index_copy_(0, pos, x)
+        return self.cache.sum(0) + self.other.sum(0)
+
+
+def test_an_input_written_in_place_that_comes_to_share_storage_is_seen(native):
+    m, ref = Cache().eval(), Cache().eval()
+    ref.load_state_dict(m.state_dict())
+    cm = fuselens.compile(m)
+    with torch.no_grad():
+        for i in range(3):
+            x = torch.randn(1, 4)
+            torch.testing.assert_close(cm(x, torch.tensor([i])), ref(x, torch.tensor([i])))
+        (entry,) = cm._fuselens_compiled.entries
+        assert getattr(entry.guard_fn, "native", False)
+        m.other = m.cache  # the written buffer is now read as `other` too
+        ref.other = ref.cache
+        for i in range(3, 5):
+            x = torch.randn(1, 4)
+            torch.testing.assert_close(cm(x, torch.tensor([i])), ref(x, torch.tensor([i])))
+
+
+def test_storages_distinct_agrees_with_the_python_check(native):
+    base = torch.randn(10)
+    items = [base[:4], base[4:], torch.randn(3), torch.empty(0), torch.empty(0), 7, nn.Parameter(torch.randn(2)),
+             base, torch.randn(3).expand(2, 3)]
+    import itertools
+    for r in (1, 2, 3):
+        for combo in itertools.combinations(items, r):
+            got = native.storages_distinct(tuple(combo))
+            if got:  # (False and None defer to the Python check)
+                assert unshared(combo, combo), combo
+            want = len({t.untyped_storage().data_ptr() for t in combo if isinstance(t, torch.Tensor)}) == \
+                sum(isinstance(t, torch.Tensor) for t in combo)
+            assert bool(got) == want, combo
+
+
+def test_a_tensor_match_is_made_only_of_tensors(native):
+    with pytest.raises(TypeError):
+        native.TensorMatch((torch.ones(2), 3))
+    match = native.TensorMatch((torch.ones(2, 3), nn.Parameter(torch.ones(3))))
+    assert match((torch.zeros(2, 3), nn.Parameter(torch.zeros(3)))) is True
+    assert match((torch.zeros(2, 3), torch.zeros(3))) is False  # a Parameter's type
+    assert match((torch.zeros(2, 3),)) is False
+    assert match((torch.zeros(2, 3), "x")) is False
