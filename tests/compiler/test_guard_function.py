@@ -118,12 +118,13 @@ def test_modules_of_a_sliced_module_list_are_read_by_position(monkeypatch):
     # it made one per source (Llama-style decoders, 8 layers: 30 ms a call on an H100)
     cm = fuselens.compile(SlicedLayers())
     with torch.no_grad():
-        want = cm(X)
+        for _ in range(3):  # (the second call's guards make the native guard: runtime/native_guards.py)
+            want = cm(X)
         made = []
         init = nn.ModuleList.__init__
         monkeypatch.setattr(nn.ModuleList, "__init__", lambda *a, **k: made.append(1) or init(*a, **k))
         got = cm(X)
-    assert len(made) <= 1, len(made)  # (the length guard of the slice)
+    assert made == []  # (the slice's length guarded as a range's: 26 us a call for 16 layers)
     torch.testing.assert_close(got, want)
     assert len(fuselens.inspect(cm)) == 1
 

@@ -22,6 +22,7 @@ import inspect
 import itertools
 import numbers
 import operator
+import re
 import types
 
 import torch
@@ -39,6 +40,9 @@ from .source import FunctionSource
 from .values import (NUMPY_DTYPE, NUMPY_SCALARS, UNKNOWN, BoundUserMethod, ForeignData, GeneratorCall,
                      LocalFunction, SymInt, TensorVar, Unknown, contains_tensor, leaves)
 from .tensors import TensorMethod
+
+# the source of a slice of a module container (`self.layers[slice(None, 16, None)]`): its base, its slice
+_SLICE_SOURCE = re.compile(r"(.+)\[(slice\(.*\))\]")
 
 
 class Kind:
@@ -297,7 +301,13 @@ class Module(Kind):
             src = ev.domain.source(ev, v)
             items = list(v)
             if src is not None:
-                ev.domain.guard(f"len({SRC}) == {len(items)}", f"len({src})", src)
+                sliced = _SLICE_SOURCE.fullmatch(src)
+                if sliced:  # (its length without making the slice: a new ModuleList of its modules,
+                    # 26 us a call for transformers' `self.layers[: config.num_hidden_layers]`)
+                    ev.domain.guard(f"len(range(len({SRC}))[{sliced.group(2)}]) == {len(items)}",
+                                    f"len({src})", sliced.group(1))
+                else:
+                    ev.domain.guard(f"len({SRC}) == {len(items)}", f"len({src})", src)
                 for i, m in enumerate(items):
                     if ev.value_sources.get(m) is None:  # (a slice's modules have theirs)
                         ev.value_sources.set(m, f"{src}[{i}]")
