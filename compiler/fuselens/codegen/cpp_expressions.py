@@ -93,8 +93,7 @@ class CppExpressions(KernelExpressions):
     AND = " && "
 
     def __init__(self, kernel: FusedKernel, sizevars, dynamic_values):
-        super().__init__(kernel, sizevars)
-        self.dynamic_values = dynamic_values
+        super().__init__(kernel, sizevars, dynamic_values)
         self.deps: dict[str, frozenset] = {}  # temporary -> the loop variables its value depends on
         self.hoist_points: list = []  # HoistPoint of each open loop
         self.depth: dict[str, int] = {}  # temporary or accumulator -> the scope depth it is declared at
@@ -203,9 +202,6 @@ class CppExpressions(KernelExpressions):
         """A size: its value, or a kernel argument where it may change between calls (a size of a
         graph with dynamic sizes that no input fixes: lowering/ir.py DynamicValues)."""
         return str(self.sizevars.values[e]) if self.static_size(self.sizevars.values[e]) else super().size_text(e)
-
-    def static_size(self, value) -> bool:
-        return not self.dynamic_values or int(value) in self.dynamic_values.static
 
     @property
     def static_shape(self) -> bool:

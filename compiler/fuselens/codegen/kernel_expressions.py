@@ -52,9 +52,10 @@ class KernelExpressions(OpsHandler):
     FLOOR_DIV = "//"  # (of non-negative indices)
     AND = " & "  # (of conditions)
 
-    def __init__(self, kernel: FusedKernel, sizevars):
+    def __init__(self, kernel: FusedKernel, sizevars, dynamic_values):
         self.kernel = kernel
         self.sizevars = sizevars
+        self.dynamic_values = dynamic_values  # lower/ir.py DynamicValues
         self.red = kernel.red_dims or ()
         shape = kernel.shape
         self.ranges = loop_ranges(shape, self.red)
@@ -85,6 +86,12 @@ class KernelExpressions(OpsHandler):
         self.indirect_values: dict = {}  # symbol of an index read from a tensor -> its value's name (`indirect`)
 
     # --- emission helpers -------------------------------------------------------------------------
+
+    def static_size(self, value) -> bool:
+        """Whether a size of this value is the same at every call of the program's kernels: any
+        size of a static graph; in a graph with dynamic sizes, one of an input's static dims
+        (and of no dynamic one)."""
+        return not self.dynamic_values or int(value) in self.dynamic_values.static
     def emit(self, text, loc=None):
         loc = loc if loc is not None else self.loc
         if loc:

@@ -57,11 +57,14 @@ class KernelWriter(TritonReductions):
             self.mode = "chunked_rows" if kernel.has_row_reductions else "chunked_tiles"
         numel_limit = max([self.xnumel * self.rnumel] + [n.numel() for n in kernel.nodes])
         self.int64 = numel_limit >= 2 ** 31  # also set by generate() for inputs spanning that much memory
-        dynamic = any(s in dynamic_values for s in shape)
-        self.need_xmask = dynamic or self.xnumel % (self.chunk or MAX_XBLOCK) != 0
-        self.need_rmask = self.mode == "looped" or dynamic or next_power_of_2(self.rnumel) != self.rnumel
+        # masks where a dim of the kernel's rows (or of its reduction) is dynamic: its kernel is
+        # shared by the graph's lengths; a static dim's extent is known here
+        dynamic_x = any(s in dynamic_values for d, s in enumerate(shape) if d not in self.red)
+        dynamic_r = any(shape[d] in dynamic_values for d in self.red)
+        self.need_xmask = dynamic_x or self.xnumel % (self.chunk or MAX_XBLOCK) != 0
+        self.need_rmask = self.mode == "looped" or dynamic_r or next_power_of_2(self.rnumel) != self.rnumel
         if self.mode == "chunked_tiles":  # column tiles of up to MAX_RTILE
-            self.need_rmask = dynamic or self.rnumel % MAX_RTILE != 0
+            self.need_rmask = dynamic_r or self.rnumel % MAX_RTILE != 0
         self._chunk_loop = None
 
     # --- kernel structure -------------------------------------------------------------------------

@@ -71,10 +71,9 @@ class TritonExpressions(KernelExpressions):
     kernel's loop structure (`mode`, `need_xmask`, `need_rmask`) is KernelWriter's, which extends this."""
 
     def __init__(self, kernel: FusedKernel, sizevars, dynamic_values, reciprocal_divisors):
-        super().__init__(kernel, sizevars)
+        super().__init__(kernel, sizevars, dynamic_values)
         self.need_xmask = self.need_rmask = False  # (KernelWriter's, by its loop structure)
         self._row_major = None  # (index of the kernel's row, of its element), row-major
-        self.dynamic_values = dynamic_values
         self.reciprocal_divisors = reciprocal_divisors  # divide by a number as ATen's CUDA kernels do
         self.helpers: set[str] = set()  # the primitives' Triton helpers (TRITON_HELPERS) the kernel calls
         self.varies: dict[str, frozenset] = {}  # temporary -> which block axes ("x", "r") it varies along
@@ -115,7 +114,7 @@ class TritonExpressions(KernelExpressions):
 
     def divisor(self, d) -> str:
         """A divisor of an index: its value in a kernel of at least LITERAL_DIVISORS_MIN elements
-        of a graph without dynamic sizes. Division by a constant compiles to a multiply and a shift;
+        whose sizes are static (`static_size`). Division by a constant compiles to a multiply and a shift;
         by a kernel argument, to ~20 integer instructions an element, which left GPT-2's loss
         gradient (206M elements, three divisions each) at 1.1 TB/s. Smaller kernels keep sizes as
         arguments, so kernels that differ only in sizes (a ResNet's stages) share one compile: with
@@ -123,10 +122,10 @@ class TritonExpressions(KernelExpressions):
         step as long."""
         d = sympy.sympify(d)
         elements = self.xnumel * (self.rnumel if self.kernel.is_reduction else 1)
-        # (in a graph with dynamic sizes, no divisor: one symbol stands for a product of sizes, so
-        # which of them derive from a dynamic size is not known here)
-        if elements >= LITERAL_DIVISORS_MIN and not self.dynamic_values and \
-                all(s.name[0] not in "xr" for s in d.free_symbols):
+        # (a literal where the divisor's value is the same at every call: a kernel whose divisor
+        # derives from a dynamic size is shared by the graph's lengths, sizes as arguments)
+        if elements >= LITERAL_DIVISORS_MIN and \
+                all(s.name[0] not in "xr" and self.static_size(self.sizevars.values[s]) for s in d.free_symbols):
             return str(self.sizevars.evaluate(d))
         return self.expr(d)
 
@@ -149,9 +148,11 @@ class TritonExpressions(KernelExpressions):
                 return True
             # sizes by their values: a view's stride s0*s1 (BERT's [4096, 3072] GEMM output read as
             # [32, 128, 3072]) is the row-major stride s2 of the same value, and `xindex` then
-            # saves three divisions an element. Not with dynamic sizes, where the values change
+            # saves three divisions an element. Only static sizes: a kernel of the dynamic ones
+            # is shared by the graph's lengths, where their values differ
             loops = lambda e: {v for v in e.free_symbols if v.name[0] in "xr"}  # noqa: E731
-            return not self.dynamic_values and loops(a) == loops(b) and \
+            sizes = (a - b).free_symbols - loops(a) - loops(b)
+            return loops(a) == loops(b) and all(self.static_size(self.sizevars.values[s]) for s in sizes) and \
                 sympy.expand((a - b).subs(self.sizevars.values)) == 0
         if self.x_dims and equal(index, row):
             return "xindex"  # the kernel's own row (or element, in a pointwise kernel)
