@@ -260,3 +260,54 @@ def test_a_template_with_a_placeholders_text_in_a_literal_is_filled_by_its_synta
     ns = {"torch": torch}
     exec(s.function_source("m"), ns)
     assert ns["__fl_guard"]("__fl__0_") and not ns["__fl_guard"]("m")
+
+
+class CountingConfig:
+    """transformers' PretrainedConfig: attributes read through a Python __getattribute__."""
+    reads = 0
+
+    def __init__(self, scale):
+        self.scale = scale
+
+    def __getattribute__(self, name):
+        if name == "scale":
+            CountingConfig.reads += 1
+        return object.__getattribute__(self, name)
+
+
+class ConfigLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config, self.fc = config, nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x) * self.config.scale
+
+
+class ConfiguredNet(nn.Module):
+    def __init__(self, config, n=4):
+        super().__init__()
+        self.config = config
+        self.layers = nn.ModuleList([ConfigLayer(config) for _ in range(n)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x * self.config.scale
+
+
+@pytest.mark.parametrize("change", ["none", "one layer's config replaced", "the shared config's value"])
+def test_an_object_held_by_every_layer_is_read_once_a_call(change):
+    net = ConfiguredNet(CountingConfig(0.5)).eval()
+    cm = fuselens.compile(net)
+    with torch.no_grad():
+        for _ in range(3):
+            cm(X)
+        CountingConfig.reads = 0
+        cm(X)
+        assert CountingConfig.reads == 1  # (the guard's; each layer's source is that object)
+        if change == "one layer's config replaced":
+            net.layers[2].config = CountingConfig(3.0)
+        elif change == "the shared config's value":
+            net.config.scale = 2.0
+        torch.testing.assert_close(cm(X), net(X))

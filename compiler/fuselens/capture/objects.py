@@ -21,7 +21,7 @@ from . import breaks as B
 from . import calls as C
 from . import environ
 from . import side_effects as S
-from .guards import SRC
+from .guards import SRC, arg
 from .side_effects import MUTABLE
 from .source import NoSourceError, function_source
 from .values import (NUMPY_SCALARS, UNKNOWN, BoundUserMethod, LocalFunction, SymInt, TensorVar,
@@ -54,6 +54,14 @@ class Objects:
             self.domain.guard_module(v, f"{src}.{attr}")
         elif isinstance(v, _CODE) and attr not in mod.__dict__:
             pass  # its class's own code (a method), not guarded, as its forward is not
+        elif hasattr(v, "__dict__") and not isinstance(v, _CODE) and \
+                self.value_sources.get(v) not in (None, f"{src}.{attr}"):
+            # an object found before through another source (transformers' config, held by every
+            # layer): that object there too, what is read of it read and guarded at its first
+            # source once (each layer's `config._attn_implementation`, a Python __getattribute__
+            # of ~1 us, had been read by every layer's source on every call)
+            self.domain.guard(f"{SRC} is {arg(1)}", f"{src}.{attr} is {self.value_sources.get(v)}",
+                              f"{src}.{attr}", self.value_sources.get(v))
         else:
             # whatever else it holds is a constant of the capture, guarded by what it is
             # (guards.py guard_value): a hyper-parameter by type and value, code, classes and
