@@ -51,6 +51,12 @@ def program_cache_enabled() -> bool:
     return os.environ.get("FUSELENS_PROGRAM_CACHE", "1") != "0"
 
 
+def native_guards() -> bool:
+    """FUSELENS_NATIVE_GUARDS=0: every guard is checked in Python (runtime/native_guards.py checks
+    an entry's tensor guards in one C++ call)."""
+    return os.environ.get("FUSELENS_NATIVE_GUARDS", "1") != "0"
+
+
 def ddp_split() -> bool:
     """FUSELENS_DDP_SPLIT=0: a graph captured inside DistributedDataParallel's forward stays one
     graph instead of one piece per gradient bucket (runtime/ddp_buckets.py; bench/distributed.py

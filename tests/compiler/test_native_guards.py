@@ -167,3 +167,19 @@ def test_a_tensor_match_is_made_only_of_tensors(native):
     assert match((torch.zeros(2, 3), torch.zeros(3))) is False  # a Parameter's type
     assert match((torch.zeros(2, 3),)) is False
     assert match((torch.zeros(2, 3), "x")) is False
+
+
+def test_without_a_compiler_the_guards_stay_python(monkeypatch, tmp_path):
+    from fuselens.codegen import cpp_build
+    from fuselens.runtime import native_guards
+    monkeypatch.setenv("FUSELENS_CACHE_DIR", str(tmp_path))  # (no extension built before)
+    monkeypatch.setattr(cpp_build, "compiler", lambda: None)
+    monkeypatch.setattr(native_guards, "NATIVE", native_guards._Native())
+    m = Mlp().eval()
+    cm = fuselens.compile(m)
+    x = torch.randn(3, 6)
+    with torch.no_grad():
+        for _ in range(4):
+            torch.testing.assert_close(cm(x), Mlp.forward(m, x))
+    (entry,) = cm._fuselens_compiled.entries
+    assert not getattr(entry.guard_fn, "native", False) and "no C++ compiler" in native_guards.NATIVE.failed

@@ -324,15 +324,10 @@ def _library_path() -> str:
 NATIVE = _Native()
 
 
-def enabled() -> bool:
-    """FUSELENS_NATIVE_GUARDS=0: every guard is checked in Python."""
-    return os.environ.get("FUSELENS_NATIVE_GUARDS", "1") != "0"
-
-
 def install(entry, cap) -> None:
     """From `entry`'s first call whose guards hold once the extension is built, its guards are
     checked by the fast guard function (above); `entry.guard_fn` is the Python one until then."""
-    if not enabled() or sum(g.kind == "tensor" for g in cap.guards) < MIN_TENSORS:
+    if not settings.native_guards() or sum(g.kind == "tensor" for g in cap.guards) < MIN_TENSORS:
         return
     python_guard = entry.guard_fn
 
