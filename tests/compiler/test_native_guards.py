@@ -23,16 +23,19 @@ def native():
 
 
 class Mlp(nn.Module):
+    shift = 0.5  # (the instance's own `shift` shadows it)
+
     def __init__(self):
         super().__init__()
         self.layers = nn.ModuleList([nn.Linear(6, 6) for _ in range(4)])
         self.norm = nn.LayerNorm(6)
         self.register_buffer("scale", torch.ones(6))
+        self.shift = 0.5
 
     def forward(self, x):
         for layer in self.layers:
             x = layer(x).tanh()
-        return self.norm(x) * self.scale
+        return self.norm(x) * self.scale + self.shift
 
 
 def _fast_entry(cm, *args):
@@ -68,6 +71,12 @@ CHANGES = {
     "parameter replaced by a plain tensor": lambda m: m.layers[1]._parameters.__setitem__(
         "weight", m.layers[1].weight.detach().clone()),
     "same metadata": _set("w", lambda t: t.clone()),
+    "attribute now the class's": lambda m: delattr(m, "shift"),
+    "attribute changed": lambda m: setattr(m, "shift", 1.5),
+    "module in train mode": lambda m: m.layers[3].train(),
+    "hook added": lambda m: m.norm.register_forward_hook(lambda mod, args, out: out * 2),
+    "submodule replaced": lambda m: m.layers.__setitem__(1, nn.Linear(6, 6)),
+    "bias removed": lambda m: setattr(m.layers[0], "bias", None),
     "size-1 dim's stride": _set("scale", lambda t: t.reshape(6, 1).as_strided((6, 1), (1, 7)).reshape(6)),
 }
 
@@ -144,29 +153,31 @@ def test_an_input_written_in_place_that_comes_to_share_storage_is_seen(native):
             torch.testing.assert_close(cm(x, torch.tensor([i])), ref(x, torch.tensor([i])))
 
 
-def test_storages_distinct_agrees_with_the_python_check(native):
-    base = torch.randn(10)
-    items = [base[:4], base[4:], torch.randn(3), torch.empty(0), torch.empty(0), 7, nn.Parameter(torch.randn(2)),
-             base, torch.randn(3).expand(2, 3)]
+def test_a_distinct_match_agrees_with_the_python_check(native):
+    """TensorMatch(distinct=True) answers True only where guards.unshared holds (False and None
+    leave it to the Python guard), over every choice of tensors sharing storage or not."""
     import itertools
+    base = torch.randn(10)
+    items = [base[:4], base[4:], torch.randn(3), torch.empty(0), torch.empty(0), nn.Parameter(torch.randn(2)),
+             base, torch.randn(3).expand(2, 3)]
     for r in (1, 2, 3):
         for combo in itertools.combinations(items, r):
-            got = native.storages_distinct(tuple(combo))
-            if got:  # (False and None defer to the Python check)
+            tensors, others = combo[:1], combo[1:] + (7,)
+            got = native.TensorMatch((), tensors, True)(tensors, others)
+            want = len({t.untyped_storage().data_ptr() for t in combo}) == len(combo)
+            assert (got is True) == want, combo
+            if got:
                 assert unshared(combo, combo), combo
-            want = len({t.untyped_storage().data_ptr() for t in combo if isinstance(t, torch.Tensor)}) == \
-                sum(isinstance(t, torch.Tensor) for t in combo)
-            assert bool(got) == want, combo
 
 
 def test_a_tensor_match_is_made_only_of_tensors(native):
     with pytest.raises(TypeError):
-        native.TensorMatch((torch.ones(2), 3))
-    match = native.TensorMatch((torch.ones(2, 3), nn.Parameter(torch.ones(3))))
-    assert match((torch.zeros(2, 3), nn.Parameter(torch.zeros(3)))) is True
-    assert match((torch.zeros(2, 3), torch.zeros(3))) is False  # a Parameter's type
-    assert match((torch.zeros(2, 3),)) is False
-    assert match((torch.zeros(2, 3), "x")) is False
+        native.TensorMatch((), (torch.ones(2), 3), False)
+    match = native.TensorMatch((), (torch.ones(2, 3), nn.Parameter(torch.ones(3))), False)
+    assert match((torch.zeros(2, 3), nn.Parameter(torch.zeros(3))), None) is True
+    assert match((torch.zeros(2, 3), torch.zeros(3)), None) is False  # a Parameter's type
+    assert match((torch.zeros(2, 3),), None) is False
+    assert match((torch.zeros(2, 3), "x"), None) is False
 
 
 def test_without_a_compiler_the_guards_stay_python(monkeypatch, tmp_path):

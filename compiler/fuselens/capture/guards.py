@@ -372,29 +372,59 @@ def _replaced(node, replace):
     return node
 
 
-# the names a native guard function (`guard_function(native=True)`) calls: runtime/native_guards.py's
-# TensorMatch of its static tensor guards' tensors, and its storages_distinct
-NATIVE_MATCH, NATIVE_DISTINCT = "__fl_native_match", "__fl_native_distinct"
+# the names a native guard function (`guard_function(native=...)`) calls: runtime/native_guards.py's
+# checks of the guards read from constants, and its match of the static tensor guards' tensors
+NATIVE_CHECKS, NATIVE_MATCH = "__fl_native_checks", "__fl_native_match"
 
 
-def guard_function(guards, sig_text: str, constants: dict, reads: "Reads | None" = None, native=False) -> str:
-    """`native`: the static tensor guards (Guard.kind "tensor") are left out and the function returns
-    NATIVE_MATCH of their tensors (a tuple) where every other guard holds; guards.unshared's check
-    first asks NATIVE_DISTINCT (runtime/native_guards.py)."""
+def guard_function(guards, sig_text: str, constants: dict, reads: "Reads | None" = None, native=None):
+    """The guard function's source. With `native` (runtime/native_guards.py's `Checks`), (source,
+    checks): the guards `native(template, chains)` takes as C++ checks are left out and checked
+    first by one call of NATIVE_CHECKS; the static tensor guards (Guard.kind "tensor") are left
+    out and the function returns NATIVE_MATCH((tensors), others) where every other guard holds:
+    `tensors` those of them that `native.tensor(chain)` does not read itself, `others` (where
+    guards.unshared's guard is, else None) that guard's inputs that are not among them, whose
+    storages must be distinct from the tensors' and each other's (its guard is left out too)."""
     reads = reads or Reads(guards, sig_text, constants)
     uses: dict = {}  # each source's prefixes read more than once get a local
-    forms = []
-    for template, over in reads.forms:
-        sure, counts = _template(template)
+    forms, checks, tensors, unshared, taken_texts = [], [], {}, None, set()
+    for guard, (template, over) in zip(guards, reads.forms):
         chains = [reads.read(s, own=i == 0 and template in reads.own) for i, s in enumerate(over)]
+        if native and guard.kind == "tensor":
+            text = chains[0].render({})
+            if text in tensors or text in taken_texts:
+                continue
+            if native.tensor(chains[0]):
+                taken_texts.add(text)
+                continue
+            tensors[text] = chains[0]
+            continue
+        if native and guard.kind == "unshared":  # (its inputs, and the written ones not among them)
+            n_written = len(ast.parse(template, mode="eval").body.args[0].elts)
+            inputs = {c.render({}): c for c in chains[n_written:]}
+            unshared = list({**inputs, **{c.render({}): c for c in chains[:n_written]}}.items())
+            continue
+        if native and guard.kind == "":
+            taken = native(template, chains)
+            if taken is not None:
+                checks += taken
+                continue
+        sure, counts = _template(template)
         for i, chain in enumerate(chains):
             for key in chain.keys:
                 if key is not None:
                     uses[key] = uses.get(key, 0) + counts.get(i, 0)
         forms.append((template, sure, chains))
+    others = [c for text, c in unshared or () if text not in tensors and text not in taken_texts]
+    for chain in [*tensors.values(), *others]:  # (each read once, in the returned tuples)
+        for key in chain.keys:
+            if key is not None:
+                uses[key] = uses.get(key, 0) + 1
     names: dict = {}
-    lines, seen, tensors = [f"def __fl_guard({sig_text}):"], set(), []
-    for guard, (template, sure, chains) in zip(guards, forms):
+    lines, seen = [f"def __fl_guard({sig_text}):"], set()
+    if checks:
+        lines.append(f"    if not {NATIVE_CHECKS}():\n        return False")
+    for template, sure, chains in forms:
         for i in sorted(sure):  # prefixes of a source read whenever the guard holds: read once, here
             chain = chains[i]
             for j, key in enumerate(chain.keys):
@@ -402,25 +432,17 @@ def guard_function(guards, sig_text: str, constants: dict, reads: "Reads | None"
                     value = chain.render(names, j + 1)
                     names[key] = f"__fl_s{len(names)}"
                     lines.append(f"    {names[key]} = {value}")
-        if native and guard.kind == "tensor":
-            tensors.append(chains[0])  # (rendered at the end, from the locals read by then)
-            continue
         text = fill(template, [c.render(names) for c in chains])
-        if native and guard.kind == "unshared":  # (its inputs, and the written ones not among them)
-            items = [c.render(names) for c in chains]
-            n_written = len(ast.parse(template, mode="eval").body.args[0].elts)
-            inputs = items[n_written:]
-            items = inputs + [w for w in items[:n_written] if w not in inputs]
-            text = f"{NATIVE_DISTINCT}(({''.join(f'{t}, ' for t in items)})) or ({text})"
         if text not in seen:  # guards that the rewrites made the same (a module reached by two paths)
             seen.add(text)
             lines.append(f"    if not ({text}):\n        return False")
-    if native:
-        rendered = dict.fromkeys(c.render(names) for c in tensors)
-        lines.append(f"    return {NATIVE_MATCH}(({''.join(f'{t}, ' for t in rendered)}))")
-    else:
+    if not native:
         lines.append("    return True")
-    return "\n".join(lines)
+        return "\n".join(lines)
+    tuple_of = lambda chains: f"({''.join(f'{c.render(names)}, ' for c in chains)})"  # noqa: E731
+    lines.append(f"    return {NATIVE_MATCH}({tuple_of(tensors.values())}, "
+                 f"{tuple_of(others) if unshared is not None else None})")
+    return "\n".join(lines), checks
 
 
 @functools.lru_cache(maxsize=8192)
