@@ -194,3 +194,18 @@ def test_without_a_compiler_the_guards_stay_python(monkeypatch, tmp_path):
             torch.testing.assert_close(cm(x), Mlp.forward(m, x))
     (entry,) = cm._fuselens_compiled.entries
     assert not getattr(entry.guard_fn, "native", False) and "no C++ compiler" in native_guards.NATIVE.failed
+
+
+def test_a_compiled_model_that_holds_its_compiled_function_is_collected(native):
+    """The native guards hold the model's modules (as the Python guards' constants do), and the
+    model holds the compiled function: a cycle the collector must see through them."""
+    import gc
+    import weakref
+    m = Mlp().eval()
+    m.compiled = fuselens.compile(m)
+    with torch.no_grad():
+        _fast_entry(m.compiled, torch.randn(3, 6))
+    gone = weakref.ref(m)
+    del m
+    gc.collect()
+    assert gone() is None

@@ -187,8 +187,34 @@ PyObject* checks_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
     return reinterpret_cast<PyObject*>(self);
 }
 
+// (collected with what it holds: a compiled model's guards hold the model, which may hold them)
+int visit_path(Path& p, visitproc visit, void* arg) {
+    Py_VISIT(p.root);
+    for (auto& step : p.steps) Py_VISIT(step.second);
+    return 0;
+}
+
+int checks_traverse(PyObject* self, visitproc visit, void* arg) {
+    auto checks = reinterpret_cast<GuardChecks*>(self)->checks;
+    if (checks) {
+        for (Check& c : *checks) {
+            if (int r = visit_path(c.path, visit, arg)) return r;
+            for (auto& p : c.predicates) Py_VISIT(p.operand);
+        }
+    }
+    return 0;
+}
+
+int checks_clear(PyObject* self) {
+    auto s = reinterpret_cast<GuardChecks*>(self);
+    if (s->checks) release(s->checks);
+    s->checks = nullptr;
+    return 0;
+}
+
 void checks_dealloc(PyObject* self) {
-    release(reinterpret_cast<GuardChecks*>(self)->checks);
+    PyObject_GC_UnTrack(self);
+    checks_clear(self);
     Py_TYPE(self)->tp_free(self);
 }
 
@@ -224,7 +250,9 @@ int holds(const Check& c) {
 }
 
 PyObject* checks_call(PyObject* self, PyObject* args, PyObject* kwargs) {
-    for (const Check& c : *reinterpret_cast<GuardChecks*>(self)->checks)
+    auto checks = reinterpret_cast<GuardChecks*>(self)->checks;
+    if (!checks) Py_RETURN_FALSE;  // (cleared by the collector)
+    for (const Check& c : *checks)
         if (!holds(c)) Py_RETURN_FALSE;
     Py_RETURN_TRUE;
 }
@@ -268,6 +296,21 @@ void release(TensorMatch* m) {
     if (m->paths) for (Path& p : *m->paths) release(p);
     delete m->paths;
     delete m->expected;
+    m->paths = nullptr;
+    m->expected = nullptr;
+}
+
+int match_traverse(PyObject* self, visitproc visit, void* arg) {
+    auto paths = reinterpret_cast<TensorMatch*>(self)->paths;
+    if (paths)
+        for (Path& p : *paths)
+            if (int r = visit_path(p, visit, arg)) return r;
+    return 0;
+}
+
+int match_clear(PyObject* self) {
+    release(reinterpret_cast<TensorMatch*>(self));
+    return 0;
 }
 
 // the metadata of tensor `o` as a match expects it again; false with an exception set where `o`
@@ -330,6 +373,7 @@ PyObject* match_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
 }
 
 void match_dealloc(PyObject* self) {
+    PyObject_GC_UnTrack(self);
     release(reinterpret_cast<TensorMatch*>(self));
     Py_TYPE(self)->tp_free(self);
 }
@@ -352,6 +396,7 @@ PyObject* match_call(PyObject* self_, PyObject* args, PyObject* kwargs) {
     auto self = reinterpret_cast<TensorMatch*>(self_);
     PyObject *tensors, *others;
     if (!PyArg_ParseTuple(args, "O!O", &PyTuple_Type, &tensors, &others)) return nullptr;
+    if (!self->paths) Py_RETURN_NONE;  // (cleared by the collector)
     const std::vector<Expected>& expected = *self->expected;
     size_t n_paths = self->paths->size();
     if (n_paths + PyTuple_GET_SIZE(tensors) != expected.size()) Py_RETURN_FALSE;
@@ -414,20 +459,26 @@ PyMethodDef methods[] = {
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_fl_guards", nullptr, -1, methods};
 
-bool ready(PyTypeObject& type, const char* name, Py_ssize_t size, newfunc make, destructor free, ternaryfunc call) {
+bool ready(PyTypeObject& type, const char* name, Py_ssize_t size, newfunc make, destructor free, ternaryfunc call,
+           traverseproc traverse, inquiry clear) {
     type.tp_name = name;
     type.tp_basicsize = size;
-    type.tp_flags = Py_TPFLAGS_DEFAULT;
+    type.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
     type.tp_new = make;
     type.tp_dealloc = free;
     type.tp_call = call;
+    type.tp_traverse = traverse;
+    type.tp_clear = clear;
+    type.tp_free = PyObject_GC_Del;
     return PyType_Ready(&type) == 0;
 }
 }  // namespace
 
 PyMODINIT_FUNC PyInit__fl_guards() {
-    if (!ready(TensorMatchType, "_fl_guards.TensorMatch", sizeof(TensorMatch), match_new, match_dealloc, match_call) ||
-            !ready(GuardChecksType, "_fl_guards.GuardChecks", sizeof(GuardChecks), checks_new, checks_dealloc, checks_call))
+    if (!ready(TensorMatchType, "_fl_guards.TensorMatch", sizeof(TensorMatch), match_new, match_dealloc, match_call,
+               match_traverse, match_clear) ||
+            !ready(GuardChecksType, "_fl_guards.GuardChecks", sizeof(GuardChecks), checks_new, checks_dealloc,
+                   checks_call, checks_traverse, checks_clear))
         return nullptr;
     PyObject* m = PyModule_Create(&module_def);
     if (!m) return nullptr;
