@@ -31,6 +31,7 @@ accessors, two storages that may be one), it answers None and the Python guard d
 from __future__ import annotations
 
 import ast
+import atexit
 import builtins
 import functools
 import hashlib
@@ -492,11 +493,13 @@ PyMODINIT_FUNC PyInit__fl_guards() {
 
 
 class _Native:
-    """The extension: built in the background from the first `get()`, loaded once built."""
+    """The extension: built in the background from the first `get()`, loaded once built. A build
+    still running when the process exits is waited for (atexit), so the next process loads it."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._build = None  # (process, temporary .so, final .so)
+        self._build = None  # the thread that waits for the compiler and installs what it built
+        self._messages: list = []  # the compiler's, where it failed
         self.module = None
         self.failed: str | None = None
 
@@ -513,24 +516,16 @@ class _Native:
         return self.module
 
     def _advance(self):
-        if self.module is not None or self.failed is not None:
+        if self.module is not None or self.failed is not None or \
+                self._build is not None and self._build.is_alive():
             return
-        if self._build is None:
-            path = _library_path()
-            if not os.path.exists(path):
-                self._start(path)
-                return
+        path = _library_path()
+        if os.path.exists(path):
             self._load(path)
-            return
-        process, tmp, path = self._build
-        if process.poll() is None:
-            return
-        messages = process.stdout.read()
-        self._build = None
-        if process.returncode != 0:
-            raise RuntimeError(f"building the native guards failed:\n{messages[-2000:]}")
-        os.replace(tmp, path)
-        self._load(path)
+        elif self._build is not None:
+            raise RuntimeError(f"building the native guards failed:\n{''.join(self._messages)[-2000:]}")
+        else:
+            self._start(path)
 
     def _start(self, path):
         from ..codegen.cpp_build import compiler
@@ -552,8 +547,20 @@ class _Native:
                f"-I{include}", f"-I{python_include}", stem + ".cpp", "-o", stem + ".so",
                f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}"]
         process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self._build = (process, stem + ".so", path)
-        threading.Thread(target=_reap, args=(process, stem + ".cpp"), daemon=True).start()
+        self._build = threading.Thread(target=self._finish, args=(process, stem, path), daemon=True)
+        self._build.start()
+
+    def _finish(self, process, stem, path):
+        messages, _ = process.communicate()
+        if process.returncode == 0:
+            os.replace(stem + ".so", path)
+        else:
+            self._messages.append(messages)
+        for leftover in (stem + ".cpp", stem + ".so"):
+            try:
+                os.unlink(leftover)
+            except OSError:
+                pass
 
     def _load(self, path):
         spec = importlib.util.spec_from_file_location(
@@ -567,19 +574,9 @@ class _Native:
 
     def wait(self, timeout=120.0):
         """The module once its build has finished (tests, a benchmark's warm-up), or None."""
-        import time
-        end = time.monotonic() + timeout
-        while self.get() is None and self.failed is None and time.monotonic() < end:
-            time.sleep(0.05)
-        return self.module
-
-
-def _reap(process, source):
-    process.wait()
-    try:
-        os.unlink(source)
-    except OSError:
-        pass
+        if self.get() is None and self._build is not None:
+            self._build.join(timeout)
+        return self.get()
 
 
 def _library_path() -> str:
@@ -591,6 +588,12 @@ def _library_path() -> str:
 
 
 NATIVE = _Native()
+
+
+@atexit.register
+def _finish_build():
+    if NATIVE._build is not None:
+        NATIVE._build.join(120)
 
 
 def install(entry, cap) -> None:
