@@ -209,3 +209,19 @@ def test_a_compiled_model_that_holds_its_compiled_function_is_collected(native):
     del m
     gc.collect()
     assert gone() is None
+
+
+def test_a_models_module_guards_are_all_checked_natively(native):
+    """Every condition over the model's modules (identity, mode, hooks, attributes) and every
+    parameter's tensor guard is taken by the C++ checks: what stays Python reads the arguments."""
+    from fuselens.capture.guards import guard_function
+    from fuselens.runtime.native_guards import Checks
+    m = Mlp().eval()
+    cm = fuselens.compile(m)
+    entry = _fast_entry(cm, torch.randn(3, 6))
+    sig = entry._sig[len("def __fl_guard("):-2]
+    checks = Checks(entry.guard_namespace)
+    source, found = guard_function(entry.guards, sig, entry.guard_namespace, native=checks)
+    python = [line.strip() for line in source.split("\n") if line.startswith("    if not") and "native" not in line]
+    assert len(checks.tensor_paths) == 11 and len(found) >= 30
+    assert all(line.startswith(("if not (torch.", "if not (self is ")) for line in python), python

@@ -694,8 +694,9 @@ def _conjuncts(template):
                 left = left.args[0]
             predicate = {("type", ast.Is): TYPE_IS, ("len", ast.Eq): LEN_EQ, (None, ast.Is): IS,
                          (None, ast.Eq): EQ}.get((call, type(node.ops[0])))
-            if isinstance(right, ast.Constant) and (predicate != LEN_EQ or type(right.value) is int):
-                operand = ("literal", right.value)
+            literal = _literal(right)
+            if literal is not _NO_VALUE and (predicate != LEN_EQ or type(literal) is int):
+                operand = ("literal", literal)
             elif isinstance(right, ast.Name) and predicate in (IS, TYPE_IS):
                 operand = ("name", right.id)
             else:
@@ -707,6 +708,17 @@ def _conjuncts(template):
             return None
         out.append((predicate, int(path[0][len(_ARG_PREFIX):-1]), path[1], operand))
     return tuple(out)
+
+
+def _literal(node):
+    """The value of a literal (a constant, a tuple of them: a module's `normalized_shape`), or
+    _NO_VALUE."""
+    if isinstance(node, (ast.Constant, ast.Tuple)):
+        try:
+            return ast.literal_eval(node)
+        except ValueError:
+            pass
+    return _NO_VALUE
 
 
 def _path(node):
