@@ -640,11 +640,16 @@ class Checks:
     def _path(self, chain, then=()):
         """(root object, steps) of a source read from a constant by attributes and literal items
         (and then `then`'s), or None."""
-        root, steps = _path(ast.parse(chain.render({}), mode="eval").body) or (None, None)
-        if root not in self.namespace or root.startswith(_ARG_PREFIX):
+        if chain.root not in self.namespace:
             return None
-        obj = self.namespace[root]
-        return obj, _read_steps(obj, steps + then)
+        steps = []
+        for parts in chain.parts:  # (each `('', '.name')` or `('', '[key]')`: guards.py Chain)
+            step = _step(parts[1]) if len(parts) == 2 and not parts[0] else None
+            if step is None:
+                return None
+            steps.append(step)
+        obj = self.namespace[chain.root]
+        return obj, _read_steps(obj, tuple(steps) + then)
 
     def __call__(self, template, chains):
         conjuncts = _conjuncts(template)
@@ -735,6 +740,20 @@ def _path(node):
     return (node.id, tuple(reversed(steps))) if isinstance(node, ast.Name) else None
 
 
+@functools.lru_cache(maxsize=65536)
+def _step(text):
+    """(ATTR, name) of `.name`, (ITEM, key) of `[key]` with a literal key, else None."""
+    if text.startswith(".") and text[1:].isidentifier():
+        return ATTR, text[1:]
+    if text.startswith("[") and text.endswith("]"):
+        try:
+            key = ast.literal_eval(text[1:-1])
+        except (ValueError, SyntaxError):
+            return None
+        return (ITEM, key) if type(key) in (str, int) else None
+    return None
+
+
 def _read_now(root, steps):
     """The object at (root, steps) now, as GuardChecks reads it."""
     for kind, key in steps:
@@ -745,13 +764,19 @@ def _read_now(root, steps):
 def _read_steps(root, steps):
     """`steps` with the first read from the root's own dict where a module's lookup finds it there
     (half the time of nn.Module's attribute lookup, which has a __getattr__)."""
-    if steps and steps[0][0] == ATTR and isinstance(root, nn.Module):
-        name, cls = steps[0][1], type(root)
-        found = inspect.getattr_static(cls, name, _NO_VALUE)
-        descriptor = hasattr(type(found), "__set__") or hasattr(type(found), "__delete__")
-        if cls.__getattribute__ is object.__getattribute__ and name in root.__dict__ and not descriptor:
-            steps = ((DICT, name),) + steps[1:]
+    if steps and steps[0][0] == ATTR and isinstance(root, nn.Module) and steps[0][1] in root.__dict__ and \
+            _instance_attribute(type(root), steps[0][1]):
+        steps = ((DICT, steps[0][1]),) + steps[1:]
     return tuple((kind, sys.intern(key) if type(key) is str else key) for kind, key in steps)
+
+
+@functools.lru_cache(maxsize=4096)
+def _instance_attribute(cls, name) -> bool:
+    """Whether an instance's own `name` is what attribute lookup on `cls` finds (no data descriptor
+    of that name on the class, no __getattribute__ of its own)."""
+    found = inspect.getattr_static(cls, name, _NO_VALUE)
+    descriptor = hasattr(type(found), "__set__") or hasattr(type(found), "__delete__")
+    return cls.__getattribute__ is object.__getattribute__ and not descriptor
 
 
 def _fast_guard(cap, namespace, python_guard, args, kwargs):
