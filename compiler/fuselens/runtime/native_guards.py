@@ -546,6 +546,8 @@ class _Native:
         cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
                f"-I{include}", f"-I{python_include}", stem + ".cpp", "-o", stem + ".so",
                f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}"]
+        if sys.platform == "darwin":  # (Python's symbols come from the interpreter that loads it)
+            cmd += ["-undefined", "dynamic_lookup"]
         process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self._build = threading.Thread(target=self._finish, args=(process, stem, path), daemon=True)
         self._build.start()
