@@ -20,7 +20,7 @@ built, or where it cannot be, guards run in Python as before):
   arguments), and, where the entry has guards.unshared's guard, whether they and its other inputs
   lie in distinct storages.
 
-An entry's fast guard is made at its first call whose Python guards hold (`install`): the same
+An entry's fast guard is made at its second call whose Python guards hold (`install`): the same
 guard function with those guards left out, calling the two. A tensor matches when its Python type,
 dtype, device, sizes, strides (where that call's tensor was not contiguous; else contiguity), layout
 and requires_grad are that call's tensor's, which is exactly what the left-out guards compared with
@@ -599,18 +599,24 @@ def _finish_build():
 
 
 def install(entry, cap) -> None:
-    """From `entry`'s first call whose guards hold once the extension is built, its guards are
-    checked by the fast guard function (above); `entry.guard_fn` is the Python one until then."""
+    """From `entry`'s second call whose guards hold once the extension is built, its guards are
+    checked by the fast guard function (above); `entry.guard_fn` is the Python one until then. (Not
+    the first: making it takes ~30-75 ms for a ResNet's guards, which a process that takes a kept
+    capture would add to its first call, and an entry called once never repays.)"""
     if not settings.native_guards() or sum(g.kind == "tensor" for g in cap.guards) < MIN_TENSORS:
         return
     python_guard = entry.guard_fn
+    held = 0
 
     def learning(*args, **kwargs):
+        nonlocal held
         ok = python_guard(*args, **kwargs)
-        if ok and NATIVE.get() is not None:
-            entry.guard_fn = _fast_guard(cap, entry.guard_namespace, python_guard, args, kwargs) or python_guard
-        elif NATIVE.failed is not None:
-            entry.guard_fn = python_guard
+        if ok:
+            held += 1
+            if NATIVE.get() is not None and held >= 2:  # (the first starts the extension's build)
+                entry.guard_fn = _fast_guard(cap, entry.guard_namespace, python_guard, args, kwargs) or python_guard
+            elif NATIVE.failed is not None:
+                entry.guard_fn = python_guard
         return ok
     entry.guard_fn = learning
 
