@@ -53,7 +53,7 @@ def program_cache_enabled() -> bool:
 
 def native_guards() -> bool:
     """FUSELENS_NATIVE_GUARDS=0: every guard is checked in Python (runtime/native_guards.py checks
-    an entry's tensor guards in one C++ call)."""
+    an entry's tensor guards and its guards over modules in C++)."""
     return os.environ.get("FUSELENS_NATIVE_GUARDS", "1") != "0"
 
 

@@ -184,10 +184,9 @@ def test_a_tensor_match_is_made_only_of_tensors(native):
 
 
 def test_without_a_compiler_the_guards_stay_python(monkeypatch, tmp_path):
-    from fuselens.codegen import cpp_build
     from fuselens.runtime import native_guards
     monkeypatch.setenv("FUSELENS_CACHE_DIR", str(tmp_path))  # (no extension built before)
-    monkeypatch.setattr(cpp_build, "compiler", lambda: None)
+    monkeypatch.setattr(native_guards, "compiler", lambda: None)
     monkeypatch.setattr(native_guards, "NATIVE", native_guards._Native())
     m = Mlp().eval()
     cm = fuselens.compile(m)

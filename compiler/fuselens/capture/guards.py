@@ -329,6 +329,12 @@ def arg(i: int) -> str:
     return f"__fl__{i}_"
 
 
+def arg_index(name: str) -> int | None:
+    """i of a template's `arg(i)`, or None for any other name."""
+    m = _ARG.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
 SRC = arg(0)
 
 

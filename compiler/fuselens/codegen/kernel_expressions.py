@@ -85,13 +85,13 @@ class KernelExpressions(OpsHandler):
         self._reads: dict[str, list] = {}  # buffer name -> the buffers its body loads
         self.indirect_values: dict = {}  # symbol of an index read from a tensor -> its value's name (`indirect`)
 
-    # --- emission helpers -------------------------------------------------------------------------
-
     def static_size(self, value) -> bool:
         """Whether a size of this value is the same at every call of the program's kernels: any
         size of a static graph; in a graph with dynamic sizes, one of an input's static dims
         (and of no dynamic one)."""
         return not self.dynamic_values or int(value) in self.dynamic_values.static
+
+    # --- emission helpers -------------------------------------------------------------------------
     def emit(self, text, loc=None):
         loc = loc if loc is not None else self.loc
         if loc:

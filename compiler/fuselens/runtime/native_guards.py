@@ -49,6 +49,9 @@ import torch
 import torch.nn as nn
 
 from .. import settings
+from ..capture.guards import NATIVE_CHECKS, NATIVE_MATCH, arg_index, guard_function
+from ..capture.source import build_function
+from ..codegen.cpp_build import compiler, compiler_identity
 
 log = logging.getLogger("fuselens.runtime")
 
@@ -528,7 +531,6 @@ class _Native:
             self._start(path)
 
     def _start(self, path):
-        from ..codegen.cpp_build import compiler
         cxx = compiler()
         if cxx is None:
             raise RuntimeError("no C++ compiler")
@@ -582,7 +584,6 @@ class _Native:
 
 
 def _library_path() -> str:
-    from ..codegen.cpp_build import compiler_identity
     key = hashlib.sha256("\0".join([
         SOURCE, compiler_identity(), torch.__version__, os.path.dirname(torch.__file__), sys.version,
     ]).encode()).hexdigest()[:24]
@@ -686,9 +687,6 @@ class Checks:
         return getattr(builtins, v, _NO_VALUE)
 
 
-_ARG_PREFIX = "__fl__"
-
-
 @functools.lru_cache(maxsize=4096)
 def _conjuncts(template):
     """(predicate, placeholder, steps after it, operand) of each condition of a template (`and`),
@@ -717,9 +715,10 @@ def _conjuncts(template):
             path = _path(left) if predicate is not None else None
         else:
             return None
-        if path is None or not path[0].startswith(_ARG_PREFIX):
+        index = arg_index(path[0]) if path is not None else None
+        if index is None:
             return None
-        out.append((predicate, int(path[0][len(_ARG_PREFIX):-1]), path[1], operand))
+        out.append((predicate, index, path[1], operand))
     return tuple(out)
 
 
@@ -790,8 +789,6 @@ def _instance_attribute(cls, name) -> bool:
 def _fast_guard(cap, namespace, python_guard, args, kwargs):
     """The fast guard of a capture whose Python guards held for `args` (just now), or None where
     its tensors are not all of MATCHED_TYPES."""
-    from ..capture.guards import NATIVE_CHECKS, NATIVE_MATCH, guard_function
-    from ..capture.source import build_function
     native = NATIVE.module
     sig = cap.guard_source.split("\n", 1)[0][len("def __fl_guard("):-len("):")]
     checks = Checks(namespace)
