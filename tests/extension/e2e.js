@@ -92,13 +92,29 @@ async function shot(name) {
   log('screenshot', path.basename(f));
 }
 
-// opens `file` by Quick Open, waits for `marker` in its editor and clicks its first Compile & benchmark lens
+// opens `query` by Quick Open: the row naming `rowText` is Enter'ed once it is the focused row, and
+// the whole open is tried again when `opened` does not show (under load the quick pick can lose focus
+// and close between the typing and the Enter)
+async function quickOpen(query, rowText, opened, tries = 3) {
+  for (let attempt = 1; ; attempt++) {
+    await pressFor('Control+P', '.quick-input-widget .quick-input-box input');
+    await page.keyboard.type(query, { delay: query.length > 40 ? 2 : 10 });
+    await page.waitForSelector(`.quick-input-list .monaco-list-row.focused:has-text("${rowText}")`, { timeout: 30000 });
+    await page.keyboard.press('Enter');
+    try {
+      await page.waitForSelector(opened, { timeout: attempt === tries ? 30000 : 10000 });
+      return;
+    } catch (e) {
+      if (attempt === tries) { throw e; }
+      log(`Quick Open of ${rowText} opened nothing; again`);
+      await page.keyboard.press('Escape');
+    }
+  }
+}
+
+// opens `file`, waits for `marker` in its editor and clicks its first Compile & benchmark lens
 async function benchmarkIn(file, marker) {
-  await pressFor('Control+P', '.quick-input-widget .quick-input-box input');
-  await page.keyboard.type(file, { delay: 10 });
-  await page.waitForSelector(`.quick-input-list .monaco-list-row:has-text("${file}")`, { timeout: 15000 });
-  await page.keyboard.press('Enter');
-  await page.waitForSelector(`.editor-group-container.active .monaco-editor .view-lines:has-text("${marker}")`, { timeout: 30000 });
+  await quickOpen(file, file, `.editor-group-container.active .monaco-editor .view-lines:has-text("${marker}")`);
   await page.locator('.editor-group-container.active .codelens-decoration a', { hasText: 'Compile & benchmark' }).first().click({ timeout: 60000 });
 }
 
@@ -167,11 +183,7 @@ async function editorText() {
 
     // 01: open the example, wait for the language server's squiggle
     await page.locator('.monaco-workbench').click({ position: { x: 700, y: 400 } }).catch(() => {});
-    await pressFor('Control+P', '.quick-input-widget .quick-input-box input');
-    await page.keyboard.type('showcase.py', { delay: 10 });
-    await page.waitForSelector('.quick-input-list .monaco-list-row:has-text("showcase.py")', { timeout: 15000 });
-    await page.keyboard.press('Enter');
-    await page.waitForSelector('.monaco-editor .view-lines:has-text("gelu_scale")', { timeout: 30000 });
+    await quickOpen('showcase.py', 'showcase.py', '.monaco-editor .view-lines:has-text("gelu_scale")');
     const tOpen = Date.now();
     await page.waitForSelector('.monaco-editor .squiggly-warning', { timeout: 90000 });
     await page.waitForFunction(() => document.querySelectorAll('.monaco-editor .squiggly-warning').length >= 2, null, { timeout: 30000 });
@@ -299,11 +311,7 @@ async function editorText() {
     const [fwdFirst, fwdLast] = (process.env.FUSELENS_E2E_GPT2_FORWARD || '').split('-').map(Number);
     if (!gpt2File || !fwdLast) { throw new Error('FUSELENS_E2E_GPT2_FILE and FUSELENS_E2E_GPT2_FORWARD unset (scripts/e2e.sh sets them)'); }
     // Quick Open takes an absolute path: the file lies outside the workspace, as installed
-    await pressFor('Control+P', '.quick-input-widget .quick-input-box input');
-    await page.keyboard.type(gpt2File, { delay: 2 });
-    await page.waitForSelector('.quick-input-list .monaco-list-row:has-text("modeling_gpt2.py")', { timeout: 30000 });
-    await page.keyboard.press('Enter');
-    await page.waitForSelector('.editor-group-container.active .tab.active:has-text("modeling_gpt2.py")', { timeout: 30000 });
+    await quickOpen(gpt2File, 'modeling_gpt2.py', '.editor-group-container.active .tab.active:has-text("modeling_gpt2.py")');
     const tGpt2 = Date.now();
     try {
       await page.waitForSelector('.statusbar-item:has-text("fuselens: 1 graph break")', { timeout: 180000 });
@@ -383,11 +391,7 @@ async function editorText() {
 
     // 09: a training step calling an un-annotated `model`: no claim there, the real breaks reported
     await page.locator('.monaco-workbench').click({ position: { x: 700, y: 400 } }).catch(() => {});
-    await pressFor('Control+P', '.quick-input-widget .quick-input-box input');
-    await page.keyboard.type('train_loop.py', { delay: 10 });
-    await page.waitForSelector('.quick-input-list .monaco-list-row:has-text("train_loop.py")', { timeout: 15000 });
-    await page.keyboard.press('Enter');
-    await page.waitForSelector('.editor-group-container.active .monaco-editor .view-lines:has-text("train_step")', { timeout: 30000 });
+    await quickOpen('train_loop.py', 'train_loop.py', '.editor-group-container.active .monaco-editor .view-lines:has-text("train_step")');
     await page.waitForFunction(() => document.querySelectorAll('.editor-group-container.active .monaco-editor .squiggly-warning').length >= 2, null, { timeout: 60000 });
     const squiggled = await page.locator('.editor-group-container.active .monaco-editor').first().evaluate(ed => {
       const tops = [...ed.querySelectorAll('.squiggly-warning')].map(e => e.getBoundingClientRect().top);
@@ -408,6 +412,7 @@ async function editorText() {
     log('print(loss.item()) offers the guard');
     await shot('print-item-guard-offered');
     await page.keyboard.press('Escape');
+    await page.waitForSelector('.action-widget .monaco-list-row', { state: 'hidden', timeout: 10000 });
 
     // a dropout block: the run says its outputs differ through random ops and checks in eval mode
     await benchmarkIn('dropout_block.py', 'class Block');
@@ -531,11 +536,7 @@ async function editorText() {
         throw new Error(`no language server running ${exe}`);
       };
       await page.locator('.monaco-workbench').click({ position: { x: 700, y: 400 } }).catch(() => {});
-      await pressFor('Control+P', '.quick-input-widget .quick-input-box input');
-      await page.keyboard.type('showcase.py', { delay: 10 });
-      await page.waitForSelector('.quick-input-list .monaco-list-row:has-text("showcase.py")', { timeout: 15000 });
-      await page.keyboard.press('Enter');
-      await page.waitForSelector('.editor-group-container.active .monaco-editor .view-lines:has-text("gelu_scale")', { timeout: 30000 });
+      await quickOpen('showcase.py', 'showcase.py', '.editor-group-container.active .monaco-editor .view-lines:has-text("gelu_scale")');
       fs.mkdirSync(path.dirname(settingsFile), { recursive: true });
       const before = new Set(serverPids(codeServerPid));
       const tRestart = Date.now();
