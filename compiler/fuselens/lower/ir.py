@@ -22,7 +22,7 @@ from typing import Callable, ContextManager, Protocol
 import sympy
 import torch
 
-from .indexing import fold
+from .indexing import view_index
 
 
 class SizeVars:
@@ -266,8 +266,7 @@ class View(TensorValue):
 
     def index(self, idx, env):
         """The buffer element at `idx`; `env`: the ops handler (sizes and loop ranges)."""
-        sv = env.sizevars
-        return fold(sv(self.offset) + sum((i * sv(s) for i, s in zip(idx, self.stride) if s), sympy.Integer(0)), env)
+        return view_index(self.offset, self.stride, idx, env)
 
     def load(self, idx):
         return ops().load(self.buf, self.index(idx, ops()))
