@@ -32,7 +32,10 @@ run() {  # run NAME PATH...: one pytest session; its summary lines appended to $
   { echo; echo "## $name ($*): exit $rc"
     # pytest's short summary (failures, errors, skips with their reasons), the OpInfo summary
     # line and pytest's closing line
-    grep -E '^(FAILED|ERROR|SKIPPED|XFAIL|fuselens OpInfo conformance:)|^=* ?[0-9]+ (passed|failed)' "$OUT/gpu-$name.log" ; } >> "$SUMMARY"
+    grep -E '^(FAILED|ERROR|SKIPPED|XFAIL|fuselens OpInfo conformance:)|^=* ?[0-9]+ (passed|failed)' "$OUT/gpu-$name.log"
+    # why each failed: the first error lines of its traceback (the device's log does not come back)
+    awk '/^___+ .* ___+$/ { name = $0; gsub(/^_+ | _+$/, "", name); n = 0 }
+         /^E / && name != "" { if (n < 4) print "  " name ": " substr($0, 1, 300); n++ }' "$OUT/gpu-$name.log" ; } >> "$SUMMARY"
   [ "$rc" -eq 0 ] || status=1
 }
 if [ $# -gt 0 ]; then

@@ -206,7 +206,8 @@ def test_multihead_attention_stores_each_copy_once():
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
     (entry,) = fuselens.inspect(cf)
     forward, backward = "".join(entry.wrappers).split("# backward")
-    sdpa = next(line for line in forward.splitlines() if "prims.sdpa" in line)
+    sdpa = next((line for line in forward.splitlines() if "prims.sdpa" in line), None)
+    assert sdpa is not None, forward
     assert sdpa.count("reinterpret(buf") == 3 and "empty((2, 4, 16, 16)" not in forward, forward
     assert "empty((32, 64)" not in backward, backward
 
