@@ -13,7 +13,7 @@ import os
 import sympy
 import torch
 
-from ..lower.indexing import FloorDiv, ModIndex
+from ..lower.indexing import FloorDiv, ModIndex, expanded
 from ..lower.ir import OpsHandler, compute_dtype, use_handler
 from ..schedule.fusion import FusedKernel, ReadRecorder, loop_ranges, node_vars
 
@@ -128,7 +128,7 @@ class KernelExpressions(OpsHandler):
         others: a GEMM's (4096, 4096) result read as (8, 512, 4096) is the element written. Dynamic
         sizes too: what the sites decide, an output written over an input, is the wrapper's, and
         a program is built per input shape.)"""
-        return sympy.expand(sympy.sympify(index).xreplace(self.sizevars.values)), mask, self.along_r(index)
+        return expanded(sympy.sympify(index).xreplace(self.sizevars.values)), mask, self.along_r(index)
 
     # --- index expressions ---------------------------------------------------------------------
     def expr(self, e) -> str:
@@ -146,11 +146,13 @@ class KernelExpressions(OpsHandler):
         if isinstance(e, ModIndex):
             return f"({self.expr(e.args[0])} % {self.divisor(e.args[1])})"
         if e.is_Add:
-            terms = sorted(e.args, key=lambda t: (t.is_Integer, str(t)))
-            out = self.expr(terms[0])
-            for t in terms[1:]:
-                c, rest = t.as_coeff_Mul()
-                out += f" - {self.expr(-t)}" if c < 0 else f" + {self.expr(t)}"
+            # terms in the order of their text, a fixed one (sorting by sympy's str of each term cost
+            # more than the printing)
+            terms = sorted((t.is_Integer, self.expr(t), i) for i, t in enumerate(e.args))
+            out = terms[0][1]
+            for _, text, i in terms[1:]:
+                t = e.args[i]
+                out += f" - {self.expr(-t)}" if t.as_coeff_Mul()[0] < 0 else f" + {text}"
             return f"({out})"
         if e.is_Mul:
             c, rest = e.as_coeff_Mul()

@@ -11,6 +11,7 @@ import contextlib
 import sympy
 import torch
 
+from ..lower.indexing import expanded
 from ..lower.ir import OpsHandler, compute_dtype, use_handler
 from .triton_expressions import CV, TL_DTYPES, TritonExpressions
 
@@ -208,7 +209,7 @@ class _Tree(OpsHandler):
         dep = self.writer.group.get(buf.name)
         if dep is not None and dep.kind == "pointwise":
             return dep.body(self.writer.vars_for(dep))
-        return ("load", buf.name, sympy.expand(index))
+        return ("load", buf.name, expanded(index))
 
     def constant(self, value, dtype):
         return ("constant", value, dtype)
@@ -225,7 +226,7 @@ class _Tree(OpsHandler):
         return ("masked", (tuple(conds), body(), other), dtype)
 
     def index_value(self, e, dtype):
-        return ("index", sympy.expand(e), dtype)
+        return ("index", expanded(e), dtype)
 
     def random(self, kind, stream, flat):
         return ("random", object(), None)  # equal to no other value

@@ -18,6 +18,7 @@ Triton divides and takes remainders of signed ints truncating toward zero, Pytho
 """
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 
@@ -225,6 +226,16 @@ def fold(e, env):
         v = floor_div(x, d, env) if d != 1 else x
         out += c * (mod_index(v, m, env) if m is not None else v)
     return out
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def expanded(e):
+    """Index `e` as a sum of products (the canonical form its comparisons need), memoized: the read
+    analysis and each kernel's sites expand the same indices again and again (Swin-T training:
+    ~15000 loads of 1417 indices), beyond sympy's own cache of 1000 entries. Only products and
+    powers of sums are expanded: sympy.expand's other passes (logs, powers' exponents and bases)
+    never change an index and took two thirds of its time."""
+    return sympy.expand(e, power_exp=False, power_base=False, log=False, basic=False)
 
 
 # SizeVars -> {(what, its arguments, loop ranges): index}: a graph's bodies are evaluated again and

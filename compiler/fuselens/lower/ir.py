@@ -22,7 +22,7 @@ from typing import Callable, ContextManager, Protocol
 import sympy
 import torch
 
-from .indexing import view_index
+from .indexing import expanded, view_index
 
 
 class SizeVars:
@@ -164,7 +164,7 @@ class ReadRecorder(OpsHandler):
         return contextlib.nullcontext()
 
     def load(self, buf, index):
-        self.reads.append((buf, sympy.expand(index)))
+        self.reads.append((buf, expanded(index)))
 
     def masked(self, conds, body, other, dtype):
         body()

@@ -24,7 +24,7 @@ import sympy
 
 from ..lower.ir import ComputedBuffer, ExternBuffer, ExternCall, LoweredGraph, ReadRecorder, View, buffer_view, \
     compute_dtype, contiguous_strides, loop_ranges, loop_vars, use_handler
-from ..lower.indexing import reshape_index
+from ..lower.indexing import expanded, reshape_index
 from torch.fx.node import map_aggregate
 
 # column reductions over at least this many rows run in two stages (module docstring)
@@ -265,7 +265,7 @@ def store_index(buf, shape, red_dims, sv):
     else:
         out_vars = loop_vars(buf.shape, red_dims) if buf.kind == "reduction" else node_vars(buf, shape, red_dims, sv)
         strides = buf.stride
-    return sympy.expand(sum((v * sv(st) for v, st in zip(out_vars, strides)), sympy.Integer(0)))
+    return expanded(sum((v * sv(st) for v, st in zip(out_vars, strides)), sympy.Integer(0)))
 
 
 @dataclass(eq=False)
