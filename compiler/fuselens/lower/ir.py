@@ -45,7 +45,7 @@ class SizeVars:
         return self.symbols[value]
 
     def evaluate(self, expr) -> int:
-        return int(sympy.sympify(expr).subs(self.values))
+        return int(sympy.sympify(expr).xreplace(self.values))  # (subs tries each size in turn)
 
 
 class DynamicValues(frozenset):
