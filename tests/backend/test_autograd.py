@@ -212,6 +212,31 @@ def test_multihead_attention_stores_each_copy_once():
     assert "empty((32, 64)" not in backward, backward
 
 
+def test_a_contiguous_copy_is_stored_row_major_where_it_is_saved():
+    """`.contiguous()` of a permuted value is stored in the layout it asks for, also where the
+    forward saves it for the backward: the flattening view after it and the matmuls on both sides
+    read that one copy (nn.MultiheadAttention's attention output on a GPU, whose fused kernel
+    returns it in another layout than q's: stored in its input's layout, it was copied again for
+    the out-projection in the forward, and again in the backward)."""
+    B, L, H, D = 2, 8, 4, 16
+
+    def f(x, w):
+        y = (x.transpose(1, 2) * 2.0).permute(2, 0, 1, 3).contiguous().view(L * B, H * D)
+        return y @ w
+    x, w = randn(B, L, H, D).requires_grad_(), randn(H * D, 32).requires_grad_()
+    cf = fuselens.compile(f)
+    got = cf(x, w)
+    got_grads = torch.autograd.grad(got.sum(), [x, w])
+    want = f(x, w)
+    torch.testing.assert_close(got, want)
+    for g, e in zip(got_grads, torch.autograd.grad(want.sum(), [x, w])):
+        torch.testing.assert_close(g, e)
+    (entry,) = fuselens.inspect(cf)
+    forward, backward = "".join(entry.wrappers).split("# backward")
+    assert forward.count("empty(") == 1 and "view((16, 64))" in forward, forward
+    assert backward.count("empty(") == 1, backward  # x's gradient alone
+
+
 def test_the_backward_recomputes_a_value_just_before_its_first_use():
     """Recomputed forward values come in the joint graph's order first, before every gradient
     node; the backward places each after the gradient nodes that run before its first user, as

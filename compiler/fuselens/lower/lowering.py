@@ -401,7 +401,15 @@ class Lowering:
         # laid out as ATen's TensorIterator does: after its first operand of the full shape (a
         # `where`'s condition included)
         full = [a for a in args if isinstance(a, TensorValue) and tuple(a.shape) == shape]
-        v = self.lazy(shape, dtype, loc, fn, args, order=order_of(full[0]) if full else None, heavy=p.heavy)
+        order = order_of(full[0]) if full else None
+        if kwargs.get("memory_format") not in (None, torch.preserve_format):
+            # `.contiguous()` (or a copy to channels-last): the layout it asks for, which its users'
+            # views were traced on (nn.MultiheadAttention's attention output, permuted, made
+            # contiguous and flattened for the out-projection: laid out as its input, it was copied
+            # again for the projection, in the forward and in the backward)
+            traced = dense_order(shape, tuple(val.stride()))
+            order = None if traced is None or traced == sorted(traced) else traced
+        v = self.lazy(shape, dtype, loc, fn, args, order=order, heavy=p.heavy)
         if not isinstance(v, Lazy):
             return v
         if _output_viewed_by_extern(node):
