@@ -146,13 +146,13 @@ class KernelExpressions(OpsHandler):
         if isinstance(e, ModIndex):
             return f"({self.expr(e.args[0])} % {self.divisor(e.args[1])})"
         if e.is_Add:
-            # terms in the order of their text, a fixed one (sorting by sympy's str of each term cost
-            # more than the printing)
-            terms = sorted((t.is_Integer, self.expr(t), i) for i, t in enumerate(e.args))
-            out = terms[0][1]
-            for _, text, i in terms[1:]:
-                t = e.args[i]
-                out += f" - {self.expr(-t)}" if t.as_coeff_Mul()[0] < 0 else f" + {text}"
+            # each term printed once, unsigned, and the terms in the order of that text (sorting by
+            # sympy's str of each term cost more than the printing)
+            signed = [(t.as_coeff_Mul()[0] < 0, t) for t in e.args]
+            terms = sorted((t.is_Integer, self.expr(-t if negative else t), negative) for negative, t in signed)
+            out = ("-" if terms[0][2] else "") + terms[0][1]
+            for _, text, negative in terms[1:]:
+                out += f" - {text}" if negative else f" + {text}"
             return f"({out})"
         if e.is_Mul:
             c, rest = e.as_coeff_Mul()
