@@ -309,6 +309,42 @@ def test_a_failing_backward_kernel_falls_back_on_the_first_call(monkeypatch):
     torch.testing.assert_close(g, torch.autograd.grad(manual_gelu_tanh(x).sum(), x)[0])
 
 
+def test_a_failing_backward_leaves_the_random_sequence_to_the_eager_run(monkeypatch):
+    # the first call checks the backward after its forward drew a seed: where that check fails,
+    # the graph's eager run must draw what eager draws (as if the compiled forward never ran)
+    def fail(self, args):
+        raise RuntimeError("backward program fails")
+    monkeypatch.setattr(driver.Program, "call_boxed", fail)
+    f = lambda x: F.dropout(x, 0.5) * 3  # noqa: E731
+    x = randn(64, 8).requires_grad_()
+    cg = compile(f, x)
+    torch.manual_seed(7)
+    with pytest.warns(FuselensWarning, match="backward program fails"):
+        out = cg(x)[0]
+    after = torch.rand(())
+    torch.manual_seed(7)
+    want = f(x)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(after, torch.rand(()))
+    (g,) = torch.autograd.grad(out.sum(), x)
+    torch.testing.assert_close(g, torch.autograd.grad(want.sum(), x)[0])
+
+
+def test_the_first_training_call_runs_the_forward_once(monkeypatch):
+    # its backward check reads what that forward saved (the check costs the backward alone)
+    forwards, backwards = [], []
+    call, call_boxed = driver.Program.__call__, driver.Program.call_boxed
+    monkeypatch.setattr(driver.Program, "__call__", lambda self, *a: forwards.append(1) or call(self, *a))
+    monkeypatch.setattr(driver.Program, "call_boxed", lambda self, a: backwards.append(1) or call_boxed(self, a))
+    x = randn(6, 7).requires_grad_()
+    cg = compile(manual_gelu_tanh, x)
+    out = cg(x)[0]
+    assert (len(forwards), len(backwards)) == (1, 1)
+    (g,) = torch.autograd.grad(out.sum(), x)
+    assert (len(forwards), len(backwards)) == (1, 2)
+    torch.testing.assert_close(g, torch.autograd.grad(manual_gelu_tanh(x).sum(), x)[0])
+
+
 @triton_kernels
 def test_kernels_compiled_before_the_first_call_are_the_ones_it_launches(monkeypatch):
     # a program's kernels (forward and backward) compile together before the first call, for

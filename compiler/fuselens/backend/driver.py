@@ -275,7 +275,7 @@ class _Specialization:
     run: object  # callable(*inputs) -> tuple
     kernels: list = field(default_factory=list)
     wrapper_source: str = ""
-    check: object = None  # callable(*inputs): exercises what `run` alone would not (the backward)
+    first_run: object = None  # callable(*inputs): `run` until a call succeeds, checking the backward too
     verified: bool = False  # ran once without error
     eager: bool = False  # the backend failed for these inputs: `run` is the graph run eagerly
     failure: Exception | None = None  # why, until the first call warns of it (errors.fall_back)
@@ -360,14 +360,14 @@ class CompiledGraph:
         if needs_grad:
             graphs = TrainingGraphs if self.mode == "reduce-overhead" and device.type == "cuda" and \
                 not settings.INTERPRET else None
-            run, check, programs, made = compile_training(self.gm, inputs, device, self.mode, dynamic, build_program,
+            run, first_run, programs, made = compile_training(self.gm, inputs, device, self.mode, dynamic, build_program,
                                                           graphs, cached, lambda: spec.ran_new_backward())
             spec = _Specialization(run, [k for p in programs for k in p.kernels],
                                    "\n".join(f"# {label}\n{p.wrapper_source}"
                                              for label, p in zip(("forward", "backward"), programs)),
                                    # (an entry of the cache is a program that ran its check, and then a
                                    # step, in the process that stored it: not again in this one)
-                                   check if cached is None else None)
+                                   first_run if cached is None else None)
         else:
             made = cached if cached is not None else \
                 build_program(values_only(to_primitive_graph(self.gm, inputs, device)), device, self.mode, dynamic)
@@ -418,9 +418,7 @@ class CompiledGraph:
                 # a program that draws no seed: its generated wrapper itself
                 self._fast = run.call if isinstance(run, Program) and not run.has_seed else run
             return spec.run(*inputs)
-        if spec.check is not None:
-            spec.check(*inputs)
-        out = spec.run(*inputs)
+        out = (spec.first_run or spec.run)(*inputs)
         spec.verified = True
         if spec.cache_entry and not spec.stored:  # what compiled and ran, for the next process
             program_cache.store(*spec.cache_entry)

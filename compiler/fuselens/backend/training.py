@@ -102,6 +102,7 @@ class _State:
                  tangent_dtypes, device):
         self.forward, self.backward = forward, backward
         self.graphs = None  # mode="reduce-overhead": backend/cudagraphs.py TrainingGraphs
+        self.check_backward = None  # during the first call: callable(forward's outputs) (compile_training)
         self.num_fw_outputs, self.tangent_outputs = num_fw_outputs, tangent_outputs
         # an output without a gradient gets an unread stand-in of its tangent's dtype (backward)
         self.tangent_dtypes, self.device = tangent_dtypes, device
@@ -146,6 +147,8 @@ class CompiledFunction(torch.autograd.Function):
             outs = state.forward(*inputs)
         else:
             outs, ctx.run = state.graphs.forward(*inputs)
+        if state.check_backward is not None:
+            state.check_backward(outs)
         ctx.state = state
         # saved-tensor hooks may hand the saved values back in another layout (backward looks)
         ctx.hooked = _saved_tensor_hooks is None or _saved_tensor_hooks(False) is not None
@@ -256,7 +259,7 @@ def _partition(gm, inputs, requires_grad, device, eager):
 
 
 def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=None, cached=None, ran_new=None):
-    """Forward and backward programs for `gm` at these inputs: (run, check, [forward, backward],
+    """Forward and backward programs for `gm` at these inputs: (run, first_run, [forward, backward],
     compiled), the backward being the one compiled ahead. `graphs(forward, num_outputs)`: what
     replays them (mode="reduce-overhead"), or None. `cached`: the `Compiled` of an earlier
     compile of this graph for these inputs (the program cache): no graph work.
@@ -308,13 +311,26 @@ def compile_training(gm, inputs, device, mode, dynamic, build_program, graphs=No
     def run(*xs):
         return apply(state, *xs)
 
-    def check(*xs):
-        """Both halves once, with zero incoming gradients: a kernel that fails to compile shows up
-        here, where the graph can still run eagerly, rather than inside backward()."""
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):  # leaves the seed sequence as it was
-            outs = forward(*xs)
+    def check_backward(outs):
+        """The backward once, with zero incoming gradients, on what the first call's forward saved
+        (before autograd holds any of it): a kernel that fails to compile or run shows up here,
+        where the graph can still run eagerly, rather than inside backward()."""
+        with torch.random.fork_rng(devices=[]):  # (a backward's draws leave the seed sequence as it was)
             # contiguous zeros, as compiled; an unread stand-in where no gradient is expected
             tangents = [outs[i].new_zeros(outs[i].shape) if k not in compiled.ahead else
                         state.stand_in(k, outs[i].shape) for k, i in enumerate(compiled.tangent_outputs)]
             (backward.without(compiled.ahead) if compiled.ahead else backward)(*outs[compiled.num_fw_outputs:], *tangents)
-    return run, check, [forward, bw_program], compiled
+
+    def first_run(*xs):
+        """`run` that checks the backward too (the first call: one forward, not a second for the
+        check). Where it fails, the seed sequence is left as the call found it, for the eager run."""
+        seeds = torch.random.get_rng_state()
+        state.check_backward = check_backward
+        try:
+            return run(*xs)
+        except BaseException:
+            torch.random.set_rng_state(seeds)
+            raise
+        finally:
+            state.check_backward = None
+    return run, first_run, [forward, bw_program], compiled
