@@ -3,12 +3,13 @@ kernels, on the machine's own threads (torch.get_num_threads()).
 
     PYTHONPATH=compiler python bench/cpu.py [--only NAME ...] [--json bench/results/cpu-<machine>.json]
 
-Rows: fused pointwise ops (a manual GeLU), a manual softmax and layer norm in fp32 (and bf16
-where the CPU has bf16 instructions), an MLP block (LayerNorm, Linear, GeLU, Linear, residual)
-in inference and a training step (forward, backward, SGD step eagerly), a transformers encoder
-(BERT) and decoder (GPT-2) in small configs with random weights, one decode step of a
-gpt-fast-style Llama (bench/decode_models.py, a quarter of the 1B's width, 4 layers), and a ResNet-18 (torchvision's
-where it imports, else the same network defined below) in fp32 inference. Per row and compiler:
+Rows: fused pointwise ops (a manual GeLU), a manual softmax and layer norm, an MLP block
+(LayerNorm, Linear, GeLU, Linear, residual) in inference and a training step (forward, backward,
+SGD step eagerly), a transformers encoder (BERT) and decoder (GPT-2) in small configs with random
+weights, one decode step of a gpt-fast-style Llama (bench/decode_models.py, a quarter of the 1B's
+width, 4 layers), and a ResNet-18 (torchvision's where it imports, else the same network defined
+below) in inference: each in fp32, and again in bf16 where the CPU has bf16 instructions
+(inference in bf16, the training step under bf16 autocast). Per row and compiler:
 the first call (compile included; every compiler's disk cache is a fresh directory of this
 process, so the first row of each kind is cold), then steps timed in ROUNDS rounds alternating
 the compilers, the fastest step reported: on the shared 2-core development machine other work
@@ -118,49 +119,63 @@ def hf(kind):
         model = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=8000, n_embd=256, n_layer=4, n_head=4, n_positions=256,
                                                use_cache=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
     ids = torch.randint(0, 8000, (8, 128), generator=torch.Generator().manual_seed(0))
-    return model.eval(), ids
+    return model.eval(), (ids,)
 
 
 def rows(bf16):
+    """name -> build(): (function or module, inputs, train, autocast dtype or None), fp32 rows then bf16
+    rows where the CPU has bf16 instructions (inference in bf16, training under bf16 autocast)."""
     g = torch.Generator().manual_seed(0)
     out = {}
     dtypes = [("fp32", torch.float32)] + ([("bf16", torch.bfloat16)] if bf16 else [])
     for tag, dt in dtypes:
         x = torch.randn(N, D, generator=g).to(dt)
         w, b = torch.randn(D, generator=g).to(dt), torch.randn(D, generator=g).to(dt)
-        out[f"gelu {N}x{D} {tag}"] = lambda x=x: (gelu, (x,), False)
-        out[f"softmax {N}x{D} {tag}"] = lambda x=x: (softmax, (x,), False)
-        out[f"layer norm {N}x{D} {tag}"] = lambda x=x, w=w, b=b: (layer_norm, (x, w, b), False)
+        out[f"gelu {N}x{D} {tag}"] = lambda x=x: (gelu, (x,), False, None)
+        out[f"softmax {N}x{D} {tag}"] = lambda x=x: (softmax, (x,), False, None)
+        out[f"layer norm {N}x{D} {tag}"] = lambda x=x, w=w, b=b: (layer_norm, (x, w, b), False, None)
+    for tag, dt in dtypes:
+        # the fp32 rows' names as before this table had bf16 model rows (earlier results compare)
+        name = (lambda n: n) if dt == torch.float32 else (lambda n: f"{n} bf16")
 
-    def mlp(train):
-        torch.manual_seed(0)
-        block = MLPBlock()
-        x = torch.randn(8, 512 if not train else 256, 1024)
-        return block.train(train), (x,), train
-    out["MLP block inference 8x512x1024"] = lambda: mlp(False)
-    out["MLP block training step 8x256x1024"] = lambda: mlp(True)
-    out["BERT encoder 4 layers 8x128"] = lambda: (*[(m, (ids,)) for m, ids in [hf("bert")]][0], False)
-    out["GPT-2 decoder 4 layers 8x128"] = lambda: (*[(m, (ids,)) for m, ids in [hf("gpt2")]][0], False)
+        def infer(build, dt=dt):
+            model, inputs = build()
+            inputs = tuple(t.to(dt) if t.is_floating_point() else t for t in inputs)
+            return model.to(dt), inputs, False, None
 
-    def decode():  # one token of a gpt-fast-style Llama (bench/decode_models.py), its KV cache 320 positions
-        from decode_models import build_decoder, config, decode_one
-        torch.manual_seed(0)
+        def mlp_train(dt=dt):
+            torch.manual_seed(0)
+            return MLPBlock().train(), (torch.randn(8, 256, 1024),), True, dt if dt != torch.float32 else None
 
-        class Step(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.model = build_decoder(config("llama1b", quick=True), 1, 320, torch.float32, "cpu")
+        def mlp():
+            torch.manual_seed(0)
+            return MLPBlock().eval(), (torch.randn(8, 512, 1024),)
 
-            def forward(self, token, pos):
-                return decode_one(self.model, token, pos)
-        return Step(), (torch.zeros(1, 1, dtype=torch.long), torch.tensor([100])), False
-    out["Llama decode step 512x4 layers, 1 token"] = decode
-
-    def cnn():
-        torch.manual_seed(0)
-        return resnet18().eval(), (torch.randn(8, 3, 224, 224),), False
-    out["ResNet-18 8x3x224x224"] = cnn
+        def cnn():
+            torch.manual_seed(0)
+            return resnet18().eval(), (torch.randn(8, 3, 224, 224),)
+        out[name("MLP block inference 8x512x1024")] = lambda infer=infer: infer(mlp)
+        out[name("MLP block training step 8x256x1024")] = mlp_train
+        out[name("BERT encoder 4 layers 8x128")] = lambda infer=infer: infer(lambda: hf("bert"))
+        out[name("GPT-2 decoder 4 layers 8x128")] = lambda infer=infer: infer(lambda: hf("gpt2"))
+        out[name("Llama decode step 512x4 layers, 1 token")] = lambda dt=dt: (*decode(dt), False, None)
+        out[name("ResNet-18 8x3x224x224")] = lambda infer=infer: infer(cnn)
     return out
+
+
+def decode(dtype):
+    """One token of a gpt-fast-style Llama (bench/decode_models.py), its KV cache 320 positions."""
+    from decode_models import build_decoder, config, decode_one
+    torch.manual_seed(0)
+
+    class Step(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = build_decoder(config("llama1b", quick=True), 1, 320, dtype, "cpu")
+
+        def forward(self, token, pos):
+            return decode_one(self.model, token, pos)
+    return Step(), (torch.zeros(1, 1, dtype=torch.long), torch.tensor([100]))
 
 
 def first_tensor(v):
@@ -173,7 +188,7 @@ def first_tensor(v):
     raise TypeError(type(v))
 
 
-def make_call(compiler, fn, inputs, train):
+def make_call(compiler, fn, inputs, train, amp=None):
     if compiler == "eager":
         compiled = fn
     elif compiler == "inductor":
@@ -188,7 +203,8 @@ def make_call(compiler, fn, inputs, train):
     opt = torch.optim.SGD(fn.parameters(), lr=1e-3)
 
     def step():
-        out = compiled(*inputs)
+        with torch.autocast("cpu", dtype=amp or torch.bfloat16, enabled=amp is not None):
+            out = compiled(*inputs)
         out.float().square().mean().backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -210,13 +226,13 @@ def time_calls(call, budget_s=1.0, least=3):
 
 def measure(name, build):
     import copy
-    fn, inputs, train = build()
+    fn, inputs, train, amp = build()
     calls, first, errors = {}, {}, {}
     want = None
     for c in COMPILERS:
         # each compiler its own copy of the model: training steps change the weights
         model = copy.deepcopy(fn) if isinstance(fn, nn.Module) else fn
-        call = make_call(c, model, inputs, train)
+        call = make_call(c, model, inputs, train, amp)
         t = time.perf_counter()
         got = first_tensor(call())
         first[c] = time.perf_counter() - t
