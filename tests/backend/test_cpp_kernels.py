@@ -158,6 +158,19 @@ def test_softmax_computes_each_exponential_once(dtype):
     assert torch.equal(got, want) if dtype == torch.bfloat16 else torch.allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
+def test_a_row_cache_keeps_its_values_dtype():
+    """float64 values kept in a row cache are stored as doubles: a float array rounded them, and
+    an amax's gradient, which compares each cached value with the max, found no maximum and
+    divided by a count of zero (a random program's NaN gradients)."""
+    x = torch.randn(64, 512, dtype=torch.float64)
+    cg, (got,) = run(lambda x: (manual_softmax(x),), x)
+    (kernel,) = cg.kernels
+    assert "double row0[" in kernel.source
+    torch.testing.assert_close(got, manual_softmax(x), rtol=1e-14, atol=1e-15)
+    check(lambda y: (torch.tanh(y) / (y * y + 1), torch.tanh(y).amax(0, keepdim=True)),
+          torch.randn(4, 6, dtype=torch.float64))
+
+
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_a_padded_pool_runs_its_interior_without_masks(channels_last):
     """A max pool with padding: where every mask holds (checked at both ends of the inner loop's

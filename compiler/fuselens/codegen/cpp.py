@@ -48,7 +48,8 @@ DEFINITION = re.compile(r"^[\w:]+ (tmp\d+) = ")
 PARALLEL_MIN_ELEMENTS = 1 << 15
 # at most this many columns in a thread's tile of a column reduction (its accumulators stay in L1)
 COLUMN_TILE = 256
-# at most this many elements in a row cache array (cpp_expressions.py; on the thread's stack)
+# at most this many elements in a row cache array (cpp_expressions.py; on the thread's stack: 64
+# KiB of floats, 128 of doubles)
 ROW_CACHE_MAX = 16384
 # the most elements of a row a float sum's lanes add before their sum goes into the double
 # accumulator (a lane of 16 adds at most 64; a double in the loop halves the lanes and converts
@@ -97,7 +98,7 @@ class CppKernelWriter(CppExpressions):
         self.split_rows = kernel.is_reduction and self.xnumel < 2 * threads and \
             self.xnumel * self.rnumel >= PARALLEL_MIN_ELEMENTS
         self.row_loops = 0
-        self.to_cache = []  # keys of the values the row cache keeps (a second generation's)
+        self.to_cache = []  # (key, C type) of the values the row cache keeps (a second generation's)
         self.interior = None  # (lo, hi) of interior loops (a second generation's: interior_split)
         # a kernel writing into a graph input at positions read from a tensor (a scatter, pointwise
         # kernels only) returns whether one was out of range (not stored): the launch raises, and the
@@ -383,9 +384,9 @@ class CppKernelWriter(CppExpressions):
                 self.pointwise_stores()
             return
         with self.loop_nest(self.x_dims, parallel=not self.split_rows, simd=False):
-            for key in self.to_cache:
+            for key, c_type in self.to_cache:
                 self.cached[key] = f"row{len(self.cached)}"
-                self.emit(f"float {self.cached[key]}[{self.rnumel}];")
+                self.emit(f"{c_type} {self.cached[key]}[{self.rnumel}];")
             # domain values to store that read no per-row value ride in the first reduction's loop
             # (each element computed once); the others, in loops between the row values they read
             row_values = {b.name for b in self.kernel.nodes if self.is_row_value(b)}

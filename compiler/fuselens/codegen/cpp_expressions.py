@@ -108,6 +108,7 @@ class CppExpressions(KernelExpressions):
         self.key_ids: dict[str, int] = {}
         self.heavy: set[str] = set()  # temporaries of heavy calls (or their bf16 rounding)
         self.heavy_loops: dict[str, set] = {}  # key of a heavy value -> the row loops computing it
+        self.heavy_types: dict[str, str] = {}  # key of a heavy value -> its C type (a row cache array's)
         self.row_loop = None  # (loop variable, number) of the loop over a row the body is in
         self.cached: dict[str, str] = {}  # key -> its row cache array
         self.cache_filled: set[str] = set()
@@ -142,7 +143,7 @@ class CppExpressions(KernelExpressions):
         deps = frozenset().union(*(self.deps.get(n, {n}) for n in names))
         self.deps[name] = deps
         key = self.key_of(name, text)
-        cache = self.row_cache(name, text, key, deps)
+        cache = self.row_cache(name, text, key, deps, C_TYPES[dtype])
         if cache is not None:
             if key in self.cache_filled:
                 text = f"{cache}[{self.row_loop[0]}]"  # (as wild as the value stored, which `name` is)
@@ -179,24 +180,25 @@ class CppExpressions(KernelExpressions):
         self.keys[name] = key
         return key
 
-    def row_cache(self, name, text, key, deps):
+    def row_cache(self, name, text, key, deps, c_type):
         """The row cache array of a value computed in a loop over a row (None if not cached);
         records the heavy ones for `cached`: heavy calls and bf16 roundings (five integer
-        operations and the value's own, where a store and a load cost two)."""
+        operations and the value's own, where a store and a load cost two), with their C type."""
         calls = set(CALLS.findall(text))
         if calls & HEAVY_CALLS or text.startswith("fl_round_bf16"):
             self.heavy.add(name)
         if self.row_loop is None or self.row_loop[0] not in deps or name not in self.heavy:
             return None
         self.heavy_loops.setdefault(key, set()).add(self.row_loop[1])
+        self.heavy_types[key] = c_type
         return self.cached.get(key)
 
     def keys_to_cache(self) -> list:
-        """The keys of heavy values computed in more than one loop over a row: a value and not
-        its bf16 rounding, which is cached instead."""
+        """(key, C type) of the heavy values computed in more than one loop over a row: a value
+        and not its bf16 rounding, which is cached instead."""
         again = [k for k, loops in self.heavy_loops.items() if len(loops) > 1]
         rounded = {k for k in again if k.startswith("fl_round_bf16")}
-        return [k for k in again if not any(r.endswith(f"(k{self.key_ids[k]})") for r in rounded)]
+        return [(k, self.heavy_types[k]) for k in again if not any(r.endswith(f"(k{self.key_ids[k]})") for r in rounded)]
 
     def size_text(self, e) -> str:
         """A size: its value, or a kernel argument where it may change between calls (a size of a
