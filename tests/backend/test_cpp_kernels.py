@@ -56,9 +56,16 @@ def masks_as_floats(x, m):
     return (x * m).sum(-1), ((x == x.amax(-1, keepdim=True)).float() * x).sum(-1)
 
 
+def floats_through_ints(x):
+    """Conversions to integers and back (fl_to_int: eager's results out of range, by selections
+    that vectorise)."""
+    return (x * 3).long().float() + (x * 2).int().float() + (x * 2).to(torch.uint8).float()
+
+
 @pytest.mark.parametrize("fn,shapes", [(gelu, [(64, 512)]), (manual_softmax, [(64, 512)]), (erf_times_exp, [(64, 512)]),
                                        (manual_layer_norm, [(64, 512), (512,), (512,)]),
-                                       (masks_as_floats, [(64, 512), lambda: torch.rand(64, 512) > 0.5])])
+                                       (masks_as_floats, [(64, 512), lambda: torch.rand(64, 512) > 0.5]),
+                                       (floats_through_ints, [(64, 512)])])
 def test_kernels_share_rows_among_threads_and_every_inner_loop_vectorises(fn, shapes):
     """Outer loops `omp parallel for` (the domain is worth threads), inner loops `omp simd`, and
     the compiler vectorises every one of them (exp and erf through SLEEF's vector variants)."""
@@ -156,6 +163,20 @@ def test_softmax_computes_each_exponential_once(dtype):
     assert kernel.source.count(exps[0]) == 1 and exps[1] not in kernel.source and "row0[r1] = " in kernel.source
     want = manual_softmax(x)
     assert torch.equal(got, want) if dtype == torch.bfloat16 else torch.allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("source", [torch.float32, torch.float64])
+def test_floats_converted_to_integers_equal_eagers_out_of_range(source):
+    """NaN, infinities and values beyond the integer type convert as eager's do (a C++ cast is
+    undefined there: gcc folded float(int64_t(x)) into a truncation that kept NaN), to every
+    integer dtype, in and out of a round trip."""
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e20, -1e20, 3e9, -3e9, 40000.0, 300.0,
+                      255.9, 256.0, -129.0, -5.0, -0.7, 0.7, 70000.5], dtype=source).repeat(4)
+    for dtype in (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64):
+        f = lambda x: (x.to(dtype), x.to(dtype).to(source) * 2)  # noqa: E731
+        _, got = run(f, x)
+        for g, w in zip(got, f(x)):
+            assert torch.equal(g, w), (dtype, g, w)
 
 
 def test_a_row_cache_keeps_its_values_dtype():

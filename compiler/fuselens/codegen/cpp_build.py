@@ -66,6 +66,27 @@ static inline uint16_t fl_to_bf16(float x) { return uint16_t(fl_bits(fl_round_bf
 // a float already a bf16 value (rounded): its upper half
 static inline uint16_t fl_bf16_bits(float x) { return uint16_t(fl_bits(x) >> 16); }
 static inline float fl_round_f16(float x) { return float(_Float16(x)); }
+// float -> integer as eager converts (a C++ cast is undefined out of range, and gcc folds
+// float(int64_t(x)) into a truncation that keeps NaN): NaN and values out of range are
+// x86-64's "integer indefinite" (the minimum), where AArch64 saturates (NaN 0); types narrower
+// than 32 bits go through int32 and wrap, uint32 through int64, as static_cast compiles
+#if defined(__x86_64__) || defined(__i386__)
+#define FL_CVT_SATURATES 0
+#else
+#define FL_CVT_SATURATES 1
+#endif
+template <class I, class F> static inline I fl_to_int(F x) {
+    using W = std::conditional_t<(sizeof(I) == 8 || std::is_same_v<I, uint32_t>), int64_t, int32_t>;
+    constexpr F lo = -F(uint64_t(1) << (8 * sizeof(W) - 1)), hi = -lo;  // (exact in float)
+    // selections by bit masks, without `&&` or `?:`, which leave the loop unvectorised
+    W in_range = -W((x >= lo) & (x < hi)), w = W(fl_where(bool(in_range), x, F(0)));
+    W out_of_range = std::numeric_limits<W>::min();
+    if constexpr (FL_CVT_SATURATES) {
+        W nan = -W(x != x), high = -W(x >= hi);
+        out_of_range = (std::numeric_limits<W>::max() & high) | (std::numeric_limits<W>::min() & ~high & ~nan);
+    }
+    return I((w & in_range) | (out_of_range & ~in_range));
+}
 
 // Float math as eager computes it on the CPU: ATen's vectorised kernels call SLEEF, which libtorch
 // exports; each function below is declared `omp declare simd`, its vector variants (x86-64's vector

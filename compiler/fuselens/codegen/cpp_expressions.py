@@ -309,6 +309,8 @@ class CppExpressions(KernelExpressions):
             # ("type conversion to/from bit-precision unsupported"), a sum over its values then
             # adding in one lane
             return f"{C_TYPES[dtype]}(int32_t({v}))"
+        if isinstance(v, CV) and v.dtype.is_floating_point and not dtype.is_floating_point and dtype != torch.bool:
+            return f"fl_to_int<{C_TYPES[dtype]}>({v})"
         return f"{C_TYPES[dtype]}({v})"
 
     def select(self, cond, value, other):
