@@ -380,6 +380,23 @@ def test_adaptive_avg_pool2d_is_a_mean_where_windows_tile_the_input(shape, size,
     assert ("adaptive_avg_pool2d" not in "".join(entry.wrappers)) == kernel
 
 
+EXTREMES = {"max()": lambda x: x.max(), "min()": lambda x: x.min(), "amax()": lambda x: x.amax(),
+            "amin(1)": lambda x: x.amin(1), "amax((0, 1))": lambda x: x.amax((0, 1)),
+            "max(1)": lambda x: x.max(1)[0], "min(0)": lambda x: x.min(0)[0]}
+
+
+@pytest.mark.parametrize("name", EXTREMES)
+@pytest.mark.parametrize("values", ["ties", "nan"])
+def test_the_gradients_of_extremes_are_eagers_with_ties_and_nan(name, values):
+    """Each spelling's gradient goes where ATen's does: max() and min() share it among the elements
+    equal to the extreme, or among the NaNs where it is NaN (was NaN everywhere, as amax's);
+    amax/amin among ties (NaN everywhere where NaN is the extreme); max/min over a dim to the index."""
+    x = torch.randint(-2, 3, (5, 6), generator=torch.Generator().manual_seed(0)).float().to(DEVICE)
+    if values == "nan":
+        x.view(-1)[3::7] = float("nan")
+    check(lambda x: EXTREMES[name](x) * 2, x)
+
+
 POOLINGS = [((2, 3, 9, 9), (3, 2, 1), {}), ((2, 3, 8, 7), (2,), {"ceil_mode": True}), ((3, 9, 9), (3,), {"dilation": 2}),
             ((2, 3, 9, 9), ((3, 2),), {"stride": (2, 1), "padding": (1, 0)})]
 

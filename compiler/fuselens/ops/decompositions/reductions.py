@@ -54,7 +54,15 @@ def _max_min(p_reduce, p_binary, p_arg):
         if isinstance(dim, TVal):
             return p_binary(x, dim)
         if dim is None:
-            return p_reduce(x, None, False)
+            values = p_reduce(x, None, False)
+            if not x.dtype.is_floating_point:
+                return values
+            # as ATen's (evenly_distribute_backward): the gradient shared by the elements equal to
+            # the extreme, or by the NaNs where it is NaN (amax's `x == out` has none: NaN for all)
+            nan = P.ne(values, values)
+            hit = P.where(nan, P.ne(x, x), P.eq(x, values))
+            picked = P.div(P.sum(P.where(hit, x, 0.0)), P.sum(P.cast(hit, x.dtype)))
+            return emit(prim.with_value, picked, P.cast(values, picked.dtype))
         index = _index_of_extreme(p_reduce, p_arg)(x, dim, keepdim)
         values = p_reduce(x, dim, keepdim)
         if not x.dtype.is_floating_point or x.ndim == 0:
