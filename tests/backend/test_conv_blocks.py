@@ -331,3 +331,32 @@ def test_a_dim_of_size_one_may_have_any_stride():
     v = ensure_layout(u, (4, 8, 2, 1), (16, 1, 8, 8))
     assert v is not u and v.stride() == (16, 1, 8, 8) and torch.equal(v, u)
     assert layout_key([u]) != layout_key([v])
+
+
+def test_a_batch_of_one_stored_channels_last_reaches_aten_as_channels_last(monkeypatch):
+    """A value stored in a permuted order has its size-1 dims outermost, with the stride ATen's
+    dense layouts give them: ATen picks a convolution's layout from its operand's strides (c10's
+    suggest_memory_format counts a batch of one's), and a channels-last input whose batch dim had
+    stride 1 (stored innermost) looked contiguous, so oneDNN copied it to NCHW first (SegFormer's
+    decode head at batch 1: 33.8 of its 187 ms on a CPU)."""
+    from torch._prims_common import suggest_memory_format
+    from torch.utils._python_dispatch import TorchDispatchMode
+    monkeypatch.setenv("FUSELENS_CONV_LAYOUT", "channels_last")
+    f = lambda a, b, w: F.conv2d(torch.cat([a.relu(), b], 1), w)  # noqa: E731
+    g = torch.Generator().manual_seed(0)
+    a, b, w = (torch.randn(*s, generator=g).to(DEVICE) for s in ((1, 8, 6, 6), (1, 8, 6, 6), (4, 16, 1, 1)))
+    cf, seen = fuselens.compile(f), []
+
+    class Convolutions(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.convolution.default:
+                seen.append(args[0])
+            return func(*args, **(kwargs or {}))
+    with torch.no_grad():
+        want = f(a, b, w)
+        cf(a, b, w)  # (compiled outside the mode)
+        with Convolutions():
+            got = cf(a, b, w)
+    torch.testing.assert_close(got, want)
+    (x,) = seen
+    assert x.is_contiguous(memory_format=torch.channels_last) and suggest_memory_format(x) == torch.channels_last

@@ -207,10 +207,12 @@ def _column_order(x, dims) -> list | None:
 
 
 def in_order(shape, order):
-    """(`shape` with its dims in `order`, outermost first, and the size-1 dims it leaves out
-    last; the position there of each dim): the domain of a value stored or reduced in memory
-    order, which `viewed_back` shows in its own."""
-    order = list(order) + [d for d in range(len(shape)) if d not in order]
+    """(`shape` with its dims in `order`, outermost first, after the size-1 dims it leaves out;
+    the position there of each dim): the domain of a value stored or reduced in memory order,
+    which `viewed_back` shows in its own. A size-1 dim outermost has the stride ATen's dense
+    layouts give it, which ATen reads to pick a layout: innermost (stride 1), a batch of one
+    stored channels-last looked contiguous to oneDNN's convolution, which copied it first."""
+    order = [d for d in range(len(shape)) if d not in order] + list(order)
     return tuple(shape[d] for d in order), [order.index(d) for d in range(len(shape))]
 
 
@@ -220,8 +222,9 @@ def viewed_back(buf, shape, where) -> View:
 
 
 def strides_in(shape, order) -> tuple:
-    """Dense strides of `shape` laid out in `order` (outermost first; size-1 dims placed innermost)."""
-    order = list(order) + [d for d in range(len(shape)) if d not in order]
+    """Dense strides of `shape` laid out in `order` (outermost first; the dims it leaves out, of
+    size 1, placed outermost: `in_order`)."""
+    order = [d for d in range(len(shape)) if d not in order] + list(order)
     stride, acc = [0] * len(shape), 1
     for d in reversed(order):
         stride[d] = acc
