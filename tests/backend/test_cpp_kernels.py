@@ -179,6 +179,17 @@ def test_floats_converted_to_integers_equal_eagers_out_of_range(source):
             assert torch.equal(g, w), (dtype, g, w)
 
 
+def test_a_sum_along_memory_rows_of_a_transposed_value_is_a_row_reduction():
+    """A reduction whose kept dim is innermost in the kernel but strided in memory (the bias
+    gradient of a transposed operand) reads each row in order, not column tiles that gather every
+    element (gcc took 23 s to compile one such kernel of SegFormer's backward)."""
+    g = torch.randn(256, 1024).bfloat16()
+    cg, (got,) = run(lambda g: ((g.t() * 2).sum(0),), g)
+    (kernel,) = cg.kernels
+    assert "acc0[" not in kernel.source and "reduction(+:acc0_part)" in kernel.source
+    assert torch.equal(got, (g.t() * 2).sum(0))
+
+
 def test_a_row_cache_keeps_its_values_dtype():
     """float64 values kept in a row cache are stored as doubles: a float array rounded them, and
     an amax's gradient, which compares each cached value with the max, found no maximum and

@@ -99,6 +99,7 @@ class CppKernelWriter(CppExpressions):
             self.xnumel * self.rnumel >= PARALLEL_MIN_ELEMENTS
         self.row_loops = 0
         self.to_cache = []  # (key, C type) of the values the row cache keeps (a second generation's)
+        self.columns = True  # whether a column reduction may be (a second generation's: columns_read_across)
         self.interior = None  # (lo, hi) of interior loops (a second generation's: interior_split)
         # a kernel writing into a graph input at positions read from a tensor (a scatter, pointwise
         # kernels only) returns whether one was out of range (not stored): the launch raises, and the
@@ -317,7 +318,7 @@ class CppKernelWriter(CppExpressions):
         the kernel is not one: its one kept dim innermost, its reductions independent of each other,
         what it stores over the whole domain computed without them (a GeLU's gradient, whose
         column sums are the bias gradient)."""
-        if not self.kernel.is_reduction or len(self.x_dims) != 1 or not self.r_dims or \
+        if not self.columns or not self.kernel.is_reduction or len(self.x_dims) != 1 or not self.r_dims or \
                 max(self.r_dims) > self.x_dims[0] or not self.static_shape or self.rnumel < 16:
             return None
         reductions = [n for n in self.kernel.nodes if n.kind == "reduction"]
@@ -327,6 +328,21 @@ class CppKernelWriter(CppExpressions):
             return None
         per_thread = -(-self.xnumel // self.threads)
         return min(COLUMN_TILE, max(16, -(-per_thread // 16) * 16))
+
+    def columns_read_across(self) -> bool:
+        """Whether this generation's column reduction loads an input that is contiguous along the
+        rows and strided along the columns (the bias gradient of a transposed operand): walking
+        it a row at a time gathers each element from another row of memory, and gcc took 23 s on
+        one such kernel (SegFormer's backward); the row reduction reads it in order."""
+        if self.column_tile() is None:
+            return False
+        column, rows = self.var(self.x_dims[0]), {self.var(d) for d in self.r_dims}
+        for sites in self.load_sites.values():
+            for index, _, _ in sites:
+                steps = {v.name: index.diff(v) for v in index.free_symbols if v.name == column or v.name in rows}
+                if steps.get(column, 0) != 1 and any(steps.get(r) == 1 for r in rows):
+                    return True
+        return False
 
     def domain_stores(self):
         """The nodes stored over the kernel's whole domain (not per row)."""
@@ -535,12 +551,18 @@ class CppKernelWriter(CppExpressions):
 
 
 def generate_cpp_kernel(kernel: FusedKernel, index: int, sizevars, dynamic_values, threads):
-    """(name, C++ source of the kernel's function, its writer)."""
-    writer = CppKernelWriter(kernel, index, sizevars, dynamic_values, threads)
-    name, source = writer.generate()
-    to_cache, interior = writer.keys_to_cache(), writer.interior_split()
-    if to_cache or interior:  # generated again, with what the first generation found
+    """(name, C++ source of the kernel's function, its writer): generated again with what a
+    generation found (first whether a column reduction reads across its rows, which makes it a row
+    reduction; then the values for a row cache and an interior range)."""
+    def generation(columns=True, to_cache=(), interior=None):
         writer = CppKernelWriter(kernel, index, sizevars, dynamic_values, threads)
-        writer.to_cache, writer.interior = to_cache, interior
-        name, source = writer.generate()
+        writer.columns, writer.to_cache, writer.interior = columns, list(to_cache), interior
+        return (*writer.generate(), writer)
+    name, source, writer = generation()
+    columns = not writer.columns_read_across()
+    if not columns:
+        name, source, writer = generation(columns=False)
+    to_cache, interior = writer.keys_to_cache(), writer.interior_split()
+    if to_cache or interior:
+        name, source, writer = generation(columns, to_cache, interior)
     return name, source, writer
