@@ -190,6 +190,17 @@ def test_a_sum_along_memory_rows_of_a_transposed_value_is_a_row_reduction():
     assert torch.equal(got, (g.t() * 2).sum(0))
 
 
+def test_a_channels_last_batch_norms_backward_walks_memory_in_order():
+    """Its input gradient reads the channels' sums: the column reduction (channels innermost,
+    vectorised) keeps them in arrays of its tile and walks the rows again to store it. It was a
+    thread per channel striding across the rows: 20 ms of MobileViT's step for one layer, 2.6 now."""
+    x = torch.randn(2, 64, 24, 24).contiguous(memory_format=torch.channels_last)
+    w, b = torch.rand(64) + 0.5, torch.randn(64)
+    cg = check(lambda x, w, b: torch.nn.functional.silu(torch.nn.functional.batch_norm(x, None, None, w, b, True)),
+               x, w, b)
+    assert any("col0[" in k.source and "acc0[" in k.source for k in cg.kernels)
+
+
 def test_a_row_cache_keeps_its_values_dtype():
     """float64 values kept in a row cache are stored as doubles: a float array rounded them, and
     an amax's gradient, which compares each cached value with the max, found no maximum and

@@ -38,6 +38,7 @@ import torch
 from ..lower.ir import compute_dtype, use_handler
 from ..schedule.fusion import FusedKernel, moved_row_vars, row_shapes, store_index
 from .cpp_expressions import C_TYPES, TEMPORARY, CppExpressions, HoistPoint, input_pointee, literal
+from .kernel_expressions import CV
 from . import cpp_vml
 from .cpp_tables import tabulate
 
@@ -315,16 +316,14 @@ class CppKernelWriter(CppExpressions):
 
     def column_tile(self):
         """Columns a thread reduces at once in a column reduction (`column_body`), or None where
-        the kernel is not one: its one kept dim innermost, its reductions independent of each other,
-        what it stores over the whole domain computed without them (a GeLU's gradient, whose
-        column sums are the bias gradient)."""
+        the kernel is not one: its one kept dim innermost, its reductions independent of each other
+        (a GeLU's gradient, whose column sums are the bias gradient; a channels-last batch norm's
+        backward, whose input gradient reads the channels' sums)."""
         if not self.columns or not self.kernel.is_reduction or len(self.x_dims) != 1 or not self.r_dims or \
                 max(self.r_dims) > self.x_dims[0] or not self.static_shape or self.rnumel < 16:
             return None
         reductions = [n for n in self.kernel.nodes if n.kind == "reduction"]
-        row_values = {n.name for n in self.kernel.nodes if self.is_row_value(n)}
-        if self._independent_run(reductions[0]) != reductions or \
-                any(self._reads_any(n, row_values) for n in self.domain_stores()):
+        if self._independent_run(reductions[0]) != reductions:
             return None
         per_thread = -(-self.xnumel // self.threads)
         return min(COLUMN_TILE, max(16, -(-per_thread // 16) * 16))
@@ -351,34 +350,53 @@ class CppKernelWriter(CppExpressions):
     def column_body(self, tile):
         """A column reduction: threads share tiles of `tile` columns; each walks the rows with an
         accumulator per column, the columns innermost (contiguous, vectorised), storing what is over
-        the whole domain as it goes, then computes and stores the columns' values."""
+        the whole domain and reads no column value as it goes, then computes and stores the columns'
+        values (kept in an array of the tile where the other domain values read them), then walks
+        the rows again to store those."""
         d = self.x_dims[0]
         v, size = self.var(d), self.kernel.shape[d]
         reductions = [n for n in self.kernel.nodes if n.kind == "reduction"]
+        row_values = [n for n in self.kernel.nodes if self.is_row_value(n)]
+        names = {n.name for n in row_values}
+        later = [n for n in self.domain_stores() if self._reads_any(n, names)]
         parallel = self.xnumel * self.rnumel >= PARALLEL_MIN_ELEMENTS and size > tile
         if parallel:
             self.emit("#pragma omp parallel for")
         self.open_block(f"for (int64_t xt = 0; xt < {size}; xt += {tile}) {{")
         self.emit(f"int64_t xe = xt + {tile} < {size} ? xt + {tile} : {size};")
         accs = self.declare_accumulators(reductions, lanes=tile)
+        kept = {}  # row value -> (its array of the tile, compute dtype), for `later`
+        for n in row_values if later else ():
+            kept[n.name] = (f"col{len(kept)}", compute_dtype(n.dtype))
+            self.emit(f"{C_TYPES[kept[n.name][1]]} {kept[n.name][0]}[{tile}];")
         with self.loop_nest(self.r_dims, parallel=False, simd=False):
             self.emit("#pragma omp simd")
             self.open_for(d, hoist=True, start="xt", stop="xe")
             self.accumulate(accs, lane=f"[{v} - xt]")
             for buf in self.domain_stores():
-                self.store(buf, self.inline(buf))
+                if buf not in later:
+                    self.store(buf, self.inline(buf))
             self.close_brace()
         self.open_block(f"for (int64_t {v} = xt; {v} < xe; {v}++) {{")
         self.finish(accs, lane=f"[{v} - xt]")
-        for buf in self.kernel.nodes:
-            if not self.is_row_value(buf):
-                continue
+        for buf in row_values:
             if buf.kind != "reduction":
                 with self.at(buf.loc):
                     self.values[buf.name] = buf.body(self.vars_for(buf))
             if buf.name in self.kernel.stores:
                 self.store(buf, self.values[buf.name])
+            if buf.name in kept:
+                self.emit(f"{kept[buf.name][0]}[{v} - xt] = {self.values[buf.name]};")
         self.close_brace()
+        if later:
+            with self.loop_nest(self.r_dims, parallel=False, simd=False):
+                self.emit("#pragma omp simd")
+                self.open_for(d, hoist=True, start="xt", stop="xe")
+                for name, (array, dtype) in kept.items():
+                    self.values[name] = CV(f"{array}[{v} - xt]", dtype)
+                for buf in later:
+                    self.store(buf, self.inline(buf))
+                self.close_brace()
         self.close_brace()
 
     # --- the kernel's structure -------------------------------------------------------------------
