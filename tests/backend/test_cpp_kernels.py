@@ -201,6 +201,21 @@ def test_a_channels_last_batch_norms_backward_walks_memory_in_order():
     assert any("col0[" in k.source and "acc0[" in k.source for k in cg.kernels)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_transposing_kernel_walks_tiles(dtype):
+    """A pointwise kernel that stores along a dim its loads stride (channels-last to NCHW, `.t()`
+    then contiguous, at sizes that leave a partial tile) walks tiles of both dims, so each line it
+    reads is used whole (a 16M-element copy of SegFormer's backward took 209 ms, 12 ns an element);
+    results equal eager's."""
+    x = torch.randn(2, 48, 40, 40).to(dtype).contiguous(memory_format=torch.channels_last)
+    y = torch.randn(70, 100).to(dtype)
+    for f, a in ((lambda x: (x * 2).contiguous(), x), (lambda y: y.t().contiguous() + 1, y)):
+        cg, (got,) = run(lambda a: (f(a),), a)
+        (kernel,) = cg.kernels
+        assert "t += 32) {" in kernel.source
+        assert torch.equal(got, f(a)) and got.stride() == f(a).stride()
+
+
 def test_a_row_cache_keeps_its_values_dtype():
     """float64 values kept in a row cache are stored as doubles: a float array rounded them, and
     an amax's gradient, which compares each cached value with the max, found no maximum and
