@@ -342,7 +342,7 @@ class CppKernelWriter(CppExpressions):
         column, rows = self.var(self.x_dims[0]), {self.var(d) for d in self.r_dims}
         for sites in self.load_sites.values():
             for index, _, _ in sites:
-                steps = {v.name: index.diff(v) for v in index.free_symbols if v.name == column or v.name in rows}
+                steps = loop_steps(index)
                 if steps.get(column, 0) != 1 and any(steps.get(r) == 1 for r in rows):
                     return True
         return False
@@ -466,15 +466,12 @@ class CppKernelWriter(CppExpressions):
         if self.kernel.is_reduction or len(self.x_dims) < 2 or not self.static_shape:
             return None
         inner, names = self.var(self.x_dims[-1]), {self.var(d): d for d in self.x_dims[:-1]}
-
-        def steps(index):
-            return {v.name: index.diff(v) for v in index.free_symbols if v.name == inner or v.name in names}
-        if any(steps(index).get(inner) != 1 for sites in self.store_sites.values() for index, _, _ in sites):
+        if any(loop_steps(index).get(inner) != 1 for sites in self.store_sites.values() for index, _, _ in sites):
             return None
         for sites in self.load_sites.values():
             for index, _, _ in sites:
-                step = steps(index)
-                if step.get(inner, 0) != 1 and step.get(inner, 0) != 0:
+                step = loop_steps(index)
+                if step.get(inner, 0) not in (0, 1):
                     d = next((names[v] for v, k in step.items() if k == 1 and v in names), None)
                     if d is not None and min(self.kernel.shape[d], self.kernel.shape[self.x_dims[-1]]) >= TRANSPOSE_TILE:
                         return d
@@ -618,10 +615,16 @@ class CppKernelWriter(CppExpressions):
         return name, "".join(tables) + "\n".join([header, *body, "}"]) + "\n"
 
 
+def loop_steps(index) -> dict:
+    """Loop variable name -> how far `index` (a load's or store's site) moves when it steps by one."""
+    return {v.name: index.diff(v) for v in index.free_symbols if v.name[0] in "xr"}
+
+
 def generate_cpp_kernel(kernel: FusedKernel, index: int, sizevars, dynamic_values, threads):
     """(name, C++ source of the kernel's function, its writer): generated again with what a
-    generation found (first whether a column reduction reads across its rows, which makes it a row
-    reduction; then the values for a row cache and an interior range)."""
+    generation's loads show (a column reduction reading across its rows, which makes it a row
+    reduction; a pointwise kernel that transposes), then with the values for a row cache and an
+    interior range."""
     def generation(columns=True, transpose=None, to_cache=(), interior=None):
         writer = CppKernelWriter(kernel, index, sizevars, dynamic_values, threads)
         writer.columns, writer.transpose, writer.to_cache, writer.interior = columns, transpose, list(to_cache), interior

@@ -224,12 +224,9 @@ def viewed_back(buf, shape, where) -> View:
 def strides_in(shape, order) -> tuple:
     """Dense strides of `shape` laid out in `order` (outermost first; the dims it leaves out, of
     size 1, placed outermost: `in_order`)."""
-    order = [d for d in range(len(shape)) if d not in order] + list(order)
-    stride, acc = [0] * len(shape), 1
-    for d in reversed(order):
-        stride[d] = acc
-        acc *= shape[d]
-    return tuple(stride)
+    shape_in, where = in_order(shape, order)
+    stride = contiguous_strides(shape_in)
+    return tuple(stride[k] for k in where)
 
 
 def broadcast_index(idx, out_shape, in_shape):
