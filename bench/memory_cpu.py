@@ -1,9 +1,11 @@
 """Peak memory of a training step on the CPU (issue 41): eager vs fuselens vs torch.compile
 (Inductor's C++ backend), on small versions of the suite's training rows whose fuselens peak was
-above Inductor's on the H200 (bench/suite.py: unet_ddpm_gn, timm_resnet50_gn, swin_tiny, t5_small).
+above Inductor's on the H200 (bench/suite.py: unet_ddpm_gn, timm_resnet50_gn, swin_tiny, t5_small),
+or any training row of bench/suite.py at a small batch.
 
     PYTHONPATH=compiler python bench/memory_cpu.py [--only unet,gn_resnet] [--dtype fp32,bf16]
                                                    [--compilers eager,fuselens,inductor] [--where]
+    PYTHONPATH=compiler python bench/memory_cpu.py --only bert_base,gpt2 --batch 1 --dtype bf16
 
 A step is bench/suite.py's (zero_grad(set_to_none), forward under the model's autocast, backward,
 SGD step). Its peak is read from the profiler's CPU allocator events (profile_memory=True): the
@@ -33,8 +35,9 @@ from torch._C._profiler import _EventType  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import fuselens  # noqa: E402
 from models import no_dropout, no_dropout_config  # noqa: E402
+import suite  # noqa: E402
 from suite import Autocast, Step  # noqa: E402
-from suite_models import UNet  # noqa: E402
+from suite_models import MODELS as SUITE, UNet  # noqa: E402
 
 
 class Bottleneck(nn.Module):
@@ -138,11 +141,14 @@ def peak(call):
     return top, where
 
 
-def step_of(name, dtype, compiler):
-    torch.manual_seed(0)
-    model, args, kwargs = MODELS[name]()
-    no_dropout(model)
-    model = Autocast(model.train(), "cpu")
+def step_of(name, dtype, compiler, batch):
+    if name in MODELS:
+        torch.manual_seed(0)
+        model, args, kwargs = MODELS[name]()
+        no_dropout(model)
+        model = Autocast(model.train(), "cpu")
+    else:  # a row of bench/suite.py, at `batch`
+        model, args, kwargs = suite.build(name, "train", dtype, "cpu", batch)
     model.enabled = dtype == "bf16"
     if compiler == "fuselens":
         model = fuselens.compile(model)
@@ -158,7 +164,11 @@ def main():
     ap.add_argument("--dtype", default="fp32,bf16")
     ap.add_argument("--compilers", default="eager,fuselens,inductor")
     ap.add_argument("--where", action="store_true")
+    ap.add_argument("--batch", type=int, default=1, help="the batch of bench/suite.py's rows named in --only")
     a = ap.parse_args()
+    unknown = [n for n in a.only.split(",") if n not in MODELS and n not in SUITE]
+    if unknown:
+        sys.exit(f"memory_cpu: no model named {', '.join(unknown)} (here: {', '.join(MODELS)}; or a row of bench/suite.py)")
     compilers = a.compilers.split(",")
     print(f"{'model':<12}{'dtype':<6}" + "".join(f"{c + ' MB':>14}" for c in compilers) +
           ("   fuselens/inductor" if {"fuselens", "inductor"} <= set(compilers) else ""))
@@ -166,7 +176,7 @@ def main():
         for dtype in a.dtype.split(","):
             peaks = {}
             for c in compilers:
-                step = step_of(name, dtype, c)
+                step = step_of(name, dtype, c, a.batch)
                 step()  # (compiles)
                 peaks[c] = peak(step)
             line = f"{name:<12}{dtype:<6}" + "".join(f"{peaks[c][0] / 2 ** 20:>14.3f}" for c in compilers)

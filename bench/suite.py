@@ -6,6 +6,7 @@ inference in bf16 (and fp32 for the convolutional networks).
     PYTHONPATH=compiler python bench/suite.py --only t5_small --mode train      # one model
     PYTHONPATH=compiler python bench/suite.py --part 2/6 --json part2.json      # a sixth of the rows
     PYTHONPATH=compiler python bench/suite.py --inductor-from old.json ...      # Inductor's rows reused
+    PYTHONPATH=compiler python bench/suite.py --mode infer --warm-inductor 5 ... # Inductor compiled 5 at a time first
     PYTHONPATH=compiler python bench/suite.py --part 2/6 --json part2.json --resume   # the rows part2.json lacks
     python bench/suite.py --merge part*.json --json bench/results/suite-h200.json
     python bench/suite.py --list
@@ -53,7 +54,7 @@ COMPILERS = ("eager", "fuselens", "inductor")
 TOL = {"bf16": 1e-2, "fp32": 1e-3}
 # the row's keys the Inductor columns are made of (taken whole from an earlier run by --inductor-from)
 INDUCTOR_KEYS = ("inductor_ms", "inductor_first_s", "inductor_peak_mb", "inductor_gpu_ms", "inductor_kernels",
-                 "inductor_ok", "inductor_err", "inductor_rounds_ms")
+                 "inductor_ok", "inductor_err", "inductor_rounds_ms", "inductor_first_warm_s", "inductor_first_parallel")
 
 
 class Autocast(torch.nn.Module):
@@ -270,6 +271,46 @@ def measure(name, mode, dtype, device, compilers, batch=None):
     return row
 
 
+def inductor_first_step(name, mode, dtype, device, batch=None):
+    """Seconds of Inductor's cold first step of one row (its compile): what --warm-inductor's
+    processes run, filling the disk caches that the row's timed run then reads."""
+    model, args, kwargs = build(name, mode, dtype, device, batch)
+    step = Step(torch.compile(model), mode, args, kwargs)
+    t = time.perf_counter()
+    step.checked()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return round(time.perf_counter() - t, 3)
+
+
+def warm_inductor(keys, procs, a):
+    """{row: Inductor's cold first-step seconds}, compiled in `procs` processes at once before the
+    rows are timed one by one: Inductor's compile is most of a row's time, and from its disk
+    caches (the same directory: `empty_disk_caches`) the timed run compiles the row again in a
+    fraction of it. The kernel configurations that Inductor's first runs autotuned on a GPU shared
+    by the other processes are deleted, so the timed run tunes them alone. The seconds were
+    measured beside `procs - 1` other compiles: the summary keeps them apart (`inductor_first_parallel`)."""
+    import concurrent.futures
+    import subprocess
+
+    def one(key):
+        cmd = [sys.executable, __file__, "--warm-row", ":".join(key), "--device", a.device] + \
+            (["--batch", str(a.batch)] if a.batch else [])
+        # (each process's compile pool sized to its share of the cores)
+        env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS=str(max(1, (os.cpu_count() or 2) // procs)))
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        last = (p.stdout.strip().splitlines() or [""])[-1]
+        return key, float(last) if p.returncode == 0 and last.replace(".", "", 1).isdigit() else None
+
+    with concurrent.futures.ThreadPoolExecutor(procs) as pool:
+        firsts = dict(pool.map(one, keys))
+    for f in pathlib.Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).rglob("*.best_config"):
+        f.unlink()
+    print(f"[suite] Inductor compiled {sum(v is not None for v in firsts.values())} of {len(keys)} rows in "
+          f"{procs} processes", flush=True)
+    return firsts
+
+
 def rows_of(a):
     """The (model, mode, dtype) rows selected by --only, --suite, --mode and --part."""
     names = a.only.split(",") if a.only else list(MODELS)
@@ -323,8 +364,13 @@ def summary(rows):
             "fuselens_speedup_geomean": geomean([r["eager_ms"] / r["fuselens_ms"] for r in timed]),
             "inductor_speedup_geomean": geomean([r["eager_ms"] / r["inductor_ms"] for r in timed]),
             "fuselens_over_inductor_geomean": geomean([r["fuselens_ms"] / r["inductor_ms"] for r in timed]),
+            # (Inductor's cold compiles measured one at a time; those of --warm-inductor, several at once, apart)
             "first_call_fuselens_over_inductor_geomean": geomean(
-                [r["fuselens_first_s"] / r["inductor_first_s"] for r in timed if r.get("inductor_first_s")]),
+                [r["fuselens_first_s"] / r["inductor_first_s"] for r in timed
+                 if r.get("inductor_first_s") and not r.get("inductor_first_parallel")]),
+            "first_call_fuselens_over_inductor_geomean_compiled_in_parallel": geomean(
+                [r["fuselens_first_s"] / r["inductor_first_s"] for r in timed
+                 if r.get("inductor_first_s") and r.get("inductor_first_parallel")]),
             "rows_above_1.03x_inductor": sorted(r["model"] for r in timed if r["fuselens_ms"] > 1.03 * r["inductor_ms"]),
             "rows_slower_than_eager": sorted(r["model"] for r in ran if r["fuselens_ms"] > r["eager_ms"]),
             "rows_peak_above_inductor": sorted(r["model"] for r in timed if mode == "train" and
@@ -378,7 +424,8 @@ def print_table(rows):
               f"(every row); on the {s['rows_with_inductor']} rows with Inductor's: speedup over eager fuselens "
               f"{s['fuselens_speedup_geomean']}, Inductor {s['inductor_speedup_geomean']}; fuselens/Inductor "
               f"{s['fuselens_over_inductor_geomean']}; first call fuselens/Inductor "
-              f"{s['first_call_fuselens_over_inductor_geomean']}; slower than eager: {', '.join(s['rows_slower_than_eager']) or 'none'}")
+              f"{s['first_call_fuselens_over_inductor_geomean']} (Inductor's compiled in parallel: "
+              f"{s['first_call_fuselens_over_inductor_geomean_compiled_in_parallel']}); slower than eager: {', '.join(s['rows_slower_than_eager']) or 'none'}")
 
 
 def main():
@@ -398,8 +445,16 @@ def main():
                     help="keep the rows --json already holds and run only the others (a run cut by a time "
                          "limit, or by a row that left the GPU unusable)")
     ap.add_argument("--merge", nargs="+", help="merge these runs' JSON into --json")
+    ap.add_argument("--warm-inductor", type=int, metavar="N",
+                    help="compile the rows' Inductor steps in N processes at once first (its disk caches then "
+                         "serve the timed rows; their cold first calls are measured N at a time)")
+    ap.add_argument("--warm-row", help=argparse.SUPPRESS)  # (name:mode:dtype: one of --warm-inductor's processes)
     ap.add_argument("--list", action="store_true")
     a = ap.parse_args()
+    if a.warm_row:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        print(inductor_first_step(*a.warm_row.split(":"), a.device, a.batch))
+        return
     if a.list:
         for name, mode, dtype in rows_of(a):
             print(name, mode, dtype, MODELS[name].suite)
@@ -417,10 +472,11 @@ def main():
     rows = json.loads(pathlib.Path(a.json).read_text())["rows"] if a.resume and a.json and \
         pathlib.Path(a.json).exists() else []
     done = {row_key(r) for r in rows}
-    for name, mode, dtype in rows_of(a):
+    todo = [k for k in rows_of(a) if k not in done]
+    warmed = warm_inductor([k for k in todo if k not in reuse], a.warm_inductor, a) \
+        if a.warm_inductor and not a.no_inductor else {}
+    for name, mode, dtype in todo:
         key = (name, mode, dtype)
-        if key in done:
-            continue
         compilers = COMPILERS[:2] if key in reuse or a.no_inductor else COMPILERS
         print(f"[suite] {name} {mode} {dtype}", flush=True)
         t = time.perf_counter()
@@ -432,6 +488,9 @@ def main():
                    # (the first line of a CUDA error; its note names the wrapper line fuselens's run raised at)
                    "why": f"error: {type(e).__name__}: {(str(e).splitlines() or [''])[0]} "
                           f"{' '.join(getattr(e, '__notes__', ()))}"[:800]}
+        if warmed.get(key) and "inductor_first_s" in row:  # (this run's compile read the warm caches)
+            row["inductor_first_warm_s"], row["inductor_first_s"] = row["inductor_first_s"], warmed[key]
+            row["inductor_first_parallel"] = a.warm_inductor
         if key in reuse:
             row.update({k: reuse[key][k] for k in INDUCTOR_KEYS if k in reuse[key]}, inductor_reused=True)
             # Inductor's time is comparable only where eager's is as it was then (a busy GPU or host
