@@ -76,7 +76,7 @@ def _decomposition(target):
         for owner in (torch.Tensor, torch, torch.nn.functional):
             binding = getattr(owner, name, None)
             if binding is not None and binding in DECOMPOSITIONS:
-                return DECOMPOSITIONS[binding]
+                return getattr(DECOMPOSITIONS[binding], "in_schema_order", DECOMPOSITIONS[binding])
     return fn
 
 
