@@ -498,6 +498,32 @@ def test_break_inside_comprehension_over_static_list():
     check(f, X, [X, Y])
 
 
+def _breaks_then_scales(i):
+    d = dict.fromkeys(range(2))  # (a graph break, then more of the callee)
+    return i + len(d)
+
+
+COMPREHENSIONS_OVER_A_BREAKING_CALL = {
+    "list": lambda x: torch.stack([x * _breaks_then_scales(i) for i in range(3)]).sin(),
+    "generator": lambda x: sum(x * _breaks_then_scales(i) for i in range(3)).sin(),
+    "dict": lambda x: torch.stack(list({i: x * _breaks_then_scales(i) for i in range(3)}.values())),
+    "set": lambda x: x * sum({_breaks_then_scales(i) for i in range(3)}),
+    "nested": lambda x: torch.stack([torch.stack([x * _breaks_then_scales(i) * j for j in range(2)])
+                                     for i in range(2)]),
+}
+
+
+@pytest.mark.parametrize("kind", COMPREHENSIONS_OVER_A_BREAKING_CALL)
+def test_a_comprehension_calling_a_function_that_breaks_runs_each_call(kind):
+    """A break inside a call from a comprehension: the statement runs in Python (the callee
+    compiled on its own). Resumed after the call, the rest of the comprehension had taken that
+    one call's result for every element (Jamba's cache: every layer the first one's kind)."""
+    def f(x):
+        y = x.cos() + 1
+        return COMPREHENSIONS_OVER_A_BREAKING_CALL[kind](y) * 2
+    check(f, X)
+
+
 def test_break_in_while_static_condition():
     def f(x):
         i = 0

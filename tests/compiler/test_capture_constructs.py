@@ -822,3 +822,29 @@ def dtype_questions(x, y):
 def test_torch_functions_asking_a_tensors_metadata_are_answered():
     """`torch.is_floating_point(mask)` (nn.MultiheadAttention's mask check) is the method's question."""
     check(dtype_questions, torch.randn(3), torch.randn(2, 2), graphs=1, breaks=[])
+
+
+GENERATOR_EXPRESSIONS = {
+    "next": lambda x, items: x + next(i for i in range(len(items)) if items[i] == 2),
+    "next with a default": lambda x, items: x + next((i for i in items if i > 5), -1),
+    "sum": lambda x, items: sum(x * i for i in items),
+    "tuple": lambda x, items: torch.stack(tuple(x * i for i in items)),
+    "max": lambda x, items: x * max(i for i in items),
+}
+
+
+@pytest.mark.parametrize("use", GENERATOR_EXPRESSIONS)
+def test_generator_expressions_consumed_where_written(use):
+    """transformers' `next(i for i in range(n) if ...)` (Cache.get_seq_length): a generator
+    expression's items, computed where capture meets it; `next` of one takes its first item (it
+    had broken, and the statement run in Python had been `next((1, 2))`: TypeError)."""
+    check(GENERATOR_EXPRESSIONS[use], X, [1, 2, 3], graphs=1, breaks=[])
+
+
+def test_a_generator_expression_python_code_receives_is_an_iterator():
+    """A generator expression live across a break is given to Python as an iterator of its items."""
+    def f(x, items):
+        g = (x * i for i in items)
+        print(end="")
+        return torch.stack(list(g)).sum(0)
+    check(f, X, [1, 2, 3])

@@ -295,3 +295,20 @@ def test_an_ordered_dict_made_and_filled_in_the_function_is_captured():
         out["aux"] = F.adaptive_avg_pool2d(out["feat"], 1)
         return out
     check(f, torch.randn(2, 4, 5, 5), graphs=1, breaks=[])
+
+
+def test_class_methods_of_builtin_types_are_folded_once_and_guarded_as_themselves():
+    """`dict.fromkeys` (transformers' caches), `int.from_bytes`: pure, folded on constants, one
+    graph; a C class method capture does not fold (`OrderedDict.fromkeys`) is a new object at each
+    lookup: its break's guard compares what it is (its class and name), not its identity, which
+    had recompiled at every call."""
+    def folded(x, n):
+        d = dict.fromkeys(range(n), 1.5)
+        d[1] = 5
+        return x * len(d) + d[1] + int.from_bytes(b"\x01\x02", "big") + float.fromhex("0x1.8p1")
+    check(folded, X, 3, graphs=1, breaks=[])
+
+    def breaks(x):
+        keys = OrderedDict.fromkeys(["a", "b"])
+        return x * len(keys)
+    check(breaks, X, calls=3)  # (each call after the first: no new entry)

@@ -11,6 +11,7 @@ A handler returns its call's value, or NOT_HANDLED where these arguments are not
 call then goes on as the function's kind says: `torch._assert` on a tensor is an op)."""
 from __future__ import annotations
 
+import ast
 import functools
 import operator
 import os
@@ -28,7 +29,7 @@ from .frames import AbstractSeq, BreakSignal
 from .graph import _map
 from .objects import foldable
 from .tensors import TensorMethod
-from .values import UNKNOWN, BoundUserMethod, LocalFunction, SymInt, TensorVar, Unknown, contains_tensor, leaves
+from .values import UNKNOWN, BoundUserMethod, GeneratorItems, LocalFunction, SymInt, TensorVar, Unknown, contains_tensor, leaves
 
 NOT_HANDLED = object()
 
@@ -187,7 +188,11 @@ def _iter(ev, fn, args, kwargs, e, scope):
 
 
 def _next(ev, fn, args, kwargs, e, scope):
-    """`next()` of an iterator capture made (`iter(...)`, a generator run to its end)."""
+    """`next()` of an iterator capture made (`iter(...)`, a generator run to its end), or of a
+    generator expression written as its argument (`next(i for i in ... if ...)`: its first item)."""
+    if isinstance(args[0], GeneratorItems) and not kwargs and isinstance(e, ast.Call) and e.args \
+            and isinstance(e.args[0], ast.GeneratorExp) and (args[0] or len(args) == 2):
+        return args[0][0] if args[0] else args[1]
     if not isinstance(args[0], type(iter([]))):
         return ev.domain.unknowable(ev, B.UNSUPPORTED_EXPR, e, scope, detail=f"next() of a {type(args[0]).__name__}")
     return next(*args)

@@ -38,6 +38,8 @@ _PURE_BUILTIN_IDS = {id(f) for f in _PURE_BUILTINS}  # (by identity: an unhashab
 def is_pure_foldable(fn) -> bool:
     if id(fn) in _PURE_BUILTIN_IDS:
         return True
+    if isinstance(fn, types.BuiltinMethodType) and id(fn.__self__) in _PURE_BUILTIN_IDS:
+        return True  # a class method of a pure type: `dict.fromkeys`, `int.from_bytes`, `float.fromhex`
     mod = getattr(fn, "__module__", None)
     if mod in _PURE_MODULES:
         return True

@@ -26,9 +26,9 @@ from .values import NUMPY_SCALARS
 _GUARDED = (type(None), bool, int, float, complex, str, bytes, tuple, frozenset, slice, range, type,
             types.FunctionType, types.BuiltinFunctionType, types.ModuleType, types.MethodType, enum.Enum,
             functools.partial, torch.dtype, torch.device, torch.Tensor, nn.Module, *NUMPY_SCALARS)
-from .values import (UNKNOWN, ForeignData, LocalFunction, SymInt, SymShape, TensorVar,
+from .values import (UNKNOWN, ForeignData, GeneratorItems, LocalFunction, SymInt, SymShape, TensorVar,
                      Unknown, contains_tensor)
-from .frames import AbstractKwargs, AbstractSeq, Opaque, Scope, Suspend
+from .frames import AbstractKwargs, AbstractSeq, BreakSignal, Opaque, Scope, Suspend
 from .objects import user_mapping
 
 
@@ -289,6 +289,11 @@ class Expressions:
             loop(e.generators)
         except Opaque:
             return UNKNOWN
+        except BreakSignal as b:
+            # a comprehension cannot be resumed halfway: a resume would compute the rest of it
+            # with the breaking call's one result in every element. Python runs the statement,
+            # the calls that led to the break compiled on their own
+            raise b.in_python(scope) from None
         return out
 
     def _ex_ListComp(self, e, scope):
@@ -296,7 +301,7 @@ class Expressions:
 
     def _ex_GeneratorExp(self, e, scope):
         r = self._comprehension(e, scope, lambda s: self.eval(e.elt, s))
-        return r if isinstance(r, Unknown) else tuple(r)
+        return r if isinstance(r, Unknown) else GeneratorItems(r)
 
     def _ex_SetComp(self, e, scope):
         r = self._comprehension(e, scope, lambda s: self.eval(e.elt, s))

@@ -264,10 +264,14 @@ _STATIC_KINDS = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType
 
 
 def _bound_builtin(v) -> bool:
-    """A C method bound to an object (`io.StringIO().write`, `[].append`), not a module's or a
-    class's function (`torch.add`, `dict.fromkeys`), which is the same object at each lookup."""
-    return isinstance(v, types.BuiltinMethodType) and \
-        not isinstance(v.__self__, (types.ModuleType, type)) and v.__self__ is not None
+    """A C method that is a new object at each lookup: bound to an object (`io.StringIO().write`,
+    `[].append`) or a class method of a C type (`dict.fromkeys`, `int.from_bytes`), not a module's
+    function (`torch.add`), which is the same object at each lookup."""
+    if not isinstance(v, types.BuiltinMethodType) or v.__self__ is None:
+        return False
+    if not isinstance(v.__self__, (types.ModuleType, type)):
+        return True
+    return getattr(v.__self__, v.__name__, None) is not v
 
 
 def is_literal(v) -> bool:

@@ -11,7 +11,7 @@ import torch
 from ..ops import effects as E
 from . import side_effects as S
 from .guards import is_literal
-from .values import GeneratorCall, LocalFunction, SymInt, SymShape, TensorVar, ValueSources
+from .values import GeneratorCall, GeneratorItems, LocalFunction, SymInt, SymShape, TensorVar, ValueSources
 
 
 class CannotResume(Exception):
@@ -129,6 +129,8 @@ class Materializer:
         src = self.effects.source(v) if self.effects is not None else None
         if src is not None:
             return self.source(src)
+        if isinstance(v, GeneratorItems):  # (Python code takes a generator's items by iterating)
+            return f"iter(({''.join(self.expr(x) + ', ' for x in v)}))"
         if isinstance(v, tuple) and type(v) is tuple:
             inner = ", ".join(self.expr(x) for x in v)
             return f"({inner},)" if len(v) == 1 else f"({inner})"

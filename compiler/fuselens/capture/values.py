@@ -135,6 +135,12 @@ class LocalFunction:
     name: str = "<lambda>"
 
 
+class GeneratorItems(tuple):
+    """What a generator expression yields, computed where capture meets it (in the order its
+    generator would give them): a tuple to capture's consumers (`sum`, `torch.cat`, a `for`);
+    a fresh iterator over them where Python code receives it (a statement run at a break)."""
+
+
 class GeneratorCall:
     """A call of a generator function, not run yet: capture runs its body when it is iterated
     (Evaluator.run_generator); anything else done with it is a break."""
