@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import fuselens
 from fuselens.runtime.compiled import compiled_of
-from fl_backend_testing import DEVICE, exact_fp32_convolutions, triton_kernels, vary_batch_norm
+from fl_backend_testing import DEVICE, check, exact_fp32_convolutions, triton_kernels, vary_batch_norm
 
 
 @pytest.fixture(autouse=True)
@@ -331,6 +331,32 @@ def test_a_dim_of_size_one_may_have_any_stride():
     v = ensure_layout(u, (4, 8, 2, 1), (16, 1, 8, 8))
     assert v is not u and v.stride() == (16, 1, 8, 8) and torch.equal(v, u)
     assert layout_key([u]) != layout_key([v])
+
+
+LAYOUTS_WITH_SIZE_1_DIMS = [((8, 2, 1, 3), torch.channels_last), ((2, 8, 1, 10), torch.channels_last),
+                            ((1, 8, 5, 5), torch.channels_last), ((1, 8, 5, 5), torch.contiguous_format),
+                            ((2, 3, 1, 4, 1), torch.channels_last_3d), ((4, 1, 1, 6), torch.contiguous_format)]
+
+
+@pytest.mark.parametrize("shape,memory_format", LAYOUTS_WITH_SIZE_1_DIMS, ids=str)
+def test_size_1_dims_take_the_strides_of_atens_layout_of_the_same_order(shape, memory_format):
+    """A value laid out in the order of ATen's contiguous or channels-last format (its dims of
+    other sizes) gets that format's strides, its size-1 dims' included: ATen's kernels read them."""
+    from fuselens.lower.lowering import dense_order, strides_in
+    want = torch.empty(shape, memory_format=memory_format).stride()
+    assert strides_in(shape, dense_order(shape, want)) == want
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+def test_a_grouped_conv1d_of_a_transposed_input(monkeypatch, groups):
+    """wav2vec2-style positional convolution `conv1d(h.transpose(1, 2), groups=...)`, run as a
+    channels-last conv2d over a height of 1: its weight's height had the stride of its numel, not
+    ATen's, and oneDNN's grouped convolution gave wrong values (SEW, UniSpeech, Data2VecAudio)."""
+    monkeypatch.setenv("FUSELENS_CONV_LAYOUT", "channels_last")
+    g = torch.Generator().manual_seed(0)
+    h, w = (torch.randn(*s, generator=g).to(DEVICE) for s in ((2, 10, 8), (8, 8 // groups, 3)))
+    with exact_fp32_convolutions():
+        check(lambda h, w: F.conv1d(h.transpose(1, 2), w, padding=1, groups=groups).transpose(1, 2) + h, h, w)
 
 
 def test_a_batch_of_one_stored_channels_last_reaches_aten_as_channels_last(monkeypatch):

@@ -207,13 +207,30 @@ def _column_order(x, dims) -> list | None:
 
 
 def in_order(shape, order):
-    """(`shape` with its dims in `order`, outermost first, after the size-1 dims it leaves out;
-    the position there of each dim): the domain of a value stored or reduced in memory order,
-    which `viewed_back` shows in its own. A size-1 dim outermost has the stride ATen's dense
-    layouts give it, which ATen reads to pick a layout: innermost (stride 1), a batch of one
-    stored channels-last looked contiguous to oneDNN's convolution, which copied it first."""
-    order = [d for d in range(len(shape)) if d not in order] + list(order)
-    return tuple(shape[d] for d in order), [order.index(d) for d in range(len(shape))]
+    """(`shape` with its dims in `order`, outermost first, and the size-1 dims it leaves out; the
+    position there of each dim): the domain of a value stored or reduced in memory order, which
+    `viewed_back` shows in its own. A size-1 dim goes where ATen's dense layout of that order puts
+    it (`_memory_format_order`), else outermost: ATen reads those strides to pick a layout, and
+    misreads others. Innermost (stride 1), a batch of one stored channels-last looked contiguous
+    to oneDNN's convolution, which copied it first; outermost, a grouped convolution's
+    channels-last weight of a conv1d (its size-1 height's stride its numel, not K x C) made
+    oneDNN's convolution of a channels-last input compute wrong values."""
+    full = _memory_format_order(shape, order)
+    if full is None:
+        full = [d for d in range(len(shape)) if d not in order] + list(order)
+    return tuple(shape[d] for d in full), [full.index(d) for d in range(len(shape))]
+
+
+def _memory_format_order(shape, order):
+    """The order of every dim of ATen's contiguous or channels-last format whose dims of other
+    sizes than 1 are in `order` (contiguous first), or None."""
+    n = len(shape)
+    formats = [list(range(n))] + ([[0, *range(2, n), 1]] if n >= 3 else [])
+    for full in formats:
+        if [d for d in full if d in order] == list(order) and len(order) + sum(
+                1 for d in range(n) if d not in order and shape[d] == 1) == n:
+            return full
+    return None
 
 
 def viewed_back(buf, shape, where) -> View:
