@@ -30,7 +30,24 @@ class JointGraph:
 
 
 def _differentiable(v):
-    return isinstance(v, TVal) and isinstance(v.val, torch.Tensor) and v.dtype.is_floating_point
+    """A float or complex tensor (torch differentiates complex values too: `torch.fft`)."""
+    return isinstance(v, TVal) and isinstance(v.val, torch.Tensor) and (v.dtype.is_floating_point or v.dtype.is_complex)
+
+
+def _needs_of(a, needs):
+    """Whether an argument needs a gradient: per item of a list or tuple (einsum's operands)."""
+    if isinstance(a, (list, tuple)):
+        return tuple(_needs_of(x, needs) for x in a)
+    return isinstance(a, fx.Node) and needs.get(a, False)
+
+
+def _accumulate_listed(grads, needs, nodes, vals, gs):
+    """The gradients `gs` of listed values (nested lists item by item) to their nodes."""
+    for sub_node, sub_val, sub_g in zip(nodes, vals, gs):
+        if isinstance(sub_node, (list, tuple)) and isinstance(sub_g, (list, tuple)):
+            _accumulate_listed(grads, needs, sub_node, sub_val, sub_g)
+        elif isinstance(sub_node, fx.Node):  # not an index's slice or int
+            _accumulate(grads, sub_node, _fit(sub_val, sub_g) if needs.get(sub_node) else None)
 
 
 def _accumulate(grads, node, g):
@@ -96,8 +113,7 @@ def build_joint(fw: fx.Graph, requires_grad: list[bool], device, output_requires
             kwargs = map_aggregate(dict(n.kwargs), lambda a: env[a] if isinstance(a, fx.Node) else a)
             with b.at(n.meta.get("loc")):
                 if p is prim.call_torch:  # differentiated only where a gradient is needed
-                    kwargs = {**kwargs, "needs": tuple(isinstance(a, fx.Node) and needs.get(a, False)
-                                                       for a in n.args[1]),
+                    kwargs = {**kwargs, "needs": tuple(_needs_of(a, needs) for a in n.args[1]),
                               "kw_needs": tuple(k for k, a in n.args[2].items()
                                                 if isinstance(a, fx.Node) and needs.get(a, False))}
                 elif p.vjp_with_needs:
@@ -117,10 +133,8 @@ def build_joint(fw: fx.Graph, requires_grad: list[bool], device, output_requires
                         for k, sub_g in ga.items():
                             if isinstance(a_node.get(k), fx.Node) and needs.get(a_node[k]):
                                 _accumulate(grads, a_node[k], sub_g)
-                    elif isinstance(a_node, (list, tuple)):  # cat: one gradient per listed tensor
-                        for sub_node, sub_val, sub_g in zip(a_node, a_val, ga):
-                            if isinstance(sub_node, fx.Node):  # not an index's slice or int
-                                _accumulate(grads, sub_node, _fit(sub_val, sub_g) if needs.get(sub_node) else None)
+                    elif isinstance(a_node, (list, tuple)):  # cat, an extern's arguments: one per listed value
+                        _accumulate_listed(grads, needs, a_node, a_val, ga)
                     elif isinstance(a_node, fx.Node) and needs.get(a_node) and ga is not None:
                         _accumulate(grads, a_node, _fit(a_val, ga) if p.kind == "pointwise" else ga)
 

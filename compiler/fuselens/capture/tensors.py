@@ -56,9 +56,11 @@ class Tensors:
                            else [t, 1, 0], {}, e, scope)
         if attr == "mT":
             return self.op(torch.Tensor.transpose, [t, -2, -1], {}, e, scope)
-        if attr in ("real", "imag", "data", "grad"):
-            if attr == "data":
-                return self.op(torch.Tensor.detach, [t], {}, e, scope)
+        if attr == "data":
+            return self.op(torch.Tensor.detach, [t], {}, e, scope)
+        if attr in ("real", "imag"):  # (views of a complex tensor: aliasing by their schemas, as any op's)
+            return self.op(getattr(torch, attr), [t], {}, e, scope)
+        if attr == "grad":
             self.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"Tensor.{attr}")
         if attr.startswith("is_") and isinstance(inspect.getattr_static(torch.Tensor, attr, None),
                                                  types.GetSetDescriptorType):

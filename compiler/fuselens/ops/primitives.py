@@ -744,11 +744,20 @@ RAISING_NODES = ("torch::autograd::NotImplemented", "torch::autograd::Error")
 
 def _call_torch_vjp(fn, args, kwargs, grads, needs=None, kw_needs=()):
     """Backward of an arbitrary torch call: recompute it under autograd and ask for the gradients
-    of the arguments that need one (`needs`, positional; None: every differentiable one) and of
-    the tensors passed by keyword in `kw_needs` (SDPA's `attn_mask`): one result per positional
-    argument, then one per name of `kw_needs`."""
-    marked = [_differentiable(a) and need for a, need in zip(args, needs or (True,) * len(args))]
-    leaves = [a.detach().requires_grad_(True) if m else a for a, m in zip(args, marked)]
+    of the arguments that need one (`needs`, positional, a tuple for a listed argument; None:
+    every differentiable one) and of the tensors passed by keyword in `kw_needs` (SDPA's
+    `attn_mask`): one result per item of the positional arguments (`flat_items`), then one per
+    name of `kw_needs`."""
+    wrt = []  # the leaves asked about, in order (an argument's listed tensors one by one: einsum's operands)
+
+    def leaf(a, need):
+        if isinstance(a, (list, tuple)):
+            return type(a)(leaf(x, n) for x, n in zip(a, need if isinstance(need, tuple) else (need,) * len(a)))
+        if _differentiable(a) and need:
+            wrt.append(a.detach().requires_grad_(True))
+            return wrt[-1]
+        return a
+    leaves = [leaf(a, need) for a, need in zip(args, needs or (True,) * len(args))]
     kw_leaves = {k: v.detach().requires_grad_(True) if k in kw_needs else v for k, v in kwargs.items()}
     with torch.enable_grad():
         out = fn(*leaves, **kw_leaves)
@@ -760,9 +769,21 @@ def _call_torch_vjp(fn, args, kwargs, grads, needs=None, kw_needs=()):
              and (o.grad_fn is None or o.grad_fn.name() not in RAISING_NODES)]
     if not pairs:
         return (None,) * (len(args) + len(kw_needs))
-    wrt = [leaf for leaf, m in zip(leaves, marked) if m] + [kw_leaves[k] for k in kw_needs]
-    got = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True))
-    return tuple(next(got) if m else None for m in marked) + tuple(next(got) for _ in kw_needs)
+    got = iter(torch.autograd.grad([o for o, _ in pairs], wrt + [kw_leaves[k] for k in kw_needs],
+                                   [g for _, g in pairs], allow_unused=True))
+    asked = {id(t) for t in wrt}
+    # flat: one per leaf of the positional arguments, listed ones item by item (vjp.py nests them)
+    return tuple(next(got) if id(a) in asked else None for a in flat_items(leaves)) + \
+        tuple(next(got) for _ in kw_needs)
+
+
+def flat_items(args):
+    """The items of `args`, those of its lists and tuples one by one, in order."""
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            yield from flat_items(a)
+        else:
+            yield a
 
 
 def _differentiable(a):

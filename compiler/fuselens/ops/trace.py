@@ -102,6 +102,13 @@ def _bind(fn, target, args, kwargs):
     return tuple(args), kwargs
 
 
+def _complex(v) -> bool:
+    """Whether a complex tensor is among `v`'s values (arguments, the node's result)."""
+    found = []
+    map_aggregate(v, lambda a: isinstance(a, (TVal, torch.Tensor)) and a.dtype.is_complex and found.append(a))
+    return bool(found)
+
+
 def _on_copies(fn, written):
     """`fn`'s decomposition giving what `OnCopies(fn, written)` returns: the new values of the
     written arguments (their indices among the distinct tensor arguments), then the result."""
@@ -123,6 +130,8 @@ def _on_copies(fn, written):
 
 def decompose(target, args, kwargs, node=None):
     fn = _decomposition(target)
+    if fn is not None and _complex((args, kwargs, node.meta.get("val") if node is not None else None)):
+        fn = None  # complex values: torch's ops compute them (kernels compute real numbers)
     if fn is not None:
         try:
             args, kwargs = _bind(fn, target, args, kwargs)

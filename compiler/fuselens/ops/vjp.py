@@ -138,9 +138,11 @@ def _call_torch(g, out, fn, args, kwargs, needs=None, kw_needs=()):
     zeros_for_missing = [gi if gi is not None or v is None else P.full(tuple(v.shape), 0, dtype=v.dtype)
                          for gi, v in zip(grads, vals)]  # None: a result that is no tensor
     floating = lambda t: isinstance(t, TVal) and (t.val.is_floating_point() or t.val.is_complex())  # noqa: E731
-    if any(isinstance(v, (list, tuple)) and any(floating(t) for t in v) for v in [*args, *kwargs.values()]):
-        # (integer tensors inside lists, such as the indices of `x[rows, cols]`, need no gradient)
-        raise NotImplementedError(f"gradient of {fn} with floating-point tensors inside lists")
+    if any(isinstance(v, (list, tuple)) and any(floating(t) for t in v) for v in kwargs.values()):
+        raise NotImplementedError(f"gradient of {fn} with floating-point tensors in a list passed by keyword")
     kw_needs = tuple(k for k in kw_needs if floating(kwargs.get(k)))
-    res = list(emit(prim.call_torch_vjp, fn, args, kwargs, zeros_for_missing, needs, kw_needs))
-    return None, res[:len(args)], dict(zip(kw_needs, res[len(args):]))
+    res = iter(emit(prim.call_torch_vjp, fn, args, kwargs, zeros_for_missing, needs, kw_needs))
+
+    def nested(a):  # (the gradients come flat: prim.flat_items)
+        return type(a)(nested(x) for x in a) if isinstance(a, (list, tuple)) else next(res)
+    return None, nested(tuple(args)), dict(zip(kw_needs, res))
