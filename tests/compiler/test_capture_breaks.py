@@ -975,3 +975,26 @@ def test_several_calls_of_one_statement_that_break_keep_each_result():
     first call's result (`__fl_ret`) and the graph's temporaries (`__fl_t0`), and whose own second
     break must not take their names: it did, and every argument became the last call's result."""
     check(breaks_in_several_arguments, torch.ones(3), torch.full((3,), 2.0), 4, 5, breaks=["FL113", "FL113"])
+
+
+def _calls_after_a_break(fn, *args, **kwargs):
+    return print(end="") or fn(*args, **kwargs)  # (a break: Python runs the statement, calling `fn`)
+
+
+def test_local_functions_that_python_code_receives_at_a_break():
+    """A `def` or `lambda` of the captured code given to Python at a break (Mamba's combine
+    function, passed to `associative_scan`; a closure passed down to a helper that breaks) is a
+    real function made from its source, with its free variables and defaults: the whole function
+    had run eagerly (CannotResume)."""
+    def f(x, k):
+        y = x.sin()
+        s = 3.0
+
+        def scaled(t, scale=s * 2, *, off=1.0):
+            return t * scale + off + k + y
+
+        twice = lambda t: scaled(t) * s  # noqa: E731
+        a = _calls_after_a_break(twice, x)
+        b = _calls_after_a_break(lambda t, q=s: t - q, a)
+        return _calls_after_a_break(scaled, b, off=2.0).cos()
+    check(f, X, 1.5)

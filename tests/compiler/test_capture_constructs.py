@@ -848,3 +848,24 @@ def test_a_generator_expression_python_code_receives_is_an_iterator():
         print(end="")
         return torch.stack(list(g)).sum(0)
     check(f, X, [1, 2, 3])
+
+
+def test_an_inlined_functions_closure_is_read_at_each_call():
+    """A function passed in (inlined) whose closure `nonlocal` rebinds between calls: its cells'
+    tensors are inputs and other values guarded, as the compiled function's own closure is (a
+    float and a tensor of its cells had been kept as the first call's constants)."""
+    def make():
+        t, k = torch.ones(8), 1.0
+
+        def g(x):
+            return x + t * k
+
+        def rebind(nt, nk):
+            nonlocal t, k
+            t, k = nt, nk
+        return g, rebind
+    g, rebind = make()
+    cf = fuselens.compile(lambda fn, x: fn(x) * 2)
+    for t, k in ((torch.full((8,), 5.0), 2.0), (torch.full((8,), 9.0), 2.0), (torch.full((8,), 9.0), 3.0)):
+        rebind(t, k)
+        torch.testing.assert_close(cf(g, X), (X + t * k) * 2)

@@ -189,12 +189,18 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
         return list(gen.items)
 
     def external_constant(self, v, cell, name):
-        """A callee's closure variable (in `cell`) or default: a container is modelled."""
-        if type(v) not in MUTABLE:
-            return v
+        """A callee's closure variable (in `cell`) or default: a container is modelled. A
+        closure variable is read from its cell, as the compiled function's own are (capture.py):
+        a tensor an input, any other value guarded (its function's identity does not fix what
+        its cells hold: `nonlocal` rebinds them; their values had been kept as constants)."""
         if cell is not None:
             v = cell.cell_contents
-            return self.wrap_external(v, f"{self.domain.constant(cell, 'cell_' + name)}.cell_contents")
+            src = f"{self.domain.constant(cell, 'cell_' + name)}.cell_contents"
+            if not isinstance(v, torch.Tensor):
+                self.domain.guard_value(src, v)
+            return self.wrap_external(v, src)
+        if type(v) not in MUTABLE:
+            return v
         return self.wrap_external(v, self.domain.constant(v, name))
 
     def bind(self, fs: FunctionSource, args, kwargs) -> dict:

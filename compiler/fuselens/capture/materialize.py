@@ -3,6 +3,8 @@ break helpers and resume functions are given (graph outputs, sources, containers
 captured code made, views made again from their bases)."""
 from __future__ import annotations
 
+import ast
+import copy
 import operator
 import re
 
@@ -11,6 +13,7 @@ import torch
 from ..ops import effects as E
 from . import side_effects as S
 from .guards import is_literal
+from .source import build_function
 from .values import GeneratorCall, GeneratorItems, LocalFunction, SymInt, SymShape, TensorVar, ValueSources
 
 
@@ -121,7 +124,7 @@ class Materializer:
         if v is Ellipsis:
             return "..."
         if isinstance(v, LocalFunction):
-            raise CannotResume(f"local function {v.name!r} is live across a graph break")
+            return self.local_function(v)
         if isinstance(v, GeneratorCall):
             raise CannotResume("a generator not yet iterated is live across a graph break")
         if isinstance(v, SymShape):
@@ -168,6 +171,45 @@ class Materializer:
             return self.source(src)
         return self.sources.constant(v, getattr(v, "__name__", type(v).__name__))
 
+
+    def local_function(self, v: LocalFunction) -> str:
+        """A `def` or `lambda` of the captured code that Python code receives (Mamba's combine
+        function, passed to `associative_scan` at a break): a real function made once from its
+        source, its free variables and defaults as they are now (a snapshot: a closure variable
+        rebound after the break is not seen)."""
+        hit = self._own.get(id(v))
+        if hit is not None:
+            return hit[1]
+        node = copy.deepcopy(v.node)
+        if getattr(node, "decorator_list", None):
+            raise CannotResume(f"decorated local function {v.name!r} is live across a graph break")
+        args = node.args
+        params = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+        params += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
+        values = {}
+        scope = v.env
+        while scope is not None:  # the variables of the scopes it closes over, innermost first
+            for k, x in scope.vars.items():
+                values.setdefault(k, x)
+            scope = scope.enclosing
+        free = sorted({n.id for n in ast.walk(node) if isinstance(n, ast.Name)} & set(values) - set(params))
+        # defaults as they were evaluated at the `def`: parameters of the factory too
+        defaults = {f"__fl_default_{k}": x for k, x in v.defaults.items()}
+        by_param = {k: ast.Name(id=f"__fl_default_{k}", ctx=ast.Load()) for k in v.defaults}
+        positional = args.posonlyargs + args.args
+        args.defaults = [by_param[a.arg] for a in positional[len(positional) - len(args.defaults):]]
+        args.kw_defaults = [by_param.get(a.arg) if d is not None else None
+                            for a, d in zip(args.kwonlyargs, args.kw_defaults)]
+        name = v.name if isinstance(node, ast.FunctionDef) else "__fl_lambda"
+        body = ast.unparse(node) if isinstance(node, ast.FunctionDef) else f"{name} = {ast.unparse(node)}"
+        inner = "\n".join("    " + line for line in body.splitlines())
+        factory = build_function(f"def __fl_make({', '.join(free + sorted(defaults))}):\n{inner}\n    return {name}",
+                                 "__fl_make", v.env.fs.globals, {})
+        own = self.own_name()
+        self._own[id(v)] = (v, own)
+        actual = [self.expr(values[k]) for k in free] + [self.expr(defaults[k]) for k in sorted(defaults)]
+        self.prelude.append(f"{own} = {self.sources.constant(factory, 'make_' + name)}({', '.join(actual)})")
+        return own
 
     def own_name(self) -> str:
         self._n_own += 1

@@ -768,12 +768,14 @@ UNBOUND = _Unbound()
 
 
 def _local_fn_names(frame) -> set:
-    return {n for n, v in frame.vars.items() if isinstance(v, LocalFunction)}
+    """The frame's variables holding local functions it defined (`local_defs` makes them again)."""
+    return {n for n, v in frame.vars.items() if isinstance(v, LocalFunction) and v.env is frame.scope}
 
 
 def local_defs(frame, stmts) -> list:
-    """`def`/`lambda` statements re-creating the local functions `stmts` use (a local
-    function has no value a resume function could receive; its definition does)."""
+    """`def`/`lambda` statements re-creating the local functions of this frame that `stmts` use
+    (its definition goes on in the resume function, as its own code). One defined in another
+    frame (an argument) is a live value, made from its source (Materializer.local_function)."""
     out, seen = [], set()
     todo = sorted(loaded_names(stmts))
     while todo:
@@ -782,7 +784,7 @@ def local_defs(frame, stmts) -> list:
         if not isinstance(v, LocalFunction) or n in seen:
             continue
         if v.env is not frame.scope:
-            raise CannotResume(f"local function {n!r} from another frame is live across a graph break")
+            continue
         seen.add(n)
         if isinstance(v.node, ast.Lambda):
             d = ast.Assign(targets=[ast.Name(id=n, ctx=ast.Store())], value=v.node, type_comment=None)

@@ -314,7 +314,8 @@ class _Pickler(program_cache._Pickler):
     def __init__(self, file, fs=None, values=()):
         super().__init__(file, protocol=4)
         self.cells = dict(fs.cells) if fs is not None else {}
-        self.owners = [v for v in values if isinstance(v, types.FunctionType) and v.__closure__]
+        self.owners = [v for v in (values.values() if isinstance(values, dict) else values)
+                       if isinstance(v, types.FunctionType) and v.__closure__]
         self.storages = {}  # a meta storage -> its _MetaStorage (one per storage: views share it)
 
     def reducer_override(self, obj):
