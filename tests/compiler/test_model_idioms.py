@@ -2,7 +2,9 @@
 the reduction of a construct one of those libraries uses."""
 from __future__ import annotations
 
+import pytest
 import torch
+import torch.nn as nn
 
 import fuselens
 from fl_capture_testing import check
@@ -437,3 +439,44 @@ def test_break_inside_a_grad_mode_decorator(capsys):
     m = _WithRotary()
     m.rotary = _RotaryWithBreak()
     check(m, torch.randn(2, 3, requires_grad=True))
+
+
+class _ParameterContainers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ws = nn.ParameterList([nn.Parameter(torch.randn(1, 8)) for _ in range(3)])
+        self.pd = nn.ParameterDict({"a": nn.Parameter(torch.randn(8)), "b": nn.Parameter(torch.randn(8))})
+
+    def forward(self, x):
+        for w in self.ws:
+            x = x + w.expand(4, 8)
+        for k in self.pd:
+            x = x * self.pd[k]
+        return x + self.ws[-1]
+
+
+def test_parameters_of_a_parameter_list_or_dict_are_graph_inputs():
+    """Reformer's `self.weights[0].expand(...)`: an item of an nn.ParameterList (by index or
+    iterated) or nn.ParameterDict is the parameter as a graph input (its methods had broken:
+    FL140 `Parameter.expand`)."""
+    check(_ParameterContainers(), torch.randn(4, 8), graphs=1, breaks=[])
+
+
+class _TransposedLayerNorm(nn.LayerNorm):
+    def forward(self, x):
+        return nn.LayerNorm.forward(self, x.permute(0, 2, 1)).permute(0, 2, 1)
+
+
+class _Conv(nn.Conv1d):
+    def forward(self, x):
+        return nn.Conv1d.forward(self, x) + nn.Conv1d._conv_forward(self, x, self.weight, None)
+
+
+@pytest.mark.parametrize("make", [lambda: (_TransposedLayerNorm(4), torch.randn(2, 4, 3)),
+                                  lambda: (_Conv(3, 5, 3), torch.randn(2, 3, 9))], ids=["LayerNorm", "Conv1d"])
+def test_a_torch_module_method_called_through_its_class_is_inlined(make):
+    """SqueezeBERT's `nn.LayerNorm.forward(self, x)`: a method of torch's module classes called
+    through the class runs as the module's call would (it had been taken for an op of a module
+    argument: FL180)."""
+    m, x = make()
+    check(m, x, graphs=1, breaks=[])

@@ -72,7 +72,8 @@ def is_torch_callable(fn) -> bool:
         # a Python function of torch's is an op only where the graph can name it, as its code
         # will (`torch.nn.functional.relu`); a lambda or local function (OpInfo's `op=lambda`)
         # is Python to inline
-        return not isinstance(fn, types.FunctionType) or _named(fn) and not inlined_composite(fn)
+        return not isinstance(fn, types.FunctionType) or _named(fn) and not inlined_composite(fn) \
+            and not _module_method(fn)
     self_ = getattr(fn, "__self__", None)
     if isinstance(self_, types.ModuleType) and self_.__name__.startswith("torch"):
         return True
@@ -87,6 +88,15 @@ def inlined_composite(fn) -> bool:
     extern call it ran unfused and its backward re-ran it under torch's autograd."""
     from ..ops.decompositions import DECOMPOSITIONS  # (ops imports capture's siblings only)
     return fn.__module__ == "torch.nn.functional" and fn not in DECOMPOSITIONS
+
+
+def _module_method(fn) -> bool:
+    """A method of one of torch's nn.Module classes called through its class
+    (`nn.LayerNorm.forward(self, x)`, as SqueezeBERT does): Python to inline, as a module's call."""
+    owner = sys.modules.get(fn.__module__)
+    for part in fn.__qualname__.split(".")[:-1]:
+        owner = getattr(owner, part, None)
+    return isinstance(owner, type) and issubclass(owner, torch.nn.Module)
 
 
 def _named(fn) -> bool:

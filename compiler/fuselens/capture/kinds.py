@@ -286,6 +286,9 @@ class Module(Kind):
         if isinstance(idx, SymInt):
             idx = ev.specialize(idx, e, scope)
         v = obj[idx]
+        if isinstance(v, torch.Tensor):  # a ParameterList's or ParameterDict's: a graph input
+            src = ev.domain.source(ev, obj) or ev.domain.constant(obj, type(obj).__name__)
+            return ev.wrap_external(v, f"{src}[{idx!r}]")
         if isinstance(v, nn.Module):
             src = ev.domain.source(ev, obj)
             if src is not None:
@@ -312,8 +315,11 @@ class Module(Kind):
                     if ev.value_sources.get(m) is None:  # (a slice's modules have theirs)
                         ev.value_sources.set(m, f"{src}[{i}]")
             return items
-        if isinstance(v, nn.ModuleDict):
+        if isinstance(v, (nn.ModuleDict, nn.ParameterDict)):
             return list(v.keys())
+        if isinstance(v, nn.ParameterList):  # its parameters, each a graph input at its position
+            ev.domain.guard(f"len({SRC}) == {len(v)}", f"len({ev.domain.source(ev, v)})", ev.domain.source(ev, v))
+            return [self.getitem(ev, v, i, node, scope) for i in range(len(v))]
         return super().iterate(ev, v, node, scope, whole_stmt)
 
 
