@@ -9,6 +9,7 @@ import operator
 import warnings
 import zlib
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -998,3 +999,22 @@ def test_local_functions_that_python_code_receives_at_a_break():
         b = _calls_after_a_break(lambda t, q=s: t - q, a)
         return _calls_after_a_break(scaled, b, off=2.0).cos()
     check(f, X, 1.5)
+
+
+def test_a_loop_that_breaks_in_every_iteration_resumes_a_few_times_then_runs_in_python():
+    """BigBird's mask building breaks in each of its iterations: after a few resumes Python runs
+    the rest of the loop (each resume had been one more capture and one more nested call: 60
+    iterations took seconds, then Python's recursion limit, and the function ran eagerly)."""
+    def collect(n):
+        out = []
+        for i in range(n):
+            a = np.zeros(2)
+            a[0] = i  # (a break: an item assignment on an array)
+            out.append(int(a[0]))
+        return out
+
+    def f(x):
+        for k in range(3):
+            x = x * 0.5 + len(collect(300)) + sum(collect(k + 2))
+        return x.sin()
+    check(f, X)

@@ -132,10 +132,13 @@ def _wrap(owner, node, inner, extra):
                                              body=node.body, orelse=node.orelse,
                                              type_comment=None), node)
             loop._fl_items = rest
+            loop._fl_resumes = getattr(node, "_fl_resumes", 0) + 1
             return _rest_of_iteration(inner, [loop], node)
         return _rest_of_iteration(inner, list(node.orelse), node)
     if owner == "while":
-        return _rest_of_iteration(inner, [node], node)
+        loop = copy.copy(node)
+        loop._fl_resumes = getattr(node, "_fl_resumes", 0) + 1
+        return _rest_of_iteration(inner, [loop], node)
     return inner  # function body, static if
 
 

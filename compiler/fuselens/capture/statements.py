@@ -235,7 +235,7 @@ class Statements:
             except LoopContinue:
                 continue
             except BreakSignal as b:
-                raise self._loop_break(b, scope) from None
+                raise self._loop_break(b, scope, s) from None
         self.brk(B.UNROLLABLE_LOOP, s, scope, detail=f"more than {MAX_UNROLL} iterations",
                  whole_stmt=True)
 
@@ -257,15 +257,22 @@ class Statements:
             except LoopContinue:
                 continue
             except BreakSignal as b:
-                raise self._loop_break(b, scope) from None
+                raise self._loop_break(b, scope, s) from None
         self.exec_block(s.orelse, scope, ("if", s))
 
-    def _loop_break(self, b: BreakSignal, scope) -> BreakSignal:
+    def _loop_break(self, b: BreakSignal, scope, loop) -> BreakSignal:
         """A break inside a loop body resumes mid-iteration (resume.py runs the rest of the
         iteration in a one-pass loop, so its `continue`/`break` keep their meaning), unless the
         statement Python runs is itself a `continue`/`break` of this loop (`if t.item(): break`):
         outside any loop, the transformed function cannot run it; then the loop runs in Python.
-        A data-dependent `if` is not run by Python: each branch continues in its own resume."""
+        A data-dependent `if` is not run by Python: each branch continues in its own resume.
+        After MAX_LOOP_RESUMES resumes of one loop (a break in every iteration: BigBird's NumPy
+        mask building), Python runs the rest of it: each resume is a capture and a nested call,
+        and hundreds had taken seconds and then Python's recursion limit."""
+        if not self.abstract and getattr(loop, "_fl_resumes", 0) >= MAX_LOOP_RESUMES:
+            return b.in_python(scope, b.brk.replace(
+                code=B.UNROLLABLE_LOOP.code, title=B.UNROLLABLE_LOOP.title,
+                explanation=B.UNROLLABLE_LOOP.explanation + f" (a break in each iteration: {b.brk.title})"))
         if self.abstract or not b.frames or b.frames[-1].scope is not scope:
             return b
         stmt = b.frames[-1].stmt
@@ -647,6 +654,7 @@ class Statements:
 
 
 MAX_UNROLL = 512
+MAX_LOOP_RESUMES = 8  # resumes of one loop's iterations before Python runs the rest (_loop_break)
 
 
 # raised by capture itself, not by the user's code: a captured `try` never handles them
