@@ -1018,3 +1018,10 @@ def test_a_loop_that_breaks_in_every_iteration_resumes_a_few_times_then_runs_in_
             x = x * 0.5 + len(collect(300)) + sum(collect(k + 2))
         return x.sin()
     check(f, X)
+
+    def nested(x):  # (loops in loops: each inner loop resumes, the chain is bounded too)
+        for j in range(40):
+            for k in range(3):
+                x = x + len(collect(20)) * 0.001 + k
+        return x
+    check(nested, X, calls=1)

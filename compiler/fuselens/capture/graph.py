@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_map
 
 from ..ops import effects
 from . import meta_memo
-from .values import SymInt, TensorVar, Unknown, leaves
+from .values import LocalFunction, SymInt, TensorVar, Unknown, leaves
 
 
 class MetaEvalError(Exception):
@@ -174,9 +174,11 @@ class GraphBuilder:
         if self.abstract:
             return None, device, None
         tvs = _tensor_vars(args, kwargs)
-        fn_arg = next((v for v in leaves([args, kwargs]) if callable(v) and not isinstance(v, (TensorVar, type))), None)
+        fn_arg = next((v for v in leaves([args, kwargs]) if callable(v) and not isinstance(v, (TensorVar, type))
+                       or isinstance(v, LocalFunction)), None)
         if fn_arg is not None:  # a graph's code names tensors and constants only
-            raise MetaEvalError(f"{_name(target)}: a function as an argument ({_name(fn_arg)})")
+            name = fn_arg.name if isinstance(fn_arg, LocalFunction) else _name(fn_arg)
+            raise MetaEvalError(f"{_name(target)}: a function as an argument ({name})")
         other = next((tv.meta.layout for tv in tvs if tv.meta.layout != torch.strided), None)
         if other is not None:  # graphs hold strided tensors only (kernels index by strides)
             raise MetaEvalError(f"{_name(target)}: an argument of layout {other}: only strided "

@@ -298,7 +298,7 @@ class Writer:
                 ast.copy_location(n, at)
         return FunctionSource(name=name, qualname=qualname, filename=fs.filename, node=node,
                               globals=fs.globals, closure=dict(consts or {}), generated=True,
-                              source_text=_unparse_fn(node))
+                              source_text=_unparse_fn(node), resume_depth=self.fs0.resume_depth + 1)
 
     def explicit_super(self, frame, stmts, consts=None):
         """`super()` in code of a method, moved into a generated function (which has no

@@ -26,6 +26,7 @@ class FunctionSource:
     defaults: dict = field(default_factory=dict)  # parameter name -> default value
     cells: dict = field(default_factory=dict)     # free variable name -> cell (guards read it)
     generated: bool = False  # a resume function fuselens wrote
+    resume_depth: int = 0  # the resumes that led to it, each a nested call (statements._loop_break)
     compile_disabled: bool = False  # the editor's: decorated with `torch.compiler.disable`
     source_text: str = ""    # for `inspect`: the function's (transformed) source
 

@@ -267,9 +267,14 @@ class Statements:
         outside any loop, the transformed function cannot run it; then the loop runs in Python.
         A data-dependent `if` is not run by Python: each branch continues in its own resume.
         After MAX_LOOP_RESUMES resumes of one loop (a break in every iteration: BigBird's NumPy
-        mask building), Python runs the rest of it: each resume is a capture and a nested call,
-        and hundreds had taken seconds and then Python's recursion limit."""
-        if not self.abstract and getattr(loop, "_fl_resumes", 0) >= MAX_LOOP_RESUMES:
+        mask building), or in a capture MAX_RESUME_DEPTH resumes deep (loops in loops), Python
+        runs the rest of it: each resume is a capture and a nested call, and hundreds had taken
+        seconds and then Python's recursion limit."""
+        root = scope
+        while root.parent is not None:
+            root = root.parent
+        if not self.abstract and (getattr(loop, "_fl_resumes", 0) >= MAX_LOOP_RESUMES
+                                  or root.fs.resume_depth >= MAX_RESUME_DEPTH):
             return b.in_python(scope, b.brk.replace(
                 code=B.UNROLLABLE_LOOP.code, title=B.UNROLLABLE_LOOP.title,
                 explanation=B.UNROLLABLE_LOOP.explanation + f" (a break in each iteration: {b.brk.title})"))
@@ -655,6 +660,7 @@ class Statements:
 
 MAX_UNROLL = 512
 MAX_LOOP_RESUMES = 8  # resumes of one loop's iterations before Python runs the rest (_loop_break)
+MAX_RESUME_DEPTH = 32  # resumes in a chain before a loop with a break runs in Python (_loop_break)
 
 
 # raised by capture itself, not by the user's code: a captured `try` never handles them
