@@ -605,3 +605,38 @@ def test_a_method_whose_schema_puts_self_later_takes_its_receiver_there(name):
     want = f(x, m, y)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(torch.autograd.grad(got.sum(), x)[0], torch.autograd.grad(want.sum(), x)[0])
+
+
+def _chunks(h, w):  # Longformer's overlapping chunks: `as_strided` over a view's memory
+    h = h.view(h.size(0), h.size(1) // (2 * w), 2 * w, h.size(2))
+    size, stride = list(h.size()), list(h.stride())
+    size[1], stride[1] = size[1] * 2 - 1, stride[1] // 2
+    return h.as_strided(size=size, stride=stride)
+
+
+AS_STRIDED = {
+    "of a transposed reshape (Longformer)": (lambda q: _chunks((q * 2).transpose(0, 1).reshape(4, 16, 8), 2) + 1,
+                                             (16, 4, 8)),
+    "of a computed value": (lambda q: _chunks(q.sin(), 2) * 3, (4, 16, 8)),
+    "of a slice of a computed value": (lambda q: q.sin()[1:3].as_strided((3, 4), (4, 1)) + 1, (5, 4)),
+    "of an input's view": (lambda q: q[1:].as_strided((3, 4), (4, 1)) + 1, (5, 4)),
+    "of a transposed input": (lambda q: q.t().as_strided((3, 4), (1, 3)) * 2, (4, 5)),
+}
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("name", AS_STRIDED)
+def test_as_strided_reads_the_memory_eager_would_have(name, grad):
+    """`as_strided` reads its operand's memory as eager lays it out: a computed value is given to
+    it in eager's layout, alone in its buffer; one whose eager memory holds more than it (a slice)
+    breaks the graph. Longformer's query (a transposed reshape, one graph) had been read in the
+    backend's layout: its attention 1% off."""
+    f, shape = AS_STRIDED[name]
+    x = t(*shape).requires_grad_(grad)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fuselens.FuselensWarning)
+        got = fuselens.compile(f)(x)
+    want = f(x)
+    torch.testing.assert_close(got, want)
+    if grad:
+        torch.testing.assert_close(torch.autograd.grad(got.sum(), x)[0], torch.autograd.grad(want.sum(), x)[0])

@@ -869,3 +869,15 @@ def test_an_inlined_functions_closure_is_read_at_each_call():
     for t, k in ((torch.full((8,), 5.0), 2.0), (torch.full((8,), 9.0), 2.0), (torch.full((8,), 9.0), 3.0)):
         rebind(t, k)
         torch.testing.assert_close(cf(g, X), (X + t * k) * 2)
+
+
+def test_a_tensor_of_python_numbers_read_as_a_size():
+    """Longformer's `torch.div(seq_len, w, rounding_mode="trunc") - 1` used in `view` and
+    `new_zeros` sizes: a one-element tensor made of Python numbers alone is a tensor in the graph
+    and its value where a size needs one, as eager reads it (`torch.div` had been given
+    `device=` as a factory, then its meta tensor had no value: FL180 twice a layer)."""
+    def f(x, w):
+        chunks = torch.div(x.size(1), w, rounding_mode="trunc") - 1
+        y = x.view(x.size(0), chunks + 1, w)
+        return y * 2 + y.new_zeros((x.size(0), chunks + 1, w)), chunks * x.sum()
+    check(f, X, 2, graphs=1, breaks=[])

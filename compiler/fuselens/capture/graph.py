@@ -206,7 +206,7 @@ class GraphBuilder:
             device = torch.device("cpu")
         if device is None:
             device = torch.device("cpu")
-            if "device" not in mkwargs:  # a factory (torch.zeros, torch.tensor): meta, not cpu
+            if "device" not in mkwargs and _takes_device(target):  # a factory (torch.zeros, torch.tensor): meta
                 mkwargs["device"] = "meta"
         fn = target if target not in (torch.Tensor.cuda, torch.Tensor.cpu) else torch.Tensor.clone
         memo = meta_memo.key(fn, margs, mkwargs, specs, metas, device)
@@ -471,6 +471,14 @@ def _returns_bool(target, args) -> bool:
         return effects.returns_bool(target, args)
     except TypeError:  # an unhashable callable
         return False
+
+
+def _takes_device(fn) -> bool:
+    """Whether `fn` (an op of no tensor argument) takes `device=`: a factory does; `torch.div` of
+    two numbers makes a CPU tensor, as eager's does, and refused the keyword."""
+    schemas = getattr(fn, "_schemas", None) or (torch._C._jit_get_schemas_for_operator(f"aten::{fn.__name__}")
+                                                 if getattr(fn, "__name__", None) else [])
+    return not schemas or any(a.name == "device" for s in schemas for a in s.arguments)
 
 
 def _name(target) -> str:

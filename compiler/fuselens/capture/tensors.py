@@ -17,7 +17,7 @@ from . import autocast as AC
 from . import bounds
 from . import calls as C
 from .guards import SRC
-from .graph import MetaEvalError
+from .graph import MetaEvalError, _map
 from .symbolic import SymbolicShapes
 from .values import NUMPY_SCALARS, UNKNOWN, SymInt, SymShape, TensorVar, leaves, torch_number
 from .frames import AbstractSeq
@@ -31,6 +31,36 @@ AUTOCAST_QUERIES = {fn: how for name, how in (("is_autocast_enabled", ("cuda", 0
                                               ("get_autocast_cpu_dtype", ("cpu", 1)),
                                               ("get_autocast_gpu_dtype", ("cuda", 1)))
                     if (fn := getattr(torch, name, None)) is not None}
+
+
+def _memory_all_its_own(t: TensorVar) -> bool:
+    """Whether what `as_strided` may read of `t` is `t`'s own elements: a graph input's view (the
+    caller's memory itself), or a computed value whose eager memory it fills, densely from the
+    start (Longformer's chunked query: a view of a reshape)."""
+    root = t
+    while root.view_of is not None:
+        root = root.view_of[0]
+    if root.source is not None:
+        return True
+    m = t.meta
+    dims = sorted((d for d in range(m.dim()) if m.shape[d] != 1), key=lambda d: m.stride()[d])
+    expected = 1
+    for d in dims:
+        if m.stride()[d] != expected:
+            return False
+        expected *= m.shape[d]
+    return m.storage_offset() == 0 and m.untyped_storage().nbytes() == m.numel() * m.element_size()
+
+
+def _python_numbers(v) -> bool:
+    """Whether the leaves of `v` are Python numbers (or tensors made of them: TensorVar.number),
+    strings and None, one number at least."""
+    values = list(leaves(v))
+    if any(isinstance(x, TensorVar) and x.number is None for x in values):
+        return False
+    values = [x.number if isinstance(x, TensorVar) else x for x in values]
+    return any(type(x) in (int, bool) for x in values) and \
+        all(type(x) in (int, float, bool, str) or x is None for x in values)
 
 
 class Tensors:
@@ -224,6 +254,12 @@ class Tensors:
             if isinstance(cast, AC.AtenCalls):
                 return self.replay(cast, args, kwargs, e, scope)
             args, kwargs = cast
+        if fn in (torch.as_strided, torch.Tensor.as_strided) and args and isinstance(args[0], TensorVar) \
+                and not self.abstract and not _memory_all_its_own(args[0]):
+            # as_strided reads memory: a computed value's is the backend's (lower_extern gives it
+            # a buffer of eager's layout), unless eager's memory holds more than the value
+            self.brk(B.UNSUPPORTED_OP, e, scope, detail="as_strided of a computed view of a larger tensor: its "
+                     "memory is read, as eager lays it out")
         try:
             if _has_numpy((args, kwargs)):
                 args, kwargs = self.numbers_for_torch(fn, args, kwargs)
@@ -235,6 +271,11 @@ class Tensors:
                 out_meta, device, eff = self.g.evaluate(fn, args, kwargs)
             r = self.g.add(fn, args, kwargs, self.user_loc(e, scope), out_meta, device)
         except MetaEvalError as err:
+            if any(isinstance(a, TensorVar) and a.number is not None for a in leaves([args, kwargs])):
+                # a tensor of Python numbers alone where the op needs a number (a size of
+                # `view`, `new_zeros`: eager calls its __index__): its value, as eager reads it
+                number = lambda a: a.number if isinstance(a, TensorVar) and a.number is not None else a  # noqa: E731
+                return self.op(fn, _map(args, number), _map(kwargs, number), e, scope)
             if getattr(err, "not_a_tensor", False) and isinstance(fn, types.FunctionType):
                 # torch's Python code answering a question (`_check_arg_device(x)`): interpreted
                 return self.inline(fn, args, kwargs, e, scope)
@@ -243,6 +284,11 @@ class Tensors:
         if isinstance(r, TensorVar):
             r.bounds = bounds.of_result(fn, r.meta.dtype if r.meta is not None else None)
             r.known = bounds.decided(fn, args)
+            if not self.abstract and r.meta.numel() == 1 and not r.meta.dtype.is_floating_point \
+                    and r.device.type == "cpu" and _python_numbers((args, kwargs)):
+                real = lambda a: torch.tensor(a.number, dtype=a.meta.dtype).reshape(a.meta.shape) \
+                    if isinstance(a, TensorVar) else a  # noqa: E731
+                r.number = fn(*_map(args, real), **_map(kwargs, real)).item()
         if self.abstract:
             if E.returns_sequence(fn, len(args), kwargs):
                 return AbstractSeq()

@@ -35,7 +35,8 @@ class TensorVar:
     """A tensor inside the graph being built. `meta` is a tensor on device 'meta' with the
     shape, stride and dtype (None in the abstract domain: shape unknown). `version` counts the
     in-place updates of the storage it belongs to; `base` is the TensorVar it is a view of."""
-    __slots__ = ("node", "meta", "device", "source", "abstract_bool", "assumed", "view_of", "bounds", "known")
+    __slots__ = ("node", "meta", "device", "source", "abstract_bool", "assumed", "view_of", "bounds", "known",
+                 "number")
 
     def __init__(self, node, meta, device, source=None):
         self.node = node
@@ -52,6 +53,9 @@ class TensorVar:
         self.view_of = None
         self.bounds = None  # capture/bounds.py Bounds: every element lies within them
         self.known = None  # a comparison the bounds decide: every element's value (True or False)
+        # the value of a one-element tensor a torch function made of Python numbers alone
+        # (`torch.div(n, 2, rounding_mode="trunc")`): what Python reads of it where a size needs it
+        self.number = None
 
     @staticmethod
     def only_assumed(values) -> bool:

@@ -146,6 +146,10 @@ def _output_viewed_by_extern(node: fx.Node) -> bool:
         any(getattr(u.target, "kind", None) == "view" and viewed_by_extern(u) for u in node.users)
 
 
+# torch functions that read their first argument's memory, not its elements (lower_extern)
+READS_MEMORY = (torch.as_strided, torch.Tensor.as_strided)
+
+
 def reads_of(values) -> frozenset:
     """The buffers loads of these values read, as (name, elements, bytes of an element) (lazy
     values' reads, views' buffers)."""
@@ -502,6 +506,16 @@ class Lowering:
         n = _CONV_OPERANDS.get(p)
         if n and self._channels_last(args[n - 2]):  # (x)
             args = tuple(self.realize(a, (a.shape, strides_in(a.shape, CHANNELS_LAST))) for a in args[:n]) + tuple(args[n:])
+        if p is prim.call_torch and args[0] in READS_MEMORY and isinstance(args[1][0], TensorValue):
+            # `as_strided` reads its operand's memory, not its elements: a value the graph computed
+            # is given it alone in a buffer, in eager's layout (capture lets in only values whose
+            # eager memory is all theirs: Tensors.op); an input is the caller's tensor itself
+            x, meta = args[1][0], node.args[1][0].meta["val"]
+            if not (isinstance(x, View) and isinstance(x.buf, InputBuffer)):
+                x = self.realize(x, (tuple(meta.shape), meta.stride()))
+                if x.offset != 0 or math.prod(x.buf.shape) != math.prod(x.shape):  # (a view of a larger buffer)
+                    x = self.realize(Lazy(x.shape, x.dtype, x.load, reads=reads_of([x])), (tuple(meta.shape), meta.stride()))
+            args = (args[0], (x, *args[1][1:]), *args[2:])
         args, kwargs = map_aggregate(args, arg), map_aggregate(kwargs, arg)
         call = ExternCall(self.new_name(), p, args, kwargs, None, loc=node.meta.get("loc"))
         self.steps.append(call)
