@@ -926,13 +926,17 @@ COMPLEX_INTERMEDIATES = {
     "fftn(x).real (FNet)": lambda x: torch.fft.fftn(x * 2, dim=(1, 2)).real,
     "rfft(x).abs()": lambda x: torch.fft.rfft(x).abs(),
     "fft(x) * conj, .imag": lambda x: (torch.fft.fft(x) * torch.fft.fft(x.sin()).conj()).imag,
+    "view_as_complex rotary (Llama 4)": lambda x: torch.view_as_real(
+        torch.view_as_complex(x.reshape(2, 3, 4, 2)) * torch.polar(torch.ones(4), torch.arange(4.0))).flatten(-2),
 }
 
 
 @pytest.mark.parametrize("name", COMPLEX_INTERMEDIATES)
 def test_gradients_through_complex_intermediates(name):
     """Complex values are differentiated as torch does (their ops left to torch): the backward
-    had taken a complex value for an integer one and given zero gradients (FNet's training)."""
+    had taken a complex value for an integer one and given zero gradients (FNet's training), and
+    capture's stand-in of a complex view of a real tensor had dropped its requires_grad (Llama 4's
+    rotary embedding: q and k projections' gradients zero)."""
     compiled_as_eager(COMPLEX_INTERMEDIATES[name], randn(2, 3, 8))
 
 

@@ -881,3 +881,15 @@ def test_a_tensor_of_python_numbers_read_as_a_size():
         y = x.view(x.size(0), chunks + 1, w)
         return y * 2 + y.new_zeros((x.size(0), chunks + 1, w)), chunks * x.sum()
     check(f, X, 2, graphs=1, breaks=[])
+
+
+@pytest.mark.parametrize("py_type", [int, float, bool])
+def test_a_python_type_as_dtype(py_type):
+    """`torch.zeros(n, dtype=int)` (transformers' masking utils): the graph holds torch's dtype, not
+    Python's type, which the code of a graph rebuilt for a new size could not name (SyntaxError)."""
+    def f(x):
+        unused = x.cos()  # noqa: F841 (the graph is rebuilt without it)
+        return x.sum(-1) + torch.zeros(x.shape[0], dtype=py_type)
+    cf = fuselens.compile(f)
+    for x in (X, X[:1], X[:3]):  # (a new batch: a dynamic dim, the graph rebuilt)
+        torch.testing.assert_close(cf(x), f(x))

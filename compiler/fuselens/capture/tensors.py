@@ -254,6 +254,9 @@ class Tensors:
             if isinstance(cast, AC.AtenCalls):
                 return self.replay(cast, args, kwargs, e, scope)
             args, kwargs = cast
+        if isinstance(kwargs.get("dtype"), type):  # `dtype=int` (torch reads Python's types): the torch dtype,
+            # which a graph's code can name
+            kwargs = {**kwargs, "dtype": torch.empty(0, dtype=kwargs["dtype"]).dtype}
         if fn in (torch.as_strided, torch.Tensor.as_strided) and args and isinstance(args[0], TensorVar) \
                 and not self.abstract and not _memory_all_its_own(args[0]):
             # as_strided reads memory: a computed value's is the backend's (lower_extern gives it

@@ -235,8 +235,10 @@ def stand_ins(args):
                 raw, root = torch.empty(n, dtype=root_meta.dtype, device="meta"), None
             storage[key] = (raw, root)
         raw, root = storage[key]
-        if m.dtype != raw.dtype:  # a dtype view (`x.view(torch.int32)`): its own storage
-            s = torch.empty_strided(m.size(), m.stride(), dtype=m.dtype, device="meta")
+        if m.dtype != raw.dtype:  # a dtype view (`x.view(torch.int32)`, `view_as_complex`): its own storage,
+            # requiring grad as the view does (a non-leaf: it may be written)
+            s = torch.empty(_extent(m), dtype=m.dtype, device="meta", requires_grad=m.requires_grad)
+            s = (s.clone() if m.requires_grad else s).as_strided(m.size(), m.stride(), m.storage_offset())
         elif root is not None:  # the leaf itself, or a view of it
             s = root if m is root_meta else root.as_strided(m.size(), m.stride(), m.storage_offset())
         else:
