@@ -318,7 +318,9 @@ class Module(Kind):
         if isinstance(v, (nn.ModuleDict, nn.ParameterDict)):
             return list(v.keys())
         if isinstance(v, nn.ParameterList):  # its parameters, each a graph input at its position
-            ev.domain.guard(f"len({SRC}) == {len(v)}", f"len({ev.domain.source(ev, v)})", ev.domain.source(ev, v))
+            src = ev.domain.source(ev, v)
+            if src is not None:  # (one of no source is a constant: its items are read through it)
+                ev.domain.guard(f"len({SRC}) == {len(v)}", f"len({src})", src)
             return [self.getitem(ev, v, i, node, scope) for i in range(len(v))]
         return super().iterate(ev, v, node, scope, whole_stmt)
 

@@ -104,9 +104,7 @@ def _bind(fn, target, args, kwargs):
 
 def _complex(v) -> bool:
     """Whether a complex tensor is among `v`'s values (arguments, the node's result)."""
-    found = []
-    map_aggregate(v, lambda a: isinstance(a, (TVal, torch.Tensor)) and a.dtype.is_complex and found.append(a))
-    return bool(found)
+    return any(isinstance(a, (TVal, torch.Tensor)) and a.dtype.is_complex for a in tree_leaves(v))
 
 
 def _on_copies(fn, written):
