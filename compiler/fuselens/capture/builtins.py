@@ -29,7 +29,8 @@ from .frames import AbstractSeq, BreakSignal
 from .graph import _map
 from .objects import foldable
 from .tensors import TensorMethod
-from .values import UNKNOWN, BoundUserMethod, GeneratorItems, LocalFunction, SymInt, TensorVar, Unknown, contains_tensor, leaves
+from .values import (UNKNOWN, BoundUserMethod, GeneratorItems, LocalFunction, SymInt, TensorVar, Unknown, contains_tensor,
+                     is_array_type, leaves)
 
 NOT_HANDLED = object()
 
@@ -44,6 +45,8 @@ def _len(ev, fn, args, kwargs, e, scope):
         return UNKNOWN
     if isinstance(v, environ.ENVIRONMENTS):
         return environ.read(ev, v, "__len__", [], {}, e, scope)
+    if is_array_type(type(v)):  # (kinds.ArrayData: read in Python)
+        return ev.domain.unknowable(ev, B.UNSUPPORTED_EXPR, e, scope, detail=f"len() of a {type(v).__name__}")
     ev.effects.observe_len(v)
     return len(v)
 

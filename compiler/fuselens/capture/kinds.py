@@ -38,7 +38,7 @@ from .objects import _IMMUTABLE, _no_source, _runs_python, _stdlib
 from .side_effects import MUTABLE, _is_key, _item
 from .source import FunctionSource
 from .values import (NUMPY_DTYPE, NUMPY_SCALARS, UNKNOWN, BoundUserMethod, ForeignData, GeneratorCall,
-                     LocalFunction, SymInt, TensorVar, Unknown, contains_tensor, leaves)
+                     LocalFunction, SymInt, TensorVar, Unknown, contains_tensor, is_array_type, leaves)
 from .tensors import TensorMethod
 
 # the source of a slice of a module container (`self.layers[slice(None, 16, None)]`): its base, its slice
@@ -460,6 +460,26 @@ class NumpyFunction(Kind):
 _NUMPY_DATA = (numbers.Number, str, bytes, type(None), type, *NUMPY_SCALARS)
 
 
+class ArrayData(Kind):
+    """A NumPy array (values.is_array_type; capture makes none: NumPy's calls giving one break): data guarded by its type alone, so
+    what is read of it (an item, its truth, its items) is read in Python: a constant of the
+    first call's data would outlive it (BigBird's random blocks, drawn anew each call)."""
+
+    def getitem(self, ev, obj, idx, e, scope):
+        return self._read(ev, obj, "an item", e, scope)
+
+    def truth(self, ev, v, node, scope, kind, whole_stmt):
+        return self._read(ev, v, "the truth", node, scope, whole_stmt)
+
+    def iterate(self, ev, v, node, scope, whole_stmt):
+        return self._read(ev, v, "the items", node, scope, True)
+
+    @staticmethod
+    def _read(ev, v, what, e, scope, whole_stmt=False):
+        return ev.domain.unknowable(ev, B.UNSUPPORTED_EXPR, e, scope, whole_stmt=whole_stmt,
+                                    detail=f"{what} of a {type(v).__name__} (NumPy's data) read")
+
+
 class Environment(Kind):
     """`os.environ` (environ.py): what capture reads of it is guarded by value; its methods are
     EnvironMethods, whose calls are those guarded reads."""
@@ -547,9 +567,9 @@ class Class(Kind):
         return ev.new_object(cls, args, kwargs, e, scope)
 
 
-OBJECT, PYTHON_MODULE, TENSOR, TENSOR_METHOD, SYMINT, UNKNOWN_VALUE, STAND_IN, MODULE, GENERATOR = (
+OBJECT, PYTHON_MODULE, TENSOR, TENSOR_METHOD, SYMINT, UNKNOWN_VALUE, STAND_IN, MODULE, GENERATOR, ARRAY_DATA = (
     Kind(), PythonModule(), Tensor(), TensorMethodKind(), SymbolicInt(), UnknownValue(), StandIn(), Module(),
-    Generator())
+    Generator(), ArrayData())
 PYTHON_FUNCTION, TORCH_FUNCTION, KNOWN_FUNCTION, C_METHOD, PURE, PARTIAL, CLASS, GETTER, NUMPY_FUNCTION = (
     PythonFunction(), TorchFunction(), KnownFunction(), CMethod(), PureFunction(), Partial(), Class(), Getter(),
     NumpyFunction())
@@ -597,6 +617,8 @@ def _type_kind(t) -> Kind | None:
             or any("__call__" in vars(c) for c in t.__mro__[:-1]):
         # a callable (its instances are: `operator.itemgetter(0)`, `torch.no_grad()`, an OpOverload)
         return None
+    if is_array_type(t):
+        return ARRAY_DATA
     return OBJECT
 
 
@@ -611,10 +633,12 @@ def _callable_kind(fn) -> Kind:
         return SCRIPTED
     if C.is_torch_callable(fn):
         return TORCH_FUNCTION
-    if isinstance(fn, types.MethodType) and not isinstance(fn.__func__, types.BuiltinFunctionType):
+    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, (types.FunctionType, LocalFunction)):
         return PYTHON_FUNCTION
-    if isinstance(fn, _C_METHODS) or isinstance(fn, types.BuiltinMethodType) \
+    if isinstance(fn, _C_METHODS) or isinstance(fn, (types.BuiltinMethodType, types.MethodType)) \
             and not isinstance(fn.__self__, (types.ModuleType, type(None))):
+        # (a compiled method bound to its object, Cython's too (`np.random.permutation` on the
+        # global RandomState): code capture cannot read, on the object's state)
         return C_METHOD
     if isinstance(fn, types.FunctionType):
         return PYTHON_FUNCTION
@@ -634,7 +658,7 @@ def _callable_kind(fn) -> Kind:
 def _c_method_self(fn, args):
     """The object a method written in C (`object.__setattr__`, `OrderedDict.__setitem__`,
     a bound `dict.keys`) is called on."""
-    if isinstance(fn, (types.MethodWrapperType, types.BuiltinMethodType)):
+    if isinstance(fn, (types.MethodWrapperType, types.BuiltinMethodType, types.MethodType)):
         return fn.__self__
     return args[0] if args else None
 

@@ -17,6 +17,12 @@ except ImportError:  # pragma: no cover
     NUMPY_SCALARS, NUMPY_DTYPE = (), ()
 
 
+def is_array_type(t: type) -> bool:
+    """NumPy's arrays and other array data (what has `__array__`), but tensors and NumPy's
+    scalars (values, guarded by value)."""
+    return hasattr(t, "__array__") and not issubclass(t, (torch.Tensor, TensorVar, *NUMPY_SCALARS))
+
+
 def torch_number(v):
     """The Python number torch's argument parser reads the NumPy scalar `v` as (`scalar_slow` in
     torch/csrc/utils/python_arg_parser.cpp), so that a graph holds what eager computes with: an
