@@ -174,6 +174,25 @@ def test_indexing():
     check(f, X, graphs=1, breaks=[])
 
 
+def test_a_tensor_eager_reads_as_a_number_in_an_index():
+    """Eager reads a slice's tensor bound, and a 0-dim integer tensor index (a select: a view),
+    with its `__index__`: one made of Python numbers alone (DeBERTa's `torch.tensor(att_span)`)
+    is its value in the graph; one of data is read in Python."""
+    def of_numbers(x):
+        span = torch.tensor(min(x.size(0), 2))
+        return x[3 - span: 3 + span, :] * 2, x[span - 1], x[:, torch.tensor(-1)]
+
+    def of_data(x, n):
+        return x[: n.sum(), 1:] * 2
+
+    def a_view_chosen_by_data(x, i):
+        x[i].mul_(3)  # (a select: the row of `x` itself)
+        return x * 2
+    check(of_numbers, X, graphs=1, breaks=[])
+    check(of_data, X, torch.tensor([1, 2]), breaks=["FL113"])
+    check(a_view_chosen_by_data, X, torch.tensor(2))
+
+
 # ------------------------------------------------------------------------------ nn.functional
 def test_functional():
     w = torch.randn(5, 8)

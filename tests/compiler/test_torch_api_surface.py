@@ -165,6 +165,26 @@ def test_distribution_methods_equal_eager(fn):
     check_grads(fn, mu, ls)
 
 
+def _transformed(mu, log_sigma):
+    t = torch.distributions.transforms.AffineTransform(mu, log_sigma.exp())
+    return t.inv(mu * 3).sum() + t(mu).sum()  # (`t.inv`: an object of torch's Python, called)
+
+
+def _gumbel(mu, log_sigma):
+    # validation breaks in Distribution.__init__'s loop over constraints holding graph tensors
+    g = torch.distributions.Gumbel(mu * 0, log_sigma.exp() + 1, validate_args=True)
+    return g.log_prob(mu).sum()
+
+
+@pytest.mark.parametrize("fn", [_transformed, _gumbel], ids=lambda f: f.__name__[1:])
+def test_distribution_objects_of_torchs_python(fn):
+    """A transform is a callable object of torch's Python: its `__call__` inlined, not an op.
+    A break inside a loop whose remaining items hold graph tensors resumes with them."""
+    mu = torch.randn(4, 4, generator=torch.Generator().manual_seed(1)).requires_grad_()
+    ls = torch.randn(4, 4, generator=torch.Generator().manual_seed(2)).requires_grad_()
+    check_grads(fn, mu, ls)
+
+
 class _Noisy:
     def __init__(self, t):
         self.a = t * 2

@@ -188,7 +188,7 @@ class Tensor(Kind):
         if isinstance(idx, TensorVar) and idx.is_bool \
                 or isinstance(idx, tuple) and any(isinstance(i, TensorVar) and i.is_bool for i in idx):
             ev.brk(B.DYNAMIC_SHAPE, e, scope, detail="boolean-mask indexing")
-        return ev.op(operator.getitem, [obj, idx], {}, e, scope)
+        return ev.op(operator.getitem, [obj, _number_indices(ev, idx, e, scope)], {}, e, scope)
 
     def truth(self, ev, v, node, scope, kind, whole_stmt):
         if v.known is not None and (v.meta is None or v.meta.numel() == 1):
@@ -206,6 +206,29 @@ class Tensor(Kind):
         n = ev.sizes(v)[0]  # guarded: the loop is unrolled for this many rows
         n = ev.specialize(n, node, scope) if isinstance(n, SymInt) else n
         return [ev.op(operator.getitem, [v, i], {}, node, scope) for i in range(n)]
+
+
+def _number_indices(ev, idx, e, scope):
+    """`idx` with the tensors eager reads as numbers (their `__index__`) read so: its slices'
+    bounds, and a 0-dim integer tensor index (eager's select, a view at the position it holds,
+    not advanced indexing). A tensor of Python numbers alone (TensorVar.number, DeBERTa's
+    `torch.tensor(att_span)`) is its value; any other is data, read in Python."""
+    def number(b, what):
+        if not isinstance(b, TensorVar) or b.assumed:
+            return b
+        if b.number is None:
+            ev.brk(B.TENSOR_TO_PY, e, scope, detail=f"{what}: eager reads its value")
+        return b.number
+
+    def one(s):
+        if isinstance(s, slice):
+            return slice(*(number(b, "a tensor as a slice bound") for b in (s.start, s.stop, s.step)))
+        if isinstance(s, TensorVar) and s.meta is not None and s.meta.dim() == 0 \
+                and s.meta.dtype not in (torch.bool, torch.uint8) and not s.meta.dtype.is_floating_point \
+                and not s.meta.dtype.is_complex:
+            return number(s, "a 0-dim integer tensor as an index")
+        return s
+    return tuple(one(s) for s in idx) if isinstance(idx, tuple) else one(idx)
 
 
 class TensorMethodKind(Kind):
@@ -378,6 +401,12 @@ class TorchFunction(Kind):
             # torch's own Python helpers on plain values (`F._canonical_mask(None, ...)`,
             # `F._none_or_dtype(None)`) are code like the user's: what they touch decides
             return ev.inline(fn, args, kwargs, e, scope)
+        call = inspect.getattr_static(type(fn), "__call__", None)
+        if not plain and isinstance(call, types.FunctionType) \
+                and not isinstance(fn, (torch._ops.OperatorBase, torch._ops.OpOverloadPacket)):
+            # an object of torch's Python called on tensors (a distribution's transform, `t.inv(y)`):
+            # its `__call__` is code like the user's, no op
+            return ev.inline(call, args, kwargs, e, scope, self_value=fn)
         return ev.torch_call(fn, args, kwargs, e, scope)
 
 

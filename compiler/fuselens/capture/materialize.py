@@ -4,7 +4,6 @@ captured code made, views made again from their bases)."""
 from __future__ import annotations
 
 import ast
-import copy
 import operator
 import re
 
@@ -13,7 +12,7 @@ import torch
 from ..ops import effects as E
 from . import side_effects as S
 from .guards import is_literal
-from .source import build_function
+from .source import build_function, copy_ast
 from .values import GeneratorCall, GeneratorItems, LocalFunction, SymInt, SymShape, TensorVar, ValueSources
 
 
@@ -180,7 +179,7 @@ class Materializer:
         hit = self._own.get(id(v))
         if hit is not None:
             return hit[1]
-        node = copy.deepcopy(v.node)
+        node = copy_ast(v.node)
         if getattr(node, "decorator_list", None):
             raise CannotResume(f"decorated local function {v.name!r} is live across a graph break")
         args = node.args

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from .frames import BreakSignal, FrameAtBreak, has_loop_jump
 from .guards import is_literal
 from .materialize import CannotResume, Materializer
-from .source import FunctionSource, build_function
+from .source import FunctionSource, build_function, copy_ast
 from .values import LocalFunction, SymInt, TensorVar
 
 
@@ -241,8 +241,8 @@ def _names_read(stmt) -> set:
 def substitute(stmt, completed, mat, temps, replace_call=None, result=None):
     """`stmt` with the sub-expressions the graph computed replaced by temporaries (added to
     `temps`), and `replace_call` by the name `result`."""
-    s = copy.deepcopy(stmt)
-    # deepcopy breaks identity: map copied nodes back to the originals' entries
+    s = copy_ast(stmt)
+    # a copy breaks identity: map copied nodes back to the originals' entries
     orig = list(ast.walk(stmt))
     new = list(ast.walk(s))
     comp = {}
@@ -252,15 +252,7 @@ def substitute(stmt, completed, mat, temps, replace_call=None, result=None):
             comp[id(n)] = completed[id(o)]
         if replace_call is not None and o is replace_call:
             call = n
-    _copy_private(stmt, s)
     return _Substitute(comp, mat, temps, _names_read(stmt), call, result).visit(s)
-
-
-def _copy_private(a, b):
-    for o, n in zip(ast.walk(a), ast.walk(b)):
-        for k in ("_fl_value", "_fl_items"):
-            if hasattr(o, k):
-                setattr(n, k, getattr(o, k))
 
 
 # ------------------------------------------------------------------------------ generation
@@ -316,7 +308,7 @@ class Writer:
                 if isinstance(node.func, ast.Name) and node.func.id == "super" and not node.args:
                     node.args = [ast.Name(id=name, ctx=ast.Load()), ast.Name(id=first, ctx=ast.Load())]
                 return node
-        out = [ast.fix_missing_locations(Explicit().visit(copy.deepcopy(st))) for st in stmts]
+        out = [ast.fix_missing_locations(Explicit().visit(copy_ast(st))) for st in stmts]
         return out, {**(consts or {}), name: cls}
 
     def new_resume(self, frame: FrameAtBreak, params: list[str], body: list, tag: str,
@@ -614,7 +606,7 @@ class Writer:
                 if _position(node) in where:
                     node.func = ast.Call(func=ast.Name(id=wrap, ctx=ast.Load()), args=[node.func], keywords=[])
                 return node
-        return ast.fix_missing_locations(Rewrite().visit(copy.deepcopy(s)))
+        return ast.fix_missing_locations(Rewrite().visit(copy_ast(s)))
 
     def generated(self, frame, name, params, body, consts=None, unbound=()):
         """A frame's continuation that capture inlines: a real Python function (for the eager
@@ -658,7 +650,7 @@ def _with_lines(text, outer_frames, mat):
                 if isinstance(n.ctx, ast.Load) and n.id in fr.vars:
                     return ast.parse(mat.expr(fr.vars[n.id]), mode="eval").body
                 return n
-        items = ", ".join(ast.unparse(Bind().visit(copy.deepcopy(i))) for i in node.items)
+        items = ", ".join(ast.unparse(Bind().visit(copy_ast(i))) for i in node.items)
         src = f"with {items}:\n" + "\n".join("    " + l for l in src.splitlines())
     return [src]
 
@@ -698,10 +690,7 @@ def _returning(stmt, returned: str):
             return node  # its returns are its own
         visit_AsyncFunctionDef = visit_Lambda = visit_ClassDef = visit_FunctionDef
 
-    # (a copy: `stmt` may be the user's own node; the values carried on nodes stay themselves)
-    keep = {id(v): v for n in ast.walk(stmt) for k in ("_fl_value", "_fl_items") if hasattr(n, k)
-            for v in [getattr(n, k)]}
-    out = Wrap().visit(copy.deepcopy(stmt, keep))
+    out = Wrap().visit(copy_ast(stmt))
     return ast.fix_missing_locations(out), bool(found)
 
 

@@ -4,6 +4,7 @@ line numbers and the columns of the (possibly indented) original text."""
 from __future__ import annotations
 
 import ast
+import copy
 import inspect
 import linecache
 import textwrap
@@ -205,3 +206,12 @@ def factory_code(source: str, name: str, consts) -> types.CodeType:
     factory = f"def __fl_factory({', '.join(names)}):\n{inner}\n    return {name}"
     code = compile(factory, f"<fuselens transformed {name}>", "exec")
     return next(c for c in code.co_consts if isinstance(c, types.CodeType))
+
+
+def copy_ast(node):
+    """A deep copy of `node` (the user's own nodes are not changed) whose carried values
+    (`_fl_value`, a loop's remaining `_fl_items`: tensors, a graph's values among them) stay
+    themselves: copied, they would be other objects, or a non-leaf tensor that cannot be."""
+    keep = {id(v): v for n in ast.walk(node) for k in ("_fl_value", "_fl_items") if hasattr(n, k)
+            for v in [getattr(n, k)]}
+    return copy.deepcopy(node, keep)

@@ -188,9 +188,10 @@ class Tensors:
         if name in C.META_METHODS and getattr(torch, name, None) is fn and args and isinstance(args[0], TensorVar):
             # `torch.is_floating_point(t)`, `torch.numel(t)`: the method's question, answered so
             return self.tensor_method(args[0], name, list(args[1:]), kwargs, e, scope)
-        if fn in C.STATE_QUERIES:
+        hashable = type(fn).__hash__ is not None  # (an object of torch's Python may not be)
+        if hashable and fn in C.STATE_QUERIES:
             return fn(*args)
-        if fn in AUTOCAST_QUERIES:
+        if hashable and fn in AUTOCAST_QUERIES:
             default, answer = AUTOCAST_QUERIES[fn]
             return self.autocast_state(args[0] if args else kwargs.get("device_type", default))[answer]
         if self.abstract and not args and not kwargs:
