@@ -480,3 +480,34 @@ def test_a_torch_module_method_called_through_its_class_is_inlined(make):
     argument: FL180)."""
     m, x = make()
     check(m, x, graphs=1, breaks=[])
+
+
+class _Router(nn.Module):
+    """Switch Transformers' and NLLB-MoE's router: `self.classifier.to(self.dtype)` in forward."""
+
+    def __init__(self, cast):
+        super().__init__()
+        self.classifier, self.cast = nn.Linear(8, 4), cast
+
+    def forward(self, x):
+        self.classifier = self.cast(self.classifier, x)
+        return self.classifier(x).softmax(-1)
+
+
+@pytest.mark.parametrize("cast", [lambda m, x: m.to(x.dtype), lambda m, x: m.float(),
+                                  lambda m, x: m.to("cpu", torch.float32)], ids=["to", "float", "to device dtype"])
+def test_a_module_converted_to_what_it_is_in_forward_is_itself(cast):
+    check(_Router(cast), torch.randn(2, 8), graphs=1, breaks=[])
+
+
+def test_a_module_converted_in_forward_to_another_dtype_runs_in_python():
+    torch.manual_seed(0)
+    eager, compiled = _Router(lambda m, x: m.to(x.dtype)), _Router(lambda m, x: m.to(x.dtype))
+    compiled.load_state_dict(eager.state_dict())
+    cm = fuselens.compile(compiled)
+    for dtype in (torch.float32, torch.float64, torch.float64):
+        x = torch.randn(2, 8, dtype=dtype)
+        torch.testing.assert_close(cm(x), eager(x), rtol=0, atol=0)
+        assert compiled.classifier.weight.dtype == eager.classifier.weight.dtype == dtype
+    assert any(e.graph_break is not None and "converts the module's parameters" in e.graph_break.detail
+               for e in fuselens.inspect(cm))

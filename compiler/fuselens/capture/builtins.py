@@ -27,6 +27,7 @@ from . import environ
 from ..ops.autograd_function import FunctionGradient, Untraceable, trace_backward
 from .frames import AbstractSeq, BreakSignal
 from .graph import _map
+from .guards import SRC
 from .objects import foldable
 from .tensors import TensorMethod
 from .values import (UNKNOWN, BoundUserMethod, GeneratorItems, LocalFunction, SymInt, TensorVar, Unknown, contains_tensor,
@@ -428,6 +429,47 @@ def _marked_constant(ev, fn, args, kwargs, e, scope):
     return NOT_HANDLED
 
 
+_MODULE_CASTS = {nn.Module.to: None, nn.Module.float: torch.float32, nn.Module.double: torch.float64,
+                 nn.Module.half: torch.float16, nn.Module.bfloat16: torch.bfloat16, nn.Module.cpu: "cpu"}
+
+
+def _module_cast(ev, fn, args, kwargs, e, scope):
+    """`module.to(dtype)`, `.float()`, `.cpu()` in a forward (a router's
+    `self.classifier.to(self.dtype)`, a no-op after the first call): where it changes none of
+    the module's parameters and buffers it is the module itself, their dtypes and devices
+    guarded; one it would change (eager converts the model's own weights mid-call) runs in Python."""
+    mod, cast = fn.__self__, _MODULE_CASTS[fn.__func__]
+    if not ev.domain.runs_python:
+        return mod  # (the editor does not know the weights' dtypes: no break to claim)
+    if not all(foldable(v) for v in leaves([args, kwargs])):
+        return NOT_HANDLED  # (`.to(other_tensor)`: its dtype and device, Python's to read)
+    if fn.__func__ is nn.Module.to:
+        try:
+            device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+        except TypeError:
+            return NOT_HANDLED  # (eager's error, raised by the inlined code)
+        if memory_format is not None or dtype is not None and not dtype.is_floating_point:
+            return NOT_HANDLED  # (a complex or integer dtype: eager's warning or error, as it gives it)
+    elif args or kwargs:
+        return NOT_HANDLED
+    else:
+        device, dtype = (torch.device(cast), None) if cast == "cpu" else (None, cast)
+    now = _tensor_kinds(mod)  # (a floating dtype converts floating-point and complex tensors)
+    if any(device is not None and dev != device or dtype is not None and (dt.is_floating_point or dt.is_complex)
+           and dt != dtype for dt, dev in now):
+        ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail=f"`.{fn.__name__}()` converts the module's parameters "
+                                                     "(convert the model once, before calling it)")
+    src = ev.domain.source(ev, mod) or ev.domain.constant(mod, type(mod).__name__)
+    ev.domain.guard(f"{ev.domain.constant(_tensor_kinds, 'tensor_kinds')}({SRC}) == "
+                    f"{ev.domain.constant(now, 'tensor_kinds_now')}",
+                    f"{src}'s parameters and buffers keep their dtypes and devices", src)
+    return mod
+
+
+def _tensor_kinds(mod) -> tuple:
+    return tuple((t.dtype, t.device) for t in [*mod.parameters(), *mod.buffers()])
+
+
 KNOWN = {len: _len, range: _range, int: _int, getattr: _getattr, hasattr: _hasattr, min: _minmax, max: _minmax,
          type: _type, isinstance: _isinstance, super: _super, iter: _iter, next: _next, callable: _callable,
          setattr: _setattr, delattr: _delattr, functools.reduce: _reduce, print: _print,
@@ -471,4 +513,6 @@ def known_handler(fn):
         return _logging
     if _is_function_apply(fn):
         return _autograd_function_apply
+    if isinstance(fn, types.MethodType) and isinstance(fn.__self__, nn.Module) and fn.__func__ in _MODULE_CASTS:
+        return _module_cast
     return None

@@ -207,6 +207,9 @@ class Objects:
         if self.effects.is_fresh(obj):
             self.set_attribute(obj, attr, v, e, scope)
             return
+        if isinstance(obj, nn.Module) and isinstance(v, nn.Module) and obj._modules.get(attr) is v \
+                and not self.effects.getattr(obj, attr)[0]:
+            return  # `self.router = self.router.to(dtype)` given the module itself: a store of what is there
         src = self.domain.source(self, obj)
         if src is not None:
             setter = type(obj).__setattr__
