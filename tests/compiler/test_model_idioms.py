@@ -511,3 +511,20 @@ def test_a_module_converted_in_forward_to_another_dtype_runs_in_python():
         assert compiled.classifier.weight.dtype == eager.classifier.weight.dtype == dtype
     assert any(e.graph_break is not None and "converts the module's parameters" in e.graph_break.detail
                for e in fuselens.inspect(cm))
+
+
+@pytest.mark.parametrize("rnn", [nn.LSTM, nn.GRU, nn.RNN], ids=lambda c: c.__name__)
+def test_recurrent_modules_are_captured_whole(rnn):
+    """Their forward checks its weights by calling the `weakref.ref`s it holds: a referent found
+    at its source each call (a tensor: the same graph input as the parameter)."""
+    torch.manual_seed(0)
+    m = rnn(8, 8, num_layers=2, batch_first=True)
+    check(lambda x: m(x)[0].sum(), torch.randn(2, 5, 8), graphs=1, breaks=[])
+    x = torch.randn(2, 5, 8)
+    m.zero_grad()
+    m(x)[0].sum().backward()
+    want = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    fuselens.compile(m)(x)[0].sum().backward()
+    for g, w in zip([p.grad for p in m.parameters()], want):
+        torch.testing.assert_close(g, w)

@@ -24,6 +24,7 @@ import numbers
 import operator
 import re
 import types
+import weakref
 
 import torch
 import torch.nn as nn
@@ -509,6 +510,23 @@ class ArrayData(Kind):
                                     detail=f"{what} of a {type(v).__name__} (NumPy's data) read")
 
 
+class WeakReference(Kind):
+    """A `weakref.ref` from outside (nn.LSTM's `_flat_weight_refs`): calling it gives its
+    referent, found there on each call: a tensor is a graph input at that source (the same
+    tensor as another input where it is one: guarded so), anything else guarded by identity."""
+
+    def call(self, ev, ref, args, kwargs, e, scope):
+        if args or kwargs or not ev.domain.runs_python:
+            return super().call(ev, ref, args, kwargs, e, scope)
+        v = ref()
+        src = f"{ev.domain.source(ev, ref) or ev.domain.constant(ref, 'weakref')}()"
+        if isinstance(v, torch.Tensor) or type(v) in MUTABLE:
+            return ev.wrap_external(v, src)
+        ev.domain.guard(f"{SRC} is {ev.domain.constant(v, type(v).__name__)}" if v is not None else f"{SRC} is None",
+                        f"{src} is the same object", src)
+        return v
+
+
 class Environment(Kind):
     """`os.environ` (environ.py): what capture reads of it is guarded by value; its methods are
     EnvironMethods, whose calls are those guarded reads."""
@@ -599,6 +617,7 @@ class Class(Kind):
 OBJECT, PYTHON_MODULE, TENSOR, TENSOR_METHOD, SYMINT, UNKNOWN_VALUE, STAND_IN, MODULE, GENERATOR, ARRAY_DATA = (
     Kind(), PythonModule(), Tensor(), TensorMethodKind(), SymbolicInt(), UnknownValue(), StandIn(), Module(),
     Generator(), ArrayData())
+WEAK_REFERENCE = WeakReference()
 PYTHON_FUNCTION, TORCH_FUNCTION, KNOWN_FUNCTION, C_METHOD, PURE, PARTIAL, CLASS, GETTER, NUMPY_FUNCTION = (
     PythonFunction(), TorchFunction(), KnownFunction(), CMethod(), PureFunction(), Partial(), Class(), Getter(),
     NumpyFunction())
@@ -642,6 +661,8 @@ def _type_kind(t) -> Kind | None:
         return PYTHON_FUNCTION
     if issubclass(t, types.ModuleType):
         return PYTHON_MODULE
+    if t is weakref.ref:  # (callable: before the callables below)
+        return WEAK_REFERENCE
     if issubclass(t, (type, types.FunctionType, types.MethodType, types.BuiltinFunctionType) + _C_METHODS) \
             or any("__call__" in vars(c) for c in t.__mro__[:-1]):
         # a callable (its instances are: `operator.itemgetter(0)`, `torch.no_grad()`, an OpOverload)
