@@ -312,3 +312,29 @@ def test_class_methods_of_builtin_types_are_folded_once_and_guarded_as_themselve
         keys = OrderedDict.fromkeys(["a", "b"])
         return x * len(keys)
     check(breaks, X, calls=3)  # (each call after the first: no new entry)
+
+
+class _Linked:
+    def __init__(self, t):
+        self.t, self.me = t, self  # (a transform and its inverse hold each other so)
+
+
+def test_an_object_that_holds_itself_lives_across_a_break(capsys):
+    def f(x):
+        n = _Linked(x * 2)
+        print("break")
+        return n.me.t + 1, n.me is n
+    check(f, torch.randn(3), breaks=["FL100"])
+
+
+def test_an_object_torch_makes_from_constants_is_the_captures_own():
+    """`ExpTransform()` is made as eager makes it, each call: its attributes are written (the
+    cached `_inv` its `.inv` stores), also after a break."""
+    from torch.distributions.transforms import ExpTransform
+
+    def f(x):
+        t = ExpTransform()
+        y = t.inv(x.exp())
+        print("break")
+        return y + t.inv.inv(x), t.inv.inv is t
+    check(f, torch.randn(3), breaks=["FL100"])

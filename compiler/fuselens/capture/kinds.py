@@ -605,11 +605,13 @@ class Class(Kind):
             if any(isinstance(v, Unknown) for v in leaves([args, kwargs])):
                 return ev.abstract_torch_object(cls, e, scope)
             r = cls(*args, **kwargs)
-            if isinstance(r, nn.Module):
-                if any(True for _ in r.parameters()) or any(True for _ in r.buffers()):
-                    ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail=(
-                        f"a new `{cls.__name__}` with parameters on each call (make it in __init__)"))
-                ev.effects.fresh(r)  # the capture's own, as eager makes one on each call
+            if isinstance(r, nn.Module) and (any(True for _ in r.parameters()) or any(True for _ in r.buffers())):
+                ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail=(
+                    f"a new `{cls.__name__}` with parameters on each call (make it in __init__)"))
+            if hasattr(r, "__dict__"):
+                # an object of a Python class (a module without state, a distribution's transform):
+                # the capture's own, as eager makes one on each call
+                ev.effects.fresh(r)
             return r
         return ev.new_object(cls, args, kwargs, e, scope)
 

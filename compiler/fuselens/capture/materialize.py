@@ -215,27 +215,41 @@ class Materializer:
         return f"__fl_m{self._n_own}"
 
     def fresh_object(self, v) -> str:
-        """An object of a Python class the captured code made: rebuilt from its state, once
-        (side_effects.rebuild), under one name."""
+        """An object of a Python class the captured code made: made again from its state, once,
+        under one name. It is allocated before its state is written, which may hold the object
+        itself (a distribution's transform and its inverse hold each other); a tuple is made
+        with its items (side_effects.rebuild), so none of them may hold it."""
         hit = self._own.get(id(v))
         if hit is not None:
             if hit[1] is None:
                 raise CannotResume(f"a {type(v).__name__} object that contains itself escapes")
             return hit[1]
-        self._own[id(v)] = (v, None)  # being made
+        cls = self.sources.constant(type(v), type(v).__name__)
+        if isinstance(v, tuple):
+            self._own[id(v)] = (v, None)  # being made
+            state = self._state_expr(v)
+            name = self.own_name()
+            self._own[id(v)] = (v, name)
+            self.prelude.append(f"{name} = {self.sources.constant(S.rebuild, 'rebuild')}({cls}, {state})")
+            return name
+        name = self.own_name()
+        self._own[id(v)] = (v, name)
+        self.prelude.append(f"{name} = {cls}.__new__({cls})")
+        state = self._state_expr(v)
+        self.prelude.append(f"{self.sources.constant(S.set_state, 'set_state')}({name}, {state})")
+        return name
+
+    def _state_expr(self, v) -> str:
+        """`(attrs, items)` of `v` (side_effects.state) as an expression of the transformed function."""
         attrs, items = S.state(v)
-        a = "{" + ", ".join(f"{k!r}: {self.expr(x)}" for k, x in (attrs or {}).items()) + "}"
+        a = "None" if attrs is None else "{" + ", ".join(f"{k!r}: {self.expr(x)}" for k, x in attrs.items()) + "}"
         if items is None:
             i = "None"
         elif isinstance(v, dict):
             i = "[" + ", ".join(f"({self.expr(k)}, {self.expr(x)})" for k, x in items) + "]"
         else:
             i = "[" + ", ".join(self.expr(x) for x in items) + "]"
-        name = self.own_name()
-        self._own[id(v)] = (v, name)
-        cls = self.sources.constant(type(v), type(v).__name__)
-        self.prelude.append(f"{name} = {self.sources.constant(S.rebuild, 'rebuild')}({cls}, {a}, {i})")
-        return name
+        return f"({a}, {i})"
 
     def view_expr(self, view_of, view=None) -> str:
         parent, fn, args, kwargs, item = view_of

@@ -246,14 +246,11 @@ def set_state(obj, st) -> None:
         set.update(obj, items)
 
 
-def rebuild(cls, attrs: dict, items):
-    """A fresh object made again from its state (the transformed function calls this where the
-    object escapes): no `__init__` runs, the state is as capture left it."""
-    if issubclass(cls, tuple):
-        obj = tuple.__new__(cls, items)
-    else:
-        obj = cls.__new__(cls)
-        set_state(obj, (None, items))
+def rebuild(cls, state):
+    """A fresh tuple (a named tuple, a structseq-like subclass) made again from its state (the
+    transformed function calls this where it escapes): no `__init__` runs."""
+    attrs, items = state
+    obj = tuple.__new__(cls, items)
     if attrs:
         vars(obj).update(attrs)
     return obj
