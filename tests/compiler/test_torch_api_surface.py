@@ -282,7 +282,24 @@ class _SetupContext(torch.autograd.Function):
         return g * ctx.k, None
 
 
+class _AsksMetadata(torch.autograd.Function):
+    """YOSO's backward: `if not g.is_contiguous(): g = g.contiguous()`, and shapes read."""
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.t() * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        if not g.is_contiguous():
+            g = g.contiguous()
+        scale = 2.0 if x.dim() == 2 and g.shape[0] == x.size(1) else 3.0
+        return g.t() * scale
+
+
 _FUNCTION_CALLS = {
+    "asks_metadata": lambda x, y: (_AsksMetadata.apply(x.sin()) * y.t()).sum(),
     "square": lambda x, y: _Square.apply(x.sin()).sum(),
     "straight_through": lambda x, y: (_StraightThrough.apply(x * 3) * y).sum(),
     "reverse": lambda x, y: _Reverse.apply(x.sin(), 0.5).sum() + y.sum(),

@@ -375,7 +375,8 @@ def _function_gradient(cls, ctx, args, kwargs, out):
         stand_in.saved_tensors = stand_in.saved_variables = sub(to_save)
         stand_in.needs_input_grad = ctx.needs_input_grad
         return stand_in
-    backward = trace_backward(cls.backward, make_ctx, len(saved), cls.__name__, grads)
+    grad = (out if differentiable is None else out[differentiable]).meta
+    backward = trace_backward(cls.backward, make_ctx, [v.meta for v in saved], grad, cls.__name__, grads)
     positions = tuple(i for i, a in enumerate(args) if isinstance(a, TensorVar))
     fg = FunctionGradient(cls.__name__, backward, positions, len(saved))
     return fg, differentiable, [args[i] for i in positions], saved
