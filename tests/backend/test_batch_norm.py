@@ -134,6 +134,25 @@ def test_functional_spellings_equal_eager(spelling, channels_last):
     assert torch_calls("".join(wrappers(compiled))) == []
 
 
+def test_gradient_of_a_batch_of_one_in_channels_last_strides_is_the_true_one():
+    """At batch 1, a gradient of (1, C, H, W) whose strides are channels-last's (a transposed
+    sequence, CvT's convolutional projection) is given to eager's CPU kernel, which reads it
+    wrongly (torch 2.13: the bias gradient is not the sum of the output gradients). fuselens's
+    kernels compute the definition: the bias gradient is that sum, the input gradient as from a
+    contiguous copy of the same gradient."""
+    torch.manual_seed(0)
+    c = 16
+    bn = nn.BatchNorm2d(c).to(DEVICE)
+    x = torch.randn(1, c, 2, 2, device=DEVICE, requires_grad=True)
+    g = torch.randn(1, 4, c, device=DEVICE).transpose(1, 2).unflatten(2, (2, 2))  # strides (.., 1, 2c, c)
+    y = fuselens.compile(bn)(x)
+    dx, db = torch.autograd.grad(y, (x, bn.bias), g)
+    want_dx, want_db = torch.autograd.grad(bn(x), (x, bn.bias), g.contiguous())
+    torch.testing.assert_close(db, g.sum((0, 2, 3)))
+    torch.testing.assert_close(db, want_db)
+    torch.testing.assert_close(dx, want_dx)
+
+
 def test_one_value_per_channel_raises_as_eager():
     m = make(4, torch.float32).train()
     x = torch.randn(1, 3, 1, 1, device=DEVICE)
