@@ -463,6 +463,38 @@ def test_recompile_limit_falls_back_to_eager_with_one_warning():
     assert n_entries(cf) == runtime.RECOMPILE_LIMIT
 
 
+def _random_spans(n):
+    """Spec augment's NumPy mask, reduced: draws live across breaks, a new value on every call."""
+    m = np.zeros((3, n), dtype=bool)
+    k = np.random.randint(1, n // 2)
+    for i in range(3):
+        s = np.random.randint(0, n - k)
+        m[i, s:s + k] = True
+    return m
+
+
+def test_recompiles_of_a_function_and_its_continuations_are_bounded_together(monkeypatch):
+    """Each recompile of an entry makes continuations of its own, each with its own limit: a
+    value that changes on every call had grown the tree without bound (~1,000 entries and 0.5 ms
+    a call after 1,200 calls). Past the accumulated limit, a piece that misses runs eagerly."""
+    monkeypatch.setattr(runtime, "ACCUMULATED_RECOMPILE_LIMIT", 3)
+
+    def f(x):
+        return x.masked_fill(torch.from_numpy(_random_spans(x.shape[1])), 0.0) * 2
+    cf = fuselens.compile(f)
+    x = torch.randn(3, 32)
+    counts = []
+    with pytest.warns(FuselensWarning, match="3 recompiles of this function and its continuations"):
+        for seed in range(40):
+            np.random.seed(seed)
+            want = f(x)
+            np.random.seed(seed)
+            torch.testing.assert_close(cf(x), want, rtol=0, atol=0)
+            counts.append(n_entries(cf))
+    assert counts[-1] == counts[20], counts
+    assert sum(e.recompiled_because is not None for e in fuselens.inspect(cf)) == 3
+
+
 def test_explain_of_a_compiled_function_reports_its_recompiles():
     """`fuselens.explain(compiled)` with no arguments: what its calls compiled so far, each
     recompile's failed guard and the dims made dynamic, and the recompile limit's verdict."""

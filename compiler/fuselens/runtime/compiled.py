@@ -28,6 +28,10 @@ from .reinplace import reinplace
 from .distributed import call_with_forward, is_ddp, is_fsdp_unit, unit_call
 
 RECOMPILE_LIMIT = 8
+# recompiles of a function and all its continuations together: each recompile of an entry makes
+# continuations of its own, so per-function limits alone let a value that changes every call (a
+# NumPy random draw live across breaks) grow the tree without bound
+ACCUMULATED_RECOMPILE_LIMIT = 64
 _LOG_CAPTURE = logging.getLogger("fuselens.capture")
 _LOG_RUNTIME = logging.getLogger("fuselens.runtime")
 
@@ -241,6 +245,7 @@ class CompiledFunction:
         self.dynamic: dict[str, set] = {}
         self.disabled: str | None = None
         self._last_failure = None
+        self._tree = {"recompiles": 0, "warned": False}  # shared with its continuations (_entry)
         functools.update_wrapper(self, fn) if fn is not None else None
         if fs is not None:
             self.__name__ = fs.name
@@ -293,6 +298,13 @@ class CompiledFunction:
             self.disabled = f"recompile limit ({RECOMPILE_LIMIT}) reached; guard that kept failing: {reason}"
             warn(f"{self._name()}: {self.disabled}. Running it eagerly from now on.")
             return self._eager(args, kwargs)
+        if self.entries and self._tree["recompiles"] >= ACCUMULATED_RECOMPILE_LIMIT:
+            if not self._tree["warned"]:
+                self._tree["warned"] = True
+                warn(f"{self._name()}: {ACCUMULATED_RECOMPILE_LIMIT} recompiles of this function and its "
+                     f"continuations; guard that failed: {self.entries[-1].failing_guard(args, kwargs)}. "
+                     "A piece that misses its entries runs eagerly from now on.")
+            return self._eager(args, kwargs)
         try:
             fs = self._source()
         except NoSourceError as e:
@@ -316,6 +328,7 @@ class CompiledFunction:
             self.disabled = f"internal error in capture: {type(cause).__name__}: {cause}"
             return out
         entry.recompiled_because = failed
+        self._tree["recompiles"] += failed is not None
         self.entries.append(entry)
         _log(entry)
         if _LOG_CAPTURE.isEnabledFor(logging.DEBUG):
@@ -398,6 +411,7 @@ class CompiledFunction:
             graph_calls.append(gc)
         for r in cap.resumes:
             child = CompiledFunction(None, mode=self.mode, fullgraph=False, fs=r.fs)
+            child._tree = self._tree
             self.children.append(child)
             ns[r.name] = child
         for name, src, globals_ in cap.helpers:
