@@ -23,17 +23,15 @@ import torch.utils.checkpoint
 
 from . import breaks as B
 from . import calls as C
-from . import environ
+from . import environ, scans
 from ..ops.autograd_function import FunctionGradient, Untraceable, trace_backward
 from .frames import AbstractSeq, BreakSignal
 from .graph import _map
 from .guards import SRC
 from .objects import foldable
 from .tensors import TensorMethod
-from .values import (UNKNOWN, BoundUserMethod, GeneratorItems, LocalFunction, SymInt, TensorVar, Unknown, contains_tensor,
-                     is_array_type, leaves)
-
-NOT_HANDLED = object()
+from .values import (NOT_HANDLED, UNKNOWN, BoundUserMethod, GeneratorItems, LocalFunction, SymInt, TensorVar, Unknown,
+                     contains_tensor, is_array_type, leaves)
 
 
 def _len(ev, fn, args, kwargs, e, scope):
@@ -479,6 +477,8 @@ KNOWN = {len: _len, range: _range, int: _int, getattr: _getattr, hasattr: _hasat
          torch.utils.checkpoint.checkpoint: _checkpoint, os.getenv: _getenv}
 if hasattr(os, "getenvb"):
     KNOWN[os.getenvb] = _getenv
+if scans.ASSOCIATIVE_SCAN is not None:
+    KNOWN[scans.ASSOCIATIVE_SCAN] = scans.associative_scan
 KNOWN.update({f: _torch_function_query for f in C.TORCH_FUNCTION_QUERIES})
 KNOWN.update({f: _compile_time(True) for f in C.IS_COMPILING})
 KNOWN.update({f: _compile_time(False) for f in C.NOT_TRACING})

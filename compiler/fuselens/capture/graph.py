@@ -247,13 +247,16 @@ class GraphBuilder:
         fresh = [t for t, arg in zip(results, eff.returns_arg) if arg not in written]
         return self.add(effects.OnCopies(fn, written), args, kwargs, loc, tuple(copies + fresh), device)
 
-    def add(self, target, args, kwargs, loc, out_meta, device, *, n_outputs=None):
-        """The graph node of a call `evaluate` ran: a TensorVar, or a tuple of them."""
+    def add(self, target, args, kwargs, loc, out_meta, device, *, n_outputs=None, aten=None):
+        """The graph node of a call `evaluate` ran: a TensorVar, or a tuple of them. `aten`: the
+        ATen operators the call reached (its Effects' trace), where known."""
         node_args = _map(args, self._as_node)
         node_kwargs = _map(kwargs, self._as_node)
         node = self.graph.call_function(target, tuple(node_args), node_kwargs)
         node.meta["loc"] = loc
         node.meta["device"] = device
+        if aten is not None:
+            node.meta["aten"] = aten
         if self.recompute is not None:
             node.meta["recompute"] = self.recompute
         self.n_ops += 1

@@ -273,7 +273,8 @@ class Tensors:
             if no_grad_views:
                 args, kwargs = self.grad_leaves(args, e, scope), self.grad_leaves(kwargs, e, scope)
                 out_meta, device, eff = self.g.evaluate(fn, args, kwargs)
-            r = self.g.add(fn, args, kwargs, self.user_loc(e, scope), out_meta, device)
+            r = self.g.add(fn, args, kwargs, self.user_loc(e, scope), out_meta, device,
+                           aten=None if eff is None else tuple(op for op, _, _ in eff.trace))
         except MetaEvalError as err:
             if any(isinstance(a, TensorVar) and a.number is not None for a in leaves([args, kwargs])):
                 # a tensor of Python numbers alone where the op needs a number (a size of

@@ -116,6 +116,7 @@ class Unknown:
 
 
 UNKNOWN = Unknown()
+NOT_HANDLED = object()  # a known function's handler: not these arguments (builtins.KNOWN)
 
 
 class ForeignData(Unknown):
