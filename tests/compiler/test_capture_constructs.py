@@ -356,6 +356,28 @@ def test_closures_and_local_functions():
     check(f, X, graphs=1, breaks=[])
 
 
+def _calls_after_a_break(x, g):
+    print("break")
+    return g(x)
+
+
+def test_a_local_function_live_at_a_break_is_inlined_by_its_resume(capsys):
+    """A local function live across a break is made again from its source for the resume: a
+    new object on each call, guarded by its code and defaults, its cells read where the resume
+    finds it (their values guarded), inlined there. Guarded by identity, it had made every call
+    recompile until the limit, then run eagerly; called, it had been a break of its own."""
+    def across_a_break(x, k):
+        def g(t):
+            return t * k
+        return _calls_after_a_break(x, g) + 1
+    cf = fuselens.compile(across_a_break)
+    for k in (2.0, 2.0, 3.0, 3.0, 2.0, 2.0):
+        torch.testing.assert_close(cf(X, k), across_a_break(X, k))
+    entries = fuselens.inspect(cf)
+    assert len(entries) == 4, [e.recompiled_because for e in entries]  # (k == 2.0, k == 3.0: each twice)
+    assert [e.graph_break.code for e in entries if e.graph_break] == ["FL100", "FL100"]
+
+
 def test_nested_inlining_and_recursion_with_static_depth():
     def rec(x, n):
         if n == 0:

@@ -151,9 +151,14 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
             return self.domain.unknowable(self, B.UNSUPPORTED_EXPR, call, caller,
                                           detail=f"cannot bind arguments: {e}")
         if isinstance(fn, FunctionSource) or not isinstance(fn, LocalFunction):
+            # a local function made again at a break is guarded by its code (guards.guard_value):
+            # its cells are read where it was found, each call's own
+            at = self.value_sources.get(fn) if getattr(fn, "__fl_local__", False) and fn.__closure__ else None
             for k, v in fs.closure.items():
                 if k not in bound:
-                    bound[k] = self.external_constant(v, fs.cells.get(k), k)
+                    cell_src = None if at is None else \
+                        f"{at}.__closure__[{fn.__code__.co_freevars.index(k)}].cell_contents"
+                    bound[k] = self.external_constant(v, fs.cells.get(k), k, cell_src)
             for k, v in fs.defaults.items():  # a mutable default lives on with the function
                 if bound.get(k) is v and type(v) in MUTABLE:
                     bound[k] = self.external_constant(v, None, k)
@@ -188,14 +193,16 @@ class Evaluator(Statements, Expressions, Tensors, Objects):
             gen.items = gen.fs_scope[1].yields
         return list(gen.items)
 
-    def external_constant(self, v, cell, name):
+    def external_constant(self, v, cell, name, cell_src=None):
         """A callee's closure variable (in `cell`) or default: a container is modelled. A
         closure variable is read from its cell, as the compiled function's own are (capture.py):
         a tensor an input, any other value guarded (its function's identity does not fix what
-        its cells hold: `nonlocal` rebinds them; their values had been kept as constants)."""
+        its cells hold: `nonlocal` rebinds them; their values had been kept as constants). The
+        cell is found at `cell_src` where given (a closure guarded by its code), else it is
+        this very cell."""
         if cell is not None:
             v = cell.cell_contents
-            src = f"{self.domain.constant(cell, 'cell_' + name)}.cell_contents"
+            src = cell_src or f"{self.domain.constant(cell, 'cell_' + name)}.cell_contents"
             if not isinstance(v, torch.Tensor):
                 self.domain.guard_value(src, v)
             return self.wrap_external(v, src)

@@ -140,6 +140,16 @@ class Sources:
             # `buf.write`: a new object at each lookup, of the same receiver and name
             self.guard(f"{SRC}.__self__ is {self.constant(v.__self__, type(v.__self__).__name__)}"
                        f" and {SRC}.__name__ == {literal(v.__name__)}", f"{src} is the same method", src)
+        elif isinstance(v, types.FunctionType) and getattr(v, "__fl_local__", False) and v.__closure__ \
+                and is_literal(v.__defaults__) and is_literal(v.__kwdefaults__):
+            # a local function made again from its source at a break (materialize.local_function),
+            # a new object on each call that its resume receives: its code, defaults and globals,
+            # not its identity; what its cells hold is read at this source where it is inlined
+            self.guard(f"{SRC}.__code__ is {self.constant(v.__code__, v.__name__ + '_code')} and "
+                       f"{SRC}.__defaults__ == {literal(v.__defaults__)} and "
+                       f"{SRC}.__kwdefaults__ == {literal(v.__kwdefaults__)} and "
+                       f"{SRC}.__globals__ is {self.constant(v.__globals__, 'globals')}",
+                       f"{src} is a closure of the same code", src)
         elif isinstance(v, _STATIC_KINDS) or isinstance(v, (torch.dtype, torch.device, torch.Size)):
             # code and classes: inlined or called as they are, so the very object matters
             self.guard(f"{SRC} is {self.constant(v, getattr(v, '__name__', type(v).__name__))}"

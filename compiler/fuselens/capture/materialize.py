@@ -12,7 +12,7 @@ import torch
 from ..ops import effects as E
 from . import side_effects as S
 from .guards import is_literal
-from .source import build_function, copy_ast
+from .source import copy_ast, function_with_source
 from .values import GeneratorCall, GeneratorItems, LocalFunction, SymInt, SymShape, TensorVar, ValueSources
 
 
@@ -202,8 +202,10 @@ class Materializer:
         name = v.name if isinstance(node, ast.FunctionDef) else "__fl_lambda"
         body = ast.unparse(node) if isinstance(node, ast.FunctionDef) else f"{name} = {ast.unparse(node)}"
         inner = "\n".join("    " + line for line in body.splitlines())
-        factory = build_function(f"def __fl_make({', '.join(free + sorted(defaults))}):\n{inner}\n    return {name}",
-                                 "__fl_make", v.env.fs.globals, {})
+        # (marked: a new object each call, guarded by its code where a resume receives it)
+        factory = function_with_source(f"def __fl_make({', '.join(free + sorted(defaults))}):\n{inner}\n"
+                                       f"    {name}.__fl_local__ = True\n    return {name}", "__fl_make",
+                                       v.env.fs.globals, f"local {v.name}")
         own = self.own_name()
         self._own[id(v)] = (v, own)
         actual = [self.expr(values[k]) for k in free] + [self.expr(defaults[k]) for k in sorted(defaults)]

@@ -52,9 +52,10 @@ def associative_scan(ev, fn, args, kwargs, e, scope):
         start = _last_node(ev)
         out = pytree.tree_leaves(ev.call(combine, [pytree.tree_unflatten(lhs, spec),
                                                    pytree.tree_unflatten(rhs, spec)], {}, e, scope))
-        if len(out) != len(lhs) or not all(isinstance(t, TensorVar) for t in out):
-            ev.brk(B.UNSUPPORTED_EXPR, e, scope, whole_stmt=True,
-                   detail="associative_scan: its combine function returns other than one tensor per input")
+        if len(out) != len(lhs) or not all(isinstance(t, TensorVar) and t.meta is not None
+                                           and t.meta.shape == a.meta.shape for t, a in zip(out, lhs)):
+            ev.brk(B.UNSUPPORTED_EXPR, e, scope, whole_stmt=True, detail="associative_scan: its combine "
+                   "function returns other than one tensor of its input's shape per input")
         if mode == "generic" and not _pointwise_since(ev, start):
             ev.brk(B.UNSUPPORTED_EXPR, e, scope, whole_stmt=True,
                    detail="associative_scan: a combine function of other than pointwise ops (eager vmaps it)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import copy
 import inspect
+import itertools
 import linecache
 import textwrap
 import types
@@ -197,6 +198,20 @@ def build_function(source: str, name: str, globals_: dict, consts: dict, code=No
     factory_code made of these arguments (in this process or, marshalled, in another)."""
     code = code or factory_code(source, name, consts)
     return types.FunctionType(code, globals_)(*[consts[n] for n in sorted(consts)])
+
+
+def function_with_source(source: str, name: str, globals_: dict, label: str):
+    """The function `source` defines (`name`), compiled under a file name of its own whose lines
+    linecache holds: capture reads its source as any function's (a local function made again
+    from its source at a break, which its resume then inlines)."""
+    filename = f"<fuselens {label} {next(_SOURCES)}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace: dict = {}
+    exec(compile(source, filename, "exec"), globals_, namespace)
+    return namespace[name]
+
+
+_SOURCES = itertools.count()
 
 
 def factory_code(source: str, name: str, consts) -> types.CodeType:
