@@ -584,8 +584,8 @@ def training_graphs(f):
     """The TrainingGraphs of a compiled function's one graph (reduce-overhead, training calls)."""
     import inspect
     cg = f.entries[0].graph_calls[0].compiled
-    run = next(s.run for s in cg._specializations.values() if s.check is not None)
-    return inspect.getclosurevars(run).nonlocals["state"].graphs
+    runs = [inspect.getclosurevars(s.run).nonlocals for s in cg._specializations.values()]
+    return next(r["state"].graphs for r in runs if "state" in r)  # (a training call's run)
 
 
 def eager_grads(fn, inputs, params, g):
@@ -926,8 +926,9 @@ COMPLEX_INTERMEDIATES = {
     "fftn(x).real (FNet)": lambda x: torch.fft.fftn(x * 2, dim=(1, 2)).real,
     "rfft(x).abs()": lambda x: torch.fft.rfft(x).abs(),
     "fft(x) * conj, .imag": lambda x: (torch.fft.fft(x) * torch.fft.fft(x.sin()).conj()).imag,
-    "view_as_complex rotary (Llama 4)": lambda x: torch.view_as_real(
-        torch.view_as_complex(x.reshape(2, 3, 4, 2)) * torch.polar(torch.ones(4), torch.arange(4.0))).flatten(-2),
+    "view_as_complex rotary (Llama 4)": lambda x: torch.view_as_real(torch.view_as_complex(x.reshape(2, 3, 4, 2))
+                                                                      * torch.polar(torch.ones(4, device=x.device),
+                                                                                    torch.arange(4.0, device=x.device))).flatten(-2),
 }
 
 

@@ -4,6 +4,7 @@ vectorised inner ones, checked with the compiler's own report), the library cach
 where there is no compiler, and semantics where C++ and torch differ by default (integer
 wrap-around, NaN in max, half-precision rounding, dynamic sizes)."""
 import math
+import re
 import subprocess
 import warnings
 
@@ -246,7 +247,10 @@ def test_a_padded_pool_runs_its_interior_without_masks(channels_last):
     loops = [i for i, line in enumerate(lines) if line.strip().startswith("for (") and "; x" in line]
     unmasked = [i for i in loops if " = lo; " in lines[i]]
     assert len(unmasked) == 1 and sum(" = hi; " in lines[i] for i in loops) == (0 if channels_last else 1)
-    if "gcc" in cpp_build.compiler_identity().lower() or "g++" in cpp_build.compiler_identity():
+    # gcc 12 (these machines') vectorises it; gcc 13.3 (the GPU host's) declines NCHW's stride-2
+    # loads at 512-bit vectors ("no vectype"), channels-last's contiguous ones it vectorises
+    if re.search(r"(gcc|g\+\+)[^\n]* 12\.", cpp_build.compiler_identity()) or channels_last \
+            and "gcc" in cpp_build.compiler_identity().lower():
         assert {unmasked[0] + 3, unmasked[0] + 4} & vectorized_loops(kernel.source)  # (the `for`, 1-based, after 2 lines)
 
 
