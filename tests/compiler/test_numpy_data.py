@@ -74,3 +74,16 @@ def test_a_compiled_method_on_a_random_state_runs_each_call():
         x = torch.zeros(5, dtype=torch.int64)
         want = x + torch.from_numpy(same.permutation(5)) + int(same.randint(0, 100))
         torch.testing.assert_close(cf(x), want, rtol=0, atol=0)
+
+
+def test_a_tensor_sharing_an_arrays_memory_is_made_in_python():
+    """`torch.from_numpy(a)` shares a's memory (a write to either is seen by the other): Python
+    makes it, a clear break (it had been an FL180 of the meta run's keyword arguments)."""
+    def f(x, a):
+        return x * torch.from_numpy(a)
+    cf = fuselens.compile(f)
+    a = np.ones(3, dtype=np.float32)
+    for v in (1.0, 2.0):
+        a[:] = v
+        torch.testing.assert_close(cf(torch.ones(3), a), f(torch.ones(3), a))
+    assert [e.graph_break.code for e in fuselens.inspect(cf) if e.graph_break] == ["FL140"]

@@ -264,6 +264,9 @@ class Tensors:
             # a buffer of eager's layout), unless eager's memory holds more than the value
             self.brk(B.UNSUPPORTED_OP, e, scope, detail="as_strided of a computed view of a larger tensor: its "
                      "memory is read, as eager lays it out")
+        if fn is torch.from_numpy:  # (torch.tensor(array) copies it: a constant of the graph, read each run)
+            self.brk(B.UNKNOWN_CALL, e, scope, detail="torch.from_numpy: the tensor shares the array's memory, "
+                     "made in Python")
         try:
             if _has_numpy((args, kwargs)):
                 args, kwargs = self.numbers_for_torch(fn, args, kwargs)
