@@ -3,6 +3,7 @@ ModelOutput, caches), passed in, iterated, copied; functions that are generators
 marked constant. Each compiled result equals eager's, in one graph where eager's code allows."""
 from __future__ import annotations
 
+import collections.abc
 import copy
 import dataclasses
 import functools
@@ -338,3 +339,41 @@ def test_an_object_torch_makes_from_constants_is_the_captures_own():
         print("break")
         return y + t.inv.inv(x), t.inv.inv is t
     check(f, torch.randn(3), breaks=["FL100"])
+
+
+class _Settings(collections.abc.Mapping):
+    """A user's mapping: its own `__getitem__`, Mapping's `get` (frozen in Python 3.11's
+    standard library: its source is read from the standard library's file)."""
+
+    def __init__(self):
+        self.d = {"scale": 2.0}
+
+    def __getitem__(self, k):
+        return self.d[k]
+
+    def __iter__(self):
+        return iter(self.d)
+
+    def __len__(self):
+        return len(self.d)
+
+
+SETTINGS = _Settings()
+
+
+def test_what_a_mapping_from_outside_holds_is_read_on_each_call():
+    """An item read through a class's own `__getitem__` is guarded where it was read, as an
+    attribute is; `get` is the standard library's code, evaluated. Both had kept the first
+    call's value when the mapping changed."""
+    def f(x):
+        return x * SETTINGS["scale"] + SETTINGS.get("shift", 0.0)
+    cf = fuselens.compile(f)
+    x = torch.ones(2)
+    try:
+        for scale, shift in [(2.0, None), (5.0, None), (5.0, 1.5)]:
+            SETTINGS.d["scale"] = scale
+            if shift is not None:
+                SETTINGS.d["shift"] = shift
+            torch.testing.assert_close(cf(x), f(x), rtol=0, atol=0)
+    finally:
+        SETTINGS.d = {"scale": 2.0}

@@ -109,8 +109,26 @@ class Kind:
         if isinstance(idx, TensorVar):
             ev.brk(B.TENSOR_TO_PY, e, scope, detail="indexing a Python container with a tensor")
         ev.effects.observe_item(obj, idx)
-        v = obj[idx]
+        # read natively (its class's `__getitem__`, Python's or C's): guarded where it was read,
+        # as an attribute is, the item or its absence (a config mapping changed between calls
+        # had kept the first call's value)
+        # (a mapping's or sequence's state: a class's own Python `__getitem__`, a dict or list
+        # subclass; not builtins' own containers, capture's own, nor tuples, which do not change)
+        guarded = _is_key(idx) and type(obj).__module__ != "builtins" and not isinstance(obj, tuple) and (
+            isinstance(obj, (dict, list)) or isinstance(inspect.getattr_static(type(obj), "__getitem__", None),
+                                                         types.FunctionType))
+        src = (ev.domain.source(ev, obj) or ev.domain.constant(obj, type(obj).__name__)) if guarded else None
+        try:
+            v = obj[idx]
+        except KeyError:
+            if guarded:
+                ev.domain.guard(f"{idx!r} not in {SRC}", f"{src} has no item {idx!r}", src)
+            raise
         if not (isinstance(v, torch.Tensor) or type(v) is tuple and any(isinstance(x, torch.Tensor) for x in v)):
+            if guarded:
+                ev.domain.guard_value(_item(src, idx), v)
+                if type(v) in MUTABLE:
+                    return ev.domain.external(ev, v, _item(src, idx))
             return v
         # an item of a container capture does not model (a dict subclass: an OrderedDict,
         # transformers' ModelOutput): a tensor in it is a graph input at the item's source, as an

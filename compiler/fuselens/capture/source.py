@@ -8,6 +8,8 @@ import copy
 import inspect
 import itertools
 import linecache
+import os
+import sysconfig
 import textwrap
 import types
 from dataclasses import dataclass, field
@@ -143,11 +145,12 @@ def _source_lines(code: types.CodeType, module_globals) -> tuple[list[str], int]
     sys.modules for the module that holds the file (inspect.getmodule: a scan of every loaded
     module per file, ~2 ms each with transformers loaded): the function's globals are that module's,
     and give linecache the loader of a file that is not on disk."""
-    linecache.checkcache(code.co_filename)  # (a file edited since it was read: as inspect does)
-    lines = linecache.getlines(code.co_filename, module_globals)
+    filename = _frozen_source(code.co_filename) or code.co_filename
+    linecache.checkcache(filename)  # (a file edited since it was read: as inspect does)
+    lines = linecache.getlines(filename, module_globals)
     if not lines:
-        if code.co_filename.startswith("<"):  # `<frozen ...>`, `<string>` (a dataclass's __init__):
-            raise OSError("could not get source code")  # no source, which inspect finds after its scan
+        if filename.startswith("<"):  # `<frozen ...>` not in the standard library's folder, `<string>`
+            raise OSError("could not get source code")  # (a dataclass's __init__): no source, which inspect finds after its scan
         return inspect.getsourcelines(code)
     start = code.co_firstlineno - 1  # the first decorator's line, or the `def`
     if start >= len(lines):
@@ -156,6 +159,16 @@ def _source_lines(code: types.CodeType, module_globals) -> tuple[list[str], int]
     if end > start and _ends_at(lines, start, end):  # (inspect.getblock tokenizes the rest of the
         return lines[start:end], start + 1          # file to find the end: ~4 ms a function)
     return inspect.getblock(lines[start:]), start + 1
+
+
+def _frozen_source(filename: str) -> str | None:
+    """The standard library's file of a module Python runs frozen (`<frozen _collections_abc>`:
+    Mapping's `get`, `__contains__`... that a user's mapping inherits), compiled from that very
+    file: its methods are code like any other, evaluated on the user's objects."""
+    if not filename.startswith("<frozen ") or not filename.endswith(">"):
+        return None
+    path = os.path.join(sysconfig.get_paths()["stdlib"], *filename[8:-1].split(".")) + ".py"
+    return path if os.path.isfile(path) else None
 
 
 def _last_line(code: types.CodeType) -> int:
