@@ -2,6 +2,7 @@
 inputs, compare results and input mutations, and count graphs/breaks with explain."""
 from __future__ import annotations
 
+import collections.abc
 import math
 from collections import OrderedDict
 
@@ -129,3 +130,20 @@ def line_of(fn, text, nth=0):
     lines, start = inspect.getsourcelines(fn)
     hits = [start + i for i, l in enumerate(lines) if text in l]
     return hits[nth]
+
+
+class DictMapping(collections.abc.Mapping):
+    """A user's mapping over a dict: its own `__getitem__`; Mapping's `get`, `__contains__`...
+    (frozen in Python 3.11's standard library: read from the standard library's file)."""
+
+    def __init__(self, d):
+        self.d = d
+
+    def __getitem__(self, k):
+        return self.d[k]
+
+    def __iter__(self):
+        return iter(self.d)
+
+    def __len__(self):
+        return len(self.d)

@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 
 import fuselens
+from fl_capture_testing import DictMapping
 
 
 class Net(nn.Module):
@@ -90,10 +91,10 @@ def test_lambdas_sharing_a_line_compile_the_right_one():
 
 
 def test_functions_without_a_source_file_are_called_without_a_search(monkeypatch):
-    # a dataclass's generated __init__ (`<string>`) and a frozen module's method (`<frozen
-    # _collections_abc>` Mapping.get) have no source: capture calls them as they are, without
-    # inspect's scan of every loaded module for one (~5 ms each with transformers loaded)
-    import collections.abc
+    # a dataclass's generated __init__ (`<string>`) has no source: capture calls it as it is,
+    # without inspect's scan of every loaded module for one (~5 ms each with transformers
+    # loaded); a frozen module's method (`<frozen _collections_abc>` Mapping.get) is read from
+    # the standard library's file, without that scan either
     import dataclasses
     import inspect
 
@@ -101,19 +102,6 @@ def test_functions_without_a_source_file_are_called_without_a_search(monkeypatch
     class Out:
         y: torch.Tensor
         scale: float = 2.0
-
-    class Params(collections.abc.Mapping):
-        def __init__(self, d):
-            self.d = d
-
-        def __getitem__(self, k):
-            return self.d[k]
-
-        def __iter__(self):
-            return iter(self.d)
-
-        def __len__(self):
-            return len(self.d)
 
     def f(x, p):
         o = Out(x.relu())
@@ -123,7 +111,7 @@ def test_functions_without_a_source_file_are_called_without_a_search(monkeypatch
         raise AssertionError("inspect.getsourcelines was called")
 
     monkeypatch.setattr(inspect, "getsourcelines", no_scan)
-    x, p = torch.randn(4), Params({"b": 1.5})
+    x, p = torch.randn(4), DictMapping({"b": 1.5})
     torch.testing.assert_close(fuselens.compile(f)(x, p), f(x, p))
 
 

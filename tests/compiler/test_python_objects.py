@@ -3,7 +3,6 @@ ModelOutput, caches), passed in, iterated, copied; functions that are generators
 marked constant. Each compiled result equals eager's, in one graph where eager's code allows."""
 from __future__ import annotations
 
-import collections.abc
 import copy
 import dataclasses
 import functools
@@ -15,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import fuselens
-from fl_capture_testing import check
+from fl_capture_testing import DictMapping, check
 
 X = torch.randn(4, 8)
 
@@ -341,24 +340,7 @@ def test_an_object_torch_makes_from_constants_is_the_captures_own():
     check(f, torch.randn(3), breaks=["FL100"])
 
 
-class _Settings(collections.abc.Mapping):
-    """A user's mapping: its own `__getitem__`, Mapping's `get` (frozen in Python 3.11's
-    standard library: its source is read from the standard library's file)."""
-
-    def __init__(self):
-        self.d = {"scale": 2.0}
-
-    def __getitem__(self, k):
-        return self.d[k]
-
-    def __iter__(self):
-        return iter(self.d)
-
-    def __len__(self):
-        return len(self.d)
-
-
-SETTINGS = _Settings()
+SETTINGS = DictMapping({"scale": 2.0})  # (a user's mapping: its own __getitem__, Mapping's get)
 
 
 def test_what_a_mapping_from_outside_holds_is_read_on_each_call():
