@@ -359,3 +359,16 @@ def test_what_a_mapping_from_outside_holds_is_read_on_each_call():
             torch.testing.assert_close(cf(x), f(x), rtol=0, atol=0)
     finally:
         SETTINGS.d = {"scale": 2.0}
+
+
+def test_a_tensor_of_a_legacy_constructor_is_no_python_object():
+    """`torch.IntTensor([5, 7])` is made from constants as torch's objects are, but it is a
+    tensor: taken for a Python object of the capture's own, it had been rebuilt empty at a break
+    or return (VITS's `torch.IntTensor([hidden])[0]`)."""
+    def returned(x):
+        return torch.IntTensor([5, 7]), x + 1
+
+    def as_a_bound(x):
+        return torch.tanh(x[:, :torch.IntTensor([2])[0]]) * 2
+    check(returned, torch.zeros(3))
+    check(as_a_bound, torch.randn(2, 4, 3))

@@ -626,9 +626,10 @@ class Class(Kind):
             if isinstance(r, nn.Module) and (any(True for _ in r.parameters()) or any(True for _ in r.buffers())):
                 ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail=(
                     f"a new `{cls.__name__}` with parameters on each call (make it in __init__)"))
-            if hasattr(r, "__dict__"):
+            if hasattr(r, "__dict__") and not isinstance(r, torch.Tensor):
                 # an object of a Python class (a module without state, a distribution's transform):
-                # the capture's own, as eager makes one on each call
+                # the capture's own, as eager makes one on each call (a tensor is none: the state a
+                # Python object's rebuild copies is not its data)
                 ev.effects.fresh(r)
             return r
         return ev.new_object(cls, args, kwargs, e, scope)
