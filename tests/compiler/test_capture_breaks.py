@@ -596,6 +596,20 @@ def test_loop_over_opaque_iterator_runs_in_python():
     assert ex.graph_breaks[0].line == line_of(f, "for i in")
 
 
+def test_an_iterator_live_across_breaks_gives_each_item_once(capsys):
+    """`iter(...)` capture made, live at a break: the resume gets one over the items not yet
+    given, made each call (capture's own object, a constant, had been consumed by the resume's
+    capture: later calls got the following item or StopIteration; LLaVA's `Signature.bind`).
+    One from outside, a resume's too, is advanced by Python."""
+    def f(x, y):
+        it = iter((x, y, 3))
+        print("break")
+        a = next(it)
+        print("break")
+        return a * next(it) + next(it)
+    check(f, X, X + 1, calls=3)
+
+
 def test_loop_too_long_to_unroll_runs_in_python():
     def f(x):
         for i in range(600):

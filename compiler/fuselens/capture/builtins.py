@@ -186,7 +186,11 @@ def _iter(ev, fn, args, kwargs, e, scope):
     if len(args) != 1:
         ev.brk(B.UNSUPPORTED_EXPR, e, scope, detail="iter() with a sentinel")
     items = ev.iterate(args[0], e, scope)
-    return UNKNOWN if isinstance(items, AbstractSeq) else iter(items)
+    if isinstance(items, AbstractSeq):
+        return UNKNOWN
+    it = iter(items)
+    ev.effects.fresh(it)  # (capture's own: `next` takes its items; at a break, its rest is made again)
+    return it
 
 
 def _next(ev, fn, args, kwargs, e, scope):
@@ -195,7 +199,8 @@ def _next(ev, fn, args, kwargs, e, scope):
     if isinstance(args[0], GeneratorItems) and not kwargs and isinstance(e, ast.Call) and e.args \
             and isinstance(e.args[0], ast.GeneratorExp) and (args[0] or len(args) == 2):
         return args[0][0] if args[0] else args[1]
-    if not isinstance(args[0], type(iter([]))):
+    if not isinstance(args[0], type(iter([]))) or not ev.effects.is_fresh(args[0]):
+        # (one from outside, a resume's too, is Python's to advance, on every call)
         return ev.domain.unknowable(ev, B.UNSUPPORTED_EXPR, e, scope, detail=f"next() of a {type(args[0]).__name__}")
     return next(*args)
 

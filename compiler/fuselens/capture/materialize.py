@@ -21,6 +21,9 @@ class CannotResume(Exception):
     eagerly."""
 
 
+_LIST_ITERATOR = type(iter([]))
+
+
 class Materializer:
     """Python expressions for values in the transformed function's scope; tensors that are
     not graph inputs become graph outputs, modelled containers (side_effects.py) their real
@@ -145,6 +148,19 @@ class Materializer:
             # a named tuple of torch's (`x.max(dim=1)`): made again with its type
             inner = "".join(self.expr(x) + ", " for x in v)
             return f"torch.return_types.{type(v).__name__}(({inner}))"
+        if type(v) is _LIST_ITERATOR and self.effects is not None and self.effects.is_fresh(v):
+            # an iterator capture made (`iter(args)`, builtins._iter): one over the items it has
+            # not given yet, made each call (as a constant, capture's own object was consumed by
+            # the resume's capture, and later calls got what it had left)
+            hit = self._own.get(id(v))
+            if hit is not None:
+                return hit[1]
+            _, args, *position = v.__reduce__()
+            rest = list(args[0])[position[0]:] if position else []
+            name = self.own_name()
+            self._own[id(v)] = (v, name)
+            self.prelude.append(f"{name} = iter([{', '.join(self.expr(x) for x in rest)}])")
+            return name
         if self.effects is not None and self.effects.is_fresh(v):
             return self.fresh_object(v)
         if type(v) in (list, dict, set):
