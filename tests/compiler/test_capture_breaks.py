@@ -1039,3 +1039,35 @@ def test_a_loop_that_breaks_in_every_iteration_resumes_a_few_times_then_runs_in_
                 x = x + len(collect(20)) * 0.001 + k
         return x
     check(nested, X, calls=1)
+
+
+class _Slotted:
+    __slots__ = ("a", "b")
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+def test_signature_bind_and_slotted_objects_across_breaks(capsys):
+    """`inspect.Signature.bind` (transformers' `select_hidden_states`: LLaVA) breaks inside its
+    loop over the parameters, which then runs in Python: an iterator capture advanced in that
+    statement goes back where it was (it had skipped `self`: TypeError, missing an argument); its
+    BoundArguments keeps its state in slots, which a break's rebuild carries."""
+    import inspect
+
+    def method(self, x, layer=-1, strategy="default"):
+        return x
+
+    sig = inspect.signature(method)
+
+    def f(x):
+        bound = sig.bind(object(), x, layer=2)
+        bound.apply_defaults()
+        return x * bound.arguments["layer"]
+
+    def slotted(x):
+        o = _Slotted(x * 2, 3)
+        print("break")
+        return o.a * o.b
+    check(f, X)
+    check(slotted, X, breaks=["FL100"])

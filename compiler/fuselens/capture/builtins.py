@@ -199,10 +199,17 @@ def _next(ev, fn, args, kwargs, e, scope):
     if isinstance(args[0], GeneratorItems) and not kwargs and isinstance(e, ast.Call) and e.args \
             and isinstance(e.args[0], ast.GeneratorExp) and (args[0] or len(args) == 2):
         return args[0][0] if args[0] else args[1]
-    if not isinstance(args[0], type(iter([]))) or not ev.effects.is_fresh(args[0]):
+    it = args[0]
+    if not isinstance(it, type(iter([]))) or not ev.effects.is_fresh(it):
         # (one from outside, a resume's too, is Python's to advance, on every call)
-        return ev.domain.unknowable(ev, B.UNSUPPORTED_EXPR, e, scope, detail=f"next() of a {type(args[0]).__name__}")
-    return next(*args)
+        return ev.domain.unknowable(ev, B.UNSUPPORTED_EXPR, e, scope, detail=f"next() of a {type(it).__name__}")
+    _, seq, *position = it.__reduce__()
+    if not position or position[0] >= len(seq[0]):  # (at its end, not exhausted: a rolled-back
+        if len(args) == 2:                           # statement puts it back where it was)
+            return args[1]
+        raise StopIteration
+    ev.effects.touch(it)
+    return next(it)
 
 
 def _reduce(ev, fn, args, kwargs, e, scope):

@@ -221,18 +221,47 @@ def container_base(cls):
     return None
 
 
+_LIST_ITERATOR = type(iter([]))
+
+
 def state(obj):
-    """What a fresh object holds: its attributes and its items (as its builtin base sees them)."""
+    """What a fresh object holds: its attributes and its items (as its builtin base sees them);
+    for an iterator capture made (`iter(...)`), its position (builtins._next never exhausts it:
+    a position stays one to go back to)."""
+    if type(obj) is _LIST_ITERATOR:
+        reduced = obj.__reduce__()
+        return None, reduced[2] if len(reduced) > 2 else None
     base = container_base(type(obj))
     items = None if base is None else list(base.items(obj)) if issubclass(base, dict) else list(base.__iter__(obj))
-    return (dict(vars(obj)) if hasattr(obj, "__dict__") else None), items
+    attrs = dict(vars(obj)) if hasattr(obj, "__dict__") else None
+    slots = {n: getattr(obj, n) for n in _slots(type(obj)) if hasattr(obj, n)}
+    return ({**(attrs or {}), **slots} if slots else attrs), items
+
+
+def _slots(cls) -> list:
+    """The slot names of `cls` and its bases (inspect's BoundArguments keeps its state in slots)."""
+    names = []
+    for c in cls.__mro__:
+        declared = c.__dict__.get("__slots__", ())
+        names += [declared] if isinstance(declared, str) else [n for n in declared if n not in ("__dict__", "__weakref__")]
+    return names
 
 
 def set_state(obj, st) -> None:
     attrs, items = st
+    if type(obj) is _LIST_ITERATOR:
+        if items is not None:
+            obj.__setstate__(items)
+        return
     if attrs is not None:
-        vars(obj).clear()
-        vars(obj).update(attrs)
+        slots = set(_slots(type(obj)))
+        if hasattr(obj, "__dict__"):
+            vars(obj).clear()
+        for k, v in attrs.items():
+            if k in slots:
+                object.__setattr__(obj, k, v)
+            else:
+                vars(obj)[k] = v
     base = container_base(type(obj))
     if base is None:
         return
