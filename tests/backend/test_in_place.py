@@ -62,3 +62,26 @@ def test_what_the_caller_gets_is_no_view_of_an_input_it_was_written_over():
     cg, (out,) = run(fn, x, w)
     assert not out._is_view() and in_place_lines(cg)  # the same layout: the GEMM's result itself
     torch.testing.assert_close(out, fn(x, w), atol=1e-4, rtol=1e-4)
+
+
+def test_an_in_place_op_whose_schema_names_a_python_keyword():
+    """`t.uniform_(lo, hi)` is `uniform(self, from, to)`: its functional form passes `from` by
+    position (written as a keyword, the wrapper did not compile: DINOv3's training fell back, and
+    at a second size a SyntaxError reached the user)."""
+    import warnings
+
+    import fuselens
+
+    def f(x):
+        s = torch.empty(1, device=x.device, dtype=x.dtype).uniform_(-0.5, 0.5)
+        unused = x.view(-1, 1) + 1  # noqa: F841 (kept for its shape check where dims are dynamic)
+        return x * 2 + s * 0, s
+
+    cf = fuselens.compile(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fuselens.FuselensWarning)
+        for n in (4, 6, 7):
+            x = randn(n)
+            got, s = cf(x)
+            torch.testing.assert_close(got, x * 2)
+            assert -0.5 <= s.item() < 0.5

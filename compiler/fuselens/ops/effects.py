@@ -23,6 +23,7 @@ schema (same operator name without the trailing `_`, same arguments without the 
 from __future__ import annotations
 
 import functools
+import keyword
 import warnings
 from dataclasses import dataclass, field
 
@@ -104,6 +105,8 @@ class Effects:
         names = [a.name for a in op._schema.arguments]
         filled = [sub(a) for a in args]
         last = max([i for i, a in enumerate(args) if _flat_tensors(a)] or [0])
+        # (a schema name that is a Python keyword, `uniform(self, from, to)`, no code could write)
+        last = max([last] + [i for i, n in enumerate(names[:len(filled)]) if keyword.iskeyword(n)])
         fargs = tuple(filled[:last + 1])
         fkwargs = {names[i]: a for i, a in enumerate(filled) if i > last}
         fkwargs.update({k: sub(v) for k, v in kwargs.items() if k not in out_names})
