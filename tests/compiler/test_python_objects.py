@@ -372,3 +372,32 @@ def test_a_tensor_of_a_legacy_constructor_is_no_python_object():
         return torch.tanh(x[:, :torch.IntTensor([2])[0]]) * 2
     check(returned, torch.zeros(3))
     check(as_a_bound, torch.randn(2, 4, 3))
+
+
+@dataclasses.dataclass
+class _Base:
+    x: torch.Tensor = None
+    scale: float = 2.0
+
+
+class _Plain(_Base):  # (no @dataclass of its own: _Base's generated __init__)
+    pass
+
+
+@dataclasses.dataclass
+class _More(_Base):
+    y: torch.Tensor = None
+
+    def __init__(self, x, y):
+        super().__init__(x)  # _Base's generated __init__: its fields, not _More's
+        self.y = y
+
+
+def test_a_dataclass_init_a_subclass_inherits():
+    """The `__init__` @dataclass wrote for a base, run for a subclass without its own decorator
+    (transformers' `class CwmModelOutputWithPast(BaseModelOutputWithPast): pass`), or through
+    `super()`: the base's fields (it had been a break, "no source")."""
+    def f(x):
+        a, b = _Plain(x=x * 2), _More(x + 1, x - 1)
+        return a.x * a.scale + b.x * b.y * b.scale
+    check(f, torch.randn(3), graphs=1, breaks=[])

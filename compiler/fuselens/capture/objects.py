@@ -162,7 +162,7 @@ class Objects:
         """What the `__init__` that `@dataclass` generates (it has no source) does: each field
         from its argument, default or factory, through the class's own `__setattr__` unless
         frozen, then `__post_init__` with the InitVar arguments."""
-        cls = type(obj)
+        cls = dataclass_generated_init(init, obj)  # (its fields, not a subclass's)
         if not self.effects.is_fresh(obj):
             self.brk(B.UNKNOWN_CALL, e, scope, detail=f"{cls.__qualname__}.__init__ on an object from outside")
         sig = inspect.signature(init)
@@ -432,11 +432,14 @@ def _runs_python(cls) -> bool:
     return isinstance(cls.__new__, types.FunctionType) or isinstance(cls.__init__, types.FunctionType)
 
 
-def dataclass_generated_init(fn, obj) -> bool:
-    """`fn` is the `__init__` that `@dataclass` wrote for the class of `obj` (it has no source)."""
-    return isinstance(fn, types.FunctionType) and dataclasses.is_dataclass(type(obj)) \
-        and not isinstance(obj, type) and fn.__qualname__ == f"{type(obj).__qualname__}.__init__" \
-        and _no_source(fn)
+def dataclass_generated_init(fn, obj):
+    """The class of `obj`'s MRO for which `@dataclass` wrote `fn` as its `__init__` (it has no
+    source): `obj`'s own, or a base's that a subclass without its own `@dataclass` inherits
+    (transformers' `class CwmModelOutputWithPast(BaseModelOutputWithPast): pass`); None if not."""
+    if not isinstance(fn, types.FunctionType) or isinstance(obj, type):
+        return None
+    owner = next((c for c in type(obj).__mro__ if fn.__qualname__ == f"{c.__qualname__}.__init__"), None)
+    return owner if owner is not None and dataclasses.is_dataclass(owner) and _no_source(fn) else None
 
 
 def _no_source(fn) -> bool:
