@@ -24,6 +24,7 @@ import torch.utils.checkpoint
 from . import breaks as B
 from . import calls as C
 from . import environ, scans
+from . import side_effects as S
 from ..ops.autograd_function import FunctionGradient, Untraceable, trace_backward
 from .frames import AbstractSeq, BreakSignal
 from .graph import _map
@@ -200,7 +201,7 @@ def _next(ev, fn, args, kwargs, e, scope):
             and isinstance(e.args[0], ast.GeneratorExp) and (args[0] or len(args) == 2):
         return args[0][0] if args[0] else args[1]
     it = args[0]
-    if not isinstance(it, type(iter([]))) or not ev.effects.is_fresh(it):
+    if type(it) is not S.LIST_ITERATOR or not ev.effects.is_fresh(it):
         # (one from outside, a resume's too, is Python's to advance, on every call)
         return ev.domain.unknowable(ev, B.UNSUPPORTED_EXPR, e, scope, detail=f"next() of a {type(it).__name__}")
     _, seq, *position = it.__reduce__()

@@ -109,11 +109,10 @@ class Kind:
         if isinstance(idx, TensorVar):
             ev.brk(B.TENSOR_TO_PY, e, scope, detail="indexing a Python container with a tensor")
         ev.effects.observe_item(obj, idx)
-        # read natively (its class's `__getitem__`, Python's or C's): guarded where it was read,
-        # as an attribute is, the item or its absence (a config mapping changed between calls
-        # had kept the first call's value)
-        # (a mapping's or sequence's state: a class's own Python `__getitem__`, a dict or list
-        # subclass; not builtins' own containers, capture's own, nor tuples, which do not change)
+        # read natively, an item of a mapping's or sequence's state (a class's own Python
+        # `__getitem__`, a dict or list subclass; not builtins' own containers, capture's own, nor
+        # tuples, which do not change) is guarded where it was read, as an attribute is: the item
+        # or its absence (a config mapping changed between calls had kept the first call's value)
         guarded = _is_key(idx) and type(obj).__module__ != "builtins" and not isinstance(obj, tuple) and (
             isinstance(obj, (dict, list)) or isinstance(inspect.getattr_static(type(obj), "__getitem__", None),
                                                          types.FunctionType))
@@ -509,9 +508,9 @@ _NUMPY_DATA = (numbers.Number, str, bytes, type(None), type, *NUMPY_SCALARS)
 
 
 class ArrayData(Kind):
-    """A NumPy array (values.is_array_type; capture makes none: NumPy's calls giving one break): data guarded by its type alone, so
-    what is read of it (an item, its truth, its items) is read in Python: a constant of the
-    first call's data would outlive it (BigBird's random blocks, drawn anew each call)."""
+    """A NumPy array (values.is_array_type; capture makes none: NumPy's calls giving one break):
+    data guarded by its type alone, so what is read of it (an item, its truth, its items) is read
+    in Python: a constant of the first call's data would outlive it (BigBird's random blocks)."""
 
     def getitem(self, ev, obj, idx, e, scope):
         return self._read(ev, obj, "an item", e, scope)
@@ -704,7 +703,7 @@ def _callable_kind(fn) -> Kind:
         return SCRIPTED
     if C.is_torch_callable(fn):
         return TORCH_FUNCTION
-    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, (types.FunctionType, LocalFunction)):
+    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
         return PYTHON_FUNCTION
     if isinstance(fn, _C_METHODS) or isinstance(fn, (types.BuiltinMethodType, types.MethodType)) \
             and not isinstance(fn.__self__, (types.ModuleType, type(None))):

@@ -21,9 +21,6 @@ class CannotResume(Exception):
     eagerly."""
 
 
-_LIST_ITERATOR = type(iter([]))
-
-
 class Materializer:
     """Python expressions for values in the transformed function's scope; tensors that are
     not graph inputs become graph outputs, modelled containers (side_effects.py) their real
@@ -148,7 +145,7 @@ class Materializer:
             # a named tuple of torch's (`x.max(dim=1)`): made again with its type
             inner = "".join(self.expr(x) + ", " for x in v)
             return f"torch.return_types.{type(v).__name__}(({inner}))"
-        if type(v) is _LIST_ITERATOR and self.effects is not None and self.effects.is_fresh(v):
+        if type(v) is S.LIST_ITERATOR and self.effects is not None and self.effects.is_fresh(v):
             # an iterator capture made (`iter(args)`, builtins._iter): one over the items it has
             # not given yet, made each call (as a constant, capture's own object was consumed by
             # the resume's capture, and later calls got what it had left)

@@ -24,6 +24,7 @@ rolled-back statement undoes it) and rebuilt with `rebuild` where it escapes."""
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import types
 from collections import OrderedDict
@@ -221,14 +222,14 @@ def container_base(cls):
     return None
 
 
-_LIST_ITERATOR = type(iter([]))
+LIST_ITERATOR = type(iter([]))  # (capture's own `iter(...)`: builtins._iter)
 
 
 def state(obj):
     """What a fresh object holds: its attributes and its items (as its builtin base sees them);
     for an iterator capture made (`iter(...)`), its position (builtins._next never exhausts it:
     a position stays one to go back to)."""
-    if type(obj) is _LIST_ITERATOR:
+    if type(obj) is LIST_ITERATOR:
         reduced = obj.__reduce__()
         return None, reduced[2] if len(reduced) > 2 else None
     base = container_base(type(obj))
@@ -238,6 +239,7 @@ def state(obj):
     return ({**(attrs or {}), **slots} if slots else attrs), items
 
 
+@functools.cache
 def _slots(cls) -> list:
     """The slot names of `cls` and its bases (inspect's BoundArguments keeps its state in slots)."""
     names = []
@@ -249,7 +251,7 @@ def _slots(cls) -> list:
 
 def set_state(obj, st) -> None:
     attrs, items = st
-    if type(obj) is _LIST_ITERATOR:
+    if type(obj) is LIST_ITERATOR:
         if items is not None:
             obj.__setstate__(items)
         return

@@ -149,8 +149,10 @@ def _source_lines(code: types.CodeType, module_globals) -> tuple[list[str], int]
     linecache.checkcache(filename)  # (a file edited since it was read: as inspect does)
     lines = linecache.getlines(filename, module_globals)
     if not lines:
-        if filename.startswith("<"):  # `<frozen ...>` not in the standard library's folder, `<string>`
-            raise OSError("could not get source code")  # (a dataclass's __init__): no source, which inspect finds after its scan
+        # `<frozen ...>` not in the standard library's folder, `<string>` (a dataclass's __init__):
+        # no source, which inspect finds after its scan
+        if filename.startswith("<"):
+            raise OSError("could not get source code")
         return inspect.getsourcelines(code)
     start = code.co_firstlineno - 1  # the first decorator's line, or the `def`
     if start >= len(lines):
