@@ -83,14 +83,18 @@ GATHERS = {
     "two_indices_after_a_slice": lambda x, i: x[:, i[1:], i[0]],
     "roll_dims": lambda x, i: torch.roll(x, shifts=(-3, 2), dims=(1, 2)) * x,
     "roll_flat": lambda x, i: torch.roll(x, 5).exp(),
+    "gather_last_dim": lambda x, i: torch.gather(x, 2, i.abs().repeat(2, 1)[:5].reshape(5, 1, 2).expand(5, 7, 2)) * 2,
+    "gather_middle_dim": lambda x, i: x.gather(1, i.abs().reshape(1, 3, 2).expand(5, 3, 2)).sin(),
+    "embedding_of_a_0d_index": lambda x, i: F.embedding(i[0, 0], x[0]) * 2,
 }
 
 
 @pytest.mark.parametrize("name", sorted(GATHERS))
 def test_integer_tensor_index_and_roll_are_kernels(name):
     """One integer tensor indexing one dim (a relative position bias read from its table: the
-    table's rows as an embedding, negative indices wrapped) and torch.roll (two slices
-    concatenated): values and gradients as eager's, no extern call of torch's op."""
+    table's rows as an embedding, negative indices wrapped), torch.gather (one-element rows of
+    the flattened input) and torch.roll (two slices concatenated): values and gradients as
+    eager's, no extern call of torch's op."""
     cg = check(GATHERS[name], t(5, 7, 6), torch.tensor([[4, -1], [0, 2], [2, 2]], device=DEVICE))
     assert "call_torch" not in cg.wrapper_source
 
@@ -220,6 +224,25 @@ def test_conv2d_and_embedding():
         return F.relu(F.conv2d(img, weight, bias, padding=1, stride=(1, 2))), F.embedding(idx, table) * 2
     check(f, t(2, 3, 6, 5), t(4, 3, 3, 3), t(4), t(5, 7), torch.tensor([[0, 3, 2], [1, 1, 4]], device=DEVICE),
           atol=1e-4, rtol=1e-4)
+
+
+@triton_kernels
+@pytest.mark.parametrize("name", ["embedding", "gather"])
+def test_gathered_values_are_loaded_by_their_consumer(name):
+    """An embedding's rows (and torch.gather's elements) are loads at positions read from the
+    index, in the kernel of their consumer: the embedding summed with positions and normalized is
+    one kernel, as DeBERTa's gathered position scores are read by its softmax; no ATen call
+    writes the gathered values first. Out-of-range rows of the table are not read."""
+    gathers = {"embedding": lambda i, table: F.embedding(i, table),
+               "gather": lambda i, table: torch.gather(table[:4], 1, i.expand(4, -1) % 5)}
+
+    def f(i, table, pos):
+        return F.layer_norm(gathers[name](i, table) + pos, (5,))
+    i = torch.tensor([[0, 3, 2, 3, 1]], device=DEVICE)
+    cg = check(f, i, t(6, 5), t(5), grad=False)
+    assert len(cg.kernels) == 1
+    assert "embedding" not in cg.wrapper_source and "gather" not in cg.wrapper_source
+    check(f, i, t(6, 5), t(5))  # gradients: an embedding's rows summed, gather's scatter_add
 
 
 @pytest.mark.parametrize("padding_idx", [-1, 2])

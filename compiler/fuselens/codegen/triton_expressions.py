@@ -154,8 +154,9 @@ class TritonExpressions(KernelExpressions):
             loops = lambda e: {v for v in e.free_symbols if v.name[0] in "xr"}  # noqa: E731
             sizes = (a - b).free_symbols - loops(a) - loops(b)
             # (xreplace of the sizes it holds: subs of every size of the graph took Swin-T's
-            # training compile 27 of its 31 s on an H200)
-            return loops(a) == loops(b) and all(self.static_size(self.sizevars.values[s]) for s in sizes) and \
+            # training compile 27 of its 31 s on an H200; a position read from a tensor is none)
+            return loops(a) == loops(b) and all(s in self.sizevars.values and self.static_size(self.sizevars.values[s])
+                                                for s in sizes) and \
                 expanded((a - b).xreplace({s: self.sizevars.values[s] for s in sizes})) == 0
         if self.x_dims and equal(index, row):
             return "xindex"  # the kernel's own row (or element, in a pointwise kernel)

@@ -56,8 +56,8 @@ RECOMPUTE_MIN = {"cuda": 1 << 22, "cpu": 1 << 15}
 # transposes a step). Their operands are stored so (a graph input, a weight: copied once a call),
 # their results are, and the pointwise ops between convolutions follow (Lazy.order); a graph
 # output is stored in eager's layout, the values a training forward saves for its backward in
-# their own (lower_graph's free_outputs), and a BatchNorm's statistics are summed in memory order
-# (_column_order). Not in float64 (eager's stays NCHW). Elsewhere eager's layouts
+# their own (lower_graph's free_outputs), and reductions read their operands in memory order
+# (_memory_order). Not in float64 (eager's stays NCHW). Elsewhere eager's layouts
 # (FUSELENS_CONV_LAYOUT=channels_last|eager decides instead).
 CHANNELS_LAST = [0, 2, 3, 1]
 # on a CPU, channels-last convolutions where their activations are more than this many times the
@@ -195,19 +195,15 @@ def order_of(v) -> list | None:
     return None if order is None or order == sorted(order) else order
 
 
-def _column_order(x, dims) -> list | None:
-    """The dims of `x` in memory order (its `order_of`) where that makes its reduction over `dims`
-    a column reduction (reduced dims outermost, the kept ones innermost) and the logical order does
-    not: a channels-last BatchNorm's statistics, reduced over N, H and W with C innermost, then
-    read in memory order (schedule/fusion.py splits long column reductions into coalesced
-    partials) instead of at a stride of C. None otherwise, or where a size is symbolic."""
+def _memory_order(x) -> list | None:
+    """The dims of `x` in memory order (its `order_of`), where that is not the logical order and
+    every size is static: a reduction of x runs over its elements in this order, each lane's
+    neighbour its neighbour in memory (a channels-last BatchNorm's statistics, reduced over N, H
+    and W with C innermost: a column reduction, which schedule/fusion.py splits into coalesced
+    partials; a channels-last GroupNorm's, over H, W and a group's channels, those channels
+    innermost) instead of at a stride of C."""
     order = order_of(x)
-    if order is None or not all(isinstance(n, int) for n in x.shape):
-        return None
-    kept = [d for d in order if d not in dims]
-    if not kept or any(d in dims for d in order[order.index(kept[0]):]):
-        return None
-    return order
+    return order if order is not None and all(isinstance(n, int) for n in x.shape) else None
 
 
 def in_order(shape, order):
@@ -470,7 +466,7 @@ class Lowering:
         def body(idx):
             with ops().at(loc):
                 return x.load(idx)
-        order = _column_order(x, dims)
+        order = _memory_order(x)
         if order is not None:  # over x in memory order, viewed back (as `realize` stores a permuted value)
             in_shape, where = in_order(x.shape, order)
             red = tuple(sorted(where[d] for d in dims))

@@ -13,10 +13,12 @@ import math
 import sympy
 import torch
 
+from .. import settings
 from ..ops import primitives as prim
 from .indexing import floor_div, mod_index, reshape_index
 from .ir import ComputedBuffer, InputBuffer, Lazy, View, buffer_view, compute_dtype, ops
-from .lowering import INDEX_OPS_LIMIT, Items, broadcast_index, dense_order, lowering, order_of, reads_of, view_strides
+from .lowering import (INDEX_OPS_LIMIT, Items, broadcast_index, dense_order, lowering, order_of, reads_of, strides_in,
+                       view_strides)
 
 
 @lowering(prim.stop_gradient, prim.with_vjp)
@@ -133,7 +135,18 @@ def _reshape(ctx, node, args, kwargs):
     return Lazy(out_shape, x.dtype, lambda idx: x.load(reshape_index(idx, out_shape, x.shape, ops())),
                 getattr(x, "cost", 1), getattr(x, "loc", None), reads=reads_of([x]),
                 reshape_of=x if isinstance(x, Lazy) and not _broadcast(x) else None,
-                heavy=getattr(x, "heavy", False))
+                order=_reshaped_order(x, out_shape), heavy=getattr(x, "heavy", False))
+
+
+def _reshaped_order(x, out_shape):
+    """The memory order of `x` reshaped, where the reshape views x laid out in its order (splits of
+    a dim, dims adjacent in memory merged): a channels-last activation split into GroupNorm's
+    groups stays channels-last, and the group's statistics are read in memory order."""
+    order = order_of(x)
+    if order is None or not all(isinstance(n, int) for n in (*x.shape, *out_shape)):
+        return None
+    stride = view_strides(x.shape, strides_in(x.shape, order), out_shape)
+    return None if stride is None else dense_order(out_shape, stride)
 
 
 def _broadcast(x: Lazy) -> bool:
@@ -241,6 +254,33 @@ def _max_pool2d_backward(ctx, node, args, kwargs):
         return ops().to_dtype(total, dtype)
     return ctx.lazy(shape, dtype, loc, fn, [g, offsets] * (kernel_size[0] * kernel_w),
                     order=dense_order(shape, val.stride()))
+
+
+# --- gathers: loads at positions read from a tensor -------------------------------------------------
+@lowering(prim.embedding)
+def _embedding(ctx, node, args, kwargs):
+    """Rows of `weight` at the positions `indices` holds, as a lazy value: each element loaded where
+    its consumer needs it (an embedding summed with positions and normalized, a relative position
+    bias added to attention scores, DeBERTa's `torch.gather` of its position scores, GPT-J's
+    sin/cos rows), not an ATen call writing the gathered rows first. An index out of range reads
+    0 (its load masked: nothing outside the table is read) where eager's CUDA kernel asserts.
+    The C++ kernels keep ATen's call, which raises eager's error on a CPU."""
+    indices, weight, _padding_idx = args
+    if not (ctx.device.type == "cuda" or settings.CPU_BACKEND == "interpret") or \
+            not all(isinstance(n, int) for n in (*indices.shape, *weight.shape)):
+        return ctx.lower_extern(node, prim.embedding, args, kwargs)
+    val, loc = node.meta["val"], node.meta.get("loc")
+    rows = ctx.sv(weight.shape[0])
+
+    def fn(idx):
+        with ops().at(loc):
+            position = indices.load(idx[:-1])
+            if indices.dtype != torch.int64:  # (offsets into a large table need 64 bits)
+                position = ops().to_dtype(position, torch.int64)
+            row = ops().indirect(position)
+            return ops().masked([sympy.Ge(row, 0), sympy.Lt(row, rows)], lambda: weight.load([row, idx[-1]]), 0,
+                                val.dtype)
+    return ctx.lazy(tuple(val.shape), val.dtype, loc, fn, args)
 
 
 # --- in-place writes into graph inputs ------------------------------------------------------------

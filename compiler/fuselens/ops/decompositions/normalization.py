@@ -119,18 +119,20 @@ def torch_instance_norm(x, weight, bias, running_mean, running_var, use_input_st
 @register(F.group_norm)
 def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
     """Each sample's channels in `num_groups` groups, each normalized over its channels and the
-    spatial dims: batch norm's statistics and closed-form gradient on x viewed as [N, G, rest]
-    (one reduction kernel forward, one backward), then the per-channel affine, in fp32 and rounded
-    once as ATen's kernels do."""
+    spatial dims: batch norm's statistics and closed-form gradient on x viewed as [N, G, C/G,
+    *spatial] (one reduction kernel forward, one backward; the channel dim split, not merged with
+    the spatial ones, so a channels-last x keeps its layout and is reduced in memory order), then
+    the per-channel affine, in fp32 and rounded once as ATen's kernels do."""
     if x.ndim < 2 or not x.dtype.is_floating_point or not isinstance(num_groups, int) or num_groups <= 0 \
             or x.shape[1] % num_groups or 0 in x.shape:
         raise Unsupported("group_norm of these arguments")  # (the torch call raises eager's error)
-    grouped = P.reshape(upcast(x), (x.shape[0], num_groups, -1))
-    n = grouped.shape[2]
-    mean, var = _batch_stats(grouped, (2,), n)
+    grouped = P.reshape(upcast(x), (x.shape[0], num_groups, x.shape[1] // num_groups, *x.shape[2:]))
+    dims = tuple(range(2, grouped.ndim))
+    n = math.prod(grouped.shape[d] for d in dims)
+    mean, var = _batch_stats(grouped, dims, n)
     rstd = P.rsqrt(P.add(var, eps))
     y = emit(prim.with_vjp, P.mul(P.sub(grouped, mean), rstd), [grouped, mean, rstd, None, None],
-             _BatchNormVJP((2,), n))
+             _BatchNormVJP(dims, n))
     return P.cast(_affine(P.reshape(y, x.shape), _per_channel(x, weight), _per_channel(x, bias)), x.dtype)
 
 

@@ -228,6 +228,41 @@ def _gather(x, index):
     return P.permute(out, tuple(range(k, k + at)) + tuple(range(k)) + tuple(range(k + at, out.ndim)))
 
 
+@register(*spellings("gather"))
+def gather(x, dim, index, *, sparse_grad=False):
+    """x's elements at `index` along `dim` (DeBERTa's relative position scores): x viewed as a
+    table of one-element rows read at each element's linear position, an `embedding` that its
+    consumer loads in its own kernel (an index out of range of `dim` reads a row out of the
+    table's range: 0). Its gradient adds g into zeros at those positions, as eager's backward."""
+    if sparse_grad or not isinstance(index, TVal) or index.dtype != torch.int64 or x.ndim == 0 or \
+            index.ndim != x.ndim or 0 in x.shape or \
+            builtins.any(index.shape[k] > x.shape[k] for k in range(x.ndim) if k != dim % x.ndim):
+        raise Unsupported("gather of these arguments")  # (the torch call raises eager's errors)
+    dim %= x.ndim
+    strides = [math.prod(x.shape[k + 1:]) for k in range(x.ndim)]
+    flat = None
+    for k in range(x.ndim):
+        at = index if k == dim else P.reshape(P.iota(index.shape[k]), [n if j == k else 1 for j, n in enumerate(index.shape)])
+        term = P.mul(at, strides[k]) if strides[k] != 1 else at
+        flat = term if flat is None else P.add(flat, term)
+    in_range = P.logical_and(P.ge(index, 0), P.lt(index, x.shape[dim]))
+    rows = P.where(in_range, P.expand(flat, index.shape), -1)
+    out = P.reshape(emit(prim.embedding, rows, P.reshape(x, (-1, 1)), -1), index.shape)
+    return emit(prim.with_vjp, out, [x, index], _GatherVJP(dim))
+
+
+class _GatherVJP:
+    def __init__(self, dim):
+        self.dim = dim
+
+    def __call__(self, g, x, index):
+        zeros = P.full(x.shape, 0, g.dtype)
+        return [emit(prim.call_torch, torch.scatter_add, (zeros, self.dim, index, g), {}), None]
+
+    def __repr__(self):
+        return f"gather_vjp(dim={self.dim})"
+
+
 @register(*spellings("roll"))
 def roll(x, shifts, dims=None):
     """Each dim rotated: the slices of its last `shift` elements and of the rest, concatenated
