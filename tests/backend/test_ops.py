@@ -86,6 +86,8 @@ GATHERS = {
     "gather_last_dim": lambda x, i: torch.gather(x, 2, i.abs().repeat(2, 1)[:5].reshape(5, 1, 2).expand(5, 7, 2)) * 2,
     "gather_middle_dim": lambda x, i: x.gather(1, i.abs().reshape(1, 3, 2).expand(5, 3, 2)).sin(),
     "embedding_of_a_0d_index": lambda x, i: F.embedding(i[0, 0], x[0]) * 2,
+    "repeat_interleave": lambda x, i: x.repeat_interleave(2, dim=1) * 2,
+    "repeat_interleave_flat": lambda x, i: torch.repeat_interleave(x[0], 3).cos(),
 }
 
 

@@ -263,6 +263,24 @@ class _GatherVJP:
         return f"gather_vjp(dim={self.dim})"
 
 
+@register(*spellings("repeat_interleave"))
+def repeat_interleave(x, repeats=None, dim=None, *, output_size=None):
+    """Each element repeated `repeats` times along `dim` (GPT-J's sin/cos duplicated for pairs of
+    dims): an expand of a new dim after `dim`, merged into it, which the reading kernel indexes.
+    A tensor of repeats (a size read from data) stays torch's call."""
+    if not isinstance(x, TVal) or not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 0:
+        raise Unsupported("repeat_interleave of a tensor of repeats")
+    if dim is None:
+        x, dim = P.reshape(x, (-1,)), 0
+    dim %= builtins.max(x.ndim, 1)
+    if x.ndim == 0:
+        x = P.reshape(x, (1,))
+    spread = list(x.shape[:dim + 1]) + [repeats] + list(x.shape[dim + 1:])
+    out = list(x.shape)
+    out[dim] *= repeats
+    return P.reshape(P.expand(P.unsqueeze(x, dim + 1), spread), out)
+
+
 @register(*spellings("roll"))
 def roll(x, shifts, dims=None):
     """Each dim rotated: the slices of its last `shift` elements and of the rest, concatenated
