@@ -35,6 +35,14 @@ if CPU_BACKEND == "interpret" and not INTERPRET:
     raise ValueError("FUSELENS_CPU_BACKEND=interpret needs FUSELENS_INTERPRET=1 (Triton's interpreter is set up at import)")
 
 
+
+def triton_kernels(device) -> bool:
+    """Whether graphs on `device` run as Triton kernels (CUDA, and CPUs under the interpreter):
+    where a gather is a load in its consumer's kernel (lower/rules.py `_embedding`); beside the
+    C++ kernels it is ATen's call."""
+    return device.type == "cuda" or (device.type == "cpu" and CPU_BACKEND == "interpret")
+
+
 def cache_dir(create: bool = True) -> str:
     """Where fuselens keeps what it compiled (kernels, cubins, autotuning, programs, captures) and
     the language server its answers: FUSELENS_CACHE_DIR, else `<tmp>/fuselens-<user>`."""

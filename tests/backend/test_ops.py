@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import fuselens
 
-from fl_backend_testing import DEVICE, check, triton_kernels
+from fl_backend_testing import CPP, DEVICE, check, triton_kernels
 
 
 def t(*shape, dtype=torch.float32, positive=False):
@@ -115,6 +115,25 @@ def test_nearest_upsampling_and_row_pooling_are_kernels(name):
     adaptive pooling as the 2-d one over a row: no extern call of torch's op."""
     cg = check(RESAMPLINGS[name], t(2, 3, 5, 7))
     assert "call_torch" not in cg.wrapper_source
+
+
+BILINEAR = {
+    "x2": dict(scale_factor=2), "to_size": dict(size=(16, 11)), "fractional": dict(scale_factor=(1.5, 0.7)),
+    "align_corners": dict(size=(5, 20), align_corners=True), "to_one_pixel": dict(size=(1, 1), align_corners=True)}
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", sorted(BILINEAR))
+def test_bilinear_resampling_equals_eager(name, dtype, layout):
+    """Bilinear resampling (a segmentation head's) of a value that needs no gradient: ATen's source
+    positions and weights, its four neighbours gathered by the kernel reading the result (in
+    Triton kernels; the C++ kernels keep ATen's call). With a gradient it stays ATen's op."""
+    x = t(2, 3, 7, 9, dtype=dtype)
+    x = x.contiguous(memory_format=torch.channels_last) if layout == "channels_last" else x
+    cg = check(lambda x: F.interpolate(x * 2, mode="bilinear", **BILINEAR[name]).sin(), x, grad=False)
+    assert ("interpolate" in cg.wrapper_source) == (CPP and DEVICE == "cpu")
+    check(lambda x: F.interpolate(x, mode="bilinear", **BILINEAR[name]), x)  # (with its gradient: ATen's)
 
 
 def test_comparisons_and_logic():

@@ -266,7 +266,7 @@ def _embedding(ctx, node, args, kwargs):
     0 (its load masked: nothing outside the table is read) where eager's CUDA kernel asserts.
     The C++ kernels keep ATen's call, which raises eager's error on a CPU."""
     indices, weight, _padding_idx = args
-    if not (ctx.device.type == "cuda" or settings.CPU_BACKEND == "interpret") or \
+    if not settings.triton_kernels(ctx.device) or \
             not all(isinstance(n, int) for n in (*indices.shape, *weight.shape)):
         return ctx.lower_extern(node, prim.embedding, args, kwargs)
     val, loc = node.meta["val"], node.meta.get("loc")

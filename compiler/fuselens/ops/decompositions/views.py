@@ -9,11 +9,12 @@ import operator
 import torch
 import torch.nn.functional as F
 
+from ... import settings
 from .. import builder as P
 from .. import primitives as prim
 from ..builder import TVal, emit
 from ..effects import no_grad_view
-from .conventions import shape_arg
+from .conventions import shape_arg, upcast
 from .registry import Unsupported, register, spellings, tensor_method
 
 
@@ -305,8 +306,13 @@ def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=N
                 antialias=False):
     """Nearest upsampling by whole factors that are powers of two (a UNet's decoder): each element
     repeated along each spatial dim, an expand and a reshape (torch's source index floor(i / k) is
-    exact for these factors). Other modes and factors stay torch's call."""
+    exact for these factors). Bilinear resampling of 4-d values that need no gradient, where
+    gathers are loads in Triton kernels (`_bilinear`). Other modes and factors stay torch's call."""
     spatial = x.ndim - 2
+    if mode == "bilinear" and not antialias and x.ndim == 4 and (size is None) != (scale_factor is None) and \
+            recompute_scale_factor is not True and not P.builder().needs_grad(x) and \
+            settings.triton_kernels(torch.device(P.builder().device)):
+        return _bilinear(x, size, scale_factor, bool(align_corners))
     if mode != "nearest" or antialias or spatial not in (1, 2, 3) or (size is None) == (scale_factor is None):
         raise Unsupported("interpolate other than nearest")
     ins = tuple(x.shape[2:])
@@ -329,6 +335,41 @@ def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=N
             shape[dim] *= k
             out = P.reshape(out, tuple(shape))
     return out
+
+
+def _bilinear(x, size, scale_factor, align_corners):
+    """Bilinear resampling (a segmentation head's upsampling) as ATen's kernels compute it: each
+    output's source position (ATen's `area_pixel_compute_source_index`, in fp32), the four
+    neighbours read as a gather of x's pixels in the kernel that consumes the result, weighted in
+    fp32. Its gradient (a scatter of the weights) is left to ATen's backward: only values that need
+    none come here."""
+    ins = x.shape[2:]
+    if size is not None:
+        outs, scales = (tuple(size) if isinstance(size, (tuple, list)) else (size, size)), (None, None)
+    else:
+        scales = tuple(scale_factor) if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * 2
+        outs = tuple(int(math.floor(n * float(f))) for n, f in zip(ins, scales))
+    if len(outs) != 2 or 0 in outs or 0 in ins:
+        raise Unsupported("bilinear resampling of these sizes")
+
+    def axis(n, out, scale):
+        """(first and second source index, their weights) along one spatial dim, per output."""
+        if align_corners:
+            step = (n - 1) / (out - 1) if out > 1 else 0.0
+        else:
+            step = 1.0 / float(scale) if scale is not None and float(scale) > 0 else n / out
+        d = P.cast(P.iota(out), torch.float32)
+        src = P.mul(d, step) if align_corners else P.maximum(P.sub(P.mul(P.add(d, 0.5), step), 0.5), 0.0)
+        i0 = P.cast(src, torch.int64)  # (truncation: the source position is not negative)
+        i1 = P.minimum(P.add(i0, 1), n - 1)
+        w1 = P.sub(src, P.cast(i0, torch.float32))
+        return i0, i1, P.sub(1.0, w1), w1
+    y0, y1, hy0, hy1 = (P.reshape(v, (outs[0], 1)) for v in axis(ins[0], outs[0], scales[0]))
+    x0, x1, wx0, wx1 = (P.reshape(v, (1, outs[1])) for v in axis(ins[1], outs[1], scales[1]))
+    px = lambda iy, ix: upcast(_gather(x, (builtins.slice(None), builtins.slice(None), iy, ix)))  # noqa: E731
+    top = P.add(P.mul(wx0, px(y0, x0)), P.mul(wx1, px(y0, x1)))
+    bottom = P.add(P.mul(wx0, px(y1, x0)), P.mul(wx1, px(y1, x1)))
+    return P.cast(P.add(P.mul(hy0, top), P.mul(hy1, bottom)), x.dtype)
 
 
 @register(builtins.getattr)
