@@ -261,7 +261,9 @@ def test_gathered_values_are_loaded_by_their_consumer(name):
         return F.layer_norm(gathers[name](i, table) + pos, (5,))
     i = torch.tensor([[0, 3, 2, 3, 1]], device=DEVICE)
     cg = check(f, i, t(6, 5), t(5), grad=False)
-    assert len(cg.kernels) == 1
+    # (gather's positions are computed: on a CPU a kernel stores them for the range check first)
+    assert len(cg.kernels) == (2 if name == "gather" and DEVICE == "cpu" else 1)
+    assert [k.name for k in cg.kernels if "_red_" in k.name] == [cg.kernels[-1].name]  # the norm's, gathering
     assert "embedding" not in cg.wrapper_source and "gather" not in cg.wrapper_source
     check(f, i, t(6, 5), t(5))  # gradients: an embedding's rows summed, gather's scatter_add
 
