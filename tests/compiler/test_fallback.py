@@ -104,11 +104,13 @@ def _inner(y, bad):
 
 
 def graph_op_on_values(x, bad):
-    # value-dependent: shapes are fine, the graph itself raises (embedding's index check)
+    # value-dependent: shapes are fine, the graph itself raises (a Cholesky factorization of a
+    # matrix that is not positive-definite; an embedding's index out of range is not it: in Triton
+    # kernels it reads 0, where eager's CUDA kernel asserts)
     print("before the graph")
     LOG.append(len(LOG))
-    idx = torch.tensor([0, 9 if bad else 1])
-    return F.embedding(idx, x.view(4, 2)).sum() + x.sum()
+    m = x[:4].view(2, 2)
+    return torch.linalg.cholesky(m @ m.T + torch.eye(2) * (-100.0 if bad else 1.0)).sum() + x.sum()
 
 
 CASES = [before_any_break, tensor_op_in_first_graph, inside_break_statement, helper_called_by_break,

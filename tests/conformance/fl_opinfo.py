@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils import _pytree as pytree
 
 import fuselens
-from fuselens import FuselensWarning
+from fuselens import FuselensWarning, settings
 
 # FUSELENS_OPINFO=full: every sample; =N: the first N samples of each op, variant and dtype
 _MODE = os.environ.get("FUSELENS_OPINFO", "1")
@@ -44,8 +44,8 @@ def op_id(op) -> str:
 # where the samples live: CUDA with real Triton kernels when FUSELENS_INTERPRET is off on a GPU
 # machine (`make test-gpu`), else the CPU, with kernels in Triton's interpreter
 DEVICE = "cuda" if os.environ.get("FUSELENS_INTERPRET", "1") in ("", "0") and torch.cuda.is_available() else "cpu"
-# on a GPU gathers are loads in Triton kernels, unchecked (a CPU's are checked first, or ATen's calls)
-_TRITON_GATHERS = DEVICE == "cuda"
+# gathers are loads in Triton kernels (CUDA and the interpreter), ATen's calls beside the C++ ones
+_TRITON_GATHERS = DEVICE == "cuda" or settings.CPU_BACKEND == "interpret"
 # the ops that run on that device
 OPS = sorted((op for op in op_db if (onlyCPU if DEVICE == "cuda" else onlyCUDA) not in op.decorators), key=op_id)
 

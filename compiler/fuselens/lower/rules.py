@@ -263,9 +263,9 @@ def _embedding(ctx, node, args, kwargs):
     its consumer needs it (an embedding summed with positions and normalized, a relative position
     bias added to attention scores, DeBERTa's `torch.gather` of its position scores, GPT-J's
     sin/cos rows), not an ATen call writing the gathered rows first. An index out of range reads
-    0 (its load masked: nothing outside the table is read) where eager's CUDA kernel asserts (on
-    a CPU the indices were checked before: ops/decompositions/linalg.py `rows_of`). The C++
-    kernels keep ATen's call, which raises eager's error."""
+    0 (its load masked: nothing outside the table is read) where eager's CUDA kernel asserts, as
+    a scatter's store is masked (`_scatter_`); the C++ kernels keep ATen's call, which raises
+    eager's error."""
     indices, weight, _padding_idx = args
     if not settings.triton_kernels(ctx.device) or \
             not all(isinstance(n, int) for n in (*indices.shape, *weight.shape)):

@@ -7,7 +7,6 @@ import operator
 import torch
 import torch.nn.functional as F
 
-from ... import settings
 from .. import builder as P
 from .. import primitives as prim
 from ..builder import TVal, emit
@@ -210,19 +209,9 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, s
 
 def rows_of(table, indices, padding_idx=-1):
     """`table`'s rows at `indices` (`embedding`: every gather is one). Triton kernels load them in
-    their consumer's kernel (lower/rules.py), where an index out of range reads 0; on a CPU (the
-    interpreter) the indices are checked first, so that eager's error is raised as a CPU raises
-    it. (On a GPU that check would wait for the device: eager's CUDA kernel asserts instead.)"""
-    device = torch.device(P.builder().device)
-    if device.type == "cpu" and settings.triton_kernels(device):
-        indices = emit(prim.call_torch, _in_range, (indices, table.shape[0]), {})
+    their consumer's kernel (lower/rules.py `_embedding`), where an index out of range reads 0
+    (eager's CUDA kernel asserts); beside the C++ kernels it is ATen's call, which raises."""
     return emit(prim.embedding, indices, table, padding_idx)
-
-
-def _in_range(indices, rows):
-    if indices.device.type != "meta" and indices.numel() and (indices.min() < 0 or indices.max() >= rows):
-        raise IndexError("index out of range in self")
-    return indices.clone()  # (an extern's result is its own memory)
 
 
 @register(torch.embedding)
