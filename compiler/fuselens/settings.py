@@ -35,7 +35,6 @@ if CPU_BACKEND == "interpret" and not INTERPRET:
     raise ValueError("FUSELENS_CPU_BACKEND=interpret needs FUSELENS_INTERPRET=1 (Triton's interpreter is set up at import)")
 
 
-
 def triton_kernels(device) -> bool:
     """Whether graphs on `device` run as Triton kernels (CUDA, and CPUs under the interpreter):
     where a gather is a load in its consumer's kernel (lower/rules.py `_embedding`); beside the

@@ -204,14 +204,7 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, s
               sparse=False):
     if max_norm is not None or scale_grad_by_freq or sparse:
         raise Unsupported("embedding options")
-    return rows_of(weight, indices, -1 if padding_idx is None else padding_idx % weight.shape[0])
-
-
-def rows_of(table, indices, padding_idx=-1):
-    """`table`'s rows at `indices` (`embedding`: every gather is one). Triton kernels load them in
-    their consumer's kernel (lower/rules.py `_embedding`), where an index out of range reads 0
-    (eager's CUDA kernel asserts); beside the C++ kernels it is ATen's call, which raises."""
-    return emit(prim.embedding, indices, table, padding_idx)
+    return emit(prim.embedding, indices, weight, -1 if padding_idx is None else padding_idx % weight.shape[0])
 
 
 @register(torch.embedding)

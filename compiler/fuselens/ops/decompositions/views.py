@@ -15,7 +15,6 @@ from .. import primitives as prim
 from ..builder import TVal, emit
 from ..effects import no_grad_view
 from .conventions import shape_arg, upcast
-from .linalg import rows_of
 from .registry import Unsupported, register, spellings, tensor_method
 
 
@@ -225,7 +224,7 @@ def _gather(x, index):
         v = P.where(P.lt(v, 0), P.add(v, n), v)  # (negative indices count from the end)
         rows = v if rows is None else P.add(P.mul(rows, n), v)
     rows = P.expand(rows, shape) if tuple(rows.shape) != shape else rows
-    out = P.reshape(rows_of(table, rows), shape + tuple(x.shape[d] for d in order[count:]))
+    out = P.reshape(emit(prim.embedding, rows, table, -1), shape + tuple(x.shape[d] for d in order[count:]))
     k = len(shape)  # the index's dims go where `at` was
     return P.permute(out, tuple(range(k, k + at)) + tuple(range(k)) + tuple(range(k + at, out.ndim)))
 
@@ -235,7 +234,8 @@ def gather(x, dim, index, *, sparse_grad=False):
     """x's elements at `index` along `dim` (DeBERTa's relative position scores): x viewed as a
     table of one-element rows read at each element's linear position, an `embedding` that its
     consumer loads in its own kernel (an index out of range of `dim` is a row out of the table's
-    range: `rows_of`). Its gradient adds g into zeros at those positions, as eager's backward."""
+    range, as the embedding's lowering treats it). Its gradient adds g into zeros at those
+    positions, as eager's backward."""
     if sparse_grad or not isinstance(index, TVal) or index.dtype != torch.int64 or x.ndim == 0 or \
             index.ndim != x.ndim or 0 in x.shape or \
             builtins.any(index.shape[k] > x.shape[k] for k in range(x.ndim) if k != dim % x.ndim):
@@ -244,12 +244,13 @@ def gather(x, dim, index, *, sparse_grad=False):
     strides = [math.prod(x.shape[k + 1:]) for k in range(x.ndim)]
     flat = None
     for k in range(x.ndim):
-        at = index if k == dim else P.reshape(P.iota(index.shape[k]), [n if j == k else 1 for j, n in enumerate(index.shape)])
+        at = index if k == dim else \
+            P.reshape(P.iota(index.shape[k]), [n if j == k else 1 for j, n in enumerate(index.shape)])
         term = P.mul(at, strides[k]) if strides[k] != 1 else at
         flat = term if flat is None else P.add(flat, term)
     in_range = P.logical_and(P.ge(index, 0), P.lt(index, x.shape[dim]))
     rows = P.where(in_range, P.expand(flat, index.shape), -1)
-    out = P.reshape(rows_of(P.reshape(x, (-1, 1)), rows), index.shape)
+    out = P.reshape(emit(prim.embedding, rows, P.reshape(x, (-1, 1)), -1), index.shape)
     return emit(prim.with_vjp, out, [x, index], _GatherVJP(dim))
 
 
