@@ -136,6 +136,18 @@ def test_bilinear_resampling_equals_eager(name, dtype, layout):
     check(lambda x: F.interpolate(x, mode="bilinear", **BILINEAR[name]), x)  # (with its gradient: ATen's)
 
 
+@pytest.mark.parametrize("call", ["baddbmm", "addmm"])
+def test_arguments_named_as_the_aten_schema_names_them_reach_the_decomposition(call):
+    """BLOOM's `alibi.baddbmm(batch1=q, batch2=k, beta=..., alpha=...)`: arguments passed by their
+    ATen schema names bind to the decomposition's positions, so the scaled sum fuses with its
+    reader (the softmax) instead of the whole call being ATen's (with ALiBi's broadcast bias
+    materialised for cuBLAS)."""
+    calls = {"baddbmm": lambda x, a, b: x.baddbmm(batch1=a, batch2=b, beta=0.5, alpha=2.0).softmax(-1),
+             "addmm": lambda x, a, b: torch.addmm(x[0, 0], mat1=a[0], mat2=b[0], alpha=0.5).softmax(-1)}
+    cg = check(calls[call], t(4, 1, 5), t(4, 5, 3), t(4, 3, 5), atol=1e-4, rtol=1e-4)
+    assert call not in cg.wrapper_source and "call_torch" not in cg.wrapper_source
+
+
 def test_comparisons_and_logic():
     def f(a, b):
         lt, ge, eq = a < b, a >= b, a == a

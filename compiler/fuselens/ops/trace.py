@@ -82,24 +82,41 @@ def _decomposition(target):
 
 def _bind(fn, target, args, kwargs):
     """(args, kwargs) that `fn`, a decomposition written for torch's Python binding, takes for a
-    call of `target`. An ATen overload's arguments named as in its schema (functional forms of
-    in-place calls: `aten.add.Tensor(t, other=1)`) go to their schema positions where `fn` has no
-    parameter of that name (the binding's `add(a, b)`); TypeError where they still do not bind."""
+    call of `target`. Arguments named as in the op's ATen schema (functional forms of in-place
+    calls: `aten.add.Tensor(t, other=1)`; BLOOM's `alibi.baddbmm(batch1=q, batch2=k, ...)`) go to
+    their schema positions where `fn` has no parameter of that name (the binding's `add(a, b)`,
+    `baddbmm(x, a, b)`); TypeError where they still do not bind."""
     sig = inspect.signature(fn)
     try:
         sig.bind(*args, **kwargs)
         return args, kwargs
-    except TypeError:
-        schema = getattr(target, "_schema", None)
-        if schema is None or not kwargs:
-            raise
-    args, kwargs = list(args), dict(kwargs)
-    for a in schema.arguments[len(args):]:
-        if a.kwarg_only or a.name not in kwargs or a.name in sig.parameters:
-            break
-        args.append(kwargs.pop(a.name))
-    sig.bind(*args, **kwargs)
-    return tuple(args), kwargs
+    except TypeError as e:
+        error = e
+    for schema in _schemas(target) if kwargs else ():
+        positional, named = list(args), dict(kwargs)
+        for a in schema.arguments[len(positional):]:
+            if a.kwarg_only or a.name not in named or a.name in sig.parameters:
+                break
+            positional.append(named.pop(a.name))
+        try:
+            sig.bind(*positional, **named)
+            return tuple(positional), named
+        except TypeError:
+            continue
+    raise error
+
+
+def _schemas(target) -> list:
+    """The ATen schemas of `target`: an overload's own, or those of the ATen op a torch function
+    or Tensor method of that name binds to."""
+    schema = getattr(target, "_schema", None)
+    if schema is not None:
+        return [schema]
+    try:
+        packet = getattr(torch.ops.aten, target.__name__)
+        return [getattr(packet, o)._schema for o in packet.overloads()]
+    except (AttributeError, RuntimeError):
+        return []
 
 
 def _complex(v) -> bool:
