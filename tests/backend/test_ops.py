@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import fuselens
 
-from fl_backend_testing import CPP, DEVICE, check, triton_kernels
+from fl_backend_testing import CPP, DEVICE, check, run, triton_kernels
 
 
 def t(*shape, dtype=torch.float32, positive=False):
@@ -265,7 +265,7 @@ def test_gathered_values_are_loaded_by_their_consumer(name):
     """An embedding's rows (and torch.gather's elements) are loads at positions read from the
     index, in the kernel of their consumer: the embedding summed with positions and normalized is
     one kernel, as DeBERTa's gathered position scores are read by its softmax; no ATen call
-    writes the gathered values first. Out-of-range rows of the table are not read."""
+    writes the gathered values first."""
     gathers = {"embedding": lambda i, table: F.embedding(i, table),
                "gather": lambda i, table: torch.gather(table[:4], 1, i.expand(4, -1) % 5)}
 
@@ -282,7 +282,6 @@ def test_an_index_out_of_range_reads_no_memory_outside_the_table():
     """Triton kernels mask a gathered load to the table: an index out of range reads 0 (eager's
     CUDA kernel asserts, a scatter's store is masked alike); beside the C++ kernels the gather is
     ATen's call, and eager's IndexError is raised."""
-    from fl_backend_testing import run
     table, i = t(5, 3), torch.tensor([[0, 7]], device=DEVICE)
 
     def f(i, w):
