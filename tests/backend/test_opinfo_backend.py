@@ -68,7 +68,8 @@ def test_integer_and_bool_inputs_of_float_math(fn, x):
     _same_as_eager(fn, x)
 
 
-# a half-precision conv2d with a bias rounds once, as eager's kernel (bias added before rounding)
+# a half-precision conv2d with a bias rounds as eager's: once on a CPU (oneDNN adds the bias before
+# rounding), twice on a GPU (cuDNN's rounded result, then ATen's add of the bias)
 def _conv_bias(x, w, b):
     return torch.nn.functional.conv2d(x, w, b, padding=1, groups=2)
 
@@ -89,6 +90,22 @@ def test_half_precision_conv_with_bias_rounds_once(batched):
     _conv_bias(xe, we, be).float().sum().backward()
     for a, e in ((xs, xe), (ws, we), (bs, be)):
         torch.testing.assert_close(a.grad, e.grad, rtol=1.6e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_half_precision_conv_bias_where_eager_adds_it(device):
+    """The decomposition (on meta tensors: no GPU needed) puts the bias where eager's convolution
+    adds it: into the extern call on a CPU, a pointwise add after it on a GPU (cuDNN computes no
+    bias; ATen adds it in a kernel of its own), which then fuses with the result's readers."""
+    from fuselens.ops import primitives as prim
+    from fuselens.ops.trace import to_primitive_graph
+    x, w = torch.empty(2, 4, 6, 6, dtype=torch.bfloat16, device="meta"), torch.empty(4, 2, 3, 3, dtype=torch.bfloat16,
+                                                                                        device="meta")
+    graph = to_primitive_graph(torch.fx.symbolic_trace(_conv_bias), [x, w, torch.empty(4, dtype=torch.bfloat16,
+                                                                                        device="meta")], device)
+    (conv,) = [n for n in graph.nodes if n.target is prim.conv2d]
+    adds = [n for n in graph.nodes if n.target is prim.add]
+    assert (conv.args[2] is None, len(adds)) == ((True, 1) if device == "cuda" else (False, 0))
 
 
 # ops over zero-size tensors whose decomposition reduces over an empty dim (softmax's amax):

@@ -2,6 +2,7 @@
 operands brought to one dtype and, for large half-precision GEMMs, to cuBLAS's alignment."""
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
@@ -174,12 +175,23 @@ def _in_eager_layout(out, x, weight):
     return out
 
 
+def _bias_in_kernel() -> bool:
+    """Whether eager's half-precision convolution adds its bias inside the kernel, before the
+    result rounds once (oneDNN on a CPU): the bias goes into the extern call. cuDNN computes no
+    bias ("Bias is handled outside", ATen's cudnn/ConvShared.cpp): ATen adds it to the rounded
+    result in a kernel of its own, which is what a pointwise add is, and that add fuses with the
+    result's readers instead of costing a pass over the output (a ConvNeXt block's depthwise
+    convolution, every biased convolution of a UNet). (ATen's own depthwise kernel, which a GPU
+    runs for some NCHW depthwise convolutions, adds the bias before rounding: one rounding apart.)"""
+    return P.builder().device.type != "cuda"
+
+
 @register(F.conv2d, torch.conv2d)
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     if isinstance(padding, str):
         raise Unsupported("string padding")
     x, weight = _same_dtype(x, weight)
-    with_bias = bias is not None and is_half(x.dtype)  # eager adds the bias before it rounds, once
+    with_bias = bias is not None and is_half(x.dtype) and _bias_in_kernel()
     out = _in_eager_layout(emit(prim.conv2d, x, weight, bias if with_bias else None, pair(stride), pair(padding),
                                 pair(dilation), groups), x, weight)
     if with_bias:
@@ -211,3 +223,99 @@ def embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0, s
 def aten_embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return embedding(indices, weight, None if padding_idx < 0 else padding_idx, scale_grad_by_freq=scale_grad_by_freq,
                      sparse=sparse)
+
+
+@register(torch.einsum)
+def einsum(equation, *operands, path=None):
+    """torch.einsum as its views, sums, products and matrix products, as ATen computes it
+    (operands contracted pairwise from the left; `path` orders only which pair first, so is
+    ignored): the permutes and reshapes are views or copies the lowering fuses with the operands'
+    producers, where ATen's call copies them in kernels of its own (MaxViT's relative position
+    bias: two einsums a block). A label repeated within one operand (a diagonal) and the sublist
+    form are the torch call's."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    if not isinstance(equation, str) or not operands or not all(isinstance(o, TVal) for o in operands):
+        raise Unsupported("einsum's sublist form")
+    terms, out = _einsum_labels(equation.replace(" ", ""), [o.ndim for o in operands])
+    if any(len(set(t)) != len(t) for t in terms) or len(set(out)) != len(out) or \
+            not set(out) <= set().union(*map(set, terms)):
+        raise Unsupported("einsum diagonal or malformed equation")  # (the torch call raises eager's errors)
+    sizes: dict = {}
+    for op, term in zip(operands, terms):
+        for label, size in zip(term, op.shape):
+            if sizes.get(label, 1) == 1:
+                sizes[label] = size
+            elif size not in (1, sizes[label]):
+                raise Unsupported("einsum operands' sizes do not broadcast")
+    dtype = P.result_type(*operands)
+    values = [(P.cast(op, dtype), term) for op, term in zip(operands, terms)]
+    value, labels = values[0]
+    for i, (other, other_labels) in enumerate(values[1:], 1):
+        later = set(out).union(*(set(t) for t in terms[i + 1:]))
+        value, labels = _contract(value, labels, other, other_labels, later, sizes)
+    value, labels = _sum_labels(value, labels, set(out))
+    return P.permute(value, [labels.index(label) for label in out])
+
+
+def _einsum_labels(equation, ranks):
+    """(each operand's labels, the result's labels) of an einsum equation, '...' spelled out as one
+    label per broadcast dim (right-aligned across operands; characters no equation uses)."""
+    lhs, arrow, rhs = equation.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ranks):
+        raise Unsupported("einsum operand count")
+    width = max((rank - len(t.replace("...", "")) for t, rank in zip(terms, ranks) if "..." in t), default=0)
+    ellipsis = [chr(0x100 + i) for i in range(width)]
+    spelled = []
+    for t, rank in zip(terms, ranks):
+        if "..." in t:
+            n = rank - len(t.replace("...", ""))
+            t = t.replace("...", "".join(ellipsis[width - n:]))
+        if len(t) != rank:
+            raise Unsupported("einsum labels do not match an operand's rank")
+        spelled.append(t)
+    if arrow:
+        if "..." not in rhs and width:
+            raise Unsupported("einsum result without the operands' '...'")
+        out = rhs.replace("...", "".join(ellipsis))
+    else:  # the labels used once, alphabetically, after the broadcast dims (torch's implicit result)
+        counts = "".join(lhs.replace("...", "").split(","))
+        out = "".join(ellipsis) + "".join(sorted(c for c in set(counts) if counts.count(c) == 1))
+    return spelled, out
+
+
+def _sum_labels(value, labels, keep):
+    """`value` with the dims whose labels are not in `keep` summed out."""
+    dims = [i for i, label in enumerate(labels) if label not in keep]
+    if not dims:
+        return value, labels
+    return P.sum(value, dims), "".join(label for label in labels if label in keep)
+
+
+def _contract(a, la, b, lb, keep, sizes):
+    """The product of einsum operands a and b (labels la, lb), summed over the labels they share
+    that `keep` has not: a batched matrix product over (shared kept, a's own, shared summed) and
+    (shared kept, shared summed, b's own), or a broadcast product where nothing is summed."""
+    a, la = _sum_labels(a, la, keep | set(lb))
+    b, lb = _sum_labels(b, lb, keep | set(la))
+    batch = [x for x in la if x in lb and x in keep]
+    summed = [x for x in la if x in lb and x not in keep]
+    own_a, own_b = [x for x in la if x not in lb], [x for x in lb if x not in la]
+    if not summed:
+        labels = batch + own_a + own_b
+        return P.mul(_arranged(a, la, labels), _arranged(b, lb, labels)), "".join(labels)
+    def matrices(x, labels, order):  # (batch,) rows, columns: x's dims `order` (summed or own) grouped
+        dims = [lb for part in order for lb in part]
+        x = P.expand(P.permute(x, [labels.index(lb) for lb in dims]), [sizes[lb] for lb in dims])
+        return P.reshape(x, [math.prod(sizes[lb] for lb in part) for part in order if part is not batch or batch])
+    a2, b2 = matrices(a, la, (batch, own_a, summed)), matrices(b, lb, (batch, summed, own_b))
+    product = bmm(a2, b2) if batch else mm(a2, b2)
+    return P.reshape(product, [sizes[x] for x in batch + own_a + own_b]), "".join(batch + own_a + own_b)
+
+
+def _arranged(x, labels, order):
+    """`x` (dims labelled `labels`) permuted into `order`'s relative order, with size-1 dims where
+    it lacks order's labels (a broadcast operand of a product)."""
+    x = P.permute(x, sorted(range(len(labels)), key=lambda i: order.index(labels[i])))
+    return P.reshape(x, [x.shape[sorted(labels, key=order.index).index(o)] if o in labels else 1 for o in order])
