@@ -170,6 +170,27 @@ def test_values_eager_makes_on_the_cpu_stay_there_and_kernels_read_copies():
         torch.testing.assert_close(g, w, atol=0, rtol=0)
 
 
+def _position_bias(x, table):
+    index = torch.zeros(size=(4, 4), dtype=torch.long)  # (BEiT's relative position index, every layer)
+    index[1:, 1:] = torch.arange(9).view(3, 3)
+    return table[index.view(-1)] * x
+
+
+def test_copies_of_what_eager_makes_on_the_cpu_are_constants():
+    """The copy to the graph's device of a value made on the CPU from no input is a constant like
+    the value itself: made on the first call (made each call, it was a copy from pageable memory
+    that the host waits for, in every layer of BEiT)."""
+    import fuselens
+    x, table = randn(16, 3), randn(10, 3)
+    compiled = fuselens.compile(_position_bias)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x, table), _position_bias(x, table), atol=0, rtol=0)
+    (entry,) = fuselens.inspect(compiled)
+    source = "\n".join(entry.wrappers)
+    copies, each_call = re.findall(r"\.to\(", source), re.findall(r"\.to\(", source.split("def call(", 1)[1])
+    assert (len(copies), each_call) == ((1 if DEVICE == "cuda" else 0), []), source
+
+
 def test_a_value_made_from_sizes_gets_no_gradient(monkeypatch):
     """A TorchScript function of a tensor that requires grad returns `torch.tensor(x.size(-1))`,
     which requires none in eager: the backward sends it no gradient (its VJP ran torch's autograd

@@ -293,21 +293,27 @@ def test_identical_kernels_compile_once(monkeypatch):
 
 
 class PreNormBlock(nn.Module):
-    def __init__(self, d):
+    def __init__(self, d, rows=False):
         super().__init__()
         self.n1, self.f1, self.n2, self.f2 = nn.LayerNorm(d), nn.Linear(d, d), nn.LayerNorm(d), nn.Linear(d, d)
+        self.rows = rows
 
     def forward(self, x):
         x = x + self.f1(self.n1(x))
+        if self.rows:  # OPT's MLP: the residual flattened to rows, then viewed back
+            shape, x = x.shape, x.reshape(-1, x.shape[-1])
+            return (x + self.f2(self.n2(x))).view(shape)
         return x + self.f2(self.n2(x))
 
 
-def test_residual_stream_is_stored_not_recomputed_by_every_later_kernel():
+@pytest.mark.parametrize("rows", [False, True], ids=["as_is", "through_views"])
+def test_residual_stream_is_stored_not_recomputed_by_every_later_kernel(rows):
     """x = x + f(x), block after block: each kernel reads a bounded number of buffers, however
-    deep the stack (recomputed, the residual stream made the n-th layer norm read n outputs)."""
+    deep the stack (recomputed, the residual stream made the n-th layer norm read n outputs),
+    also where the stream reaches its two readers through a view (counted as two users)."""
     d, depth = 16, 8
     torch.manual_seed(0)
-    m = nn.Sequential(*[PreNormBlock(d) for _ in range(depth)]).to(DEVICE).eval()
+    m = nn.Sequential(*[PreNormBlock(d, rows) for _ in range(depth)]).to(DEVICE).eval()
     x = torch.randn(2, 5, d, device=DEVICE)
     with torch.no_grad():
         want = m(x)
@@ -418,3 +424,36 @@ def test_channels_last_group_norm_block_trains_as_eager(monkeypatch, dtype):
             else:  # (bf16 sums of 288 products: each side ~0.4% from float64's, elements 5e-2 apart)
                 assert ((a.grad - b.grad).float().norm() / b.grad.float().norm()) < 2e-2, n
             a.grad = b.grad = None
+
+
+class ConvNeXtBlock(nn.Module):
+    """ConvNeXt's block: a biased depthwise 7x7 convolution, a layer norm over channels-last
+    pixels, an MLP, the residual add."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm, self.fc1, self.fc2 = nn.LayerNorm(c), nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+
+    def forward(self, x):
+        y = self.norm(self.dw(x).permute(0, 2, 3, 1))
+        return x + self.fc2(F.gelu(self.fc1(y))).permute(0, 3, 1, 2)
+
+
+def test_half_precision_convolution_bias_fuses_with_its_reader():
+    """In bf16 the depthwise convolution's bias is added where eager adds it (in the oneDNN call
+    on a CPU; on a GPU after cuDNN's rounded result) and costs no pass of its own: the layer
+    norm's kernel reads the convolution's result (no kernel of the wrapper's own or of ATen's adds
+    it), and the block equals eager."""
+    torch.manual_seed(0)
+    m = ConvNeXtBlock().to(DEVICE, torch.bfloat16).eval()
+    x = torch.randn(2, 8, 10, 10, device=DEVICE, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = m(x)
+        got, kernels, wrapper = first_call(m, x)
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    ((result, conv),) = re.findall(r"(\w+) = torch\.conv2d\((.*)\)", wrapper)
+    assert (", None, " in conv) == (DEVICE == "cuda"), conv
+    readers = re.findall(rf"(\w+)\.launch\([^)]*\b{result}\b", wrapper)
+    # the norm's kernels (its statistics and the normalisation, or one kernel doing both) and no other
+    assert readers and all("sum" in k or "rsqrt" in k for k in readers), readers

@@ -1,6 +1,7 @@
 """Per-op forward and gradient correctness against eager, on awkward inputs."""
 import math
 import operator
+import re
 import warnings
 
 import pytest
@@ -148,6 +149,31 @@ def test_arguments_named_as_the_aten_schema_names_them_reach_the_decomposition(c
     assert call not in cg.wrapper_source and "call_torch" not in cg.wrapper_source
 
 
+EINSUMS = {  # equation: operand shapes
+    "nhw,ixh->nixw": [(2, 7, 13), (7, 7, 7)],  # MaxViT's relative position bias, both steps
+    "nixw,jyw->nijxy": [(2, 7, 7, 13), (7, 7, 13)],
+    "bhqd,bhkd->bhqk": [(2, 3, 5, 8), (2, 3, 6, 8)],
+    "ij,jk": [(3, 4), (4, 5)],  # implicit result
+    "ba,ca": [(3, 4), (5, 4)],
+    "...ij,...jk->...ik": [(2, 1, 3, 4), (5, 4, 2)],  # broadcast batch dims
+    "i,j->ij": [(3,), (4,)],  # a product with no sum
+    "ij,ij->": [(3, 4), (3, 4)],
+    "ijk->j": [(3, 4, 5)],
+    "bn,anm,bm->ba": [(2, 3), (4, 3, 5), (2, 5)],  # three operands (a bilinear form)
+    "ii->i": [(4, 4)],  # a diagonal: the torch call
+}
+
+
+@pytest.mark.parametrize("equation", list(EINSUMS))
+def test_einsum_is_views_sums_and_matrix_products(equation):
+    """torch.einsum decomposed (its permutes fuse with the operands' producers, where ATen's call
+    copies them in kernels of its own), results and gradients equal to eager's."""
+    fn = {1: lambda a: torch.einsum(equation, a * 2), 2: lambda a, b: torch.einsum(equation, a * 2, b),
+          3: lambda a, b, c: torch.einsum(equation, [a * 2, b, c])}[len(EINSUMS[equation])]  # (and the list form)
+    cg = check(fn, *(t(*s) for s in EINSUMS[equation]), atol=1e-4, rtol=1e-4)
+    assert ("einsum" in cg.wrapper_source) == (equation == "ii->i")
+
+
 def test_comparisons_and_logic():
     def f(a, b):
         lt, ge, eq = a < b, a >= b, a == a
@@ -276,6 +302,26 @@ def test_gathered_values_are_loaded_by_their_consumer(name):
     assert len(cg.kernels) == 1
     assert "embedding" not in cg.wrapper_source and "gather" not in cg.wrapper_source
     check(f, i, t(6, 5), t(5))  # gradients: an embedding's rows summed, gather's scatter_add
+
+
+@triton_kernels
+def test_an_index_made_by_many_operations_is_stored_before_its_broadcast():
+    """DeBERTa's attention: relative positions (S, S) clamped into two gathers' indices, which
+    batches and heads broadcast. The clamped positions are stored at (S, S) (read back by each
+    batch and head), where recomputing them in every element of the gathers' indices had reached
+    the inline limit there and stored both indices at (B*H, S, S): for DeBERTa-v3-base at 512
+    tokens, 25 MB of int64 each, a layer."""
+    s, span, heads = (512 if DEVICE == "cuda" else 64), 16, 8
+
+    def f(scores, c2p, p2c, rel):
+        c2p_pos = torch.clamp(rel + span, 0, 2 * span - 1).unsqueeze(0).expand(heads, s, s)
+        p2c_pos = torch.clamp(-rel + span, 0, 2 * span - 1).unsqueeze(0).expand(heads, s, s)
+        score = scores + torch.gather(c2p, -1, c2p_pos) + torch.gather(p2c, -1, p2c_pos).transpose(-1, -2)
+        return torch.softmax(score, -1)
+    rel = torch.randint(-2 * span, 2 * span, (s, s), device=DEVICE)
+    cg = check(f, t(heads, s, s), t(heads, s, 2 * span), t(heads, s, 2 * span), rel, grad=False)
+    stored = re.findall(r"empty\((\(.*?\)), \(.*?\), torch\.int64\)", cg.wrapper_source)
+    assert all(math.prod(eval(shape)) <= s * s for shape in stored), stored
 
 
 def test_an_index_out_of_range_reads_no_memory_outside_the_table():

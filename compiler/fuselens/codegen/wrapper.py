@@ -232,11 +232,16 @@ class WrapperWriter:
 
     def extern_effects(self, step):
         """What an extern call does (ops/effects.py), from a run on meta tensors; None where it
-        cannot run on them."""
+        cannot run on them. A device argument is the meta device there too: a copy to the GPU of
+        what was made on the CPU (BEiT's relative position index, made by torch ops on the CPU in
+        every layer) runs on meta tensors, so it can be a constant like the rest (made each call,
+        it was a synchronous copy from pageable memory a layer)."""
         fn, args, kwargs = step.args if step.prim.name == "call_torch" else (step.prim.impl, step.args, step.kwargs)
         tensors = []
 
         def meta(v):
+            if isinstance(v, torch.device):
+                return torch.device("meta")
             if not isinstance(v, View):
                 return v
             base = torch.empty_strided(v.buf.shape, v.buf.stride, dtype=v.buf.dtype, device="meta")

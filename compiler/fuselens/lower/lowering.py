@@ -44,6 +44,11 @@ REALIZE_READS = 2
 # vectors, its RMSNorm's x * rstd * weight) recomputed by each of the product's programs read
 # several times its bytes from L2 in each.
 BROADCAST_REALIZE = 4
+# ... as is one that inlines this many operations: DeBERTa's relative positions (log buckets of
+# position differences, clamped, (S, S)) recomputed for every batch and head inside the gather's
+# index reached INLINE_COST_LIMIT there, so the gather's index was stored at (B*H, S, S) int64,
+# 25 MB a layer, twice, where (S, S) is 2 MB
+BROADCAST_COST = INLINE_COST_LIMIT // 4
 # ... and its users have this many elements in all, by device type: below, computing it again
 # costs less than a kernel of its own. A GPU's launch buys millions of elements (a scalar gate's
 # tanh, ALiBi's per-head slopes on short sequences); a C++ kernel's call (ctypes, an OpenMP region:
@@ -132,6 +137,13 @@ def _broadcast_elements(node: fx.Node, least: int) -> int:
         elif isinstance(n, int) and n >= least:
             total += n
     return total
+
+
+def _consumers(node: fx.Node) -> int:
+    """The nodes reading `node`'s value, directly or through views: each would recompute a lazy
+    value (OPT's residual stream is flattened to rows before its layer norm and its next residual
+    add: one user, a reshape, with two readers)."""
+    return sum(_consumers(u) if getattr(u.target, "kind", None) == "view" else 1 for u in node.users)
 
 
 def _output_viewed_by_extern(node: fx.Node) -> bool:
@@ -432,9 +444,10 @@ class Lowering:
         if _output_viewed_by_extern(node):
             return self.realize(v)
         read_bytes = sum(n * size for _, n, size in v.reads)
-        if len(node.users) > 1 and sum(n for _, n, _ in v.reads) >= REALIZE_READS * math.prod(shape) and \
+        if _consumers(node) > 1 and sum(n for _, n, _ in v.reads) >= REALIZE_READS * math.prod(shape) and \
                 read_bytes >= REALIZE_READS * math.prod(shape) * dtype.itemsize or \
-                (v.heavy or read_bytes > math.prod(shape) * dtype.itemsize) and _broadcast_by_users(node, math.prod(shape), self.device):
+                (v.heavy or v.cost >= BROADCAST_COST or read_bytes > math.prod(shape) * dtype.itemsize) and \
+                _broadcast_by_users(node, math.prod(shape), self.device):
             return self.realize(v)
         return v
 
