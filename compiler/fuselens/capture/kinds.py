@@ -34,7 +34,7 @@ from . import calls as C
 from . import environ, process_state
 from .builtins import NOT_HANDLED, known_handler
 from .frames import AbstractSeq
-from .guards import SRC
+from .guards import SRC, arg
 from .objects import _IMMUTABLE, _no_source, _runs_python, _stdlib
 from .side_effects import MUTABLE, _is_key, _item
 from .source import FunctionSource
@@ -530,7 +530,9 @@ class ArrayData(Kind):
 class WeakReference(Kind):
     """A `weakref.ref` from outside (nn.LSTM's `_flat_weight_refs`): calling it gives its
     referent, found there on each call: a tensor is a graph input at that source (the same
-    tensor as another input where it is one: guarded so), anything else guarded by identity."""
+    tensor as another input where it is one: guarded so), an object found at another source
+    guarded to be the one there (torch's `Transform.inv` before 2.12: a transform's inverse, made
+    each call), anything else guarded by identity."""
 
     def call(self, ev, ref, args, kwargs, e, scope):
         if args or kwargs or not ev.domain.runs_python:
@@ -539,8 +541,12 @@ class WeakReference(Kind):
         src = f"{ev.domain.source(ev, ref) or ev.domain.constant(ref, 'weakref')}()"
         if isinstance(v, torch.Tensor) or type(v) in MUTABLE:
             return ev.wrap_external(v, src)
-        ev.domain.guard(f"{SRC} is {ev.domain.constant(v, type(v).__name__)}" if v is not None else f"{SRC} is None",
-                        f"{src} is the same object", src)
+        found = ev.domain.source(ev, v) if v is not None else None
+        if found is not None:
+            ev.domain.guard(f"{SRC} is {arg(1)}", f"{src} is {found}", src, found)
+        else:
+            ev.domain.guard(f"{SRC} is {ev.domain.constant(v, type(v).__name__)}" if v is not None
+                            else f"{SRC} is None", f"{src} is the same object", src)
         return v
 
 

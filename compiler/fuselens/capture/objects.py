@@ -91,7 +91,10 @@ class Objects:
             self.brk(B.COMPILE_DISABLED, e, scope, detail=f"creating a `{cls.__qualname__}` object")
         if cls.__new__ is not object.__new__ and cls.__init__ is object.__init__:
             return self.made_by_c_new(cls, args, kwargs, e, scope)
-        obj = cls.__new__(cls)
+        try:
+            obj = cls.__new__(cls)
+        except TypeError:  # a C `__new__` that needs the arguments too (`weakref.ref(obj)`)
+            return self.made_by_c_new(cls, args, kwargs, e, scope)
         self.effects.fresh(obj)
         init = cls.__init__
         if not isinstance(init, types.FunctionType):  # object.__init__, dict.__init__: C code
