@@ -93,13 +93,18 @@ def chunk_for(rows):
 
 
 def is_column_reduction(buf):
-    """A reduction of the outer dims with the kept ones trailing (sizes-1 dims aside)."""
+    """A reduction whose innermost dim is kept (sizes-1 dims aside): of the outer dims with the
+    kept ones trailing, or batched so, kept dims outside the reduced ones too (a channels-last
+    [N, H, W, C] averaged over H and W: squeeze-and-excitation, a segmentation head's pooling).
+    Its partials' columns are all the kept dims, the innermost contiguous in memory; reduced per
+    (n, c) as rows, each row's elements lay C apart."""
     if not isinstance(buf, ComputedBuffer) or buf.kind != "reduction":
         return False
     dims = [d for d, s in enumerate(buf.in_shape) if s != 1]
     red = [d for d in dims if d in buf.red_dims]
     kept = [d for d in dims if d not in buf.red_dims]
-    return bool(red and kept) and max(red) < min(kept)
+    at = [dims.index(d) for d in red]  # (one run of dims: the rows a chunk walks)
+    return bool(red and kept) and max(red) < max(kept) and at == list(range(at[0], at[0] + len(at)))
 
 
 def tile_chunk(rows, cols):
@@ -112,10 +117,15 @@ def tile_chunk(rows, cols):
 
 
 def set_chunk(partial, stage2, chunk):
+    """Partials of `chunk` rows: one row of columns per chunk, the chunks outermost in memory
+    (a chunked kernel's program p stores its columns, all the kept dims, as row p)."""
     first = min(partial.red_dims)
     rows = math.prod(partial.in_shape[d] for d in partial.red_dims)
     pshape = tuple(-(-rows // chunk) if d == first else s for d, s in enumerate(stage2.shape))
-    partial.shape, partial.stride, partial.chunk = pshape, contiguous_strides(pshape), chunk
+    order = [first] + [d for d in range(len(pshape)) if d != first]
+    dense = contiguous_strides(tuple(pshape[d] for d in order))
+    stride = tuple(dense[order.index(d)] for d in range(len(pshape)))
+    partial.shape, partial.stride, partial.chunk = pshape, stride, chunk
     stage2.body, stage2.in_shape, stage2.red_dims = buffer_view(partial).load, pshape, (first,)
 
 
