@@ -8,6 +8,7 @@ import operator
 
 import torch
 import torch.nn.functional as F
+from torch._prims_common import suggest_memory_format
 
 from ... import settings
 from .. import builder as P
@@ -368,10 +369,35 @@ def _bilinear(x, size, scale_factor, align_corners):
         return i0, i1, P.sub(1.0, w1), w1
     y0, y1, hy0, hy1 = (P.reshape(v, (outs[0], 1)) for v in axis(ins[0], outs[0], scales[0]))
     x0, x1, wx0, wx1 = (P.reshape(v, (1, outs[1])) for v in axis(ins[1], outs[1], scales[1]))
-    px = lambda iy, ix: upcast(_gather(x, (builtins.slice(None), builtins.slice(None), iy, ix)))  # noqa: E731
+    px = _pixel_reader(x, outs)
     top = P.add(P.mul(wx0, px(y0, x0)), P.mul(wx1, px(y0, x1)))
     bottom = P.add(P.mul(wx0, px(y1, x0)), P.mul(wx1, px(y1, x1)))
     return P.cast(P.add(P.mul(hy0, top), P.mul(hy1, bottom)), x.dtype)
+
+
+def _pixel_reader(x, outs):
+    """`read(iy, ix)`: x's pixels at rows iy (outH, 1) and columns ix (1, outW), (N, C, outH, outW)
+    in fp32 and in x's layout, as ATen's result: a channels-last x read as a table of pixels, each
+    row its C channels (an output pixel's channels read together); another as a table of single
+    elements. (Read as tensor indexing, the result was laid out with the indexed dims outermost,
+    as ATen's indexing lays it out: DeepLabV3's channels-last output (H, W, N, C) in memory, the
+    four neighbours of each output read from another image every C elements: 1.2 ms on an H100.)"""
+    n, c, h, w = x.shape
+    image = lambda size: P.reshape(P.iota(n), (n,) + (1,) * size)  # noqa: E731
+    if suggest_memory_format(x.val) is torch.channels_last:
+        table = P.reshape(P.permute(x, (0, 2, 3, 1)), (n * h * w, c))
+
+        def read(iy, ix):
+            rows = P.expand(P.add(P.mul(P.add(P.mul(image(2), h), iy), w), ix), (n,) + outs)
+            return P.permute(upcast(emit(prim.embedding, rows, table, -1)), (0, 3, 1, 2))
+        return read
+    table = P.reshape(x, (n * c * h * w, 1))
+    planes = P.add(P.mul(image(3), c), P.reshape(P.iota(c), (1, c, 1, 1)))
+
+    def read(iy, ix):
+        rows = P.expand(P.add(P.mul(P.add(P.mul(planes, h), iy), w), ix), (n, c) + outs)
+        return P.reshape(upcast(emit(prim.embedding, rows, table, -1)), (n, c) + outs)
+    return read
 
 
 @register(builtins.getattr)
