@@ -120,8 +120,23 @@ def _broadcast_by_users(node: fx.Node, numel, device) -> bool:
     """Pointwise ops and views reading `node`'s value (of `numel` elements), directly or through
     views, that have BROADCAST_REALIZE times its elements or more (each would compute them that
     often) have RECOMPUTE_MIN elements in all."""
+    return isinstance(numel, int) and \
+        read_many_times(numel, _broadcast_elements(node, BROADCAST_REALIZE * max(numel, 1)), device)
+
+
+def costly_to_recompute(v: Lazy) -> bool:
+    """Whether each load of lazy `v` computes enough to store it where it is read many times over
+    (BROADCAST_REALIZE): it inlines a heavy primitive or BROADCAST_COST operations, or reads more
+    bytes than it holds."""
+    return v.heavy or v.cost >= BROADCAST_COST or \
+        sum(n * size for _, n, size in v.reads) > math.prod(v.shape) * v.dtype.itemsize
+
+
+def read_many_times(numel, reads, device) -> bool:
+    """Whether `reads` loads of a value of `numel` elements are BROADCAST_REALIZE of each element
+    or more, and RECOMPUTE_MIN in all (below, computing it again costs less than a kernel)."""
     least = RECOMPUTE_MIN.get(device.type, RECOMPUTE_MIN["cuda"])
-    return isinstance(numel, int) and _broadcast_elements(node, BROADCAST_REALIZE * max(numel, 1)) >= least
+    return isinstance(numel, int) and isinstance(reads, int) and reads >= max(least, BROADCAST_REALIZE * max(numel, 1))
 
 
 def _broadcast_elements(node: fx.Node, least: int) -> int:
@@ -445,9 +460,14 @@ class Lowering:
             return self.realize(v)
         read_bytes = sum(n * size for _, n, size in v.reads)
         if _consumers(node) > 1 and sum(n for _, n, _ in v.reads) >= REALIZE_READS * math.prod(shape) and \
-                read_bytes >= REALIZE_READS * math.prod(shape) * dtype.itemsize or \
-                (v.heavy or v.cost >= BROADCAST_COST or read_bytes > math.prod(shape) * dtype.itemsize) and \
-                _broadcast_by_users(node, math.prod(shape), self.device):
+                read_bytes >= REALIZE_READS * math.prod(shape) * dtype.itemsize:
+            return self.realize(v)
+        return self.stored_if_broadcast(node, v)
+
+    def stored_if_broadcast(self, node, v):
+        """Lazy `v` (`node`'s value), stored where it is costly to recompute and its users
+        broadcast it (BROADCAST_REALIZE): each broadcast element would compute it again."""
+        if isinstance(v, Lazy) and costly_to_recompute(v) and _broadcast_by_users(node, math.prod(v.shape), self.device):
             return self.realize(v)
         return v
 
