@@ -261,3 +261,16 @@ def test_reductions_read_their_operand_in_memory_order(caplog, fn, domain):
     x = randn(2, 8, 5, 3).contiguous(memory_format=torch.channels_last)
     cg, (fwd, *_) = schedules(caplog, fn, x, randn(8), randn(8))
     assert any(domain in line for line in fwd), fwd
+
+
+def test_channels_last_group_norm_statistics_read_x_once_into_small_partials():
+    """A channels-last GroupNorm's statistics ([N, H, W, G, C/G] over H, W and a group's C/G
+    channels): stage 1 sums over H and W per channel as column partials, then the groups' short
+    rows; nothing between x and the statistics holds more than a few elements per channel (rows
+    of C/G summed first were stored per pixel and group in fp32: as many bytes as x)."""
+    x = randn(2, 32, 40, 40).contiguous(memory_format=torch.channels_last)  # (rows of 40*40*4: split)
+    w, b = randn(32), randn(32)
+    cg = check(lambda x, w, b: F.silu(F.group_norm(x, 8, w, b)), x, w, b, grad=False)
+    sizes = [math.prod(eval(shape)) for shape in re.findall(r"empty\((\(.*?\)), \(.*?\), torch\.float32\)",
+                                                             cg.wrapper_source)]
+    assert max(s for s in sizes if s != x.numel()) * 16 <= x.numel(), sizes

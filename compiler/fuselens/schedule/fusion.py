@@ -29,6 +29,8 @@ from torch.fx.node import map_aggregate
 
 # column reductions over at least this many rows run in two stages (module docstring)
 COLUMN_SPLIT_MIN_ROWS = 1024
+# inner rows shorter than this are reduced second (split_outer_inner_reductions)
+SHORT_INNER_ROWS = 32
 # about this many partial rows (2 per SM of an H100); chunks are powers of two of at least MIN_CHUNK rows
 TARGET_PARTIALS = 256
 MIN_CHUNK = 8
@@ -129,13 +131,17 @@ def set_chunk(partial, stage2, chunk):
     stage2.body, stage2.in_shape, stage2.red_dims = buffer_view(partial).load, pshape, (first,)
 
 
-def split_outer_inner_reductions(graph: LoweredGraph):
+def split_outer_inner_reductions(graph: LoweredGraph, column_partials=True):
     """A reduction of dims on both sides of the kept ones (BatchNorm's statistics: [N, C, H, W]
     over N, H and W) with rows too long for one block is split in two: stage 1 reduces the inner
     dims (rows of H*W contiguous elements, one per (n, c): N*C programs, each row in registers,
     where the whole reduction had C programs looping over N*H*W strided elements); stage 2 (the original buffer, which keeps its name, shape and readers) reduces
     stage 1's [N, C, 1, 1] over the outer dims (a column reduction, itself split in two when
-    long, `split_column_reductions`)."""
+    long, `split_column_reductions`). Where the inner rows are shorter than SHORT_INNER_ROWS and
+    columns are split into partials, the other way round: stage 1 reduces the outer dims (a
+    column reduction with every kept dim and the inner ones as columns), stage 2 the inner ones
+    (a channels-last GroupNorm's [N, H, W, G, C/G] over H, W and a group's C/G channels: rows of
+    C/G elements, stored in fp32 per pixel and group, wrote as many bytes as the input held)."""
     steps = []
     for buf in graph.steps:
         steps.append(buf)
@@ -148,6 +154,8 @@ def split_outer_inner_reductions(graph: LoweredGraph):
         rnumel = math.prod(buf.in_shape[d] for d in buf.red_dims)
         if not inner or not any(buf.in_shape[d] != 1 for d in outer) or rnumel <= PERSISTENT_RNUMEL_MAX:
             continue
+        if column_partials and math.prod(buf.in_shape[d] for d in inner) < SHORT_INNER_ROWS:
+            inner, outer = outer, inner  # (stage 1 over the outer dims, stage 2 the inner ones)
         shape = keep_shape(buf.in_shape, inner)
         rows = ComputedBuffer(f"{buf.name}_rows", shape, contiguous_strides(shape), compute_dtype(buf.dtype),
                               body=buf.body, kind="reduction", in_shape=buf.in_shape, red_dims=inner,
@@ -453,7 +461,7 @@ def schedule(graph: LoweredGraph, column_partials=True) -> Schedule:
     """`column_partials`: long column reductions and few long rows run in two stages
     (`split_column_reductions`, `split_long_rows`), as a GPU needs to keep its cores busy; a CPU's
     few threads share the columns, or a long row, instead."""
-    split_outer_inner_reductions(graph)
+    split_outer_inner_reductions(graph, column_partials)
     if column_partials:
         split_long_rows(graph)
     pairs = split_column_reductions(graph) if column_partials else {}
