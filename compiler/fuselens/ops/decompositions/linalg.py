@@ -305,11 +305,13 @@ def _contract(a, la, b, lb, keep, sizes):
     if not summed:
         labels = batch + own_a + own_b
         return P.mul(_arranged(a, la, labels), _arranged(b, lb, labels)), "".join(labels)
-    def matrices(x, labels, order):  # (batch,) rows, columns: x's dims `order` (summed or own) grouped
-        dims = [lb for part in order for lb in part]
-        x = P.expand(P.permute(x, [labels.index(lb) for lb in dims]), [sizes[lb] for lb in dims])
-        return P.reshape(x, [math.prod(sizes[lb] for lb in part) for part in order if part is not batch or batch])
-    a2, b2 = matrices(a, la, (batch, own_a, summed)), matrices(b, lb, (batch, summed, own_b))
+
+    def grouped(x, labels, parts):  # x's dims permuted and merged into one dim per part
+        dims = [d for part in parts for d in part]
+        x = P.expand(P.permute(x, [labels.index(d) for d in dims]), [sizes[d] for d in dims])
+        return P.reshape(x, [math.prod(sizes[d] for d in part) for part in parts])
+    lead = [batch] if batch else []
+    a2, b2 = grouped(a, la, lead + [own_a, summed]), grouped(b, lb, lead + [summed, own_b])
     product = bmm(a2, b2) if batch else mm(a2, b2)
     return P.reshape(product, [sizes[x] for x in batch + own_a + own_b]), "".join(batch + own_a + own_b)
 

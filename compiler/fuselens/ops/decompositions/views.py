@@ -314,7 +314,7 @@ def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=N
     spatial = x.ndim - 2
     if mode == "bilinear" and not antialias and x.ndim == 4 and (size is None) != (scale_factor is None) and \
             recompute_scale_factor is not True and not P.builder().needs_grad(x) and \
-            settings.triton_kernels(torch.device(P.builder().device)):
+            settings.triton_kernels(P.builder().device):
         return _bilinear(x, size, scale_factor, bool(align_corners))
     if mode != "nearest" or antialias or spatial not in (1, 2, 3) or (size is None) == (scale_factor is None):
         raise Unsupported("interpolate other than nearest")
