@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import fuselens
-from fl_backend_testing import DEVICE, check, compile, run, trace
+from fl_backend_testing import DEVICE, check, compile, run, trace, triton_kernels
 from fuselens.codegen import launcher
 from fuselens.codegen import triton as triton_codegen
 
@@ -471,16 +471,20 @@ def test_int64_indexing_only_for_huge_buffers():
 
 def test_large_kernels_divide_their_indices_by_literals():
     """A kernel of 2^26 elements or more divides its indices by constants (a multiply and shift,
-    not ~20 integer instructions an element); smaller ones take sizes as arguments, so kernels
-    differing only in sizes share a compile."""
+    not ~20 integer instructions an element); smaller ones whose divisors differ from those of
+    another kernel of their source take sizes as arguments, so those kernels share a compile
+    (test_launch.py: divisors the same in all kernels of a source are constants at any size)."""
     from fuselens.ops import to_primitive_graph
     from fuselens.backend.driver import build_program
     from fuselens.lower.ir import DynamicValues
-    gm = trace(lambda x, b: x + b)
+    gm = trace(lambda x, b, y, c: (x + b, y + c))
     for rows, literal in ((4096, True), (64, False)):  # code generation only: nothing runs
         x, b = torch.empty(rows, 50257, device="meta"), torch.empty(50257, device="meta")
-        program = build_program(to_primitive_graph(gm, [x, b], DEVICE), DEVICE)
+        y, c = torch.empty(rows, 50001, device="meta"), torch.empty(50001, device="meta")
+        program = build_program(to_primitive_graph(gm, [x, b, y, c], DEVICE), DEVICE)
         assert ("% 50257" in program.kernels[0].source) == literal, program.kernels[0].source
+        assert ("% 50001" in program.kernels[1].source) == literal, program.kernels[1].source
+    gm = trace(lambda x, b: x + b)
     # with a dynamic size T, the divisors of static sizes only (the vocabulary's, an input's static
     # dim): a symbol may stand for a product of T (T * 50257), and the source must not change with T
     sources = set()
@@ -491,6 +495,25 @@ def test_large_kernels_divide_their_indices_by_literals():
         sources.add(program.kernels[0].source)
     (source,) = sources
     assert "% 50257" in source and f"{4 * 50257}" not in source, source
+
+
+@triton_kernels
+def test_divisors_are_literals_unless_kernels_of_one_source_divide_by_different_sizes():
+    """An index's divisions (a transpose's, the pairs of a rotary embedding) are by literals where
+    every kernel of the program compiled from the same source divides by the same sizes (a
+    model's layers: GPT-J's rotary kernel took 6x Inductor's time dividing by arguments), and by
+    size arguments where those kernels' sizes differ (a ResNet's stages), which then still share
+    one compile."""
+    flat_t = lambda v: v.t().reshape(-1) * 2  # noqa: E731
+    x = lambda *shape: torch.randn(*shape, device=DEVICE)  # noqa: E731
+
+    def divisors(fn, *inputs):
+        cg, _ = run(fn, *inputs)
+        return {launcher.canonical(k.name, k.source)[1]: re.findall(r"// (\w+)\)", k.source) for k in cg.kernels}
+    assert list(divisors(lambda a: flat_t(a), x(8, 12)).values()) == [["8"]]
+    assert list(divisors(lambda a, b: (flat_t(a), flat_t(b)), x(8, 12), x(8, 12)).values()) == [["8", "8"]]
+    shared = divisors(lambda a, b: (flat_t(a), flat_t(b)), x(8, 12), x(16, 24))
+    assert len(shared) == 1 and re.fullmatch(r"ks\d", list(shared.values())[0][0])
 
 
 ONLINE = {"softmax": (lambda x: torch.softmax(x, -1), 2),  # (the second loop stores the probabilities)

@@ -26,7 +26,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from ..autograd.facts import check_shapes, eager_value
 from ..codegen import cpp_build, launcher
 from ..codegen.cpp import generate_cpp_kernel
-from ..codegen.triton import generate_kernel
+from ..codegen.triton import fixed_divisors, generate_kernel
 from ..codegen.wrapper import generate_wrapper, load_wrapper
 from ..lower import lower_graph
 from ..lower.ir import DynamicValues, View
@@ -160,25 +160,41 @@ def _kernel_info(name, source, writer):
 
 def _triton_kernels(fused, lowered, device, mode, dynamic_values, first_kernel_index):
     """(FusedKernel id -> (TritonKernel, writer), KernelInfos, launches, cubin jobs, what load_program
-    makes the kernels again from)."""
-    kernels, infos, launches, jobs = {}, [], [], []
+    makes the kernels again from). A kernel starts compiling (in worker processes, while the next
+    are generated) once written; one that divides by sizes is written again first where some of
+    them are the same in every kernel of its source (`fixed_divisors`), known once all are written."""
     pdl = launcher.supports_pdl(torch.device(device))
-    for i, step in enumerate(fused):
-        name, source, writer = generate_kernel(step, first_kernel_index + i, lowered.sizevars, dynamic_values, pdl,
-                                               torch.device(device).type == "cuda")
+    cuda = torch.device(device).type == "cuda"
+    made, jobs = [None] * len(fused), []
+
+    def write(i, fixed_sizes=frozenset()):
+        return generate_kernel(fused[i], first_kernel_index + i, lowered.sizevars, dynamic_values, pdl, cuda,
+                               fixed_sizes)
+
+    def start(i, generated):
+        name, source, writer = generated
         itemsize = min((b.dtype.itemsize for b in writer.buffers.values()), default=4)
         kernel = launcher.TritonKernel(name, source, writer.mode, mode == "max-autotune", itemsize, pdl)
-        kernels[id(step)] = (kernel, writer)
         tensors, scalars, sizes = writer.launch_signature()
-        infos.append(_kernel_info(name, source, writer))
-        launches.append(([writer.buffers[n].dtype for n in tensors], [0 if a == "seed" else a for a in scalars],
-                         sizes))
-        # compiled in worker processes from now on, while the next kernels (and programs) are generated
-        kernel_jobs = _compile_jobs([kernel], launches[-1:], device)
+        launch = ([writer.buffers[n].dtype for n in tensors], [0 if a == "seed" else a for a in scalars], sizes)
+        made[i] = kernel, writer, _kernel_info(name, source, writer), launch
+        kernel_jobs = _compile_jobs([kernel], [launch], device)
         launcher.start_compiles(kernel_jobs)
-        jobs += kernel_jobs
-    args = [(k.name, k.source, k.mode, k.max_autotune, k.itemsize, k.pdl) for k, _ in kernels.values()]
-    return kernels, infos, launches, jobs, args
+        jobs.extend(kernel_jobs)
+
+    dividing = {}
+    for i in range(len(fused)):
+        generated = write(i)
+        if generated[2].divided_by:
+            dividing[i] = generated
+        else:
+            start(i, generated)
+    fixed = fixed_divisors(dividing)
+    for i, generated in dividing.items():
+        start(i, write(i, fixed[i]) if i in fixed else generated)
+    kernels = {id(step): (kernel, writer) for step, (kernel, writer, _, _) in zip(fused, made)}
+    args = [(k.name, k.source, k.mode, k.max_autotune, k.itemsize, k.pdl) for k, _, _, _ in made]
+    return kernels, [info for _, _, info, _ in made], [launch for _, _, _, launch in made], jobs, args
 
 
 def _cpp_kernels(fused, lowered, device, mode, dynamic_values, first_kernel_index):

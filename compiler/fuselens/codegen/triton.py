@@ -31,7 +31,7 @@ from ..lower.indexing import FloorDiv
 from ..lower.ir import DynamicValues, compute_dtype, use_handler
 from ..ops.primitives import TRITON_HELPERS
 from ..schedule.fusion import PERSISTENT_RNUMEL_MAX, FusedKernel, moved_row_vars, row_shapes, store_index
-from .launcher import MAX_RTILE, ROUND_HELPERS, next_power_of_2
+from .launcher import MAX_RTILE, ROUND_HELPERS, canonical, next_power_of_2
 from .triton_expressions import BLOCK_NAMES, CV, TL_DTYPES, Hoist
 from .triton_reductions import COMBINE_FNS, REDUCE_AXIS0, TritonReductions, neutral
 
@@ -258,14 +258,41 @@ def memory_extent(buf):
     return 1 + sum((s - 1) * abs(st) for s, st in zip(buf.shape, buf.stride)) if buf.numel() else 0
 
 
-def generate_kernel(kernel: FusedKernel, index: int, sizevars, dynamic_values=DynamicValues(), pdl=False, cuda=False):
+def generate_kernel(kernel: FusedKernel, index: int, sizevars, dynamic_values=DynamicValues(), pdl=False, cuda=False,
+                    fixed_sizes=frozenset()):
     """`pdl`: the kernel waits for the one before it (gdc_wait) and is launched with programmatic
     dependent launch, so its launch overlaps the previous kernel's last programs (Hopper and later).
-    `cuda`: its tensors are on a CUDA device, whose ATen kernels' semantics it follows."""
-    writer = KernelWriter(kernel, index, sizevars, dynamic_values, pdl, cuda)
-    name, source = writer.generate()
-    if not writer.int64 and any(memory_extent(b) >= 2 ** 31 for b in writer.buffers.values()):
+    `cuda`: its tensors are on a CUDA device, whose ATen kernels' semantics it follows.
+    `fixed_sizes`: size symbols that divide its indices as literals (KernelWriter.divisor)."""
+    def written(int64):
         writer = KernelWriter(kernel, index, sizevars, dynamic_values, pdl, cuda)
-        writer.int64 = True
-        name, source = writer.generate()
+        writer.int64 |= int64
+        writer.fixed_sizes = fixed_sizes
+        return writer.generate(), writer
+    (name, source), writer = written(False)
+    if not writer.int64 and any(memory_extent(b) >= 2 ** 31 for b in writer.buffers.values()):
+        (name, source), writer = written(True)
     return name, source, writer
+
+
+def fixed_divisors(generated: dict) -> dict:
+    """{key: the size symbols of its kernel to divide by as literals} for generate_kernel's
+    (name, source, writer) of a program's kernels that divide by size arguments (`divided_by`):
+    the divisors whose values are the same in every kernel of its compiled source (a
+    transformer's layers), so that literals cost no compile that sizes as arguments would have
+    shared."""
+    by_source: dict = {}
+    for key, (name, source, _) in generated.items():
+        by_source.setdefault(canonical(name, source)[1], []).append(key)
+    writers = {key: writer for key, (_, _, writer) in generated.items()}
+    fixed = {}
+    for keys in by_source.values():
+        args = lambda w: {p: (s, int(w.sizevars.values[s])) for s, p in w.size_args.items()}  # noqa: E731
+        first = writers[keys[0]]
+        same = {p for p, (s, value) in args(first).items() if s in first.divided_by and
+                all(args(writers[k])[p][1] == value for k in keys[1:])}
+        for k in keys:
+            symbols = frozenset(s for p, (s, _) in args(writers[k]).items() if p in same)
+            if symbols:
+                fixed[k] = symbols
+    return fixed

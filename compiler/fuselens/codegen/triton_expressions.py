@@ -76,6 +76,8 @@ class TritonExpressions(KernelExpressions):
         self.need_xmask = self.need_rmask = False  # (KernelWriter's, by its loop structure)
         self._row_major = None  # (index of the kernel's row, of its element), row-major
         self.reciprocal_divisors = reciprocal_divisors  # divide by a number as ATen's CUDA kernels do
+        self.fixed_sizes: frozenset = frozenset()  # size symbols a divisor may be the value of (`divisor`)
+        self.divided_by: set = set()  # size symbols the kernel divides by as arguments
         self.helpers: set[str] = set()  # the primitives' Triton helpers (TRITON_HELPERS) the kernel calls
         self.varies: dict[str, frozenset] = {}  # temporary -> which block axes ("x", "r") it varies along
         self.hoist: Hoist | None = None
@@ -114,20 +116,24 @@ class TritonExpressions(KernelExpressions):
         return out
 
     def divisor(self, d) -> str:
-        """A divisor of an index: its value in a kernel of at least LITERAL_DIVISORS_MIN elements
-        whose sizes are static (`static_size`). Division by a constant compiles to a multiply and a shift;
-        by a kernel argument, to ~20 integer instructions an element, which left GPT-2's loss
-        gradient (206M elements, three divisions each) at 1.1 TB/s. Smaller kernels keep sizes as
-        arguments, so kernels that differ only in sizes (a ResNet's stages) share one compile: with
-        literal divisors everywhere, ResNet-50's cold first call took 4.7 s instead of 2.8, its
-        step as long."""
+        """A divisor of an index: its value where its sizes are static (`static_size`) and either
+        the kernel has at least LITERAL_DIVISORS_MIN elements or they are `fixed_sizes`: the same
+        in every kernel of the program that shares this one's compile (driver's
+        `fixed_divisors`). Division by a constant compiles to a multiply and a shift (by a power
+        of two, a shift or a mask); by a kernel argument, to ~20 integer instructions an element,
+        which left GPT-2's loss gradient (206M elements, three divisions each) at 1.1 TB/s and
+        GPT-J's rotary embedding (4M elements, eight divisions) at 6x Inductor's time. Sizes that
+        differ between kernels of one source stay arguments, so those kernels (a ResNet's stages)
+        share one compile: with literal divisors everywhere, ResNet-50's cold first call took 4.7 s
+        instead of 2.8, its step as long."""
         d = sympy.sympify(d)
         elements = self.xnumel * (self.rnumel if self.kernel.is_reduction else 1)
         # (a literal where the divisor's value is the same at every call: a kernel whose divisor
         # derives from a dynamic size is shared by the graph's lengths, sizes as arguments)
-        if elements >= LITERAL_DIVISORS_MIN and \
-                all(s.name[0] not in "xr" and self.static_size(self.sizevars.values[s]) for s in d.free_symbols):
+        if all(s.name[0] not in "xr" and self.static_size(self.sizevars.values[s]) for s in d.free_symbols) and \
+                (elements >= LITERAL_DIVISORS_MIN or d.free_symbols <= self.fixed_sizes):
             return str(self.sizevars.evaluate(d))
+        self.divided_by |= {s for s in d.free_symbols if s.name[0] not in "xr"}
         return self.expr(d)
 
     def index_text(self, index) -> str:
