@@ -274,3 +274,16 @@ def test_channels_last_group_norm_statistics_read_x_once_into_small_partials():
     sizes = [math.prod(eval(shape)) for shape in re.findall(r"empty\((\(.*?\)), \(.*?\), torch\.float32\)",
                                                              cg.wrapper_source)]
     assert max(s for s in sizes if s != x.numel()) * 16 <= x.numel(), sizes
+
+
+def test_group_norm_backward_reads_x_and_dy_twice(caplog):
+    """An affine GroupNorm's backward as ATen's: sums of dy and dy * x per sample and channel over
+    the spatial dims (one pass), then dx (a second); its weight's and bias's gradients come from
+    those sums. (Derived from the normalization and the affine apart, with groups' rows too long
+    for a persistent kernel (C/G x H x W = 6400 here), the weight's gradient was a third pass
+    over dy and x.)"""
+    x = randn(2, 16, 40, 40).contiguous(memory_format=torch.channels_last)
+    _, (*_, bwd) = schedules(caplog, lambda x, w, b: F.silu(F.group_norm(x, 4, w, b)), x, randn(16), randn(16))
+    passes = [line for line in bwd if (m := re.search(r"over (\[.*?\])", line)) and
+              math.prod(eval(m.group(1))) == x.numel()]
+    assert len(passes) == 2, bwd

@@ -119,21 +119,62 @@ def torch_instance_norm(x, weight, bias, running_mean, running_var, use_input_st
 @register(F.group_norm)
 def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
     """Each sample's channels in `num_groups` groups, each normalized over its channels and the
-    spatial dims: batch norm's statistics and closed-form gradient on x viewed as [N, G, C/G,
-    *spatial] (one reduction kernel forward, one backward; the channel dim split, not merged with
-    the spatial ones, so a channels-last x keeps its layout and is reduced in memory order), then
-    the per-channel affine, in fp32 and rounded once as ATen's kernels do."""
+    spatial dims: batch norm's statistics on x viewed as [N, G, C/G, *spatial] (one reduction
+    kernel; the channel dim split, not merged with the spatial ones, so a channels-last x keeps
+    its layout and is reduced in memory order), then the per-channel affine, in fp32 and rounded
+    once as ATen's kernels do. The gradient of an affine GroupNorm is ATen's backward's
+    (`_GroupNormVJP`); without weight and bias, batch norm's closed form over the groups' rows,
+    which one persistent kernel reduces and differentiates where the rows are short."""
     if x.ndim < 2 or not x.dtype.is_floating_point or not isinstance(num_groups, int) or num_groups <= 0 \
             or x.shape[1] % num_groups or 0 in x.shape:
         raise Unsupported("group_norm of these arguments")  # (the torch call raises eager's error)
-    grouped = P.reshape(upcast(x), (x.shape[0], num_groups, x.shape[1] // num_groups, *x.shape[2:]))
+    xf = upcast(x)
+    grouped = P.reshape(xf, (x.shape[0], num_groups, x.shape[1] // num_groups, *x.shape[2:]))
     dims = tuple(range(2, grouped.ndim))
     n = math.prod(grouped.shape[d] for d in dims)
     mean, var = _batch_stats(grouped, dims, n)
     rstd = P.rsqrt(P.add(var, eps))
-    y = emit(prim.with_vjp, P.mul(P.sub(grouped, mean), rstd), [grouped, mean, rstd, None, None],
-             _BatchNormVJP(dims, n))
-    return P.cast(_affine(P.reshape(y, x.shape), _per_channel(x, weight), _per_channel(x, bias)), x.dtype)
+    normalized = P.mul(P.sub(grouped, mean), rstd)
+    if weight is None and bias is None:
+        y = emit(prim.with_vjp, normalized, [grouped, mean, rstd, None, None], _BatchNormVJP(dims, n))
+        return P.cast(P.reshape(y, x.shape), x.dtype)
+    w, b = _per_channel(x, weight), _per_channel(x, bias)
+    y = _affine(P.reshape(normalized, x.shape), w, b)
+    return P.cast(emit(prim.with_vjp, y, [xf, mean, rstd, w, b], _GroupNormVJP(num_groups)), x.dtype)
+
+
+class _GroupNormVJP:
+    """The gradients of GroupNorm's y = (x - mean) * rstd * w + b as ATen's backward kernels
+    compute them: per sample and channel, ds = sum(g * x) and db = sum(g) over the spatial dims
+    (one pass over g and x: a channels-last x's columns), then from those alone the weight's
+    and bias's gradients and per sample and group c2, c3, with dx = rstd * w * g + c2 * x + c3
+    (the second pass). Derived from the normalization and the affine apart, the weight's
+    gradient was a reduction of its own over g and x, a third pass where the groups' rows are
+    too long for one persistent kernel (a UNet's, a GroupNorm ResNet's), and g was stored in fp32
+    between the groups' sums and dx."""
+
+    def __init__(self, groups):
+        self.groups = groups
+
+    def __call__(self, g, xf, mean, rstd, w, b):
+        n, c, groups = xf.shape[0], xf.shape[1], self.groups
+        spatial, d = tuple(range(2, xf.ndim)), c // groups
+        per_group = lambda v: P.reshape(v, (n, groups, d))  # noqa: E731
+        ds, db = per_group(P.sum(P.mul(g, xf), spatial)), per_group(P.sum(g, spatial))
+        mean, rstd = P.reshape(mean, (n, groups, 1)), P.reshape(rstd, (n, groups, 1))
+        gamma = None if w is None else P.reshape(w, (1, groups, d))
+        weighted = lambda v: v if gamma is None else P.mul(v, gamma)  # noqa: E731
+        sum1, sum2 = P.sum(weighted(ds), (2,), True), P.sum(weighted(db), (2,), True)
+        s = 1.0 / (d * math.prod(xf.shape[2:]))
+        c2 = P.mul(P.mul(P.mul(P.mul(P.sub(P.mul(sum2, mean), sum1), rstd), rstd), rstd), s)
+        c3 = P.sub(P.mul(P.neg(c2), mean), P.mul(P.mul(sum2, rstd), s))
+        per_channel = lambda v: P.reshape(P.expand(v, (n, groups, d)), (n, c) + (1,) * len(spatial))  # noqa: E731
+        dx = P.add(P.add(P.mul(per_channel(weighted(rstd)), g), P.mul(per_channel(c2), xf)), per_channel(c3))
+        dw = None if w is None else P.reshape(P.sum(P.mul(P.sub(ds, P.mul(db, mean)), rstd), (0,)), w.shape)
+        return [dx, None, None, dw, None if b is None else P.reshape(P.sum(db, (0,)), b.shape)]
+
+    def __repr__(self):
+        return f"group_norm_vjp(groups={self.groups})"
 
 
 @register(torch.group_norm)
