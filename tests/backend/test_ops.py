@@ -263,6 +263,19 @@ def test_split_chunk_unbind_cat_stack():
     check(f, t(4, 5), t(4, 2))
 
 
+def test_pieces_empty_along_the_cat_dim_are_left_out_but_promote():
+    """GPT-J's `torch.cat([q_rot, q_pass], -1)` with rotary dims the whole head: q_pass is empty,
+    and its reads under a mask never true were in every element of the rotary kernel. Left out,
+    it still takes part in the result's dtype; the result is a new tensor, as eager's."""
+    def f(x, empty, half):
+        return torch.cat([x * 2, empty], -1), torch.cat([x, half[..., :0]], -1), torch.cat([empty, x], 1)
+    x = t(4, 5)
+    cg = check(f, x, t(4, 0), t(4, 3, dtype=torch.float64))
+    assert "cat" not in " ".join(k.name for k in cg.kernels)
+    out = cg(x, t(4, 0), t(4, 3, dtype=torch.float64))
+    assert out[1].dtype == torch.float64 and out[2].data_ptr() != x.data_ptr()
+
+
 def test_pad_repeat_tril_triu():
     def f(x):
         return F.pad(x, (1, 2, 0, 1)) * 2, x.repeat(2, 1, 3), torch.tril(x) + torch.triu(x, 1) * 3

@@ -452,12 +452,16 @@ def sym_size(x, dim):
 
 @register(*spellings("cat", "concat", "concatenate"))
 def cat(tensors, dim=0):
+    """The pieces concatenated; those empty along `dim` take part in the result's dtype only (a
+    GPT-J query's pass-through part when the rotary dims are the whole head: read under a mask
+    never true, in every element of the kernel). One piece: a copy, as eager's result is."""
     tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or list(tensors[:1])
-    if len(tensors) == 1:
-        return tensors[0]
     dtype = P.result_type(*tensors)
     dim = dim % tensors[0].ndim
-    return emit(prim.cat, [P.cast(t, dtype) for t in tensors], dim)
+    pieces = [t for t in tensors if t.shape[dim] != 0] or tensors[:1]
+    if len(pieces) == 1:
+        return P.copy(pieces[0]) if pieces[0].dtype == dtype else P.cast(pieces[0], dtype)
+    return emit(prim.cat, [P.cast(t, dtype) for t in pieces], dim)
 
 
 @register(*spellings("stack"))
