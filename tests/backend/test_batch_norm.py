@@ -10,9 +10,11 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import fuselens
 from fl_backend_testing import DEVICE, exact_fp32_convolutions, vary_batch_norm
+from fl_backend_testing import check as check_graph
 
 BN = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d, 5: nn.BatchNorm3d}
 SHAPES = {2: (6, 3), 3: (3, 4, 5), 4: (2, 3, 4, 5), 5: (2, 3, 2, 3, 4)}
@@ -389,3 +391,15 @@ def test_group_norm_block_trains_with_no_extern(dtype, shape):
         assert_close(a.grad, b.grad, dtype, msg=n)
     forward, backward = wrappers(compiled)
     assert "group_norm" not in forward + backward and "silu" not in forward + backward
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_group_norm_of_rows_without_spatial_dims(bias):
+    """An (N, C) input: the per-channel sums of the backward are over no dims (an empty dims
+    tuple sums over all)."""
+    torch.manual_seed(0)
+    x, w, b = (torch.randn(shape, device=DEVICE) for shape in ((6, 8), (8,), (8,)))
+    if bias:
+        check_graph(lambda x, w, b: F.group_norm(x, 2, w, b).sin(), x, w, b)
+    else:
+        check_graph(lambda x, w: F.group_norm(x, 2, w).sin(), x, w)

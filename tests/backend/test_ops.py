@@ -274,6 +274,15 @@ def test_pieces_empty_along_the_cat_dim_are_left_out_but_promote():
     assert "cat" not in " ".join(k.name for k in cg.kernels)
     out = cg(x, t(4, 0), t(4, 3, dtype=torch.float64))
     assert out[1].dtype == torch.float64 and out[2].data_ptr() != x.data_ptr()
+    # the result in eager's layout, which the empty pieces take part in (contiguous where they are)
+    last = t(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    for g, args in [(lambda a, b: torch.cat([a, b], 0), (t(5, 4).t(), t(0, 5))),
+                    (lambda a, b: torch.cat([a, b], 1), (last, t(2, 0, 4, 5))),
+                    (lambda a, b: torch.cat([a * 2, b, a * 2], 1), (last, t(2, 0, 4, 5))),
+                    (lambda a, b: torch.cat([a * 2, b, a * 2], 1), (last, t(2, 0, 4, 5).contiguous(
+                        memory_format=torch.channels_last))),
+                    (lambda a: torch.cat([a]), (t(5, 4).t(),))]:
+        assert check(g, *args)(*args)[0].stride() == g(*args).stride()
 
 
 def test_pad_repeat_tril_triu():

@@ -160,7 +160,8 @@ class _GroupNormVJP:
         n, c, groups = xf.shape[0], xf.shape[1], self.groups
         spatial, d = tuple(range(2, xf.ndim)), c // groups
         per_group = lambda v: P.reshape(v, (n, groups, d))  # noqa: E731
-        ds, db = per_group(P.sum(P.mul(g, xf), spatial)), per_group(P.sum(g, spatial))
+        over_spatial = lambda v: P.sum(v, spatial) if spatial else v  # noqa: E731  (an (N, C) x: none)
+        ds, db = per_group(over_spatial(P.mul(g, xf))), per_group(over_spatial(g))
         mean, rstd = P.reshape(mean, (n, groups, 1)), P.reshape(rstd, (n, groups, 1))
         gamma = None if w is None else P.reshape(w, (1, groups, d))
         weighted = lambda v: v if gamma is None else P.mul(v, gamma)  # noqa: E731

@@ -452,16 +452,27 @@ def sym_size(x, dim):
 
 @register(*spellings("cat", "concat", "concatenate"))
 def cat(tensors, dim=0):
-    """The pieces concatenated; those empty along `dim` take part in the result's dtype only (a
-    GPT-J query's pass-through part when the rotary dims are the whole head: read under a mask
-    never true, in every element of the kernel). One piece: a copy, as eager's result is."""
+    """The pieces concatenated; those empty along `dim` take part in the result's dtype and
+    layout only (a GPT-J query's pass-through part when the rotary dims are the whole head: read
+    under a mask never true, in every element of the kernel). One piece left: a copy in eager's
+    layout for the result."""
     tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or list(tensors[:1])
     dtype = P.result_type(*tensors)
     dim = dim % tensors[0].ndim
     pieces = [t for t in tensors if t.shape[dim] != 0] or tensors[:1]
+    layout = _cat_memory_format(tensors)
     if len(pieces) == 1:
-        return P.copy(pieces[0]) if pieces[0].dtype == dtype else P.cast(pieces[0], dtype)
+        return P.copy(P.cast(pieces[0], dtype), layout)
+    if _cat_memory_format(pieces) != layout:  # (the empty pieces decide the result's layout)
+        pieces = tensors
     return emit(prim.cat, [P.cast(t, dtype) for t in pieces], dim)
+
+
+def _cat_memory_format(tensors):
+    """The layout of ATen's cat result: the pieces' suggested memory format where all agree, else
+    contiguous."""
+    formats = {suggest_memory_format(t.val) for t in tensors}
+    return formats.pop() if len(formats) == 1 else torch.contiguous_format
 
 
 @register(*spellings("stack"))
