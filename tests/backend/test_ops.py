@@ -263,6 +263,17 @@ def test_split_chunk_unbind_cat_stack():
     check(f, t(4, 5), t(4, 2))
 
 
+def test_cat_of_channels_last_pieces_is_stored_channels_last():
+    """Eager's cat of channels-last pieces is channels-last; a segmentation head's upsampled maps,
+    concatenated for a 1x1 convolution, had been stored NCHW (a transposing copy, then the
+    convolution given NCHW)."""
+    last = lambda v: v.contiguous(memory_format=torch.channels_last)  # noqa: E731
+    a, b, w = last(t(2, 3, 4, 5)), last(t(2, 5, 4, 5)), t(4, 8, 1, 1)
+    forward = check(lambda a, b, w: F.conv2d(torch.cat([a * 2, b.sin()], 1), w), a, b, w,
+                    atol=1e-4, rtol=1e-4).wrapper_source.split("# backward")[0]
+    assert "(2, 8, 4, 5), (160, 20, 5, 1)" not in forward, forward
+
+
 def test_pieces_empty_along_the_cat_dim_are_left_out_but_promote():
     """GPT-J's `torch.cat([q_rot, q_pass], -1)` with rotary dims the whole head: q_pass is empty,
     and its reads under a mask never true were in every element of the rotary kernel. Left out,

@@ -416,9 +416,8 @@ async function editorText() {
 
     // a dropout block: the run says its outputs differ through random ops and checks in eval mode
     await benchmarkIn('dropout_block.py', 'class Block');
-    await waitPanelRow(/in eval mode/, 240000);
-    await page.waitForTimeout(500);
-    const evalText = await waitPanelRow(/in eval mode/, 1000);
+    // (the row's text is complete once it names the ops: read earlier, it once ended at "random ops:")
+    const evalText = await waitPanelRow(/in eval mode \(random ops: \w/, 240000);
     log('dropout block check:', evalText);
     if (!/random ops: dropout/.test(evalText)) { throw new Error('the check should name the random ops: ' + evalText); }
     const cpuRow = page.locator('.pane-body .monaco-list-row:has-text("CPU times")').first();

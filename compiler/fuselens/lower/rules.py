@@ -78,7 +78,9 @@ def _cat(ctx, node, args, kwargs):
             result = ops().masked(conds, lambda t=t, src_idx=src_idx: t.load(src_idx),
                                   result if result is not None else 0, dtype)
         return result
-    return ctx.lazy(shape, dtype, loc, fn, tensors)
+    # laid out as eager's cat lays it out (channels-last where its pieces are: a segmentation
+    # head's upsampled maps, concatenated for a 1x1 convolution, had been copied to NCHW)
+    return ctx.lazy(shape, dtype, loc, fn, tensors, order=dense_order(shape, tuple(val.stride())))
 
 
 # --- views: index expressions over their operand (a view of a buffer is a View of it) -----------
