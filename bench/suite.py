@@ -53,8 +53,8 @@ from suite_models import MODELS  # noqa: E402
 COMPILERS = ("eager", "fuselens", "inductor")
 TOL = {"bf16": 1e-2, "fp32": 1e-3}
 # the row's keys the Inductor columns are made of (taken whole from an earlier run by --inductor-from)
-INDUCTOR_KEYS = ("inductor_ms", "inductor_first_s", "inductor_peak_mb", "inductor_gpu_ms", "inductor_kernels",
-                 "inductor_ok", "inductor_err", "inductor_rounds_ms", "inductor_first_warm_s", "inductor_first_parallel")
+INDUCTOR_KEYS = ("inductor_ms", "inductor_first_s", "inductor_peak_mb", "inductor_start_mb", "inductor_gpu_ms",
+                 "inductor_kernels", "inductor_ok", "inductor_err", "inductor_rounds_ms", "inductor_first_warm_s", "inductor_first_parallel")
 
 
 class Autocast(torch.nn.Module):
@@ -206,12 +206,15 @@ def gpu_activity(call, steps=3, top=8):
 
 
 def peak_mb(call):
-    """Peak GPU memory during one step (MB), the model's parameters and state included."""
+    """(Peak GPU memory during one step, memory allocated when it starts), MB. Both include every
+    model in the process (eager's, the other compiler's, with their gradients): peak - start is
+    the step's own, comparable between runs that hold other models (bench/NOTES.md 88)."""
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
     call()
     torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() / 2 ** 20
+    return torch.cuda.max_memory_allocated() / 2 ** 20, start / 2 ** 20
 
 
 def measure(name, mode, dtype, device, compilers, batch=None):
@@ -267,7 +270,8 @@ def measure(name, mode, dtype, device, compilers, batch=None):
         for c in compilers:
             kernels, gpu_ms, row[f"{c}_top_kernels"] = gpu_activity(steps[c])
             row[f"{c}_kernels"], row[f"{c}_gpu_ms"] = round(kernels, 1), round(gpu_ms, 3)
-            row[f"{c}_peak_mb"] = round(peak_mb(steps[c]), 1)
+            peak, start = peak_mb(steps[c])
+            row[f"{c}_peak_mb"], row[f"{c}_start_mb"] = round(peak, 1), round(start, 1)
     return row
 
 
