@@ -376,20 +376,25 @@ def _bilinear(x, size, scale_factor, align_corners):
     out = P.cast(P.add(P.mul(hy0, top), P.mul(hy1, bottom)), x.dtype)
     if not P.builder().needs_grad(x):
         return out
-    return emit(prim.with_vjp, out, [x], _BilinearVJP(outs, tuple(x.shape), align_corners, scales))
+    return emit(prim.with_vjp, out, [x], _BilinearVJP(outs, x, align_corners, scales))
 
 
 class _BilinearVJP:
-    def __init__(self, outs, ins, align_corners, scales):
-        self.outs, self.ins, self.align_corners, self.scales = outs, ins, align_corners, scales
+    """ATen's backward kernel, given the gradient in x's dtype as eager gives it (a pointwise
+    VJP's gradient comes upcast: in fp32 the kernel accumulated more precisely than eager's)."""
+
+    def __init__(self, outs, x, align_corners, scales):
+        self.outs, self.ins, self.dtype = outs, tuple(x.shape), x.dtype
+        self.align_corners, self.scales = align_corners, scales
 
     def __call__(self, g, x):
         return [emit(prim.call_torch, torch.ops.aten.upsample_bilinear2d_backward.default,
-                     (g, list(self.outs), list(self.ins), self.align_corners,
+                     (P.cast(g, self.dtype), list(self.outs), list(self.ins), self.align_corners,
                       *(None if s is None else float(s) for s in self.scales)), {})]
 
     def __repr__(self):
-        return f"bilinear_vjp(outs={self.outs}, ins={self.ins}, align_corners={self.align_corners}, scales={self.scales})"
+        return (f"bilinear_vjp(outs={self.outs}, ins={self.ins}, dtype={self.dtype}, align_corners={self.align_corners}, "
+                f"scales={self.scales})")
 
 
 def _pixel_reader(x, outs):
