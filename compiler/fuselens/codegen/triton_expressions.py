@@ -76,7 +76,7 @@ class TritonExpressions(KernelExpressions):
         self.need_xmask = self.need_rmask = False  # (KernelWriter's, by its loop structure)
         self._row_major = None  # (index of the kernel's row, of its element), row-major
         self.reciprocal_divisors = reciprocal_divisors  # divide by a number as ATen's CUDA kernels do
-        self.fixed_sizes: frozenset = frozenset()  # size symbols a divisor may be the value of (`divisor`)
+        self.fixed_sizes: frozenset = frozenset()  # size symbols whose values divisors may be (`divisor`)
         self.divided_by: set = set()  # size symbols the kernel divides by as arguments
         self.helpers: set[str] = set()  # the primitives' Triton helpers (TRITON_HELPERS) the kernel calls
         self.varies: dict[str, frozenset] = {}  # temporary -> which block axes ("x", "r") it varies along
@@ -118,8 +118,8 @@ class TritonExpressions(KernelExpressions):
     def divisor(self, d) -> str:
         """A divisor of an index: its value where its sizes are static (`static_size`) and either
         the kernel has at least LITERAL_DIVISORS_MIN elements or they are `fixed_sizes`: the same
-        in every kernel of the program that shares this one's compile (driver's
-        `fixed_divisors`). Division by a constant compiles to a multiply and a shift (by a power
+        in every kernel of the program that shares this one's compile (`fixed_divisors` in
+        codegen/triton.py). Division by a constant compiles to a multiply and a shift (by a power
         of two, a shift or a mask); by a kernel argument, to ~20 integer instructions an element,
         which left GPT-2's loss gradient (206M elements, three divisions each) at 1.1 TB/s and
         GPT-J's rotary embedding (4M elements, eight divisions) at 6x Inductor's time. Sizes that
