@@ -284,15 +284,16 @@ def fixed_divisors(generated: dict) -> dict:
     by_source: dict = {}
     for key, (name, source, _) in generated.items():
         by_source.setdefault(canonical(name, source)[1], []).append(key)
-    writers = {key: writer for key, (_, _, writer) in generated.items()}
+    # each kernel's size arguments: name -> (symbol, value)
+    args = {key: {p: (s, int(w.sizevars.values[s])) for s, p in w.size_args.items()}
+            for key, (_, _, w) in generated.items()}
     fixed = {}
     for keys in by_source.values():
-        args = lambda w: {p: (s, int(w.sizevars.values[s])) for s, p in w.size_args.items()}  # noqa: E731
-        first = writers[keys[0]]
-        same = {p for p, (s, value) in args(first).items() if s in first.divided_by and
-                all(args(writers[k])[p][1] == value for k in keys[1:])}
+        divided_by = generated[keys[0]][2].divided_by
+        same = {p for p, (s, value) in args[keys[0]].items() if s in divided_by and
+                all(args[k][p][1] == value for k in keys[1:])}
         for k in keys:
-            symbols = frozenset(s for p, (s, _) in args(writers[k]).items() if p in same)
+            symbols = frozenset(s for p, (s, _) in args[k].items() if p in same)
             if symbols:
                 fixed[k] = symbols
     return fixed
