@@ -2,6 +2,7 @@
 half-precision rounding of each op's result, result dtypes (torch's type promotion and the ops'
 own rules), and NaN propagation in the max/min family."""
 import operator
+import re
 
 import pytest
 import torch
@@ -124,6 +125,22 @@ def test_one_kernel_ops_round_once(half, name):
     assert got.dtype == expected.dtype
     # one unit in the last place is at most eps relative
     torch.testing.assert_close(got.float(), expected.float(), rtol=torch.finfo(half).eps, atol=1e-6)
+
+
+_ROUNDING_CALL = re.compile(r"(?<!def )fl_round_b?f16\w*\(")
+
+
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16], ids=str)
+def test_values_of_the_half_type_are_not_rounded_again(half):
+    """Selections, negations, |x|, max/min and copies of values of a half type (loaded, or rounded
+    once) are values of it: the kernel rounds only the product, and gives eager's bits, NaN and
+    -0.0 included."""
+    a, b = values(half, nan=True), values(half, seed=1)
+    a[:3] = torch.tensor([-0.0, float("inf"), float("-inf")], dtype=half)
+    fn = lambda a, b: torch.where(a > 0, -a, torch.maximum(a.abs(), b)).clone() * 3  # noqa: E731
+    cg, (got,) = run(fn, a.to(DEVICE), b.to(DEVICE))
+    assert_same(got, fn(a.to(DEVICE), b.to(DEVICE)))
+    assert [len(_ROUNDING_CALL.findall(k.source)) for k in cg.kernels] == [1]
 
 
 # --- result dtypes ----------------------------------------------------------------------------------

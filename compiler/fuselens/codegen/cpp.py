@@ -599,7 +599,7 @@ class CppKernelWriter(CppExpressions):
     def generate(self):
         with use_handler(self):
             self.body()
-        self.lines, tables = tabulate(self.lines, self.bf16_values)
+        self.lines, tables = tabulate(self.lines, {n for n, d in self.half_values.items() if d == torch.bfloat16})
         if self.cached or tables:
             self.drop_unused_temporaries()
         if cpp_vml.available():

@@ -98,7 +98,6 @@ class CppExpressions(KernelExpressions):
         self.hoist_points: list = []  # HoistPoint of each open loop
         self.depth: dict[str, int] = {}  # temporary or accumulator -> the scope depth it is declared at
         self.wild: set[str] = set()  # float temporaries that may hold a wild NaN (TAME_CALLS)
-        self.bf16_values: set[str] = set()  # temporaries that are bf16 values (their low 16 bits clear)
         # row cache (codegen/cpp.py's reduction kernels): a heavy value computed in one loop over a
         # row and again in a later one is stored in the first (an array of the row, per thread) and
         # loaded in the others. Values are named by `key` (their text with temporaries by the key of
@@ -148,7 +147,7 @@ class CppExpressions(KernelExpressions):
             if key in self.cache_filled:
                 text = f"{cache}[{self.row_loop[0]}]"  # (as wild as the value stored, which `name` is)
                 if key.startswith("fl_round_bf16"):
-                    self.bf16_values.add(name)
+                    self.half_values[name] = torch.bfloat16
             else:
                 self.cache_filled.add(key)
                 self.emit(f"{C_TYPES[dtype]} {name} = {text};")
@@ -244,10 +243,7 @@ class CppExpressions(KernelExpressions):
             text = f"fl_from_bf16({text})" if buf.dtype == torch.bfloat16 else f"float({text})"
         if mask:  # an element outside the tensor is not read
             text = f"({mask}) ? {text} : {C_TYPES[dtype]}(0)"
-        value = self.cse(text, dtype)
-        if buf.dtype == torch.bfloat16:
-            self.bf16_values.add(value.expr)
-        return value
+        return self.held(self.cse(text, dtype), buf.dtype)
 
     def constant(self, value, dtype):
         if not isinstance(value, bool) and float(value).is_integer() and int(value) in self.dynamic_values:
@@ -270,13 +266,13 @@ class CppExpressions(KernelExpressions):
                     for i, v in enumerate(vals)]
         if p.name == "div" and out_dtype == torch.bfloat16 and self.invariant_bf16_divisor(*vals):
             return self.round(self.bf16_quotient(*vals), out_dtype)
-        return self.round(self.cse(template.format(*[v.expr for v in vals]), cd), out_dtype)
+        return self.result(p, vals, self.cse(template.format(*[v.expr for v in vals]), cd), out_dtype)
 
     def invariant_bf16_divisor(self, a, b) -> bool:
         """Whether a / b divides bf16 values by one that the innermost loop does not change (a
         softmax's or layer norm's row sum or deviation): `bf16_quotient` applies."""
         point = self.hoist_points[-1] if self.hoist_points else None
-        return point is not None and a.expr in self.bf16_values and b.expr in self.bf16_values and \
+        return point is not None and self.holds(a, torch.bfloat16) and self.holds(b, torch.bfloat16) and \
             point.var not in self.deps.get(b.expr, ())
 
     def bf16_quotient(self, a, b):
@@ -288,12 +284,6 @@ class CppExpressions(KernelExpressions):
         reciprocal = self.cse(f"fl_div(float(0x1.0p+0), {b} * {scale})", torch.float32)
         return self.cse(f"({a} * {reciprocal}) * {scale}", torch.float32)
 
-    def round(self, v, dtype):
-        out = super().round(v, dtype)
-        if dtype == torch.bfloat16 and out is not v:
-            self.bf16_values.add(out.expr)
-        return out
-
     def round_text(self, v, dtype):
         if dtype == torch.bfloat16 and v.expr not in self.wild:
             return f"fl_round_bf16_tame({v})"
@@ -301,7 +291,7 @@ class CppExpressions(KernelExpressions):
 
     def bf16_bits_text(self, v) -> str:
         """The bits stored of float `v` as a bf16 (a value already rounded: its upper half)."""
-        return f"fl_bf16_bits({v})" if v.expr in self.bf16_values else f"fl_to_bf16({v})"
+        return f"fl_bf16_bits({v})" if self.half_values.get(v.expr) == torch.bfloat16 else f"fl_to_bf16({v})"
 
     def cast_text(self, v, dtype):
         if isinstance(v, CV) and v.dtype == torch.bool and dtype.is_floating_point:
@@ -317,7 +307,7 @@ class CppExpressions(KernelExpressions):
         if other.dtype != value.dtype:
             other = self.to_dtype(other, value.dtype)
         text = f"fl_where({cond}, {value}, {other})" if value.dtype == torch.float32 else f"{cond} ? {value} : {other}"
-        return self.cse(text, value.dtype)
+        return self.selected(value, other, self.cse(text, value.dtype))
 
     def random(self, kind, stream, flat):
         self.uses_seed = True

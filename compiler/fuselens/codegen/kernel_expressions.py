@@ -84,6 +84,10 @@ class KernelExpressions(OpsHandler):
         self.source_lines: set = set()
         self._reads: dict[str, list] = {}  # buffer name -> the buffers its body loads
         self.indirect_values: dict = {}  # symbol of an index read from a tensor -> its value's name (`indirect`)
+        # temporary -> the half-precision dtype whose values it holds exactly (loaded from a tensor of
+        # it, rounded to it, or selected, negated, ... from such values): rounding it to that dtype
+        # again is the identity, and costs ALU in kernels that are ALU-bound (bf16 pointwise chains)
+        self.half_values: dict[str, torch.dtype] = {}
 
     def static_size(self, value) -> bool:
         """Whether a size of this value is the same at every call of the program's kernels: any
@@ -285,10 +289,43 @@ class KernelExpressions(OpsHandler):
     def round(self, v, dtype):
         """A value computed in float32 as the nearest value of half-precision `dtype`: each
         primitive's result is a tensor of its dtype, as eager's op results are (identity for other
-        dtypes). The target spells the rounding (`round_text`)."""
-        if compute_dtype(dtype) == dtype or v.literal:
+        dtypes and for values of `dtype` already). The target spells the rounding (`round_text`)."""
+        if compute_dtype(dtype) == dtype or v.literal or self.half_values.get(v.expr) == dtype:
             return v
-        return self.cse(self.round_text(v, dtype), torch.float32)
+        out = self.cse(self.round_text(v, dtype), torch.float32)
+        self.half_values[out.expr] = dtype
+        return out
+
+    def holds(self, v, dtype) -> bool:
+        """Whether float value `v` is a value of half-precision `dtype` (rounding it changes nothing)."""
+        if v.literal:
+            value = v.value
+            return not isinstance(value, bool) and (math.isnan(value) or torch.tensor(value, dtype=dtype).item() == value)
+        return self.half_values.get(v.expr) == dtype
+
+    def result(self, p, vals, value, out_dtype):
+        """`value`, primitive p's result computed in float32, as a value of `out_dtype`: rounded,
+        unless p's result is one of its operands' values or their negation (`keeps_values`) and
+        each float operand is a value of `out_dtype` already."""
+        if compute_dtype(out_dtype) == out_dtype:
+            return value
+        if p.keeps_values and all(self.holds(v, out_dtype) for v in vals if v.dtype.is_floating_point):
+            self.half_values[value.expr] = out_dtype
+            return value
+        return self.round(value, out_dtype)
+
+    def selected(self, value, other, out):
+        """`out`, a selection of `value` or `other`: a value of their half dtype where both are."""
+        dtype = self.half_values.get(value.expr)
+        if dtype is not None and self.holds(other, dtype):
+            self.half_values[out.expr] = dtype
+        return out
+
+    def held(self, value, load_dtype):
+        """`value` loaded from a tensor of `load_dtype`, marked as its values where that is a half type."""
+        if compute_dtype(load_dtype) != load_dtype:
+            self.half_values[value.expr] = load_dtype
+        return value
 
     def to_dtype(self, v, dtype):
         if v.literal:

@@ -202,7 +202,7 @@ class TritonExpressions(KernelExpressions):
         text = f"tl.load({ptr} + {index_text}" + (f", {mask}, other=0)" if mask else ")")
         if compute_dtype(buf.dtype) != buf.dtype:
             text += ".to(tl.float32)"
-        return self.cse(text, compute_dtype(buf.dtype), hoist=True)
+        return self.held(self.cse(text, compute_dtype(buf.dtype), hoist=True), buf.dtype)
 
     def constant(self, value, dtype):
         if not isinstance(value, bool) and float(value).is_integer() and int(value) in self.dynamic_values:
@@ -235,7 +235,8 @@ class TritonExpressions(KernelExpressions):
             self.helpers.add(helper.group(1))
         if template.startswith("libdevice.") or helper:  # libdevice picks its function by operand types: no bare literals
             vals = [CV(f"tl.full([1], {v}, {TL_DTYPES[v.dtype]})", v.dtype) if v.literal else v for v in vals]
-        return self.round(self.cse(template.format(*[v.expr for v in vals]), compute_dtype(out_dtype)), out_dtype)
+        return self.result(p, vals, self.cse(template.format(*[v.expr for v in vals]), compute_dtype(out_dtype)),
+                           out_dtype)
 
     def round_text(self, v, dtype):
         helper, _ = ROUND_HELPERS[str(dtype)[6:]]
@@ -246,7 +247,7 @@ class TritonExpressions(KernelExpressions):
         return f"{v}.to({TL_DTYPES[dtype]})"
 
     def select(self, cond, value, other):
-        return self.cse(f"tl.where({cond}, {value}, {other})", value.dtype)
+        return self.selected(value, other, self.cse(f"tl.where({cond}, {value}, {other})", value.dtype))
 
     def random(self, kind, stream, flat):
         self.uses_seed = True

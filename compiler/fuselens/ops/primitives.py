@@ -32,7 +32,7 @@ class Primitive:
 
     def __init__(self, name, impl, kind, *, triton=None, cpp=None, cpp_alone=None, reduce=None, vjp=None,
                  fresh=False, fresh_contiguous=False, opmath_scalars=(), heavy=False, torch_names=(), arity=None,
-                 int_to_float=False):
+                 int_to_float=False, keeps_values=False):
         self.name = name
         self.__name__ = f"prim_{name}"
         self.__qualname__ = self.__name__
@@ -60,6 +60,10 @@ class Primitive:
         # (range reduction, a polynomial): lowering stores a value computed with one rather than
         # compute it again for each element a consumer broadcasts it to (RoPE's cos and sin)
         self.heavy = heavy
+        # a pointwise primitive whose float result is one of its operands' values or its negation
+        # (a selection, |x|, -x, a copy): of operands that are values of a half dtype, it is one
+        # too, so kernels skip its rounding (codegen/kernel_expressions.py `result`)
+        self.keeps_values = keeps_values
         # the torch ops (torch.X, Tensor.X, F.X) this pointwise primitive computes alone, its number
         # of tensor operands, and whether integer operands compute in the default float dtype
         # (exp, div) rather than in their promoted dtype: what its helper and decompositions need
@@ -189,9 +193,10 @@ def _fp32_compute(fp32, other):
 # a float times -1, not Triton's unary minus: `0 - x` in triton <= 3.6, +0.0 for +0.0 where eager
 # gives -0.0 (an unsigned int cannot be multiplied by -1 in Triton: its minus wraps as torch's)
 neg = _pointwise("neg", torch.neg, lambda dtype: "{0} * -1.0" if dtype.is_floating_point else "-{0}",
-                 lambda g, out, x: (P.neg(g),), cpp="-{0}")
+                 lambda g, out, x: (P.neg(g),), cpp="-{0}", keeps_values=True)
 abs = _pointwise("abs", torch.abs, "tl.abs({0})",
-                 lambda g, out, x: (P.where(P.gt(x, 0), g, P.where(P.lt(x, 0), P.neg(g), 0.0)),), cpp="fl_abs({0})")
+                 lambda g, out, x: (P.where(P.gt(x, 0), g, P.where(P.lt(x, 0), P.neg(g), 0.0)),), cpp="fl_abs({0})",
+                 keeps_values=True)
 exp = unary("exp", torch.exp, "libdevice.exp({0})", lambda g, out, x: (P.mul(g, out),), cpp="fl_exp({0})",
             cpp_alone=_vml("exp"))
 exp2 = unary("exp2", torch.exp2, "tl.exp2({0})", lambda g, out, x: (P.mul(g, P.mul(out, math.log(2))),), cpp="fl_exp2({0})")
@@ -230,9 +235,9 @@ floor = unary("floor", torch.floor, "tl.floor({0})", no_grad, int_to_float=False
 ceil = unary("ceil", torch.ceil, "tl.ceil({0})", no_grad, int_to_float=False, cpp="fl_ceil({0})")
 logical_not = _pointwise("logical_not", torch.logical_not, "({0} == 0)", no_grad, cpp="!{0}")
 # identity; makes a value a fresh contiguous buffer (clone/contiguous)
-copy = _pointwise("copy", torch.clone, "{0}", lambda g, out, x, memory_format=None: (g,), cpp="{0}")
+copy = _pointwise("copy", torch.clone, "{0}", lambda g, out, x, memory_format=None: (g,), cpp="{0}", keeps_values=True)
 # identity whose VJP is zero (detach)
-stop_gradient = _pointwise("stop_gradient", torch.Tensor.detach, "{0}", no_grad, cpp="{0}")
+stop_gradient = _pointwise("stop_gradient", torch.Tensor.detach, "{0}", no_grad, cpp="{0}", keeps_values=True)
 # the value of its second operand, the gradient path of its first: a write autograd does not
 # record (effects.unrecorded_write), max/min over a dim (the gradient goes to the index). Never
 # lowered: once the VJPs are built (or none is to be), it is its value (trace.values_only)
@@ -240,7 +245,7 @@ with_value = _pointwise("with_value", lambda t, v: v.expand_as(t).clone(), None,
 # identity whose VJP is `rule(g, *inputs)` (one gradient per input), not the VJP of how the value
 # was computed: a decomposition's closed-form gradient (batch norm's)
 with_vjp = _pointwise("with_vjp", lambda x, inputs, rule: x, "{0}",
-                      lambda g, out, x, inputs, rule: (None, rule(g, *inputs), None), cpp="{0}")
+                      lambda g, out, x, inputs, rule: (None, rule(g, *inputs), None), cpp="{0}", keeps_values=True)
 
 
 # --- pointwise: binary (operands broadcast; the builder casts them to one dtype first) ----------
@@ -276,9 +281,9 @@ div = _pointwise("div", torch.div, _fp32_compute("tl.div_rn({0}, {1})", "{0} / {
 pow = _pointwise("pow", torch.pow, lambda dtype: "fl_pow_f64({0}, {1})" if dtype == torch.float32 else "libdevice.pow({0}, {1})",
                  _pow_vjp, heavy=True, cpp="fl_pow({0}, {1})")
 maximum = binary("maximum", torch.maximum, "tl.maximum({0}, {1}, tl.PropagateNan.ALL)",
-                 _extremum_vjp(lambda a, b: P.lt(a, b)), cpp="fl_maximum({0}, {1})")
+                 _extremum_vjp(lambda a, b: P.lt(a, b)), cpp="fl_maximum({0}, {1})", keeps_values=True)
 minimum = binary("minimum", torch.minimum, "tl.minimum({0}, {1}, tl.PropagateNan.ALL)",
-                 _extremum_vjp(lambda a, b: P.gt(a, b)), cpp="fl_minimum({0}, {1})")
+                 _extremum_vjp(lambda a, b: P.gt(a, b)), cpp="fl_minimum({0}, {1})", keeps_values=True)
 # sqrt(a² + b²) without overflow; ATen's backward: g·a/out, g·b/out
 hypot = binary("hypot", torch.hypot,
                lambda dtype: "fl_hypot_f64({0}, {1})" if dtype == torch.float32 else "libdevice.hypot({0}, {1})",
@@ -319,7 +324,7 @@ def _where_vjp(g, out, c, a, b):
 
 where = _pointwise("where", torch.where, "tl.where({0}, {1}, {2})", _where_vjp,
                    cpp=lambda dtype: "fl_where({0}, {1}, {2})" if dtype in (torch.float32, torch.bfloat16, torch.float16)
-                   else "{0} ? {1} : {2}")  # (a float selection without a branch: cpp_build.py)
+                   else "{0} ? {1} : {2}", keeps_values=True)  # (a float selection without a branch: cpp_build.py)
 # dtype conversion; lowered by codegen (it knows the Triton type names)
 convert = _pointwise("convert", lambda x, dtype: x.to(dtype), None,
                      lambda g, out, x, dtype: (P.cast(g, x.dtype) if x.dtype.is_floating_point else None,))
