@@ -99,6 +99,23 @@ def test_hf_llama_static_cache_decodes_as_eager():
     cache_writes_fused(cf, model.config.num_hidden_layers)
 
 
+def test_a_one_row_product_with_a_looked_up_residual_in_its_epilogue():
+    """A decoder's first layer: the residual is the token's embedding row (a position read from a
+    tensor, the same for the whole block), added after the one-row product's reduction. The looked-
+    up value is a column of the block ([XBLOCK, 1]), as the reduction's result is: Qwen2's decode
+    step had broadcast it to the whole tile and its store failed (the graph ran eagerly)."""
+    gen = torch.Generator().manual_seed(0)
+    dim, vocab = 256, 1000
+    emb, w = torch.randn(vocab, dim, generator=gen), torch.randn(dim, dim, generator=gen) / dim ** 0.5
+    x = torch.randn(1, dim, generator=gen)
+    emb, w, x = (t.to(DEVICE, torch.bfloat16) for t in (emb, w, x))
+    ids = torch.tensor([[7]], device=DEVICE)
+    fn = lambda ids, emb, w, x: F.embedding(ids, emb)[0] + F.linear(x, w)  # noqa: E731
+    compiled = fuselens.compile(fn, dynamic=False)
+    torch.testing.assert_close(strict(compiled, ids, emb, w, x), fn(ids, emb, w, x), **tolerance(torch.bfloat16))
+    assert "linear(" not in fuselens.inspect(compiled)[0].graphs[0].wrapper
+
+
 def test_one_row_products_are_reductions_fused_with_their_neighbours():
     """A Linear of one row (a decode step's projections) is a generated reduction along the
     weight's rows, not cuBLAS's GEMM (ops/decompositions/linalg.py `_as_reduction`): an RMSNorm's

@@ -598,7 +598,7 @@ class TritonKernel:
                 continue
             timings.append((gpu_time(lambda: launch(*args)), config))
         if not timings:
-            raise RuntimeError(f"no block-size config of {self.name} runs") from error
+            raise RuntimeError(f"no block-size config of {self.name} runs: {type(error).__name__}: {error}") from error
         if os.environ.get("FUSELENS_AUTOTUNE_LOG"):
             print(f"autotune {self.name} {self.mode} {sizes}: " +
                   ", ".join(f"{c.XBLOCK}x{c.RBLOCK}/{c.num_warps}w {ms * 1e3:.1f}us" for ms, c in timings),

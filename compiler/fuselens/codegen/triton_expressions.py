@@ -260,11 +260,14 @@ class TritonExpressions(KernelExpressions):
     def indirect(self, v):
         # a position the same for the whole block (a decode step's, or a constant) made a block: the
         # store's mask combines the range check with xmask, and Triton's interpreter refuses a mask
-        # combining a block's and a scalar's
-        if v.literal:
-            v = self.cse(f"tl.full({self.block_shape()}, {v}, {TL_DTYPES[v.dtype]})", v.dtype)
-        elif not self.varies.get(v.expr):
-            v = self.cse(f"tl.broadcast_to({v}, {self.block_shape()})", v.dtype)
+        # combining a block's and a scalar's. In a reduction kernel, a column ([XBLOCK, 1]): read
+        # along r it broadcasts, and read in an epilogue it keeps the column shape of the reduced
+        # values (a whole tile there made the epilogue's store fail: Qwen2's embedded residual)
+        if v.literal or not self.varies.get(v.expr):
+            shape = "[XBLOCK, 1]" if self.kernel.is_reduction else "[XBLOCK]"
+            text = f"tl.full({shape}, {v}, {TL_DTYPES[v.dtype]})" if v.literal else f"tl.broadcast_to({v}, {shape})"
+            v = self.cse(text, v.dtype)
+            self.varies[v.expr] = frozenset("x")
         return super().indirect(v)
 
     def block_shape(self):
