@@ -159,8 +159,16 @@ def _views_its_operand(n) -> bool:
 
 
 def _read_by_extern(n, side) -> bool:
-    """Whether an extern among `side`'s nodes reads n (directly or through views of it)."""
-    return any(_kind(u) == "extern" and side(u) or _kind(u) == "view" and _read_by_extern(u, side) for u in n.users)
+    """Whether an extern among `side`'s nodes reads n (directly or through views of it). Not an
+    embedding reading n as its positions alone: its gather loads each position where it reads
+    the table (lower/rules.py), so positions computed from iotas (bilinear resampling's gradient
+    reads) are recomputed there rather than saved by the forward."""
+    return any(_kind(u) == "extern" and side(u) and not _positions_of_gather(u, n) or
+               _kind(u) == "view" and _read_by_extern(u, side) for u in n.users)
+
+
+def _positions_of_gather(u, n) -> bool:
+    return u.target is prim.embedding and u.args[0] is n and u.args[1] is not n
 
 
 def choose_saved(joint: JointGraph, private=frozenset()) -> list[fx.Node]:

@@ -343,10 +343,8 @@ def _bilinear(x, size, scale_factor, align_corners):
     """Bilinear resampling (a segmentation head's upsampling) as ATen's kernels compute it: each
     output's source position (ATen's `area_pixel_compute_source_index`, in fp32), the four
     neighbours read as a gather of x's pixels in the kernel that consumes the result, weighted in
-    fp32. Its gradient, a scatter of the weights, is ATen's backward kernel, eager's own (as fast as
-    Inductor's atomic adds of the four neighbours, and exact): in training, the forward is what
-    fuses (SegFormer's decode head: ATen's channels-last forward took 7.4 ms of a 32 ms step on an
-    H100)."""
+    fp32. In training the forward is the same gather (SegFormer's decode head: ATen's channels-last
+    forward took 7.4 ms of a 32 ms step on an H100) and the gradient is `_BilinearVJP`'s."""
     ins = x.shape[2:]
     if size is not None:
         outs, scales = (tuple(size) if isinstance(size, (tuple, list)) else (size, size)), (None, None)
@@ -355,46 +353,103 @@ def _bilinear(x, size, scale_factor, align_corners):
         outs = tuple(int(math.floor(n * float(f))) for n, f in zip(ins, scales))
     if len(outs) != 2 or 0 in outs or 0 in ins:
         raise Unsupported("bilinear resampling of these sizes")
-
-    def axis(n, out, scale):
-        """(first and second source index, their weights) along one spatial dim, per output."""
-        if align_corners:
-            step = (n - 1) / (out - 1) if out > 1 else 0.0
-        else:
-            step = 1.0 / float(scale) if scale is not None and float(scale) > 0 else n / out
-        d = P.cast(P.iota(out), torch.float32)
-        src = P.mul(d, step) if align_corners else P.maximum(P.sub(P.mul(P.add(d, 0.5), step), 0.5), 0.0)
-        i0 = P.cast(src, torch.int64)  # (truncation: the source position is not negative)
-        i1 = P.minimum(P.add(i0, 1), n - 1)
-        w1 = P.sub(src, P.cast(i0, torch.float32))
-        return i0, i1, P.sub(1.0, w1), w1
-    y0, y1, hy0, hy1 = (P.reshape(v, (outs[0], 1)) for v in axis(ins[0], outs[0], scales[0]))
-    x0, x1, wx0, wx1 = (P.reshape(v, (1, outs[1])) for v in axis(ins[1], outs[1], scales[1]))
+    steps = [_source_step(n, out, scale, align_corners) for n, out, scale in zip(ins, outs, scales)]
+    y0, y1, hy0, hy1 = (P.reshape(v, (outs[0], 1)) for v in _neighbours(
+        P.cast(P.iota(outs[0]), torch.float32), ins[0], steps[0], align_corners))
+    x0, x1, wx0, wx1 = (P.reshape(v, (1, outs[1])) for v in _neighbours(
+        P.cast(P.iota(outs[1]), torch.float32), ins[1], steps[1], align_corners))
     px = _pixel_reader(x, outs)
     top = P.add(P.mul(wx0, px(y0, x0)), P.mul(wx1, px(y0, x1)))
     bottom = P.add(P.mul(wx0, px(y1, x0)), P.mul(wx1, px(y1, x1)))
     out = P.cast(P.add(P.mul(hy0, top), P.mul(hy1, bottom)), x.dtype)
     if not P.builder().needs_grad(x):
         return out
-    return emit(prim.with_vjp, out, [x], _BilinearVJP(outs, x, align_corners, scales))
+    return emit(prim.with_vjp, out, [x], _BilinearVJP(outs, x, align_corners, scales, steps))
+
+
+def _source_step(n, out, scale, align_corners):
+    """The distance between neighbouring outputs' source positions along a dim of n inputs, as ATen's."""
+    if align_corners:
+        return (n - 1) / (out - 1) if out > 1 else 0.0
+    return 1.0 / float(scale) if scale is not None and float(scale) > 0 else n / out
+
+
+def _neighbours(d, n, step, align_corners):
+    """(first and second source index, their weights) of output positions `d` (fp32) along a dim
+    of n inputs: ATen's source position, truncated (it is not negative) and clamped."""
+    src = P.mul(d, step) if align_corners else P.maximum(P.sub(P.mul(P.add(d, 0.5), step), 0.5), 0.0)
+    i0 = P.cast(src, torch.int64)
+    i1 = P.minimum(P.add(i0, 1), n - 1)
+    w1 = P.sub(src, P.cast(i0, torch.float32))
+    return i0, i1, P.sub(1.0, w1), w1
+
+
+def _readers(n, out, step, align_corners):
+    """The outputs that read each of n inputs along one dim, and the weights they read it with:
+    ((n, L) output positions, (n, L) fp32 weights). Input i is read by the outputs whose source
+    position is in [i - 1, i + 1), about 2 / step consecutive ones from ((i - 1) + 0.5) / step - 0.5
+    on: L covers them with a margin for rounding, and each output's weight is the forward's own
+    (ATen's positions), zero for an output that does not read i or is past the last."""
+    length = int(math.ceil(2.0 / step)) + 3
+    i = P.reshape(P.iota(n), (n, 1))
+    before = P.sub(P.cast(i, torch.float32), 1.0)
+    first = P.div(before, step) if align_corners else P.sub(P.div(P.add(before, 0.5), step), 0.5)
+    first = P.maximum(P.sub(P.cast(first, torch.int64), 1), 0)
+    o = P.add(first, P.reshape(P.iota(length), (1, length)))
+    inside = P.lt(o, out)
+    o = P.minimum(o, out - 1)
+    i0, i1, w0, w1 = _neighbours(P.cast(o, torch.float32), n, step, align_corners)
+    w = P.add(P.where(P.eq(i0, i), w0, 0.0), P.where(P.eq(i1, i), w1, 0.0))
+    return o, P.where(inside, w, 0.0)
 
 
 class _BilinearVJP:
-    """ATen's backward kernel, given the gradient in x's dtype as eager gives it (a pointwise
-    VJP's gradient comes upcast: in fp32 the kernel accumulated more precisely than eager's)."""
+    """The gradient of bilinear resampling as two gathers, one per dim (the weights are a product
+    of the dims' weights): along W, each input column sums the weighted gradients of the few
+    outputs that read it (`_readers`), then along H. The gradient is read about once, written at
+    the input's size, in fp32 sums, with no atomics: ATen's backward kernel (a scatter with atomic
+    adds of the four neighbours, in x's dtype) took 6.7 ms of SegFormer's 28 ms training step on an
+    H200. Given the gradient in x's dtype, as eager gives it. A dim resampled from or to one pixel
+    with align_corners (every output reads the same inputs) keeps ATen's kernel."""
 
-    def __init__(self, outs, x, align_corners, scales):
+    def __init__(self, outs, x, align_corners, scales, steps):
         self.outs, self.ins, self.dtype = outs, tuple(x.shape), x.dtype
-        self.align_corners, self.scales = align_corners, scales
+        self.align_corners, self.scales, self.steps = align_corners, scales, steps
 
     def __call__(self, g, x):
-        return [emit(prim.call_torch, torch.ops.aten.upsample_bilinear2d_backward.default,
-                     (P.cast(g, self.dtype), list(self.outs), list(self.ins), self.align_corners,
-                      *(None if s is None else float(s) for s in self.scales)), {})]
+        g = P.cast(g, self.dtype)
+        (n, c, ih, iw), (oh, ow) = self.ins, self.outs
+        if 0.0 in self.steps:
+            return [emit(prim.call_torch, torch.ops.aten.upsample_bilinear2d_backward.default,
+                         (g, list(self.outs), list(self.ins), self.align_corners,
+                          *(None if s is None else float(s) for s in self.scales)), {})]
+        cols, col_weights = _readers(iw, ow, self.steps[1], self.align_corners)
+        rows, row_weights = _readers(ih, oh, self.steps[0], self.align_corners)
+        lx, ly = cols.shape[1], rows.shape[1]
+        picked = _pixel_reader(g, (oh, iw * lx))(P.reshape(P.iota(oh), (oh, 1)), P.reshape(cols, (1, iw * lx)))
+        by_column = _sum_of_groups(picked, 3, iw, lx, col_weights, _pixels_last(g))
+        picked = _pixel_reader(by_column, (ih * ly, iw))(P.reshape(rows, (ih * ly, 1)), P.reshape(P.iota(iw), (1, iw)))
+        return [P.cast(_sum_of_groups(picked, 2, ih, ly, row_weights, _pixels_last(by_column)), self.dtype)]
 
     def __repr__(self):
         return (f"bilinear_vjp(outs={self.outs}, ins={self.ins}, dtype={self.dtype}, align_corners={self.align_corners}, "
                 f"scales={self.scales})")
+
+
+def _sum_of_groups(v, dim, count, length, weights, pixels_last):
+    """(n, c, H, W) `v` whose spatial `dim` holds `count` groups of `length`: each group's sum
+    weighted by `weights` (count, length), in fp32, laid out as `v` (channels last where its pixels
+    are read whole: a sum over the group made in pixel-major order)."""
+    if pixels_last:
+        v, dim = P.permute(v, (0, 2, 3, 1)), dim - 1
+    shape = v.shape[:dim] + (count, length) + v.shape[dim + 1:]
+    weights = P.reshape(weights, (count, length) + (1,) * (len(shape) - dim - 2))
+    out = P.sum(P.mul(P.reshape(v, shape), weights), dim + 1)
+    return P.permute(out, (0, 3, 1, 2)) if pixels_last else out
+
+
+def _pixels_last(x) -> bool:
+    return suggest_memory_format(x.val) is torch.channels_last
 
 
 def _pixel_reader(x, outs):
@@ -406,7 +461,7 @@ def _pixel_reader(x, outs):
     four neighbours of each output read from another image every C elements: 1.2 ms on an H100.)"""
     n, c, h, w = x.shape
     image = lambda size: P.reshape(P.iota(n), (n,) + (1,) * size)  # noqa: E731
-    if suggest_memory_format(x.val) is torch.channels_last:
+    if _pixels_last(x):
         table = P.reshape(P.permute(x, (0, 2, 3, 1)), (n * h * w, c))
 
         def read(iy, ix):
