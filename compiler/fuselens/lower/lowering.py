@@ -16,12 +16,18 @@ from ..ops.contract import verify
 from .contract import check_lowered
 from .indexing import reshape_index
 from .ir import (ComputedBuffer, ExternBuffer, ExternCall, InputBuffer, Lazy, LoweredGraph, ReadRecorder, SizeVars,
-                 TensorValue, View, buffer_view, compute_dtype, contiguous_strides, loop_ranges, loop_vars, ops,
-                 use_handler)
+                 TensorValue, View, buffer_view, compute_dtype, contiguous_strides, loop_ranges, loop_vars,
+                 new_parts, ops, use_handler)
 
-# A lazy value that inlines more operations than this is stored instead of recomputed in every
-# consumer (it also bounds the work of re-walking deep expression chains).
+# A lazy value that inlines more operations than this (`Lazy.ops`: each once, as the kernel
+# computes them) is stored instead of recomputed in every consumer
 INLINE_COST_LIMIT = 48
+# ... as is one whose tree of operations (an operand its operands share counted for each) is
+# larger than this: loading it walks the tree (re-walking deep expression chains of shared
+# values is exponential in their depth). Bilinear resampling's four neighbours share their
+# positions and weights: its tree is ~100 operations, ~40 distinct; counted as a tree, its top
+# and bottom rows were stored in fp32 at the output's size (SegFormer's decode head)
+INLINE_TREE_LIMIT = 4 * INLINE_COST_LIMIT
 # A reshape of a lazy value is taken from memory instead when a load of it would index with more
 # operations than this: reshapes that regroup dims across a transpose do not simplify, and each
 # one multiplies the index of every reshape after it (compile time exponential in their number)
@@ -128,7 +134,7 @@ def costly_to_recompute(v: Lazy) -> bool:
     """Whether each load of lazy `v` computes enough to store it where it is read many times over
     (BROADCAST_REALIZE): it inlines a heavy primitive or BROADCAST_COST operations, or reads more
     bytes than it holds."""
-    return v.heavy or v.cost >= BROADCAST_COST or \
+    return v.heavy or v.ops >= BROADCAST_COST or \
         sum(n * size for _, n, size in v.reads) > math.prod(v.shape) * v.dtype.itemsize
 
 
@@ -480,8 +486,8 @@ class Lowering:
         lazies = [a for a in inputs if isinstance(a, Lazy)]
         cost = 1 + sum(a.cost for a in lazies)
         v = Lazy(shape, dtype, located, cost, loc, reads=reads_of(inputs), order=order,
-                 heavy=heavy or any(a.heavy for a in lazies))
-        return self.realize(v) if cost > INLINE_COST_LIMIT else v
+                 heavy=heavy or any(a.heavy for a in lazies), parts=new_parts().union(*(a.parts for a in lazies)))
+        return self.realize(v) if v.ops > INLINE_COST_LIMIT or cost > INLINE_TREE_LIMIT else v
 
     def index_ops(self, x, out_shape):
         """The operations of the largest index a load of lazy `x` reshaped to `out_shape` makes (the
