@@ -124,13 +124,14 @@ BILINEAR = {
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 @pytest.mark.parametrize("name", sorted(BILINEAR))
 def test_bilinear_resampling_equals_eager(name, dtype, layout):
     """Bilinear resampling (a segmentation head's) of a value that needs no gradient: ATen's source
     positions and weights, its four neighbours gathered by the kernel reading the result (in
     Triton kernels; the C++ kernels keep ATen's call), in x's layout as ATen's result (a
-    channels-last x's pixels read whole). With a gradient (training a segmentation network), the
+    channels-last x's pixels read whole; positions and weights in ATen's accscalar: float64 for
+    float64). With a gradient (training a segmentation network), the
     forward is the same kernel, and the backward is two gathers (along W, then H: each input sums
     the weighted gradients of the outputs that read it) in x's layout, with no atomics; the
     forward saves none of their positions (computed from iotas, they are recomputed where read)."""
