@@ -133,8 +133,8 @@ _ROUNDING_CALL = re.compile(r"(?<!def )fl_round_b?f16\w*\(")
 @pytest.mark.parametrize("half", [torch.bfloat16, torch.float16], ids=str)
 def test_values_of_the_half_type_are_not_rounded_again(half):
     """Selections, negations, |x|, max/min and copies of values of a half type (loaded, or rounded
-    once) are values of it: the kernel rounds only the product, and gives eager's bits, NaN and
-    -0.0 included."""
+    once) are values of it: the kernel rounds only the product, and gives eager's values (-0.0
+    included; NaN where eager's is)."""
     a, b = values(half, nan=True), values(half, seed=1)
     a[:3] = torch.tensor([-0.0, float("inf"), float("-inf")], dtype=half)
     fn = lambda a, b: torch.where(a > 0, -a, torch.maximum(a.abs(), b)).clone() * 3  # noqa: E731

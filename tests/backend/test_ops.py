@@ -120,7 +120,8 @@ def test_nearest_upsampling_and_row_pooling_are_kernels(name):
 
 BILINEAR = {
     "x2": dict(scale_factor=2), "to_size": dict(size=(16, 11)), "fractional": dict(scale_factor=(1.5, 0.7)),
-    "align_corners": dict(size=(5, 20), align_corners=True), "to_one_pixel": dict(size=(1, 1), align_corners=True)}
+    "align_corners": dict(size=(5, 20), align_corners=True), "to_one_pixel": dict(size=(1, 1), align_corners=True),
+    "same_size": dict(scale_factor=1.05)}  # (7 x 9 stays 7 x 9: ATen copies, whatever the factor)
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])

@@ -1,6 +1,7 @@
 """Primitive FX graph -> LoweredGraph (buffers and the loop bodies that fill them)."""
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import os
@@ -17,7 +18,7 @@ from .contract import check_lowered
 from .indexing import reshape_index
 from .ir import (ComputedBuffer, ExternBuffer, ExternCall, InputBuffer, Lazy, LoweredGraph, ReadRecorder, SizeVars,
                  TensorValue, View, buffer_view, compute_dtype, contiguous_strides, loop_ranges, loop_vars,
-                 new_parts, ops, use_handler)
+                 new_parts, ops, use_handler, viewed_parts)
 
 # A lazy value that inlines more operations than this (`Lazy.ops`: each once, as the kernel
 # computes them) is stored instead of recomputed in every consumer
@@ -477,16 +478,25 @@ class Lowering:
             return self.realize(v)
         return v
 
-    def lazy(self, shape, dtype, loc, fn, inputs, order=None, heavy=False):
+    def lazy(self, shape, dtype, loc, fn, inputs, order=None, heavy=False, gathered=()):
         """The lazy value `fn(idx)`, its kernel lines located at `loc`, reading `inputs`; stored at
-        once if it inlines more than INLINE_COST_LIMIT operations."""
+        once if it inlines more than INLINE_COST_LIMIT operations. An input listed again is read
+        at other positions (a pooling window's), as is one `gathered` at positions read from a
+        tensor: its operations are computed again for each such read, and counted again."""
         def located(idx):  # kernel lines of this op carry its source location
             with ops().at(loc):
                 return fn(idx)
         lazies = [a for a in inputs if isinstance(a, Lazy)]
         cost = 1 + sum(a.cost for a in lazies)
+        parts, seen = set(new_parts()), collections.Counter()
+        for a in lazies:
+            if any(a is g for g in gathered):
+                parts |= viewed_parts(a, ("gather", next(iter(new_parts()))))
+            else:
+                parts |= viewed_parts(a, ("read", seen[id(a)])) if seen[id(a)] else a.parts
+            seen[id(a)] += 1
         v = Lazy(shape, dtype, located, cost, loc, reads=reads_of(inputs), order=order,
-                 heavy=heavy or any(a.heavy for a in lazies), parts=new_parts().union(*(a.parts for a in lazies)))
+                 heavy=heavy or any(a.heavy for a in lazies), parts=frozenset(parts))
         return self.realize(v) if v.ops > INLINE_COST_LIMIT or cost > INLINE_TREE_LIMIT else v
 
     def index_ops(self, x, out_shape):

@@ -293,7 +293,7 @@ def _embedding(ctx, node, args, kwargs):
             row = ops().indirect(position)
             return ops().masked([sympy.Ge(row, 0), sympy.Lt(row, rows)], lambda: weight.load([row, idx[-1]]), 0,
                                 val.dtype)
-    return ctx.stored_if_broadcast(node, ctx.lazy(tuple(val.shape), val.dtype, loc, fn, args))
+    return ctx.stored_if_broadcast(node, ctx.lazy(tuple(val.shape), val.dtype, loc, fn, args, gathered=(weight,)))
 
 
 # --- in-place writes into graph inputs ------------------------------------------------------------

@@ -354,6 +354,11 @@ def _bilinear(x, size, scale_factor, align_corners):
     if len(outs) != 2 or 0 in outs or 0 in ins:
         raise Unsupported("bilinear resampling of these sizes")
     steps = [_source_step(n, out, scale, align_corners) for n, out, scale in zip(ins, outs, scales)]
+    # ATen copies where an output's size is its input's, whatever the scale factor: every dim
+    # where both are (CUDA's kernel), each such dim on a CPU
+    same = [n == out for n, out in zip(ins, outs)]
+    if all(same) or P.builder().device.type == "cpu":
+        steps = [1.0 if kept else step for kept, step in zip(same, steps)]
     y0, y1, hy0, hy1 = (P.reshape(v, (outs[0], 1)) for v in _neighbours(
         P.cast(P.iota(outs[0]), _opmath(x.dtype)), ins[0], steps[0], align_corners))
     x0, x1, wx0, wx1 = (P.reshape(v, (1, outs[1])) for v in _neighbours(
