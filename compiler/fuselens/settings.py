@@ -42,6 +42,12 @@ def triton_kernels(device) -> bool:
     return device.type == "cuda" or (device.type == "cpu" and CPU_BACKEND == "interpret")
 
 
+def gathers_in_kernels(device, *shapes) -> bool:
+    """Whether a gather (an embedding) of these static shapes on `device` is loads in its consumer's
+    kernel, reading its positions there (lower/rules.py `_embedding`), not an extern call."""
+    return triton_kernels(device) and all(isinstance(n, int) for shape in shapes for n in shape)
+
+
 def cache_dir(create: bool = True) -> str:
     """Where fuselens keeps what it compiled (kernels, cubins, autotuning, programs, captures) and
     the language server its answers: FUSELENS_CACHE_DIR, else `<tmp>/fuselens-<user>`."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from .. import settings
 from ..ops import primitives as prim
 from ..ops.contract import verify
 from .contract import check_partition
@@ -158,22 +159,25 @@ def _views_its_operand(n) -> bool:
     return n.meta["views_operand"]
 
 
-def _read_by_extern(n, side) -> bool:
+def _read_by_extern(n, side, device) -> bool:
     """Whether an extern among `side`'s nodes reads n (directly or through views of it). Not an
-    embedding reading n as its positions alone: its gather loads each position where it reads
-    the table (lower/rules.py), so positions computed from iotas (bilinear resampling's gradient
-    reads) are recomputed there rather than saved by the forward."""
-    return any(_kind(u) == "extern" and side(u) and not _positions_of_gather(u, n) or
-               _kind(u) == "view" and _read_by_extern(u, side) for u in n.users)
+    embedding reading n as its positions alone where its gather is loads in a kernel
+    (settings.gathers_in_kernels): it loads each position where it reads the table, so positions
+    computed from iotas (bilinear resampling's gradient reads) are recomputed there rather than
+    saved by the forward."""
+    return any(_kind(u) == "extern" and side(u) and not _positions_of_gather(u, n, device) or
+               _kind(u) == "view" and _read_by_extern(u, side, device) for u in n.users)
 
 
-def _positions_of_gather(u, n) -> bool:
-    return u.target is prim.embedding and u.args[0] is n and u.args[1] is not n
+def _positions_of_gather(u, n, device) -> bool:
+    return u.target is prim.embedding and u.args[0] is n and u.args[1] is not n and \
+        (device is None or settings.gathers_in_kernels(device, *(a.meta["val"].shape for a in u.args[:2])))
 
 
-def choose_saved(joint: JointGraph, private=frozenset()) -> list[fx.Node]:
+def choose_saved(joint: JointGraph, private=frozenset(), device=None) -> list[fx.Node]:
     """`private`: the nodes (not views) whose memory a private input or output is: saving a value
-    in it costs a copy (see the module's docstring)."""
+    in it costs a copy (see the module's docstring). `device`: the graph's (None: gathers are
+    taken to load their positions in kernels)."""
     graph = joint.graph
     in_backward = _tangent_dependent(graph)
     output = next(n for n in graph.nodes if n.op == "output")
@@ -192,12 +196,12 @@ def choose_saved(joint: JointGraph, private=frozenset()) -> list[fx.Node]:
         if must_run_in_forward:
             net.add_edge("source", (n, "in"), capacity=math.inf)
         in_memory[n] = _root(n) not in private and (
-            kind in ("placeholder", "extern") or output in n.users or _read_by_extern(n, in_forward) or
+            kind in ("placeholder", "extern") or output in n.users or _read_by_extern(n, in_forward, device) or
             kind == "view" and in_memory.get(n.all_input_nodes[0], False))
         # (+1 for a view: a tie saves its base, whose layout the backward is compiled for up front)
         net.add_edge((n, "in"), (n, "out"), capacity=math.inf if recompute else
                      _bytes(n) * (1 if in_memory[n] else 2) + (kind == "view"))
-        if kind == "pointwise" and _read_by_extern(n, in_backward.__contains__):
+        if kind == "pointwise" and _read_by_extern(n, in_backward.__contains__, device):
             net.add_edge("source", (n, "in"), capacity=2 * _bytes(n))
         for user in n.users:
             if user is output:
@@ -295,9 +299,9 @@ def _copy_saved(forward: fx.Graph, backward: fx.Graph, saved: list, private):
     output.args = (tuple(outs),)
 
 
-def partition(joint: JointGraph, private_inputs=(), private_outputs=()) -> Partition:
+def partition(joint: JointGraph, private_inputs=(), private_outputs=(), device=None) -> Partition:
     """`private_inputs`, `private_outputs`: indices of the primals and forward outputs eager
-    autograd does not save (see the module's docstring)."""
+    autograd does not save (see the module's docstring); `device`: the graph's (`choose_saved`)."""
     graph = joint.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     primals = [n for n in placeholders if not n.meta.get("tangent")]
@@ -306,7 +310,7 @@ def partition(joint: JointGraph, private_inputs=(), private_outputs=()) -> Parti
     fw_outputs, grads = outputs[:joint.num_fw_outputs], outputs[joint.num_fw_outputs:]
     private = frozenset([primals[i] for i in private_inputs] +
                         [_root(fw_outputs[j]) for j in private_outputs if isinstance(fw_outputs[j], fx.Node)])
-    saved = choose_saved(joint, private)
+    saved = choose_saved(joint, private, device)
     forward = _extract(graph, primals, fw_outputs + saved)
     backward = _as_autograd_runs(_extract(graph, saved + tangents, grads))
     _copy_saved(forward, backward, saved, private)

@@ -253,7 +253,8 @@ def _partition(gm, inputs, requires_grad, device, eager):
     save_attention_statistics(prim_graph, device, requires_grad)
     joint = build_joint(prim_graph, requires_grad, device, eager.output_requires_grad)
     private_inputs = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and i not in eager.saved_inputs]
-    parts = partition(joint, private_inputs, [j for j in range(joint.num_fw_outputs) if j not in eager.saved_outputs])
+    parts = partition(joint, private_inputs, [j for j in range(joint.num_fw_outputs) if j not in eager.saved_outputs],
+                      device)
     logging.getLogger("fuselens.autograd").debug("forward saves for backward: %s", ", ".join(parts.saved))
     return joint, parts
 

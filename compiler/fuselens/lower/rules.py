@@ -272,8 +272,7 @@ def _embedding(ctx, node, args, kwargs):
     a scatter's store is masked (`_scatter_`); the C++ kernels keep ATen's call, which raises
     eager's error."""
     indices, weight, _padding_idx = args
-    if not settings.triton_kernels(ctx.device) or \
-            not all(isinstance(n, int) for n in (*indices.shape, *weight.shape)):
+    if not settings.gathers_in_kernels(ctx.device, indices.shape, weight.shape):
         return ctx.lower_extern(node, prim.embedding, args, kwargs)
     val, loc = node.meta["val"], node.meta.get("loc")
     if isinstance(weight, Lazy) and costly_to_recompute(weight) and \
