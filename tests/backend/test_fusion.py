@@ -622,17 +622,3 @@ def test_equal_numbers_of_other_types_are_not_merged():
         torch.testing.assert_close(g, w)
         assert torch.equal(torch.signbit(g), torch.signbit(w)) if g.is_floating_point() else True
 
-
-def test_a_lazy_values_operations_count_once_where_shared_and_again_where_read_elsewhere():
-    """INLINE_COST_LIMIT's count (`Lazy.ops`): an operand that two of a value's operands share is
-    computed once in their kernel (bilinear resampling's positions, read by its four gathers);
-    one listed again (a pooling window's reads) or gathered at positions read from a tensor is
-    computed again at each, and counted again."""
-    from fuselens.lower.lowering import Lowering
-    ctx = Lowering(torch.fx.Graph(), "cpu")
-    lazy = lambda inputs, **kw: ctx.lazy((4,), torch.float32, None, lambda idx: None, inputs, **kw)  # noqa: E731
-    a = lazy([lazy([lazy([])])])  # a chain of 3 operations
-    assert a.ops == 3
-    assert lazy([lazy([a]), lazy([a])]).ops == 3 + 3  # a once, two users of it, their sum
-    assert lazy([a, a]).ops == 1 + 2 * 3  # a read at two positions
-    assert lazy([lazy([a], gathered=(a,)), lazy([a], gathered=(a,))]).ops == 1 + 2 * (1 + 3)

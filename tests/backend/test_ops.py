@@ -160,10 +160,11 @@ def test_bilinear_resampling_equals_eager(name, dtype, layout):
 
 @triton_kernels
 def test_bilinear_upsampling_by_eight_is_one_kernel():
-    """The four neighbours' gathers share their positions and weights, which a kernel computes once
-    (`Lazy.ops` counts them once): SegFormer's upsampling by 8 is the consumer's kernel alone, with
-    no row of neighbours stored in fp32 at the output's size (counted as a tree, they passed
-    INLINE_COST_LIMIT). Positions that depend on no input are the program's constants."""
+    """The four neighbours' positions and weights, which read no tensor and are broadcast to the
+    output, are the program's constants (made by its first call): SegFormer's upsampling by 8 is
+    the consumer's kernel alone, with no row of neighbours stored in fp32 at the output's size
+    (the gathers' index trees, each repeating the positions' computation, had passed
+    INLINE_COST_LIMIT)."""
     x = t(2, 4, 16, 16, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
     cg = check(lambda x: F.interpolate(x * 2, scale_factor=8, mode="bilinear").sin(), x, grad=False)
     per_call = cg.wrapper_source.split("def call(")[1]

@@ -14,7 +14,6 @@ kernel writer (codegen/).
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import threading
 from dataclasses import dataclass, field
@@ -276,29 +275,12 @@ class View(TensorValue):
         return self.shape == self.buf.shape and self.stride == self.buf.stride and self.offset == 0
 
 
-_part_ids = itertools.count()
-
-
-def new_parts(n=1) -> frozenset:
-    """`n` operations of a lazy value, each new: what `Lazy.parts` holds."""
-    return frozenset(next(_part_ids) for _ in range(n))
-
-
-def viewed_parts(x, view) -> frozenset:
-    """The operations of `view` (a hashable description of its indexing) of `x`: x's, evaluated at
-    the view's indices: others than x's (a kernel reading x and its transpose computes both), the
-    same as another such view's (two gathers' positions broadcast alike compute them once)."""
-    return frozenset((view, p) for p in x.parts) if isinstance(x, Lazy) else new_parts()
-
-
 @dataclass(eq=False)
 class Lazy(TensorValue):
     shape: tuple
     dtype: torch.dtype
     fn: object
-    # operations inlined into it counted as a tree (an operand shared by several of its operands
-    # counted for each): the work of walking it when it is loaded
-    cost: int = 1
+    cost: int = 1  # number of operations inlined into it
     loc: tuple | None = None  # source location of the op that produced it
     realized: View | None = None  # the buffer it was stored in, once something needed memory
     # (base Lazy, dims) when this is a permutation of another lazy value: stored, it is the base
@@ -314,14 +296,6 @@ class Lazy(TensorValue):
     order: list | None = None
     reads: frozenset = frozenset()  # (buffer name, elements) a load of it reads (each consumer reads them all)
     heavy: bool = False  # it inlines a heavy primitive (Primitive.heavy)
-    # the operations it inlines, each once: an operand several of its operands share (bilinear
-    # resampling's source positions and weights, read by its four neighbours' gathers) is computed
-    # once in a kernel (its lines are common subexpressions), so it counts once in `ops`
-    parts: frozenset = field(default_factory=new_parts)
-
-    @property
-    def ops(self) -> int:
-        return len(self.parts)
 
     def load(self, idx):
         return self.fn(idx)

@@ -1,7 +1,6 @@
 """Primitive FX graph -> LoweredGraph (buffers and the loop bodies that fill them)."""
 from __future__ import annotations
 
-import collections
 import functools
 import math
 import os
@@ -17,18 +16,12 @@ from ..ops.contract import verify
 from .contract import check_lowered
 from .indexing import reshape_index
 from .ir import (ComputedBuffer, ExternBuffer, ExternCall, InputBuffer, Lazy, LoweredGraph, ReadRecorder, SizeVars,
-                 TensorValue, View, buffer_view, compute_dtype, contiguous_strides, loop_ranges, loop_vars,
-                 new_parts, ops, use_handler, viewed_parts)
+                 TensorValue, View, buffer_view, compute_dtype, contiguous_strides, loop_ranges, loop_vars, ops,
+                 use_handler)
 
-# A lazy value that inlines more operations than this (`Lazy.ops`: each once, as the kernel
-# computes them) is stored instead of recomputed in every consumer
+# A lazy value that inlines more operations than this is stored instead of recomputed in every
+# consumer (it also bounds the work of re-walking deep expression chains).
 INLINE_COST_LIMIT = 48
-# ... as is one whose tree of operations (an operand its operands share counted for each) is
-# larger than this: loading it walks the tree (re-walking deep expression chains of shared
-# values is exponential in their depth). Bilinear resampling's four neighbours share their
-# positions and weights: its tree is ~100 operations, ~40 distinct; counted as a tree, its top
-# and bottom rows were stored in fp32 at the output's size (SegFormer's decode head)
-INLINE_TREE_LIMIT = 4 * INLINE_COST_LIMIT
 # A reshape of a lazy value is taken from memory instead when a load of it would index with more
 # operations than this: reshapes that regroup dims across a transpose do not simplify, and each
 # one multiplies the index of every reshape after it (compile time exponential in their number)
@@ -135,7 +128,7 @@ def costly_to_recompute(v: Lazy) -> bool:
     """Whether each load of lazy `v` computes enough to store it where it is read many times over
     (BROADCAST_REALIZE): it inlines a heavy primitive or BROADCAST_COST operations, or reads more
     bytes than it holds."""
-    return v.heavy or v.ops >= BROADCAST_COST or \
+    return v.heavy or v.cost >= BROADCAST_COST or \
         sum(n * size for _, n, size in v.reads) > math.prod(v.shape) * v.dtype.itemsize
 
 
@@ -472,32 +465,27 @@ class Lowering:
         return self.stored_if_broadcast(node, v)
 
     def stored_if_broadcast(self, node, v):
-        """Lazy `v` (`node`'s value), stored where it is costly to recompute and its users
-        broadcast it (BROADCAST_REALIZE): each broadcast element would compute it again."""
-        if isinstance(v, Lazy) and costly_to_recompute(v) and _broadcast_by_users(node, math.prod(v.shape), self.device):
+        """Lazy `v` (`node`'s value), stored where it is costly to recompute or reads no tensor
+        (a constant of the program, made once by its first call: bilinear resampling's source
+        positions and weights, which its four gathers' index trees repeat past INLINE_COST_LIMIT,
+        had stored its top and bottom rows in fp32 at the output's size) and its users broadcast
+        it (BROADCAST_REALIZE): each broadcast element would compute it again."""
+        if isinstance(v, Lazy) and (costly_to_recompute(v) or not v.reads) and \
+                _broadcast_by_users(node, math.prod(v.shape), self.device):
             return self.realize(v)
         return v
 
-    def lazy(self, shape, dtype, loc, fn, inputs, order=None, heavy=False, gathered=()):
+    def lazy(self, shape, dtype, loc, fn, inputs, order=None, heavy=False):
         """The lazy value `fn(idx)`, its kernel lines located at `loc`, reading `inputs`; stored at
-        once if it inlines more than INLINE_COST_LIMIT operations. An input listed again is read
-        at other positions (a pooling window's), as is one `gathered` at positions read from a
-        tensor: its operations are computed again for each such read, and counted again."""
+        once if it inlines more than INLINE_COST_LIMIT operations."""
         def located(idx):  # kernel lines of this op carry its source location
             with ops().at(loc):
                 return fn(idx)
         lazies = [a for a in inputs if isinstance(a, Lazy)]
         cost = 1 + sum(a.cost for a in lazies)
-        parts, seen = set(new_parts()), collections.Counter()
-        for a in lazies:
-            if any(a is g for g in gathered):
-                parts |= viewed_parts(a, ("gather", next(iter(new_parts()))))
-            else:
-                parts |= viewed_parts(a, ("read", seen[id(a)])) if seen[id(a)] else a.parts
-            seen[id(a)] += 1
         v = Lazy(shape, dtype, located, cost, loc, reads=reads_of(inputs), order=order,
-                 heavy=heavy or any(a.heavy for a in lazies), parts=frozenset(parts))
-        return self.realize(v) if v.ops > INLINE_COST_LIMIT or cost > INLINE_TREE_LIMIT else v
+                 heavy=heavy or any(a.heavy for a in lazies))
+        return self.realize(v) if cost > INLINE_COST_LIMIT else v
 
     def index_ops(self, x, out_shape):
         """The operations of the largest index a load of lazy `x` reshaped to `out_shape` makes (the

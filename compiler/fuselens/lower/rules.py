@@ -16,7 +16,7 @@ import torch
 from .. import settings
 from ..ops import primitives as prim
 from .indexing import floor_div, mod_index, reshape_index
-from .ir import ComputedBuffer, InputBuffer, Lazy, View, buffer_view, compute_dtype, ops, viewed_parts
+from .ir import ComputedBuffer, InputBuffer, Lazy, View, buffer_view, compute_dtype, ops
 from .lowering import (INDEX_OPS_LIMIT, Items, broadcast_index, costly_to_recompute, dense_order, lowering, order_of,
                        read_many_times, reads_of, strides_in, view_strides)
 
@@ -92,8 +92,7 @@ def _permute(ctx, node, args, kwargs):
         return View(x.buf, out_shape, tuple(x.stride[d] for d in dims), x.offset)
     inverse = [dims.index(d) for d in range(len(dims))]
     return Lazy(out_shape, x.dtype, lambda idx: x.load([idx[i] for i in inverse]), x.cost, x.loc,
-                permute_of=(x, tuple(dims)), reads=x.reads, heavy=x.heavy,
-                parts=viewed_parts(x, ("permute", tuple(dims))))
+                permute_of=(x, tuple(dims)), reads=x.reads, heavy=x.heavy)
 
 
 @lowering(prim.expand)
@@ -106,7 +105,7 @@ def _expand(ctx, node, args, kwargs):
                                       zip(x.shape, out_shape[lead:], x.stride))
         return View(x.buf, out_shape, stride, x.offset)
     return Lazy(out_shape, x.dtype, lambda idx: x.load(broadcast_index(idx, out_shape, x.shape)), x.cost,
-                x.loc, reads=x.reads, heavy=x.heavy, parts=viewed_parts(x, ("expand", tuple(x.shape), out_shape)))
+                x.loc, reads=x.reads, heavy=x.heavy)
 
 
 @lowering(prim.slice)
@@ -122,8 +121,7 @@ def _slice(ctx, node, args, kwargs):
         src = list(idx)
         src[dim] = start + step * idx[dim]
         return x.load(src)
-    return Lazy(out_shape, x.dtype, fn, x.cost, x.loc, reads=x.reads, heavy=x.heavy,
-                parts=viewed_parts(x, ("slice", dim, start, step, out_shape)))
+    return Lazy(out_shape, x.dtype, fn, x.cost, x.loc, reads=x.reads, heavy=x.heavy)
 
 
 @lowering(prim.reshape)
@@ -139,8 +137,7 @@ def _reshape(ctx, node, args, kwargs):
     return Lazy(out_shape, x.dtype, lambda idx: x.load(reshape_index(idx, out_shape, x.shape, ops())),
                 getattr(x, "cost", 1), getattr(x, "loc", None), reads=reads_of([x]),
                 reshape_of=x if isinstance(x, Lazy) and not _broadcast(x) else None,
-                order=_reshaped_order(x, out_shape), heavy=getattr(x, "heavy", False),
-                parts=viewed_parts(x, ("reshape", tuple(x.shape), out_shape)))
+                order=_reshaped_order(x, out_shape), heavy=getattr(x, "heavy", False))
 
 
 def _reshaped_order(x, out_shape):
@@ -292,7 +289,7 @@ def _embedding(ctx, node, args, kwargs):
             row = ops().indirect(position)
             return ops().masked([sympy.Ge(row, 0), sympy.Lt(row, rows)], lambda: weight.load([row, idx[-1]]), 0,
                                 val.dtype)
-    return ctx.stored_if_broadcast(node, ctx.lazy(tuple(val.shape), val.dtype, loc, fn, args, gathered=(weight,)))
+    return ctx.stored_if_broadcast(node, ctx.lazy(tuple(val.shape), val.dtype, loc, fn, args))
 
 
 # --- in-place writes into graph inputs ------------------------------------------------------------
