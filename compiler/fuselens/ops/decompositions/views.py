@@ -360,9 +360,9 @@ def _bilinear(x, size, scale_factor, align_corners):
     if all(same) or P.builder().device.type == "cpu":
         steps = [1.0 if kept else step for kept, step in zip(same, steps)]
     y0, y1, hy0, hy1 = (P.reshape(v, (outs[0], 1)) for v in _neighbours(
-        P.cast(P.iota(outs[0]), _opmath(x.dtype)), ins[0], steps[0], align_corners))
+        P.cast(P.iota(outs[0]), _accscalar(x.dtype)), ins[0], steps[0], align_corners))
     x0, x1, wx0, wx1 = (P.reshape(v, (1, outs[1])) for v in _neighbours(
-        P.cast(P.iota(outs[1]), _opmath(x.dtype)), ins[1], steps[1], align_corners))
+        P.cast(P.iota(outs[1]), _accscalar(x.dtype)), ins[1], steps[1], align_corners))
     px = _pixel_reader(x, outs)
     top = P.add(P.mul(wx0, px(y0, x0)), P.mul(wx1, px(y0, x1)))
     bottom = P.add(P.mul(wx0, px(y1, x0)), P.mul(wx1, px(y1, x1)))
@@ -379,13 +379,13 @@ def _source_step(n, out, scale, align_corners):
     return 1.0 / float(scale) if scale is not None and float(scale) > 0 else n / out
 
 
-def _opmath(dtype):
+def _accscalar(dtype):
     """The dtype ATen computes bilinear positions and weights in (its accscalar_t)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _neighbours(d, n, step, align_corners):
-    """(first and second source index, their weights) of output positions `d` (in the opmath
+    """(first and second source index, their weights) of output positions `d` (in the accscalar
     dtype) along a dim of n inputs: ATen's source position, truncated (it is not negative) and
     clamped."""
     src = P.mul(d, step) if align_corners else P.maximum(P.sub(P.mul(P.add(d, 0.5), step), 0.5), 0.0)
@@ -395,21 +395,21 @@ def _neighbours(d, n, step, align_corners):
     return i0, i1, P.sub(1.0, w1), w1
 
 
-def _readers(n, out, step, align_corners, opmath):
+def _readers(n, out, step, align_corners, accscalar):
     """The outputs that read each of n inputs along one dim, and the weights they read it with:
-    ((n, L) output positions, (n, L) weights in `opmath`). Input i is read by the outputs whose source
+    ((n, L) output positions, (n, L) weights in `accscalar`). Input i is read by the outputs whose source
     position is in [i - 1, i + 1), about 2 / step consecutive ones from ((i - 1) + 0.5) / step - 0.5
     on: L covers them with a margin for rounding, and each output's weight is the forward's own
     (ATen's positions), zero for an output that does not read i or is past the last."""
     length = int(math.ceil(2.0 / step)) + 3
     i = P.reshape(P.iota(n), (n, 1))
-    before = P.sub(P.cast(i, opmath), 1.0)
+    before = P.sub(P.cast(i, accscalar), 1.0)
     first = P.div(before, step) if align_corners else P.sub(P.div(P.add(before, 0.5), step), 0.5)
     first = P.maximum(P.sub(P.cast(first, torch.int64), 1), 0)
     o = P.add(first, P.reshape(P.iota(length), (1, length)))
     inside = P.lt(o, out)
     o = P.minimum(o, out - 1)
-    i0, i1, w0, w1 = _neighbours(P.cast(o, opmath), n, step, align_corners)
+    i0, i1, w0, w1 = _neighbours(P.cast(o, accscalar), n, step, align_corners)
     w = P.add(P.where(P.eq(i0, i), w0, 0.0), P.where(P.eq(i1, i), w1, 0.0))
     return o, P.where(inside, w, 0.0)
 
@@ -434,8 +434,8 @@ class _BilinearVJP:
             return [emit(prim.call_torch, torch.ops.aten.upsample_bilinear2d_backward.default,
                          (g, list(self.outs), list(self.ins), self.align_corners,
                           *(None if s is None else float(s) for s in self.scales)), {})]
-        cols, col_weights = _readers(iw, ow, self.steps[1], self.align_corners, _opmath(self.dtype))
-        rows, row_weights = _readers(ih, oh, self.steps[0], self.align_corners, _opmath(self.dtype))
+        cols, col_weights = _readers(iw, ow, self.steps[1], self.align_corners, _accscalar(self.dtype))
+        rows, row_weights = _readers(ih, oh, self.steps[0], self.align_corners, _accscalar(self.dtype))
         lx, ly = cols.shape[1], rows.shape[1]
         picked = _pixel_reader(g, (oh, iw * lx))(P.reshape(P.iota(oh), (oh, 1)), P.reshape(cols, (1, iw * lx)))
         by_column = _sum_of_groups(picked, 3, iw, lx, col_weights, _pixels_last(g))
