@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fl_backend_testing import DEVICE, check, run, ulp_error
+from fl_backend_testing import CPP, DEVICE, check, run, ulp_error
 
 FLOATS = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -141,6 +141,26 @@ def test_values_of_the_half_type_are_not_rounded_again(half):
     cg, (got,) = run(fn, a.to(DEVICE), b.to(DEVICE))
     assert_same(got, fn(a.to(DEVICE), b.to(DEVICE)))
     assert [len(_ROUNDING_CALL.findall(k.source)) for k in cg.kernels] == [1]
+
+
+def test_a_quotient_by_a_rows_value_is_eagers_division():
+    """x / (x.abs().amax(-1) * s), the divisor the row's own: the bits of IEEE division (eager's), by a
+    reciprocal a row and a corrected product an element in Triton kernels (`row_quotient`), for
+    numerators of any size and sign and zeros of both signs; subnormal, infinite and NaN operands
+    and divisors (the first rows: their blocks divide as IEEE does)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 128, generator=g) * torch.exp2(torch.randint(-60, 20, (64, 128), generator=g).float())
+    s = torch.ones(64, 1)
+    x[1, :40] = 0.0
+    x[1, 40:60] = -0.0
+    x[2, 5], x[3, 7], x[4, 9] = 1e-40, float("inf"), float("nan")
+    x[5] = torch.rand(128, generator=g) * 1e-36  # a subnormal quotient's numerators
+    s[6], s[7], s[8] = 1e-30, 1e30, 0.0
+    fn = lambda x, s: x / (x.abs().amax(-1, keepdim=True) * s)  # noqa: E731 (a max: the same in any order)
+    cg, (got,) = run(fn, x.to(DEVICE), s.to(DEVICE))
+    assert_same(got, fn(x.to(DEVICE), s.to(DEVICE)))
+    if not CPP:
+        assert "tl.fma" in cg.kernels[0].source
 
 
 # --- result dtypes ----------------------------------------------------------------------------------
