@@ -143,12 +143,12 @@ def test_bilinear_resampling_equals_eager(name, dtype, layout):
     assert ("interpolate" in cg.wrapper_source) == (CPP and DEVICE == "cpu")
     assert cg(x)[0].stride() == fn(x).stride()
     if not CPP:
-        assert len(cg.kernels) == 1, [k.name for k in cg.kernels]
+        assert _launches_per_call(cg) == 1, cg.wrapper_source
     leaf = x.detach().requires_grad_()
     cg = check(fn, leaf)
     forward, backward = cg.wrapper_source.split("# backward")
     assert ("interpolate" in forward) == (CPP and DEVICE == "cpu")
-    assert CPP or forward.count(".launch(") == 1
+    assert CPP or _launches_per_call(cg, forward) == 1
     one_pixel = name == "to_one_pixel"  # (every output reads the same inputs: ATen's kernel)
     if not CPP:
         assert bool(re.search(r"= consts\[\d+\]\(", backward)) == one_pixel, backward
@@ -167,8 +167,12 @@ def test_bilinear_upsampling_by_eight_is_one_kernel():
     INLINE_COST_LIMIT)."""
     x = t(2, 4, 16, 16, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
     cg = check(lambda x: F.interpolate(x * 2, scale_factor=8, mode="bilinear").sin(), x, grad=False)
-    per_call = cg.wrapper_source.split("def call(")[1]
-    assert per_call.count(".launch(") == 1, cg.wrapper_source
+    assert _launches_per_call(cg) == 1, cg.wrapper_source
+
+
+def _launches_per_call(cg, source=None):
+    """Kernels each call launches (not those making the program's constants, on its first)."""
+    return (source or cg.wrapper_source).split("def call(")[1].count(".launch(")
 
 
 @pytest.mark.parametrize("call", ["baddbmm", "addmm"])
@@ -863,3 +867,28 @@ def test_as_strided_reads_the_memory_eager_would_have(name, grad):
     torch.testing.assert_close(got, want)
     if grad:
         torch.testing.assert_close(torch.autograd.grad(got.sum(), x)[0], torch.autograd.grad(want.sum(), x)[0])
+
+
+@triton_kernels
+@pytest.mark.parametrize("case", ["gather", "bilinear_gradient"])
+def test_a_gather_loads_its_table_at_its_own_dims_with_no_division(case):
+    """torch.gather and bilinear resampling (its neighbours and its gradient's sums) read their
+    table along one dim, the others at the element's own position: a table the kernel computes
+    (a log-softmax's gradient) is loaded at its own dims, with no flat position divided back into
+    them (x read as a table of single elements at flat positions: ten 64-bit divisions and
+    remainders an element of SegFormer's loss gradient); a channels-last x's gradient sums its
+    pixels with their channels innermost, as its gradient is laid out."""
+    if case == "gather":
+        x, i = t(5, 6, 7), torch.randint(0, 7, (5, 6, 3), device=DEVICE)
+        cg = check(lambda x, i: torch.gather(x.sin(), 2, i) * 2, x, i)
+    else:
+        x = t(2, 6, 5, 7).contiguous(memory_format=torch.channels_last)
+        labels = torch.randint(0, 6, (2, 20, 28), device=DEVICE)
+        cg = check(lambda x, y: F.cross_entropy(F.interpolate(x, size=(20, 28), mode="bilinear"), y), x, labels)
+        assert "call_torch" not in cg.wrapper_source
+        # (its six channels the innermost of a gradient sum's rows: the loss's gradient is traced
+        # contiguous, eager's and x's are channels-last)
+        assert any("tl.sum" in k.source and re.search(r"x\d+ = xindex % 6\n", k.source) for k in cg.kernels)
+    for k in cg.kernels:
+        position = re.compile(r"\(?tmp\d+ (//|%) ")  # (a loaded or computed position divided)
+        assert not position.search(k.source), k.source

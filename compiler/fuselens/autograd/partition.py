@@ -170,8 +170,13 @@ def _read_by_extern(n, side, device) -> bool:
 
 
 def _positions_of_gather(u, n, device) -> bool:
-    return u.target is prim.embedding and u.args[0] is n and u.args[1] is not n and \
-        (device is None or settings.gathers_in_kernels(device, *(a.meta["val"].shape for a in u.args[:2])))
+    """Whether gather `u` reads n as its positions alone."""
+    operands = {prim.embedding: (0, 1), prim.gather: (2, 0)}.get(u.target)
+    if operands is None:
+        return False
+    positions, table = (u.args[i] for i in operands)
+    return positions is n and table is not n and \
+        (device is None or settings.gathers_in_kernels(device, positions.meta["val"].shape, table.meta["val"].shape))
 
 
 def choose_saved(joint: JointGraph, private=frozenset(), device=None) -> list[fx.Node]:

@@ -263,33 +263,56 @@ def _max_pool2d_backward(ctx, node, args, kwargs):
 def _embedding(ctx, node, args, kwargs):
     """Rows of `weight` at the positions `indices` holds, as a lazy value: each element loaded where
     its consumer needs it (an embedding summed with positions and normalized, a relative position
-    bias added to attention scores, DeBERTa's `torch.gather` of its position scores, GPT-J's
-    sin/cos rows), not an ATen call writing the gathered rows first. An index out of range reads
-    0 (its load masked: nothing outside the table is read) where eager's CUDA kernel asserts, as
-    a scatter's store is masked (`_scatter_`); the C++ kernels keep ATen's call, which raises
-    eager's error."""
+    bias added to attention scores, GPT-J's sin/cos rows), not an ATen call writing the gathered
+    rows first. An index out of range reads 0 (its load masked: nothing outside the table is read)
+    where eager's CUDA kernel asserts, as a scatter's store is masked (`_scatter_`); the C++
+    kernels keep ATen's call, which raises eager's error."""
     indices, weight, _padding_idx = args
-    if not settings.gathers_in_kernels(ctx.device, indices.shape, weight.shape):
-        return ctx.lower_extern(node, prim.embedding, args, kwargs)
+    return _gathered(ctx, node, args, weight, 0, indices, lambda idx: idx[:-1],
+                     lambda idx, row: [row, idx[-1]], order=None)
+
+
+@lowering(prim.gather)
+def _gather(ctx, node, args, kwargs):
+    """x's elements at `index` along `dim` (torch.gather: DeBERTa's position scores, bilinear
+    resampling's neighbours and gradient), the other dims at the element's own position, laid out
+    as ATen's result: loads in the consumer's kernel, as `_embedding`'s, with no flat offset to
+    divide back into x's dims (x read as a table of single elements at flat positions: ten 64-bit
+    divisions and remainders an element of SegFormer's loss gradient)."""
+    x, dim, index = args
+    val = node.meta["val"]
+    order = dense_order(tuple(val.shape), tuple(val.stride()))
+    return _gathered(ctx, node, args, x, dim, index, lambda idx: idx, lambda idx, row: [*idx[:dim], row, *idx[dim + 1:]],
+                     order=None if order is None or order == sorted(order) else order)
+
+
+def _gathered(ctx, node, args, table, dim, positions, position_at, table_at, order):
+    """`table` read at the positions along `dim` that `positions` holds: element `idx` loads
+    table[table_at(idx, row)], row = positions[position_at(idx)], 0 where row is outside the
+    table (its load masked). ATen's call where gathers are not loads in kernels
+    (settings.gathers_in_kernels)."""
+    if not settings.gathers_in_kernels(ctx.device, positions.shape, table.shape):
+        return ctx.lower_extern(node, node.target, args, {})
     val, loc = node.meta["val"], node.meta.get("loc")
-    if isinstance(weight, Lazy) and costly_to_recompute(weight) and \
-            read_many_times(math.prod(weight.shape), math.prod(val.shape), ctx.device):
+    if isinstance(table, Lazy) and costly_to_recompute(table) and \
+            read_many_times(math.prod(table.shape), math.prod(val.shape), ctx.device):
         # a table the graph computes, each entry gathered many times (BEiT's bilinearly resampled
         # relative position table, read at every (head, query, key)): stored once, as a value its
         # users broadcast is, not recomputed by every gathered element (its bias kernel: 1.98 ms a
         # step on an H100, Inductor's 0.53)
-        weight = ctx.realize(weight)
-    rows = ctx.sv(weight.shape[0])
+        table = ctx.realize(table)
+    size = ctx.sv(table.shape[dim])
 
     def fn(idx):
         with ops().at(loc):
-            position = indices.load(idx[:-1])
-            if indices.dtype != torch.int64:  # (offsets into a large table need 64 bits)
+            position = positions.load(position_at(idx))
+            if positions.dtype != torch.int64:  # (offsets into a large table need 64 bits)
                 position = ops().to_dtype(position, torch.int64)
             row = ops().indirect(position)
-            return ops().masked([sympy.Ge(row, 0), sympy.Lt(row, rows)], lambda: weight.load([row, idx[-1]]), 0,
+            return ops().masked([sympy.Ge(row, 0), sympy.Lt(row, size)], lambda: table.load(table_at(idx, row)), 0,
                                 val.dtype)
-    return ctx.stored_if_broadcast(node, ctx.lazy(tuple(val.shape), val.dtype, loc, fn, args))
+    return ctx.stored_if_broadcast(node, ctx.lazy(tuple(val.shape), val.dtype, loc, fn, [positions, table],
+                                                  order=order))
 
 
 # --- in-place writes into graph inputs ------------------------------------------------------------

@@ -448,6 +448,9 @@ def _embedding_backward(grad, indices, num_weights, padding_idx):
 
 
 embedding_backward = Primitive("embedding_backward", _embedding_backward, "extern", fresh=True)
+# torch.gather's: x's elements at `index` along `dim`, each other dim at the element's own position
+# (no flat offsets to divide back into dims where the gather is loads in its consumer's kernel)
+gather = Primitive("gather", lambda x, dim, index: torch.gather(x, dim, index), "extern", fresh=True)
 
 
 def _sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None):

@@ -8,6 +8,7 @@ to its dtype, so their rules ignore broadcasting.
 """
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 
 from . import builder as P
@@ -125,6 +126,10 @@ def _max_pool2d(g, out, x, *window):
 
 rule(prim.embedding)(lambda g, out, indices, weight, padding_idx:
                      (None, emit(prim.embedding_backward, g, indices, weight.shape[0], padding_idx)))
+# g added into zeros at the gathered positions, as eager's backward
+rule(prim.gather)(lambda g, out, x, dim, index:
+                  (emit(prim.call_torch, torch.scatter_add, (P.full(x.shape, 0, g.dtype), dim, index, g), {}),
+                   None, None))
 
 
 @rule(prim.call_torch)

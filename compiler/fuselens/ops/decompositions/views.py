@@ -232,39 +232,15 @@ def _gather(x, index):
 
 @register(*spellings("gather"))
 def gather(x, dim, index, *, sparse_grad=False):
-    """x's elements at `index` along `dim` (DeBERTa's relative position scores): x viewed as a
-    table of one-element rows read at each element's linear position, an `embedding` that its
-    consumer loads in its own kernel (an index out of range of `dim` is a row out of the table's
-    range, as the embedding's lowering treats it). Its gradient adds g into zeros at those
+    """x's elements at `index` along `dim` (DeBERTa's relative position scores): loads in its
+    consumer's kernel (an index out of range of `dim` reads 0 there, where eager's CUDA kernel
+    asserts; the C++ kernels call ATen's, which raises). Its gradient adds g into zeros at those
     positions, as eager's backward."""
     if sparse_grad or not isinstance(index, TVal) or index.dtype != torch.int64 or x.ndim == 0 or \
             index.ndim != x.ndim or 0 in x.shape or \
             builtins.any(index.shape[k] > x.shape[k] for k in range(x.ndim) if k != dim % x.ndim):
         raise Unsupported("gather of these arguments")  # (the torch call raises eager's errors)
-    dim %= x.ndim
-    strides = [math.prod(x.shape[k + 1:]) for k in range(x.ndim)]
-    flat = None
-    for k in range(x.ndim):
-        at = index if k == dim else \
-            P.reshape(P.iota(index.shape[k]), [n if j == k else 1 for j, n in enumerate(index.shape)])
-        term = P.mul(at, strides[k]) if strides[k] != 1 else at
-        flat = term if flat is None else P.add(flat, term)
-    in_range = P.logical_and(P.ge(index, 0), P.lt(index, x.shape[dim]))
-    rows = P.where(in_range, P.expand(flat, index.shape), -1)
-    out = P.reshape(emit(prim.embedding, rows, P.reshape(x, (-1, 1)), -1), index.shape)
-    return emit(prim.with_vjp, out, [x, index], _GatherVJP(dim))
-
-
-class _GatherVJP:
-    def __init__(self, dim):
-        self.dim = dim
-
-    def __call__(self, g, x, index):
-        zeros = P.full(x.shape, 0, g.dtype)
-        return [emit(prim.call_torch, torch.scatter_add, (zeros, self.dim, index, g), {}), None]
-
-    def __repr__(self):
-        return f"gather_vjp(dim={self.dim})"
+    return emit(prim.gather, x, dim % x.ndim, index)
 
 
 @register(*spellings("repeat_interleave"))
@@ -359,13 +335,14 @@ def _bilinear(x, size, scale_factor, align_corners):
     same = [n == out for n, out in zip(ins, outs)]
     if all(same) or P.builder().device.type == "cpu":
         steps = [1.0 if kept else step for kept, step in zip(same, steps)]
-    y0, y1, hy0, hy1 = (P.reshape(v, (outs[0], 1)) for v in _neighbours(
-        P.cast(P.iota(outs[0]), _accscalar(x.dtype)), ins[0], steps[0], align_corners))
-    x0, x1, wx0, wx1 = (P.reshape(v, (1, outs[1])) for v in _neighbours(
-        P.cast(P.iota(outs[1]), _accscalar(x.dtype)), ins[1], steps[1], align_corners))
-    px = _pixel_reader(x, outs)
-    top = P.add(P.mul(wx0, px(y0, x0)), P.mul(wx1, px(y0, x1)))
-    bottom = P.add(P.mul(wx0, px(y1, x0)), P.mul(wx1, px(y1, x1)))
+    y0, y1, hy0, hy1 = _neighbours(P.cast(P.iota(outs[0]), _accscalar(x.dtype)), ins[0], steps[0], align_corners)
+    x0, x1, wx0, wx1 = _neighbours(P.cast(P.iota(outs[1]), _accscalar(x.dtype)), ins[1], steps[1], align_corners)
+    hy0, hy1 = (P.reshape(w, (outs[0], 1)) for w in (hy0, hy1))
+    wx0, wx1 = (P.reshape(w, (1, outs[1])) for w in (wx0, wx1))
+    pixels_last = _pixels_last(x)
+    px = lambda r, i: upcast(_pixels_at(r, 3, i, pixels_last))  # noqa: E731
+    top, bottom = (P.add(P.mul(wx0, px(r, x0)), P.mul(wx1, px(r, x1)))
+                   for r in (_pixels_at(x, 2, y0, pixels_last), _pixels_at(x, 2, y1, pixels_last)))
     out = P.cast(P.add(P.mul(hy0, top), P.mul(hy1, bottom)), x.dtype)
     if not P.builder().needs_grad(x):
         return out
@@ -437,10 +414,13 @@ class _BilinearVJP:
         cols, col_weights = _readers(iw, ow, self.steps[1], self.align_corners, _accscalar(self.dtype))
         rows, row_weights = _readers(ih, oh, self.steps[0], self.align_corners, _accscalar(self.dtype))
         lx, ly = cols.shape[1], rows.shape[1]
-        picked = _pixel_reader(g, (oh, iw * lx))(P.reshape(P.iota(oh), (oh, 1)), P.reshape(cols, (1, iw * lx)))
-        by_column = _sum_of_groups(picked, 3, iw, lx, col_weights, _pixels_last(g))
-        picked = _pixel_reader(by_column, (ih * ly, iw))(P.reshape(rows, (ih * ly, 1)), P.reshape(P.iota(iw), (1, iw)))
-        return [P.cast(_sum_of_groups(picked, 2, ih, ly, row_weights, _pixels_last(by_column)), self.dtype)]
+        # (in x's layout: eager's gradient has it, and a channels-last gradient read as a table of
+        # single elements, its rows along W, was read a channel's stride apart: SegFormer's loss)
+        pixels_last = _pixels_last(x)
+        picked = upcast(_pixels_at(g, 3, P.reshape(cols, (iw * lx,)), pixels_last))
+        by_column = _sum_of_groups(picked, 3, iw, lx, col_weights, pixels_last)
+        picked = upcast(_pixels_at(by_column, 2, P.reshape(rows, (ih * ly,)), pixels_last))
+        return [P.cast(_sum_of_groups(picked, 2, ih, ly, row_weights, pixels_last), self.dtype)]
 
     def __repr__(self):
         return (f"bilinear_vjp(outs={self.outs}, ins={self.ins}, dtype={self.dtype}, align_corners={self.align_corners}, "
@@ -463,29 +443,18 @@ def _pixels_last(x) -> bool:
     return suggest_memory_format(x.val) is torch.channels_last
 
 
-def _pixel_reader(x, outs):
-    """`read(iy, ix)`: x's pixels at rows iy (outH, 1) and columns ix (1, outW), (N, C, outH, outW)
-    in fp32 and in x's layout, as ATen's result: a channels-last x read as a table of pixels, each
-    row its C channels (an output pixel's channels read together); another as a table of single
-    elements. (Read as tensor indexing, the result was laid out with the indexed dims outermost,
-    as ATen's indexing lays it out: DeepLabV3's channels-last output (H, W, N, C) in memory, the
-    four neighbours of each output read from another image every C elements: 1.2 ms on an H100.)"""
-    n, c, h, w = x.shape
-    image = lambda size: P.reshape(P.iota(n), (n,) + (1,) * size)  # noqa: E731
-    if _pixels_last(x):
-        table = P.reshape(P.permute(x, (0, 2, 3, 1)), (n * h * w, c))
-
-        def read(iy, ix):
-            rows = P.expand(P.add(P.mul(P.add(P.mul(image(2), h), iy), w), ix), (n,) + outs)
-            return P.permute(upcast(emit(prim.embedding, rows, table, -1)), (0, 3, 1, 2))
-        return read
-    table = P.reshape(x, (n * c * h * w, 1))
-    planes = P.add(P.mul(image(3), c), P.reshape(P.iota(c), (1, c, 1, 1)))
-
-    def read(iy, ix):
-        rows = P.expand(P.add(P.mul(P.add(P.mul(planes, h), iy), w), ix), (n, c) + outs)
-        return P.reshape(upcast(emit(prim.embedding, rows, table, -1)), (n, c) + outs)
-    return read
+def _pixels_at(x, dim, positions, pixels_last):
+    """x's pixels at `positions` (1-D) along its spatial `dim`. `pixels_last`: gathered from x
+    viewed as (N, H, W, C), a pixel's channels read together and the result channels-last, as
+    ATen lays out a channels-last x's (laid out as ATen's indexing, with the indexed dims
+    outermost, DeepLabV3's four neighbours of each output were read from another image every C
+    elements: 1.2 ms on an H100)."""
+    if pixels_last:
+        return P.permute(_pixels_at(P.permute(x, (0, 2, 3, 1)), dim - 1, positions, False), (0, 3, 1, 2))
+    shape = list(x.shape)
+    shape[dim] = positions.shape[0]
+    index = P.reshape(positions, [n if d == dim else 1 for d, n in enumerate(shape)])
+    return emit(prim.gather, x, dim, P.expand(index, tuple(shape)))
 
 
 @register(builtins.getattr)
