@@ -295,6 +295,9 @@ class Lazy(TensorValue):
     # convolution's activations stay channels-last up to the next convolution)
     order: list | None = None
     reads: frozenset = frozenset()  # (buffer name, elements) a load of it reads (each consumer reads them all)
+    # computed from operands smaller than it, broadcast (a one-hot mask of a class iota and the
+    # targets): no layout of its own, so a pointwise op reading it takes another operand's
+    broadcast_only: bool = False
     heavy: bool = False  # it inlines a heavy primitive (Primitive.heavy)
 
     def load(self, idx):

@@ -154,6 +154,13 @@ def _broadcast_elements(node: fx.Node, least: int) -> int:
     return total
 
 
+def _broadcast_only(v) -> bool:
+    """Whether `v` has no layout of its own: a broadcast of a smaller value, or computed from them."""
+    if isinstance(v, View):
+        return any(st == 0 and n > 1 for n, st in zip(v.shape, v.stride))
+    return isinstance(v, Lazy) and v.broadcast_only
+
+
 def _consumers(node: fx.Node) -> int:
     """The nodes reading `node`'s value, directly or through views: each would recompute a lazy
     value (OPT's residual stream is flattened to rows before its layer norm and its next residual
@@ -443,9 +450,12 @@ class Lowering:
                     else ops().constant(a, const_dtype) for a in args]
             return compute(vals) if compute is not None else ops().pointwise(p, vals, dtype)
         # laid out as ATen's TensorIterator does: after its first operand of the full shape (a
-        # `where`'s condition included)
+        # `where`'s condition included), but one broadcast from smaller operands (a cross
+        # entropy's one-hot pick: SegFormer's channels-last logits, picked in NCHW order, were
+        # stored in fp32 for a kernel of their own)
         full = [a for a in args if isinstance(a, TensorValue) and tuple(a.shape) == shape]
-        order = order_of(full[0]) if full else None
+        laid_out = [a for a in full if not _broadcast_only(a)]
+        order = order_of((laid_out or full)[0]) if full else None
         if kwargs.get("memory_format") not in (None, torch.preserve_format):
             # `.contiguous()` (or a copy to channels-last): the layout it asks for, which its users'
             # views were traced on (nn.MultiheadAttention's attention output, permuted, made
@@ -456,6 +466,7 @@ class Lowering:
         v = self.lazy(shape, dtype, loc, fn, args, order=order, heavy=p.heavy)
         if not isinstance(v, Lazy):
             return v
+        v.broadcast_only = not laid_out and kwargs.get("memory_format") in (None, torch.preserve_format)
         if _output_viewed_by_extern(node):
             return self.realize(v)
         read_bytes = sum(n * size for _, n, size in v.reads)

@@ -105,7 +105,7 @@ def _expand(ctx, node, args, kwargs):
                                       zip(x.shape, out_shape[lead:], x.stride))
         return View(x.buf, out_shape, stride, x.offset)
     return Lazy(out_shape, x.dtype, lambda idx: x.load(broadcast_index(idx, out_shape, x.shape)), x.cost,
-                x.loc, reads=x.reads, heavy=x.heavy)
+                x.loc, reads=x.reads, heavy=x.heavy, broadcast_only=math.prod(out_shape) != math.prod(x.shape))
 
 
 @lowering(prim.slice)
