@@ -886,9 +886,15 @@ def test_a_gather_loads_its_table_at_its_own_dims_with_no_division(case):
         labels = torch.randint(0, 6, (2, 20, 28), device=DEVICE)
         cg = check(lambda x, y: F.cross_entropy(F.interpolate(x, size=(20, 28), mode="bilinear"), y), x, labels)
         assert "call_torch" not in cg.wrapper_source
-        # (its six channels the innermost of a gradient sum's rows: the loss's gradient is traced
-        # contiguous, eager's and x's are channels-last)
+        # (its six channels the innermost of a gradient sum's rows, as x's, which the gradient
+        # reads, are stored, though the loss's gradient is traced contiguous; the result laid out
+        # as eager's, as that gradient)
         assert any("tl.sum" in k.source and re.search(r"x\d+ = xindex % 6\n", k.source) for k in cg.kernels)
+        for fn in (lambda x: F.cross_entropy(F.interpolate(x, size=(20, 28), mode="bilinear"), labels),
+                   lambda x: F.interpolate(x, size=(20, 28), mode="bilinear").sum()):
+            leaf = x.detach().requires_grad_()
+            got, = torch.autograd.grad(fuselens.compile(fn)(leaf), leaf)
+            assert got.stride() == torch.autograd.grad(fn(leaf), leaf)[0].stride()
     for k in cg.kernels:
         position = re.compile(r"\(?tmp\d+ (//|%) ")  # (a loaded or computed position divided)
         assert not position.search(k.source), k.source

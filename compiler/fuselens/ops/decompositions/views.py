@@ -414,13 +414,17 @@ class _BilinearVJP:
         cols, col_weights = _readers(iw, ow, self.steps[1], self.align_corners, _accscalar(self.dtype))
         rows, row_weights = _readers(ih, oh, self.steps[0], self.align_corners, _accscalar(self.dtype))
         lx, ly = cols.shape[1], rows.shape[1]
-        # (in x's layout: eager's gradient has it, and a channels-last gradient read as a table of
-        # single elements, its rows along W, was read a channel's stride apart: SegFormer's loss)
+        # summed in x's layout, where the forward's values that g reads are (SegFormer's loss
+        # gradient, traced contiguous, was read along W a channel's stride apart: 13 ms on an
+        # H100); laid out as eager lays it out, as g
         pixels_last = _pixels_last(x)
         picked = upcast(_pixels_at(g, 3, P.reshape(cols, (iw * lx,)), pixels_last))
         by_column = _sum_of_groups(picked, 3, iw, lx, col_weights, pixels_last)
         picked = upcast(_pixels_at(by_column, 2, P.reshape(rows, (ih * ly,)), pixels_last))
-        return [P.cast(_sum_of_groups(picked, 2, ih, ly, row_weights, pixels_last), self.dtype)]
+        out = P.cast(_sum_of_groups(picked, 2, ih, ly, row_weights, pixels_last), self.dtype)
+        if _pixels_last(g) != pixels_last:
+            out = P.copy(out, torch.channels_last if _pixels_last(g) else torch.contiguous_format)
+        return [out]
 
     def __repr__(self):
         return (f"bilinear_vjp(outs={self.outs}, ins={self.ins}, dtype={self.dtype}, align_corners={self.align_corners}, "
