@@ -37,14 +37,15 @@ if CPU_BACKEND == "interpret" and not INTERPRET:
 
 def triton_kernels(device) -> bool:
     """Whether graphs on `device` run as Triton kernels (CUDA, and CPUs under the interpreter):
-    where a gather is a load in its consumer's kernel (lower/rules.py `_embedding`); beside the
+    where a gather is a load in its consumer's kernel (lower/rules.py `_gathered`); beside the
     C++ kernels it is ATen's call."""
     return device.type == "cuda" or (device.type == "cpu" and CPU_BACKEND == "interpret")
 
 
 def gathers_in_kernels(device, *shapes) -> bool:
-    """Whether a gather (an embedding) of these static shapes on `device` is loads in its consumer's
-    kernel, reading its positions there (lower/rules.py `_embedding`), not an extern call."""
+    """Whether a gather (an embedding or a `gather`) of these static shapes on `device` is loads in
+    its consumer's kernel, reading its positions there (lower/rules.py `_gathered`), not an extern
+    call."""
     return triton_kernels(device) and all(isinstance(n, int) for shape in shapes for n in shape)
 
 

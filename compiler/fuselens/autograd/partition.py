@@ -160,11 +160,11 @@ def _views_its_operand(n) -> bool:
 
 
 def _read_by_extern(n, side, device) -> bool:
-    """Whether an extern among `side`'s nodes reads n (directly or through views of it). Not an
-    embedding reading n as its positions alone where its gather is loads in a kernel
-    (settings.gathers_in_kernels): it loads each position where it reads the table, so positions
-    computed from iotas (bilinear resampling's gradient reads) are recomputed there rather than
-    saved by the forward."""
+    """Whether an extern among `side`'s nodes reads n (directly or through views of it). Not a
+    gather (an embedding or a `gather`) reading n as its positions alone where it is loads in a
+    kernel (settings.gathers_in_kernels): it loads each position where it reads the table, so
+    positions computed from iotas (bilinear resampling's gradient reads) are recomputed there
+    rather than saved by the forward."""
     return any(_kind(u) == "extern" and side(u) and not _positions_of_gather(u, n, device) or
                _kind(u) == "view" and _read_by_extern(u, side, device) for u in n.users)
 

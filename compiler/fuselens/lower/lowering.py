@@ -477,10 +477,9 @@ class Lowering:
 
     def stored_if_broadcast(self, node, v):
         """Lazy `v` (`node`'s value), stored where it is costly to recompute or reads no tensor
-        (a constant of the program, made once by its first call: bilinear resampling's source
-        positions and weights, which its four gathers' index trees repeat past INLINE_COST_LIMIT,
-        had stored its top and bottom rows in fp32 at the output's size) and its users broadcast
-        it (BROADCAST_REALIZE): each broadcast element would compute it again."""
+        (a constant of the program, made once by its first call: bilinear resampling's weights)
+        and its users broadcast it (BROADCAST_REALIZE): each broadcast element would compute it
+        again."""
         if isinstance(v, Lazy) and (costly_to_recompute(v) or not v.reads) and \
                 _broadcast_by_users(node, math.prod(v.shape), self.device):
             return self.realize(v)

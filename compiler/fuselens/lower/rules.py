@@ -276,7 +276,7 @@ def _embedding(ctx, node, args, kwargs):
 def _gather(ctx, node, args, kwargs):
     """x's elements at `index` along `dim` (torch.gather: DeBERTa's position scores, bilinear
     resampling's neighbours and gradient), the other dims at the element's own position, laid out
-    as ATen's result: loads in the consumer's kernel, as `_embedding`'s, with no flat offset to
+    as ATen's result: loads in the consumer's kernel (`_gathered`), with no flat offset to
     divide back into x's dims (x read as a table of single elements at flat positions: ten 64-bit
     divisions and remainders an element of SegFormer's loss gradient)."""
     x, dim, index = args

@@ -433,8 +433,8 @@ class _BilinearVJP:
 
 def _sum_of_groups(v, dim, count, length, weights, pixels_last):
     """(n, c, H, W) `v` whose spatial `dim` holds `count` groups of `length`: each group's sum
-    weighted by `weights` (count, length), in fp32, laid out as `v` (channels last where its pixels
-    are read whole: a sum over the group made in pixel-major order)."""
+    weighted by `weights` (count, length), in fp32; `pixels_last`: summed in pixel-major order, a
+    pixel's channels innermost, and the result channels-last."""
     if pixels_last:
         v, dim = P.permute(v, (0, 2, 3, 1)), dim - 1
     shape = v.shape[:dim] + (count, length) + v.shape[dim + 1:]
@@ -449,10 +449,9 @@ def _pixels_last(x) -> bool:
 
 def _pixels_at(x, dim, positions, pixels_last):
     """x's pixels at `positions` (1-D) along its spatial `dim`. `pixels_last`: gathered from x
-    viewed as (N, H, W, C), a pixel's channels read together and the result channels-last, as
-    ATen lays out a channels-last x's (laid out as ATen's indexing, with the indexed dims
-    outermost, DeepLabV3's four neighbours of each output were read from another image every C
-    elements: 1.2 ms on an H100)."""
+    viewed as (N, H, W, C), a pixel's channels read together, the result channels-last (laid out
+    as ATen lays out indexing, indexed dims outermost, DeepLabV3's four neighbours of each output
+    were read from another image every C elements: 1.2 ms on an H100)."""
     if pixels_last:
         return P.permute(_pixels_at(P.permute(x, (0, 2, 3, 1)), dim - 1, positions, False), (0, 3, 1, 2))
     shape = list(x.shape)
