@@ -122,12 +122,20 @@ def test_cpu_graphs_run_eagerly_where_the_cpu_backend_is_eager(monkeypatch):
     assert calls == [] and len(cg.kernels) == 1  # kernels are generated (to be shown), not run
 
 
-def test_double_backward_is_refused_not_wrong():
+@pytest.mark.parametrize("grad_out_requires_grad", [False, True])
+def test_a_second_derivative_is_refused_saying_what_to_do(grad_out_requires_grad):
+    """backward(create_graph=True) through a compiled function raises at once, naming what to do:
+    the gradients it would return have no graph, so a gradient penalty added to a loss would lose
+    its second-order term silently (the incoming gradient of a `.sum()` needs none), where eager
+    differentiates it. A backward without create_graph afterwards still works."""
     x = randn(3, 3).requires_grad_()
-    cg = compile(lambda x: torch.sin(x), x)
-    (g,) = torch.autograd.grad(cg(x)[0].sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError):
-        torch.autograd.grad(g.sum(), x)
+    cg = compile(lambda x: torch.sin(x) * x, x)
+    out = cg(x)[0]
+    g_out = torch.ones_like(out).requires_grad_(grad_out_requires_grad)
+    with pytest.raises(RuntimeError, match="create_graph=True.*uncompiled"):
+        torch.autograd.grad(out, x, g_out, create_graph=True)
+    (g,) = torch.autograd.grad(cg(x)[0], x, torch.ones(3, 3))
+    torch.testing.assert_close(g, torch.cos(x) * x + torch.sin(x))
 
 
 def test_backward_with_noncontiguous_incoming_gradient():

@@ -7,7 +7,6 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from ..ops import to_primitive_graph
 from ..ops.attention import save_attention_statistics
@@ -167,8 +166,8 @@ class CompiledFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        if torch.is_grad_enabled():  # backward(create_graph=True): kernels have no derivative
-            return _backward_once(ctx, *grad_outputs)
+        if torch.is_grad_enabled():
+            raise RuntimeError(SECOND_DERIVATIVE)
         state, graphs = ctx.state, ctx.state.graphs
         defined = 0
         for j, g in enumerate(grad_outputs):
@@ -202,9 +201,17 @@ class CompiledFunction(torch.autograd.Function):
         return tuple(result)
 
 
-# a second derivative through the compiled backward is an error when it is asked for (as
-# torch.compile's); the check costs a few microseconds, so only where grad mode is on
-_backward_once = once_differentiable(CompiledFunction.backward)
+# backward(create_graph=True) runs backward under grad mode, to be differentiated again. The
+# compiled backward's kernels have no derivative, and gradients returned without a graph would be
+# wrong where they are: a second derivative through them silently missing from a sum (a gradient
+# penalty added to a loss), or "does not require grad" where it is alone. So it is refused there,
+# with what to do (torch.compile refuses at the second derivative)
+SECOND_DERIVATIVE = (
+    "fuselens: backward with create_graph=True (a second derivative: a gradient penalty, a Hessian) "
+    "reached a compiled function; its compiled backward cannot be differentiated again, as "
+    "torch.compile's cannot. Take the gradient that is differentiated again through the uncompiled "
+    "function or module (the one given to fuselens.compile), or pass create_graph=False where no "
+    "second derivative is needed.")
 # Function.apply is a Python wrapper that handles functorch transforms around the C++ apply (and
 # unwraps tensors left over from a finished one); with neither, the C++ apply itself saves its
 # overhead on every training call
