@@ -6,6 +6,11 @@ whose lengths vary.
     PYTHONPATH=compiler python bench/decode.py --only llama7b --layers 16 --batch 1 --json a.json
     PYTHONPATH=compiler python bench/decode.py --quick                       # the whole set, small
     python bench/decode.py --merge a.json b.json --json bench/results/decode-h200.json
+    PYTHONPATH=compiler python bench/decode.py --only llama1b --inductor-from bench/results/decode-h200.json
+
+--inductor-from takes Inductor's columns of a row from an earlier run on the same GPU and torch
+version instead of compiling and timing Inductor again (its compiles dominate a row's minutes);
+eager and fuselens are always timed side by side in the run.
 
 Decode rows (kind "decode"), per workload, batch and mode: a prompt of 64 tokens is prefilled by
 the eager model, then 256 new tokens are generated greedily, each step a call with a fresh position
@@ -69,6 +74,17 @@ class Setup:
         self.progress = a.progress  # a file naming the mode and compiler running (read after a crash)
         # {(mode, compiler): why it is left out}: what crashed an earlier process of this row
         self.skip = {(m, c): why for m, c, why in (x.split(":", 2) for x in a.skip)}
+        self.reused = inductor_rows(a.inductor_from, machine())  # {row key: an earlier run's row}
+
+    def reuse(self, row: dict, calls: dict) -> dict:
+        """`calls` without Inductor's where an earlier run of this GPU and torch has the row (its
+        Inductor columns copied into `row`: Inductor's compiles dominate a row's time)."""
+        old = self.reused.get(key(row))
+        if old is None:
+            return calls
+        row.update({k: v for k, v in old.items() if k.startswith(INDUCTOR_COLUMNS)})
+        row["inductor_from_earlier_run"] = True
+        return {c: fn for c, fn in calls.items() if c != "inductor"}
 
     def calls(self, mode, calls: dict, row: dict) -> dict:
         """`calls` without the compilers left out of `mode` (their errors put in `row`), each
@@ -227,7 +243,7 @@ def decode_rows(s: Setup, name, batch, rounds):
                "new_tokens": s.new, "dtype": str(s.dtype).removeprefix("torch."), "step_mb": round(step_bytes / 2 ** 20, 1)}
         try:
             gens, compiled = w.generators(mode)
-            gens = s.calls(mode, gens, row)
+            gens = s.calls(mode, s.reuse(row, gens), row)
             tokens = {}
             for c, g in gens.items():  # first generation: compiles
                 t = time.perf_counter()
@@ -296,7 +312,8 @@ def dynamic_row(s: Setup, name, rounds):
         unseen = inputs(UNSEEN // 8 if s.tiny else UNSEEN)
         batches = [inputs(n) for n in lengths]
         compiled = fuselens.compile(model)
-        calls = s.calls("default", {"eager": model, "fuselens": compiled, "inductor": torch.compile(model)}, row)
+        calls = s.calls("default", s.reuse(row, {"eager": model, "fuselens": compiled, "inductor": torch.compile(model)}),
+                        row)
         with torch.no_grad():
             for c, fn in calls.items():
                 t = time.perf_counter()
@@ -321,6 +338,21 @@ def dynamic_row(s: Setup, name, rounds):
 
 def key(r):
     return r["kind"], r["workload"], r["batch"], r["mode"]
+
+
+# a row's Inductor columns (what --inductor-from copies from an earlier run)
+INDUCTOR_COLUMNS = ("inductor_", "mbu_inductor", "total_s_inductor")
+
+
+def inductor_rows(path, here) -> dict:
+    """The rows with Inductor's columns of an earlier run on the same GPU and torch version, by key."""
+    if not path:
+        return {}
+    old = json.loads(pathlib.Path(path).read_text())
+    if old.get("machine") != here:
+        sys.exit(f"decode: {path} was measured on {old.get('machine')}, this is {here}: Inductor's rows "
+                 "are reused only from the same GPU and torch version")
+    return {key(r): r for r in old["rows"] if "inductor_ms_per_token" in r or "inductor_ms" in r}
 
 
 def merge(paths):
@@ -358,6 +390,7 @@ def isolated(a, name, batch) -> list:
     skip, common = [], ["--device", a.device, "--rounds", str(a.rounds), "--peak-gbs", str(a.peak_gbs)]
     common += ["--quick"] * a.quick + (["--layers", str(a.layers)] if a.layers else [])
     common += ["--batch", str(batch)] if batch else []
+    common += ["--inductor-from", a.inductor_from] if a.inductor_from else []
     with tempfile.TemporaryDirectory(prefix="fl-decode-row-") as d:
         out, progress = pathlib.Path(d, "rows.json"), pathlib.Path(d, "progress")
         while True:
@@ -387,6 +420,8 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--json", help="write the rows here (after every workload)")
     ap.add_argument("--merge", nargs="+", help="merge these runs' JSON into --json (rows by kind, workload, batch, mode)")
+    ap.add_argument("--inductor-from", help="a decode JSON of the same GPU and torch: Inductor's columns of its rows "
+                                            "reused, not measured again")
     ap.add_argument("--in-process", action="store_true", help="run every workload in this process (a GPU's default: one each)")
     ap.add_argument("--progress", help=argparse.SUPPRESS)  # (a workload's own process: see isolated)
     ap.add_argument("--skip", action="append", default=[], help=argparse.SUPPRESS)
