@@ -448,6 +448,26 @@ def test_a_dynamic_entrys_kernels_are_the_static_entrys():
     assert "xindex * rnumel + rindex" in static.kernels[0].source
 
 
+def test_a_dynamic_entry_reads_a_products_output_at_its_own_position():
+    """A Linear's output, [2 * n, 24], read back as [2, n, 24] by the GeLU after it, n dynamic (its
+    weight a module's parameter, whose sizes are no input's static dims): the
+    view's stride n * 24 is a size of its own value, equal to the product at this program's sizes
+    (a program is built for one input shape), so the GeLU reads at `xindex` with no division, as
+    the static entry's does; it had divided its flat position by the length twice an element."""
+    import fuselens
+    f = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.GELU()).to(DEVICE)
+    cf = fuselens.compile(f)
+    with torch.no_grad():
+        for n in (5, 7, 9):
+            x = randn(2, n, 16)
+            torch.testing.assert_close(cf(x), f(x))
+    static, dynamic = fuselens.inspect(cf)
+    assert dynamic.dynamic_dims and not static.dynamic_dims
+    for entry in (static, dynamic):
+        gelu = [k.source for k in entry.kernels if "erf" in k.source]
+        assert len(gelu) == 1 and "//" not in gelu[0] and "tl.load(in_ptr0 + xindex" in gelu[0], gelu
+
+
 def test_half_inputs_compute_in_fp32():
     x = randn(4, 8).half()
     cg, out = run(manual_softmax, x)

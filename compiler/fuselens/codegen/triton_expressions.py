@@ -155,14 +155,15 @@ class TritonExpressions(KernelExpressions):
                 return True
             # sizes by their values: a view's stride s0*s1 (BERT's [4096, 3072] GEMM output read as
             # [32, 128, 3072]) is the row-major stride s2 of the same value, and `xindex` then
-            # saves three divisions an element. Only static sizes: a kernel of the dynamic ones
-            # is shared by the graph's lengths, where their values differ
+            # saves three divisions an element. Dynamic sizes too: a program is built for one
+            # input shape, so what holds at its values holds wherever its kernels run, and a
+            # length where it does not builds other text (a dynamic BERT's GeLU had divided its
+            # flat position by the length twice an element: S*3072 is a size of its own value)
             loops = lambda e: {v for v in e.free_symbols if v.name[0] in "xr"}  # noqa: E731
             sizes = (a - b).free_symbols - loops(a) - loops(b)
             # (xreplace of the sizes it holds: subs of every size of the graph took Swin-T's
             # training compile 27 of its 31 s on an H200; a position read from a tensor is none)
-            return loops(a) == loops(b) and all(s in self.sizevars.values and self.static_size(self.sizevars.values[s])
-                                                for s in sizes) and \
+            return loops(a) == loops(b) and all(s in self.sizevars.values for s in sizes) and \
                 expanded((a - b).xreplace({s: self.sizevars.values[s] for s in sizes})) == 0
         if self.x_dims and equal(index, row):
             return "xindex"  # the kernel's own row (or element, in a pointwise kernel)
