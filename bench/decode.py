@@ -74,7 +74,7 @@ class Setup:
         self.progress = a.progress  # a file naming the mode and compiler running (read after a crash)
         # {(mode, compiler): why it is left out}: what crashed an earlier process of this row
         self.skip = {(m, c): why for m, c, why in (x.split(":", 2) for x in a.skip)}
-        self.reused = inductor_rows(a.inductor_from, machine())  # {row key: an earlier run's row}
+        self.reused = suite.inductor_rows(a.inductor_from, machine(), key, "decode")  # {row key: an earlier row}
 
     def reuse(self, row: dict, calls: dict) -> dict:
         """`calls` without Inductor's where an earlier run of this GPU and torch has the row (its
@@ -343,16 +343,6 @@ def key(r):
 # a row's Inductor columns (what --inductor-from copies from an earlier run)
 INDUCTOR_COLUMNS = ("inductor_", "mbu_inductor", "total_s_inductor")
 
-
-def inductor_rows(path, here) -> dict:
-    """The rows with Inductor's columns of an earlier run on the same GPU and torch version, by key."""
-    if not path:
-        return {}
-    old = json.loads(pathlib.Path(path).read_text())
-    if old.get("machine") != here:
-        sys.exit(f"decode: {path} was measured on {old.get('machine')}, this is {here}: Inductor's rows "
-                 "are reused only from the same GPU and torch version")
-    return {key(r): r for r in old["rows"] if "inductor_ms_per_token" in r or "inductor_ms" in r}
 
 
 def merge(paths):

@@ -334,15 +334,16 @@ def machine():
     return {"gpu": gpu, "torch": torch.__version__}
 
 
-def inductor_rows(path, here):
-    """Inductor's columns of an earlier run on the same GPU and torch version, by row."""
+def inductor_rows(path, here, key=None, tool="suite"):
+    """The rows with Inductor's columns of an earlier run on the same GPU and torch version, by
+    `key` (default: row_key)."""
     if not path:
         return {}
     old = json.loads(pathlib.Path(path).read_text())
     if old.get("machine") != here:
-        sys.exit(f"suite: {path} was measured on {old.get('machine')}, this is {here}: Inductor's rows "
+        sys.exit(f"{tool}: {path} was measured on {old.get('machine')}, this is {here}: Inductor's rows "
                  "are reused only from the same GPU and torch version")
-    return {(r["model"], r["mode"], r["dtype"]): r for r in old["rows"] if "inductor_ms" in r}
+    return {(key or row_key)(r): r for r in old["rows"] if any(k.startswith("inductor_ms") for k in r)}
 
 
 def geomean(xs):
