@@ -344,7 +344,6 @@ def key(r):
 INDUCTOR_COLUMNS = ("inductor_", "mbu_inductor", "total_s_inductor")
 
 
-
 def merge(paths):
     return suite.merge(paths, key, "decode")
 
