@@ -14,7 +14,7 @@ import torch
 from fl_backend_testing import check, compile, run
 from fuselens import FuselensWarning, settings
 from fuselens.backend import driver
-from fuselens.codegen import cpp_build, cpp_vml
+from fuselens.codegen import cpp_build, cpp_vml, wrapper
 from test_fusion import manual_layer_norm, manual_softmax
 
 pytestmark = pytest.mark.skipif(cpp_build.compiler() is None, reason="no C++ compiler")
@@ -467,3 +467,30 @@ def test_a_value_stored_and_reduced_is_computed_once_in_the_reductions_loop():
     cg = check(f, torch.randn(2, 8, 6, 10), torch.randn(1, 8, 1, 1), grad=False, atol=1e-5, rtol=1e-5)
     (kernel,) = [k for k in cg.kernels if "sum" in k.name]
     assert kernel.source.count("fl_tanh(") == 1 and kernel.source.count("for (int64_t r2") == 1, kernel.source
+
+
+def huge_page_kb(address):
+    """AnonHugePages (kB) of the mapping of this process that holds `address` (/proc/self/smaps)."""
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            first = line.split(maxsplit=1)[0]
+            if "-" in first and not first.endswith(":"):
+                lo, hi = (int(a, 16) for a in first.split("-"))
+                inside = lo <= address < hi
+            elif inside and first == "AnonHugePages:":
+                return int(line.split()[1])
+    return 0
+
+
+@pytest.mark.skipif(wrapper._madvise() is None, reason="transparent huge pages are not given on request here")
+def test_a_large_output_is_written_to_huge_pages():
+    """A program's buffers of HUGE_PAGE_MIN_BYTES or more ask for 2 MB pages before the kernel
+    first writes them (a fresh 32 MB output faulted in 4 KB at a time took longer than the GeLU
+    kernel writing it). 64 MB: torch's allocator takes it from mmap, untouched, on every call."""
+    x = torch.ones(8192, 2048)
+    cg, (out,) = run(lambda x: x * 2, x)
+    assert "empty_huge(" in cg.wrapper_source
+    inside = -(-out.data_ptr() // wrapper.HUGE_PAGE) * wrapper.HUGE_PAGE  # (its first page stays 4 KB)
+    assert huge_page_kb(inside) >= 2048
+    assert torch.equal(out, x * 2)
