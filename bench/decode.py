@@ -19,8 +19,11 @@ or transformers' `generate(..., cache_implementation="static")` with the forward
 includes the prefill). Reported: milliseconds per token (the median of --rounds rounds alternating
 eager, fuselens and Inductor, timed with CUDA events), the memory-bandwidth utilisation (the bytes
 a step must read: every weight, the embedding table's looked-up rows only, and the KV cache's
-filled part at the mean position; over the time per token and --peak-gbs) and the peak memory of
-a generation. Dynamic rows (kind "dynamic"): BERT-base inference over 12 batches of 7 sequence
+filled part at the mean position; over the time per token and --peak-gbs), the peak memory of
+a generation's decode steps (from the end of its prefill; `generate` rows: the whole generation)
+and the memory each compiler holds after its first two generations (`<compiler>_held_mb`: its CUDA
+graphs' pools, constants and workspaces; torch's reserved memory with the cache emptied, before
+and after). Dynamic rows (kind "dynamic"): BERT-base inference over 12 batches of 7 sequence
 lengths, and the decoder's prefill over 12 prompts of 7 lengths, each compiler fresh (dynamic=None:
 what a size change does is each compiler's own): the total seconds, compiles included, and the
 steady milliseconds of a length none of them saw. Without a GPU (or with --device cpu) every
@@ -125,13 +128,38 @@ class Setup:
         return (time.perf_counter() - t) * 1e3
 
     def peak_mb(self, fn):
+        """The peak memory of a generation's decode steps: counted from the end of its prefill
+        (eager for every compiler, and above any decode step's at these sizes, it was all the
+        column showed) where the workload marks it (`after_prefill`), else the whole generation."""
         if not self.cuda:
             return None
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        fn()
+        self.measuring = True
+        try:
+            fn()
+        finally:
+            self.measuring = False
         torch.cuda.synchronize()
         return round(torch.cuda.max_memory_allocated() / 2 ** 20, 1)
+
+    def after_prefill(self):
+        if getattr(self, "measuring", False):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+
+    def held_mb(self, fn):
+        """(fn's result, the memory a compiler holds after it: CUDA graphs' pools, constants,
+        workspaces), as the device memory torch reserves with its cache emptied, before and after."""
+        if not self.cuda:
+            return fn(), None
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved()
+        out = fn()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return out, round((torch.cuda.memory_reserved() - before) / 2 ** 20, 1)
 
 
 def compilers(fn, mode):
@@ -167,6 +195,7 @@ class OwnDecoder:
             def generate():
                 with torch.no_grad():
                     tok = decode_one(m, self.tokens, torch.arange(p, device=s.device))
+                    s.after_prefill()
                     out = [tok]
                     for i in range(s.new - 1):
                         tok = step(m, tok, torch.tensor([p + i], device=s.device)).clone()
@@ -222,6 +251,7 @@ class HFDecoder:
                     with torch.no_grad():
                         cache.reset()
                         tok = m(input_ids=self.tokens, **cache_kwargs(m, cache)).logits[:, -1:].argmax(-1)
+                        s.after_prefill()
                         out = [tok]
                         for i in range(s.new - 1):
                             pos = torch.full((self.batch, 1), p + i, device=s.device)
@@ -245,15 +275,16 @@ def decode_rows(s: Setup, name, batch, rounds):
             gens, compiled = w.generators(mode)
             gens = s.calls(mode, s.reuse(row, gens), row)
             tokens = {}
-            for c, g in gens.items():  # first generation: compiles
+            for c, g in gens.items():  # first generation: compiles; a second: CUDA graphs record
                 t = time.perf_counter()
                 tokens[c] = g()
                 s.sync()
                 row[f"{c}_first_s"] = round(time.perf_counter() - t, 2)
+                _, held = s.held_mb(g)
+                if c != "eager" and held is not None:  # (what its compiles and recordings left held)
+                    row[f"{c}_held_mb"] = held
             for c in tokens.keys() - {"eager"}:  # greedy tokens of a random model: bf16 rounding may part them
                 row[f"{c}_tokens_equal"] = round((tokens[c] == tokens["eager"]).float().mean().item(), 3)
-            for g in gens.values():  # warm (CUDA graphs record on a later call than the first)
-                g()
             times = in_rounds(gens, lambda g: s.ms(g))
             for c, ms in times.items():
                 row[f"{c}_ms_per_token"] = round(median(ms) / s.new, 4)
@@ -355,12 +386,13 @@ def save(rows, path, here):
 
 def print_table(rows):
     print(f"\n{'workload':18} {'b':>2} {'mode':15} {'eager':>8} {'fuselens':>8} {'inductor':>8} {'fl/ind':>6} "
-          f"{'mbu fl':>6} {'mbu ind':>7} {'peak fl/ind MB':>15}")
+          f"{'mbu fl':>6} {'mbu ind':>7} {'peak fl/ind MB':>15} {'held fl/ind MB':>15}")
     for r in rows:
         if r["kind"] == "decode":
             e, f, i = (r.get(f"{c}_ms_per_token") for c in COMPILERS)
             extra = f"{fmt(r.get('mbu_fuselens'), '6.2f')} {fmt(r.get('mbu_inductor'), '7.2f')} " \
-                    f"{fmt(r.get('fuselens_peak_mb'), '.0f')}/{fmt(r.get('inductor_peak_mb'), '.0f')}"
+                    f"{fmt(r.get('fuselens_peak_mb'), '.0f')}/{fmt(r.get('inductor_peak_mb'), '.0f')} " \
+                    f"{fmt(r.get('fuselens_held_mb'), '.0f')}/{fmt(r.get('inductor_held_mb'), '.0f')}"
         else:
             e, f, i = (r.get(f"{c}_ms") for c in COMPILERS)
             extra = "total s " + "/".join(fmt(r.get(f"total_s_{c}"), ".2f") for c in COMPILERS)
