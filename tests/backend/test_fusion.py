@@ -170,30 +170,6 @@ def test_pointwise_prologue_and_epilogue_fuse_with_reduction():
     assert len(cg.kernels) == 1
 
 
-def rotated_key_of_a_fused_product(qkv, table):
-    """A decode step's key: a sixth of the fused q, k, v product, converted and rotated in pairs
-    (each converted element read by two products)."""
-    k = qkv[..., 32:48].view(1, 1, 2, 8).float().reshape(1, 1, 2, 4, 2)
-    t = table.view(1, 1, 1, 4, 2)
-    out = torch.stack([k[..., 0] * t[..., 0] - k[..., 1] * t[..., 1],
-                       k[..., 1] * t[..., 0] + k[..., 0] * t[..., 1]], dim=-1)
-    return out.flatten(3).to(qkv.dtype)
-
-
-@pytest.mark.parametrize("lazy", [False, True])
-def test_a_value_of_a_slice_read_twice_is_computed_in_its_readers_kernel(lazy):
-    # a value is stored for its readers where computing it again would read twice its elements:
-    # a slice reads its own elements, not its buffer's (the key's conversion was a kernel of its
-    # own), and so does a slice of a lazy value (`lazy`: the product's conversion sliced)
-    if lazy:
-        def f(qkv, table):
-            return rotated_key_of_a_fused_product((qkv * 2).float().to(qkv.dtype), table)
-    else:
-        f = rotated_key_of_a_fused_product
-    cg = check(f, randn(1, 1, 96).to(torch.bfloat16), randn(4, 2), grad=False)
-    assert len(cg.kernels) == 1, [k.name for k in cg.kernels]
-
-
 def rms_norm_then_projections(x, w, wq, wk, wv):
     h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
     return torch.nn.functional.linear(h, wq), torch.nn.functional.linear(h, wk), torch.nn.functional.linear(h, wv)

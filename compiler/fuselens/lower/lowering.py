@@ -185,35 +185,17 @@ READS_MEMORY = (torch.as_strided, torch.Tensor.as_strided)
 
 
 def reads_of(values) -> frozenset:
-    """What loads of these values read, as (what, elements, bytes of an element): lazy values'
-    reads; of a view, the elements it spans (its dims of nonzero stride), keyed by its buffer and
-    place. A slice counted as its whole buffer made a decode step's key, a sixth of the fused q, k,
-    v product, look like it read six times its elements: its rotary embedding's fp32 copy was
-    stored by a kernel of its own in every layer."""
+    """The buffers loads of these values read, as (name, elements, bytes of an element) (lazy
+    values' reads, views' buffers)."""
     out = set()
     for v in values:
         if isinstance(v, (list, tuple)):
             out |= reads_of(v)
         elif isinstance(v, View):
-            out.add(((v.buf.name, v.offset, v.stride), view_elements(v), v.buf.dtype.itemsize))
+            out.add((v.buf.name, v.buf.numel(), v.buf.dtype.itemsize))
         elif isinstance(v, Lazy):
             out |= v.reads
     return frozenset(out)
-
-
-def view_elements(v: View):
-    """The elements of its buffer view `v` spans: at most the buffer's, fewer for a slice, one
-    per position of its dims of nonzero stride (a broadcast reads each element once)."""
-    spanned = math.prod(n for n, st in zip(v.shape, v.stride) if st != 0)
-    whole = v.buf.numel()
-    return min(spanned, whole) if isinstance(spanned, int) and isinstance(whole, int) else whole
-
-
-def scaled_reads(reads, part, whole) -> frozenset:
-    """The reads of `part` of `whole` elements of a lazy value (a slice of it): each in proportion."""
-    if not (isinstance(part, int) and isinstance(whole, int)) or part >= whole or whole == 0:
-        return reads
-    return frozenset((what, -(-n * part // whole) if isinstance(n, int) else n, size) for what, n, size in reads)
 
 
 class _Seed:

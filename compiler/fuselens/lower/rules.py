@@ -18,7 +18,7 @@ from ..ops import primitives as prim
 from .indexing import floor_div, mod_index, reshape_index
 from .ir import ComputedBuffer, InputBuffer, Lazy, View, buffer_view, compute_dtype, ops
 from .lowering import (INDEX_OPS_LIMIT, Items, broadcast_index, costly_to_recompute, dense_order, lowering, order_of,
-                       read_many_times, reads_of, scaled_reads, strides_in, view_strides)
+                       read_many_times, reads_of, strides_in, view_strides)
 
 
 @lowering(prim.stop_gradient, prim.with_vjp)
@@ -121,8 +121,7 @@ def _slice(ctx, node, args, kwargs):
         src = list(idx)
         src[dim] = start + step * idx[dim]
         return x.load(src)
-    return Lazy(out_shape, x.dtype, fn, x.cost, x.loc, reads=scaled_reads(x.reads, math.prod(out_shape), math.prod(x.shape)),
-                heavy=x.heavy)
+    return Lazy(out_shape, x.dtype, fn, x.cost, x.loc, reads=x.reads, heavy=x.heavy)
 
 
 @lowering(prim.reshape)
