@@ -484,13 +484,17 @@ def huge_page_kb(address):
 
 
 @pytest.mark.skipif(wrapper._madvise() is None, reason="transparent huge pages are not given on request here")
-def test_a_large_output_is_written_to_huge_pages():
-    """A program's buffers of HUGE_PAGE_MIN_BYTES or more ask for 2 MB pages before the kernel
-    first writes them (a fresh 32 MB output faulted in 4 KB at a time took longer than the GeLU
-    kernel writing it). 64 MB: torch's allocator takes it from mmap, untouched, on every call."""
-    x = torch.ones(8192, 2048)
-    cg, (out,) = run(lambda x: x * 2, x)
+@pytest.mark.parametrize("fn,shapes", [(lambda x: x * 2, [(8192, 2048)]),
+                                       (lambda x, w: torch.nn.functional.linear(x, w), [(4096, 64), (4096, 64)])],
+                         ids=["kernel", "product"])
+def test_a_large_output_is_written_to_huge_pages(fn, shapes):
+    """A program's buffers of HUGE_PAGE_MIN_BYTES or more ask for 2 MB pages before they are first
+    written (a fresh 32 MB output faulted in 4 KB at a time took longer than the GeLU kernel
+    writing it), a kernel's and an ATen product's alike (a language model's logits). 64 MB: torch's
+    allocator takes it from mmap, untouched, on every call."""
+    inputs = [torch.randn(s) for s in shapes]
+    cg, (out,) = run(fn, *inputs)
     assert "empty_huge(" in cg.wrapper_source
     inside = -(-out.data_ptr() // wrapper.HUGE_PAGE) * wrapper.HUGE_PAGE  # (its first page stays 4 KB)
     assert huge_page_kb(inside) >= 2048
-    assert torch.equal(out, x * 2)
+    assert torch.equal(out, fn(*inputs))

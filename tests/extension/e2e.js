@@ -151,10 +151,20 @@ function serverPids(rootPid) {
 
 // the cursor to the end of the active editor, checked on the status bar
 async function toEndOfEditor() {
-  const lines = (await editorText()).split('\n').length;
   await page.locator('.editor-group-container.active .monaco-editor .view-lines').first().click();
   await page.waitForSelector('.editor-group-container.active .monaco-editor.focused', { timeout: 10000 });
-  await pressFor('Control+End', `.statusbar-item[id="status.editor.selection"]:has-text("Ln ${lines}, Col 1")`);
+  // the line count read again each try: an editor just brought to the front may not have drawn its
+  // lines yet (under load it showed one, and the cursor was awaited on line 1 of 20)
+  for (let attempt = 1; ; attempt++) {
+    const lines = (await editorText()).split('\n').length;
+    try {
+      await pressFor('Control+End', `.statusbar-item[id="status.editor.selection"]:has-text("Ln ${lines}, Col 1")`, 1);
+      return;
+    } catch (e) {
+      if (attempt === 3) { throw e; }
+      log(`Control+End: the cursor is not on line ${lines}; again`);
+    }
+  }
 }
 
 // the visible lines of the active editor, top to bottom (Monaco reuses line nodes out of order)

@@ -229,11 +229,23 @@ class WrapperWriter:
         self.consts.append(v)
         return f"consts[{len(self.consts) - 1}]"
 
+    def huge(self, name) -> bool:
+        """Whether buffer `name` is a CPU buffer allocated on huge pages (`empty_huge`)."""
+        return self.device.type == "cpu" and (self.nbytes(name) or 0) >= HUGE_PAGE_MIN_BYTES
+
     def extern_line(self, call: ExternCall) -> str:
         if call.prim.name == "call_torch":
             fn, args, kwargs = call.args
             parts = [self.value(a) for a in args] + [f"{k}={self.value(v)}" for k, v in kwargs.items()]
             return f"{self.value(fn)}({', '.join(parts)})"
+        result = call.result
+        if call.prim.name in ("addmm", "mm", "bmm") and not call.kwargs and result is not None and \
+                self.huge(result.name) and result.stride == contiguous_strides(result.shape):
+            # a large product written to huge pages as our own buffers are (ATen's would be faulted
+            # in 4 KB at a time: a 32 MB logits matrix's pages cost as much as a 1024-row GEMM);
+            # F.linear's own call for a 2-D input, addmm(bias, x, w.t()), is this one
+            parts = ", ".join(self.value(a) for a in call.args)
+            return f"{torch_name(call.prim.impl)}({parts}, out=empty_huge({result.shape}, {result.stride}, {result.dtype}))"
         if call.prim.name in ("addmm", "mm") and not call.kwargs:
             *bias, x, wt = call.args
             if isinstance(wt, View) and len(wt.shape) == 2 and view_kind(wt) == "permute" and \
@@ -446,8 +458,7 @@ class WrapperWriter:
                         del pooled[old]
                         out.append(f"    {name} = {old}; del {old}  # reuse")
                     else:
-                        huge = self.device.type == "cpu" and (self.nbytes(name) or 0) >= HUGE_PAGE_MIN_BYTES
-                        out.append(f"    {name} = {'empty_huge' if huge else 'empty'}({shape}, {stride}, {buf.dtype})")
+                        out.append(f"    {name} = {'empty_huge' if self.huge(name) else 'empty'}({shape}, {stride}, {buf.dtype})")
                 tensors, scalars, sizes = writer.launch_signature()
                 args = ", ".join(tensors + [str(a) for a in scalars])
                 kernel.call_sizes = tuple(sizes)
