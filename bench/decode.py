@@ -149,17 +149,22 @@ class Setup:
             torch.cuda.reset_peak_memory_stats()
 
     def held_mb(self, fn):
-        """(fn's result, the memory a compiler holds after it: CUDA graphs' pools, constants,
-        workspaces), as the device memory torch reserves with its cache emptied, before and after."""
-        if not self.cuda:
-            return fn(), None
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        before = torch.cuda.memory_reserved()
+        """(fn's result, its seconds, the memory a compiler holds after it: CUDA graphs' pools,
+        constants, workspaces), as the device memory torch reserves with its cache emptied, before
+        and after (None without a GPU). Around a compiler's first generation, which compiles and
+        records: around the second, the pools were already there (the first GPU run read 0 MB)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            before = torch.cuda.memory_reserved()
+        t = time.perf_counter()
         out = fn()
-        torch.cuda.synchronize()
+        self.sync()
+        seconds = time.perf_counter() - t
+        if not self.cuda:
+            return out, seconds, None
         torch.cuda.empty_cache()
-        return out, round((torch.cuda.memory_reserved() - before) / 2 ** 20, 1)
+        return out, seconds, round((torch.cuda.memory_reserved() - before) / 2 ** 20, 1)
 
 
 def compilers(fn, mode):
@@ -275,16 +280,15 @@ def decode_rows(s: Setup, name, batch, rounds):
             gens, compiled = w.generators(mode)
             gens = s.calls(mode, s.reuse(row, gens), row)
             tokens = {}
-            for c, g in gens.items():  # first generation: compiles; a second: CUDA graphs record
-                t = time.perf_counter()
-                tokens[c] = g()
-                s.sync()
-                row[f"{c}_first_s"] = round(time.perf_counter() - t, 2)
-                _, held = s.held_mb(g)
-                if c != "eager" and held is not None:  # (what its compiles and recordings left held)
+            for c, g in gens.items():  # first generation: compiles (and records CUDA graphs)
+                tokens[c], seconds, held = s.held_mb(g)
+                row[f"{c}_first_s"] = round(seconds, 2)
+                if c != "eager" and held is not None:
                     row[f"{c}_held_mb"] = held
             for c in tokens.keys() - {"eager"}:  # greedy tokens of a random model: bf16 rounding may part them
                 row[f"{c}_tokens_equal"] = round((tokens[c] == tokens["eager"]).float().mean().item(), 3)
+            for g in gens.values():  # warm
+                g()
             times = in_rounds(gens, lambda g: s.ms(g))
             for c, ms in times.items():
                 row[f"{c}_ms_per_token"] = round(median(ms) / s.new, 4)

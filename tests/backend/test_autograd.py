@@ -134,7 +134,7 @@ def test_a_second_derivative_is_refused_saying_what_to_do(grad_out_requires_grad
     g_out = torch.ones_like(out).requires_grad_(grad_out_requires_grad)
     with pytest.raises(RuntimeError, match="create_graph=True.*uncompiled"):
         torch.autograd.grad(out, x, g_out, create_graph=True)
-    (g,) = torch.autograd.grad(cg(x)[0], x, torch.ones(3, 3))
+    (g,) = torch.autograd.grad(cg(x)[0], x, torch.ones(3, 3, device=DEVICE))
     torch.testing.assert_close(g, torch.cos(x) * x + torch.sin(x))
 
 
