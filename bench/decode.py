@@ -21,7 +21,7 @@ eager, fuselens and Inductor, timed with CUDA events), the memory-bandwidth util
 a step must read: every weight, the embedding table's looked-up rows only, and the KV cache's
 filled part at the mean position; over the time per token and --peak-gbs), the peak memory of
 a generation's decode steps (from the end of its prefill; `generate` rows: the whole generation)
-and the memory each compiler holds after its first two generations (`<compiler>_held_mb`: its CUDA
+and the memory each compiler's first generation leaves held (`<compiler>_held_mb`: its CUDA
 graphs' pools, constants and workspaces; torch's reserved memory with the cache emptied, before
 and after). Dynamic rows (kind "dynamic"): BERT-base inference over 12 batches of 7 sequence
 lengths, and the decoder's prefill over 12 prompts of 7 lengths, each compiler fresh (dynamic=None:
@@ -75,6 +75,7 @@ class Setup:
         self.layers, self.peak_gbs = a.layers, a.peak_gbs
         self.modes = ("default", "reduce-overhead") if self.cuda else ("default",)
         self.progress = a.progress  # a file naming the mode and compiler running (read after a crash)
+        self.measuring = False  # (peak_mb running: after_prefill starts the count again)
         # {(mode, compiler): why it is left out}: what crashed an earlier process of this row
         self.skip = {(m, c): why for m, c, why in (x.split(":", 2) for x in a.skip)}
         self.reused = suite.inductor_rows(a.inductor_from, machine(), key, "decode")  # {row key: an earlier row}
@@ -144,7 +145,7 @@ class Setup:
         return round(torch.cuda.max_memory_allocated() / 2 ** 20, 1)
 
     def after_prefill(self):
-        if getattr(self, "measuring", False):
+        if self.measuring:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
 
